@@ -1,0 +1,17 @@
+"""Error types shared by every bmoe-fleet package.
+
+Library code raises these; the two CLIs turn them into one-line messages and exit codes in one
+place each (harness/cli.py, engine/cli.py).
+"""
+
+
+class BmoeError(Exception):
+    """Base of every error bmoe-fleet reports to a user as a one-line message."""
+
+
+class ModelError(BmoeError):
+    """A model file is not a usable MoE GGUF (not GGUF, truncated, non-MoE, bad top-k...)."""
+
+
+class SynthError(BmoeError):
+    """A synthetic model cannot be written with the options given."""

@@ -1,0 +1,189 @@
+"""Read a GGUF file's header (metadata and tensor infos) without touching tensor data.
+
+Why not gguf.GGUFReader: it memory-maps the whole file and indexes past the end of a truncated
+header without saying where; we need bounded reads and a precise one-line error for a file that
+is not GGUF, a header cut short, or tensor data that runs past the end of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from .errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the header describes it.
+
+    `ne` is in ggml order (ne[0] is the contiguous row length); `offset` is absolute in `path`.
+    """
+
+    name: str
+    ne: tuple[int, ...]
+    qtype: GGMLQuantizationType
+    path: str
+    offset: int
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.ne:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    path: str
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    alignment: int
+    data_offset: int
+    file_bytes: int
+
+    @property
+    def header_bytes(self) -> int:
+        return self.data_offset
+
+
+class _Cursor:
+    """Buffered sequential reader that turns a short read into a 'truncated header' error."""
+
+    def __init__(self, fh: BinaryIO, path: str, file_bytes: int):
+        self.fh = fh
+        self.path = path
+        self.file_bytes = file_bytes
+        self.pos = 0
+
+    def read(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > self.file_bytes:
+            raise ModelError(
+                f"{self.path}: truncated GGUF header: {what} at byte {self.pos} needs {n} bytes "
+                f"but the file is {self.file_bytes} bytes"
+            )
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise ModelError(f"{self.path}: truncated GGUF header while reading {what} at byte {self.pos}")
+        self.pos += n
+        return data
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.scalar("<Q", what + " length")
+        raw = self.read(n, what)
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        try:
+            vt = GGUFValueType(vtype)
+        except ValueError:
+            raise ModelError(f"{self.path}: corrupt GGUF header: unknown value type {vtype} for {what}") from None
+        if vt == GGUFValueType.STRING:
+            return self.string(what)
+        if vt == GGUFValueType.ARRAY:
+            item_type = self.scalar("<I", what + " item type")
+            count = self.scalar("<Q", what + " item count")
+            if item_type in _SCALAR_FORMATS:
+                fmt = _SCALAR_FORMATS[GGUFValueType(item_type)]
+                size = struct.calcsize(fmt)
+                raw = self.read(size * count, what)
+                return list(struct.unpack("<" + fmt[1] * count, raw)) if count else []
+            return [self.value(item_type, what) for _ in range(count)]
+        return self.scalar(_SCALAR_FORMATS[vt], what)
+
+
+def _ggml_nbytes(name: str, ne: tuple[int, ...], qtype: GGMLQuantizationType, path: str) -> int:
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    if ne and ne[0] % block_elems:
+        raise ModelError(
+            f"{path}: corrupt GGUF header: tensor {name} row of {ne[0]} elements is not a multiple of "
+            f"{qtype.name}'s block of {block_elems}"
+        )
+    n = 1
+    for d in ne:
+        n *= d
+    return n // block_elems * block_bytes
+
+
+def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse one GGUF file's header; raise ModelError with a one-line reason if it is unusable."""
+    path = os.fspath(path)
+    try:
+        file_bytes = os.path.getsize(path)
+        fh = open(path, "rb", buffering=1 << 20)
+    except OSError as e:
+        raise ModelError(f"{path}: cannot open model: {e.strerror}") from None
+    with fh:
+        cur = _Cursor(fh, path, file_bytes)
+        if file_bytes < 4 or fh.read(4) != GGUF_MAGIC:
+            raise ModelError(f"{path}: not a GGUF file (no GGUF magic at byte 0)")
+        cur.pos = 4
+        version = cur.scalar("<I", "version")
+        if version not in (2, 3):
+            raise ModelError(f"{path}: unsupported GGUF version {version} (this reader knows 2 and 3)")
+        n_tensors = cur.scalar("<Q", "tensor count")
+        n_kv = cur.scalar("<Q", "metadata count")
+        # A count that could not fit in the file is corruption, not a reason to loop for hours.
+        if n_tensors > file_bytes or n_kv > file_bytes:
+            raise ModelError(f"{path}: corrupt GGUF header: {n_tensors} tensors / {n_kv} keys in {file_bytes} bytes")
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):
+            key = cur.string(f"metadata key #{i}")
+            vtype = cur.scalar("<I", f"type of {key}")
+            metadata[key] = cur.value(vtype, key)
+        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ModelError(f"{path}: corrupt GGUF header: general.alignment={alignment} is not a power of two")
+        raw_infos = []
+        for i in range(n_tensors):
+            name = cur.string(f"tensor name #{i}")
+            n_dims = cur.scalar("<I", f"dims of {name}")
+            if n_dims > 8:
+                raise ModelError(f"{path}: corrupt GGUF header: tensor {name} has {n_dims} dimensions")
+            ne = tuple(cur.scalar("<Q", f"shape of {name}") for _ in range(n_dims))
+            qtype_raw = cur.scalar("<I", f"type of {name}")
+            try:
+                qtype = GGMLQuantizationType(qtype_raw)
+            except ValueError:
+                raise ModelError(f"{path}: corrupt GGUF header: tensor {name} has unknown type {qtype_raw}") from None
+            rel = cur.scalar("<Q", f"offset of {name}")
+            raw_infos.append((name, ne, qtype, rel))
+        data_offset = (cur.pos + alignment - 1) // alignment * alignment
+        tensors = []
+        for name, ne, qtype, rel in raw_infos:
+            nbytes = _ggml_nbytes(name, ne, qtype, path)
+            offset = data_offset + rel
+            if offset + nbytes > file_bytes:
+                raise ModelError(
+                    f"{path}: truncated GGUF: tensor {name} ends at byte {offset + nbytes} "
+                    f"but the file is {file_bytes} bytes"
+                )
+            tensors.append(TensorInfo(name, ne, qtype, path, offset, nbytes))
+    return GGUFHeader(path, version, metadata, tuple(tensors), alignment, data_offset, file_bytes)

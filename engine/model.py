@@ -1,0 +1,271 @@
+"""A MoE model's shape and prices, from its GGUF header(s) alone.
+
+The engine streams each routed expert's slice of the `ffn_*_exps` weights with O_DIRECT; this
+module says where those slices are and what they cost. Pricing follows the seed
+(docs/cache-sizing.md upstream): the worst-case token cycle is every bound MoE layer's
+one-expert bytes times min(top_k, n_expert); below it a global LRU hits 0 %.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguf import GGMLQuantizationType
+
+from .errors import ModelError
+from .gguf_header import GGUFHeader, TensorInfo, read_header
+
+MIB = 1 << 20
+
+# Streamed expert weights: split gate/up/down, or gate+up fused. Biases and scales stay dense.
+_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@dataclass(frozen=True)
+class ExpertSlice:
+    """Where one expert's share of one expert tensor lives on disk."""
+
+    tensor: str
+    path: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """The streamed expert tensors of one MoE layer."""
+
+    layer: int
+    n_expert: int
+    tensors: tuple[TensorInfo, ...]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes one expert streams in this layer (the sum of its slices)."""
+        return sum(t.nbytes // self.n_expert for t in self.tensors)
+
+    def slices(self, expert: int) -> tuple[ExpertSlice, ...]:
+        if not 0 <= expert < self.n_expert:
+            raise ModelError(f"expert {expert} out of range 0..{self.n_expert - 1} in layer {self.layer}")
+        out = []
+        for t in self.tensors:
+            stride = t.nbytes // self.n_expert
+            out.append(ExpertSlice(t.name, t.path, t.offset + expert * stride, stride))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    paths: tuple[str, ...]
+    name: str
+    arch: str
+    n_layer: int
+    n_expert: int
+    top_k: int | None
+    moe_layers: tuple[ExpertLayer, ...]
+    layer_dense_bytes: dict[int, int]
+    global_dense_bytes: int
+    header_bytes: int
+    file_bytes: int
+    dense_tensors: tuple[TensorInfo, ...]
+    metadata: dict[str, Any] = field(repr=False)
+
+    # ---- sizes ---------------------------------------------------------------------------
+    @property
+    def dense_bytes(self) -> int:
+        """Every non-expert tensor byte (embeddings, attention, norms, router, biases, lm_head)."""
+        return self.global_dense_bytes + sum(self.layer_dense_bytes.values())
+
+    @property
+    def expert_bytes(self) -> int:
+        """Every streamable expert byte: the whole expert bank."""
+        return sum(layer.expert_bytes * layer.n_expert for layer in self.moe_layers)
+
+    @property
+    def widest_expert_bytes(self) -> int:
+        return max(layer.expert_bytes for layer in self.moe_layers)
+
+    def quant_types(self) -> dict[str, dict[str, int]]:
+        """Bytes per quant type, for expert and dense tensors separately."""
+        out: dict[str, dict[str, int]] = {"expert": {}, "dense": {}}
+        for layer in self.moe_layers:
+            for t in layer.tensors:
+                out["expert"][t.qtype.name] = out["expert"].get(t.qtype.name, 0) + t.nbytes
+        for t in self.dense_tensors:
+            out["dense"][t.qtype.name] = out["dense"].get(t.qtype.name, 0) + t.nbytes
+        return out
+
+    # ---- prices --------------------------------------------------------------------------
+    def check_top_k(self, top_k: int) -> int:
+        if top_k < 1:
+            raise ModelError(f"top-k must be at least 1, got {top_k}")
+        if top_k > self.n_expert:
+            raise ModelError(f"top-k {top_k} is above this model's n_expert of {self.n_expert}")
+        return top_k
+
+    def cycle_bytes(self, top_k: int) -> int:
+        """Worst-case distinct expert bytes one token routes: every MoE layer, k disjoint experts."""
+        k = min(self.check_top_k(top_k), self.n_expert)
+        return sum(layer.expert_bytes for layer in self.moe_layers) * k
+
+    def cycle_mib(self, top_k: int) -> float:
+        return self.cycle_bytes(top_k) / MIB
+
+    def layer_demand_bytes(self, top_k: int) -> int:
+        """The widest single layer's routed bytes: the mechanical minimum of any cache."""
+        return self.widest_expert_bytes * min(self.check_top_k(top_k), self.n_expert)
+
+    def layer_demand_mib(self, top_k: int) -> float:
+        return self.layer_demand_bytes(top_k) / MIB
+
+    def default_top_ks(self) -> list[int]:
+        """The model's own top-k, plus 2 and 4 where they differ and fit."""
+        ks = [self.top_k] if self.top_k else []
+        ks += [k for k in (2, 4) if k not in ks and k <= self.n_expert]
+        return ks
+
+    def to_dict(self, top_ks: list[int]) -> dict[str, Any]:
+        return {
+            "format": "bmoe-fleet.model-shape",
+            "version": 1,
+            "paths": list(self.paths),
+            "name": self.name,
+            "arch": self.arch,
+            "n_layer": self.n_layer,
+            "n_expert": self.n_expert,
+            "top_k": self.top_k,
+            "moe_layers": [layer.layer for layer in self.moe_layers],
+            "file_bytes": self.file_bytes,
+            "header_bytes": self.header_bytes,
+            "dense_bytes": self.dense_bytes,
+            "global_dense_bytes": self.global_dense_bytes,
+            "expert_bytes": self.expert_bytes,
+            "quant_types": self.quant_types(),
+            "layers": [
+                {
+                    "layer": layer.layer,
+                    "expert_bytes": layer.expert_bytes,
+                    "dense_bytes": self.layer_dense_bytes.get(layer.layer, 0),
+                    "tensors": [
+                        {
+                            "name": t.name,
+                            "type": t.qtype.name,
+                            "path": t.path,
+                            "offset": t.offset,
+                            "expert_stride_bytes": t.nbytes // layer.n_expert,
+                        }
+                        for t in layer.tensors
+                    ],
+                }
+                for layer in self.moe_layers
+            ],
+            "prices": [
+                {
+                    "top_k": k,
+                    "cycle_bytes": self.cycle_bytes(k),
+                    "cycle_mib": round(self.cycle_mib(k), 3),
+                    "layer_demand_bytes": self.layer_demand_bytes(k),
+                    "layer_demand_mib": round(self.layer_demand_mib(k), 3),
+                }
+                for k in top_ks
+            ],
+        }
+
+
+def split_paths(path: str) -> tuple[str, ...]:
+    """All shards of a split model given any one of them; a plain file is its own list."""
+    m = _SPLIT_RE.match(os.path.basename(path))
+    if not m:
+        return (path,)
+    count = int(m["count"])
+    folder = os.path.dirname(path)
+    paths = tuple(os.path.join(folder, f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise ModelError(f"{path}: split model is missing {len(missing)} of {count} shards, first {missing[0]}")
+    return paths
+
+
+def _meta(metadata: dict[str, Any], arch: str, key: str) -> Any:
+    return metadata.get(f"{arch}.{key}")
+
+
+def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
+    """Read every shard's header and price the model. Raises ModelError with a one-line reason."""
+    paths = split_paths(os.fspath(path))
+    headers: list[GGUFHeader] = [read_header(p) for p in paths]
+    metadata = dict(headers[0].metadata)
+    declared = metadata.get("split.count")
+    if declared is not None and int(declared) != len(paths):
+        raise ModelError(f"{paths[0]}: header says split.count={declared} but {len(paths)} shard(s) were found")
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelError(f"{paths[0]}: GGUF has no general.architecture")
+    tensors = [t for h in headers for t in h.tensors]
+    n_layer = _meta(metadata, arch, "block_count")
+    if n_layer is None:
+        raise ModelError(f"{paths[0]}: GGUF has no {arch}.block_count")
+    n_layer = int(n_layer)
+    # Trailing next-token-prediction blocks name expert tensors but are never bound by the engine.
+    n_bound = n_layer - int(_meta(metadata, arch, "nextn_predict_layers") or 0)
+
+    by_layer: dict[int, list[TensorInfo]] = {}
+    dense: list[TensorInfo] = []
+    for t in tensors:
+        m = _EXPERT_RE.match(t.name)
+        if m and int(m[1]) < n_bound:
+            by_layer.setdefault(int(m[1]), []).append(t)
+        else:
+            dense.append(t)
+    if not by_layer:
+        raise ModelError(f"{paths[0]}: not a MoE model: no ffn_*_exps expert tensors (arch {arch})")
+
+    n_expert_meta = _meta(metadata, arch, "expert_count")
+    moe_layers = []
+    n_expert = None
+    for layer in sorted(by_layer):
+        layer_tensors = tuple(by_layer[layer])
+        counts = {t.ne[-1] for t in layer_tensors if len(t.ne) >= 3}
+        if len(counts) != 1 or any(len(t.ne) < 3 for t in layer_tensors):
+            raise ModelError(f"{paths[0]}: layer {layer} expert tensors disagree on the expert count: {sorted(counts)}")
+        layer_n_expert = counts.pop()
+        if n_expert_meta is not None and layer_n_expert != int(n_expert_meta):
+            raise ModelError(
+                f"{paths[0]}: layer {layer} has {layer_n_expert} experts but {arch}.expert_count={n_expert_meta}"
+            )
+        n_expert = layer_n_expert if n_expert is None else max(n_expert, layer_n_expert)
+        moe_layers.append(ExpertLayer(layer, layer_n_expert, layer_tensors))
+
+    layer_dense: dict[int, int] = {}
+    global_dense = 0
+    for t in dense:
+        m = _LAYER_RE.match(t.name)
+        if m:
+            layer_dense[int(m[1])] = layer_dense.get(int(m[1]), 0) + t.nbytes
+        else:
+            global_dense += t.nbytes
+
+    top_k = _meta(metadata, arch, "expert_used_count")
+    name = metadata.get("general.name") or os.path.basename(paths[0])
+    return ModelShape(
+        paths=paths,
+        name=str(name),
+        arch=arch,
+        n_layer=n_layer,
+        n_expert=int(n_expert),
+        top_k=int(top_k) if top_k is not None else None,
+        moe_layers=tuple(moe_layers),
+        layer_dense_bytes=layer_dense,
+        global_dense_bytes=global_dense,
+        header_bytes=sum(h.header_bytes for h in headers),
+        file_bytes=sum(h.file_bytes for h in headers),
+        dense_tensors=tuple(dense),
+        metadata=metadata,
+    )
+
+
