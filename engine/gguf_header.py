@@ -150,9 +150,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             raise ModelError(f"{path}: unsupported GGUF version {version} (this reader knows 2 and 3)")
         n_tensors = cur.scalar("<Q", "tensor count")
         n_kv = cur.scalar("<Q", "metadata count")
-        # A count that could not fit in the file is corruption, not a reason to loop for hours.
-        if n_tensors > file_bytes or n_kv > file_bytes:
-            raise ModelError(f"{path}: corrupt GGUF header: {n_tensors} tensors / {n_kv} keys in {file_bytes} bytes")
+        # A wild count needs no guard: every entry reads bytes, so the cursor hits the end first.
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up everything bmoe-fleet needs (a virtualenv in .venv) and run one of:
+#   ./run.sh demo   the main job on the embedded default (see README)
+#   ./run.sh test   the whole test suite
+# Works on a fresh Debian machine with Python >= 3.11; as root it installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+
+need_debian_packages() {
+    local missing=()
+    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+    if [ ${#missing[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            echo "run.sh: installing ${missing[*]}" >&2
+            apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+        else
+            echo "run.sh: please install: ${missing[*]}" >&2
+            exit 1
+        fi
+    fi
+}
+
+setup() {
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || { echo "run.sh: Python >= 3.11 is required ($PYTHON is $("$PYTHON" -V 2>&1))" >&2; exit 1; }
+    need_debian_packages
+    local stamp="$VENV/.installed"
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        "$PYTHON" -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test]'
+        touch "$stamp"
+    fi
+}
+
+case "${1:-}" in
+    demo) setup; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
+    test) setup; shift; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+    *) echo "usage: ./run.sh demo|test [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,103 @@
+"""The bmoe-fleet CLI driven in-process with click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _all_commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _all_commands(cmd, prefix + (name,))
+
+
+def test_every_command_has_help_text():
+    commands = list(_all_commands(main))
+    assert len(commands) >= 3
+    for path, cmd in commands:
+        assert cmd.help and cmd.help.strip(), f"{' '.join(path)} has no help text"
+        for param in cmd.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"{' '.join(path)} {param.opts[0]} has no help text"
+
+
+def test_inspect_prints_the_cycle_lines(small_qwen):
+    result = _invoke("model", "inspect", small_qwen)
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    # model top-k 2, plus 4 (2 is the model's own): token cycle = 3 layers x 19584 B x k
+    assert f"top-k 2: token cycle {3 * 19584 * 2 / 2**20:.1f} MiB, widest layer {19584 * 2 / 2**20:.1f} MiB" in lines
+    assert f"top-k 4: token cycle {3 * 19584 * 4 / 2**20:.1f} MiB, widest layer {19584 * 4 / 2**20:.1f} MiB" in lines
+    assert not any(line.startswith("top-k 8") for line in lines)
+
+
+def test_inspect_json_and_explicit_top_ks(small_qwen):
+    result = _invoke("model", "inspect", small_qwen, "--top-k", 1, "--top-k", 8, "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["format"] == "bmoe-fleet.model-shape" and data["version"] == 1
+    assert [p["top_k"] for p in data["prices"]] == [1, 8]
+    assert data["prices"][1]["cycle_bytes"] == 3 * 19584 * 8
+    assert data["layers"][0]["tensors"][0]["expert_stride_bytes"] * 3 == 19584
+    assert data["n_expert"] == 8 and data["moe_layers"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    ("text", ["model", "inspect", "{p}"], "not a GGUF file"),
+    ("model", ["model", "inspect", "{p}", "--top-k", "9"], "top-k 9 is above this model's n_expert of 8"),
+    ("none", ["model", "synth", "{p}", "--preset", "gpt-oss", "--quant", "Q4_0"], "not offered for gpt-oss"),
+    ("none", ["model", "synth", "{p}", "--size", "lots"], "cannot read 'lots' as a size"),
+])
+def test_errors_are_one_line_and_exit_1(tmp_path, small_qwen, setup, args, message):
+    p = tmp_path / "x.gguf"
+    if setup == "text":
+        p.write_text("not a model")
+    elif setup == "model":
+        p = small_qwen
+    result = CliRunner().invoke(main, [a.format(p=p) for a in args])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert result.output.strip().count("\n") == 0 and result.output.startswith("Error: ")
+
+
+def test_synth_then_inspect_round_trip(tmp_path):
+    out = tmp_path / "m.gguf"
+    result = _invoke("model", "synth", out, "--preset", "gpt-oss", "--layers", 3, "--experts", 8, "--top-k", 2,
+                     "--hidden", 64, "--expert-ffn", 32, "--vocab", 300, "--json")
+    assert result.exit_code == 0
+    written = json.loads(result.output)
+    assert written["paths"] == [str(out)] and written["options"]["quant"] == "MXFP4"
+    shape = json.loads(_invoke("model", "inspect", out, "--json").output)
+    assert (shape["arch"], shape["n_layer"], shape["n_expert"], shape["top_k"]) == ("gpt-oss", 3, 8, 2)
+    assert shape["layers"][0]["expert_bytes"] == 3 * (64 * 32 // 32 * 17)
+
+
+def test_synth_size_and_split(tmp_path):
+    out = tmp_path / "m.gguf"
+    result = _invoke("model", "synth", out, "--size", "12MiB", "--split", 2, "--quiet")
+    assert result.exit_code == 0
+    shards = sorted(p.name for p in tmp_path.iterdir())
+    assert shards == ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    total = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert abs(total - 12 * 2**20) <= 0.05 * 12 * 2**20
+    assert "target 12.0 MiB" in result.output
+    inspected = _invoke("model", "inspect", tmp_path / shards[1])
+    assert "2 files" in inspected.output
+
+
+def test_demo_writes_and_prices_a_model(tmp_path):
+    result = _invoke("demo", "--out", tmp_path / "demo")
+    assert result.exit_code == 0
+    assert (tmp_path / "demo" / "demo-qwen3moe.gguf").stat().st_size > 60 * 2**20
+    assert "top-k 4: token cycle" in result.output
