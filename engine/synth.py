@@ -324,25 +324,33 @@ def _shared_direction(o: SynthOptions) -> np.ndarray:
 
 
 def _encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    if qtype == GGMLQuantizationType.F32:
-        return values.astype(np.float32)
-    if qtype == GGMLQuantizationType.F16:
-        return values.astype(np.float16)
-    return gguf.quants.quantize(values.astype(np.float32), qtype)
+    return values.astype(np.float32 if qtype == GGMLQuantizationType.F32 else np.float16)
 
 
-def _mxfp4_rows(rng: np.random.Generator, n_rows: int, row_len: int, std: float) -> np.ndarray:
-    """Random MXFP4 blocks whose values have about `std`: an e8m0 scale byte + 16 nibble bytes.
+def _random_block_rows(qtype: GGMLQuantizationType, rng: np.random.Generator, n_rows: int, row_len: int,
+                       std: float) -> np.ndarray:
+    """Random quantised blocks whose values have about `std`, written directly as block bytes.
 
-    Written directly rather than quantised from floats: gguf's MXFP4 quantiser runs at ~15 MB/s,
-    too slow for GiB files, and a random block is as valid a weight as a quantised one.
+    Quantising random floats through gguf.quants runs at 15-200 MB/s, too slow for GiB files;
+    a random block is as valid a weight as a quantised one and costs one RNG call.
     """
     n_blocks = n_rows * row_len // 32
-    # Values are 2^(e-128) * k; the doubled e2m1 table's k has an RMS of 5.85.
-    e_center = int(round(128 + math.log2(std / 5.85)))
-    e = (e_center + rng.integers(-1, 2, size=(n_blocks, 1))).astype(np.uint8)
-    qs = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
-    return np.concatenate([e, qs], axis=1).reshape(n_rows, row_len // 32 * 17)
+    if qtype == GGMLQuantizationType.MXFP4:
+        # [e8m0 scale][16 nibble bytes]; values 2^(e-128)*k, the doubled e2m1 table's k has RMS 5.85.
+        e_center = int(round(128 + math.log2(std / 5.85)))
+        scale = (e_center + rng.integers(-1, 2, size=(n_blocks, 1))).astype(np.uint8)
+        payload = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
+    elif qtype == GGMLQuantizationType.Q8_0:
+        # [f16 d][32 int8]; uniform ints in -127..127 have RMS 73.3.
+        scale = np.full((n_blocks, 1), std / 73.3, dtype=np.float16).view(np.uint8)
+        payload = rng.integers(-127, 128, size=(n_blocks, 32), dtype=np.int8).view(np.uint8)
+    elif qtype == GGMLQuantizationType.Q4_0:
+        # [f16 d][16 nibble bytes]; values (q-8)*d, q uniform in 0..15 has RMS 4.61 around 8.
+        scale = np.full((n_blocks, 1), std / 4.61, dtype=np.float16).view(np.uint8)
+        payload = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
+    else:
+        raise SynthError(f"internal error: no block generator for {qtype.name}")
+    return np.concatenate([scale, payload], axis=1).reshape(n_rows, -1)
 
 
 def _chunks(o: SynthOptions, spec: TensorSpec) -> Iterator[np.ndarray]:
@@ -355,8 +363,8 @@ def _chunks(o: SynthOptions, spec: TensorSpec) -> Iterator[np.ndarray]:
     for chunk, start in enumerate(range(0, n_rows, rows_per_chunk)):
         rows = min(rows_per_chunk, n_rows - start)
         rng = _rng(o, spec.name, chunk)
-        if spec.kind == "expert" and spec.qtype == GGMLQuantizationType.MXFP4:
-            yield _mxfp4_rows(rng, rows, row_len, std)
+        if spec.kind == "expert" and spec.qtype not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            yield _random_block_rows(spec.qtype, rng, rows, row_len, std)
             continue
         if spec.kind == "norm":
             values = 1.0 + 0.05 * rng.standard_normal((rows, row_len), dtype=np.float32)

@@ -198,4 +198,4 @@ def test_writer_memory_is_bounded(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     peak_rss_kb = int(done.stdout.split()[-1])
     assert os.path.getsize(out) > 300 * MIB
-    assert peak_rss_kb < 200 * 1024, peak_rss_kb
+    assert peak_rss_kb < 120 * 1024, peak_rss_kb
