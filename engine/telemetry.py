@@ -1,0 +1,223 @@
+"""bmoe-cli 0.19.0's telemetry formats, written byte-for-byte the way the C++ engine writes them.
+
+Formats were read off real bmoe-cli 0.19.0 output (tests/fixtures/upstream/host-v2-0.19.0):
+the `--csv` metrics file (`# bmoe_metrics v2` preamble, 29 columns, `# summary` trailer), the
+end-of-run stdout lines, the `--progress` JSON lines and the `--route-trace` v1 file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import IO, Any
+
+CSV_VERSION_LINE = "# bmoe_metrics v2"
+ROUTE_TRACE_VERSION_LINE = "# route_trace v1"
+
+# (column, printf-style format) in the engine's order; read by name, written in this order.
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("step", "d"), ("steps", "d"), ("wall_ms", ".3f"), ("io_ms", ".3f"), ("compute_ms", ".3f"),
+    ("read_bytes", "d"), ("cache_hit_pct", ".2f"), ("stall_ms", ".3f"), ("mgmt_ms", ".3f"), ("majflt", "d"),
+    ("cpu_ms", ".3f"), ("dense_resident_frac", ".3f"), ("turn", "d"), ("majflt_mib", ".2f"),
+    ("cache_budget_mib", ".1f"), ("rss_mib", ".1f"), ("rss_anon_mib", ".1f"), ("rss_file_mib", ".1f"),
+    ("swap_mib", ".1f"), ("mem_available_mib", ".1f"), ("mem_free_mib", ".1f"), ("swap_free_mib", ".1f"),
+    ("loop_overhead_ms", ".3f"), ("mtp_batch", "d"), ("mtp_draft_ms", ".3f"), ("drain_ms", ".3f"),
+    ("adopt_ms", ".3f"), ("ra_issue_ms", ".3f"), ("ra_wd_ms", ".3f"),
+)
+CSV_COLUMNS = tuple(name for name, _ in _COLUMNS)
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One generated token's metrics row. -1 in cache_hit_pct / dense_resident_frac = not measured."""
+
+    step: int
+    steps: int
+    wall_ms: float
+    io_ms: float
+    compute_ms: float
+    read_bytes: int
+    cache_hit_pct: float
+    mgmt_ms: float
+    majflt: int
+    cpu_ms: float
+    cache_budget_mib: float
+    rss_mib: float
+    rss_anon_mib: float
+    rss_file_mib: float
+    swap_mib: float
+    mem_available_mib: float
+    mem_free_mib: float
+    swap_free_mib: float
+    loop_overhead_ms: float
+    dense_resident_frac: float = -1.0
+    stall_ms: float = 0.0
+    turn: int = 0
+    majflt_mib: float = 0.0
+    mtp_batch: int = 1
+    mtp_draft_ms: float = 0.0
+    drain_ms: float = 0.0
+    adopt_ms: float = 0.0
+    ra_issue_ms: float = 0.0
+    ra_wd_ms: float = 0.0
+
+    def csv_line(self) -> str:
+        return ",".join(format(getattr(self, name), fmt) for name, fmt in _COLUMNS)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The run-level numbers behind the `# summary` trailer and the end-of-run stdout lines."""
+
+    tokens: int
+    s_per_tok: float
+    read_mib: float
+    io_s: float
+    compute_s_per_tok: float
+    io_s_per_tok: float
+    cache_hit_pct: float          # cumulative incl. prefill; -1 when no cache is used
+    n_prompt: int
+    load_s: float
+    prefill_s: float
+    mgmt_s_per_tok: float
+    cache_resident_mib: float
+    cache_budget_mib: float
+    majflt_per_tok: float
+    cpu_s_per_tok: float
+    token_demand_mib: float
+    layer_demand_mib: float
+    loop_overhead_s_per_tok: float
+    evictions: int
+    rereads: int
+    threads: int
+    moe_stream: bool
+    cache_auto: bool
+    stall_s_per_tok: float = 0.0
+
+    @property
+    def tok_per_s(self) -> float:
+        return 1.0 / self.s_per_tok if self.s_per_tok > 0 else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.n_prompt / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    def csv_line(self) -> str:
+        s = self
+        return (
+            f"# summary tokens={s.tokens} s/tok={s.s_per_tok:.3f} tok/s={s.tok_per_s:.3f} read_MiB={s.read_mib:.1f} "
+            f"io_s={s.io_s:.2f} compute_s/tok={s.compute_s_per_tok:.3f} io_s/tok={s.io_s_per_tok:.3f} "
+            f"cache_hit_pct={s.cache_hit_pct:.1f} n_prompt={s.n_prompt} load_s={s.load_s:.3f} "
+            f"prefill_s={s.prefill_s:.3f} prefill_tps={s.prefill_tps:.2f} stall_s/tok={s.stall_s_per_tok:.3f} "
+            f"mgmt_s/tok={s.mgmt_s_per_tok:.3f} cache_resident_MiB={s.cache_resident_mib:.1f} "
+            f"cache_budget_MiB={s.cache_budget_mib:.1f} cache_resizes=0 spec_read_MiB=0.0 spec_experts=0 "
+            f"spec_useful=0 majflt/tok={s.majflt_per_tok:.2f} cpu_s/tok={s.cpu_s_per_tok:.4f} "
+            f"token_demand_MiB={s.token_demand_mib:.1f} layer_demand_MiB={s.layer_demand_mib:.1f} "
+            f"experts_routed=0 experts_dropped=0 loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
+            f"mtp_drafted=0 mtp_accepted=0 mtp_decodes={s.tokens} mtp_draft_s/tok=0.0000 drafted_steps=0 "
+            f"ra_committed=0 ra_passthrough=0 ra_agree_pct=0.0 ra_gemv_ms/tok=0.00 ra_issue_ms/tok=0.00 "
+            f"ra_wd_ms/tok=0.00 drain_s/tok=0.000 adopt_s/tok=0.000 evictions={s.evictions} rereads={s.rereads}"
+        )
+
+    def stdout_lines(self) -> list[str]:
+        """The end-of-run lines bmoe-cli prints on stdout (after the streamed text and a blank line)."""
+        s = self
+        occupancy = 100.0 * s.cpu_s_per_tok / (s.s_per_tok * s.threads) if s.s_per_tok > 0 and s.threads else 0.0
+        lines = [
+            f"generation: {s.tokens} tokens, {s.s_per_tok:.3f} s/token ({s.tok_per_s:.3f} tok/s)",
+            f"compute: {occupancy:.1f}% CPU occupancy ({s.cpu_s_per_tok:.4f} cpu-s/token over {s.threads} threads), "
+            f"{s.majflt_per_tok:.2f} major faults/token",
+            f"prefill: {s.n_prompt} tokens, {s.prefill_s:.3f} s ({s.prefill_tps:.1f} tok/s) | model load "
+            f"{s.load_s:.3f} s | TTFT {s.load_s + s.prefill_s:.3f} s",
+        ]
+        if s.moe_stream:
+            per_tok = s.read_mib / s.tokens if s.tokens else 0.0
+            bandwidth = s.read_mib / s.io_s if s.io_s > 0 else 0.0
+            lines.append(
+                f"moe-stream: read {s.read_mib:.1f} MiB ({per_tok:.2f} MiB/token), decode {s.s_per_tok:.3f} s/token "
+                f"(compute {s.compute_s_per_tok:.3f} + cache mgmt {s.mgmt_s_per_tok:.3f} + flash I/O "
+                f"{s.io_s_per_tok:.3f} s/token, {bandwidth:.0f} MiB/s)"
+            )
+            if s.cache_budget_mib > 0:
+                line = f"moe-cache: {s.cache_hit_pct:.1f}% hit, resident {s.cache_resident_mib:.1f} MiB"
+                if s.cache_auto:
+                    line += f", budget {s.cache_budget_mib:.0f} MiB (auto)"
+                lines.append(line)
+                if s.evictions:
+                    rereads_per_tok = s.rereads / s.tokens if s.tokens else 0.0
+                    lines.append(f"moe-cache: {s.evictions} evictions, {s.rereads} re-reads ({rereads_per_tok:.1f}/token)"
+                                 " — bytes the cache had already paid for once")
+        return lines
+
+
+def _kv(items: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+def csv_preamble(engine_version: str, model: dict[str, Any], stream: dict[str, Any], sampling: dict[str, Any]) -> str:
+    """The `#` preamble: version line, engine, then model / stream / sampling key=value lines."""
+    lines = [CSV_VERSION_LINE, f"# engine={engine_version}", "# " + _kv(model), "# " + _kv(stream),
+             "# " + _kv(sampling), ",".join(CSV_COLUMNS)]
+    return "\n".join(lines) + "\n"
+
+
+class CsvSink:
+    """The `--csv` file. Truncated at open (before load), flushed per row, like the engine."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self._fh: IO[str] = open(path, "w", encoding="utf-8", newline="\n")
+
+    def preamble(self, text: str) -> None:
+        self._fh.write(text)
+        self._fh.flush()
+
+    def token(self, row: TokenRow) -> None:
+        self._fh.write(row.csv_line() + "\n")
+        self._fh.flush()
+
+    def summary(self, summary: RunSummary) -> None:
+        self._fh.write(summary.csv_line() + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def progress_lines(row: TokenRow, read_ms: float, delta_text: str) -> list[str]:
+    """`--progress` lines for one token: BMOE_LOAD (only when experts were read), BMOE_PROGRESS."""
+    out = []
+    if row.read_bytes > 0:
+        out.append("BMOE_LOAD " + json.dumps({"mb": round(row.read_bytes / (1 << 20), 2), "ms": round(read_ms, 1)},
+                                             separators=(",", ":")))
+    body = (
+        f'{{"step":{row.step},"steps":{row.steps},"wall_ms":{row.wall_ms:.1f},"io_ms":{row.io_ms:.1f},'
+        f'"compute_ms":{row.compute_ms:.1f},"mgmt_ms":{row.mgmt_ms:.1f},"stall_ms":{row.stall_ms:.1f},'
+        f'"read_mb":{row.read_bytes / (1 << 20):.2f},"cache_hit_pct":{row.cache_hit_pct:.1f},"majflt":{row.majflt},'
+        f'"cpu_ms":{row.cpu_ms:.1f},"dense_resident_frac":{row.dense_resident_frac:.3f},"delta_reasoning":"",'
+        f'"delta_text":{json.dumps(delta_text, ensure_ascii=False)}}}'
+    )
+    out.append("BMOE_PROGRESS " + body)
+    return out
+
+
+class RouteTraceSink:
+    """`--route-trace` v1: one row per routed (token, layer, slot); expert_bytes only on reads."""
+
+    HEADER = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped"
+
+    def __init__(self, path: str | os.PathLike[str], model_name: str, arch: str, n_layer: int, n_expert: int,
+                 n_expert_used: int, layer_bytes: list[tuple[int, int, int]]):
+        self._fh: IO[str] = open(path, "w", encoding="utf-8", newline="\n")
+        self._fh.write(f"{ROUTE_TRACE_VERSION_LINE}\n# model={model_name} arch={arch} n_layer={n_layer} "
+                       f"n_expert={n_expert} n_expert_used={n_expert_used}\n")
+        for layer, expert_bytes, dense_bytes in layer_bytes:
+            self._fh.write(f"# layer={layer} expert_bytes={expert_bytes} dense_bytes={dense_bytes}\n")
+        self._fh.write(self.HEADER + "\n")
+
+    def row(self, turn: int, phase: int, step: int, layer: int, slot: int, expert: int, weight: float,
+            residency: int, expert_bytes: int) -> None:
+        self._fh.write(f"{turn},{phase},{step},{layer},{slot},{expert},{weight:.6f},{residency},{expert_bytes},0\n")
+
+    def close(self) -> None:
+        self._fh.close()
