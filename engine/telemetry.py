@@ -7,7 +7,6 @@ end-of-run stdout lines, the `--progress` JSON lines and the `--route-trace` v1 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import IO, Any
@@ -124,13 +123,13 @@ class RunSummary:
         """The end-of-run lines bmoe-cli prints on stdout (after the streamed text and a blank line)."""
         s = self
         occupancy = 100.0 * s.cpu_s_per_tok / (s.s_per_tok * s.threads) if s.s_per_tok > 0 and s.threads else 0.0
-        lines = [
-            f"generation: {s.tokens} tokens, {s.s_per_tok:.3f} s/token ({s.tok_per_s:.3f} tok/s)",
-            f"compute: {occupancy:.1f}% CPU occupancy ({s.cpu_s_per_tok:.4f} cpu-s/token over {s.threads} threads), "
-            f"{s.majflt_per_tok:.2f} major faults/token",
-            f"prefill: {s.n_prompt} tokens, {s.prefill_s:.3f} s ({s.prefill_tps:.1f} tok/s) | model load "
-            f"{s.load_s:.3f} s | TTFT {s.load_s + s.prefill_s:.3f} s",
-        ]
+        lines = [f"generation: {s.tokens} tokens, {s.s_per_tok:.3f} s/token ({s.tok_per_s:.3f} tok/s)"]
+        if s.cpu_s_per_tok > 0 or s.majflt_per_tok > 0:
+            lines.append(f"compute: {occupancy:.1f}% CPU occupancy ({s.cpu_s_per_tok:.4f} cpu-s/token over "
+                         f"{s.threads} threads), {s.majflt_per_tok:.2f} major faults/token")
+        if s.n_prompt > 0:
+            lines.append(f"prefill: {s.n_prompt} tokens, {s.prefill_s:.3f} s ({s.prefill_tps:.1f} tok/s) | model load "
+                         f"{s.load_s:.3f} s | TTFT {s.load_s + s.prefill_s:.3f} s")
         if s.moe_stream:
             per_tok = s.read_mib / s.tokens if s.tokens else 0.0
             bandwidth = s.read_mib / s.io_s if s.io_s > 0 else 0.0
@@ -139,12 +138,12 @@ class RunSummary:
                 f"(compute {s.compute_s_per_tok:.3f} + cache mgmt {s.mgmt_s_per_tok:.3f} + flash I/O "
                 f"{s.io_s_per_tok:.3f} s/token, {bandwidth:.0f} MiB/s)"
             )
-            if s.cache_budget_mib > 0:
+            if s.cache_hit_pct >= 0:
                 line = f"moe-cache: {s.cache_hit_pct:.1f}% hit, resident {s.cache_resident_mib:.1f} MiB"
                 if s.cache_auto:
                     line += f", budget {s.cache_budget_mib:.0f} MiB (auto)"
                 lines.append(line)
-                if s.evictions:
+                if s.evictions or s.rereads:
                     rereads_per_tok = s.rereads / s.tokens if s.tokens else 0.0
                     lines.append(f"moe-cache: {s.evictions} evictions, {s.rereads} re-reads ({rereads_per_tok:.1f}/token)"
                                  " — bytes the cache had already paid for once")
@@ -184,20 +183,39 @@ class CsvSink:
         self._fh.close()
 
 
-def progress_lines(row: TokenRow, read_ms: float, delta_text: str) -> list[str]:
+_JSON_ESCAPES = {ord('"'): b'\\"', ord("\\"): b"\\\\", ord("\n"): b"\\n", ord("\r"): b"\\r", ord("\t"): b"\\t"}
+
+
+def json_escape_bytes(raw: bytes) -> bytes:
+    """The engine's json_escape: quotes, backslash and control bytes escaped; other bytes raw.
+
+    Bytes >= 0x80 pass through unchanged, so a token that is half a UTF-8 sequence is emitted as
+    the engine emits it (not valid JSON text, but what consumers of bmoe-cli already parse).
+    """
+    out = bytearray()
+    for b in raw:
+        if b in _JSON_ESCAPES:
+            out += _JSON_ESCAPES[b]
+        elif b < 0x20:
+            out += b"\\u%04x" % b
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+def progress_lines(row: TokenRow, delta_text: bytes) -> list[bytes]:
     """`--progress` lines for one token: BMOE_LOAD (only when experts were read), BMOE_PROGRESS."""
     out = []
-    if row.read_bytes > 0:
-        out.append("BMOE_LOAD " + json.dumps({"mb": round(row.read_bytes / (1 << 20), 2), "ms": round(read_ms, 1)},
-                                             separators=(",", ":")))
+    if row.read_bytes or row.io_ms > 0:
+        out.append(f'BMOE_LOAD {{"mb":{row.read_bytes / (1 << 20):.2f},"ms":{row.io_ms:.1f}}}'.encode())
     body = (
-        f'{{"step":{row.step},"steps":{row.steps},"wall_ms":{row.wall_ms:.1f},"io_ms":{row.io_ms:.1f},'
+        f'BMOE_PROGRESS {{"step":{row.step},"steps":{row.steps},"wall_ms":{row.wall_ms:.1f},"io_ms":{row.io_ms:.1f},'
         f'"compute_ms":{row.compute_ms:.1f},"mgmt_ms":{row.mgmt_ms:.1f},"stall_ms":{row.stall_ms:.1f},'
         f'"read_mb":{row.read_bytes / (1 << 20):.2f},"cache_hit_pct":{row.cache_hit_pct:.1f},"majflt":{row.majflt},'
         f'"cpu_ms":{row.cpu_ms:.1f},"dense_resident_frac":{row.dense_resident_frac:.3f},"delta_reasoning":"",'
-        f'"delta_text":{json.dumps(delta_text, ensure_ascii=False)}}}'
+        f'"delta_text":"'
     )
-    out.append("BMOE_PROGRESS " + body)
+    out.append(body.encode() + json_escape_bytes(delta_text) + b'"}')
     return out
 
 

@@ -90,12 +90,17 @@ def test_csv_file_round_trip(tmp_path):
     assert len(lines[6].split(",")) == 29
 
 
-def test_progress_lines_match_the_engines_shape():
-    upstream = (UPSTREAM_HOST / "tiny_progress.out").read_bytes().decode("utf-8", "replace").splitlines()
+def test_progress_lines_match_the_engines_bytes():
+    upstream = (UPSTREAM_HOST / "tiny_progress.out").read_bytes().splitlines()
     row = TokenRow(1, 32, 8.1, 1.8, 6.2, 1258291, 5.9, 0.1, 0, 6.8, 2.0, 26, 9, 17, 0, 23000, 23000, 0, 0.01)
-    ours = progress_lines(row, read_ms=1.8, delta_text="-")
-    assert _shape(ours[0]) == _shape(upstream[0])
-    assert _shape(ours[1]) == _shape(upstream[1])
+    ours = progress_lines(row, delta_text=b"-")
+    assert ours[0] == b'BMOE_LOAD {"mb":1.20,"ms":1.8}' == upstream[0]
+    assert ours[1] == upstream[1]
+    # the second token is a raw byte that is not valid UTF-8 on its own: passed through as is
+    raw_delta = upstream[3].rsplit(b'"delta_text":"', 1)[1][:-2]
+    assert len(raw_delta) == 1 and raw_delta[0] >= 0x80
+    assert progress_lines(row, raw_delta)[1].endswith(b'"delta_text":"' + raw_delta + b'"}')
+    assert progress_lines(row, b'a"b\\\n\x01')[1].endswith(b'"delta_text":"a\\"b\\\\\\n\\u0001"}')
 
 
 def test_route_trace_header_matches_the_engines(tmp_path):
