@@ -1,0 +1,208 @@
+"""The Device protocol: the only thing the campaign runner knows about where an engine runs.
+
+This host, a phone over adb and a virtual phone (reached through adb, like a real one) all
+satisfy it. Records are immutable and carry units in their names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from devices.lmk import LmkEvent
+from engine.errors import BmoeError
+
+
+class DeviceError(BmoeError):
+    """A device refused or failed an operation (push failed, command could not start…)."""
+
+
+class DeviceLost(DeviceError):
+    """The device went away (unplugged, adb connection dropped, virtual phone stopped)."""
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    serial: str
+    backend: str                 # local | adb
+    model: str
+    manufacturer: str
+    soc: str
+    abi: str
+    android_release: str         # "" for a Linux host
+    sdk: int | None
+    ram_total_kb: int
+    swap_total_kb: int
+    kernel: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CpuFreqPolicy:
+    name: str                    # policy0, policy4 …
+    scaling_max_khz: int | None
+    cpuinfo_max_khz: int | None
+
+    @property
+    def capped(self) -> bool:
+        """A policy whose scaling maximum sits under the hardware maximum (thermal or power cap)."""
+        return bool(self.scaling_max_khz and self.cpuinfo_max_khz and self.scaling_max_khz < self.cpuinfo_max_khz)
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A snapshot of the conditions a measurement depends on (method.md rules 1-2)."""
+
+    taken_at_s: float            # epoch seconds on the host
+    mem_available_kb: int | None
+    mem_free_kb: int | None
+    swap_free_kb: int | None
+    thermal_mc: Mapping[str, int] = field(default_factory=dict)   # zone type -> milli-°C
+    battery_temp_dc: int | None = None                            # deci-°C, dumpsys battery
+    thermal_status: int | None = None                             # dumpsys thermalservice
+    cpufreq: tuple[CpuFreqPolicy, ...] = ()
+
+    @property
+    def cpu_temp_mc(self) -> int | None:
+        """The CPU sensor to gate on: the hottest zone whose type names a CPU (upstream reads the
+        first `cpu-*` zone; the hottest is the conservative choice when there are several)."""
+        cpu = [v for k, v in self.thermal_mc.items() if _CPU_ZONE.match(k)]
+        return max(cpu) if cpu else None
+
+    def to_dict(self) -> dict:
+        return {
+            "taken_at_s": self.taken_at_s, "mem_available_kb": self.mem_available_kb,
+            "mem_free_kb": self.mem_free_kb, "swap_free_kb": self.swap_free_kb,
+            "thermal_mc": dict(self.thermal_mc), "cpu_temp_mc": self.cpu_temp_mc,
+            "battery_temp_dc": self.battery_temp_dc, "thermal_status": self.thermal_status,
+            "cpufreq": [p.__dict__ | {"capped": p.capped} for p in self.cpufreq],
+        }
+
+
+_CPU_ZONE = re.compile(r"^(cpu|cpuss|x86_pkg|soc_thermal|cpu_thermal|tsens_tz_sensor|mtktscpu|apc)", re.I)
+
+
+@dataclass(frozen=True)
+class PressureSample:
+    """One ~1 Hz sample taken while the engine lives."""
+
+    t_s: float                   # seconds since the process started
+    mem_available_kb: int | None
+    vm_hwm_kb: int | None
+    vm_rss_kb: int | None
+    cpu_temp_mc: int | None
+    battery_temp_dc: int | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What running one command on a device produced. Nothing here is interpreted yet."""
+
+    argv: tuple[str, ...]
+    exit_status: int | None      # None when it could not be learned (device lost)
+    pid: int | None
+    timed_out: bool
+    wall_s: float
+    stdout: bytes
+    stderr: bytes
+    samples: tuple[PressureSample, ...]
+    started_at_s: float
+
+    @property
+    def killed_by_sigkill(self) -> bool:
+        return self.exit_status in (137, -9)
+
+
+def pressure_metrics(before: DeviceState, samples: Sequence[PressureSample], after: DeviceState) -> dict[str, int]:
+    """Upstream bench-run.sh's `.metrics` keys, from a run's samples and its entry/exit state."""
+    out: dict[str, int] = {}
+
+    def put(key: str, value: int | None) -> None:
+        if value is not None:
+            out[key] = int(value)
+
+    hwm = [s.vm_hwm_kb for s in samples if s.vm_hwm_kb is not None]
+    put("peak_rss_kb", max(hwm) if hwm else None)
+    put("mem_avail_before_kb", before.mem_available_kb)
+    avail = [s.mem_available_kb for s in samples if s.mem_available_kb is not None]
+    floor_candidates = avail + [v for v in (before.mem_available_kb, after.mem_available_kb) if v is not None]
+    put("mem_avail_floor_kb", min(avail) if avail else (min(floor_candidates) if floor_candidates else None))
+    put("mem_avail_after_kb", after.mem_available_kb)
+    put("batt_temp_before_dC", before.battery_temp_dc)
+    batt = [s.battery_temp_dc for s in samples if s.battery_temp_dc is not None]
+    batt_all = batt + [v for v in (before.battery_temp_dc, after.battery_temp_dc) if v is not None]
+    put("batt_temp_max_dC", max(batt_all) if batt_all else None)
+    put("batt_temp_after_dC", after.battery_temp_dc)
+    put("cpu_temp_before_mC", before.cpu_temp_mc)
+    cpu = [s.cpu_temp_mc for s in samples if s.cpu_temp_mc is not None]
+    cpu_all = cpu + [v for v in (before.cpu_temp_mc, after.cpu_temp_mc) if v is not None]
+    put("cpu_temp_max_mC", max(cpu_all) if cpu_all else None)
+    put("cpu_temp_after_mC", after.cpu_temp_mc)
+    return out
+
+
+OutputFn = Callable[[bytes], None]
+
+
+@runtime_checkable
+class Device(Protocol):
+    serial: str
+
+    def identity(self) -> DeviceIdentity: ...
+
+    def state(self) -> DeviceState: ...
+
+    def push(self, local_path: str, remote_path: str, progress: Callable[[int, int], None] | None = None) -> bool:
+        """Copy a file to the device; False when it was already there (same size and sha256)."""
+        ...
+
+    def pull(self, remote_path: str, local_path: str) -> None: ...
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+            cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
+            sample_period_s: float = 1.0) -> RunOutcome: ...
+
+    def lmk_events(self, since_s: float) -> list[LmkEvent]: ...
+
+    def stop_strays(self, names: Sequence[str]) -> int:
+        """Kill leftover engine processes by name; returns how many were killed."""
+        ...
+
+    def work_dir(self) -> str:
+        """Where models and engines are staged (a real filesystem: O_DIRECT must work there)."""
+        ...
+
+
+# ---- parsers shared by every backend (they read the same Linux/Android files) ------------------
+
+def parse_meminfo_kb(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+):\s+(\d+)\s*kB", line)
+        if m:
+            out[m[1]] = int(m[2])
+    return out
+
+
+def parse_status_kb(text: str) -> dict[str, int]:
+    """VmHWM / VmRSS … from /proc/PID/status."""
+    return parse_meminfo_kb(text)
+
+
+def parse_battery_temp_dc(dumpsys_battery: str) -> int | None:
+    m = re.search(r"^\s*temperature:\s*(-?\d+)", dumpsys_battery, re.MULTILINE)
+    return int(m[1]) if m else None
+
+
+def parse_thermal_status(dumpsys_thermal: str) -> int | None:
+    m = re.search(r"Thermal Status:\s*(\d+)", dumpsys_thermal)
+    return int(m[1]) if m else None
+
+
+def parse_getprop(text: str) -> dict[str, str]:
+    """`getprop` with no argument: `[key]: [value]` lines."""
+    return {m[1]: m[2] for m in re.finditer(r"^\[([^\]]+)\]: \[(.*)\]\s*$", text, re.MULTILINE)}
