@@ -123,3 +123,8 @@ def demo(out_dir: str) -> None:
     from harness.demo import run_demo
 
     run_demo(out_dir, echo=click.echo)
+
+
+from harness.cli_replay import replay  # noqa: E402  (commands defined in their own modules)
+
+main.add_command(replay)
