@@ -1,0 +1,106 @@
+"""Dense (non-expert) tensors by name, dequantized to float32 once and kept.
+
+Each shard is memory-mapped read-only; a tensor's bytes are handed to `gguf.quants.dequantize`
+and the float32 result is shaped numpy-style (ggml's `ne` reversed, so a weight stored as
+ne=(n_in, n_out) reads as W[n_out, n_in] and `x @ W.T` is ggml_mul_mat). F32 tensors stay views
+of the map: no copy, and the page cache holds them once however many Models share a file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from .errors import ModelError
+from .gguf_header import TensorInfo
+from .model import ModelShape
+
+
+def numpy_shape(info: TensorInfo) -> tuple[int, ...]:
+    """The numpy shape of a ggml tensor: `ne` reversed (ne[0], the contiguous row, is last)."""
+    return tuple(reversed(info.ne))
+
+
+def dequantize_bytes(raw: np.ndarray, info: TensorInfo, ne: tuple[int, ...] | None = None) -> np.ndarray:
+    """Dequantize `raw` (1-D uint8, exactly the tensor's bytes) to float32 in numpy shape.
+
+    `ne` overrides the tensor's own shape, for a slice of it (one expert of an expert tensor).
+    """
+    ne = tuple(info.ne if ne is None else ne)
+    block_elems, block_bytes = GGML_QUANT_SIZES[info.qtype]
+    row_bytes = ne[0] // block_elems * block_bytes
+    n_rows = 1
+    for d in ne[1:]:
+        n_rows *= d
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != row_bytes * n_rows:
+        raise ModelError(
+            f"{info.name}: expected {row_bytes * n_rows} raw bytes for shape {ne} {info.qtype.name}, "
+            f"got {raw.size} ({raw.dtype}, {raw.ndim}-D)"
+        )
+    rows = raw.reshape(n_rows, row_bytes)
+    try:
+        out = quants.dequantize(rows, info.qtype)
+    except NotImplementedError:
+        raise ModelError(f"{info.name}: gguf cannot dequantize {info.qtype.name}") from None
+    if out.dtype != np.float32:
+        out = out.astype(np.float32)
+    return out.reshape(tuple(reversed(ne)))
+
+
+class DenseWeights:
+    """Named access to every non-expert tensor of a model, each dequantized on first use."""
+
+    def __init__(self, shape: ModelShape):
+        self.shape = shape
+        self._infos = {t.name: t for t in shape.dense_tensors}
+        self._maps: dict[str, np.memmap] = {}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._infos
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise ModelError(f"{self.shape.paths[0]}: model has no tensor {name}") from None
+
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        return self.info(name).qtype
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as read-only float32 in numpy shape; raises ModelError if it is absent."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        info = self.info(name)
+        raw = self._map(info.path)[info.offset:info.offset + info.nbytes]
+        out = dequantize_bytes(raw, info)
+        out.flags.writeable = False
+        self._cache[name] = out
+        return out
+
+    def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of a 2-D tensor (ggml_get_rows), dequantizing only those rows unless the
+        whole tensor is already cached — a 150k-token embedding table need not be expanded."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached[ids]
+        info = self.info(name)
+        if len(info.ne) != 2:
+            raise ModelError(f"{name}: get_rows needs a 2-D tensor, this one has ne={info.ne}")
+        block_elems, block_bytes = GGML_QUANT_SIZES[info.qtype]
+        row_bytes = info.ne[0] // block_elems * block_bytes
+        table = self._map(info.path)[info.offset:info.offset + info.nbytes].reshape(info.ne[1], row_bytes)
+        picked = np.ascontiguousarray(table[np.asarray(ids, dtype=np.int64)]).reshape(-1)
+        return dequantize_bytes(picked, info, (info.ne[0], len(ids)))
+
+    def optional(self, name: str) -> np.ndarray | None:
+        return self.get(name) if name in self._infos else None
+
+    def _map(self, path: str) -> np.memmap:
+        mm = self._maps.get(path)
+        if mm is None:
+            mm = np.memmap(path, dtype=np.uint8, mode="r")
+            self._maps[path] = mm
+        return mm
