@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from devices.lmk import LmkEvent
 from engine.errors import BmoeError
+from engine.procfs import parse_kb_fields
 
 
 class DeviceError(BmoeError):
@@ -179,18 +180,8 @@ class Device(Protocol):
 
 # ---- parsers shared by every backend (they read the same Linux/Android files) ------------------
 
-def parse_meminfo_kb(text: str) -> dict[str, int]:
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(\w+):\s+(\d+)\s*kB", line)
-        if m:
-            out[m[1]] = int(m[2])
-    return out
-
-
-def parse_status_kb(text: str) -> dict[str, int]:
-    """VmHWM / VmRSS … from /proc/PID/status."""
-    return parse_meminfo_kb(text)
+parse_meminfo_kb = parse_kb_fields
+parse_status_kb = parse_kb_fields  # VmHWM / VmRSS … from /proc/PID/status
 
 
 def parse_battery_temp_dc(dumpsys_battery: str) -> int | None:

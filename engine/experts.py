@@ -1,7 +1,7 @@
 """Where the forward pass gets expert weights: the ExpertSource interface and its resident form.
 
 The forward pass routes a whole batch at one layer first, then asks its source ONCE for the
-sorted unique experts the batch routed to. A source answers with each expert's raw slices (the
+experts the batch routed to (in routing order). A source answers with each expert's raw slices (the
 bytes `ExpertLayer.slices(e)` names, in `ExpertLayer.tensors` order); the forward pass
 dequantizes them itself. So a streaming source (engine/stream.py: O_DIRECT reads into a
 byte-budgeted LRU) and the resident source below are interchangeable and produce the same bits.
@@ -24,7 +24,9 @@ from .weights import dequantize_bytes
 class ExpertSource(Protocol):
     def fetch(self, layer: int, experts: Sequence[int]) -> Mapping[int, Sequence[np.ndarray]]:
         """Raw bytes (1-D uint8 arrays) of each requested expert's slices, in ExpertLayer.tensors order.
-        Called ONCE per layer per forward batch with the batch's UNIQUE routed experts (sorted)."""
+
+        Called ONCE per layer per forward batch with the batch's routed expert ids in routing
+        order (token-major, slot order; repeats included): one lookup per unique expert."""
         ...
 
 

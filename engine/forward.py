@@ -775,8 +775,10 @@ class Model:
         ids, weights = self.route(il, h)
         if self.on_route is not None:
             self.on_route(il, positions.copy(), ids.copy(), weights.copy())
+        # The source gets the ids in routing order (token-major, repeats kept): a cache that
+        # promotes on every occurrence then ends the batch in upstream's exact LRU order.
+        raw = self.source.fetch(il, [int(e) for e in ids.ravel()])
         unique = sorted({int(e) for e in ids.ravel()})
-        raw = self.source.fetch(il, unique)
         layer = self._moe[il]
         biases = {kind: w.optional(f"blk.{il}.ffn_{kind}_exps.bias") for kind in ("gate", "up", "down", "gate_up")}
         slots = np.zeros((n, ids.shape[1], hp.n_embd), dtype=F32)

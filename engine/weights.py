@@ -8,6 +8,8 @@ of the map: no copy, and the page cache holds them once however many Models shar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
@@ -50,9 +52,12 @@ def dequantize_bytes(raw: np.ndarray, info: TensorInfo, ne: tuple[int, ...] | No
 class DenseWeights:
     """Named access to every non-expert tensor of a model, each dequantized on first use."""
 
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, buffers: Mapping[str, np.ndarray] | None = None):
+        """`buffers`: each tensor's raw bytes already in memory (--dense-weights anon reads them
+        with O_DIRECT into anonymous buffers); tensors not in it are read from a memory map."""
         self.shape = shape
         self._infos = {t.name: t for t in shape.dense_tensors}
+        self._buffers = dict(buffers or {})
         self._maps: dict[str, np.memmap] = {}
         self._cache: dict[str, np.ndarray] = {}
 
@@ -74,8 +79,7 @@ class DenseWeights:
         if cached is not None:
             return cached
         info = self.info(name)
-        raw = self._map(info.path)[info.offset:info.offset + info.nbytes]
-        out = dequantize_bytes(raw, info)
+        out = dequantize_bytes(self._raw(info), info)
         out.flags.writeable = False
         self._cache[name] = out
         return out
@@ -91,12 +95,18 @@ class DenseWeights:
             raise ModelError(f"{name}: get_rows needs a 2-D tensor, this one has ne={info.ne}")
         block_elems, block_bytes = GGML_QUANT_SIZES[info.qtype]
         row_bytes = info.ne[0] // block_elems * block_bytes
-        table = self._map(info.path)[info.offset:info.offset + info.nbytes].reshape(info.ne[1], row_bytes)
+        table = self._raw(info).reshape(info.ne[1], row_bytes)
         picked = np.ascontiguousarray(table[np.asarray(ids, dtype=np.int64)]).reshape(-1)
         return dequantize_bytes(picked, info, (info.ne[0], len(ids)))
 
     def optional(self, name: str) -> np.ndarray | None:
         return self.get(name) if name in self._infos else None
+
+    def _raw(self, info: TensorInfo) -> np.ndarray:
+        buffer = self._buffers.get(info.name)
+        if buffer is not None:
+            return buffer
+        return self._map(info.path)[info.offset:info.offset + info.nbytes]
 
     def _map(self, path: str) -> np.memmap:
         mm = self._maps.get(path)

@@ -102,13 +102,13 @@ def test_tiny_model_routes_like_the_upstream_route_trace(tiny_run):
     assert max(abs(mine[k][1] - upstream[k][1]) for k in upstream) < 1e-5
 
 
-def test_fetch_is_called_once_per_layer_per_batch_with_the_unique_routed_experts(tiny_run):
+def test_fetch_is_called_once_per_layer_per_batch_with_the_routed_experts(tiny_run):
     shape, *_, log = tiny_run
     fetches = [e for e in log if e[0] == "fetch"]
     assert len(fetches) == shape.n_layer * (1 + 32)
     for route, fetch in zip(log[0::2], log[1::2]):
         assert route[0] == "route" and fetch[0] == "fetch" and route[1] == fetch[1]
-        assert fetch[2] == sorted({int(e) for e in route[3].ravel()})
+        assert fetch[2] == [int(e) for e in route[3].ravel()]  # routing order, repeats kept
     assert [f[1] for f in fetches[:4]] == [0, 1, 2, 3]
 
 
@@ -570,7 +570,7 @@ def test_gptoss_generation_is_deterministic_and_source_independent(gptoss_path):
     assert len(fetches) == GPTOSS["n_layer"] * (1 + first.n_decode)
     for route, fetch in zip(log[0::2], log[1::2]):
         assert (route[0], fetch[0], route[1]) == ("route", "fetch", fetch[1])
-        assert fetch[2] == sorted({int(e) for e in route[2].ravel()})
+        assert fetch[2] == [int(e) for e in route[2].ravel()]  # routing order, repeats kept
     # a different prompt takes a different path through the experts
     assert Model(shape).generate(prompt[::-1], 12).tokens != first.tokens
 
