@@ -1,0 +1,33 @@
+"""Lenient readers for every bmoe-cli output format seen in the wild (entry point).
+
+One job per module, all re-exported here:
+
+- `parse_csv`: `--csv` metrics files, no preamble (7-12 columns), `# bmoe_metrics v1`, `v2`;
+- `parse_console`: `.log` / `.out` / `.err` captures (end-of-run lines, `bmoe:` load lines, errors,
+  `BMOE_*` JSON), multi-run captures split at their `==== TAG ====` separators;
+- `parse_device`: `.metrics` pressure sidecars, `.state` snapshots, driver logs' `ENTRY STATE`;
+- `parse_config`: run configuration from file names, driver tags, echoed command lines, and the
+  engine's own lines;
+- `parse_discover`: grouping a folder's files into runs.
+
+Lenient about what they read (unknown keys kept, optional columns, `-1` = not measured, UTF-8 BOM,
+CRLF, invalid UTF-8, runs killed mid-write); a file that is not the format asked for raises a
+one-line ParseError. docs/formats.md lists the variants with an example line each.
+"""
+
+from results.parse_config import config_from_command, config_from_log, config_from_name, config_from_tag, run_stem
+from results.parse_console import (
+    CacheAuto, CacheChurn, ComputeUse, ConsoleRun, CycleWarning, DenseAnon, DenseWarmup, Generation, MoeCache,
+    MoeStream, Prefetch, Prefill, SpecGate, StreamingOn, parse_console, read_console, read_console_runs, split_runs)
+from results.parse_csv import NOT_MEASURED, REQUIRED_COLUMNS, MetricsFile, looks_like_metrics_csv, read_metrics_csv
+from results.parse_device import entry_exit, read_driver_log, read_sidecar, read_state
+from results.parse_discover import RunFiles, discover
+from results.parse_text import ParseError
+
+__all__ = [
+    "CacheAuto", "CacheChurn", "ComputeUse", "ConsoleRun", "CycleWarning", "DenseAnon", "DenseWarmup", "Generation",
+    "MetricsFile", "MoeCache", "MoeStream", "NOT_MEASURED", "ParseError", "Prefetch", "Prefill", "REQUIRED_COLUMNS",
+    "RunFiles", "SpecGate", "StreamingOn", "config_from_command", "config_from_log", "config_from_name",
+    "config_from_tag", "discover", "entry_exit", "looks_like_metrics_csv", "parse_console", "read_console",
+    "read_console_runs", "read_driver_log", "read_metrics_csv", "read_sidecar", "read_state", "run_stem", "split_runs",
+]

@@ -1,0 +1,432 @@
+"""Read bmoe-cli console captures (`.log`, `.out`, `.err`) into structured end-of-run values.
+
+A capture is whatever a driver kept: the prompt and the generated text (raw bytes included), the
+end-of-run stdout block (`generation:`, `compute:`, `prefill:`, `moe-stream:`, `moe-cache:`,
+`moe-overlap:`, `moe-prefetch:`, `moe-spec-gate:`), stderr's `bmoe:` load lines and errors,
+`--progress` `BMOE_*` JSON lines, llama.cpp's load log, and in upstream's bench logs the
+`bench-run.sh` pressure lines (`peak_rss_kb=…`) and a cooling gate's `ENTRY STATE:` line.
+Older builds print fewer terms (no `cache mgmt`, no `shards=`, `(auto, resized N×)`): every
+variant in the upstream data parses, and each field is None when its line is absent.
+
+Stdout lines are matched at the start of a line. Stderr lines are searched anywhere in a line,
+because a capture that merged both streams can glue a `bmoe:` line to generated text that ended
+without a newline. A line that starts like a known end-of-run line but does not match its shape is
+kept in `unparsed` rather than dropped, so a new engine variant shows up instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from results.parse_config import config_from_command, config_from_tag
+from results.parse_text import NUMBER, ParseError, read_lines, to_number
+
+N = f"({NUMBER})"
+SEPARATOR_RE = re.compile(r"^={5,}\s+(.*?)\s+={5,}\s*$")
+# separators that close a driver's log instead of opening a run (`ALL DONE`, `MMAP DONE` are
+# printed bare; the 2026-07-17 drivers print `=== DONE ===`)
+END_TAGS = frozenset({"DONE", "ALL DONE", "MMAP DONE"})
+_TAG_PARAMS_RE = re.compile(r"^(\S+)\s+\((.*)\)$")
+PERF_PREFIXES = ("generation:", "compute:", "prefill:", "moe-")
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: int
+    s_per_token: float
+    tok_per_s: float
+
+
+@dataclass(frozen=True)
+class ComputeUse:
+    cpu_occupancy_pct: float
+    cpu_s_per_token: float
+    threads: int
+    majflt_per_token: float
+
+
+@dataclass(frozen=True)
+class Prefill:
+    tokens: int
+    prefill_s: float
+    tok_per_s: float
+    load_s: float
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class MoeStream:
+    read_mib: float
+    read_mib_per_token: float
+    decode_s_per_token: float
+    compute_s_per_token: float
+    cache_mgmt_s_per_token: float | None  # absent before the 2026-07-13 builds
+    flash_io_s_per_token: float
+    flash_mib_per_s: float
+
+
+@dataclass(frozen=True)
+class MoeCache:
+    hit_pct: float
+    resident_mib: float
+    budget_mib: float | None  # printed only when the engine chose it (`--cache-mb auto`)
+    auto: bool
+    resized_count: int | None  # `resized N×`, printed by July 2026 builds only
+
+
+@dataclass(frozen=True)
+class CacheChurn:
+    evictions: int
+    rereads: int
+    rereads_per_token: float
+    note: str
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    speculative_mib: float
+    useful_experts: int
+    experts: int
+    useful_pct: float
+    mode: str | None  # `route-ahead` / `stale-gate` in brackets, None for plain --prefetch
+
+
+@dataclass(frozen=True)
+class SpecGate:
+    recall_pct: float
+    auto_disabled_below_pct: float | None  # set when the gate switched itself off
+
+
+@dataclass(frozen=True)
+class CacheAuto:
+    available_mib: float
+    free_mib: float  # the floor left free (--cache-floor-mb)
+    budget_mib: float
+    cap_mib: float
+
+
+@dataclass(frozen=True)
+class DenseWarmup:
+    mib: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DenseAnon:
+    mode: str
+    mib: float
+    buffers: int
+    dropped_mib: float | None  # the follow-up `dropped N MiB of now-unused mmap pages` line
+
+
+@dataclass(frozen=True)
+class StreamingOn:
+    n_expert: int
+    o_direct: bool
+    io_threads: int
+    cache_mib: int
+    shards: int | None  # absent before 0.19.0
+    extra: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CycleWarning:
+    budget_mib: int
+    cycle_mib: int
+    top_k: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class ConsoleRun:
+    """What one engine run printed. Fields are None (or empty) when their line is absent."""
+
+    paths: tuple[str, ...]
+    lines: tuple[str, ...]
+    tag: str | None = None  # the driver's separator tag, for a run split out of a multi-run capture
+    declared_config: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    generation: Generation | None = None
+    compute: ComputeUse | None = None
+    prefill: Prefill | None = None
+    moe_stream: MoeStream | None = None
+    moe_cache: MoeCache | None = None
+    cache_churn: CacheChurn | None = None
+    overlap_stall_s_per_token: float | None = None
+    prefetch: Prefetch | None = None
+    spec_gate: SpecGate | None = None
+    cache_auto: CacheAuto | None = None
+    cache_reserve_mib: float | None = None
+    dense_warmup: DenseWarmup | None = None
+    dense_anon: DenseAnon | None = None
+    streaming: StreamingOn | None = None
+    cycle_warning: CycleWarning | None = None
+    config_error: str | None = None
+    arg_error: str | None = None
+    runtime_error: str | None = None
+    warnings: tuple[str, ...] = ()
+    events: tuple[tuple[str, Mapping[str, object]], ...] = ()  # (`BMOE_` name, JSON payload), in order
+    answer: str | None = None  # between `=== answer ===` and `=== perf ===` (--progress)
+    pressure: Mapping[str, int | float | None] | None = None  # bench-run.sh sidecar lines
+    entry_state: Mapping[str, int | float | str] | None = None  # a cooling gate's `ENTRY STATE:` line
+    unparsed: tuple[str, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        """The end-of-run block was printed (a killed or refused run has none)."""
+        return self.generation is not None
+
+    @property
+    def load_events(self) -> tuple[Mapping[str, object], ...]:
+        return tuple(payload for name, payload in self.events if name == "LOAD")
+
+    @property
+    def progress(self) -> tuple[Mapping[str, object], ...]:
+        return tuple(payload for name, payload in self.events if name == "PROGRESS")
+
+
+# ── line shapes ────────────────────────────────────────────────────────────────────────────────
+# Each handler turns a match into ConsoleRun fields. Separators (— → ×) are matched loosely with
+# `.*?` so a capture that went through the wrong code page still parses.
+
+def _f(text: str | None) -> float | None:
+    return None if text is None else float(text)
+
+
+def _generation(m: re.Match) -> dict:
+    return {"generation": Generation(int(m[1]), float(m[2]), float(m[3]))}
+
+
+def _compute(m: re.Match) -> dict:
+    return {"compute": ComputeUse(float(m[1]), float(m[2]), int(m[3]), float(m[4]))}
+
+
+def _prefill(m: re.Match) -> dict:
+    return {"prefill": Prefill(int(m[1]), float(m[2]), float(m[3]), float(m[4]), float(m[5]))}
+
+
+def _moe_stream(m: re.Match) -> dict:
+    return {"moe_stream": MoeStream(float(m[1]), float(m[2]), float(m[3]), float(m[4]), _f(m[5]), float(m[6]),
+                                    float(m[7]))}
+
+
+def _moe_cache(m: re.Match) -> dict:
+    detail = m[4] or ""
+    resized = re.search(r"resized\s+(\d+)", detail)
+    return {"moe_cache": MoeCache(float(m[1]), float(m[2]), _f(m[3]), detail.startswith("auto"),
+                                  int(resized[1]) if resized else None)}
+
+
+def _churn(m: re.Match) -> dict:
+    return {"cache_churn": CacheChurn(int(m[1]), int(m[2]), float(m[3]), m[4].strip().lstrip("—-– ").strip())}
+
+
+def _prefetch(m: re.Match) -> dict:
+    return {"prefetch": Prefetch(float(m[1]), int(m[2]), int(m[3]), float(m[4]), m[5])}
+
+
+def _cycle_warning(m: re.Match) -> dict:
+    return {"cycle_warning": CycleWarning(int(float(m[1])), int(float(m[2])), int(m[3]) if m[3] else None)}
+
+
+def _streaming(m: re.Match) -> dict:
+    values = dict(re.findall(r"(\w+)=(\S+)", m[1]))
+    try:
+        return {"streaming": StreamingOn(
+            n_expert=int(values.pop("n_expert")), o_direct=values.pop("o_direct") == "1",
+            io_threads=int(values.pop("io_threads")), cache_mib=int(values.pop("cache")),
+            shards=int(values.pop("shards")) if "shards" in values else None,
+            extra=MappingProxyType(values))}
+    except (KeyError, ValueError):
+        return {}  # a different shape: the caller keeps the line in `unparsed`
+
+
+def _dense_anon(m: re.Match) -> dict:
+    return {"dense_anon": DenseAnon(m[1], float(m[2]), int(m[3]), None)}
+
+
+_STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
+    (re.compile(rf"^generation: (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
+    (re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
+     _compute),
+    (re.compile(rf"^prefill: (\d+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
+    (re.compile(rf"^moe-stream: read {N} MiB \({N} MiB/token\), decode {N} s/token \(compute {N}"
+                rf"(?: \+ cache mgmt {N})? \+ flash I/O {N} s/token, {N} MiB/s\)"), _moe_stream),
+    (re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
+    (re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
+    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": float(m[1])}),
+    (re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
+     _prefetch),
+    (re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
+     lambda m: {"spec_gate": SpecGate(float(m[1]), _f(m[2]))}),
+    (re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
+    (re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
+    (re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
+    (re.compile(r"^warning: (.*)"), lambda m: {"warnings": m[1].strip()}),
+)
+_STDERR: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
+    (re.compile(rf"bmoe: cache auto.*?{N} MiB available, leaving {N} MiB free.*?{N} MiB budget \(cap {N} MiB\)"),
+     lambda m: {"cache_auto": CacheAuto(float(m[1]), float(m[2]), float(m[3]), float(m[4]))}),
+    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": float(m[1])}),
+    (re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
+     lambda m: {"dense_warmup": DenseWarmup(float(m[1]), float(m[2]))}),
+    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": float(m[1])}),
+    (re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
+    (re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
+    (re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
+     _cycle_warning),
+    # a bad --dense-weights value is refused like a config error (exit 2 instead of 1)
+    (re.compile(r"bmoe: (--dense-weights expects .*)"), lambda m: {"config_error": m[1].strip()}),
+)
+_PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[\d.]*)\s*$")
+_ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
+_EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
+_TOP_K_CONTINUATION_RE = re.compile(r"^at top-k (\d+)")
+_LOOSE_NUMBER_RE = re.compile(r'"(\w+)":(-?[\d.]+)')
+# ENTRY STATE keys of upstream's cooling gate -> our unit-suffixed names
+_ENTRY_KEYS = {"batt": "batt_temp_dC", "memavail": "mem_available_kb", "freq": "scaling_max_freq_khz",
+               "waited": "waited_s"}
+_ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[\d.]+)\s*([A-Za-z]*)")
+
+
+# ── parsing ────────────────────────────────────────────────────────────────────────────────────
+
+
+def read_console(*paths: str | Path) -> ConsoleRun:
+    """One run's capture: a stdout and/or stderr file (`read_console(out, err)`), or a merged log."""
+    lines: list[str] = []
+    for path in paths:
+        lines += read_lines(path)[0]
+    return parse_console(lines, paths=tuple(str(p) for p in paths))
+
+
+def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None = None,
+                  declared_config: Mapping[str, object] | None = None) -> ConsoleRun:
+    fields: dict[str, object] = {}
+    warnings: list[str] = []
+    events: list[tuple[str, Mapping[str, object]]] = []
+    pressure: dict[str, int | float | None] = {}
+    unparsed: list[str] = []
+    answer: list[str] | None = None
+    in_answer = False
+    for index, line in enumerate(lines):
+        if line == "=== answer ===":
+            in_answer, answer = True, []
+            continue
+        if line == "=== perf ===":
+            in_answer = False
+            continue
+        if in_answer:
+            answer.append(line)
+            continue
+        found = _match(line)
+        if found is None:
+            if line.startswith(PERF_PREFIXES) or "bmoe:" in line:
+                unparsed.append(line)
+            continue
+        kind, values = found
+        if kind == "event":
+            events.append(values)
+        elif kind == "pressure":
+            pressure.update(values)
+        elif "warnings" in values:
+            warnings.append(values["warnings"])
+        elif "generation" in values and "generation" in fields:
+            raise ParseError(f"{_where(paths, tag)}: holds more than one run's end-of-run lines "
+                             f"(line {index + 1}); split it with read_console_runs")
+        else:
+            fields.update(values)
+        if "cycle_warning" in values and values["cycle_warning"].top_k is None and index + 1 < len(lines):
+            # the warning is one line, but it has been wrapped before the `at top-k K` part
+            if more := _TOP_K_CONTINUATION_RE.match(lines[index + 1]):
+                warning = values["cycle_warning"]
+                fields["cycle_warning"] = CycleWarning(warning.budget_mib, warning.cycle_mib, int(more[1]))
+    if "dense_dropped_mib" in fields:
+        dropped = fields.pop("dense_dropped_mib")
+        if "dense_anon" in fields:
+            anon = fields["dense_anon"]
+            fields["dense_anon"] = DenseAnon(anon.mode, anon.mib, anon.buffers, dropped)
+    return ConsoleRun(
+        paths=paths, lines=tuple(lines), tag=tag, declared_config=MappingProxyType(dict(declared_config or {})),
+        warnings=tuple(warnings), events=tuple(events), answer=None if answer is None else "\n".join(answer),
+        pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), **fields)
+
+
+def _match(line: str) -> tuple[str, object] | None:
+    for pattern, handler in _STDOUT:
+        if m := pattern.match(line):
+            values = handler(m)
+            return ("fields", values) if values else None
+    for pattern, handler in _STDERR:
+        if m := pattern.search(line):
+            values = handler(m)
+            return ("fields", values) if values else None
+    if m := _EVENT_RE.match(line):
+        return "event", (m[1], _event_payload(m[2]))
+    if m := _PRESSURE_RE.match(line):
+        return "pressure", {m[1]: None if m[2] == "" else to_number(m[2])}
+    if m := _ENTRY_RE.match(line):
+        return "fields", {"entry_state": parse_entry_state(m[1])}
+    return None
+
+
+def _event_payload(text: str) -> Mapping[str, object]:
+    """A `BMOE_*` JSON object. Invalid UTF-8 in delta_text arrives here as U+FFFD (valid JSON); a
+    line cut by a kill is not JSON, so its numeric fields are recovered and `_cut` is set."""
+    try:
+        payload = json.loads(text, strict=False)
+    except ValueError:
+        payload = {key: to_number(value) for key, value in _LOOSE_NUMBER_RE.findall(text)}
+        payload["_cut"] = True
+    return MappingProxyType(payload if isinstance(payload, dict) else {"value": payload})
+
+
+def parse_entry_state(text: str) -> Mapping[str, int | float | str]:
+    """`batt=420 dC, memavail=6837980 kB, freq=1555200, waited=0s` -> unit-named numbers."""
+    state: dict[str, int | float | str] = {}
+    for key, value, unit in _ENTRY_ITEM_RE.findall(text):
+        unit = unit.replace("kB", "kb")
+        state[_ENTRY_KEYS.get(key, f"{key}_{unit}" if unit else key)] = to_number(value)
+    return MappingProxyType(state)
+
+
+def _where(paths: tuple[str, ...], tag: str | None) -> str:
+    where = ", ".join(paths) or "console text"
+    return f"{where} [{tag}]" if tag else where
+
+
+# ── multi-run captures ─────────────────────────────────────────────────────────────────────────
+
+
+def read_console_runs(path: str | Path) -> list[ConsoleRun]:
+    """Split a capture of several runs (upstream drivers print `==== TAG ====` before each) into
+    one ConsoleRun per run, each carrying the config its separator and command lines declare.
+    A capture without separators is one run."""
+    lines, _ = read_lines(path)
+    return split_runs(lines, str(path))
+
+
+def split_runs(lines: list[str], path: str = "") -> list[ConsoleRun]:
+    sections: list[tuple[str | None, list[str]]] = [(None, [])]
+    for line in lines:
+        if m := SEPARATOR_RE.match(line):
+            sections.append((None if m[1] in END_TAGS else m[1], []))
+        else:
+            sections[-1][1].append(line)
+    runs = []
+    for tag, body in sections:
+        if tag is None and len(sections) > 1 and not any(_match(line) for line in body):
+            continue  # text before the first separator or after a DONE marker
+        declared: dict[str, object] = {}
+        if tag is not None:
+            # upstream's warm-only driver adds the cell's parameters: `gptoss_k4 (k=4 io=8 n=24)`
+            with_params = _TAG_PARAMS_RE.match(tag)
+            tag, params = (with_params[1], with_params[2]) if with_params else (tag, "")
+            declared.update(config_from_tag(tag, params))
+        for line in body:
+            declared.update(config_from_command(line))
+        runs.append(parse_console(body, paths=(path,) if path else (), tag=tag, declared_config=declared))
+    return runs

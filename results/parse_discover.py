@@ -1,0 +1,94 @@
+"""Group the files of one engine run so an importer can turn each group into one run.
+
+Upstream writes one run as `<stem>.csv` + `<stem>.metrics` + `<stem>.log` (bench-run.sh),
+`<stem>.out`/`.err` (shell redirection), `<stem>.route.csv`, `<stem>.state`. Two irregularities
+are handled here rather than in every importer:
+
+- a `.metrics` file is usually the pressure sidecar, but 2026-07-15 used the name for the
+  per-token CSV: the content decides;
+- a multi-run capture (`gptoss-matrix.out`, the 2026-07-17 driver logs) holds several runs behind
+  `==== TAG ====` separators. It is not a run itself: each of its sections joins the group whose
+  stem is the tag (or ends with `_TAG`, as `gptoss_mmap_k2.csv` for section `mmap_k2`), or forms a
+  group of its own when no file shares the tag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from results.parse_config import run_stem
+from results.parse_console import SEPARATOR_RE, END_TAGS, read_console_runs
+from results.parse_csv import looks_like_metrics_csv
+from results.parse_text import ParseError, read_lines
+
+_KIND_BY_SUFFIX = ((".route.csv", "route_trace"), (".csv", "csv"), (".metrics", "metrics"), (".log", "log"),
+                   (".out", "out"), (".err", "err"), (".state", "state"))
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    folder: Path
+    stem: str
+    csv: Path | None = None  # the per-token metrics CSV (whatever its suffix)
+    sidecar: Path | None = None  # bench-run.sh pressure key=value file
+    log: Path | None = None
+    out: Path | None = None
+    err: Path | None = None
+    route_trace: Path | None = None
+    state: Path | None = None
+    capture: Path | None = None  # a multi-run capture holding this run's console output
+    section: str | None = None  # the separator tag of that section in `capture`
+
+
+def discover(folder: str | Path) -> list[RunFiles]:
+    """Every run under `folder` (subfolders included), sorted by folder then stem."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ParseError(f"{root}: not a folder")
+    groups: dict[tuple[Path, str], RunFiles] = {}
+    captures: list[Path] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        kind = _kind(path)
+        if kind is None:
+            continue
+        if kind in ("log", "out", "err") and _is_multi_run(path):
+            captures.append(path)
+            continue
+        key = (path.parent, run_stem(path))
+        group = groups.get(key) or RunFiles(folder=path.parent, stem=key[1])
+        if getattr(group, kind) is not None:
+            raise ParseError(f"{path}: run {key[1]} already has a {kind} file ({getattr(group, kind).name})")
+        groups[key] = replace(group, **{kind: path})
+    for capture in captures:
+        for run in read_console_runs(capture):
+            if run.tag is None:
+                continue
+            key = _owner(groups, capture.parent, run.tag)
+            group = groups.get(key) or RunFiles(folder=capture.parent, stem=run.tag)
+            if group.capture is not None:
+                raise ParseError(f"{capture}: run {run.tag} is also in {group.capture.name}")
+            groups[key] = replace(group, capture=capture, section=run.tag)
+    return [groups[key] for key in sorted(groups, key=lambda k: (str(k[0]), k[1]))]
+
+
+def _kind(path: Path) -> str | None:
+    for suffix, kind in _KIND_BY_SUFFIX:
+        if path.name.endswith(suffix):
+            if kind == "metrics":
+                return "csv" if looks_like_metrics_csv(read_lines(path)[0]) else "sidecar"
+            return kind
+    return None
+
+
+def _is_multi_run(path: Path) -> bool:
+    return any((m := SEPARATOR_RE.match(line)) and m[1] not in END_TAGS for line in read_lines(path)[0])
+
+
+def _owner(groups: dict[tuple[Path, str], RunFiles], folder: Path, tag: str) -> tuple[Path, str]:
+    """The group a section belongs to: the stem equal to its tag, else the one stem ending in
+    `_<tag>` (a driver that prefixed the model to its file names), else a group of its own."""
+    if (folder, tag) in groups:
+        return folder, tag
+    suffixed = [key for key in groups if key[0] == folder and key[1].endswith("_" + tag)]
+    return suffixed[0] if len(suffixed) == 1 else (folder, tag)
