@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import psutil
@@ -29,7 +29,6 @@ CACHE_CEIL_MB_DEFAULT = 0  # 0 = no cap beyond the whole expert bank
 IO_THREADS_DEFAULT = 4
 IO_THREADS_MAX = 8
 PREFETCH_LAYERS_MAX = 8
-DENSE_WEIGHTS_MODES = ("mmap", "warm", "anon", "ahwb")
 # Modes that move the dense set out of reclaimable page cache into anon buffers during init.
 _DENSE_CONVERTING = ("anon", "ahwb")
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages; anything this large is unlimited.
@@ -44,47 +43,6 @@ class ConfigError(BmoeError):
     @property
     def line(self) -> str:
         return f"config error: {self}"
-
-
-class DenseWeightsError(BmoeError):
-    """An unknown --dense-weights value: bmoe-cli prints its own line and exits 2."""
-
-    exit_status = 2
-
-    @property
-    def line(self) -> str:
-        return str(self)
-
-
-# ---- flags ----------------------------------------------------------------------------------
-def _atoi(text: str) -> int:
-    """C atoi: optional leading space and sign, then digits; anything unreadable is 0."""
-    m = re.match(r"\s*([+-]?\d+)", text)
-    return int(m[1]) if m else 0
-
-
-def parse_cache_mb(values: str | Sequence[str]) -> tuple[int, bool]:
-    """(cache_mb, cache_auto) from every --cache-mb value in command-line order.
-
-    bmoe-cli lets each occurrence set its own field: `auto` sets cache_auto, anything else sets
-    cache_mb through atoi (so `abc` is 0). Repeating the flag with `auto` and a number therefore
-    reaches validate() with both set, which is how "auto with a number" gets refused.
-    """
-    if isinstance(values, str):
-        values = [values]
-    cache_mb, cache_auto = 0, False
-    for v in values:
-        if v == "auto":
-            cache_auto = True
-        else:
-            cache_mb = _atoi(v)
-    return cache_mb, cache_auto
-
-
-def parse_dense_weights(value: str) -> str:
-    if value not in DENSE_WEIGHTS_MODES:
-        raise DenseWeightsError(f"bmoe: --dense-weights expects mmap|warm|anon|ahwb, got '{value}'")
-    return value
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ byte-budgeted LRU) and the resident source below are interchangeable and produce
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,10 +35,14 @@ class ResidentExpertSource:
     """Every expert read straight from a read-only memory map: the model 'resident', as
     bmoe-cli runs without --moe-stream (mmap, page cache does the caching)."""
 
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, anonymous: bool = False):
+        """`anonymous`: copy every expert byte into anonymous memory at load (llama.cpp's
+        --no-mmap) — a model larger than RAM then does not fit, as on a phone."""
         self.shape = shape
         self._layers = {layer.layer: layer for layer in shape.moe_layers}
         self._maps = {path: np.memmap(path, dtype=np.uint8, mode="r") for path in shape.paths}
+        if anonymous:
+            self._maps = {path: _read_whole(path) for path in shape.paths}
 
     def fetch(self, layer: int, experts: Sequence[int]) -> Mapping[int, Sequence[np.ndarray]]:
         moe = self._layers.get(layer)
@@ -47,6 +52,18 @@ class ResidentExpertSource:
         for e in experts:
             out[int(e)] = tuple(self._maps[s.path][s.offset:s.offset + s.nbytes] for s in moe.slices(int(e)))
         return out
+
+
+def _read_whole(path: str) -> np.ndarray:
+    out = np.empty(os.path.getsize(path), dtype=np.uint8)
+    with open(path, "rb", buffering=0) as fh:
+        view, done = memoryview(out), 0
+        while done < out.size:
+            n = fh.readinto(view[done:done + (64 << 20)])
+            if not n:
+                raise ModelError(f"{path}: file shrank while it was being read")
+            done += n
+    return out
 
 
 @dataclass(frozen=True)

@@ -36,3 +36,46 @@ def small_gptoss(models_dir) -> Path:
     """2 layers, 4 experts, top-2, hidden 64, expert FFN 32, MXFP4 experts."""
     return make_model(models_dir, "small-gptoss.gguf", "gpt-oss", layers=2, experts=4, top_k=2,
                       hidden=64, expert_ffn=32, vocab=260, seed=3)
+
+
+# ---- memory cgroups (root only; CI runs as root) -------------------------------------------------
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import uuid  # noqa: E402
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int):
+    """A fresh memory cgroup (v2 or v1) limited to `limit_bytes`, no swap; removed afterwards."""
+    v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    base = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/memory"
+    assert os.access(base, os.W_OK), "these tests run as root with a writable memory cgroup"
+    path = os.path.join(base, f"bmoe-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    try:
+        knobs = [("memory.max", limit_bytes), ("memory.swap.max", 0)] if v2 else [
+            ("memory.limit_in_bytes", limit_bytes), ("memory.memsw.limit_in_bytes", limit_bytes)]
+        for knob, value in knobs:
+            if os.path.exists(os.path.join(path, knob)):
+                with open(os.path.join(path, knob), "w") as fh:
+                    fh.write(str(value))
+        yield path
+    finally:
+        with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as fh:
+            for pid in fh.read().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+
+
+def in_cgroup(cgroup: str, argv: list[str]) -> list[str]:
+    """argv that first moves itself into `cgroup`, then execs the command."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *argv]

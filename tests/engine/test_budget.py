@@ -17,14 +17,11 @@ from engine.budget import (
     AvailableMemory,
     CacheFlags,
     ConfigError,
-    DenseWeightsError,
     auto_budget,
     available_memory,
     cgroup_headroom_bytes,
     cycle_warning,
     mem_available_from_meminfo,
-    parse_cache_mb,
-    parse_dense_weights,
     resolve_budget,
     validate,
 )
@@ -101,27 +98,6 @@ def test_legal_combinations_pass():
         CacheFlags(moe_stream=False, cache_mb=1000, io_threads=99, prefetch_layers=3),  # all ignored
     ):
         validate(flags)
-
-
-def test_cache_mb_parses_like_the_cli():
-    assert parse_cache_mb("auto") == (0, True)
-    assert parse_cache_mb("2000") == (2000, False)
-    assert parse_cache_mb(["auto", "2000"]) == (2000, True)  # → refused as mutually exclusive
-    assert parse_cache_mb(["2000", "auto"]) == (2000, True)
-    assert parse_cache_mb(["1000", "0"]) == (0, False)  # the last number wins
-    assert parse_cache_mb("abc") == (0, False)  # atoi
-    assert parse_cache_mb(" 12MiB") == (12, False)
-    assert parse_cache_mb("-3") == (-3, False)
-    assert parse_cache_mb("AUTO") == (0, False)  # only the exact word is auto
-
-
-def test_dense_weights_refusal_is_exit_2():
-    for mode in ("mmap", "warm", "anon", "ahwb"):
-        assert parse_dense_weights(mode) == mode
-    with pytest.raises(DenseWeightsError) as info:
-        parse_dense_weights("odirect")
-    assert info.value.exit_status == 2
-    assert info.value.line == "bmoe: --dense-weights expects mmap|warm|anon|ahwb, got 'odirect'"
 
 
 # ---- auto sizing ----------------------------------------------------------------------------

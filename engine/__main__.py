@@ -1,0 +1,5 @@
+"""`python -m engine` runs bmoe-py."""
+
+from engine.cli import main
+
+main()

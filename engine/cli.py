@@ -1,0 +1,123 @@
+"""`bmoe-py`: the reference engine behind bmoe-cli's contract (flags in; CSV, stdout, stderr and
+exit status out). Parsing is engine.config's, validation engine.budget's, the run engine.session's;
+this module only wires them to the process's streams and exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import __version__
+from .budget import ConfigError, validate
+from .config import UsageExit, cache_flags, parse_args, print_usage_exit
+from .errors import BmoeError
+from .session import Session
+from .telemetry import CsvSink, csv_preamble, progress_lines
+
+ENGINE_NAME = f"bmoe-py-{__version__}"
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _out(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _preamble(session: Session) -> str:
+    cfg, shape, budget = session.cfg, session.shape, session.budget
+    stream = session.stream
+    model = {"model": os.path.basename(cfg.model_path), "arch": shape.arch, "n_layer": shape.n_layer,
+             "n_expert": shape.n_expert, "n_expert_used": session.top_k, "threads": cfg.n_threads,
+             "n_ctx": cfg.n_ctx, "n_ubatch": 0, "chatml": 0}
+    streaming = {
+        "moe_stream": int(cfg.moe_stream), "cache_mb": budget.cache_mb if cfg.moe_stream else 0,
+        "cache_cycle_mb": f"{budget.cycle_bytes / (1 << 20):.1f}", "cache_auto": int(budget.cache_auto),
+        "cache_floor_mb": cfg.cache_floor_mb, "cache_ceil_mb": cfg.cache_ceil_mb,
+        "force_cache": int(cfg.force_cache), "load_all": 0,
+        "io_threads": stream.io_threads if stream else 0, "o_direct": int(stream.o_direct) if stream else 0,
+        "overlap": 0, "io_two_wave": 0, "prefetch": cfg.prefetch, "route_ahead": 0, "predict_prefetch": 0,
+        "predict_log": 0, "predict_spec_max": 2 if stream else 0, "prefetch_sync": 0,
+        "dense_weights": cfg.dense_weights, "drop_cold_frac": 0, "drop_renorm": 1, "drop_prefill": 0,
+    }
+    sampling = {"temp": f"{cfg.temp:g}", "top_k": cfg.top_k, "top_p": f"{cfg.top_p:g}", "seed": cfg.seed,
+                "compute_trace_layers": 0, "spec": "off", "spec_draft_max": 0, "mtp_p_min": 0, "ngram_min_match": 0}
+    return csv_preamble(ENGINE_NAME, model, streaming, sampling)
+
+
+def run(argv: list[str], environ: dict[str, str]) -> int:
+    try:
+        cfg = parse_args(argv, environ)
+    except UsageExit as e:
+        return print_usage_exit(e)
+    try:
+        validate(cache_flags(cfg))
+    except ConfigError as e:
+        _err(f"config error: {e}")
+        return 1
+    for flag in cfg.deprecated_flags:
+        modern = "mmap" if flag == "--no-warm-dense" else "anon"
+        _err(f"bmoe: {flag} is deprecated; use --dense-weights {modern}")
+
+    csv = None
+    if cfg.csv_path:
+        try:
+            csv = CsvSink(cfg.csv_path)  # truncated before load, like the engine: a kill in load leaves 0 bytes
+        except OSError:
+            _err(f"warning: could not open csv {cfg.csv_path}")
+    route_trace = cfg.route_trace_path or None
+    if route_trace and not cfg.moe_stream:
+        _err("warning: --route-trace needs --moe-stream; no trace will be written")
+        route_trace = None
+    if cfg.prompt_tokens is None and not cfg.progress:
+        _out(cfg.prompt.encode("utf-8", "surrogateescape"))
+
+    session = None
+    try:
+        session = Session(cfg, route_trace_path=route_trace)
+        for line in session.messages:
+            _err(line)
+        prompt = list(cfg.prompt_tokens) if cfg.prompt_tokens is not None else session.tokenize(cfg.prompt)
+        if cfg.prompt_tokens is not None and not cfg.progress:
+            _out(b"".join(session.piece(t) for t in prompt))
+        if csv:
+            csv.preamble(_preamble(session))
+        text_so_far = bytearray()
+
+        def on_token(token: int, piece: bytes, row) -> None:
+            if csv:
+                csv.token(row)
+            if cfg.progress:
+                for line in progress_lines(row, piece):
+                    _out(line + b"\n")
+            else:
+                _out(piece)
+            text_so_far.extend(piece)
+
+        result = session.generate(prompt, cfg.n_predict, on_token)
+        if csv:
+            csv.summary(result.summary)
+    except ConfigError as e:
+        _err(f"config error: {e}")
+        return 1
+    except BmoeError as e:
+        _err(f"\nerror: {e}")
+        return 1
+    finally:
+        if session is not None:
+            session.close()
+        if csv:
+            csv.close()
+    if cfg.progress:
+        _out(b"=== answer ===\n" + result.text + b"\n=== perf ===\n")
+    else:
+        _out(b"\n\n")
+    _out(("\n".join(result.summary.stdout_lines()) + "\n").encode())
+    return 0
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:], dict(os.environ)))

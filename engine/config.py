@@ -1,0 +1,213 @@
+"""bmoe-py's command line, parsed the way bmoe-cli 0.19.0 parses it (cli/main.cpp upstream).
+
+The harness treats bmoe-py and bmoe-cli as interchangeable, so the flags, defaults, messages
+and exit codes are the engine's, not click's: `unknown arg: X` + usage and exit 1, `missing
+value for X` exit 1, a bad `--dense-weights` exit 2, `config error: …` exit 1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags
+from .errors import BmoeError
+
+DENSE_MODES = ("mmap", "warm", "anon")  # bmoe-cli's ahwb is Android-only
+
+
+class UsageExit(BmoeError):
+    """Parsing stopped: print `message` (to stderr unless `to_stdout`) and exit with `code`."""
+
+    def __init__(self, message: str, code: int, to_stdout: bool = False, with_usage: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.to_stdout = to_stdout
+        self.with_usage = with_usage
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model_path: str = ""
+    prompt: str = "The capital of Japan is"
+    prompt_tokens: tuple[int, ...] | None = None
+    n_predict: int = 128
+    n_threads: int = 4
+    n_ctx: int = 2048
+    n_expert_used: int = 0          # 0 = the model's own top-k
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 0xFFFFFFFF          # the engine's "random per run" sentinel
+    moe_stream: bool = False
+    cache_mb: int = 0
+    cache_auto: bool = False
+    cache_floor_mb: int = 1536
+    cache_ceil_mb: int = 0
+    force_cache: bool = False
+    io_threads: int = 4
+    o_direct: bool = True
+    dense_weights: str = "anon"
+    prefetch: int = 0
+    progress: bool = False
+    no_mmap: bool = False           # resident runs: weights in anonymous memory, not a file map
+    csv_path: str = ""
+    route_trace_path: str = ""
+    deprecated_flags: tuple[str, ...] = ()
+
+
+USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
+
+  -m, --model PATH        gguf model (required; a split model by any of its shards)
+  -p, --prompt STR        prompt text (SentencePiece byte-fallback vocabularies)
+      --prompt-tokens L   comma-separated token ids instead of -p (any vocabulary)
+  -n, --n-predict N       tokens to generate (default 128)
+  -t, --threads N         compute threads (default 4; the output does not depend on it)
+  -c, --ctx-size N        context size (default 2048)
+      --n-expert-used N   override active MoE experts per token (top-k); 0 = model default
+      --temp F            sampling temperature; <= 0 keeps greedy (default 0)
+      --top-k N           top-k cutoff when sampling (default 40)
+      --top-p F           nucleus cutoff in (0,1] when sampling (default 0.95)
+      --seed N            RNG seed for sampling (default: random per run)
+      --progress          emit machine telemetry (one JSON line per token)
+      --csv PATH          also write per-token metrics as CSV (bmoe_metrics v2)
+      --route-trace PATH  write the per-step per-layer MoE routing trace (needs --moe-stream)
+  -h, --help              show this text and exit
+      --version           print the engine version and exit
+
+  MoE expert streaming:
+      --moe-stream        stream only the routed experts per token (MoE models)
+      --cache-mb N|auto   LRU expert cache budget in MiB (0=off, or >={CACHE_MIN_MB}); auto=size to device
+      --cache-floor-mb N  with --cache-mb auto: RAM to leave free (default 1536)
+      --cache-ceil-mb N   with --cache-mb auto: upper bound on the budget (0 = no cap)
+      --force-cache       allow a cache-mb in the pathological band
+      --io-threads N      parallel expert-read lanes [1..{IO_THREADS_MAX}] (default 4)
+      --no-odirect        do not bypass the page cache for expert reads
+      --dense-weights M   dense (non-expert) weight policy: mmap | warm | anon (default)
+                          Deprecated aliases: --dense-odirect = anon, --no-warm-dense = mmap
+      --prefetch K        temporally prefetch the next K layers' experts, as the previous token
+                          routed them (needs the cache)
+      --no-mmap           without --moe-stream: read every weight into anonymous memory
+                          (llama.cpp's --no-mmap) instead of mapping the file
+
+  Env overrides (flag wins): BMOE_CACHE_MB, BMOE_IO_THREADS, BMOE_PROGRESS, BMOE_PREFETCH,
+  BMOE_N_EXPERT_USED
+"""
+
+_INT_FLAGS = {
+    "-n": "n_predict", "--n-predict": "n_predict", "-t": "n_threads", "--threads": "n_threads",
+    "-c": "n_ctx", "--ctx-size": "n_ctx", "--n-expert-used": "n_expert_used", "--top-k": "top_k",
+    "--cache-floor-mb": "cache_floor_mb", "--cache-ceil-mb": "cache_ceil_mb", "--io-threads": "io_threads",
+    "--prefetch": "prefetch",
+}
+_FLOAT_FLAGS = {"--temp": "temp", "--top-p": "top_p"}
+_STR_FLAGS = {"-m": "model_path", "--model": "model_path", "-p": "prompt", "--prompt": "prompt",
+              "--csv": "csv_path", "--route-trace": "route_trace_path"}
+_BOOL_FLAGS = {"--moe-stream": ("moe_stream", True), "--force-cache": ("force_cache", True),
+               "--no-mmap": ("no_mmap", True),
+               "--no-odirect": ("o_direct", False), "--progress": ("progress", True)}
+_ENV_INT = {"--cache-mb": "BMOE_CACHE_MB", "--io-threads": "BMOE_IO_THREADS", "--prefetch": "BMOE_PREFETCH",
+            "--n-expert-used": "BMOE_N_EXPERT_USED"}
+
+
+def _atoi(text: str) -> int:
+    """C's atoi: optional space and sign, then digits; 0 when unreadable (the engine does not
+    reject junk, so neither do we)."""
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return int(m[1]) if m else 0
+
+
+def _atof(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
+    values: dict[str, object] = {}
+    seen: set[str] = set()
+    deprecated: list[str] = []
+    i = 0
+
+    def next_value(what: str) -> str:
+        nonlocal i
+        if i + 1 >= len(argv):
+            raise UsageExit(f"missing value for {what}", 1)
+        i += 1
+        return argv[i]
+
+    while i < len(argv):
+        a = argv[i]
+        seen.add(a)
+        if a in _STR_FLAGS:
+            values[_STR_FLAGS[a]] = next_value("-m" if a == "--model" else "-p" if a == "--prompt" else a)
+        elif a in _INT_FLAGS:
+            values[_INT_FLAGS[a]] = _atoi(next_value(a))
+        elif a in _FLOAT_FLAGS:
+            values[_FLOAT_FLAGS[a]] = _atof(next_value(a))
+        elif a in _BOOL_FLAGS:
+            field, value = _BOOL_FLAGS[a]
+            values[field] = value
+        elif a == "--seed":
+            values["seed"] = _atoi(next_value(a)) & 0xFFFFFFFF
+        elif a == "--prompt-tokens":
+            raw = next_value(a)
+            try:
+                values["prompt_tokens"] = tuple(int(t) for t in raw.split(",") if t.strip())
+            except ValueError:
+                raise UsageExit(f"bmoe: --prompt-tokens expects comma-separated token ids, got '{raw}'", 2) from None
+        elif a == "--cache-mb":
+            v = next_value(a)
+            if v == "auto":
+                values["cache_auto"] = True
+            else:
+                values["cache_mb"] = _atoi(v)
+        elif a == "--dense-weights":
+            m = next_value(a)
+            if m not in DENSE_MODES:
+                hint = " (ahwb is Android-only)" if m == "ahwb" else ""
+                raise UsageExit(f"bmoe: --dense-weights expects mmap|warm|anon|ahwb, got '{m}'{hint}", 2)
+            values["dense_weights"] = m
+        elif a in ("--no-warm-dense", "--dense-odirect"):
+            values["dense_weights"] = "mmap" if a == "--no-warm-dense" else "anon"
+            deprecated.append(a)
+        elif a in ("-h", "--help"):
+            raise UsageExit(USAGE, 0, to_stdout=True)
+        elif a == "--version":
+            from . import __version__
+
+            raise UsageExit(f"bmoe-py {__version__}", 0, to_stdout=True)
+        else:
+            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True)
+        i += 1
+
+    # Environment overrides apply only where the flag was not typed (bmoe-cli's rule).
+    for flag, env in _ENV_INT.items():
+        if flag not in seen and environ.get(env):
+            field = "cache_mb" if flag == "--cache-mb" else _INT_FLAGS[flag]
+            values[field] = _atoi(environ[env])
+    if "--progress" not in seen and environ.get("BMOE_PROGRESS"):
+        values["progress"] = _atoi(environ["BMOE_PROGRESS"]) != 0
+    values["deprecated_flags"] = tuple(deprecated)
+    cfg = RunConfig(**values)  # type: ignore[arg-type]
+    if not cfg.model_path:
+        raise UsageExit(USAGE, 1, to_stdout=True)
+    return cfg
+
+
+def cache_flags(cfg: RunConfig) -> CacheFlags:
+    """The flags engine.budget validates and sizes from."""
+    return CacheFlags(moe_stream=cfg.moe_stream, cache_mb=cfg.cache_mb, cache_auto=cfg.cache_auto,
+                      cache_floor_mb=cfg.cache_floor_mb, cache_ceil_mb=cfg.cache_ceil_mb,
+                      force_cache=cfg.force_cache, io_threads=cfg.io_threads, prefetch_layers=cfg.prefetch,
+                      dense_weights=cfg.dense_weights)
+
+
+def print_usage_exit(e: UsageExit) -> int:
+    stream = sys.stdout if e.to_stdout else sys.stderr
+    print(str(e), file=stream, end="" if str(e).endswith("\n") else "\n")
+    if e.with_usage:
+        print(USAGE, end="")
+    return e.code

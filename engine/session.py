@@ -1,0 +1,337 @@
+"""A loaded model ready to generate: budget, dense policy, expert source, telemetry per token.
+
+`Session(config)` does what bmoe-cli's load does, in its order: price the model, size the
+cache (fixed, or `auto` once at load), apply the dense-weights policy, open the expert
+streamer, warn when the budget is under the token cycle. `generate()` runs bmoe-cli's loop
+(sample, emit, decode the emitted token) and measures every token the way the engine's CSV
+reports it. `set_cache_budget_mb()` is the embedders' resize: between generations only.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .budget import CacheBudget, resolve_budget
+from .config import RunConfig, cache_flags
+from .errors import BmoeError
+from .experts import ResidentExpertSource
+from .forward import Model, Sampler, eog_ids_from_metadata
+from .io import DirectReader, Slice
+from .model import MIB, ModelShape, load_model_shape
+from .procfs import read_kb_fields
+from .stream import Residency, StreamingExpertSource
+from .telemetry import RouteTraceSink, RunSummary, TokenRow
+from .tokenizer import SpmTokenizer
+
+SEED_RANDOM = 0xFFFFFFFF
+WARM_CHUNK_BYTES = 8 * MIB
+
+
+class SessionError(BmoeError):
+    """A Session was used in a way it does not allow (e.g. resized during a generation)."""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: tuple[int, ...]
+    text: bytes
+    n_prompt: int
+    rows: tuple[TokenRow, ...]
+    summary: RunSummary
+
+
+TokenCallback = Callable[[int, bytes, TokenRow], None]
+
+
+def _rusage() -> tuple[int, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_majflt, r.ru_utime + r.ru_stime
+
+
+class _RouteTracer:
+    """Wraps the streaming source to write the route trace: the routing arrives just before the
+    layer's fetch, the residency of each expert during it; rows are written after the fetch."""
+
+    def __init__(self, sink: RouteTraceSink, source: StreamingExpertSource, n_prompt_fn: Callable[[], int]):
+        self.sink = sink
+        self.source = source
+        self.n_prompt_fn = n_prompt_fn
+        self.pending: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.access: dict[int, Residency] = {}
+        self.turn = 0
+        source.on_access = self.on_access
+
+    def on_route(self, layer: int, positions: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
+        self.pending = (layer, positions, ids, weights)
+        self.access = {}
+
+    def on_access(self, layer: int, expert: int, residency: Residency) -> None:
+        self.access[expert] = residency
+
+    def fetch(self, layer: int, experts: Sequence[int]):
+        out = self.source.fetch(layer, experts)
+        if self.pending is not None and self.pending[0] == layer:
+            _, positions, ids, weights = self.pending
+            expert_bytes = self.source.shape.moe_layers[0].expert_bytes
+            for moe in self.source.shape.moe_layers:
+                if moe.layer == layer:
+                    expert_bytes = moe.expert_bytes
+            n_prompt = self.n_prompt_fn()
+            read_done: set[int] = set()
+            for row, pos in enumerate(positions):
+                phase = 0 if pos < n_prompt else 1
+                for slot in range(ids.shape[1]):
+                    e = int(ids[row, slot])
+                    residency = self.access.get(e, Residency.HIT)
+                    nbytes = 0
+                    if residency == Residency.MISS and e not in read_done:
+                        read_done.add(e)
+                        nbytes = expert_bytes
+                    self.sink.row(self.turn, phase, int(pos), layer, slot, e, float(weights[row, slot]),
+                                  int(residency), nbytes)
+            self.pending = None
+        return out
+
+
+class Session:
+    def __init__(self, cfg: RunConfig, route_trace_path: str | None = None):
+        t0 = time.perf_counter()
+        self.cfg = cfg
+        self.messages: list[str] = []
+        self.shape: ModelShape = load_model_shape(cfg.model_path)
+        self.top_k = cfg.n_expert_used or self.shape.top_k or 0
+        if not self.top_k:
+            raise SessionError(f"{cfg.model_path}: no {self.shape.arch}.expert_used_count; pass --n-expert-used")
+        if self.top_k > self.shape.n_expert:
+            raise SessionError(f"n_expert_used={self.top_k} exceeds this model's n_expert={self.shape.n_expert}")
+        self.budget: CacheBudget = resolve_budget(cache_flags(cfg), self.shape, self.top_k)
+        self.messages += self.budget.auto_messages
+        weights = self._dense_weights()
+        self.stream: StreamingExpertSource | None = None
+        self.tracer: _RouteTracer | None = None
+        self._n_prompt = 0
+        source: object
+        if cfg.moe_stream:
+            self.stream = StreamingExpertSource(self.shape, self.budget.budget_bytes, io_threads=cfg.io_threads,
+                                                o_direct=cfg.o_direct, prefetch=cfg.prefetch)
+            self.messages += self.stream.messages()
+            source = self.stream
+            if route_trace_path:
+                self.tracer = _RouteTracer(self._route_sink(route_trace_path), self.stream, lambda: self._n_prompt)
+                source = self.tracer
+        else:
+            source = ResidentExpertSource(self.shape, anonymous=cfg.no_mmap)
+        if self.budget.warning and cfg.moe_stream:
+            self.messages.append(self.budget.warning)
+        self.model = Model(self.shape, source, weights=weights, n_ctx=cfg.n_ctx,
+                           on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads)
+        if self.top_k != self.model.hp.n_expert_used:
+            from dataclasses import replace
+
+            self.model.hp = replace(self.model.hp, n_expert_used=self.top_k)
+        self.tokenizer = SpmTokenizer.from_metadata(self.shape.metadata) if self._spm() else None
+        self.eog_ids = eog_ids_from_metadata(self.shape.metadata)
+        self.load_s = time.perf_counter() - t0
+        self._generating = False
+
+    # ---- load ---------------------------------------------------------------------------------
+    def _spm(self) -> bool:
+        return self.shape.metadata.get("tokenizer.ggml.model") == "llama"
+
+    def _route_sink(self, path: str) -> RouteTraceSink:
+        layers = [(m.layer, m.expert_bytes, self.shape.layer_dense_bytes.get(m.layer, 0)) for m in self.shape.moe_layers]
+        return RouteTraceSink(path, os.path.basename(self.shape.paths[0]), self.shape.arch, self.shape.n_layer,
+                              self.shape.n_expert, self.top_k, layers)
+
+    def _dense_weights(self):
+        from .weights import DenseWeights
+
+        mode = self.cfg.dense_weights
+        dense = sorted(self.shape.dense_tensors, key=lambda t: (t.path, t.offset))
+        if mode == "warm":
+            self.messages.append(self._warm(dense))
+            return DenseWeights(self.shape)
+        if mode == "anon":
+            t0 = time.perf_counter()
+            reader = DirectReader(self.cfg.io_threads, self.cfg.o_direct, reuse_buffers=False)
+            try:
+                for path in self.shape.paths:
+                    reader.open(path)
+                # Copies: a view would pin each tensor's whole aligned window.
+                arrays = [np.array(a) for a in reader.read_slices([Slice(t.path, t.offset, t.nbytes) for t in dense])]
+            finally:
+                reader.close()
+            total = sum(t.nbytes for t in dense)
+            self.messages.append(f"bmoe: dense-weights=anon — {total / MIB:.0f} MiB in {len(dense)} anon buffers")
+            self.dense_read_s = time.perf_counter() - t0
+            return DenseWeights(self.shape, buffers={t.name: a for t, a in zip(dense, arrays)})
+        return DenseWeights(self.shape)
+
+    def _warm(self, dense) -> str:
+        """One sequential buffered sweep of the header and dense regions into the page cache."""
+        t0 = time.perf_counter()
+        total = 0
+        buf = bytearray(WARM_CHUNK_BYTES)
+        regions = [(p, 0, o) for p, o in zip(self.shape.paths, self._header_ends())]
+        regions += [(t.path, t.offset, t.nbytes) for t in dense]
+        for path, offset, nbytes in sorted(regions):
+            with open(path, "rb", buffering=0) as fh:
+                fh.seek(offset)
+                left = nbytes
+                while left > 0:
+                    n = fh.readinto(memoryview(buf)[:min(left, len(buf))])
+                    if not n:
+                        break
+                    left -= n
+                    total += n
+        return f"bmoe: dense warm-up — {total / MIB:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+
+    def _header_ends(self) -> list[int]:
+        from .gguf_header import read_header
+
+        return [read_header(p).data_offset for p in self.shape.paths]
+
+    # ---- generation ---------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            model = self.shape.metadata.get("tokenizer.ggml.model", "none")
+            raise SessionError(f"this model's tokenizer ({model}) is not SentencePiece byte-fallback: "
+                               "pass the prompt as --prompt-tokens 1,2,3")
+        return self.tokenizer.tokenize(self.cfg_prompt_bytes(text))
+
+    @staticmethod
+    def cfg_prompt_bytes(text: str) -> bytes:
+        return text.encode("utf-8", "surrogateescape")
+
+    def piece(self, token: int) -> bytes:
+        if self.tokenizer is not None:
+            return self.tokenizer.token_to_piece(token)
+        return b""
+
+    def _snapshot(self) -> dict[str, float]:
+        majflt, cpu_s = _rusage()
+        snap = {"majflt": majflt, "cpu_s": cpu_s, "io_s": 0.0, "mgmt_s": 0.0, "window_bytes": 0}
+        if self.stream is not None:
+            st = self.stream.stats()
+            snap.update(io_s=st.io.read_s, mgmt_s=st.mgmt_s, window_bytes=st.io.window_bytes)
+        return snap
+
+    def _hit_pct(self) -> float:
+        if self.stream is None or self.stream.budget_bytes == 0:
+            return -1.0
+        return self.stream.stats().cache.hit_pct
+
+    def generate(self, prompt_tokens: Sequence[int], n_predict: int, on_token: TokenCallback | None = None
+                 ) -> GenerationResult:
+        if self._generating:
+            raise SessionError("a generation is already running on this session")
+        self._generating = True
+        try:
+            return self._generate(list(prompt_tokens), n_predict, on_token)
+        finally:
+            self._generating = False
+            if self.tracer is not None:
+                self.tracer.turn += 1
+
+    def _generate(self, prompt: list[int], n_predict: int, on_token: TokenCallback | None) -> GenerationResult:
+        if not prompt:
+            raise SessionError("empty prompt")
+        cfg = self.cfg
+        seed = None if cfg.seed == SEED_RANDOM else cfg.seed
+        sampler = Sampler(temp=cfg.temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p)
+        self.model.reset()
+        self._n_prompt = len(prompt)
+        t_prefill = time.perf_counter()
+        logits = self.model.prefill(prompt)
+        prefill_s = time.perf_counter() - t_prefill
+        rows: list[TokenRow] = []
+        tokens: list[int] = []
+        text = bytearray()
+        totals = {"wall_s": 0.0, "io_s": 0.0, "mgmt_s": 0.0, "window_bytes": 0, "majflt": 0, "cpu_s": 0.0,
+                  "overhead_s": 0.0}
+        loop_start = time.perf_counter()
+        for step in range(1, n_predict + 1):
+            token = sampler.sample(logits)
+            if token in self.eog_ids:
+                break
+            piece = self.piece(token)
+            tokens.append(token)
+            text += piece
+            before = self._snapshot()
+            t0 = time.perf_counter()
+            overhead_s = t0 - loop_start
+            logits = self.model.decode(token)
+            wall_s = time.perf_counter() - t0
+            after = self._snapshot()
+            io_s = after["io_s"] - before["io_s"]
+            mgmt_s = after["mgmt_s"] - before["mgmt_s"]
+            window = int(after["window_bytes"] - before["window_bytes"])
+            majflt = int(after["majflt"] - before["majflt"])
+            cpu_s = after["cpu_s"] - before["cpu_s"]
+            status = read_kb_fields("/proc/self/status")
+            mem = read_kb_fields("/proc/meminfo")
+            row = TokenRow(
+                step=step, steps=n_predict, wall_ms=wall_s * 1e3, io_ms=io_s * 1e3,
+                compute_ms=max(0.0, wall_s - io_s - mgmt_s) * 1e3, read_bytes=window,
+                cache_hit_pct=self._hit_pct(), mgmt_ms=mgmt_s * 1e3, majflt=majflt, cpu_ms=cpu_s * 1e3,
+                cache_budget_mib=(self.stream.budget_bytes if self.stream else 0) / MIB,
+                rss_mib=status.get("VmRSS", 0) / 1024, rss_anon_mib=status.get("RssAnon", 0) / 1024,
+                rss_file_mib=status.get("RssFile", 0) / 1024, swap_mib=status.get("VmSwap", 0) / 1024,
+                mem_available_mib=mem.get("MemAvailable", 0) / 1024, mem_free_mib=mem.get("MemFree", 0) / 1024,
+                swap_free_mib=mem.get("SwapFree", 0) / 1024, loop_overhead_ms=overhead_s * 1e3,
+                majflt_mib=majflt * 4096 / MIB,
+            )
+            rows.append(row)
+            for key, value in (("wall_s", wall_s), ("io_s", io_s), ("mgmt_s", mgmt_s), ("window_bytes", window),
+                               ("majflt", majflt), ("cpu_s", cpu_s), ("overhead_s", overhead_s)):
+                totals[key] += value
+            if on_token is not None:
+                on_token(token, piece, row)
+            loop_start = time.perf_counter()
+        return GenerationResult(tuple(tokens), bytes(text), len(prompt), tuple(rows),
+                                self._summary(len(tokens), len(prompt), prefill_s, totals))
+
+    def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float]) -> RunSummary:
+        per = (lambda v: v / n) if n else (lambda v: 0.0)
+        cache = self.stream.stats().cache if self.stream else None
+        stream_stats = self.stream.stats() if self.stream else None
+        return RunSummary(
+            tokens=n, s_per_tok=per(t["wall_s"]), read_mib=t["window_bytes"] / MIB, io_s=t["io_s"],
+            compute_s_per_tok=per(max(0.0, t["wall_s"] - t["io_s"] - t["mgmt_s"])), io_s_per_tok=per(t["io_s"]),
+            cache_hit_pct=self._hit_pct(), n_prompt=n_prompt, load_s=self.load_s, prefill_s=prefill_s,
+            mgmt_s_per_tok=per(t["mgmt_s"]),
+            cache_resident_mib=(cache.resident_bytes / MIB) if cache else 0.0,
+            cache_budget_mib=(self.stream.budget_bytes / MIB) if self.stream else 0.0,
+            majflt_per_tok=per(t["majflt"]), cpu_s_per_tok=per(t["cpu_s"]),
+            token_demand_mib=(stream_stats.token_demand_bytes / MIB) if stream_stats else 0.0,
+            layer_demand_mib=(stream_stats.layer_demand_bytes / MIB) if stream_stats else 0.0,
+            loop_overhead_s_per_tok=per(t["overhead_s"]),
+            evictions=cache.evictions if cache else 0, rereads=cache.rereads if cache else 0,
+            threads=self.cfg.n_threads, moe_stream=self.cfg.moe_stream, cache_auto=self.budget.cache_auto,
+        )
+
+    # ---- embedders' API -------------------------------------------------------------------------
+    def set_cache_budget_mb(self, mb: int) -> int:
+        """Resize the expert cache between generations; evicts to the new budget at once.
+
+        Returns the budget now in force (MiB). Produced tokens never change: only residency does.
+        """
+        if self._generating:
+            raise SessionError("set_cache_budget_mb must be called between generations, not during one")
+        if self.stream is None:
+            raise SessionError("set_cache_budget_mb needs --moe-stream (a resident model has no expert cache)")
+        if mb < 0:
+            raise SessionError(f"cache budget must be >= 0 MiB, got {mb}")
+        return self.stream.set_cache_budget(mb * MIB) // MIB
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+        if self.tracer is not None:
+            self.tracer.sink.close()
