@@ -179,7 +179,7 @@ def test_fixed_budget_and_streaming_off():
 def test_cycle_warning_text_and_rounding():
     gpt_oss_k4 = 13_219_200 * 36 * 4  # 1815.4 MiB: reported rounded UP, as upstream's preamble does
     assert cycle_warning(1500 * MIB, gpt_oss_k4, 4) == (
-        "bmoe: WARNING expert cache 1500 MiB is below this model's worst-case token cycle of 1816 MiB "
+        "bmoe: WARNING expert cache 1500 MiB is below this model's worst-case token cycle of 1816 MiB\n"
         "at top-k 4 — no entry can survive to the next token, so expect a hit rate near zero."
     )
     assert cycle_warning(1816 * MIB, gpt_oss_k4, 4) is None
@@ -197,7 +197,7 @@ def test_the_record_prices_the_cycle_at_the_applied_top_k():
     at8 = resolve_budget(flags, shape, 8)
     assert at8.cache_cycle_mb == 6
     assert at8.messages == (
-        "bmoe: WARNING expert cache 2 MiB is below this model's worst-case token cycle of 6 MiB at top-k 8 — "
+        "bmoe: WARNING expert cache 2 MiB is below this model's worst-case token cycle of 6 MiB\nat top-k 8 — "
         "no entry can survive to the next token, so expect a hit rate near zero.",
     )
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from gguf import GGUFWriter
 import pytest
 
 from engine.config import parse_args
@@ -157,7 +160,8 @@ def test_the_cliff_is_measured(cliff_model, tmp_path):
     hit_above, err_above = results[above]
     assert hit_under == 0.0
     assert (f"bmoe: WARNING expert cache {under} MiB is below this model's worst-case token cycle of "
-            f"{int(-(-cycle_mib // 1))} MiB at top-k 4 — no entry can survive to the next token") in err_under
+            f"{int(-(-cycle_mib // 1))} MiB\nat top-k 4 — no entry can survive to the next token, so expect a hit "
+            "rate near zero.\n") in err_under
     assert hit_above > 20.0 and "WARNING" not in err_above
 
 
@@ -183,6 +187,20 @@ def test_bad_input_file_is_one_line_and_exit_1(tmp_path):
     r = bmoe_py("-m", notes, "-n", 2)
     assert r.returncode == 1
     assert r.stderr.decode().strip().splitlines() == [f"error: {notes}: not a GGUF file (no GGUF magic at byte 0)"]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(TINY).read_bytes()[:5000])
+    r = bmoe_py("-m", cut, "-n", 2)
+    assert r.returncode == 1 and "truncated GGUF header" in r.stderr.decode()
+    dense = tmp_path / "dense.gguf"
+    w = GGUFWriter(dense, "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = bmoe_py("-m", dense, "-n", 2)
+    assert r.returncode == 1 and "not a MoE model" in r.stderr.decode()
     r = bmoe_py("-m", TINY, "--prompt-tokens", "1,2,x")
     assert r.returncode == 2 and "--prompt-tokens expects comma-separated token ids" in r.stderr.decode()
 
