@@ -27,11 +27,12 @@ KILL_REASONS = (
     "low mem and thrashing", "direct reclaim and thrashing", "low mem and swap util",
     "low filecache after thrashing", "low mem", "direct reclaim stuck",
 )
-# The meminfo fields lmkd appends to killinfo after the six process fields, in kB.
+# The meminfo fields AOSP lmkd appends to killinfo after the six process fields, in kB (some
+# vendor builds add KReclaimable; those extra fields are then shifted by one).
 KILLINFO_MEM_FIELDS = (
     "free_kb", "cached_kb", "swap_cached_kb", "buffers_kb", "shmem_kb", "unevictable_kb", "swap_total_kb",
     "swap_free_kb", "active_anon_kb", "inactive_anon_kb", "active_file_kb", "inactive_file_kb",
-    "k_reclaimable_kb", "s_reclaimable_kb", "s_unreclaim_kb", "kernel_stack_kb", "page_tables_kb",
+    "s_reclaimable_kb", "s_unreclaim_kb", "kernel_stack_kb", "page_tables_kb",
     "ion_heap_kb", "ion_heap_pool_kb", "cma_free_kb",
 )
 

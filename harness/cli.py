@@ -125,6 +125,9 @@ def demo(out_dir: str) -> None:
     run_demo(out_dir, echo=click.echo)
 
 
-from harness.cli_replay import replay  # noqa: E402  (commands defined in their own modules)
+# Commands defined in their own modules (each parses and calls one library function).
+from harness.cli_replay import replay  # noqa: E402
+from harness.cli_virtual import virtual  # noqa: E402
 
 main.add_command(replay)
+main.add_command(virtual)

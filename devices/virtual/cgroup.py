@@ -1,0 +1,246 @@
+"""A virtual phone's memory cgroup (v1 or v2): its RAM limit, usage, OOM-kill counter and members.
+
+Layout. v1: `<memory mount>/<our own memory cgroup>/bmoe-vphone-NAME-XXXXXX` with memory.limit_in_bytes =
+RAM (memory.memsw.limit_in_bytes too when swap accounting exists, memory.swappiness 0), plus the
+same path under the cpuacct hierarchy for CPU time when it is mounted. Nesting under the cgroup the
+daemon was started in keeps the phone inside whatever limit and bookkeeping its caller has. v2:
+`<cgroup2 mount>/<own cgroup or root>/bmoe-vphone-NAME-XXXXXX` with memory.max = RAM, memory.swap.max = 0;
+v2 forbids controllers below a cgroup that holds processes, so we nest under our own cgroup only
+when memory is already delegated there, else under the root. The daemon itself never joins: an
+OOM kill must never hit the phone's adbd, and its memory is not the phone's. XXXXXX is a hash of
+the phone's folder: two homes may both have a phone "pixel", and a new phone kills whatever is
+left in its cgroup, so two phones must never share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+PREFIX = "bmoe-vphone-"
+
+
+class CgroupUnavailable(Exception):
+    """No writable memory cgroup hierarchy here (not root, or none mounted)."""
+
+
+@dataclass(frozen=True)
+class MemStat:
+    """The cgroup's memory.stat, normalised to bytes and v2 names (v1 `total_*` keys map here)."""
+    usage_bytes: int
+    anon_bytes: int = 0
+    file_bytes: int = 0
+    shmem_bytes: int = 0
+    active_anon_bytes: int = 0
+    inactive_anon_bytes: int = 0
+    active_file_bytes: int = 0
+    inactive_file_bytes: int = 0
+    mapped_bytes: int = 0
+    unevictable_bytes: int = 0
+    slab_reclaimable_bytes: int = 0
+    slab_unreclaimable_bytes: int = 0
+    kernel_stack_bytes: int = 0
+    pagetables_bytes: int = 0
+
+
+_V1_KEYS = {"total_rss": "anon_bytes", "total_cache": "file_bytes", "total_shmem": "shmem_bytes",
+            "total_active_anon": "active_anon_bytes", "total_inactive_anon": "inactive_anon_bytes",
+            "total_active_file": "active_file_bytes", "total_inactive_file": "inactive_file_bytes",
+            "total_mapped_file": "mapped_bytes", "total_unevictable": "unevictable_bytes"}
+_V2_KEYS = {"anon": "anon_bytes", "file": "file_bytes", "shmem": "shmem_bytes",
+            "active_anon": "active_anon_bytes", "inactive_anon": "inactive_anon_bytes",
+            "active_file": "active_file_bytes", "inactive_file": "inactive_file_bytes",
+            "file_mapped": "mapped_bytes", "unevictable": "unevictable_bytes",
+            "slab_reclaimable": "slab_reclaimable_bytes", "slab_unreclaimable": "slab_unreclaimable_bytes",
+            "kernel_stack": "kernel_stack_bytes", "pagetables": "pagetables_bytes"}
+
+
+def leaf_name(name: str, root: os.PathLike | str) -> str:
+    digest = hashlib.sha1(str(Path(root).resolve()).encode()).hexdigest()[:6]
+    return f"{PREFIX}{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}"
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] in ("cgroup", "cgroup2"):
+            out.append((fields[1].replace("\\040", " "), fields[2], set(fields[3].split(","))))
+    return out
+
+
+def _own_path(controller: Optional[str]) -> str:
+    """Our cgroup path in the v1 hierarchy holding `controller` (None: the v2 hierarchy)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _hid, controllers, path = line.split(":", 2)
+        names = controllers.split(",") if controllers else []
+        if (controller is None and controllers == "") or (controller and controller in names):
+            return path
+    return "/"
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    out = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class MemoryCgroup:
+    def __init__(self, version: int, path: Path, cpu_path: Optional[Path]):
+        self.version = version
+        self.path = path
+        self.cpu_path = cpu_path
+
+    # -- creation ---------------------------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, root: os.PathLike | str, ram_bytes: int) -> "MemoryCgroup":
+        leaf = leaf_name(name, root)
+        mounts = _mounts()
+        v1_memory = next((m for m in mounts if m[1] == "cgroup" and "memory" in m[2]), None)
+        try:
+            if v1_memory:
+                cg = cls._create_v1(v1_memory[0], leaf, mounts)
+            else:
+                v2 = next((m for m in mounts if m[1] == "cgroup2"), None)
+                if v2 is None or "memory" not in Path(v2[0], "cgroup.controllers").read_text().split():
+                    raise CgroupUnavailable("no memory cgroup hierarchy is mounted")
+                cg = cls._create_v2(Path(v2[0]), leaf)
+            cg.kill_all()  # a stale group from a daemon that died keeps no stragglers
+            cg.set_limit(ram_bytes)
+            return cg
+        except OSError as e:
+            raise CgroupUnavailable(f"memory cgroup not usable: {e}") from None
+
+    @classmethod
+    def _create_v1(cls, mount: str, leaf: str, mounts) -> "MemoryCgroup":
+        path = Path(mount + _own_path("memory").rstrip("/"), leaf)
+        path.mkdir(exist_ok=True)
+        cpu_path = None
+        cpuacct = next((m for m in mounts if m[1] == "cgroup" and "cpuacct" in m[2]), None)
+        if cpuacct:
+            try:
+                cpu_path = Path(cpuacct[0] + _own_path("cpuacct").rstrip("/"), leaf)
+                cpu_path.mkdir(exist_ok=True)
+            except OSError:
+                cpu_path = None
+        return cls(1, path, cpu_path)
+
+    @classmethod
+    def _create_v2(cls, mount: Path, leaf: str) -> "MemoryCgroup":
+        own = Path(str(mount) + _own_path(None).rstrip("/"))
+        for parent in (own, mount):
+            enabled = Path(parent, "cgroup.subtree_control").read_text().split()
+            if "memory" not in enabled:
+                try:
+                    _write(Path(parent, "cgroup.subtree_control"), "+memory")
+                except OSError:
+                    continue
+            path = Path(parent, leaf)
+            path.mkdir(exist_ok=True)
+            return cls(2, path, path)
+        raise CgroupUnavailable("cannot enable the memory controller for a child cgroup")
+
+    def set_limit(self, ram_bytes: int) -> None:
+        if self.version == 1:
+            memsw = self.path / "memory.memsw.limit_in_bytes"
+            # memsw must stay >= the plain limit: raise it first when growing, lower it last.
+            if memsw.exists():
+                _write(memsw, "-1")
+            _write(self.path / "memory.limit_in_bytes", str(ram_bytes))
+            if memsw.exists():
+                _write(memsw, str(ram_bytes))
+            for knob, value in (("memory.swappiness", "0"), ("memory.oom_control", "0")):
+                try:
+                    _write(self.path / knob, value)
+                except OSError:
+                    pass
+        else:
+            _write(self.path / "memory.max", str(ram_bytes))
+            for knob, value in (("memory.swap.max", "0"), ("memory.oom.group", "0")):
+                if (self.path / knob).exists():
+                    _write(self.path / knob, value)
+
+    # -- reading ----------------------------------------------------------------------------
+    def procs_files(self) -> list[Path]:
+        files = [self.path / "cgroup.procs"]
+        if self.cpu_path is not None and self.cpu_path != self.path:
+            files.append(self.cpu_path / "cgroup.procs")
+        return files
+
+    def limit_bytes(self) -> int:
+        raw = (self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).read_text().strip()
+        return -1 if raw == "max" else int(raw)
+
+    def mem_stat(self) -> MemStat:
+        usage = _read_int(self.path / ("memory.usage_in_bytes" if self.version == 1 else "memory.current"))
+        raw = _keyed(self.path / "memory.stat")
+        keys = _V1_KEYS if self.version == 1 else _V2_KEYS
+        return MemStat(usage_bytes=usage, **{field: raw.get(key, 0) for key, field in keys.items()})
+
+    def oom_kills(self) -> int:
+        if self.version == 1:
+            return _keyed(self.path / "memory.oom_control").get("oom_kill", 0)
+        return _keyed(self.path / "memory.events").get("oom_kill", 0)
+
+    def cpu_usage_ns(self) -> Optional[int]:
+        try:
+            if self.version == 1:
+                return _read_int(self.cpu_path / "cpuacct.usage") if self.cpu_path else None
+            return _keyed(self.path / "cpu.stat")["usage_usec"] * 1000
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    # -- teardown ---------------------------------------------------------------------------
+    def kill_all(self, timeout_s: float = 3.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = self.pids()
+            if not pids or time.monotonic() > deadline:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for path in {self.path, self.cpu_path} - {None}:
+            for _ in range(40):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def remove_path(path: Path) -> None:
+    """Kill what is left in a phone's cgroup folder and remove it."""
+    MemoryCgroup(1, path, None).remove()

@@ -1,0 +1,245 @@
+"""The phone's lmkd: notices kills of its processes and WRITES them in Android lmkd's formats.
+
+With a memory cgroup the kernel does the killing (memcg OOM); we learn of it from the cgroup's
+oom_kill counter (v1 memory.oom_control, v2 memory.events) and from /dev/kmsg's "Killed process
+PID (comm) ... anon-rss:NkB, file-rss:NkB, shmem-rss:NkB" line when readable (exact RSS). Without
+a cgroup this module is the killer: a watchdog that SIGKILLs the largest process once the phone's
+summed RSS passes its RAM. Either way the victim's name is its cmdline's first word (lmkd.cpp
+proc_get_name) and the last ~10 Hz sample fills in what the kernel did not say.
+
+Formats (lmkd.cpp; event.logtags tag 10195355):
+  Android 12-14  Kill 'NAME' (PID), uid UID, oom_score_adj ADJ to free NkB rss, NkB swap; reason: TEXT
+  Android 11     Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB; reason: TEXT
+  Android 10     Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB
+  Android 9      Killing 'NAME' (PID), uid UID, adj ADJ to free NkB ...
+  events (11+)   killinfo: [pid,uid,oom_adj,min_oom_adj,task_size_kb,kill_reason,MemFree,...]
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import logbuf
+from .meminfo import MemInfo
+
+log = logging.getLogger("bmoe.vphone.lmkd")
+
+SHELL_UID = 2000
+KILLINFO_TAG = "killinfo"
+LMKD_TAG = "lowmemorykiller"
+# enum kill_reasons (statslog.h): LOW_MEM_AND_SWAP = 3, LOW_MEM = 8 (Android 14).
+LOW_MEM_AND_SWAP, LOW_MEM = 3, 8
+_KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
+_SUMMARY = re.compile(r"oom-kill:.*oom_memcg=([^,]*),.*pid=(\d+)")
+FORGET_AFTER_S = 10.0
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    pid: int
+    name: str
+    rss_kb: int
+    swap_kb: int
+    oom_score_adj: int
+    seen_at: float
+
+
+@dataclass(frozen=True)
+class Kill:
+    pid: int
+    name: str
+    rss_kb: int
+    swap_kb: int
+    oom_score_adj: int
+    source: str  # "kmsg", "cgroup" or "watchdog"
+
+
+def sample(pid: int, now: float) -> Optional[ProcSample]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        status = Path(f"/proc/{pid}/status").read_text()
+        adj = int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    name = cmdline.split(b"\0", 1)[0].split(b" ", 1)[0].decode("utf-8", "replace") or \
+        fields.get("Name", "?").strip()
+    kb = lambda key: int(fields.get(key, "0 kB").split()[0])  # noqa: E731
+    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now)
+
+
+class KernelLog:
+    """New /dev/kmsg records, non-blocking; unavailable (not root) means None from open()."""
+
+    def __init__(self) -> None:
+        self.fd: Optional[int] = None
+        try:
+            self.fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.lseek(self.fd, 0, os.SEEK_END)
+        except OSError:
+            self.fd = None
+
+    def lines(self) -> list[str]:
+        out = []
+        while self.fd is not None:
+            try:
+                rec = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # overwritten before we read it: skip ahead
+                    continue
+                break
+            if not rec:
+                break
+            _prefix, _, msg = rec.decode("utf-8", "replace").partition(";")
+            out.append(msg.split("\n", 1)[0])
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Lmkd:
+    def __init__(self, root: Path, android_release: int, ram_bytes: int,
+                 pids: Callable[[], list[int]], oom_kills: Optional[Callable[[], int]],
+                 meminfo: Callable[[], MemInfo], memcg_leaf: str = ""):
+        self.root = Path(root)
+        self.memcg_leaf = memcg_leaf
+        self.memcg_of: dict[int, bool] = {}  # pid -> "the kernel said it was ours"
+        self.android = android_release
+        self.ram_bytes = ram_bytes
+        self.pids = pids
+        self.oom_kills = oom_kills  # None: no cgroup, we are the killer (watchdog)
+        self.meminfo = meminfo
+        self.kmsg = KernelLog()
+        self.samples: dict[int, ProcSample] = {}
+        self.logged: set[int] = set()
+        self.kernel_count = oom_kills() if oom_kills else 0
+        self.unexplained: list[float] = []  # times of counted kills not yet attributed
+        self.kills: list[Kill] = []
+
+    # -- one poll (~10 Hz) ------------------------------------------------------------------
+    def poll(self) -> list[Kill]:
+        now = time.time()
+        for pid in self.pids():
+            s = sample(pid, now)
+            if s is not None:
+                self.samples[pid] = s
+        found: list[Kill] = []
+        for line in self.kmsg.lines():
+            summary = _SUMMARY.search(line)
+            if summary and self.memcg_leaf:
+                self.memcg_of[int(summary[2])] = summary[1].rstrip("/").endswith("/" + self.memcg_leaf)
+            m = _KILLED.search(line)
+            if m:
+                pid = int(m[1])
+                ours = self.memcg_of.pop(pid, None)
+                known = pid in self.samples if ours is None else ours
+                if known or (ours is None and self.unexplained and pid not in self.logged):
+                    prev = self.samples.get(pid)
+                    rss = int(m[3]) + int(m[4]) + int(m[5])
+                    found.append(Kill(pid, prev.name if prev else m[2], rss, prev.swap_kb if prev else 0,
+                                      prev.oom_score_adj if prev else 0, "kmsg"))
+                    logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
+        if self.oom_kills is not None:
+            count = self.oom_kills()
+            self.unexplained += [now] * max(0, count - self.kernel_count)
+            self.kernel_count = max(count, self.kernel_count)
+        else:
+            found += self._watchdog(now)
+        for kill in found:
+            if kill.pid in self.logged:
+                continue
+            if self.unexplained and kill.source == "kmsg":
+                self.unexplained.pop(0)
+            self._log(kill)
+        # Counted kills that no kernel line explained within 0.3 s: the vanished process with
+        # the largest last sample is the one the OOM killer picks (largest badness).
+        while self.unexplained and now - self.unexplained[0] > 0.3:
+            self.unexplained.pop(0)
+            alive = set(self.pids())
+            gone = [s for s in self.samples.values() if s.pid not in alive and s.pid not in self.logged
+                    and not _exists(s.pid)]
+            if gone:
+                victim = max(gone, key=lambda s: s.rss_kb)
+                self._log(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj,
+                               "cgroup"))
+        self.samples = {pid: s for pid, s in self.samples.items()
+                        if now - s.seen_at < FORGET_AFTER_S and pid not in self.logged}
+        return found
+
+    def _watchdog(self, now: float) -> list[Kill]:
+        live = [s for s in self.samples.values() if s.seen_at == now]
+        total_kb = sum(s.rss_kb for s in live)
+        if not live or total_kb * 1024 <= self.ram_bytes:
+            return []
+        victim = max(live, key=lambda s: (s.oom_score_adj, s.rss_kb))
+        try:
+            os.kill(victim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return []
+        log.warning("watchdog: %d kB > RAM, killed %s (%d)", total_kb, victim.name, victim.pid)
+        return [Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj, "watchdog")]
+
+    # -- writing ----------------------------------------------------------------------------
+    def _log(self, kill: Kill) -> None:
+        self.logged.add(kill.pid)
+        self.kills.append(kill)
+        mi = self.meminfo()
+        reason_code = LOW_MEM if self.android >= 14 else LOW_MEM_AND_SWAP
+        reason = "min watermark is breached" if self.android >= 14 else \
+            "min watermark is breached and swap is low (0kB < 0kB)"
+        k = kill
+        if self.android >= 12:
+            msg = (f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_score_adj {k.oom_score_adj} to free "
+                   f"{k.rss_kb}kB rss, {k.swap_kb}kB swap; reason: {reason}")
+        elif self.android == 11:
+            msg = (f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB; "
+                   f"reason: {reason}")
+        elif self.android == 10:
+            msg = f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB"
+        else:
+            msg = (f"Killing '{k.name}' ({k.pid}), uid {SHELL_UID}, adj {k.oom_score_adj}\n"
+                   f"   to free {k.rss_kb}kB because system is under critical memory pressure (min_oom_adj=0)")
+        now = time.time()
+        logbuf.append(self.root, "main", LMKD_TAG, msg, priority="I", time_s=now)
+        if self.android >= 11:
+            f = mi.fields
+            mem = [f["MemFree"], f["Cached"], f["SwapCached"], f["Buffers"], f["Shmem"], f["Unevictable"],
+                   f["SwapTotal"], f["SwapFree"], f["Active(anon)"], f["Inactive(anon)"], f["Active(file)"],
+                   f["Inactive(file)"], f["SReclaimable"], f["SUnreclaim"], f["KernelStack"], f["PageTables"],
+                   0, 0, 0]  # IonHeap, IonHeapPool, CmaFree
+            values = [k.pid, SHELL_UID, k.oom_score_adj, 0, k.rss_kb, reason_code] + mem
+            if self.android >= 12:
+                # MsSinceEvent, MsSincePrevWakeup, WakeupsSinceEvent, SkippedWakeups, TaskSwapSize,
+                # GPU, Thrashing, MaxThrashing
+                values += [0, 100, 1, 0, k.swap_kb, 0, 0, 0]
+            logbuf.append(self.root, "events", KILLINFO_TAG, "[" + ",".join(map(str, values)) + "]",
+                          priority="I", time_s=now)
+        log.info("logged kill of %s (%d, %d kB, via %s)", k.name, k.pid, k.rss_kb, k.source)
+
+    def close(self) -> None:
+        self.kmsg.close()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+

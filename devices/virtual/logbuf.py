@@ -1,0 +1,144 @@
+"""A virtual phone's logcat buffers: one file per buffer, one JSON entry per line.
+
+Entries are [epoch_s, pid, tid, priority, tag, message]; `logcat` renders them in Android's
+formats (liblog logprint.cpp): threadtime `MM-DD HH:MM:SS.mmm  PID  TID P TAG     : msg`,
+time `MM-DD HH:MM:SS.mmm P/TAG     (  PID): msg`, brief `P/TAG     (  PID): msg`, tag, process,
+raw. Standalone on purpose (no package imports): the phone's `logcat` tool loads it by path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+BUFFERS = ("main", "system", "radio", "events", "crash", "kernel")
+DEFAULT_BUFFERS = ("main", "system", "crash")
+PRIORITIES = "VDIWEFS"
+LOGD_DIR = Path("data/misc/logd")  # under the phone's root
+
+
+@dataclass(frozen=True)
+class Entry:
+    time_s: float
+    pid: int
+    tid: int
+    priority: str
+    tag: str
+    message: str
+    buffer: str = "main"
+
+
+def buffer_path(root: Path, buffer: str) -> Path:
+    return Path(root) / LOGD_DIR / f"{buffer}.log"
+
+
+def append(root: Path, buffer: str, tag: str, message: str, priority: str = "I",
+           pid: Optional[int] = None, tid: Optional[int] = None, time_s: Optional[float] = None) -> None:
+    """One write(2) per entry on an O_APPEND file: concurrent writers never interleave lines."""
+    pid = os.getpid() if pid is None else pid
+    line = json.dumps([time.time() if time_s is None else time_s, pid, pid if tid is None else tid,
+                       priority, tag, message], ensure_ascii=False) + "\n"
+    path = buffer_path(root, buffer)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def clear(root: Path, buffers: Iterable[str]) -> None:
+    for buffer in buffers:
+        path = buffer_path(root, buffer)
+        if path.exists():
+            os.truncate(path, 0)
+
+
+def _parse(line: str, buffer: str) -> Optional[Entry]:
+    try:
+        t, pid, tid, prio, tag, msg = json.loads(line)
+        return Entry(float(t), int(pid), int(tid), str(prio), str(tag), str(msg), buffer)
+    except (ValueError, TypeError):
+        return None
+
+
+def read(root: Path, buffers: Iterable[str], offsets: Optional[dict[str, int]] = None) -> list[Entry]:
+    """Entries of the buffers merged by time; `offsets` (per buffer byte offsets) is advanced so
+    a follower reads only what is new."""
+    entries: list[Entry] = []
+    for buffer in buffers:
+        path = buffer_path(root, buffer)
+        try:
+            with open(path, "rb") as f:
+                start = (offsets or {}).get(buffer, 0)
+                if start > os.fstat(f.fileno()).st_size:
+                    start = 0  # cleared since: start over
+                f.seek(start)
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        complete = data[:data.rfind(b"\n") + 1]
+        if offsets is not None:
+            offsets[buffer] = start + len(complete)
+        for raw in complete.decode("utf-8", "replace").splitlines():
+            entry = _parse(raw, buffer)
+            if entry is not None:
+                entries.append(entry)
+    entries.sort(key=lambda e: e.time_s)
+    return entries
+
+
+def _stamp(t: float) -> str:
+    lt = time.localtime(t)
+    return time.strftime("%m-%d %H:%M:%S", lt) + f".{int((t % 1) * 1000):03d}"
+
+
+def format_entry(e: Entry, fmt: str = "threadtime") -> str:
+    if fmt == "time":
+        prefix = f"{_stamp(e.time_s)} {e.priority}/{e.tag:<8}({e.pid:5d}): "
+    elif fmt == "brief":
+        prefix = f"{e.priority}/{e.tag:<8}({e.pid:5d}): "
+    elif fmt == "tag":
+        prefix = f"{e.priority}/{e.tag:<8}: "
+    elif fmt == "process":
+        return "\n".join(f"{e.priority}({e.pid:5d}) {line}  ({e.tag})" for line in e.message.split("\n"))
+    elif fmt == "raw":
+        return e.message
+    else:  # threadtime, Android's default
+        prefix = f"{_stamp(e.time_s)} {e.pid:5d} {e.tid:5d} {e.priority} {e.tag:<8}: "
+    # logcat repeats the prefix on every line of a multi-line message
+    return "\n".join(prefix + line for line in e.message.split("\n"))
+
+
+class Filter:
+    """logcat filterspecs `TAG:P` and `*:P`; -s makes the default silent."""
+
+    def __init__(self, specs: Iterable[str], silent_default: bool = False):
+        self.default = "S" if silent_default else "V"
+        self.tags: dict[str, str] = {}
+        for spec in specs:
+            tag, _, prio = spec.partition(":")
+            prio = (prio or "V")[0].upper()
+            if prio not in PRIORITIES:
+                continue
+            if tag == "*":
+                self.default = prio
+            else:
+                self.tags[tag] = prio
+
+    def accepts(self, e: Entry) -> bool:
+        floor = self.tags.get(e.tag, self.default)
+        return e.priority in PRIORITIES and PRIORITIES.index(e.priority) >= PRIORITIES.index(floor) \
+            and floor != "S"
+
+
+def render(entries: Iterable[Entry], fmt: str, seen_buffers: set[str]) -> Iterator[str]:
+    """Lines as logcat prints them, with its `--------- beginning of BUFFER` dividers."""
+    for e in entries:
+        if e.buffer not in seen_buffers:
+            seen_buffers.add(e.buffer)
+            yield f"--------- beginning of {e.buffer}"
+        yield format_entry(e, fmt)

@@ -1,0 +1,244 @@
+"""Start, stop and list virtual phones as background daemons, connected to an adb server.
+
+up() writes the phone's spec, starts `python -m devices.virtual.run` detached (own session, log
+in .vphone/daemon.log), waits for its state.json (written once the port listens), then runs
+`adb connect 127.0.0.1:PORT` through adbutils and waits for the device state. down() disconnects,
+SIGTERMs the daemon (it removes its cgroup), SIGKILLs it after a grace, removes any cgroup left
+behind, and deletes state.json; the phone's folder (its /data, logcat buffers) is kept unless
+purge=True. list() reads the folders under the home (~/.bmoe-fleet/virtual by default).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from engine.errors import BmoeError
+
+from . import cgroup as cgroups
+from .phone import INTERNAL, PhoneSpec, default_home
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+MIN_RAM_BYTES = 32 << 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class VirtualPhoneError(BmoeError):
+    """A virtual phone cannot be started, reached or stopped."""
+
+
+@dataclass(frozen=True)
+class PhoneInfo:
+    name: str
+    root: Path
+    running: bool
+    pid: Optional[int]
+    port: Optional[int]
+    serial: Optional[str]
+    ram_bytes: int
+    model: str
+    soc: str
+    android: int
+    namespace: bool
+    cgroup_path: Optional[str]
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = self.__dict__.copy()
+        d["root"] = str(self.root)
+        d["warnings"] = [*self.warnings]
+        return d
+
+
+def _home(home: Optional[os.PathLike | str]) -> Path:
+    return Path(home) if home is not None else default_home()
+
+
+def _is_daemon(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"devices.virtual.run" in cmdline
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def info(name: str, home: Optional[os.PathLike | str] = None) -> PhoneInfo:
+    root = _home(home) / name
+    spec_data = _read_json(root / INTERNAL / "spec.json")
+    if spec_data is None:
+        raise VirtualPhoneError(f"no virtual phone named {name!r} under {_home(home)}")
+    spec = PhoneSpec.from_json(spec_data)
+    state = _read_json(root / INTERNAL / "state.json") or {}
+    running = _is_daemon(state.get("pid"))
+    cg = state.get("cgroup") or {}
+    return PhoneInfo(name=spec.name, root=root, running=running, pid=state.get("pid") if running else None,
+                     port=state.get("port") if running else None, serial=state.get("serial") if running else None,
+                     ram_bytes=spec.ram_bytes, model=spec.model, soc=spec.soc, android=spec.android,
+                     namespace=bool(state.get("namespace")), cgroup_path=cg.get("path"),
+                     warnings=tuple(state.get("warnings") or ()))
+
+
+def list_phones(home: Optional[os.PathLike | str] = None) -> builtins.list[PhoneInfo]:
+    base = _home(home)
+    if not base.is_dir():
+        return []
+    return [info(d.name, base) for d in sorted(base.iterdir()) if (d / INTERNAL / "spec.json").is_file()]
+
+
+def _adb(adb_host: Optional[str], adb_port: Optional[int]):
+    import adbutils  # a heavy import, only for up/down
+    return adbutils.AdbClient(host=adb_host, port=adb_port, socket_timeout=10)
+
+
+def _server_listening(adb_host: Optional[str], adb_port: Optional[int]) -> bool:
+    """Is an adb server there? (adbutils would start one just to be told to disconnect.)"""
+    host = adb_host or os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
+    port = adb_port or int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", android: int = 14,
+       port: Optional[int] = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
+       home: Optional[os.PathLike | str] = None, adb_host: Optional[str] = None,
+       adb_port: Optional[int] = None, timeout_s: float = 20.0, isolated: bool = True) -> str:
+    """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
+
+    isolated=False skips the memory cgroup and the mount namespace (what happens anyway where
+    they are unavailable): an RSS watchdog enforces the RAM and commands see the host's files."""
+    if not _NAME.match(name):
+        raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
+    if ram_bytes < MIN_RAM_BYTES:
+        raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES >> 20} MiB)")
+    if port is not None and not 0 < port < 65536:
+        raise VirtualPhoneError(f"bad port {port}")
+    root = _home(home) / name
+    internal = root / INTERNAL
+    state = _read_json(internal / "state.json") or {}
+    if _is_daemon(state.get("pid")):
+        raise VirtualPhoneError(f"virtual phone {name!r} is already up as {state.get('serial')}")
+    internal.mkdir(parents=True, exist_ok=True)
+    spec = PhoneSpec(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc,
+                     android=android, abi=abi, isolated=isolated)
+    (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    (internal / "state.json").unlink(missing_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "devices.virtual.run", "--root", str(root), "--port", str(port or 0)]
+    # Started through a shell's background job so the daemon is nobody's child here: it outlives
+    # this process and never lingers as its zombie.
+    script = (" ".join(shlex.quote(a) for a in argv) + f" </dev/null >>{shlex.quote(str(internal / 'daemon.log'))}"
+              " 2>&1 & echo $!")
+    launched = subprocess.run(["/bin/sh", "-c", script], cwd=str(PROJECT_ROOT), env=env, capture_output=True,
+                              text=True, start_new_session=True)
+    try:
+        pid = int(launched.stdout.strip())
+    except ValueError:
+        raise VirtualPhoneError(f"could not start the daemon: {launched.stderr.strip()}") from None
+    state = _wait_for_state(internal, pid, timeout_s)
+    serial = state["serial"]
+    for warning in state.get("warnings") or ():
+        print(f"virtual phone {name}: {warning}", file=sys.stderr)
+    try:
+        _connect(serial, adb_host, adb_port, timeout_s)
+    except Exception as e:
+        _stop(root, state)
+        raise VirtualPhoneError(f"virtual phone {name!r} started but adb could not connect: {e}") from None
+    return serial
+
+
+def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = _read_json(internal / "state.json")
+        if state and state.get("pid") == pid:
+            return state
+        if not _is_daemon(pid):
+            break
+        time.sleep(0.05)
+    if _is_daemon(pid):
+        os.kill(pid, signal.SIGKILL)
+    tail = (internal / "daemon.log").read_text(errors="replace").strip().splitlines()[-5:]
+    raise VirtualPhoneError("virtual phone daemon did not start: " + (" | ".join(tail) or "no output"))
+
+
+def _connect(serial: str, adb_host: Optional[str], adb_port: Optional[int], timeout_s: float) -> None:
+    client = _adb(adb_host, adb_port)
+    answer = client.connect(serial, timeout=timeout_s)
+    if "connected to" not in answer:
+        raise VirtualPhoneError(answer.strip())
+    deadline = time.monotonic() + timeout_s
+    state = "?"
+    while time.monotonic() < deadline:
+        state = next((d.state for d in client.list() if d.serial == serial), "absent")
+        if state == "device":
+            return
+        time.sleep(0.05)
+    raise VirtualPhoneError(f"{serial} stayed {state!r}")
+
+
+def down(name: Optional[str] = None, *, all_phones: bool = False, purge: bool = False,
+         home: Optional[os.PathLike | str] = None, adb_host: Optional[str] = None,
+         adb_port: Optional[int] = None) -> builtins.list[str]:
+    """Stop NAME (or every phone with all_phones=True); returns the names stopped."""
+    if (name is None) == (not all_phones):
+        raise VirtualPhoneError("give either a phone's name or --all" if name is None else
+                                "give a phone's name or --all, not both")
+    targets = [p.name for p in list_phones(home)] if all_phones else [info(name, home).name]
+    for target in targets:
+        root = _home(home) / target
+        state = _read_json(root / INTERNAL / "state.json") or {}
+        if state.get("serial") and _server_listening(adb_host, adb_port):
+            try:
+                _adb(adb_host, adb_port).disconnect(state["serial"])
+            except Exception:  # the server may be going away; the daemon still has to stop
+                pass
+        _stop(root, state)
+        if purge:
+            shutil.rmtree(root, ignore_errors=True)
+    return targets
+
+
+def _stop(root: Path, state: dict) -> None:
+    pid = state.get("pid")
+    if _is_daemon(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while _is_daemon(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _is_daemon(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _is_daemon(pid) and time.monotonic() < deadline + 2.0:
+                time.sleep(0.05)
+    cg = state.get("cgroup") or {}
+    for key in ("path", "cpu_path"):
+        if cg.get(key) and Path(cg[key]).is_dir():
+            cgroups.remove_path(Path(cg[key]))
+    (root / INTERNAL / "state.json").unlink(missing_ok=True)
+
+
+list = list_phones  # noqa: A001  (the brief's name; module code uses builtins.list)

@@ -1,0 +1,89 @@
+"""The phone's /proc/meminfo, computed from its memory cgroup's real usage.
+
+MemTotal is the phone's RAM. MemFree = RAM - cgroup usage. MemAvailable adds back what the
+kernel would reclaim without swapping, the way si_mem_available() does: file pages beyond shmem
+minus the part the low watermark keeps, plus half of reclaimable slab. No swap (SwapTotal 0), as
+the cgroup forbids it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cgroup import MemStat
+
+MEMINFO_PATH = Path("proc/meminfo")  # under the phone's root
+
+
+@dataclass(frozen=True)
+class MemInfo:
+    total_kb: int
+    free_kb: int
+    available_kb: int
+    cached_kb: int
+    shmem_kb: int
+    active_anon_kb: int
+    inactive_anon_kb: int
+    active_file_kb: int
+    inactive_file_kb: int
+    anon_kb: int
+    mapped_kb: int
+    unevictable_kb: int
+    sreclaimable_kb: int
+    sunreclaim_kb: int
+    kernel_stack_kb: int
+    pagetables_kb: int
+
+    @property
+    def fields(self) -> dict[str, int]:
+        return {
+            "MemTotal": self.total_kb, "MemFree": self.free_kb, "MemAvailable": self.available_kb,
+            "Buffers": 0, "Cached": self.cached_kb, "SwapCached": 0,
+            "Active": self.active_anon_kb + self.active_file_kb,
+            "Inactive": self.inactive_anon_kb + self.inactive_file_kb,
+            "Active(anon)": self.active_anon_kb, "Inactive(anon)": self.inactive_anon_kb,
+            "Active(file)": self.active_file_kb, "Inactive(file)": self.inactive_file_kb,
+            "Unevictable": self.unevictable_kb, "Mlocked": 0, "SwapTotal": 0, "SwapFree": 0,
+            "Dirty": 0, "Writeback": 0, "AnonPages": self.anon_kb, "Mapped": self.mapped_kb,
+            "Shmem": self.shmem_kb, "KReclaimable": self.sreclaimable_kb,
+            "Slab": self.sreclaimable_kb + self.sunreclaim_kb, "SReclaimable": self.sreclaimable_kb,
+            "SUnreclaim": self.sunreclaim_kb, "KernelStack": self.kernel_stack_kb,
+            "PageTables": self.pagetables_kb, "NFS_Unstable": 0, "Bounce": 0, "WritebackTmp": 0,
+            "CommitLimit": self.total_kb // 2, "Committed_AS": self.anon_kb + self.shmem_kb,
+            "VmallocTotal": 263061440, "VmallocUsed": 0, "VmallocChunk": 0,
+        }
+
+    def text(self) -> str:
+        # seq_printf(m, "MemTotal:       %8lu kB\n"): label and colon in 16 columns, value in 8.
+        return "".join(f"{k + ':':<16}{v:>8} kB\n" for k, v in self.fields.items())
+
+
+def compute(ram_bytes: int, st: MemStat) -> MemInfo:
+    kb = lambda b: max(0, int(b) // 1024)  # noqa: E731
+    total = ram_bytes
+    free = max(0, total - st.usage_bytes)
+    pagecache = max(0, st.active_file_bytes + st.inactive_file_bytes)
+    low_wmark = total // 200
+    available = free + pagecache - min(pagecache // 2, low_wmark) + st.slab_reclaimable_bytes // 2
+    available = min(total, max(0, available))
+    return MemInfo(total_kb=kb(total), free_kb=kb(free), available_kb=kb(available), cached_kb=kb(st.file_bytes),
+                   shmem_kb=kb(st.shmem_bytes), active_anon_kb=kb(st.active_anon_bytes),
+                   inactive_anon_kb=kb(st.inactive_anon_bytes), active_file_kb=kb(st.active_file_bytes),
+                   inactive_file_kb=kb(st.inactive_file_bytes), anon_kb=kb(st.anon_bytes),
+                   mapped_kb=kb(st.mapped_bytes), unevictable_kb=kb(st.unevictable_bytes),
+                   sreclaimable_kb=kb(st.slab_reclaimable_bytes), sunreclaim_kb=kb(st.slab_unreclaimable_bytes),
+                   kernel_stack_kb=kb(st.kernel_stack_bytes), pagetables_kb=kb(st.pagetables_bytes))
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite without changing the inode: /proc/meminfo in the phone's namespace is a bind mount
+    of this very file, and a rename would leave the mount on the old inode."""
+    data = text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)

@@ -1,0 +1,154 @@
+"""A virtual phone's daemon process: `python -m devices.virtual.run --root PHONE_FOLDER [--port P]`.
+
+Started detached by manager.up(). Order matters: the memory cgroup and the mount namespace are
+set up while the process is still single-threaded, then asyncio serves adb, polls lmkd at 10 Hz
+and refreshes meminfo at 10 Hz, thermal and cpufreq at 1 Hz. state.json (pid, port, cgroup, warnings) is written only
+once the port listens, which is what up() waits for. SIGTERM stops everything and removes the
+cgroup (killing what is still in it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import logbuf, namespace, shellsvc, syncsvc
+from .adbd import Banner, Connection, Daemon, Service, Stream
+from .cgroup import CgroupUnavailable, MemoryCgroup
+from .lmkd import Lmkd
+from .phone import Layout, PhoneSpec, VirtualPhone, prepare
+
+log = logging.getLogger("bmoe.vphone")
+LMKD_POLL_S = 0.1
+TICK_S = 1.0
+
+
+def make_router(phone: VirtualPhone):
+    def route(name: str, conn: Connection) -> Optional[Service]:
+        request = shellsvc.parse_service(name)
+        if request is not None:
+            return lambda stream: shellsvc.serve_shell(stream, request, phone)
+        if name == "sync:":
+            return lambda stream: syncsvc.serve_sync(stream, phone.layout.root)
+        if name == "reconnect":
+            async def reconnect(stream: Stream) -> None:
+                # adbd answers "done" and kicks the transport; the server then reconnects.
+                await stream.write(b"done")
+                await stream.flushed()
+                conn.writer.close()
+            return reconnect
+        return None  # unknown service: CLSE, like adbd
+    return route
+
+
+def _warn_once(warnings: list[str], text: str) -> None:
+    warnings.append(text)
+    print(f"vphone: {text}", file=sys.stderr, flush=True)
+
+
+def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[Optional[MemoryCgroup], bool]:
+    cgroup = None
+    if not spec.isolated:
+        _warn_once(warnings, "isolation off: no memory cgroup (an RSS watchdog SIGKILLs above "
+                             f"{spec.ram_bytes} bytes) and no mount namespace (commands see the host's "
+                             f"filesystem; the phone's /data/local/tmp is {layout.data_tmp})")
+        return None, False
+    try:
+        cgroup = MemoryCgroup.create(spec.name, layout.root, spec.ram_bytes)
+    except CgroupUnavailable as e:
+        _warn_once(warnings, f"{e}; falling back to an RSS watchdog that SIGKILLs above "
+                             f"{spec.ram_bytes} bytes (still logged as lmkd kills)")
+    in_ns = False
+    try:
+        missing = namespace.enter(layout.root, layout.staging)
+        in_ns = True
+        if missing:
+            _warn_once(warnings, "not overlaid (missing on this host): " + ", ".join(missing))
+    except (namespace.NamespaceUnavailable, OSError) as e:
+        _warn_once(warnings, f"mount namespace unavailable ({e}); commands see the host's filesystem "
+                             f"and the phone's /data/local/tmp is {layout.data_tmp}")
+    return cgroup, in_ns
+
+
+async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup], in_ns: bool,
+                port: int, warnings: list[str]) -> None:
+    phone = VirtualPhone(spec, layout, cgroup, in_ns)
+    banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
+    daemon = Daemon(banner, make_router(phone), port=port)
+    actual_port = await daemon.start()
+    lmkd = Lmkd(layout.root, spec.android, spec.ram_bytes, phone.pids,
+                cgroup.oom_kills if cgroup is not None else None, phone.meminfo,
+                memcg_leaf=cgroup.path.name if cgroup is not None else "")
+    logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
+                  f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
+    logbuf.append(layout.root, "system", "ActivityManager", "System now ready")
+    state = {"name": spec.name, "pid": os.getpid(), "port": actual_port, "serial": f"127.0.0.1:{actual_port}",
+             "started_at": time.time(), "namespace": in_ns, "warnings": warnings,
+             "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
+                                                    "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None}}
+    tmp = layout.state_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, layout.state_file)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def every(period_s: float, fn) -> None:
+        while True:
+            try:
+                fn()
+            except Exception:  # housekeeping must never stop the phone
+                log.exception("%s failed", getattr(fn, "__name__", fn))
+            await asyncio.sleep(period_s)
+
+    def fast() -> None:
+        lmkd.poll()
+        phone.refresh_meminfo()  # 10 Hz: a reader sees its own allocations within 0.1 s
+
+    tasks = [asyncio.create_task(every(LMKD_POLL_S, fast)), asyncio.create_task(every(TICK_S, phone.tick))]
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        for t in tasks:
+            t.cancel()
+        await daemon.close()
+        lmkd.close()
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="devices.virtual.run")
+    p.add_argument("--root", required=True, help="the phone's folder (holds .vphone/spec.json)")
+    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    root = Path(args.root).resolve()
+    spec = PhoneSpec.from_json(json.loads(Path(root, ".vphone/spec.json").read_text()))
+    layout = prepare(spec, root)
+    warnings: list[str] = []
+    cgroup, in_ns = setup(spec, layout, warnings)
+    try:
+        asyncio.run(serve(spec, layout, cgroup, in_ns, args.port, warnings))
+    except OSError as e:
+        print(f"vphone: {e}", file=sys.stderr)
+        if cgroup is not None:
+            cgroup.remove()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

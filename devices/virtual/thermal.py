@@ -1,0 +1,140 @@
+"""A virtual phone's thermal zones and CPU frequency caps.
+
+Each zone relaxes exponentially toward ambient + gain × (busy cores), with its own time constant:
+CPU zones answer in tens of seconds, the battery in minutes, as on a phone in free air. The
+thermal status (Android's THROTTLING_* levels 0..6) follows the hottest CPU zone, and from
+status 2 (moderate) on the cpufreq policies' scaling_max_freq is cut. Standalone (no package
+imports): the phone's `dumpsys` loads it by path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+THERMAL_DIR = Path("sys/class/thermal")
+CPUFREQ_DIR = Path("sys/devices/system/cpu/cpufreq")
+
+# Android's Temperature.TYPE_*: what `dumpsys thermalservice` prints as mType.
+TYPE_CPU, TYPE_GPU, TYPE_BATTERY, TYPE_SKIN = 0, 1, 2, 3
+# THROTTLING_LIGHT..SHUTDOWN start at these hottest-CPU temperatures (°C).
+STATUS_THRESHOLDS_C = (45.0, 50.0, 55.0, 62.0, 70.0, 80.0)
+STATUS_NAMES = ("NONE", "LIGHT", "MODERATE", "SEVERE", "CRITICAL", "EMERGENCY", "SHUTDOWN")
+
+
+@dataclass(frozen=True)
+class ZoneSpec:
+    type_name: str
+    kind: int
+    gain_c_per_core: float
+    tau_s: float
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One cpufreq policy: the CPUs it drives and their top frequency."""
+    first_cpu: int
+    cpus: tuple[int, ...]
+    max_khz: int
+    min_khz: int = 300000
+
+
+# A few SoCs' cluster layouts (cores per policy, top frequencies), enough for frequency caps to
+# look like the phone's. Unknown SoCs get the generic layout.
+SOC_POLICIES: dict[str, tuple[Policy, ...]] = {
+    "sm8650": (Policy(0, (0, 1), 2265600), Policy(2, (2, 3, 4), 3148800), Policy(5, (5, 6), 2956800),
+               Policy(7, (7,), 3302400)),
+    "sm8550": (Policy(0, (0, 1, 2), 2016000), Policy(3, (3, 4, 5, 6), 2803200), Policy(7, (7,), 3187200)),
+    "sm8450": (Policy(0, (0, 1, 2, 3), 1785600), Policy(4, (4, 5, 6), 2496000), Policy(7, (7,), 2995200)),
+    "tensor-g3": (Policy(0, (0, 1, 2, 3), 1704000), Policy(4, (4, 5, 6, 7), 2367000), Policy(8, (8,), 2910000)),
+    "mt6989": (Policy(0, (0, 1, 2, 3), 2000000), Policy(4, (4, 5, 6), 2850000), Policy(7, (7,), 3250000)),
+    "generic": (Policy(0, (0, 1, 2, 3), 1800000), Policy(4, (4, 5, 6, 7), 2400000)),
+}
+
+
+def policies_for(soc: str) -> tuple[Policy, ...]:
+    return SOC_POLICIES.get(soc.lower(), SOC_POLICIES["generic"])
+
+
+def zone_specs(soc: str) -> list[ZoneSpec]:
+    n_cpus = sum(len(p.cpus) for p in policies_for(soc))
+    zones = [ZoneSpec(f"cpu-{c // 4}-{c % 4}", TYPE_CPU, 14.0, 20.0) for c in range(n_cpus)]
+    zones += [ZoneSpec("gpu", TYPE_GPU, 6.0, 30.0), ZoneSpec("skin", TYPE_SKIN, 5.0, 120.0),
+              ZoneSpec("battery", TYPE_BATTERY, 4.0, 240.0)]
+    return zones
+
+
+def thermal_status(hottest_cpu_c: float) -> int:
+    return sum(1 for t in STATUS_THRESHOLDS_C if hottest_cpu_c >= t)
+
+
+class ThermalModel:
+    def __init__(self, soc: str, ambient_c: float = 25.0):
+        self.zones = zone_specs(soc)
+        self.policies = policies_for(soc)
+        self.ambient_c = ambient_c
+        self.temps_c = [ambient_c + 3.0 if z.kind != TYPE_CPU else ambient_c + 6.0 for z in self.zones]
+
+    def step(self, dt_s: float, busy_cores: float) -> None:
+        for i, z in enumerate(self.zones):
+            target = self.ambient_c + (6.0 if z.kind == TYPE_CPU else 3.0) + z.gain_c_per_core * busy_cores
+            self.temps_c[i] = target + (self.temps_c[i] - target) * math.exp(-dt_s / z.tau_s)
+
+    def status(self) -> int:
+        cpu = [t for z, t in zip(self.zones, self.temps_c) if z.kind == TYPE_CPU]
+        return thermal_status(max(cpu) if cpu else self.ambient_c)
+
+    def cap_khz(self, policy: Policy) -> int:
+        """scaling_max_freq under throttling: -10 % per status level from MODERATE on."""
+        cut = max(0, self.status() - 1) * 0.10
+        return max(policy.min_khz, int(policy.max_khz * (1.0 - cut)))
+
+    # -- files ------------------------------------------------------------------------------
+    def write(self, root: Path) -> None:
+        base = Path(root) / THERMAL_DIR
+        for i, (z, t) in enumerate(zip(self.zones, self.temps_c)):
+            zone = base / f"thermal_zone{i}"
+            zone.mkdir(parents=True, exist_ok=True)
+            _replace(zone / "type", z.type_name + "\n")
+            _replace(zone / "temp", f"{int(round(t * 1000))}\n")
+            _replace(zone / "mode", "enabled\n")
+            _replace(zone / "policy", "step_wise\n")
+        for p in self.policies:
+            folder = Path(root) / CPUFREQ_DIR / f"policy{p.first_cpu}"
+            folder.mkdir(parents=True, exist_ok=True)
+            cap = self.cap_khz(p)
+            files = {"cpuinfo_max_freq": p.max_khz, "cpuinfo_min_freq": p.min_khz, "scaling_max_freq": cap,
+                     "scaling_min_freq": p.min_khz, "scaling_cur_freq": cap,
+                     "related_cpus": " ".join(map(str, p.cpus)), "affected_cpus": " ".join(map(str, p.cpus)),
+                     "scaling_governor": "schedutil", "scaling_driver": "vphone-cpufreq"}
+            for name, value in files.items():
+                _replace(folder / name, f"{value}\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Atomic rename: readers never see a half-written value (these folders are bind-mounted as
+    folders, so a new inode under the same name is what the phone sees)."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_zones(root: Path) -> list[tuple[str, float]]:
+    """(type, °C) of every zone as the phone's files hold them."""
+    out = []
+    base = Path(root) / THERMAL_DIR
+    if not base.is_dir():
+        return out
+    for zone in sorted(base.glob("thermal_zone*"), key=lambda p: int(p.name[12:] or 0)):
+        try:
+            out.append((zone.joinpath("type").read_text().strip(), int(zone.joinpath("temp").read_text()) / 1000))
+        except (OSError, ValueError):
+            continue
+    return out

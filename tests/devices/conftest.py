@@ -1,0 +1,139 @@
+"""Fixtures: the real adb server from the adbutils wheel on a free port, and virtual phones.
+
+Everything started here is stopped here, test failures or not: phones (daemons, cgroups) by
+manager.down(), the adb server by `adb kill-server` and, failing that, by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import adbutils
+import pytest
+
+from devices.virtual import manager
+
+ADB = Path(adbutils.__file__).parent / "binaries" / "adb"
+
+
+@dataclass(frozen=True)
+class AdbServer:
+    port: int
+    env: dict
+
+    def run(self, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        """The real adb CLI against this server."""
+        if "input" not in kw:
+            kw["stdin"] = subprocess.DEVNULL
+        return subprocess.run([str(ADB), "-P", str(self.port), *args], env=self.env, capture_output=True,
+                              timeout=timeout, **kw)
+
+    def client(self) -> adbutils.AdbClient:
+        return adbutils.AdbClient(host="127.0.0.1", port=self.port)
+
+
+@dataclass(frozen=True)
+class Phone:
+    name: str
+    serial: str
+    ram_bytes: int
+    model: str
+    root: Path
+    port: int
+    cgroup_path: str | None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_pids(port: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="session")
+def adb_server(tmp_path_factory) -> AdbServer:
+    port = free_port()
+    home = tmp_path_factory.mktemp("android-user-home")
+    # ADB_MDNS=0: no multicast discovery traffic; ANDROID_USER_HOME: its keys stay in the tmp dir.
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(home))
+    server = AdbServer(port, env)
+    started = server.run("start-server", timeout=30)
+    assert started.returncode == 0, started.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
+            mp.setenv(key, env[key])
+        try:
+            yield server
+        finally:
+            server.run("kill-server", timeout=30)
+            deadline = time.monotonic() + 5
+            while _server_pids(port) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for pid in _server_pids(port):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def phone_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vphones")
+
+
+def start_phone(server: AdbServer, home: Path, name: str, ram_bytes: int, **kw) -> Phone:
+    serial = manager.up(name, ram_bytes, home=home, adb_host="127.0.0.1", adb_port=server.port, **kw)
+    info = manager.info(name, home)
+    return Phone(name=name, serial=serial, ram_bytes=ram_bytes, model=info.model, root=info.root,
+                 port=info.port, cgroup_path=info.cgroup_path)
+
+
+@pytest.fixture
+def make_phone(adb_server, phone_home):
+    """Start extra phones inside one test; they are stopped after it, pass or fail."""
+    made: list[Phone] = []
+
+    def make(name: str, ram_bytes: int, **kw) -> Phone:
+        made.append(start_phone(adb_server, phone_home, name, ram_bytes, **kw))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for phone in made:
+            manager.down(phone.name, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+            assert phone.cgroup_path is None or not Path(phone.cgroup_path).exists()
+
+
+@pytest.fixture(scope="session")
+def phones(adb_server, phone_home) -> dict[str, Phone]:
+    """Three phones with different RAM, models and Android releases, up at the same time."""
+    tag = f"t{os.getpid()}"
+    specs = {"a": (512 << 20, dict(model="Pixel 8", soc="tensor-g3", android=14)),
+             "b": (384 << 20, dict(model="Galaxy S24", soc="sm8650", android=14)),
+             "c": (256 << 20, dict(model="Redmi Note 12", soc="mt6989", android=13))}
+    started: dict[str, Phone] = {}
+    try:
+        for key, (ram, kw) in specs.items():
+            started[key] = start_phone(adb_server, phone_home, f"{tag}{key}", ram, **kw)
+        yield started
+    finally:
+        cgroup_paths = [p.cgroup_path for p in started.values() if p.cgroup_path]
+        manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+        leftovers = [p for p in cgroup_paths if Path(p).exists()]
+        assert not leftovers, f"cgroups left behind: {leftovers}"

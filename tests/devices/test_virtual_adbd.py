@@ -1,0 +1,502 @@
+"""Virtual phones through the REAL adb server and CLI (from the adbutils wheel) and adbutils.
+
+Phones run real commands in a real memory cgroup; the OOM test gets a real kernel OOM kill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from devices.virtual import manager, wire
+from engine.errors import BmoeError
+from harness.cli_virtual import virtual
+
+MIB = 1 << 20
+
+
+def sh(server, phone, command: str, **kw):
+    return server.run("-s", phone.serial, "shell", command, **kw)
+
+
+def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step_s)
+
+
+# -- the adb CLI ---------------------------------------------------------------------------------
+
+def test_adb_devices_lists_every_phone_with_its_model(adb_server, phones):
+    out = adb_server.run("devices", "-l").stdout.decode()
+    for phone in phones.values():
+        line = next((l for l in out.splitlines() if l.startswith(phone.serial + " ")), None)
+        assert line is not None, out
+        assert " device " in line
+        assert f"model:{phone.model.replace(' ', '_')}" in line
+
+
+def test_shell_exit_status_and_separate_streams(adb_server, phones):
+    a = phones["a"]
+    assert sh(adb_server, a, "exit 3").returncode == 3
+    r = sh(adb_server, a, "echo out; echo err >&2; exit 0")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"out\n", b"err\n")
+    # a command killed by a signal reports 128+N, like adbd
+    assert sh(adb_server, a, "kill -TERM $$").returncode == 128 + 15
+
+
+def test_shell_runs_in_the_phones_own_filesystem_view(adb_server, phones):
+    a, b = phones["a"], phones["b"]
+    assert sh(adb_server, a, "echo mark-a > /data/local/tmp/mark && cat /data/local/tmp/mark").stdout == b"mark-a\n"
+    assert (a.root / "data/local/tmp/mark").read_text() == "mark-a\n"
+    seen_by_b = sh(adb_server, b, "cat /data/local/tmp/mark")
+    assert seen_by_b.returncode != 0 and not (b.root / "data/local/tmp/mark").exists()
+    r = sh(adb_server, a, "for t in getprop logcat dumpsys; do command -v $t; done; pwd")
+    assert r.stdout.decode().split()[:3] == ["/system/bin/getprop", "/system/bin/logcat", "/system/bin/dumpsys"]
+    assert r.stdout.decode().rstrip().endswith("\n/")
+
+
+def test_getprop_prints_the_model_and_the_android_listing(adb_server, phones):
+    b = phones["b"]
+    assert sh(adb_server, b, "getprop ro.product.model").stdout == b"Galaxy S24\n"
+    listing = sh(adb_server, b, "getprop").stdout.decode()
+    assert "[ro.product.model]: [Galaxy S24]" in listing.splitlines()
+    assert "[ro.build.version.sdk]: [34]" in listing.splitlines()
+    assert re.search(r"^\[ro\.bmoe\.host_abi\]: \[\S+\]$", listing, re.M)
+    assert sh(adb_server, phones["c"], "getprop ro.build.version.release").stdout == b"13\n"
+
+
+def test_meminfo_shows_each_phones_ram(adb_server, phones):
+    for phone in phones.values():
+        text = sh(adb_server, phone, "cat /proc/meminfo").stdout.decode()
+        fields = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in text.splitlines())}
+        assert fields["MemTotal"] == phone.ram_bytes // 1024
+        assert 0 < fields["MemAvailable"] <= fields["MemTotal"]
+        assert fields["SwapTotal"] == 0
+
+
+def test_meminfo_available_drops_while_the_phone_holds_memory(adb_server, phones):
+    a = phones["a"]
+    script = ("import time; b = bytearray(160 << 20); b[::4096] = b'x' * (len(b) // 4096); time.sleep(0.3); "
+              "print([l for l in open('/proc/meminfo') if l.startswith('MemAvailable')][0].split()[1])")
+    before = int(re.search(r"MemAvailable:\s+(\d+)", sh(adb_server, a, "cat /proc/meminfo").stdout.decode())[1])
+    during = int(sh(adb_server, a, f"python3 -c {shlex.quote(script)}").stdout.decode())
+    assert before - during >= 150 * 1024, (before, during)
+
+
+def test_push_then_pull_200_mib_round_trips(adb_server, phones):
+    a = phones["a"]
+    src = Path("/var/tmp") / f"vphone-push-{os.getpid()}.bin"
+    back = Path("/var/tmp") / f"vphone-pull-{os.getpid()}.bin"
+    try:
+        digest = hashlib.sha256()
+        with open(src, "wb") as f:
+            for _ in range(200):
+                chunk = os.urandom(MIB)
+                digest.update(chunk)
+                f.write(chunk)
+        t0 = time.monotonic()
+        push = adb_server.run("-s", a.serial, "push", str(src), "/data/local/tmp/big.bin")
+        push_s = time.monotonic() - t0
+        assert push.returncode == 0, push.stderr
+        assert (a.root / "data/local/tmp/big.bin").stat().st_size == 200 * MIB
+        pull = adb_server.run("-s", a.serial, "pull", "/data/local/tmp/big.bin", str(back))
+        assert pull.returncode == 0, pull.stderr
+        h = hashlib.sha256()
+        with open(back, "rb") as f:
+            while chunk := f.read(MIB):
+                h.update(chunk)
+        assert h.hexdigest() == digest.hexdigest()
+        print(f"adb push of 200 MiB: {200 / push_s:.0f} MiB/s")
+    finally:
+        src.unlink(missing_ok=True)
+        back.unlink(missing_ok=True)
+        (a.root / "data/local/tmp/big.bin").unlink(missing_ok=True)
+
+
+def test_logcat_dump_shows_the_phones_log(adb_server, phones):
+    c = phones["c"]
+    out = adb_server.run("-s", c.serial, "logcat", "-d").stdout.decode()
+    assert "--------- beginning of main" in out
+    line = next(l for l in out.splitlines() if " vphone  : " in l)
+    assert re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +\d+ +\d+ I vphone  : Redmi Note 12 ", line)
+    brief = adb_server.run("-s", c.serial, "logcat", "-d", "-v", "brief", "-s", "vphone").stdout.decode()
+    assert [l for l in brief.splitlines() if not l.startswith("-")] and \
+        all(l.startswith("I/vphone  (") for l in brief.splitlines() if not l.startswith("-"))
+
+
+def test_pty_shell(adb_server, phones):
+    r = adb_server.run("-s", phones["a"].serial, "shell", "-t", "-t", "tty; echo $TERM")
+    lines = r.stdout.decode().replace("\r", "").split("\n")
+    assert lines[0].startswith("/dev/pts/"), r.stdout
+
+
+def test_interactive_shell_without_a_command_and_exec_out(adb_server, phones):
+    a = phones["a"]
+    r = adb_server.run("-s", a.serial, "shell", input=b"echo hi from stdin\nexit 4\n")
+    assert r.returncode == 4 and b"hi from stdin\n" in r.stdout
+    binary = bytes(range(256)) * 64
+    (a.root / "data/local/tmp/bytes.bin").write_bytes(binary)
+    out = adb_server.run("-s", a.serial, "exec-out", "cat /data/local/tmp/bytes.bin")
+    assert out.returncode == 0 and out.stdout == binary  # exec: is byte-exact, no pty, no framing
+    piped = adb_server.run("-s", a.serial, "shell", "-T", "wc -c", input=b"x" * 300000)
+    assert piped.stdout.strip() == b"300000"  # stdin reaches the command, then close-stdin ends it
+
+
+def test_many_concurrent_streams_on_one_phone(adb_server, phones):
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = adb_server.client().device(phones["a"].serial)
+
+    def work(i: int) -> tuple[int, int, bytes, bytes]:
+        r = d.shell2(f"head -c {100000 * (i + 1)} /dev/zero | wc -c; exit {i}", v2=True)
+        blob = os.urandom(200000 + i)
+        d.sync.push(blob, f"/data/local/tmp/concurrent-{i}.bin")
+        return r.returncode, int(r.stdout), blob, d.sync.read_bytes(f"/data/local/tmp/concurrent-{i}.bin")
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(work, range(12)))
+    for i, (code, count, sent, got) in enumerate(results):
+        assert (code, count) == (i, 100000 * (i + 1))
+        assert got == sent
+    big = d.shell2("head -c 3000000 /dev/zero", v2=True, encoding=None)
+    assert len(big.stdout) == 3000000  # several max-payload WRTEs, each acknowledged
+
+
+def test_dumpsys_and_thermal_files(adb_server, phones):
+    b = phones["b"]
+    battery = sh(adb_server, b, "dumpsys battery").stdout.decode()
+    assert re.search(r"^  temperature: \d{3}$", battery, re.M)
+    thermal = sh(adb_server, b, "dumpsys thermalservice").stdout.decode()
+    assert re.search(r"^Thermal Status: [0-6]$", thermal, re.M)
+    types = sh(adb_server, b, "cat /sys/class/thermal/thermal_zone*/type").stdout.decode().split()
+    assert "cpu-0-0" in types and "battery" in types
+    freq = sh(adb_server, b, "cat /sys/devices/system/cpu/cpufreq/policy7/cpuinfo_max_freq").stdout
+    assert freq == b"3302400\n"  # sm8650's prime core
+
+
+def test_cpu_work_heats_the_cpu_zones(adb_server, phones):
+    b = phones["b"]
+
+    def cpu_temp_mc() -> int:
+        return int(sh(adb_server, b, "cat /sys/class/thermal/thermal_zone0/temp").stdout)
+
+    before = cpu_temp_mc()
+    spin = "import time\nt = time.time() + 2.5\nwhile time.time() < t: pass"
+    burn = sh(adb_server, b, "python3 -c " + shlex.quote(spin))
+    assert burn.returncode == 0
+    assert wait_for(lambda: cpu_temp_mc() - before > 300, timeout_s=3), (before, cpu_temp_mc())
+
+
+# -- adbutils ------------------------------------------------------------------------------------
+
+def test_adbutils_shell2_and_sync(adb_server, phones, tmp_path):
+    d = adb_server.client().device(phones["b"].serial)
+    assert d.shell2("exit 7", v2=True).returncode == 7
+    r = d.shell2("echo o; echo e >&2; exit 4", v2=True)
+    assert (r.returncode, r.stdout, r.stderr) == (4, "o\n", "e\n")
+    assert d.shell2("true").returncode == 0  # shell v1 + adbutils' echo trick
+    payload = os.urandom(3 * MIB + 17)
+    d.sync.push(payload, "/data/local/tmp/sub/dir/blob.bin")  # fixed_push_mkdir: parents created
+    assert d.sync.read_bytes("/data/local/tmp/sub/dir/blob.bin") == payload
+    assert d.sync.pull("/data/local/tmp/sub/dir/blob.bin", tmp_path / "blob.bin") == len(payload)
+    assert (tmp_path / "blob.bin").read_bytes() == payload
+    st = d.sync.stat("/data/local/tmp/sub/dir/blob.bin")
+    assert st.size == len(payload) and st.mode & 0o100000
+    names = [f.path for f in d.sync.list("/data/local/tmp/sub/dir")]
+    assert "blob.bin" in names
+    assert d.sync.stat("/data/local/tmp/missing").mtime is None
+
+
+# -- memory: real OOM kills logged like lmkd -----------------------------------------------------
+
+ALLOC = ("import os, sys; print(os.getpid(), flush=True); mib = int(sys.argv[1]); "
+         "b = bytearray(mib << 20); b[::4096] = b'x' * (len(b) // 4096); print('survived', flush=True)")
+
+
+def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
+    c = phones["c"]  # 256 MiB
+    ok = sh(adb_server, c, f"python3 -c {shlex.quote(ALLOC)} 64")
+    assert ok.returncode == 0 and b"survived" in ok.stdout
+    r = sh(adb_server, c, f"python3 -c {shlex.quote(ALLOC)} 1024")
+    assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
+    assert b"survived" not in r.stdout
+    pid = int(r.stdout.split()[0])
+
+    def lmkd_lines() -> list[str]:
+        out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main,events", "-v", "threadtime").stdout
+        return [l for l in out.decode().splitlines() if f"({pid})" in l or f"[{pid}," in l]
+
+    lines = wait_for(lambda: len(lmkd_lines()) >= 2 and lmkd_lines(), timeout_s=5)
+    assert lines, "no lmkd lines for the killed process"
+    kill = next(l for l in lines if "lowmemorykiller" in l)
+    m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill 'python3' "
+                 rf"\({pid}\), uid 2000, oom_score_adj 0 to free (\d+)kB rss, 0kB swap; reason: .+$", kill)
+    assert m, kill
+    # what the process held when the kernel killed it: its anon pages fill the 256 MiB, its
+    # file-backed pages (the interpreter, libraries) are counted in RSS on top
+    assert 200 * 1024 < int(m[2]) <= (256 + 64) * 1024
+    info = next(l for l in lines if " killinfo: " in l)
+    values = [int(v) for v in info.split(" killinfo: ", 1)[1].strip("[]").split(",")]
+    assert values[:4] == [pid, 2000, 0, 0] and values[4] == int(m[2]) and len(values) >= 25
+    # the other phones did not notice
+    assert sh(adb_server, phones["a"], "echo alive").stdout == b"alive\n"
+    assert f"({pid})" not in adb_server.run("-s", phones["a"].serial, "logcat", "-d").stdout.decode()
+
+
+# -- robustness ----------------------------------------------------------------------------------
+
+def _raw_connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s
+
+
+def _send(s: socket.socket, command: int, arg0: int, arg1: int, payload: bytes = b"") -> None:
+    s.sendall(wire.pack_header(command, arg0, arg1, payload, with_checksum=True) + payload)
+
+
+def _recv_message(s: socket.socket) -> tuple[wire.Header, bytes]:
+    raw = _recv_exact(s, wire.HEADER_BYTES)
+    h = wire.parse_header(raw, wire.MAX_PAYLOAD)
+    return h, _recv_exact(s, h.data_length)
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    s.settimeout(5)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def _handshake(port: int) -> tuple[socket.socket, str]:
+    s = _raw_connect(port)
+    _send(s, wire.A_CNXN, wire.A_VERSION, wire.MAX_PAYLOAD, b"host::features=shell_v2\0")
+    h, payload = _recv_message(s)
+    assert h.command == wire.A_CNXN
+    return s, payload.decode()
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                             # not adb at all
+    struct.pack("<6I", wire.A_CNXN, wire.A_VERSION, 4096, 0, 0, 0),     # bad magic
+    struct.pack("<6I", wire.A_WRTE, 1, 1, 64 << 20, 0, wire.A_WRTE ^ 0xFFFFFFFF),  # oversize payload
+    struct.pack("<6I", 0x5A5A5A5A, 0, 0, 0, 0, 0x5A5A5A5A ^ 0xFFFFFFFF),  # unknown command
+])
+def test_malformed_packets_cost_only_their_connection(adb_server, phones, garbage):
+    a = phones["a"]
+    with _raw_connect(a.port) as s:
+        s.sendall(garbage)
+        assert _closed_by_peer(s)
+    fresh, banner = _handshake(a.port)  # the daemon still accepts and speaks adb
+    fresh.close()
+    assert banner.startswith("device::") and "ro.product.model=Pixel 8" in banner
+    assert "features=shell_v2,cmd,stat_v2,ls_v2,fixed_push_mkdir" in banner
+    assert sh(adb_server, a, "echo still-here").stdout == b"still-here\n"
+    assert sh(adb_server, phones["b"], "echo b-here").stdout == b"b-here\n"
+
+
+def test_dropped_connection_kills_its_commands_and_the_daemon_carries_on(adb_server, phones):
+    a = phones["a"]
+    marker = f"60.{os.getpid()}"  # a sleep duration no other process has on its command line
+    s, _ = _handshake(a.port)
+    try:
+        _send(s, wire.A_OPEN, 5, 0, f"shell,v2,raw:sleep {marker}\0".encode())
+        h, _ = _recv_message(s)
+        assert h.command == wire.A_OKAY and h.arg1 == 5
+
+        def running() -> bool:
+            for p in os.listdir("/proc"):
+                try:
+                    if p.isdigit() and Path(f"/proc/{p}/cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
+                        return True
+                except OSError:
+                    pass
+            return False
+
+        assert wait_for(running, timeout_s=3)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, no FIN
+    finally:
+        s.close()
+    assert wait_for(lambda: not running(), timeout_s=5), "the orphaned command is still running"
+    fresh, _ = _handshake(a.port)
+    try:
+        _send(fresh, wire.A_OPEN, 9, 0, b"no-such-service:\0")
+        h, _ = _recv_message(fresh)
+        assert (h.command, h.arg0, h.arg1) == (wire.A_CLSE, 0, 9)  # unknown services are refused politely
+    finally:
+        fresh.close()
+    assert sh(adb_server, a, "echo ok").stdout == b"ok\n"
+    assert sh(adb_server, phones["c"], "echo ok").stdout == b"ok\n"
+
+
+def test_other_users_cannot_connect(phones):
+    """No auth (as on an adbd with auth off), so only the daemon's own user or root gets in."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as another user")
+    probe = ("import socket, struct, sys\n"
+             "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)\n"
+             "c = int.from_bytes(b'CNXN', 'little'); p = b'host::\\0'\n"
+             "try:\n"
+             "    s.sendall(struct.pack('<6I', c, 0x01000001, 4096, len(p), sum(p), c ^ 0xFFFFFFFF) + p)\n"
+             "    print(len(s.recv(4096)))\n"
+             "except (ConnectionResetError, BrokenPipeError):\n    print(0)\n")  # closed on us, RST or not
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", "-c", probe]
+    port = str(phones["a"].port)
+    refused = subprocess.run(as_nobody + [port], capture_output=True, timeout=30)
+    assert refused.returncode == 0 and refused.stdout.strip() == b"0", refused.stderr  # closed, no CNXN
+    as_root = subprocess.run(["/usr/bin/python3", "-c", probe, port], capture_output=True, timeout=30)
+    assert int(as_root.stdout) >= 24  # the same probe as root gets the CNXN answer
+
+
+# -- sync path confinement -----------------------------------------------------------------------
+
+class RawSync:
+    """A sync: session through the adb server's host protocol (what adbutils does, minus its
+    asserts), so FAIL replies can be checked as they are."""
+
+    def __init__(self, server, serial: str):
+        self.s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        for request in (f"host:transport:{serial}", "sync:"):
+            self.s.sendall(f"{len(request):04x}{request}".encode())
+            assert _recv_exact(self.s, 4) == b"OKAY"
+
+    def request(self, ident: bytes, path: str) -> None:
+        raw = path.encode()
+        self.s.sendall(ident + struct.pack("<I", len(raw)) + raw)
+
+    def reply(self) -> tuple[bytes, bytes]:
+        ident, length = struct.unpack("<4sI", _recv_exact(self.s, 8))
+        if ident == b"FAIL":
+            return ident, _recv_exact(self.s, length)
+        return ident, b""
+
+    def close(self) -> None:
+        self.s.close()
+
+
+@pytest.mark.parametrize("ident,path", [
+    (b"STAT", "/data/local/tmp/../../../../etc/passwd"),
+    (b"STA2", "/../etc/hostname"),
+    (b"LST2", "/data/../../etc"),
+    (b"LIST", "/.."),
+    (b"RECV", "/data/local/tmp/../../../../../etc/passwd"),
+])
+def test_sync_refuses_paths_escaping_the_root(adb_server, phones, ident, path):
+    sync = RawSync(adb_server, phones["b"].serial)
+    try:
+        sync.request(ident, path)
+        reply, message = sync.reply()
+        assert reply == b"FAIL" and b"escapes the device root" in message
+    finally:
+        sync.close()
+
+
+def test_sync_refuses_push_outside_and_symlink_escapes(adb_server, phones, tmp_path):
+    b = phones["b"]
+    outside = tmp_path / "escaped.txt"
+    sync = RawSync(adb_server, b.serial)
+    try:
+        depth = "/.." * (len(b.root.parts) + 2)
+        sync.request(b"SEND", f"/data/local/tmp{depth}{outside},33188")
+        data = b"should not land"
+        sync.s.sendall(b"DATA" + struct.pack("<I", len(data)) + data + b"DONE" + struct.pack("<I", 0))
+        assert sync.reply()[0] == b"FAIL"
+    finally:
+        sync.close()
+    assert not outside.exists()
+    assert sh(adb_server, b, "ln -sf /etc /data/local/tmp/etc-link").returncode == 0
+    pulled = tmp_path / "hostname"
+    r = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/etc-link/hostname", str(pulled))
+    assert r.returncode != 0 and not pulled.exists()
+    sync = RawSync(adb_server, b.serial)
+    try:
+        sync.request(b"RECV", "/data/local/tmp/etc-link/hostname")
+        assert sync.reply()[0] == b"FAIL"
+    finally:
+        sync.close()
+    # `..` that stays inside the root is an ordinary path
+    sync = RawSync(adb_server, b.serial)
+    try:
+        sync.request(b"STAT", "/data/local/tmp/../tmp")
+        assert sync.reply()[0] == b"STAT"
+    finally:
+        sync.close()
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+def test_cli_up_list_down(adb_server, phone_home):
+    name = f"cli{os.getpid()}"
+    runner = CliRunner()
+    up = runner.invoke(virtual, ["up", "--name", name, "--ram", "96MiB", "--model", "Moto G", "--android", "12",
+                                 "--home", str(phone_home)])
+    try:
+        assert up.exit_code == 0, (up.output, up.exception)
+        serial = up.output.strip()
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", serial)
+        assert adb_server.run("-s", serial, "shell", "getprop", "ro.product.model").stdout == b"Moto G\n"
+        listed = runner.invoke(virtual, ["list", "--home", str(phone_home)]).output
+        assert re.search(rf"^{name} +{re.escape(serial)} +96 MiB  Moto G", listed, re.M)
+        again = runner.invoke(virtual, ["up", "--name", name, "--ram", "96MiB", "--home", str(phone_home)])
+        assert again.exit_code == 1 and isinstance(again.exception, BmoeError)
+    finally:
+        cgroup_path = manager.info(name, phone_home).cgroup_path
+        down = runner.invoke(virtual, ["down", name, "--home", str(phone_home)])
+    assert down.exit_code == 0 and down.output == f"stopped {name}\n"
+    assert cgroup_path is None or not Path(cgroup_path).exists()
+    assert serial not in adb_server.run("devices").stdout.decode()
+    bad = runner.invoke(virtual, ["up", "--name", "x", "--ram", "lots", "--home", str(phone_home)])
+    assert bad.exit_code == 1 and isinstance(bad.exception, BmoeError)
+
+
+def test_without_isolation_a_watchdog_enforces_ram(adb_server, make_phone, capfd):
+    phone = make_phone(f"flat{os.getpid()}", 160 << 20, isolated=False)
+    err = capfd.readouterr().err
+    assert err.count("isolation off") == 1 and "RSS watchdog" in err  # said once, on stderr
+    assert phone.cgroup_path is None
+    hold = ALLOC.replace("print('survived'", "__import__('time').sleep(5); print('survived'")
+    r = sh(adb_server, phone, f"python3 -c {shlex.quote(hold)} 400")
+    assert r.returncode == 137 and b"survived" not in r.stdout
+    pid = int(r.stdout.split()[0])
+    assert wait_for(lambda: f"Kill 'python3' ({pid}), uid 2000" in
+                    adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode())
+    mem = sh(adb_server, phone, "cat /proc/meminfo").stdout.decode()
+    assert "MemTotal:" in mem and f"{(160 << 20) // 1024} kB" not in mem.splitlines()[0]  # the host's file
+    assert sh(adb_server, phone, "getprop ro.bmoe.ram_bytes").stdout == str(160 << 20).encode() + b"\n"
+
+
+def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
+    phone = make_phone(f"old{os.getpid()}", 128 << 20, android=11)
+    r = sh(adb_server, phone, f"python3 -c {shlex.quote(ALLOC)} 512")
+    assert r.returncode == 137
+    pid = int(r.stdout.split()[0])
+    pattern = rf"lowmemorykiller: Kill 'python3' \({pid}\), uid 2000, oom_adj 0 to free \d+kB; reason: "
+    assert wait_for(lambda: re.search(pattern, adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()))
