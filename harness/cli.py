@@ -115,6 +115,24 @@ class _ProgressLine:
             click.echo("", err=True)
 
 
+@main.command("devices")
+@click.option("--adb", "adb_servers", multiple=True, metavar="HOST:PORT",
+              help="An adb server to ask (repeatable). Default: the local one on port 5037.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def devices_cmd(adb_servers: tuple[str, ...], as_json: bool) -> None:
+    """List every reachable device (this host and phones) with identity and state."""
+    from devices.adb import AdbServer
+    from devices.inventory import inventory
+
+    servers = [AdbServer.parse(s) for s in adb_servers] or [AdbServer()]
+    reports = inventory(servers)
+    if as_json:
+        _emit_json({"format": "bmoe-fleet.devices", "version": 1, "devices": [r.to_dict() for r in reports]})
+    else:
+        for r in reports:
+            click.echo(r.line())
+
+
 @main.command("demo")
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the demo's model and outputs.")

@@ -96,9 +96,10 @@ def _stamp(t: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", lt) + f".{int((t % 1) * 1000):03d}"
 
 
-def format_entry(e: Entry, fmt: str = "threadtime") -> str:
+def format_entry(e: Entry, fmt: str = "threadtime", epoch: bool = False) -> str:
+    stamp = f"{e.time_s:.3f}" if epoch else _stamp(e.time_s)
     if fmt == "time":
-        prefix = f"{_stamp(e.time_s)} {e.priority}/{e.tag:<8}({e.pid:5d}): "
+        prefix = f"{stamp} {e.priority}/{e.tag:<8}({e.pid:5d}): "
     elif fmt == "brief":
         prefix = f"{e.priority}/{e.tag:<8}({e.pid:5d}): "
     elif fmt == "tag":
@@ -108,7 +109,7 @@ def format_entry(e: Entry, fmt: str = "threadtime") -> str:
     elif fmt == "raw":
         return e.message
     else:  # threadtime, Android's default
-        prefix = f"{_stamp(e.time_s)} {e.pid:5d} {e.tid:5d} {e.priority} {e.tag:<8}: "
+        prefix = f"{stamp} {e.pid:5d} {e.tid:5d} {e.priority} {e.tag:<8}: "
     # logcat repeats the prefix on every line of a multi-line message
     return "\n".join(prefix + line for line in e.message.split("\n"))
 
@@ -135,10 +136,10 @@ class Filter:
             and floor != "S"
 
 
-def render(entries: Iterable[Entry], fmt: str, seen_buffers: set[str]) -> Iterator[str]:
+def render(entries: Iterable[Entry], fmt: str, seen_buffers: set[str], epoch: bool = False) -> Iterator[str]:
     """Lines as logcat prints them, with its `--------- beginning of BUFFER` dividers."""
     for e in entries:
         if e.buffer not in seen_buffers:
             seen_buffers.add(e.buffer)
             yield f"--------- beginning of {e.buffer}"
-        yield format_entry(e, fmt)
+        yield format_entry(e, fmt, epoch)

@@ -80,9 +80,13 @@ def logcat(root: Path, args: list[str]) -> int:
                   f"max payload is 4068 B")
         return 0
     fmt = "threadtime"
+    epoch = False
     for v in opts.v:
-        if v in ("threadtime", "time", "brief", "tag", "process", "raw"):
-            fmt = v
+        for word in v.split(","):
+            if word in ("threadtime", "time", "brief", "tag", "process", "raw"):
+                fmt = word
+            elif word == "epoch":  # a modifier: seconds since 1970 instead of MM-DD HH:MM:SS
+                epoch = True
     env_specs = os.environ.get("ANDROID_LOG_TAGS", "").replace("'", "").split()
     filt = logbuf.Filter(env_specs + opts.specs, silent_default=opts.s)
     pattern = None
@@ -101,14 +105,14 @@ def logcat(root: Path, args: list[str]) -> int:
         entries = entries[-opts.t:] if opts.t > 0 else []
     out = sys.stdout
     try:
-        for line in logbuf.render(entries, fmt, seen):
+        for line in logbuf.render(entries, fmt, seen, epoch):
             out.write(line + "\n")
         out.flush()
         if opts.d or opts.t is not None:
             return 0
         while True:  # follow, like logcat without -d, until the reader goes away
             time.sleep(0.2)
-            for line in logbuf.render([e for e in logbuf.read(root, buffers, offsets) if keep(e)], fmt, seen):
+            for line in logbuf.render([e for e in logbuf.read(root, buffers, offsets) if keep(e)], fmt, seen, epoch):
                 out.write(line + "\n")
             out.flush()
     except (BrokenPipeError, KeyboardInterrupt):

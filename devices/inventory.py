@@ -1,0 +1,44 @@
+"""Every reachable device — this host and the phones on each adb server — with identity and state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from devices.adb import AdbServer, ensure_server, list_phones
+from devices.base import DeviceError, DeviceIdentity, DeviceState
+from devices.local import LocalDevice
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    identity: DeviceIdentity
+    state: DeviceState | None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"identity": self.identity.to_dict(), "state": self.state.to_dict() if self.state else None,
+                "error": self.error}
+
+    def line(self) -> str:
+        i, s = self.identity, self.state
+        ram = f"{i.ram_total_kb / 1024 / 1024:.1f} GiB RAM"
+        what = f"Android {i.android_release}" if i.android_release else i.kernel
+        state = "state unavailable" if s is None else (
+            f"MemAvailable {s.mem_available_kb / 1024:,.0f} MiB"
+            + (f", CPU {s.cpu_temp_mc / 1000:.1f} °C" if s.cpu_temp_mc is not None else ""))
+        return f"{i.serial:22s} {i.model} ({i.manufacturer}, {i.soc}, {i.abi}), {what}, {ram}; {state}"
+
+
+def inventory(servers: Sequence[AdbServer], start_local_server: bool = True) -> list[DeviceReport]:
+    reports = [DeviceReport(LocalDevice().identity(), LocalDevice().state())]
+    for server in servers:
+        if start_local_server:
+            ensure_server(server)
+        for phone in list_phones([server]):
+            identity = phone.identity()
+            try:
+                reports.append(DeviceReport(identity, phone.state()))
+            except DeviceError as e:
+                reports.append(DeviceReport(identity, None, str(e)))
+    return reports

@@ -1,0 +1,142 @@
+"""devices.adb against virtual phones through the real adb server: the same code path as a phone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from devices.adb import AdbPhone, AdbServer
+from devices.base import Device, DeviceLost, pressure_metrics
+from devices.virtual import manager
+from harness.cli import main
+
+ALLOC = ("import time; b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); "
+         "print('held', flush=True); time.sleep({hold_s})")
+
+
+@pytest.fixture(scope="module")
+def server(adb_server):
+    return AdbServer("127.0.0.1", adb_server.port)
+
+
+@pytest.fixture(scope="module")
+def phone(phones, server) -> AdbPhone:
+    return AdbPhone(phones["a"].serial, server)
+
+
+def test_satisfies_the_device_protocol(phone):
+    assert isinstance(phone, Device)
+
+
+def test_identity_and_state_come_from_the_phone(phone, phones):
+    ident = phone.identity()
+    assert (ident.model, ident.manufacturer, ident.abi) == ("Pixel 8", "bmoe", "arm64-v8a")
+    assert ident.soc == "tensor-g3" and ident.android_release == "14" and ident.sdk == 34
+    assert ident.ram_total_kb == phones["a"].ram_bytes // 1024
+    st = phone.state()
+    assert 0 < st.mem_available_kb <= ident.ram_total_kb
+    assert st.cpu_temp_mc is not None and st.battery_temp_dc is not None
+    assert st.cpufreq and all(p.cpuinfo_max_khz for p in st.cpufreq)
+
+
+def test_run_status_streams_and_quoting(phone):
+    chunks = []
+    out = phone.run(["sh", "-c", "echo out; echo err >&2; exit 3"], on_stdout=chunks.append)
+    assert out.exit_status == 3 and out.stdout == b"out\n" and out.stderr == b"err\n"
+    assert b"".join(chunks) == b"out\n" and out.pid
+    tricky = ["a b", "$HOME", "'q'", '"dq"', "x;y", "`id`", "*"]
+    out = phone.run(["sh", "-c", 'printf "%s|" "$@"', "sh", *tricky])
+    assert out.stdout.decode() == "|".join(tricky) + "|"
+
+
+def test_environment_is_set_and_bmoe_variables_are_scrubbed(phone):
+    out = phone.run(["sh", "-c", 'echo "[$FOO][${BMOE_CACHE_MB-unset}]"'], env={"FOO": "bar baz"})
+    assert out.stdout == b"[bar baz][unset]\n"
+    # The wrapper itself, run by a local sh whose environment carries BMOE_* variables.
+    cmd = phone.wrapper_command(["sh", "-c", 'env | grep ^BMOE_ | sort; echo done'], None, None, "BMOE_")
+    local = subprocess.run(["sh", "-c", cmd], capture_output=True,
+                           env={"PATH": os.environ["PATH"], "BMOE_CACHE_MB": "1000", "BMOE_IO_THREADS": "8"})
+    assert local.stdout == b"done\n" and local.returncode == 0
+
+
+def test_timeout_kills_the_process(phone):
+    out = phone.run(["sleep", "30"], timeout_s=1.0)
+    assert out.timed_out and out.exit_status == 137 and out.wall_s < 15
+
+
+def test_pressure_is_sampled(phone):
+    before = phone.state()
+    out = phone.run(["python3", "-c", ALLOC.format(mib=64, hold_s=2.5)], sample_period_s=0.5)
+    after = phone.state()
+    assert out.exit_status == 0 and out.samples
+    m = pressure_metrics(before, out.samples, after)
+    assert m["peak_rss_kb"] > 64 * 1024
+    assert m["mem_avail_floor_kb"] < m["mem_avail_before_kb"]
+
+
+def test_push_skips_what_is_there_and_resends_what_changed(phone, tmp_path):
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    remote = "/data/local/tmp/bmoe/test/model.bin"
+    progress = []
+    assert phone.push(str(src), remote, progress=lambda d, t: progress.append((d, t))) is True
+    assert progress[-1] == (3 << 20, 3 << 20)
+    assert phone.push(str(src), remote) is False
+    src.write_bytes(os.urandom(3 << 20))
+    assert phone.push(str(src), remote) is True
+    back = tmp_path / "back.bin"
+    phone.pull(remote, str(back))
+    assert back.read_bytes() == src.read_bytes()
+    assert phone.remote_sha256(remote) is not None
+
+
+def test_a_process_past_the_phones_ram_is_killed_and_lmkd_says_so(phones, server):
+    small = AdbPhone(phones["c"].serial, server)  # 256 MiB
+    since = time.time()
+    out = small.run(["python3", "-c", ALLOC.format(mib=700, hold_s=5)])
+    assert out.exit_status == 137 and b"held" not in out.stdout
+    events = [e for e in small.lmk_events(since) if e.pid == out.pid]
+    sources = {e.source for e in events}
+    assert "lmkd" in sources and "killinfo" in sources
+    lmkd = next(e for e in events if e.source == "lmkd")
+    assert lmkd.fmt == "android12+" and lmkd.name == "python3" and lmkd.rss_kb > 100 * 1024
+    # an earlier kill is not reported as this one's
+    assert all(e.pid != out.pid for e in small.lmk_events(time.time() + 60))
+
+
+def test_a_phone_that_vanishes_mid_run_raises_device_lost(make_phone, server, adb_server, phone_home):
+    p = make_phone("vanish", 256 << 20)
+    dev = AdbPhone(p.serial, server)
+    errors = []
+
+    def run():
+        try:
+            dev.run(["sleep", "60"])
+        except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.5)
+    manager.down(p.name, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+    t.join(timeout=30)
+    assert not t.is_alive() and errors and isinstance(errors[0], DeviceLost)
+
+
+def test_devices_command_lists_host_and_phones(phones, adb_server):
+    result = CliRunner().invoke(main, ["devices", "--adb", f"127.0.0.1:{adb_server.port}", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    serials = {d["identity"]["serial"]: d for d in data["devices"]}
+    assert "local" in serials
+    for p in phones.values():
+        assert serials[p.serial]["identity"]["model"] == p.model
+        assert serials[p.serial]["state"]["mem_available_kb"] > 0
+    text = CliRunner().invoke(main, ["devices", "--adb", f"127.0.0.1:{adb_server.port}"]).output
+    assert "Galaxy S24" in text and "local" in text
