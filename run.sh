@@ -11,10 +11,12 @@ VENV="${VENV:-.venv}"
 need_debian_packages() {
     local missing=()
     "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+    # The test suite opens the rendered site in a real headless browser.
+    if [ "${1:-}" = test ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             echo "run.sh: installing ${missing[*]}" >&2
-            apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
         else
             echo "run.sh: please install: ${missing[*]}" >&2
             exit 1
@@ -25,7 +27,7 @@ need_debian_packages() {
 setup() {
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
         || { echo "run.sh: Python >= 3.11 is required ($PYTHON is $("$PYTHON" -V 2>&1))" >&2; exit 1; }
-    need_debian_packages
+    need_debian_packages "${1:-}"
     local stamp="$VENV/.installed"
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         "$PYTHON" -m venv "$VENV"
@@ -35,7 +37,7 @@ setup() {
 }
 
 case "${1:-}" in
-    demo) setup; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
-    test) setup; shift; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+    demo) setup demo; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
+    test) setup test; shift; exec "$VENV/bin/python" -m pytest -q "$@" ;;
     *) echo "usage: ./run.sh demo|test [args...]" >&2; exit 2 ;;
 esac
