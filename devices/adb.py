@@ -255,11 +255,14 @@ class AdbPhone:
             sample_period_s: float = 1.0, scrub_prefix: str | None = "BMOE_") -> RunOutcome:
         command = self.wrapper_command(argv, env, cwd, scrub_prefix)
         started_at, t0 = time.time(), time.monotonic()
+        conn = None
         try:
             conn = self._device.open_transport(timeout=30)
             conn.send_command(f"shell,v2,raw:{command}")
             conn.check_okay()
-        except (AdbError, OSError) as e:
+        except (AdbError, OSError, EOFError) as e:
+            if conn is not None:
+                conn.close()
             raise _lost_or_error(self._device, self.server, "run", e) from None
         conn.conn.settimeout(None)
         out, err = bytearray(), bytearray()

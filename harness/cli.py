@@ -144,8 +144,9 @@ def demo(out_dir: str) -> None:
 
 
 # Commands defined in their own modules (each parses and calls one library function).
+from harness.cli_campaign import COMMANDS as CAMPAIGN_COMMANDS  # noqa: E402
 from harness.cli_replay import replay  # noqa: E402
 from harness.cli_virtual import virtual  # noqa: E402
 
-main.add_command(replay)
-main.add_command(virtual)
+for _command in (*CAMPAIGN_COMMANDS, replay, virtual):
+    main.add_command(_command)

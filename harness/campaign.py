@@ -1,0 +1,760 @@
+"""The campaign file: what to sweep, on which devices, with which engine (TOML, `version = 1`).
+
+A campaign file is read strictly: an unknown key, a wrong type, a missing model, an unknown
+device or `auto` glued to a number is a one-line CampaignError naming the key, raised before
+anything is written. `Campaign.to_toml()` writes the resolved campaign (every default filled in,
+paths absolute) that a campaign directory keeps as `campaign.toml`; reading it back gives the same
+campaign. docs/campaigns.md shows a complete file.
+
+Device strings: `local` (this host), `virtual:NAME` (a virtual phone, found through its manager
+and reached over adb like a real phone), `HOST:PORT` endpoints listed under `fleet.connect`
+(`adb connect`ed first), and any other string is an adb serial on one of the `[[fleet.adb]]`
+servers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devices.adb import DEFAULT_ADB_PORT, WORK_DIR as ADB_WORK_DIR, AdbServer
+from engine.budget import CACHE_MIN_MB, IO_THREADS_MAX
+from engine.errors import BmoeError
+
+FORMAT_VERSION = 1
+LOCAL = "local"
+VIRTUAL_PREFIX = "virtual:"
+DENSE_MODES = ("mmap", "warm", "anon", "ahwb")  # ahwb: bmoe-cli on Android only (bmoe-py refuses it)
+ENGINE_KINDS = ("python", "native")
+# cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
+# and --no-mmap (every weight resident in anonymous memory; bmoe-py only).
+NO_STREAM_MODES = ("mmap", "resident")
+_CYCLE_RE = re.compile(r"^cycle\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
+_PHONE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+class CampaignError(BmoeError):
+    """A campaign file (or sweep) is wrong: one line naming the key and what is wrong with it."""
+
+
+def fleet_home() -> Path:
+    """~/.bmoe-fleet, or $BMOE_FLEET_HOME (where locks, staged engines and virtual phones live)."""
+    return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
+
+
+def safe_id(text: str) -> str:
+    """A device or model string made safe as one path component (it is data, never a path)."""
+    out = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
+    return out[:80] or "x"
+
+
+def default_adb_server() -> AdbServer:
+    port = os.environ.get("ANDROID_ADB_SERVER_PORT", "")
+    return AdbServer("127.0.0.1", int(port) if port.isdigit() else DEFAULT_ADB_PORT)
+
+
+# ── the resolved campaign ──────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str                       # absolute, on this host
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    abi: str                        # arm64-v8a, x86_64 … as the device reports it
+    cli: str                        # bmoe-cli on this host (absolute)
+    libs: tuple[str, ...] = ()      # shared libraries pushed next to it
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: str = "python"            # python = bmoe-py (this project's engine) | native = bmoe-cli
+    python: str = sys.executable    # interpreter that runs bmoe-py on a device (a path the device sees)
+    native: tuple[NativeBuild, ...] = ()
+
+    @property
+    def stray_names(self) -> tuple[str, ...]:
+        """Process names (comm) an engine of this kind runs under, for stray stopping."""
+        return ("bmoe-py",) if self.kind == "python" else ("bmoe-cli",)
+
+    @property
+    def staged_name(self) -> str:
+        return "bmoe-py" if self.kind == "python" else "bmoe-cli"
+
+    def build_for(self, abi: str) -> NativeBuild | None:
+        return next((b for b in self.native if b.abi == abi), None)
+
+
+@dataclass(frozen=True)
+class Axes:
+    cache_mb: tuple[int | str, ...] = (0, "auto")
+    cache_ceil_mb: tuple[int, ...] = (0,)        # applies to `auto` values only
+    cache_floor_mb: int = 1536
+    dense_weights: tuple[str, ...] = ("anon",)
+    n_expert_used: tuple[int, ...] = (0,)        # 0 = the model's own top-k
+    io_threads: tuple[int, ...] = (4,)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    n_predict: int = 32
+    prompt: str = "The capital of Japan is"
+    threads: int = 4
+    repeats: int = 1
+    reverse_pass: bool = False
+    route_trace: bool = False
+    o_direct: bool = True
+    timeout_s: float = 1800.0
+    retries: int = 3
+    retry_backoff_s: float = 2.0
+    lock_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    cpu_temp_max_c: float = 45.0
+    mem_available_min_mb: int = 0
+    max_wait_s: float = 300.0
+    poll_s: float = 2.0
+
+    @property
+    def cpu_temp_max_mc(self) -> int:
+        return int(round(self.cpu_temp_max_c * 1000))
+
+    @property
+    def mem_available_min_kb(self) -> int:
+        return self.mem_available_min_mb * 1024
+
+
+@dataclass(frozen=True)
+class Campaign:
+    name: str
+    devices: tuple[str, ...]
+    models: tuple[ModelSpec, ...]
+    engine: EngineSpec = EngineSpec()
+    axes: Axes = Axes()
+    run: RunSettings = RunSettings()
+    gate: GateSettings = GateSettings()
+    adb: tuple[AdbServer, ...] = ()
+    connect: tuple[str, ...] = ()
+    virtual_home: str | None = None
+    source: str = field(default="", compare=False)   # where it was read from, for messages
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved campaign as TOML-ready data (no None: TOML has no null)."""
+        fleet: dict[str, Any] = {"devices": list(self.devices), "connect": list(self.connect)}
+        if self.virtual_home is not None:
+            fleet["virtual_home"] = self.virtual_home
+        fleet["adb"] = [{"host": s.host, "port": s.port} for s in self.adb]
+        engine: dict[str, Any] = {"kind": self.engine.kind, "python": self.engine.python}
+        if self.engine.native:
+            engine["native"] = {b.abi: {"cli": b.cli, "libs": list(b.libs)} for b in self.engine.native}
+        a, r, g = self.axes, self.run, self.gate
+        return {
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "fleet": fleet,
+            "models": {m.name: m.path for m in self.models},
+            "engine": engine,
+            "axes": {"cache_mb": list(a.cache_mb), "cache_ceil_mb": list(a.cache_ceil_mb),
+                     "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
+                     "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads)},
+            "run": {k: getattr(r, k) for k in RunSettings.__dataclass_fields__},
+            "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
+        }
+
+    def to_toml(self) -> str:
+        data = self.to_dict()
+        text = dumps_toml(data)
+        if tomllib.loads(text) != data:  # the writer is ours: prove it on every write
+            raise CampaignError("internal error: the campaign does not survive a TOML round trip")
+        return text
+
+
+# ── reading ────────────────────────────────────────────────────────────────────────────────────
+
+_SCHEMA: dict[str, tuple[str, ...]] = {
+    "": ("version", "name", "fleet", "models", "engine", "axes", "run", "gate"),
+    "fleet": ("devices", "connect", "adb", "virtual_home"),
+    "fleet.adb": ("host", "port"),
+    "engine": ("kind", "python", "native"),
+    "engine.native.*": ("cli", "libs"),
+    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads"),
+    "run": tuple(RunSettings.__dataclass_fields__),
+    "gate": tuple(GateSettings.__dataclass_fields__),
+}
+
+
+class _Reader:
+    """Typed access to one parsed TOML document; every complaint names its key."""
+
+    def __init__(self, source: str, base_dir: Path):
+        self.source = source
+        self.base_dir = base_dir
+
+    def fail(self, key: str, problem: str) -> CampaignError:
+        where = f"{self.source}: " if self.source else ""
+        return CampaignError(f"{where}{key}: {problem}" if key else f"{where}{problem}")
+
+    def table(self, data: Any, key: str, schema: str) -> dict[str, Any]:
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise self.fail(key, f"expected a table, got {_describe(data)}")
+        known = _SCHEMA[schema]
+        for k in data:
+            if k not in known:
+                raise self.fail(_join(key, k), f"unknown key (known here: {', '.join(known)})")
+        return data
+
+    def scalar(self, table: Mapping[str, Any], key: str, prefix: str, kind: type | tuple, default: Any,
+               check=None, what: str = "") -> Any:
+        full = _join(prefix, key)
+        if key not in table:
+            return default
+        value = table[key]
+        return self.value(value, full, kind, check, what)
+
+    def value(self, value: Any, full: str, kind: type | tuple, check=None, what: str = "") -> Any:
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise self.fail(full, f"expected {what or _kind_name(kinds)}, got {_describe(value)}")
+        if check is not None:
+            problem = check(value)
+            if problem:
+                raise self.fail(full, problem)
+        return value
+
+    def list_of(self, table: Mapping[str, Any], key: str, prefix: str, kind: type | tuple, default: tuple,
+                check=None, what: str = "", allow_scalar: bool = True, allow_empty: bool = False) -> tuple:
+        full = _join(prefix, key)
+        if key not in table:
+            return default
+        raw = table[key]
+        if not isinstance(raw, list):
+            if not allow_scalar:
+                raise self.fail(full, f"expected a list, got {_describe(raw)}")
+            raw = [raw]
+        if not raw and not allow_empty:
+            raise self.fail(full, "is empty: give at least one value")
+        return tuple(self.value(v, f"{full}[{i}]", kind, check, what) for i, v in enumerate(raw))
+
+    def path(self, text: str, key: str, must_exist: bool = True) -> str:
+        if not text:
+            raise self.fail(key, "is empty: give a file path")
+        p = Path(os.path.expanduser(text))
+        if not p.is_absolute():
+            p = self.base_dir / p
+        p = Path(os.path.abspath(p))
+        if must_exist and not p.is_file():
+            raise self.fail(key, f"no such file {p}")
+        return str(p)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _kind_name(kinds: tuple) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value:g})"
+    if isinstance(value, str):
+        return f"a string ({json.dumps(value)})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _at_least(n: float):
+    return lambda v: None if v >= n else f"must be at least {n:g}, got {v:g}"
+
+
+def _in_range(lo: int, hi: int):
+    return lambda v: None if lo <= v <= hi else f"must be in {lo}..{hi}, got {v}"
+
+
+def parse_cache_value(value: int | str) -> int | str:
+    """One cache_mb axis value, normalised: an int MiB, "auto", "cycle*F", "mmap" or "resident".
+    Raises ValueError, whose text is the problem, for anything else (the caller adds the key)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected 0, a MiB number, \"auto\", \"cycle*F\", \"mmap\" or \"resident\", "
+                         f"got {_describe(value)}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a budget cannot be negative, got {value}")
+        return value
+    if isinstance(value, float):
+        raise ValueError(f"budgets are whole MiB, got {value:g}; write an integer or \"cycle*F\"")
+    if not isinstance(value, str):
+        raise ValueError(f"expected a budget, got {_describe(value)}")
+    text = value.strip().lower()
+    if "auto" in text and re.search(r"\d", text):
+        raise ValueError(f"{json.dumps(value)} mixes auto with a number (the engine refuses both at once); "
+                         "write \"auto\" (with cache_ceil_mb for a cap) or the number alone")
+    if text == "auto" or text in NO_STREAM_MODES:
+        return text
+    if text.isdigit():
+        return int(text)
+    m = _CYCLE_RE.match(text)
+    if m:
+        factor = float(m[1]) if m[1] else 1.0
+        return f"cycle*{format(factor, '.12g')}"
+    raise ValueError(f"{json.dumps(value)} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
+                     "(F times the model's token cycle), \"mmap\" or \"resident\"")
+
+
+def cycle_factor(spec: str) -> float:
+    return float(spec.split("*", 1)[1])
+
+
+def budget_from_cycle(cycle_mib: float, factor: float) -> int:
+    """Whole MiB on the side of the cycle the factor asks for: under it rounds down, at or over it
+    rounds up (so cycle*0.9 is really under and cycle*1.0 really holds a cycle). Never 0 (off)
+    unless the factor is 0."""
+    if factor == 0:
+        return 0
+    raw = cycle_mib * factor
+    mib = math.floor(raw) if factor < 1 else math.ceil(raw - 1e-9)
+    return max(1, mib)
+
+
+def needs_force(cache_mb: int) -> bool:
+    """The engine refuses 1..cache_min_mb-1 without --force-cache (the pathological band)."""
+    return 0 < cache_mb < CACHE_MIN_MB
+
+
+def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os.PathLike | None = None,
+                   default_name: str = "campaign") -> Campaign:
+    """Validate a parsed campaign document; relative paths are relative to base_dir."""
+    rd = _Reader(source, Path(base_dir or os.getcwd()))
+    if "import" in data:
+        raise rd.fail("import", "this file records runs brought in by `bmoe-fleet import`; it is not a campaign "
+                                "to run")
+    top = rd.table(dict(data), "", "")
+    if "version" not in top:
+        raise rd.fail("version", f"missing (write version = {FORMAT_VERSION} at the top)")
+    version = rd.scalar(top, "version", "", int, None)
+    if version > FORMAT_VERSION:
+        raise rd.fail("version", f"{version} is newer than this bmoe-fleet reads ({FORMAT_VERSION}); upgrade it")
+    if version < 1:
+        raise rd.fail("version", f"must be {FORMAT_VERSION}, got {version}")
+    name = rd.scalar(top, "name", "", str, default_name,
+                     check=lambda v: None if v.strip() else "is empty")
+
+    fleet = rd.table(top.get("fleet"), "fleet", "fleet")
+    if "devices" not in fleet and "connect" not in fleet:
+        raise rd.fail("fleet.devices", "missing: name at least one device (local, a serial, virtual:NAME)")
+    devices = rd.list_of(fleet, "devices", "fleet", str, (), check=_device_problem, allow_empty=True)
+    connect = rd.list_of(fleet, "connect", "fleet", str, (), allow_empty=True,
+                         check=lambda v: None if _ENDPOINT.match(v) else f"{json.dumps(v)} is not HOST:PORT")
+    servers = []
+    raw_adb = fleet.get("adb", [])
+    if isinstance(raw_adb, dict):
+        raw_adb = [raw_adb]
+    if not isinstance(raw_adb, list):
+        raise rd.fail("fleet.adb", f"expected [[fleet.adb]] tables, got {_describe(raw_adb)}")
+    for i, entry in enumerate(raw_adb):
+        key = f"fleet.adb[{i}]"
+        t = rd.table(entry, key, "fleet.adb")
+        host = rd.scalar(t, "host", key, str, "127.0.0.1", check=lambda v: None if v else "is empty")
+        port = rd.scalar(t, "port", key, int, DEFAULT_ADB_PORT, check=_in_range(1, 65535))
+        servers.append(AdbServer(host, port))
+    virtual_home = rd.scalar(fleet, "virtual_home", "fleet", str, None)
+    if virtual_home is not None:
+        virtual_home = str(Path(os.path.abspath(rd.base_dir / os.path.expanduser(virtual_home))))
+    all_devices = tuple(dict.fromkeys(list(devices) + list(connect)))
+    if not all_devices:
+        raise rd.fail("fleet.devices", "is empty: name at least one device")
+    needs_adb = any(d != LOCAL for d in all_devices)
+    if needs_adb and not servers:
+        servers.append(default_adb_server())
+
+    raw_models = top.get("models")
+    if raw_models is None:
+        raise rd.fail("models", "missing: name at least one model, e.g. [models] demo = \"demo.gguf\"")
+    if not isinstance(raw_models, dict) or not raw_models:
+        raise rd.fail("models", "expected a table of NAME = \"path.gguf\" with at least one model")
+    models = []
+    basenames: dict[str, str] = {}
+    for model_name, model_path in raw_models.items():
+        key = f"models.{model_name}"
+        if safe_id(model_name) != model_name:
+            raise rd.fail(key, "a model name may use letters, digits, '_', '.', '-' only")
+        path = rd.path(rd.value(model_path, key, str, what="a file path"), key)
+        base = os.path.basename(path)
+        if base in basenames:
+            raise rd.fail(key, f"has the same file name as models.{basenames[base]} ({base}); phones stage "
+                               "models by file name, rename one")
+        basenames[base] = model_name
+        models.append(ModelSpec(model_name, path))
+
+    eng = rd.table(top.get("engine"), "engine", "engine")
+    kind = rd.scalar(eng, "kind", "engine", str, "python",
+                     check=lambda v: None if v in ENGINE_KINDS else f"must be one of {', '.join(ENGINE_KINDS)}, got {json.dumps(v)}")
+    python = rd.scalar(eng, "python", "engine", str, "") or sys.executable
+    natives = []
+    raw_native = eng.get("native", {})
+    if not isinstance(raw_native, dict):
+        raise rd.fail("engine.native", f"expected tables [engine.native.ABI], got {_describe(raw_native)}")
+    for abi, build in raw_native.items():
+        key = f"engine.native.{abi}"
+        t = rd.table(build, key, "engine.native.*")
+        if "cli" not in t:
+            raise rd.fail(f"{key}.cli", "missing: the bmoe-cli binary for this ABI")
+        cli = rd.path(rd.scalar(t, "cli", key, str, ""), f"{key}.cli")
+        libs = tuple(rd.path(p, f"{key}.libs[{i}]")
+                     for i, p in enumerate(rd.list_of(t, "libs", key, str, ())))
+        natives.append(NativeBuild(abi, cli, libs))
+    if kind == "native" and not natives:
+        raise rd.fail("engine.native", "missing: engine.kind = \"native\" needs [engine.native.ABI] cli = \"…\"")
+    engine = EngineSpec(kind=kind, python=python, native=tuple(natives))
+
+    ax = rd.table(top.get("axes"), "axes", "axes")
+    cache_values = []
+    for i, v in enumerate(rd.list_of(ax, "cache_mb", "axes", (int, str, float, bool), Axes.cache_mb)):
+        try:
+            cache_values.append(parse_cache_value(v))
+        except ValueError as e:
+            raise rd.fail(f"axes.cache_mb[{i}]" if isinstance(ax.get("cache_mb"), list) else "axes.cache_mb",
+                          str(e)) from None
+    axes = Axes(
+        cache_mb=tuple(dict.fromkeys(cache_values)),
+        cache_ceil_mb=tuple(dict.fromkeys(rd.list_of(ax, "cache_ceil_mb", "axes", int, Axes.cache_ceil_mb,
+                                                     check=_at_least(0)))),
+        cache_floor_mb=rd.scalar(ax, "cache_floor_mb", "axes", int, Axes.cache_floor_mb, check=_at_least(0)),
+        dense_weights=tuple(dict.fromkeys(rd.list_of(
+            ax, "dense_weights", "axes", str, Axes.dense_weights,
+            check=lambda v: None if v in DENSE_MODES else f"must be one of {', '.join(DENSE_MODES)}, got {json.dumps(v)}"))),
+        n_expert_used=tuple(dict.fromkeys(rd.list_of(ax, "n_expert_used", "axes", int, Axes.n_expert_used,
+                                                     check=_at_least(0)))),
+        io_threads=tuple(dict.fromkeys(rd.list_of(ax, "io_threads", "axes", int, Axes.io_threads,
+                                                  check=_in_range(1, IO_THREADS_MAX)))),
+    )
+
+    r = rd.table(top.get("run"), "run", "run")
+    d = RunSettings()
+    run = RunSettings(
+        n_predict=rd.scalar(r, "n_predict", "run", int, d.n_predict, check=_at_least(1)),
+        prompt=rd.scalar(r, "prompt", "run", str, d.prompt, check=lambda v: None if v else "is empty"),
+        threads=rd.scalar(r, "threads", "run", int, d.threads, check=_at_least(1)),
+        repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1)),
+        reverse_pass=rd.scalar(r, "reverse_pass", "run", bool, d.reverse_pass),
+        route_trace=rd.scalar(r, "route_trace", "run", bool, d.route_trace),
+        o_direct=rd.scalar(r, "o_direct", "run", bool, d.o_direct),
+        timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s,
+                            check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),
+        retries=rd.scalar(r, "retries", "run", int, d.retries, check=_at_least(0)),
+        retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s, check=_at_least(0)),
+        lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0)),
+    )
+    g = rd.table(top.get("gate"), "gate", "gate")
+    dg = GateSettings()
+    gate = GateSettings(
+        cpu_temp_max_c=rd.scalar(g, "cpu_temp_max_c", "gate", float, dg.cpu_temp_max_c),
+        mem_available_min_mb=rd.scalar(g, "mem_available_min_mb", "gate", int, dg.mem_available_min_mb,
+                                       check=_at_least(0)),
+        max_wait_s=rd.scalar(g, "max_wait_s", "gate", float, dg.max_wait_s, check=_at_least(0)),
+        poll_s=rd.scalar(g, "poll_s", "gate", float, dg.poll_s,
+                         check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),
+    )
+    return Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
+                    run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
+                    virtual_home=virtual_home, source=source)
+
+
+def _device_problem(text: str) -> str | None:
+    if not text.strip() or text != text.strip() or any(c.isspace() for c in text):
+        return f"{json.dumps(text)} is not a device (local, a serial, virtual:NAME or HOST:PORT)"
+    if text.startswith(VIRTUAL_PREFIX) and not _PHONE_NAME.match(text[len(VIRTUAL_PREFIX):]):
+        return f"{json.dumps(text)}: a virtual phone name uses letters, digits, '_', '.', '-'"
+    return None
+
+
+def load_campaign(path: str | os.PathLike) -> Campaign:
+    """Read and validate a campaign file. Nothing is written; errors are one line."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise CampaignError(f"{p}: cannot read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CampaignError(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CampaignError(f"{p}: not valid TOML: {e}") from None
+    stem = p.stem if p.stem != "campaign" else p.resolve().parent.name
+    return parse_campaign(data, source=str(p), base_dir=p.resolve().parent, default_name=stem or "campaign")
+
+
+def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_mb: Sequence[str],
+                          dense_weights: Sequence[str] = ("anon",), n_expert_used: Sequence[int] = (0,),
+                          io_threads: Sequence[int] = (4,), cache_ceil_mb: Sequence[int] = (0,),
+                          repeats: int = 1, n_predict: int = 32, adb: Sequence[str] = (),
+                          reverse_pass: bool = False, name: str = "sweep", timeout_s: float | None = None,
+                          extra: Mapping[str, Mapping[str, Any]] | None = None) -> Campaign:
+    """The campaign a `bmoe-fleet sweep` command line means (validated like a file)."""
+    model_table: dict[str, str] = {}
+    for path in models:
+        base = safe_id(Path(path).name.removesuffix(".gguf"))
+        key, n = base, 1
+        while key in model_table:
+            n += 1
+            key = f"{base}-{n}"
+        model_table[key] = path
+    servers = []
+    for text in adb:
+        try:
+            s = AdbServer.parse(text)
+        except BmoeError as e:
+            raise CampaignError(f"--adb: {e}") from None
+        servers.append({"host": s.host, "port": s.port})
+    run: dict[str, Any] = {"repeats": repeats, "n_predict": n_predict, "reverse_pass": reverse_pass}
+    if timeout_s is not None:
+        run["timeout_s"] = timeout_s
+    data: dict[str, Any] = {
+        "version": FORMAT_VERSION, "name": name,
+        "fleet": {"devices": list(devices), "adb": servers},
+        "models": model_table,
+        "axes": {"cache_mb": list(cache_mb), "dense_weights": list(dense_weights),
+                 "n_expert_used": list(n_expert_used), "io_threads": list(io_threads),
+                 "cache_ceil_mb": list(cache_ceil_mb)},
+        "run": run,
+    }
+    for section, values in (extra or {}).items():
+        data.setdefault(section, {}).update(values)
+    if not servers:
+        del data["fleet"]["adb"]
+    return parse_campaign(data, source="sweep", base_dir=os.getcwd(), default_name=name)
+
+
+# ── where things live on a device (known without connecting) ──────────────────────────────────
+
+
+def is_local(device: str) -> bool:
+    return device == LOCAL
+
+
+def device_work_dir(device: str) -> str:
+    """Where engine, models (phones) and outputs are staged: the adb default on phones (a real
+    filesystem, O_DIRECT works there), ~/.bmoe-fleet/local on this host."""
+    return str(fleet_home() / "local") if is_local(device) else ADB_WORK_DIR
+
+
+def remote_model_path(device: str, model: ModelSpec) -> str:
+    """Phones get models in their work dir by file name; this host uses them where they are."""
+    if is_local(device):
+        return model.path
+    return f"{device_work_dir(device)}/{os.path.basename(model.path)}"
+
+
+# ── TOML writing (the schema above only: scalars, lists of scalars, tables, flat table arrays) ─
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def dumps_toml(data: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    _emit_table(lines, [], data)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _emit_table(lines: list[str], path: list[str], table: Mapping[str, Any]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and not _is_table_array(v)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    arrays = {k: v for k, v in table.items() if _is_table_array(v)}
+    if path and (scalars or not (tables or arrays)):
+        lines.append("")
+        lines.append(f"[{'.'.join(_key(p) for p in path)}]")
+    for k, v in scalars.items():
+        lines.append(f"{_key(k)} = {_value(v)}")
+    for k, v in tables.items():
+        _emit_table(lines, path + [k], v)
+    for k, items in arrays.items():
+        for item in items:
+            lines.append("")
+            lines.append(f"[[{'.'.join(_key(p) for p in path + [k])}]]")
+            for ik, iv in item.items():
+                lines.append(f"{_key(ik)} = {_value(iv)}")
+
+
+def _is_table_array(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _key(k: str) -> str:
+    return k if _BARE_KEY.match(k) else _string(k)
+
+
+def _string(s: str) -> str:
+    # JSON's escapes are all valid TOML basic-string escapes; DEL must be escaped in TOML too.
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise CampaignError(f"cannot write {v} to TOML")
+        return repr(v)
+    if isinstance(v, str):
+        return _string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise CampaignError(f"cannot write {type(v).__name__} to TOML")
+
+
+# ── devices: from strings to things the runner can open ────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A campaign device, resolved: how to reach it. Opening it gives a devices.base.Device."""
+
+    spec: str                       # as the campaign names it
+    kind: str                       # local | adb | virtual
+    serial: str                     # the adb serial ("local" for this host)
+    server: AdbServer | None = None
+    phone_name: str | None = None   # virtual phones
+
+    @property
+    def device_id(self) -> str:
+        return safe_id(self.spec.replace(":", "-"))
+
+    @property
+    def lock_key(self) -> str:
+        """Two campaigns naming one phone differently (virtual:x, 127.0.0.1:PORT) share its serial."""
+        return safe_id(self.serial.replace(":", "-"))
+
+    @property
+    def work_dir(self) -> str:
+        return device_work_dir(self.spec)
+
+    def open(self):
+        if self.kind == "local":
+            from devices.local import LocalDevice
+
+            return LocalDevice(work_dir=self.work_dir)
+        from devices.adb import AdbPhone
+
+        return AdbPhone(self.serial, self.server, work_dir=self.work_dir)
+
+
+def _device_key(campaign: Campaign, spec: str) -> str:
+    if spec in campaign.connect:
+        return f"fleet.connect[{campaign.connect.index(spec)}]"
+    listed = [d for d in campaign.devices if d not in campaign.connect]
+    return f"fleet.devices[{listed.index(spec)}]" if spec in listed else "fleet.devices"
+
+
+def resolve_devices(campaign: Campaign) -> list[DeviceRef]:
+    """Find every device of the campaign (adb servers asked, endpoints connected, virtual phones
+    looked up). An absent device is a CampaignError naming its key; nothing is written."""
+    from devices import adb as adbmod
+
+    listings: dict[AdbServer, dict[str, str]] = {}
+
+    def listing(server: AdbServer, key: str, spec: str) -> dict[str, str]:
+        if server not in listings:
+            try:
+                adbmod.ensure_server(server)
+                listings[server] = {d.serial: d.state for d in server.client().list()}
+            except (BmoeError, OSError, adbmod.AdbError) as e:
+                raise CampaignError(f"{_src(campaign)}{key}: unknown device {json.dumps(spec)}: adb server "
+                                    f"{server.host}:{server.port} does not answer ({e})") from None
+        return listings[server]
+
+    def find(serial: str, key: str, spec: str) -> AdbServer | None:
+        for server in campaign.adb:
+            if listing(server, key, spec).get(serial) == "device":
+                return server
+        return None
+
+    refs = []
+    for spec in campaign.devices:
+        key = _device_key(campaign, spec)
+        if spec == LOCAL:
+            refs.append(DeviceRef(spec, "local", LOCAL))
+            continue
+        if spec.startswith(VIRTUAL_PREFIX):
+            from devices.virtual import manager
+
+            name = spec[len(VIRTUAL_PREFIX):]
+            try:
+                info = manager.info(name, campaign.virtual_home)
+            except BmoeError as e:
+                raise CampaignError(f"{_src(campaign)}{key}: unknown device {json.dumps(spec)}: {e}") from None
+            if not info.running or not info.serial:
+                raise CampaignError(f"{_src(campaign)}{key}: virtual phone {name!r} is down; start it with "
+                                    f"`bmoe-fleet virtual up --name {name} --ram …`")
+            server = find(info.serial, key, spec)
+            if server is None:
+                server = campaign.adb[0]
+                _connect(adbmod, server, info.serial, campaign, key, spec)
+                listings.pop(server, None)
+            refs.append(DeviceRef(spec, "virtual", info.serial, server, name))
+            continue
+        if spec in campaign.connect:
+            server = find(spec, key, spec)
+            if server is None:
+                server = campaign.adb[0]
+                listing(server, key, spec)
+                _connect(adbmod, server, spec, campaign, key, spec)
+                listings.pop(server, None)
+            refs.append(DeviceRef(spec, "adb", spec, server))
+            continue
+        server = find(spec, key, spec)
+        if server is None:
+            seen = {s: st for srv in campaign.adb for s, st in listing(srv, key, spec).items()}
+            where = ", ".join(f"{s.host}:{s.port}" for s in campaign.adb)
+            if spec in seen:
+                raise CampaignError(f"{_src(campaign)}{key}: device {json.dumps(spec)} is {seen[spec]} on adb "
+                                    f"server {where} (not ready to run commands)")
+            attached = ", ".join(sorted(seen)) or "none"
+            raise CampaignError(f"{_src(campaign)}{key}: unknown device {json.dumps(spec)}: not attached to adb "
+                                f"server {where} (attached: {attached})")
+        refs.append(DeviceRef(spec, "adb", spec, server))
+    return refs
+
+
+def _src(campaign: Campaign) -> str:
+    return f"{campaign.source}: " if campaign.source else ""
+
+
+def _connect(adbmod, server: AdbServer, address: str, campaign: Campaign, key: str, spec: str) -> None:
+    try:
+        adbmod.connect(server, address)
+    except BmoeError as e:
+        raise CampaignError(f"{_src(campaign)}{key}: unknown device {json.dumps(spec)}: {e}") from None

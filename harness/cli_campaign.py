@@ -1,0 +1,125 @@
+"""`bmoe-fleet run|sweep|status|import`: parse options, call one library function, print.
+
+Registered into the main group by harness/cli.py, whose group turns library errors (BmoeError)
+into one-line `Error: …` messages with exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    """Comma-separated and/or repeated option values, in order."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def _ints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[int]:
+    try:
+        return [int(v) for v in _split(values)]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {','.join(values)!r}") from None
+
+
+def _echo_plan(plan, as_json: bool) -> None:
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.text())
+
+
+@click.command("run")
+@click.argument("campaign_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False),
+              help="Campaign directory (default: a folder named after the campaign next to the file; a "
+                   "campaign directory's own campaign.toml runs in that directory).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every cell's exact engine command line) and stop.")
+@click.option("--rerun-failed", is_flag=True, help="Also run again the cells whose latest outcome is not ok.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the final status as JSON.")
+def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_failed: bool, as_json: bool) -> None:
+    """Run (or resume) the campaign in CAMPAIGN_FILE: every cell not yet done, devices in parallel."""
+    from harness.campaign import load_campaign
+    from harness.runner import default_out_dir, prepare, run_campaign
+
+    campaign = load_campaign(campaign_file)
+    prepared = prepare(campaign)
+    if dry_run:
+        _echo_plan(prepared.plan, as_json)
+        return
+    status = run_campaign(campaign, out_dir or default_out_dir(campaign_file, campaign), rerun_failed,
+                          prepared=prepared)
+    click.echo(status.to_json() if as_json else status.text())
+
+
+@click.command("sweep")
+@click.option("--device", "devices", multiple=True, required=True,
+              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated).")
+@click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="A GGUF model (repeatable).")
+@click.option("--cache-mb", "cache_mb", multiple=True, default=("0", "auto"), show_default=True,
+              help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, mmap, resident.")
+@click.option("--cache-ceil-mb", multiple=True, callback=_ints, help="Caps for the auto budgets (default 0: none).")
+@click.option("--dense-weights", multiple=True, default=("anon",), show_default=True,
+              help="Dense-weight policies: mmap, warm, anon (ahwb on Android bmoe-cli).")
+@click.option("--n-expert-used", multiple=True, callback=_ints, help="Top-k values (default: the model's own).")
+@click.option("--io-threads", multiple=True, callback=_ints, help="Expert-read lanes (default 4).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs of every config, interleaved across configs.")
+@click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens to generate per run (256 or more for a published number).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds before a run is killed and recorded as a timeout (default 1800).")
+@click.option("--adb", "adb", multiple=True, help="adb server HOST:PORT (repeatable; default 127.0.0.1:5037).")
+@click.option("--name", default="sweep", show_default=True, help="Campaign name.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Campaign directory; the equivalent campaign file is written into it as campaign.toml.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every cell's exact engine command line) and stop.")
+@click.option("--rerun-failed", is_flag=True, help="Also run again the cells whose latest outcome is not ok.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the final status as JSON.")
+def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: tuple[str, ...],
+                  cache_ceil_mb: list[int], dense_weights: tuple[str, ...], n_expert_used: list[int],
+                  io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
+                  adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool, rerun_failed: bool,
+                  as_json: bool) -> None:
+    """Sweep cache budgets and dense modes across devices without writing a campaign file."""
+    from harness.campaign import campaign_from_options
+    from harness.runner import prepare, run_campaign
+
+    campaign = campaign_from_options(
+        _split(devices), list(models), _split(cache_mb), _split(dense_weights), n_expert_used or [0],
+        io_threads or [4], cache_ceil_mb or [0], repeats, n_predict, _split(adb), reverse_pass, name, timeout_s)
+    prepared = prepare(campaign)
+    if dry_run:
+        _echo_plan(prepared.plan, as_json)
+        return
+    status = run_campaign(campaign, out_dir, rerun_failed, prepared=prepared)
+    click.echo(status.to_json() if as_json else status.text())
+
+
+@click.command("status")
+@click.argument("campaign_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def status_command(campaign_dir: str, as_json: bool) -> None:
+    """Show a campaign directory's progress and the outcomes of its runs."""
+    from harness.status import campaign_status
+
+    status = campaign_status(campaign_dir)
+    click.echo(status.to_json() if as_json else status.text())
+
+
+@click.command("import")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Campaign directory to create or extend.")
+@click.option("--device", default="imported", show_default=True,
+              help="Device label for the imported runs (upstream files do not say which phone).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def import_command(sources: tuple[str, ...], out_dir: str, device: str, as_json: bool) -> None:
+    """Turn upstream bench-data folders (CSVs, .metrics, .log/.out captures, route traces) into runs."""
+    from harness.importer import import_runs
+
+    report = import_runs(sources, out_dir, device)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+
+
+COMMANDS = (run_command, sweep_command, status_command, import_command)

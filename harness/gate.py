@@ -1,0 +1,132 @@
+"""Cool on a condition, not a timer (method.md rule 1).
+
+Before each cell: stop stray engine processes, `sync`, then poll the device's state until the CPU
+temperature is under the threshold AND MemAvailable is over the threshold, or the bounded wait
+runs out. Giving up is allowed (a phone that never cools still gets measured) but recorded on the
+run, with the condition that failed. The CPU sensor is `DeviceState.cpu_temp_mc` (the hottest
+CPU zone); the battery sensor lags by minutes, so it is recorded, never gated on. A device with no
+CPU sensor passes the temperature half of the gate, and the result says so.
+
+Stray stopping is scoped to the device's own processes: a virtual phone shares the host's /proc
+(it has its own mount namespace, not its own pid namespace), so killing every `bmoe-py` by name
+from one phone — or from this host — would kill the engine another phone is measuring.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from devices.base import Device, DeviceState
+from harness.campaign import GateSettings
+
+
+@dataclass(frozen=True)
+class GateResult:
+    waited_s: float
+    gave_up: bool
+    reason: str                       # why it passed or gave up, in words
+    polls: int
+    strays_stopped: int
+    cpu_temp_max_mc: int              # the thresholds in force
+    mem_available_min_kb: int
+    entry_state: DeviceState          # the last poll: the state the run starts from
+
+    def to_dict(self) -> dict:
+        s = self.entry_state
+        return {"waited_s": round(self.waited_s, 3), "gave_up": self.gave_up, "reason": self.reason,
+                "polls": self.polls, "strays_stopped": self.strays_stopped,
+                "cpu_temp_max_mc": self.cpu_temp_max_mc, "mem_available_min_kb": self.mem_available_min_kb,
+                "cpu_temp_mc": s.cpu_temp_mc, "mem_available_kb": s.mem_available_kb}
+
+
+def unmet(state: DeviceState, gate: GateSettings) -> list[str]:
+    """The gate conditions this state fails, in words (empty: the device may run)."""
+    problems = []
+    cpu = state.cpu_temp_mc
+    if cpu is not None and cpu >= gate.cpu_temp_max_mc:
+        problems.append(f"CPU {cpu / 1000:.1f} °C is not under {gate.cpu_temp_max_c:g} °C")
+    avail = state.mem_available_kb
+    if gate.mem_available_min_kb:
+        if avail is None:
+            problems.append("MemAvailable is unknown")
+        elif avail <= gate.mem_available_min_kb:
+            problems.append(f"MemAvailable {avail} kB is not over {gate.mem_available_min_kb} kB")
+    return problems
+
+
+def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: threading.Event | None = None,
+         on_wait: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
+    """Stop strays, sync, then wait (bounded) for a cool CPU and free memory."""
+    stop = stop or threading.Event()
+    strays = stop_strays(device, engine_names)
+    device.run(["sync"], timeout_s=120)
+    t0 = clock()
+    polls = 0
+    while True:
+        state = device.state()
+        polls += 1
+        problems = unmet(state, gate)
+        waited = clock() - t0
+        if not problems:
+            reason = "met" if state.cpu_temp_mc is not None else "met (no CPU temperature sensor: not gated on it)"
+            return GateResult(waited, False, reason, polls, strays, gate.cpu_temp_max_mc, gate.mem_available_min_kb,
+                              state)
+        if waited >= gate.max_wait_s or stop.is_set():
+            why = "gave up" if not stop.is_set() else "interrupted"
+            return GateResult(waited, True, f"{why} after {waited:.1f} s: " + "; ".join(problems), polls, strays,
+                              gate.cpu_temp_max_mc, gate.mem_available_min_kb, state)
+        if on_wait:
+            on_wait("; ".join(problems))
+        stop.wait(min(gate.poll_s, max(0.0, gate.max_wait_s - waited)))
+
+
+# ── stray engines, scoped to the device ────────────────────────────────────────────────────────
+
+# Kill processes whose name (comm) is one of the engine names AND that share this shell's mount
+# namespace: on a phone that is every process adb started; on a virtual phone, only its own.
+_STRAYS_SH = (
+    'me=$(readlink /proc/self/ns/mnt); n=0; '
+    'for d in /proc/[0-9]*; do '
+    'c=; read -r c 2>/dev/null < "$d/comm" || continue; '
+    'case " $0 " in *" $c "*) ;; *) continue;; esac; '
+    '[ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$me" ] || continue; '
+    'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
+    'done; echo "$n"'
+)
+
+
+def stop_strays(device: Device, names: Sequence[str]) -> int:
+    """Kill leftover engine processes on the device; returns how many were killed."""
+    from devices.local import LocalDevice
+
+    if isinstance(device, LocalDevice):
+        return _stop_local_strays(names)
+    outcome = device.run(["sh", "-c", _STRAYS_SH, " ".join(names)], timeout_s=60)
+    text = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
+    return int(text[-1]) if text and text[-1].isdigit() else 0
+
+
+def _stop_local_strays(names: Sequence[str]) -> int:
+    import psutil
+
+    me = os.getpid()
+    try:
+        my_ns = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        my_ns = None
+    killed = 0
+    for p in psutil.process_iter(["name", "pid"]):
+        if p.info["pid"] == me or p.info["name"] not in names:
+            continue
+        try:
+            if my_ns is not None and os.readlink(f"/proc/{p.info['pid']}/ns/mnt") != my_ns:
+                continue  # a virtual phone's engine: not ours to stop
+            p.kill()
+            killed += 1
+        except (OSError, psutil.Error):
+            pass
+    return killed

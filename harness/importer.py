@@ -1,0 +1,324 @@
+"""`bmoe-fleet import SRC… -o DIR`: upstream bench-data folders as runs of a campaign directory.
+
+Each engine run found under a source folder (results.parse.discover groups its CSV, `.metrics`
+sidecar, `.log`/`.out`/`.err` captures, route trace, `.state` and its section of a multi-run
+capture) becomes one cell with one attempt, written like a campaign's own runs. The
+configuration comes from the CSV preamble (v1/v2); for older files, from the file name, the
+driver's separator tag and the engine's own log lines — parsed by results.parse, never here.
+Upstream kept no exit status, so the outcome is read from what the files show: the engine's
+refusal (`config_error`), its runtime error (`engine_error`), a summary or end-of-run block
+(`ok`), or neither (`invalid`: killed or cut short, nobody recorded which).
+
+Importing the same folder again adds nothing: a cell's id hashes its source path and config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from harness.campaign import CampaignError, dumps_toml, safe_id
+from harness.plan import Cell, Plan, cell_id_of
+from harness.runner import (
+    DEVICE_FORMAT, FORMAT_VERSION, RUN_FORMAT, CampaignDir, FileLock, atomic_write, holding, latest_by_cell,
+    locks_dir, result_of, write_json,
+)
+from results.parse import (
+    ConsoleRun, RunFiles, config_from_log, config_from_name, discover, read_console, read_console_runs,
+    read_metrics_csv, read_sidecar, read_state,
+)
+from results.parse_config import MODEL_ALIASES
+
+IMPORT_ENGINE = "native"
+_RENAME = {"cache_mib": "cache_mb", "top_k": "n_expert_used", "cache_ceil_mib": "cache_ceil_mb",
+           "cache_floor_mib": "cache_floor_mb"}
+_PREAMBLE_BOOL = ("moe_stream", "cache_auto", "force_cache", "o_direct", "overlap", "load_all", "chatml")
+_PREAMBLE_KEYS = ("model", "arch", "n_layer", "n_expert", "n_expert_used", "threads", "n_ctx", "moe_stream",
+                  "cache_mb", "cache_cycle_mb", "cache_auto", "cache_floor_mb", "cache_ceil_mb", "force_cache",
+                  "io_threads", "o_direct", "overlap", "prefetch", "dense_weights")
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    out_dir: str
+    found: int
+    added: int
+    skipped: int                                  # already in the directory
+    outcomes: dict[str, int] = field(default_factory=dict)
+    per_source: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "bmoe-fleet.import", "version": 1, "dir": self.out_dir, "found": self.found,
+                "added": self.added, "skipped": self.skipped, "outcomes": dict(self.outcomes),
+                "per_source": dict(self.per_source)}
+
+    def text(self) -> str:
+        lines = [f"imported {self.added} of {self.found} runs into {self.out_dir}"
+                 + (f" ({self.skipped} were already there)" if self.skipped else "")]
+        for src, n in self.per_source.items():
+            lines.append(f"  {src}: {n} runs")
+        if self.outcomes:
+            lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Imported:
+    cell: Cell
+    record: dict[str, Any]
+    files: dict[str, Path | bytes]               # run-folder file name -> source file or content
+
+
+def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
+                device: str = "imported") -> ImportReport:
+    """Import every run under each source folder into out_dir (created, or extended)."""
+    if not sources:
+        raise CampaignError("import: give at least one source folder")
+    folders = []
+    for src in sources:
+        p = Path(src)
+        if not p.is_dir():
+            raise CampaignError(f"import: {src}: not a folder")
+        folders.append(p.resolve())
+    found: list[_Imported] = []
+    per_source: dict[str, int] = {}
+    for folder in folders:
+        groups = discover(folder)
+        per_source[str(folder)] = len(groups)
+        for group in groups:
+            found.append(_import_group(folder, group, device, len(found)))
+
+    root = Path(out_dir).resolve()
+    cdir = CampaignDir(root)
+    old_plan = cdir.read_plan() if root.exists() else None
+    if old_plan is None and root.exists() and any(root.iterdir()):
+        raise CampaignError(f"import: {root}: is not empty and holds no campaign (no plan.json)")
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
+    dir_lock = FileLock(locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock",
+                        f"campaign directory {root}")
+    with holding([dir_lock], 0.0, owner):
+        root.mkdir(parents=True, exist_ok=True)
+        cdir.reconcile()
+        latest = latest_by_cell(cdir.ledger.read())
+        known = {c.cell_id for c in old_plan.cells} if old_plan else set()
+        new_cells = [imp.cell for imp in found if imp.cell.cell_id not in known]
+        base_cells = tuple(old_plan.cells) if old_plan else ()
+        order0 = len(base_cells)
+        new_cells = [Cell(c.cell_id, c.device, c.model, c.engine, c.config, c.repeat, c.pass_no, order0 + i, c.argv)
+                     for i, c in enumerate(new_cells)]
+        if not (root / "campaign.toml").exists():
+            atomic_write(root / "campaign.toml", dumps_toml({
+                "version": FORMAT_VERSION, "name": root.name,
+                "import": {"sources": [str(f) for f in folders], "device": device}}))
+        if new_cells or old_plan is None:
+            cdir.write_plan(Plan(old_plan.campaign if old_plan else root.name, base_cells + tuple(new_cells)))
+        device_json = root / "devices" / f"{safe_id(device)}.json"
+        if not device_json.exists():
+            write_json(device_json, {"format": DEVICE_FORMAT, "version": FORMAT_VERSION, "device": device,
+                                     "kind": "imported", "serial": device, "first_seen_at": time.time()})
+        added = 0
+        outcomes: Counter = Counter()
+        orders = {c.cell_id: c.order for c in new_cells}
+        for imp in found:
+            outcomes[imp.record["outcome"]] += 1
+            cid = imp.cell.cell_id
+            if cid in latest:
+                continue
+            _write_model(root, imp.record)
+            record = dict(imp.record, order=orders.get(cid, imp.record["order"]))
+            tmp = cdir.start_attempt(cid, 1)
+            for name, content in imp.files.items():
+                if isinstance(content, bytes):
+                    (tmp / name).write_bytes(content)
+                else:
+                    shutil.copyfile(content, tmp / name)
+            cdir.commit_attempt(tmp, record)
+            latest[cid] = record
+            added += 1
+    return ImportReport(str(root), len(found), added, len(found) - added, dict(outcomes), per_source)
+
+
+def _write_model(root: Path, record: Mapping[str, Any]) -> None:
+    path = root / "models" / f"{record['model_id']}.json"
+    if path.exists():
+        return
+    c = record["config"]
+    write_json(path, {"format": "bmoe-fleet.model-shape", "version": 1, "name": record["model"], "imported": True,
+                      **{k: c[k] for k in ("arch", "n_layer", "n_expert") if k in c}})
+
+
+# ── one group ──────────────────────────────────────────────────────────────────────────────────
+
+
+def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Imported:
+    rel = group.folder.relative_to(source)
+    where = "/".join(part for part in (source.name, *rel.parts, group.stem) if part)
+    console = _console(group)
+    section = _section(group)
+    metrics = read_metrics_csv(group.csv) if group.csv else None
+    config = _config(group, console, section, metrics)
+    model = _model_name(config, group, metrics)
+    config.update(model=model, budget_spec="imported", source=where)
+    cell_config = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
+    cid = cell_id_of(device, model, IMPORT_ENGINE, cell_config, 0, 0)
+    outcome, evidence = _outcome(console, section, metrics, cell_config)
+    result = result_of(metrics, cell_config)
+    _fill_result(result, console or section, config)
+    times = [p.stat().st_mtime for p in _paths(group)]
+    when = min(times) if times else time.time()
+    state = read_state(group.state) if group.state else {}
+    entry = (console.entry_state if console and console.entry_state else None) or \
+            (section.entry_state if section and section.entry_state else None) or state.get("entry")
+    sidecar = read_sidecar(group.sidecar) if group.sidecar else None
+    pressure = dict(sidecar) if sidecar else dict((console or section).pressure or {}) if (console or section) else {}
+    record: dict[str, Any] = {
+        "format": RUN_FORMAT, "version": FORMAT_VERSION, "cell_id": cid, "attempt": 1, "device": device,
+        "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
+        "engine": {"kind": IMPORT_ENGINE, "version": str(metrics.preamble.get("engine", "")) if metrics else ""},
+        "config": cell_config, "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
+        "evidence": list(evidence), "exit_status": None, "timed_out": False, "wall_s": None, "timeout_s": None,
+        "gate": None, "entry_state": dict(entry) if entry else None,
+        "exit_state": dict(state["exit"]) if state.get("exit") else None, "pressure": pressure, "lmk_events": [],
+        "o_direct": config.get("o_direct_reported"), "summary": dict(metrics.summary) if metrics and metrics.summary
+        else None, "result": result, "pushed": [], "started_at": when, "ended_at": when,
+        "host": socket.gethostname(),
+        "imported_from": {"files": [str(p) for p in _paths(group)], "section": group.section},
+    }
+    files: dict[str, Path | bytes] = {}
+    if group.csv:
+        files["metrics.csv"] = group.csv
+    if group.route_trace:
+        files["route.csv"] = group.route_trace
+    if group.sidecar:
+        files["run.metrics"] = group.sidecar
+    stdout = group.out or group.log
+    if stdout:
+        files["stdout.txt"] = stdout
+    elif section is not None:
+        files["stdout.txt"] = ("\n".join(section.lines) + "\n").encode("utf-8")
+    if group.err:
+        files["stderr.txt"] = group.err
+    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, MappingProxyType(cell_config), 0, 0, index, ()),
+                     record, files)
+
+
+def _paths(group: RunFiles) -> list[Path]:
+    return [p for p in (group.csv, group.sidecar, group.log, group.out, group.err, group.route_trace, group.state,
+                        group.capture) if p is not None]
+
+
+def _console(group: RunFiles) -> ConsoleRun | None:
+    own = [p for p in (group.out, group.err, group.log) if p is not None]
+    return read_console(*own) if own else None
+
+
+def _section(group: RunFiles) -> ConsoleRun | None:
+    if group.capture is None:
+        return None
+    return next((r for r in read_console_runs(group.capture) if r.tag == group.section), None)
+
+
+def _config(group: RunFiles, console: ConsoleRun | None, section: ConsoleRun | None, metrics) -> dict[str, Any]:
+    """Least to most direct evidence: file name, driver tag, engine log lines, CSV preamble."""
+    config: dict[str, Any] = {}
+    config.update(config_from_name(group.stem))
+    for run in (section, console):
+        if run is not None:
+            config.update(run.declared_config)
+    for run in (section, console):
+        if run is not None:
+            config.update(config_from_log(run))
+    config = {_RENAME.get(k, k): v for k, v in config.items()}
+    if "o_direct" in config:
+        config["o_direct_reported"] = int(bool(config.pop("o_direct")))
+    if metrics is not None and metrics.preamble:
+        pre = metrics.preamble
+        for key in _PREAMBLE_KEYS:
+            if key in pre:
+                value = _num(pre[key])
+                if key in _PREAMBLE_BOOL:
+                    value = bool(value)
+                if key == "o_direct":
+                    config["o_direct_reported"] = int(value)
+                    continue
+                config["cycle_mb" if key == "cache_cycle_mb" else key] = value
+    if "unknown_tokens" in config:
+        config["unknown_tokens"] = list(config["unknown_tokens"])
+    return config
+
+
+def _model_name(config: Mapping[str, Any], group: RunFiles, metrics) -> str:
+    model = config.get("model")
+    if isinstance(model, str) and model:
+        name = Path(model).name.removesuffix(".gguf")
+        return MODEL_ALIASES.get(name, name)
+    if group.capture is not None:  # `gptoss-matrix.out`: the driver named its model in the file name
+        m = re.match(r"[A-Za-z]+", group.capture.name)
+        if m:
+            return MODEL_ALIASES.get(m[0].lower(), m[0].lower())
+    return "unknown"
+
+
+def _outcome(console: ConsoleRun | None, section: ConsoleRun | None, metrics,
+             config: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    runs = [r for r in (console, section) if r is not None]
+    for r in runs:
+        if r.config_error or r.arg_error:
+            return "config_error", ("the engine refused its flags: " + (r.config_error or r.arg_error),)
+    for r in runs:
+        if r.runtime_error:
+            return "engine_error", (r.runtime_error,)
+    finished = (metrics is not None and metrics.summary is not None) or any(r.finished for r in runs)
+    if not finished:
+        return "invalid", ("no summary line and no end-of-run lines: killed or cut short (upstream kept no exit "
+                           "status)",)
+    if config.get("moe_stream") and config.get("o_direct_reported") == 0 and config.get("o_direct", True):
+        return "invalid", ("o_direct=0: the engine fell back to buffered expert reads",)
+    return "ok", ()
+
+
+def _fill_result(result: dict[str, Any], console: ConsoleRun | None, config: Mapping[str, Any]) -> None:
+    """Numbers the CSV summary lacks, from the console lines, then from the configuration."""
+    if console is not None:
+        if result["tok_per_s"] is None and console.generation is not None:
+            result["tok_per_s"] = console.generation.tok_per_s
+        if result["tokens"] is None and console.generation is not None:
+            result["tokens"] = console.generation.tokens
+        if result["cache_hit_pct"] is None and console.moe_cache is not None:
+            result["cache_hit_pct"] = console.moe_cache.hit_pct
+    if result["budget_mib"] is None:
+        for key in ("budget_mib", "cache_mb"):
+            if isinstance(config.get(key), (int, float)) and config.get("moe_stream", True):
+                result["budget_mib"] = config[key]
+                break
+    if result["cycle_mb"] is None and isinstance(config.get("cache_cycle_mib"), (int, float)):
+        result["cycle_mb"] = config["cache_cycle_mib"]
+
+
+def _num(text: Any) -> Any:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return text
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except TypeError:
+        return False

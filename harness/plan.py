@@ -1,0 +1,246 @@
+"""The matrix of cells a campaign makes, in the order each device runs them.
+
+A cell is one engine run: (device, model, engine, config, repeat, pass). Its `cell_id` hashes
+exactly those, so planning the same campaign again gives the same ids and a re-run finds what is
+done. Run order is a variable (method.md rule 5): on each device every config runs its repeat r
+before any config runs repeat r+1, and an optional second pass runs the whole first pass again in
+reverse. Budgets written relative to the model's token cycle (`cycle*1.2`) are priced from the
+GGUF header at the top-k the cell applies; a budget in the engine's pathological band (1..1499
+MiB) gets `--force-cache`, and the cell records that the harness added it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from engine.errors import ModelError
+from engine.model import ModelShape, load_model_shape
+from harness.campaign import (
+    Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor, device_work_dir, needs_force,
+    remote_model_path,
+)
+
+PLAN_FORMAT = "bmoe-fleet.plan"
+PLAN_VERSION = 1
+CELL_KEYS = ("cell_id", "device", "model", "engine", "config", "repeat", "pass", "order", "argv")
+
+
+@dataclass(frozen=True)
+class Cell:
+    cell_id: str
+    device: str
+    model: str
+    engine: str
+    config: Mapping[str, Any]
+    repeat: int
+    pass_no: int
+    order: int                       # position in its device's run sequence
+    argv: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cell_id": self.cell_id, "device": self.device, "model": self.model, "engine": self.engine,
+                "config": dict(self.config), "repeat": self.repeat, "pass": self.pass_no, "order": self.order,
+                "argv": list(self.argv)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cell:
+        return cls(d["cell_id"], d["device"], d["model"], d["engine"], MappingProxyType(dict(d["config"])),
+                   int(d["repeat"]), int(d["pass"]), int(d["order"]), tuple(d["argv"]))
+
+    def label(self) -> str:
+        """A short human description of the config (progress lines, dry-run)."""
+        c = self.config
+        if not c["moe_stream"]:
+            budget = "resident (no stream, --no-mmap)" if c.get("no_mmap") else "mmap (no stream)"
+        elif c["cache_auto"]:
+            budget = "auto" + (f" ceil {c['cache_ceil_mb']}" if c["cache_ceil_mb"] else "")
+        else:
+            budget = f"{c['cache_mb']} MiB"
+            if c["budget_spec"].startswith("cycle"):
+                budget += f" ({c['budget_spec']})"
+            if c.get("force_cache_auto"):
+                budget += " forced"
+        return (f"{self.model} {budget} dense={c['dense_weights']} k={c['n_expert_used']}"
+                + (f" io={c['io_threads']}" if c["moe_stream"] else "") + f" r{self.repeat} p{self.pass_no}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    campaign: str
+    cells: tuple[Cell, ...]
+    models: Mapping[str, ModelShape] = field(default_factory=dict, compare=False)
+    top_ks: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+
+    def for_device(self, device: str) -> list[Cell]:
+        return sorted((c for c in self.cells if c.device == device), key=lambda c: c.order)
+
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(c.device for c in self.cells))
+
+    def cell(self, cell_id: str) -> Cell:
+        return next(c for c in self.cells if c.cell_id == cell_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "campaign": self.campaign,
+                "cells": [c.to_dict() for c in self.cells]}
+
+    def text(self) -> str:
+        """The dry-run listing: per device, each cell in run order with its exact command line."""
+        lines = [f"campaign {self.campaign}: {len(self.cells)} cells on {len(self.devices)} device(s)"]
+        for name, shape in self.models.items():
+            prices = ", ".join(f"top-k {k}: cycle {shape.cycle_mib(k):.1f} MiB" for k in self.top_ks.get(name, ()))
+            lines.append(f"model {name} ({shape.paths[0]}): {shape.arch}, {shape.n_layer} layers x "
+                         f"{shape.n_expert} experts; {prices}")
+        for device in self.devices:
+            cells = self.for_device(device)
+            lines.append("")
+            lines.append(f"{device}: {len(cells)} cells")
+            for c in cells:
+                lines.append(f"  #{c.order:<3} {c.cell_id}  {c.label()}")
+                lines.append(f"       {shlex.join(c.argv)}")
+        return "\n".join(lines)
+
+
+def cell_id_of(device: str, model: str, engine: str, config: Mapping[str, Any], repeat: int, pass_no: int) -> str:
+    key = json.dumps({"device": device, "model": model, "engine": engine, "config": dict(config),
+                      "repeat": repeat, "pass": pass_no}, sort_keys=True, separators=(",", ":"))
+    return "c-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def load_shapes(campaign: Campaign) -> dict[str, ModelShape]:
+    shapes = {}
+    for m in campaign.models:
+        try:
+            shapes[m.name] = load_model_shape(m.path)
+        except ModelError as e:
+            raise CampaignError(f"{_src(campaign)}models.{m.name}: {e}") from None
+    return shapes
+
+
+def _src(campaign: Campaign) -> str:
+    return f"{campaign.source}: " if campaign.source else ""
+
+
+def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list[dict[str, Any]]:
+    """Every distinct engine configuration the axes give for one model, in axis order."""
+    a = campaign.axes
+    out: dict[str, dict[str, Any]] = {}
+    for k_axis in a.n_expert_used:
+        k = k_axis or shape.top_k or 0
+        if k < 1:
+            raise CampaignError(f"{_src(campaign)}axes.n_expert_used: model {model.name} has no top-k of its "
+                                "own; give an explicit value")
+        if k > shape.n_expert:
+            raise CampaignError(f"{_src(campaign)}axes.n_expert_used: {k} is above model {model.name}'s "
+                                f"n_expert of {shape.n_expert}")
+    for spec in a.cache_mb:
+        ceilings = a.cache_ceil_mb if spec == "auto" else (0,)
+        for ceil in ceilings:
+            for dense in a.dense_weights:
+                for k_axis in a.n_expert_used:
+                    k = k_axis or shape.top_k
+                    cycle_mb = round(shape.cycle_mib(k), 3)
+                    for io in a.io_threads:
+                        c = _config(spec, ceil, dense, k, io, cycle_mb, campaign)
+                        out.setdefault(json.dumps(c, sort_keys=True), c)
+    return list(out.values())
+
+
+def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: float,
+            campaign: Campaign) -> dict[str, Any]:
+    stream = spec not in ("mmap", "resident")
+    auto = spec == "auto"
+    if isinstance(spec, str) and spec.startswith("cycle"):
+        cache_mb = budget_from_cycle(cycle_mb, cycle_factor(spec))
+    elif isinstance(spec, int):
+        cache_mb = spec
+    else:
+        cache_mb = 0
+    force = stream and needs_force(cache_mb)
+    r = campaign.run
+    return {
+        "moe_stream": stream, "no_mmap": spec == "resident", "cache_mb": cache_mb, "cache_auto": auto,
+        "cache_ceil_mb": ceil if auto else 0, "cache_floor_mb": campaign.axes.cache_floor_mb,
+        "force_cache": force, "force_cache_auto": force, "dense_weights": dense, "n_expert_used": k,
+        "io_threads": io if stream else 0, "threads": r.threads, "n_predict": r.n_predict, "prompt": r.prompt,
+        "o_direct": r.o_direct, "route_trace": r.route_trace and stream, "budget_spec": str(spec),
+        "cycle_mb": cycle_mb,
+    }
+
+
+def out_paths(device: str, cell_id: str) -> tuple[str, str]:
+    """Where the engine writes its CSV and route trace on the device (pulled after the run)."""
+    base = f"{device_work_dir(device)}/out/{cell_id}"
+    return base + ".csv", base + ".route.csv"
+
+
+def engine_path(campaign: Campaign, device: str) -> str:
+    return f"{device_work_dir(device)}/{campaign.engine.staged_name}"
+
+
+def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_path: str,
+                route_path: str | None) -> list[str]:
+    """The engine command line for one config (bmoe-cli's flags; bmoe-py takes the same)."""
+    c = config
+    argv = [engine, "-m", model_path, "-p", c["prompt"], "-n", str(c["n_predict"]), "-t", str(c["threads"]),
+            "--n-expert-used", str(c["n_expert_used"])]
+    if c["moe_stream"]:
+        argv += ["--moe-stream", "--cache-mb", "auto" if c["cache_auto"] else str(c["cache_mb"])]
+        if c["cache_auto"]:
+            argv += ["--cache-floor-mb", str(c["cache_floor_mb"]), "--cache-ceil-mb", str(c["cache_ceil_mb"])]
+        if c["force_cache"]:
+            argv.append("--force-cache")
+        argv += ["--io-threads", str(c["io_threads"])]
+    elif c.get("no_mmap"):
+        argv.append("--no-mmap")
+    argv += ["--dense-weights", c["dense_weights"]]
+    if not c["o_direct"]:
+        argv.append("--no-odirect")
+    argv += ["--csv", csv_path]
+    if route_path and c["route_trace"]:
+        argv += ["--route-trace", route_path]
+    return argv
+
+
+def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None) -> Plan:
+    """The cells of a campaign. Reads model headers only; writes nothing."""
+    shapes = dict(shapes) if shapes is not None else load_shapes(campaign)
+    per_model = {m.name: configs_for(campaign, m, shapes[m.name]) for m in campaign.models}
+    top_ks = {name: tuple(sorted({c["n_expert_used"] for c in cs})) for name, cs in per_model.items()}
+    engine = campaign.engine.kind
+    cells: list[Cell] = []
+    for device in campaign.devices:
+        configs = [(m, c) for m in campaign.models for c in per_model[m.name]]
+        first = [(m, c, r) for r in range(campaign.run.repeats) for m, c in configs]
+        passes = [(0, first)] + ([(1, list(reversed(first)))] if campaign.run.reverse_pass else [])
+        order = 0
+        for pass_no, sequence in passes:
+            for model, config, repeat in sequence:
+                cid = cell_id_of(device, model.name, engine, config, repeat, pass_no)
+                csv_path, route_path = out_paths(device, cid)
+                argv = engine_argv(engine_path(campaign, device), remote_model_path(device, model), config,
+                                   csv_path, route_path)
+                cells.append(Cell(cid, device, model.name, engine, MappingProxyType(config), repeat, pass_no,
+                                  order, tuple(argv)))
+                order += 1
+    return Plan(campaign.name, tuple(cells), shapes, top_ks)
+
+
+def plan_from_dict(data: Mapping[str, Any], where: str = "plan.json") -> Plan:
+    if data.get("format") != PLAN_FORMAT:
+        raise CampaignError(f"{where}: not a bmoe-fleet plan")
+    if int(data.get("version", 0)) > PLAN_VERSION:
+        raise CampaignError(f"{where}: plan version {data['version']} is newer than this bmoe-fleet reads "
+                            f"({PLAN_VERSION}); upgrade it")
+    return Plan(str(data.get("campaign", "")), tuple(Cell.from_dict(c) for c in data.get("cells", ())))
+
+
+def cell_ids(cells: Sequence[Cell]) -> list[str]:
+    return [c.cell_id for c in cells]

@@ -1,0 +1,926 @@
+"""Run a campaign: one worker thread per device, devices in parallel, every write atomic.
+
+Per cell (docs/campaigns.md says why in this order): push what the device lacks (engine + model,
+skipped when the same bytes are there), cool on a condition (gate.py: stop strays, sync, poll),
+clear old outputs, run the engine with a timeout and `BMOE_*` scrubbed, pull its CSV (and route
+trace), then classify the run from its exit status, stderr, CSV and the low-memory killer's lines
+(method.md rule 4). Only infrastructure failures (`device_lost`, `push_failed`) are retried, with
+exponential backoff; an LMK kill is a result.
+
+The campaign directory (docs/campaign-dir.md) is written so that a crash or Ctrl-C leaves it
+consistent: an attempt is assembled in a temporary folder and renamed into `runs/<cell>/<n>`
+whole, then its ledger line is appended; an interrupted attempt is discarded. Running the same
+campaign again completes only what is missing; `rerun_failed` also retries cells whose latest
+result is not `ok`. Per-device lock files (flock, in ~/.bmoe-fleet/locks) keep two campaigns off
+one phone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import threading
+import time
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devices.base import (
+    Device, DeviceError, DeviceLost, PressureSample, RunOutcome, pressure_metrics,
+)
+from devices.lmk import LmkEvent, kills_of
+from engine.errors import BmoeError
+from engine.model import split_paths
+from harness.campaign import (
+    Campaign, CampaignError, DeviceRef, fleet_home, load_campaign, remote_model_path, resolve_devices, safe_id,
+)
+from harness.gate import GateResult, cool, stop_strays
+from harness.plan import Cell, Plan, engine_path, make_plan, out_paths, plan_from_dict
+from harness.progress import Progress
+
+RUN_FORMAT, LEDGER_FORMAT, DEVICE_FORMAT = "bmoe-fleet.run", "bmoe-fleet.ledger", "bmoe-fleet.device"
+FORMAT_VERSION = 1
+RESULTS = ("ok", "lmk_killed", "killed", "config_error", "engine_error", "timeout", "invalid")
+INFRA = ("device_lost", "push_failed")
+OUTCOMES = RESULTS + INFRA
+SAMPLE_COLUMNS = ("t_s", "mem_available_kb", "vm_hwm_kb", "vm_rss_kb", "cpu_temp_mc", "battery_temp_dc")
+EVIDENCE_WAIT_S = 3.0
+_CONFIG_ERROR_RE = re.compile(r"config error:|unknown arg:|missing value for|expects ")
+
+
+class RunnerError(BmoeError):
+    """A campaign cannot run (device in use, output folder holds another campaign …)."""
+
+
+# ── files ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write via a temporary file in the same folder and os.replace: readers see old or new."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_versioned_json(path: str | os.PathLike, fmt: str) -> dict:
+    """A JSON file of this format at version <= ours; a newer one is refused by name."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunnerError(f"{path}: cannot read: {e}") from None
+    if data.get("format") != fmt:
+        raise RunnerError(f"{path}: not a {fmt} file")
+    if int(data.get("version", 0)) > FORMAT_VERSION:
+        raise RunnerError(f"{path}: version {data['version']} is newer than this bmoe-fleet reads "
+                          f"({FORMAT_VERSION}); upgrade it")
+    return data
+
+
+class Ledger:
+    """ledger.jsonl: one line per attempt, append-only; a torn last line is ignored."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.lock = threading.Lock()
+
+    def read(self) -> list[dict]:
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return []
+        lines = text.split("\n")
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # torn by a crash mid-append: the attempt never happened
+                    continue
+                raise RunnerError(f"{self.path}:{number}: not a ledger line") from None
+            if int(record.get("version", 0)) > FORMAT_VERSION:
+                raise RunnerError(f"{self.path}:{number}: ledger version {record['version']} is newer than this "
+                                  f"bmoe-fleet reads ({FORMAT_VERSION}); upgrade it")
+            records.append(record)
+        return records
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(dict(record), ensure_ascii=False, separators=(",", ":")) + "\n"
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    # a line torn by a crash mid-append: it never was a record; drop it so it
+                    # cannot glue onto this one (the only write that is not an append)
+                    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+                    cut = tail.rfind(b"\n")
+                    os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else 0)
+                os.write(fd, line.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Each cell's latest attempt (highest attempt number)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        cur = latest.get(r["cell_id"])
+        if cur is None or int(r["attempt"]) >= int(cur["attempt"]):
+            latest[r["cell_id"]] = r
+    return latest
+
+
+def is_done(record: Mapping[str, Any] | None, rerun_failed: bool = False) -> bool:
+    if record is None or record["outcome"] in INFRA:
+        return False
+    return record["outcome"] == "ok" or not rerun_failed
+
+
+class CampaignDir:
+    """Reading and writing one campaign directory (format version 1)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.ledger = Ledger(self.root / "ledger.jsonl")
+
+    @property
+    def plan_path(self) -> Path:
+        return self.root / "plan.json"
+
+    def read_plan(self) -> Plan | None:
+        if not self.plan_path.exists():
+            return None
+        try:
+            data = json.loads(self.plan_path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise RunnerError(f"{self.plan_path}: not JSON: {e}") from None
+        return plan_from_dict(data, str(self.plan_path))
+
+    def write_plan(self, plan: Plan) -> None:
+        write_json(self.plan_path, plan.to_dict())
+
+    def run_dir(self, cell_id: str, attempt: int) -> Path:
+        return self.root / "runs" / cell_id / str(attempt)
+
+    def next_attempt(self, cell_id: str, records: Sequence[Mapping[str, Any]]) -> int:
+        used = [int(r["attempt"]) for r in records if r["cell_id"] == cell_id]
+        folder = self.root / "runs" / cell_id
+        if folder.is_dir():
+            used += [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+        return max(used, default=0) + 1
+
+    def start_attempt(self, cell_id: str, attempt: int) -> Path:
+        folder = self.root / "runs" / cell_id
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{attempt}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return tmp
+
+    def commit_attempt(self, tmp: Path, record: Mapping[str, Any]) -> None:
+        """run.json last, the folder renamed whole, then the ledger line: a crash between the
+        rename and the append is repaired by reconcile()."""
+        write_json(tmp / "run.json", record)
+        final = self.run_dir(record["cell_id"], record["attempt"])
+        os.rename(tmp, final)
+        self.ledger.append(ledger_line(record))
+
+    def reconcile(self) -> int:
+        """Remove half-written attempts; give every complete run folder its ledger line."""
+        runs = self.root / "runs"
+        if not runs.is_dir():
+            return 0
+        known = {(r["cell_id"], int(r["attempt"])) for r in self.ledger.read()}
+        repaired = 0
+        for cell_dir in sorted(runs.iterdir()):
+            if not cell_dir.is_dir():
+                continue
+            for sub in sorted(cell_dir.iterdir()):
+                if sub.name.startswith(".tmp-"):
+                    shutil.rmtree(sub, ignore_errors=True)
+                elif sub.name.isdigit() and (cell_dir.name, int(sub.name)) not in known:
+                    run_json = sub / "run.json"
+                    if run_json.is_file():
+                        self.ledger.append(ledger_line(read_versioned_json(run_json, RUN_FORMAT)))
+                        repaired += 1
+        return repaired
+
+    def write_device(self, ref: DeviceRef, identity: Mapping[str, Any]) -> None:
+        path = self.root / "devices" / f"{ref.device_id}.json"
+        if not path.exists():
+            write_json(path, {"format": DEVICE_FORMAT, "version": FORMAT_VERSION, "device": ref.spec,
+                              "kind": ref.kind, "first_seen_at": time.time(), **identity})
+
+
+def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {"format": LEDGER_FORMAT, "version": FORMAT_VERSION, "cell_id": record["cell_id"],
+            "attempt": record["attempt"], "run_dir": f"runs/{record['cell_id']}/{record['attempt']}",
+            "outcome": record["outcome"], "started_at": record["started_at"], "ended_at": record["ended_at"],
+            "host": record.get("host", socket.gethostname())}
+
+
+# ── locks ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def locks_dir() -> Path:
+    return fleet_home() / "locks"
+
+
+class FileLock:
+    """An exclusive flock on a file; the holder writes who it is into it for the next one."""
+
+    def __init__(self, path: Path, what: str):
+        self.path = path
+        self.what = what
+        self.fd: int | None = None
+
+    def acquire(self, wait_s: float, owner: Mapping[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # at least a moment: `status` probes a directory lock with a brief shared flock
+        deadline = time.monotonic() + max(wait_s, 0.5)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _read_holder(fd)
+                    os.close(fd)
+                    waited = f" after waiting {wait_s:g} s" if wait_s else ""
+                    raise RunnerError(f"{self.what} is in use by another campaign ({holder}){waited}; wait for "
+                                      "it to finish, or set run.lock_wait_s to wait") from None
+                time.sleep(min(0.2, max(0.01, deadline - time.monotonic())))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(dict(owner)) + "\n").encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "holder unknown"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
+    return f"pid {info.get('pid')} on {info.get('host')}, campaign dir {info.get('dir')}, since {since}"
+
+
+def device_lock(ref: DeviceRef) -> FileLock:
+    return FileLock(locks_dir() / f"device-{ref.lock_key}.lock", f"device {ref.spec}")
+
+
+@contextlib.contextmanager
+def holding(locks: Sequence[FileLock], wait_s: float, owner: Mapping[str, Any]) -> Iterator[None]:
+    """Take every lock (in a fixed order, so two campaigns cannot deadlock) or none."""
+    taken: list[FileLock] = []
+    deadline = time.monotonic() + wait_s
+    try:
+        for lock in sorted(locks, key=lambda lk: str(lk.path)):
+            lock.acquire(max(0.0, deadline - time.monotonic()), owner)
+            taken.append(lock)
+        yield
+    finally:
+        for lock in reversed(taken):
+            lock.release()
+
+
+# ── the engine as a device sees it ─────────────────────────────────────────────────────────────
+
+ENGINE_DIR = Path(__file__).resolve().parents[1] / "engine"
+
+
+def build_bmoe_py(python: str) -> Path:
+    """bmoe-py as one executable file: a zipapp of engine/ whose `#!` line is the interpreter the
+    device runs it with. Deterministic (fixed timestamps), so the same source gives the same bytes
+    and a device that has them is not pushed again. Its process name (comm) is `bmoe-py`."""
+    entries = [("__main__.py", b"from engine.cli import main\nmain()\n")]
+    entries += [(f"engine/{p.name}", p.read_bytes()) for p in sorted(ENGINE_DIR.glob("*.py"))]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    payload = b"#!" + python.encode() + b"\n" + buf.getvalue()
+    digest = hashlib.sha256(payload).hexdigest()[:16]
+    path = fleet_home() / "engines" / digest / "bmoe-py"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".bmoe-py.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_bytes(payload)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class StagedEngine:
+    kind: str
+    path: str                          # on the device
+    version: str = ""
+    sha256: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "version": self.version, "sha256": self.sha256, "path": self.path}
+
+
+def engine_env(device: Device, extra: Mapping[str, str]) -> dict[str, str] | None:
+    """The engine's environment: on this host the harness's own minus every BMOE_* variable (the
+    engine reads BMOE_CACHE_MB and friends as flag overrides); phones scrub on the device side."""
+    from devices.local import LocalDevice
+
+    if isinstance(device, LocalDevice):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BMOE_")}
+        env.update(extra)
+        return env
+    return dict(extra)
+
+
+def _sha256(path: str) -> str:
+    from devices.local import file_sha256
+
+    return file_sha256(path)
+
+
+# ── classification ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Classified:
+    outcome: str
+    evidence: tuple[str, ...]
+
+
+def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_asked: bool,
+             moe_stream: bool) -> Classified:
+    """method.md rule 4, from what one run left behind. `metrics` is a results.parse.MetricsFile
+    (or None when the engine wrote no CSV); `kills` are the lmkd/kernel kill lines of this process."""
+    status = outcome.exit_status
+    err_lines = [line for line in outcome.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    if outcome.timed_out:
+        return Classified("timeout", (f"no exit within the timeout; killed after {outcome.wall_s:.1f} s",))
+    if outcome.killed_by_sigkill:
+        if kills:
+            return Classified("lmk_killed", (f"exit status {status} (SIGKILL)",) + tuple(k.line for k in kills))
+        return Classified("killed", (f"exit status {status} (SIGKILL) with no lmkd or kernel kill line for pid "
+                                     f"{outcome.pid}",))
+    if status is None:
+        return Classified("engine_error", ("exit status unknown",))
+    if status != 0:
+        refused = [line for line in err_lines if _CONFIG_ERROR_RE.search(line)]
+        if status in (1, 2) and refused:
+            return Classified("config_error", (f"exit status {status}", refused[0]))
+        errors = [line for line in err_lines if line.lstrip().startswith("error")] or err_lines[-1:]
+        return Classified("engine_error", (f"exit status {status}",) + tuple(errors[:1]))
+    if metrics is None:
+        return Classified("invalid", ("exit status 0 but no metrics CSV",))
+    if metrics.summary is None:
+        return Classified("invalid", ("exit status 0 but the CSV has no summary line",))
+    o_direct = str(metrics.preamble.get("o_direct", ""))
+    if moe_stream and o_direct_asked and o_direct == "0":
+        return Classified("invalid", ("o_direct=0: O_DIRECT was asked for but the engine fell back to buffered "
+                                      "reads (is the model on a FUSE or tmpfs filesystem?)",))
+    return Classified("ok", ())
+
+
+def result_of(metrics, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The headline numbers of a run from its CSV summary (None where not measured)."""
+    out: dict[str, Any] = {"tokens": None, "tok_per_s": None, "cache_hit_pct": None, "budget_mib": None,
+                           "cycle_mb": config.get("cycle_mb")}
+    if metrics is None or metrics.summary is None:
+        return out
+    s = metrics.summary
+    out["tokens"] = s.get("tokens")
+    out["tok_per_s"] = s.get("tok/s")
+    hit = s.get("cache_hit_pct")
+    out["cache_hit_pct"] = None if hit is None or hit == -1 else hit
+    budget = s.get("cache_budget_MiB")
+    if budget is None and "cache_mb" in metrics.preamble and str(metrics.preamble.get("cache_auto", "0")) == "0":
+        budget = _number(metrics.preamble["cache_mb"])  # a fixed budget is what was asked; auto is not known
+    out["budget_mib"] = budget
+    return out
+
+
+def _number(text: Any) -> Any:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return None
+
+
+def samples_csv(samples: Sequence[PressureSample]) -> str:
+    rows = [",".join(SAMPLE_COLUMNS)]
+    for s in samples:
+        rows.append(",".join("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+                             for v in (s.t_s, s.mem_available_kb, s.vm_hwm_kb, s.vm_rss_kb, s.cpu_temp_mc,
+                                       s.battery_temp_dc)))
+    return "\n".join(rows) + "\n"
+
+
+# ── one device's worker ────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class _Context:
+    campaign: Campaign
+    plan: Plan
+    cdir: CampaignDir
+    progress: Progress
+    rerun_failed: bool
+    stop: threading.Event = field(default_factory=threading.Event)
+    host: str = field(default_factory=socket.gethostname)
+
+
+class _Worker(threading.Thread):
+    def __init__(self, ctx: _Context, ref: DeviceRef, cells: list[Cell], records: list[dict]):
+        super().__init__(name=f"bmoe-{ref.device_id}", daemon=True)
+        self.ctx, self.ref, self.cells = ctx, ref, cells
+        self.records = records                        # ledger lines so far (attempt numbering)
+        self.device: Device | None = None
+        self.engine: StagedEngine | None = None
+        self.staged_models: set[str] = set()
+        self.busy = False
+        self.error: BaseException | None = None
+        self.finished = threading.Event()   # waited on instead of join(): see run_campaign
+
+    # -- loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # surfaced by run_campaign after the other devices finish
+            self.error = e
+            self.ctx.progress.finish_device(self.ref.spec, f"stopped by an error: {e}")
+        finally:
+            self.finished.set()
+
+    def _loop(self) -> None:
+        c = self.ctx.campaign
+        for cell in self.cells:
+            if self.ctx.stop.is_set():
+                return
+            tries = 0
+            while True:
+                record = self._attempt(cell)
+                if record is None or record["outcome"] not in INFRA:
+                    break
+                tries += 1
+                if tries > c.run.retries or self.ctx.stop.is_set():
+                    break
+                delay = c.run.retry_backoff_s * 2 ** (tries - 1)
+                self.ctx.progress.note(self.ref.spec, f"{record['outcome']}; retry {tries}/{c.run.retries} "
+                                                      f"in {delay:g} s")
+                if self.ctx.stop.wait(delay):
+                    return
+                self.device = None                    # reopen: the connection may be new
+                if record["outcome"] == "device_lost":
+                    self.engine = None
+                    self.staged_models.clear()
+            if record is not None and record["outcome"] in INFRA:
+                self.ctx.progress.abandon_cell(self.ref.spec)
+            if record is not None and record["outcome"] == "device_lost":
+                left = len(self.cells) - self.cells.index(cell) - 1
+                self.ctx.progress.finish_device(self.ref.spec, f"device lost; {left} more cells not run")
+                return
+        self.ctx.progress.finish_device(self.ref.spec, "done")
+
+    # -- one attempt ------------------------------------------------------------------------
+    def _attempt(self, cell: Cell) -> dict | None:
+        ctx, c = self.ctx, self.ctx.campaign
+        attempt = ctx.cdir.next_attempt(cell.cell_id, self.records)
+        label = cell.label()
+        ctx.progress.start_cell(self.ref.spec, label, attempt)
+        tmp = ctx.cdir.start_attempt(cell.cell_id, attempt)
+        started = time.time()
+        record: dict[str, Any] = {
+            "format": RUN_FORMAT, "version": FORMAT_VERSION, "cell_id": cell.cell_id, "attempt": attempt,
+            "device": cell.device, "device_id": self.ref.device_id, "model": cell.model,
+            "model_id": safe_id(cell.model), "engine": {"kind": c.engine.kind},
+            "config": dict(cell.config), "argv": list(cell.argv), "repeat": cell.repeat, "pass": cell.pass_no,
+            "order": cell.order, "outcome": None, "evidence": [], "exit_status": None, "timed_out": False,
+            "wall_s": None, "timeout_s": c.run.timeout_s, "gate": None, "entry_state": None, "exit_state": None,
+            "pressure": {}, "lmk_events": [], "o_direct": None, "summary": None, "result": None, "pushed": [],
+            "started_at": started, "ended_at": None, "host": ctx.host,
+        }
+        self.busy = True
+        try:
+            outcome_name, evidence = self._run_cell(cell, tmp, record)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            self.busy = False
+        if outcome_name is None or (ctx.stop.is_set() and outcome_name not in ("ok",) + INFRA):
+            # interrupted: the attempt never happened (the engine was killed by us, not measured)
+            shutil.rmtree(tmp, ignore_errors=True)
+            ctx.progress.end_cell(self.ref.spec, label, "interrupted", time.time() - started, final=False)
+            return None
+        record["outcome"], record["evidence"] = outcome_name, list(evidence)
+        record["ended_at"] = time.time()
+        ctx.cdir.commit_attempt(tmp, record)
+        self.records.append(ledger_line(record))
+        ctx.progress.end_cell(self.ref.spec, label, outcome_name, record["ended_at"] - started,
+                              final=outcome_name not in INFRA)
+        return record
+
+    def _open(self) -> Device:
+        if self.device is None:
+            if self.ref.server is not None:
+                self._check_attached()
+            self.device = self.ref.open()
+        return self.device
+
+    def _check_attached(self) -> None:
+        """Ask the adb server before talking to a phone that may be gone (and whose every command
+        would fail the slow way)."""
+        try:
+            states = {d.serial: d.state for d in self.ref.server.client().list()}
+        except Exception as e:  # adbutils raises its own errors and OSError
+            raise DeviceLost(f"{self.ref.spec}: adb server {self.ref.server.host}:{self.ref.server.port} does not "
+                             f"answer ({e})") from None
+        if states.get(self.ref.serial) != "device":
+            raise DeviceLost(f"{self.ref.spec}: device lost ({self.ref.serial} is "
+                             f"{states.get(self.ref.serial, 'not attached')} on adb server "
+                             f"{self.ref.server.host}:{self.ref.server.port})")
+
+    def _run_cell(self, cell: Cell, tmp: Path, record: dict) -> tuple[str | None, tuple[str, ...]]:
+        ctx, c = self.ctx, self.ctx.campaign
+        try:
+            device = self._open()
+            try:
+                record["pushed"] = self._stage(device, cell)
+            except DeviceLost:
+                raise
+            except (DeviceError, OSError) as e:
+                return "push_failed", (str(e),)
+            record["engine"] = self.engine.to_dict()
+            gate = self._gate(device)
+            record["gate"], record["entry_state"] = gate.to_dict(), gate.entry_state.to_dict()
+            if ctx.stop.is_set():
+                return None, ()
+            csv_remote, route_remote = out_paths(cell.device, cell.cell_id)
+            self._remove(device, [csv_remote, route_remote])
+            baseline = {e.line for e in device.lmk_events(time.time())}
+        except DeviceLost as e:
+            return "device_lost", (str(e),)
+        except DeviceError as e:
+            return "device_lost", (f"device error before the run: {e}",)
+
+        env = engine_env(device, self.engine.env)
+        try:
+            outcome = device.run(cell.argv, env=env, timeout_s=c.run.timeout_s, sample_period_s=1.0)
+        except DeviceLost as e:
+            return "device_lost", (str(e),)
+        except DeviceError as e:
+            return "engine_error", (f"the engine could not start: {e}",)
+        try:
+            exit_state = device.state()
+            events = self._new_events(device, outcome, baseline)
+            kills = kills_of(events, pids=[outcome.pid] if outcome.pid else [],
+                             names=[] if outcome.pid else c.engine.stray_names)
+            if outcome.killed_by_sigkill and not outcome.timed_out and not kills and not ctx.stop.is_set():
+                deadline = time.monotonic() + EVIDENCE_WAIT_S  # lmkd writes its line a moment later
+                while not kills and time.monotonic() < deadline:
+                    time.sleep(0.25)
+                    events = self._new_events(device, outcome, baseline)
+                    kills = kills_of(events, pids=[outcome.pid] if outcome.pid else [],
+                                     names=[] if outcome.pid else c.engine.stray_names)
+            metrics_path = tmp / "metrics.csv"
+            pulled = self._pull(device, csv_remote, metrics_path)
+            if cell.config.get("route_trace"):
+                self._pull(device, route_remote, tmp / "route.csv")
+            self._remove(device, [csv_remote, route_remote])
+        except DeviceLost as e:
+            return "device_lost", (f"device lost after the run (exit status {outcome.exit_status}): {e}",)
+        except DeviceError as e:
+            return "device_lost", (f"device error after the run (exit status {outcome.exit_status}): {e}",)
+
+        (tmp / "stdout.txt").write_bytes(outcome.stdout)
+        (tmp / "stderr.txt").write_bytes(outcome.stderr)
+        (tmp / "samples.csv").write_text(samples_csv(outcome.samples))
+        pressure = pressure_metrics(gate.entry_state, outcome.samples, exit_state)
+        (tmp / "run.metrics").write_text("".join(f"{k}={v}\n" for k, v in pressure.items()))
+        metrics, parse_problem = None, None
+        if pulled:
+            from results.parse import ParseError, read_metrics_csv
+
+            try:
+                metrics = read_metrics_csv(metrics_path)
+            except ParseError as e:
+                parse_problem = str(e)
+        record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
+                      pid=outcome.pid, exit_state=exit_state.to_dict(), pressure=pressure,
+                      lmk_events=[_event_dict(e) for e in events])
+        if metrics is not None:
+            o_direct = metrics.preamble.get("o_direct")
+            record["o_direct"] = _number(o_direct) if o_direct is not None else None
+            record["summary"] = dict(metrics.summary) if metrics.summary is not None else None
+        record["result"] = result_of(metrics, cell.config)
+        verdict = classify(outcome, kills, metrics, bool(cell.config["o_direct"]), bool(cell.config["moe_stream"]))
+        evidence = verdict.evidence
+        if verdict.outcome == "invalid" and parse_problem:
+            evidence = (parse_problem,)
+        return verdict.outcome, evidence
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _gate(self, device: Device) -> GateResult:
+        c = self.ctx.campaign
+        return cool(device, c.gate, c.engine.stray_names, stop=self.ctx.stop,
+                    on_wait=lambda why: self.ctx.progress.note(self.ref.spec, f"gate: {why}"))
+
+    def _new_events(self, device: Device, outcome: RunOutcome, baseline: set[str]) -> list[LmkEvent]:
+        return [e for e in device.lmk_events(outcome.started_at_s) if e.line not in baseline]
+
+    def _stage(self, device: Device, cell: Cell) -> list[dict]:
+        """Push the engine and the cell's model unless the device has them (same bytes)."""
+        c = self.ctx.campaign
+        pushed: list[dict] = []
+        local = self.ref.kind == "local"
+        if self.engine is None:
+            work = self.ref.work_dir
+            target = engine_path(c, cell.device)
+            staged = StagedEngine(c.engine.kind, target)
+            if local:
+                os.makedirs(f"{work}/out", exist_ok=True)
+            else:
+                self._check(device.run(["mkdir", "-p", f"{work}/out"], timeout_s=60), "mkdir")
+            if c.engine.kind == "python":
+                source = str(build_bmoe_py(c.engine.python))
+                files = [(source, target)]
+            else:
+                abi = self._identity_abi(device)
+                build = c.engine.build_for(abi)
+                if build is None:
+                    raise DeviceError(f"engine.native has no build for ABI {abi}")
+                files = [(build.cli, target)] + [(lib, f"{work}/lib/{os.path.basename(lib)}") for lib in build.libs]
+                staged.env = {"LD_LIBRARY_PATH": f"{work}/lib"}
+                source = build.cli
+            for src, dst in files:
+                self.ctx.progress.note(self.ref.spec, f"checking {os.path.basename(dst)}")
+                if device.push(src, dst):
+                    pushed.append({"path": dst, "bytes": os.path.getsize(src)})
+            if not local:
+                self._check(device.run(["chmod", "755", target], timeout_s=60), "chmod")
+            staged.sha256 = _sha256(source)
+            hint = (f"; engine.python ({c.engine.python}) must be an interpreter path this device has"
+                    if c.engine.kind == "python" else "")
+            try:
+                version = device.run([target, "--version"], env=engine_env(device, staged.env), timeout_s=120)
+            except DeviceLost:
+                raise
+            except DeviceError as e:  # not a push failure: retrying cannot help
+                raise RunnerError(f"{self.ref.spec}: the engine cannot start there ({e}){hint}") from None
+            text = (version.stdout or version.stderr).decode("utf-8", "replace").strip().splitlines()
+            if version.exit_status in (126, 127):  # the device's shell could not execute it at all
+                raise RunnerError(f"{self.ref.spec}: the engine cannot start there (exit status "
+                                  f"{version.exit_status}: {' '.join(text)[:200]}){hint}")
+            staged.version = text[0] if text and version.exit_status == 0 else \
+                f"unknown (--version exit status {version.exit_status})"
+            self.engine = staged
+        model = c.model(cell.model)
+        if cell.model not in self.staged_models:
+            if not local:
+                remote = remote_model_path(cell.device, model)
+                folder = remote.rsplit("/", 1)[0]
+                for shard in split_paths(model.path):
+                    dst = f"{folder}/{os.path.basename(shard)}"
+                    self.ctx.progress.note(self.ref.spec, f"checking {os.path.basename(shard)}")
+                    if device.push(shard, dst):
+                        pushed.append({"path": dst, "bytes": os.path.getsize(shard)})
+            self.staged_models.add(cell.model)
+        return pushed
+
+    def _identity_abi(self, device: Device) -> str:
+        return device.identity().abi
+
+    @staticmethod
+    def _check(outcome: RunOutcome, what: str) -> None:
+        if outcome.exit_status != 0:
+            raise DeviceError(f"{what} failed (exit status {outcome.exit_status}): "
+                              f"{outcome.stderr.decode('utf-8', 'replace').strip()[:200]}")
+
+    def _remove(self, device: Device, paths: Sequence[str]) -> None:
+        if self.ref.kind == "local":
+            for p in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(p)
+        else:
+            device.run(["rm", "-f", *paths], timeout_s=60)
+
+    def _pull(self, device: Device, remote: str, local: Path) -> bool:
+        if self.ref.kind == "local":
+            if not os.path.isfile(remote):
+                return False
+            shutil.copyfile(remote, local)
+            return True
+        try:
+            device.pull(remote, str(local))
+            return True
+        except DeviceLost:
+            raise
+        except DeviceError:
+            return False  # the engine wrote no such file (refused before opening it)
+
+
+def _event_dict(e: LmkEvent) -> dict:
+    return dataclasses.asdict(e)
+
+
+# ── campaigns ──────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Prepared:
+    campaign: Campaign
+    plan: Plan
+    devices: list[DeviceRef]
+
+
+def prepare(campaign: Campaign) -> Prepared:
+    """Validate everything a run needs (devices found, models priced, native builds per ABI),
+    writing nothing. Errors are one line naming the campaign key."""
+    devices = resolve_devices(campaign)
+    plan = make_plan(campaign)
+    return Prepared(campaign, plan, devices)
+
+
+def default_out_dir(campaign_file: str | os.PathLike, campaign: Campaign) -> Path:
+    """A campaign directory's own campaign.toml runs in that directory; any other file runs into
+    a folder named after the campaign, next to the file."""
+    p = Path(campaign_file).resolve()
+    if p.name == "campaign.toml" and (p.parent / "plan.json").exists():
+        return p.parent
+    return p.parent / safe_id(campaign.name)
+
+
+def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: bool = False,
+                 progress_stream=None, tty: bool | None = None, prepared: Prepared | None = None):
+    """Run (or resume) a campaign into out_dir; returns its status.CampaignStatus."""
+    from harness.status import campaign_status
+
+    prepared = prepared or prepare(campaign)
+    plan, refs = prepared.plan, prepared.devices
+    root = Path(out_dir).resolve()
+    cdir = CampaignDir(root)
+    _check_out_dir(cdir, plan)
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
+    dir_lock = FileLock(locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock",
+                        f"campaign directory {root}")
+    locks = [dir_lock] + [device_lock(r) for r in refs]
+    with holding(locks, campaign.run.lock_wait_s, owner):
+        identities = _identities(refs, campaign)
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write(root / "campaign.toml", campaign.to_toml())
+        if cdir.read_plan() != plan:
+            cdir.write_plan(plan)
+        _write_models(cdir, campaign, plan)
+        for ref in refs:
+            cdir.write_device(ref, identities[ref.spec])
+        cdir.reconcile()
+        records = cdir.ledger.read()
+        latest = latest_by_cell(records)
+        todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
+                           if not is_done(latest.get(cell.cell_id), rerun_failed)] for ref in refs}
+        progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
+        ctx = _Context(campaign, plan, cdir, progress, rerun_failed)
+        workers = [_Worker(ctx, ref, todo[ref.spec], list(records)) for ref in refs if todo[ref.spec]]
+        with _sigterm_as_interrupt():
+            # Waiting polls the workers' events with sleep(): a Ctrl-C landing inside Thread.join()
+            # makes CPython 3.11 mark the still-running thread as stopped (bpo-45274's fix), and
+            # the process would then exit in the middle of an attempt.
+            try:
+                for w in workers:
+                    w.start()
+                while not all(w.finished.is_set() for w in workers):
+                    time.sleep(0.1)
+            except KeyboardInterrupt:
+                ctx.stop.set()
+                for w in workers:
+                    if w.busy:
+                        with contextlib.suppress(Exception):
+                            stop_strays(w.ref.open(), campaign.engine.stray_names)
+                deadline = time.monotonic() + 30
+                while not all(w.finished.is_set() for w in workers) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise
+            finally:
+                progress.close()
+        errors = [w.error for w in workers if w.error is not None]
+        if errors:
+            raise errors[0]
+    return campaign_status(root)
+
+
+def _check_out_dir(cdir: CampaignDir, plan: Plan) -> None:
+    root = cdir.root
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise RunnerError(f"{root}: exists and is not a folder")
+    old = cdir.read_plan()
+    if old is None:
+        if any(root.iterdir()):
+            raise RunnerError(f"{root}: is not empty and holds no campaign (no plan.json); choose another -o")
+        return
+    old_ids, new_ids = {c.cell_id for c in old.cells}, {c.cell_id for c in plan.cells}
+    if old_ids != new_ids:
+        raise RunnerError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are not in "
+                          f"this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
+
+
+def _identities(refs: Sequence[DeviceRef], campaign: Campaign) -> dict[str, dict]:
+    out = {}
+    for ref in refs:
+        try:
+            identity = ref.open().identity()
+        except DeviceError as e:
+            raise RunnerError(f"device {ref.spec}: {e}") from None
+        if campaign.engine.kind == "native" and campaign.engine.build_for(identity.abi) is None:
+            have = ", ".join(b.abi for b in campaign.engine.native)
+            raise CampaignError(f"{campaign.source + ': ' if campaign.source else ''}engine.native: no build for "
+                                f"ABI {identity.abi} (device {ref.spec}); have {have}")
+        out[ref.spec] = identity.to_dict()
+    return out
+
+
+def _write_models(cdir: CampaignDir, campaign: Campaign, plan: Plan) -> None:
+    """models/<id>.json: the shape record plus sha256 (reused while size and mtime are unchanged).
+    A model whose bytes changed since the campaign started is refused: its runs would mix."""
+    for m in campaign.models:
+        path = cdir.root / "models" / f"{safe_id(m.name)}.json"
+        shards = split_paths(m.path)
+        stat = [(os.path.getsize(s), os.stat(s).st_mtime_ns) for s in shards]
+        old = read_versioned_json(path, "bmoe-fleet.model-shape") if path.exists() else None
+        if old and old.get("file_stats") == [list(x) for x in stat]:
+            continue
+        hashes = [_sha256(s) for s in shards]
+        sha = hashes[0] if len(hashes) == 1 else hashlib.sha256("".join(hashes).encode()).hexdigest()
+        if old and old.get("sha256") != sha:
+            raise RunnerError(f"model {m.name} ({m.path}) changed since this campaign started (sha256 differs); "
+                              "write to another -o folder")
+        shape = plan.models[m.name]
+        record = shape.to_dict(list(plan.top_ks.get(m.name, ())))
+        record.update(name=m.name, path=m.path, sha256=sha, shard_sha256=hashes,
+                      file_stats=[list(x) for x in stat])
+        write_json(path, record)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def run_campaign_file(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, rerun_failed: bool = False,
+                      progress_stream=None):
+    """Load a campaign file and run it (into its default folder unless out_dir is given)."""
+    campaign = load_campaign(path)
+    return run_campaign(campaign, out_dir or default_out_dir(path, campaign), rerun_failed, progress_stream)

@@ -1,0 +1,140 @@
+"""`bmoe-fleet status DIR`: how far a campaign directory is, and what its runs came to.
+
+Read-only: the plan says what should exist, the ledger what was attempted; a cell's state is its
+latest attempt's outcome (`pending` when never attempted or when only infrastructure failures
+were recorded). Whether a campaign is running right now is read from its directory lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.runner import INFRA, OUTCOMES, CampaignDir, RunnerError, latest_by_cell, locks_dir
+
+STATUS_FORMAT = "bmoe-fleet.status"
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    device: str
+    planned: int
+    done: int                               # cells whose latest attempt is a result
+    pending: int
+    attempts: int
+    outcomes: dict[str, int] = field(default_factory=dict)   # latest outcome per cell
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "planned": self.planned, "done": self.done, "pending": self.pending,
+                "attempts": self.attempts, "outcomes": dict(self.outcomes)}
+
+
+@dataclass(frozen=True)
+class CampaignStatus:
+    root: str
+    campaign: str
+    planned: int
+    done: int
+    pending: int
+    attempts: int
+    outcomes: dict[str, int]
+    devices: tuple[DeviceStatus, ...]
+    running: str | None                     # "pid N on HOST" while a run holds the directory
+    last_activity_at: float | None
+    cells: dict[str, str] = field(default_factory=dict)      # cell_id -> latest outcome or "pending"
+
+    @property
+    def complete(self) -> bool:
+        return self.planned > 0 and self.pending == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": STATUS_FORMAT, "version": 1, "dir": self.root, "campaign": self.campaign,
+                "planned": self.planned, "done": self.done, "pending": self.pending, "attempts": self.attempts,
+                "complete": self.complete, "running": self.running, "last_activity_at": self.last_activity_at,
+                "outcomes": dict(self.outcomes), "devices": [d.to_dict() for d in self.devices],
+                "cells": dict(self.cells)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def text(self) -> str:
+        state = f"running ({self.running})" if self.running else ("complete" if self.complete else "stopped")
+        lines = [f"campaign {self.campaign} in {self.root}: {self.done}/{self.planned} cells done, "
+                 f"{self.pending} pending, {self.attempts} attempts — {state}"]
+        if self.outcomes:
+            lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in _ordered(self.outcomes)))
+        for d in self.devices:
+            counts = ", ".join(f"{k} {v}" for k, v in _ordered(d.outcomes)) or "nothing yet"
+            lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts})")
+        return "\n".join(lines)
+
+
+def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
+    rank = {name: i for i, name in enumerate(OUTCOMES + ("pending",))}
+    return sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
+def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
+    root = Path(out_dir).resolve()
+    cdir = CampaignDir(root)
+    plan = cdir.read_plan()
+    if plan is None:
+        raise RunnerError(f"{root}: not a campaign directory (no plan.json)")
+    records = cdir.ledger.read()
+    latest = latest_by_cell(records)
+    attempts = Counter(r["cell_id"] for r in records)
+    cells: dict[str, str] = {}
+    per_device: dict[str, list[str]] = {}
+    for cell in plan.cells:
+        rec = latest.get(cell.cell_id)
+        state = "pending" if rec is None or rec["outcome"] in INFRA else rec["outcome"]
+        cells[cell.cell_id] = state
+        per_device.setdefault(cell.device, []).append(cell.cell_id)
+    devices = []
+    for device, ids in per_device.items():
+        states = Counter(cells[i] for i in ids)
+        # infrastructure failures are shown too: they are why a cell is still pending
+        for i in ids:
+            rec = latest.get(i)
+            if rec is not None and rec["outcome"] in INFRA:
+                states[rec["outcome"]] += 1
+        pending = sum(1 for i in ids if cells[i] == "pending")
+        devices.append(DeviceStatus(device, len(ids), len(ids) - pending, pending, sum(attempts[i] for i in ids),
+                                    {k: v for k, v in states.items() if k != "pending"}))
+    outcomes = Counter()
+    for d in devices:
+        outcomes.update(d.outcomes)
+    pending = sum(d.pending for d in devices)
+    ends = [r.get("ended_at") for r in records if r.get("ended_at")]
+    return CampaignStatus(root=str(root), campaign=plan.campaign, planned=len(plan.cells),
+                          done=len(plan.cells) - pending, pending=pending, attempts=len(records),
+                          outcomes=dict(outcomes), devices=tuple(devices), running=_running(root),
+                          last_activity_at=max(ends) if ends else None, cells=cells)
+
+
+def _running(root: Path) -> str | None:
+    """Who holds the directory's lock, or None (an flock probe: never blocks, never writes)."""
+    path = locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

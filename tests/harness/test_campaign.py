@@ -1,0 +1,196 @@
+"""Campaign files: reading, defaults, the resolved TOML written back, and one-line errors that
+write nothing. Driven through the library and the CLI (CliRunner)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.campaign import (
+    Campaign, CampaignError, budget_from_cycle, campaign_from_options, dumps_toml, load_campaign, needs_force,
+    parse_cache_value, parse_campaign,
+)
+from harness.cli_campaign import COMMANDS
+
+from .conftest import write_campaign
+
+GOOD = """
+version = 1
+name = "budgets"
+
+[fleet]
+devices = ["local"]
+
+[models]
+tiny = "{model}"
+
+[axes]
+cache_mb = [0, "auto", "cycle*1.2", 1500]
+cache_ceil_mb = [0, 3000]
+dense_weights = ["anon", "warm"]
+
+[run]
+n_predict = 4
+repeats = 2
+reverse_pass = true
+
+[gate]
+cpu_temp_max_c = 42.5
+mem_available_min_mb = 256
+max_wait_s = 30
+"""
+
+
+def test_a_campaign_file_reads_with_every_default_filled_in(tmp_path, tiny_model):
+    path = write_campaign(tmp_path, GOOD.format(model=tiny_model))
+    c = load_campaign(path)
+    assert c.name == "budgets" and c.devices == ("local",)
+    assert c.models[0].name == "tiny" and c.models[0].path == str(tiny_model)
+    assert c.axes.cache_mb == (0, "auto", "cycle*1.2", 1500)
+    assert c.axes.cache_ceil_mb == (0, 3000) and c.axes.dense_weights == ("anon", "warm")
+    assert (c.run.n_predict, c.run.repeats, c.run.reverse_pass) == (4, 2, True)
+    assert c.gate.cpu_temp_max_mc == 42500 and c.gate.mem_available_min_kb == 256 * 1024
+    assert c.gate.max_wait_s == 30.0
+    # defaults the file left out
+    assert c.engine.kind == "python" and c.axes.n_expert_used == (0,) and c.axes.io_threads == (4,)
+    assert c.run.timeout_s == 1800.0 and c.run.o_direct is True and c.adb == ()
+    assert list(tmp_path.iterdir()) == [path]  # reading wrote nothing
+
+
+def test_the_resolved_toml_reads_back_as_the_same_campaign(tmp_path, tiny_model):
+    c = load_campaign(write_campaign(tmp_path, GOOD.format(model=tiny_model)))
+    text = c.to_toml()
+    data = tomllib.loads(text)
+    assert data["version"] == 1 and data["run"]["timeout_s"] == 1800.0 and data["engine"]["kind"] == "python"
+    again = parse_campaign(data, source="resolved")
+    assert again == c
+    # a relative model path is resolved against the file's folder, and written absolute
+    (tmp_path / "sub").mkdir()
+    rel = write_campaign(tmp_path / "sub", GOOD.format(model="../" + tiny_model.name).replace(
+        str(tiny_model.parent) + "/", ""))
+    (tmp_path / tiny_model.name).write_bytes(tiny_model.read_bytes())
+    assert load_campaign(rel).models[0].path == str(tmp_path / tiny_model.name)
+
+
+def test_toml_writer_quotes_what_needs_quoting():
+    data = {"version": 1, "name": 'a "quoted" name\twith tab and \x7f', "models": {"odd key": "/p/ü.gguf"},
+            "fleet": {"devices": ["local"], "adb": [{"host": "h", "port": 1}, {"host": "g", "port": 2}]},
+            "axes": {"cache_mb": [0, "auto", 1.5, True]}}
+    assert tomllib.loads(dumps_toml(data)) == data
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0, 0), (4000, 4000), ("4000", 4000), ("auto", "auto"), ("AUTO", "auto"), ("cycle*1.2", "cycle*1.2"),
+    ("cycle * 0.90", "cycle*0.9"), ("cycle", "cycle*1"), ("mmap", "mmap"), ("resident", "resident"),
+])
+def test_cache_values(value, expected):
+    assert parse_cache_value(value) == expected
+
+
+@pytest.mark.parametrize("value, message", [
+    ("auto 4000", "mixes auto with a number"), ("4000auto", "mixes auto with a number"),
+    ("auto=3000", "mixes auto with a number"), (-1, "cannot be negative"), (1.5, "whole MiB"),
+    ("lots", "is not a budget"), (True, "got a boolean"),
+])
+def test_bad_cache_values(value, message):
+    with pytest.raises(ValueError, match=message):
+        parse_cache_value(value)
+
+
+def test_cycle_budgets_stay_on_the_side_of_the_cycle_they_name():
+    assert budget_from_cycle(1815.4, 0.9) == 1633      # 1633.86: under the cycle stays under
+    assert budget_from_cycle(907.7, 1.2) == 1090       # 1089.24: over stays over
+    assert budget_from_cycle(10.0, 1.0) == 10 and budget_from_cycle(10.2, 1.0) == 11
+    assert budget_from_cycle(0.11, 0.5) == 1           # never 0 (that would switch the cache off)
+    assert budget_from_cycle(500.0, 0) == 0
+    assert [needs_force(v) for v in (0, 1, 1499, 1500, 4000)] == [False, True, True, False, False]
+
+
+BAD_CASES = {
+    "unknown key": ("[run]\nrepeat = 3\n", "run.repeat: unknown key"),
+    "unknown top-level key": ("[fleets]\n", "fleets: unknown key"),
+    "unknown device": ('[fleet]\ndevices = ["local", "virtual:nosuchphone"]\n',
+                       'fleet.devices[1]: unknown device "virtual:nosuchphone"'),
+    "missing model": ('[models]\nother = "does-not-exist.gguf"\n', "models.other: no such file"),
+    "auto with a number": ('[axes]\ncache_mb = [0, "auto 4000"]\n', "axes.cache_mb[1]:"),
+    "bad type": ('[run]\nrepeats = "3"\n', 'run.repeats: expected an integer, got a string ("3")'),
+    "bad dense mode": ('[axes]\ndense_weights = ["anon", "fast"]\n', "axes.dense_weights[1]: must be one of"),
+    "io threads out of range": ("[axes]\nio_threads = [9]\n", "axes.io_threads[0]: must be in 1..8, got 9"),
+    "newer version": ("version = 2\n", "version: 2 is newer than this bmoe-fleet reads (1)"),
+    "top-k above the model's": ("[axes]\nn_expert_used = [9]\n", "axes.n_expert_used: 9 is above model tiny's "
+                                                                "n_expert of 8"),
+    "not TOML": ("[run\n", "not valid TOML"),
+}
+
+
+def _bad_file(tmp_path: Path, tiny_model: Path, extra: str) -> Path:
+    base = f'version = 1\n[fleet]\ndevices = ["local"]\n[models]\ntiny = "{tiny_model}"\n'
+    if extra.startswith("version"):
+        base = base.replace("version = 1\n", "")
+    if extra.startswith("[fleet]"):
+        base = base.replace('[fleet]\ndevices = ["local"]\n', "")
+    if extra.startswith("[models]"):
+        base = base.replace(f'[models]\ntiny = "{tiny_model}"\n', "")
+    return write_campaign(tmp_path, extra + base if extra.startswith("version") else base + extra)
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_a_bad_campaign_file_is_one_line_naming_the_key_and_writes_nothing(case, tmp_path, tiny_model, cli,
+                                                                           fleet_home):
+    extra, message = BAD_CASES[case]
+    path = _bad_file(tmp_path, tiny_model, extra)
+    out = tmp_path / "out"
+    locks_before = sorted((fleet_home / "locks").glob("*")) if (fleet_home / "locks").exists() else []
+    for args in (["run", str(path), "-o", str(out)], ["run", str(path), "--dry-run"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+        assert message in result.output, result.output
+        assert str(path) in result.output
+    assert not out.exists()
+    assert sorted(tmp_path.iterdir()) == [path]
+    assert (sorted((fleet_home / "locks").glob("*")) if (fleet_home / "locks").exists() else []) == locks_before
+
+
+def test_device_strings_are_checked_before_any_device_is_asked(tiny_model):
+    for devices, message in ((["local", "bad serial"], 'fleet.devices[1]: "bad serial" is not a device'),
+                             (["virtual:no/slash"], "a virtual phone name uses letters"),
+                             ([], "fleet.devices: is empty")):
+        with pytest.raises(CampaignError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse_campaign({"version": 1, "fleet": {"devices": devices}, "models": {"t": str(tiny_model)}},
+                           source="x.toml")
+
+
+def test_an_import_record_is_not_a_campaign_to_run(tmp_path):
+    path = write_campaign(tmp_path, 'version = 1\n[import]\nsources = ["/x"]\n', "campaign.toml")
+    with pytest.raises(CampaignError, match="import: this file records runs brought in by `bmoe-fleet import`"):
+        load_campaign(path)
+
+
+def test_sweep_options_make_the_campaign_a_file_would(tmp_path, tiny_model, mid_model):
+    c = campaign_from_options(["local"], [str(tiny_model), str(mid_model)], ["0", "auto", "cycle*1.2", "4000"],
+                              ["anon", "warm"], [0, 2], [4], [0, 3000], repeats=3, n_predict=8, reverse_pass=True,
+                              name="sw")
+    assert isinstance(c, Campaign)
+    assert [m.name for m in c.models] == ["tiny", "mid"]
+    assert c.axes.cache_mb == (0, "auto", "cycle*1.2", 4000) and c.axes.n_expert_used == (0, 2)
+    assert (c.run.repeats, c.run.n_predict, c.run.reverse_pass) == (3, 8, True)
+    path = write_campaign(tmp_path, c.to_toml(), "campaign.toml")
+    assert load_campaign(path) == c
+    with pytest.raises(CampaignError, match='axes.cache_mb\\[1\\]: "auto4000" mixes auto with a number'):
+        campaign_from_options(["local"], [str(tiny_model)], ["0", "auto4000"])
+    with pytest.raises(CampaignError, match="--adb: --adb expects HOST:PORT"):
+        campaign_from_options(["local"], [str(tiny_model)], ["0"], adb=["nohostport"])
+
+
+def test_every_campaign_command_and_option_has_help(cli):
+    assert sorted(cli.commands) == ["import", "run", "status", "sweep"]
+    for name, command in cli.commands.items():
+        assert command.help and command.help.strip(), name
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{name} {param.opts[0]} has no help"
+    assert [c.name for c in COMMANDS] == ["run", "sweep", "status", "import"]
