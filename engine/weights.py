@@ -79,6 +79,16 @@ class DenseWeights:
         if cached is not None:
             return cached
         info = self.info(name)
+        if info.qtype in (GGMLQuantizationType.F16, GGMLQuantizationType.F32):
+            # A view of the bytes, not a float32 copy: mul_mat widens chunks to float64 exactly
+            # either way, and a copy would double the dense set's RSS (what a phone's LMK judges).
+            dtype = np.float16 if info.qtype == GGMLQuantizationType.F16 else np.float32
+            out = self._raw(info).view(dtype).reshape(numpy_shape(info))
+            if out.flags.writeable:
+                out = out.view()
+                out.flags.writeable = False
+            self._cache[name] = out
+            return out
         out = dequantize_bytes(self._raw(info), info)
         out.flags.writeable = False
         self._cache[name] = out
