@@ -135,18 +135,20 @@ def devices_cmd(adb_servers: tuple[str, ...], as_json: bool) -> None:
 
 @main.command("demo")
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the demo's model and outputs.")
-def demo(out_dir: str) -> None:
-    """Run the main job on an embedded default: synthesise a demo MoE model and price it."""
+              help="Folder for the demo's model, campaign directory and site.")
+@click.option("--no-phones", is_flag=True, help="Run on this host only (no virtual phones).")
+def demo(out_dir: str, no_phones: bool) -> None:
+    """The main job on an embedded default: a model, two virtual phones, a sweep, the site."""
     from harness.demo import run_demo
 
-    run_demo(out_dir, echo=click.echo)
+    run_demo(out_dir, echo=click.echo, use_phones=not no_phones)
 
 
 # Commands defined in their own modules (each parses and calls one library function).
 from harness.cli_campaign import COMMANDS as CAMPAIGN_COMMANDS  # noqa: E402
 from harness.cli_replay import replay  # noqa: E402
+from harness.cli_results import COMMANDS as RESULTS_COMMANDS  # noqa: E402
 from harness.cli_virtual import virtual  # noqa: E402
 
-for _command in (*CAMPAIGN_COMMANDS, replay, virtual):
+for _command in (*CAMPAIGN_COMMANDS, *RESULTS_COMMANDS, replay, virtual):
     main.add_command(_command)

@@ -1,27 +1,151 @@
-"""`bmoe-fleet demo`: the main job on an embedded default.
+"""`bmoe-fleet demo`: the main job on an embedded default, start to finish on this machine.
 
-For now: synthesise a demo MoE model and price it. Later issues grow this into the demo
-campaign (virtual phones, a sweep around the token cycle, the site and recommendations).
+1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
+2. Start two virtual phones (1 GiB and 2 GiB of RAM) on a private adb server — or, where virtual
+   phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
+3. Sweep the cache budget around the model's token cycle and past the small phone's RAM.
+4. Render the site, print the recommendations and the path of index.html.
+
+Everything it starts it stops; the campaign directory and the site stay in --out.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+from engine.errors import BmoeError
 from engine.inspect import inspect_model
 from engine.synth import synth_options, write_model
-from engine.units import MIB
 
-DEMO_MODEL_BYTES = 64 * MIB
+Echo = Callable[[str], None]
+
+PHONES = {"small": (1 << 30, "Demo 1GB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water, "
+          "counting the gulls and the long swell.")
 
 
-def run_demo(out_dir: str, echo: Callable[[str], None] = print) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "demo-qwen3moe.gguf")
-    options = synth_options("qwen3moe", size_bytes=DEMO_MODEL_BYTES, seed=1)
-    result = write_model(path, options)
-    echo(result.summary())
-    echo("")
-    echo(inspect_model(path).text)
+@dataclass(frozen=True)
+class DemoResult:
+    out_dir: str
+    campaign_dir: str
+    index_html: str
+    devices: tuple[str, ...]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model(out: Path, echo: Echo) -> Path:
+    path = out / "demo-qwen3moe.gguf"
+    # 8 layers x 72 experts of hidden 768: a 1.1 GiB expert bank (past the small phone's 1 GiB)
+    # while a token costs only what 4 experts cost.
+    options = synth_options("qwen3moe", layers=8, experts=72, top_k=4, hidden=768, expert_ffn=768, vocab=512,
+                            seed=1, router_skew=0.3)
+    if not path.exists():
+        write_model(path, options)
+    echo(inspect_model(str(path)).text)
     return path
+
+
+def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
+    from devices.adb import adb_binary
+    from devices.virtual import manager
+
+    done = subprocess.run([adb_binary(), "-P", str(port), "start-server"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode != 0:
+        raise BmoeError(f"cannot start an adb server: {done.stderr.strip()}")
+    names = []
+    for name, (ram_bytes, model, soc) in PHONES.items():
+        serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port)
+        echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM")
+        names.append(name)
+    return names
+
+
+def _campaign_text(model: Path, devices: list[str], port: int, home: Path) -> str:
+    device_list = ", ".join(f'"{d}"' for d in devices)
+    return f"""version = 1
+name = "demo"
+
+[fleet]
+devices = [{device_list}]
+virtual_home = "{home}"
+
+[[fleet.adb]]
+host = "127.0.0.1"
+port = {port}
+
+[models]
+demo = "{model}"
+
+[engine]
+kind = "python"
+
+[axes]
+cache_mb = [0, "cycle*0.9", "cycle*1.2", "cycle*4", "auto", 1400]
+cache_floor_mb = 256
+dense_weights = ["anon"]
+
+[run]
+n_predict = 8
+prompt = "{PROMPT}"
+repeats = 1
+timeout_s = 600
+
+[gate]
+cpu_temp_max_c = 95.0
+max_wait_s = 10
+"""
+
+
+def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
+    from harness.campaign import load_campaign
+    from harness.runner import run_campaign
+    from results.recommend import recommend
+    from results.report import build_site
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model = _model(out, echo)
+    home = out / "phones"
+    port = _free_port()
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0")
+    devices = ["local"]
+    phones: list[str] = []
+    try:
+        if use_phones:
+            try:
+                phones = _start_phones(home, port, env, echo)
+                devices = [f"virtual:{n}" for n in phones]
+            except (BmoeError, OSError) as e:
+                echo(f"virtual phones cannot start here ({e}); running the demo on this host alone")
+        camp_file = out / "demo.toml"
+        camp_file.write_text(_campaign_text(model, devices, port, home))
+        campaign_dir = out / "campaign"
+        if campaign_dir.exists() and not (campaign_dir / "plan.json").exists():
+            shutil.rmtree(campaign_dir)
+        status = run_campaign(load_campaign(camp_file), campaign_dir)
+        echo(status.text())
+    finally:
+        if phones:
+            from devices.adb import adb_binary
+            from devices.virtual import manager
+
+            manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
+            subprocess.run([adb_binary(), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=60)
+    site = build_site([campaign_dir], out / "site")
+    echo("")
+    echo(recommend([campaign_dir]).text())
+    echo("")
+    echo(site.text())
+    return DemoResult(str(out), str(campaign_dir), str(Path(site.out_dir) / "index.html"), tuple(devices))

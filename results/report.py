@@ -1,0 +1,442 @@
+"""`bmoe-fleet report DIR… -o SITE`: the static benchmark site, recomputed from campaign directories.
+
+SITE/index.html (campaigns, devices, models, the recommendations table), SITE/devices/*.html (a
+device's identity, recommendations, and per model and top-k the hit % and tok/s against the
+budget with the cycle, the LMK boundary, the kills and the replayed LRU curve), SITE/models/*.html
+(shape, cycle per top-k), SITE/runs/<campaign>/<cell>-<attempt>.html (per-token wall/io/compute/
+mgmt and hit %, memory over time, entry and exit state, evidence, the exact argv), plus
+recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
+site works offline from file://).
+
+The jinja Environment is built in one place, make_environment(), with autoescape on: device
+strings are data and always render as text (figures travel as `tojson` inside
+`<script type="application/json">`, which escapes `<`, `>`, `&` and `'`). File names derived from
+device and model strings go through slug(). The site is written into a temporary folder and
+swapped in whole, so a reader never sees half a site; an existing folder that is not a site is
+refused rather than overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from results import charts
+from results.analyze import Analysis, BudgetPoint, GroupAnalysis, analyze
+from results.errors import ResultsError
+from results.pages import (
+    CampaignRow, Chart, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
+)
+from results.recommend import Recommendation, Recommendations, recommendations_from
+from results.rundir import CampaignData, RunFolder, read_campaigns
+from results.table import build_table
+
+SITE_MARKER = ".bmoe-fleet-site"
+
+
+# ── the one Environment ──────────────────────────────────────────────────────────────────────
+
+
+def templates_dir() -> Path:
+    return Path(str(resources.files("templates")))
+
+
+def make_environment() -> Environment:
+    """The site's only jinja Environment: autoescaped, strict about missing fields; filters next."""
+    env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["mib"] = fmt_mib
+    env.filters["num"] = fmt_num
+    return env
+
+
+# ── formatting (strings the pages show) ──────────────────────────────────────────────────────
+
+
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_num(x: Any, digits: int = 3) -> str:
+    if _nan(x):
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+    return str(x)
+
+
+def fmt_mib(x: Any) -> str:
+    return "—" if _nan(x) else f"{float(x):g} MiB"
+
+
+def fmt_kb(x: Any) -> str:
+    return "—" if _nan(x) else f"{float(x) / 1024:,.0f} MiB"
+
+
+def fmt_pct(x: Any) -> str:
+    return "—" if _nan(x) else f"{float(x):.1f} %"
+
+
+def slug(text: str) -> str:
+    """A file name for a device or model string: safe characters only, plus a hash of the whole
+    string so two strings that sanitise alike never share a page."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:60] or "x"
+    return f"{base}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
+
+
+# ── the site's addresses ─────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Urls:
+    """Page paths relative to the site's top folder."""
+
+    @staticmethod
+    def device(name: str) -> str:
+        return f"devices/{slug(name)}.html"
+
+    @staticmethod
+    def model(name: str) -> str:
+        return f"models/{slug(name)}.html"
+
+    @staticmethod
+    def run(run_id: str) -> str:
+        campaign, cell, attempt = run_id.rsplit("/", 2)
+        return f"runs/{slug(campaign)}/{slug(cell)}-{int(attempt)}.html"
+
+
+# ── building the page contexts ───────────────────────────────────────────────────────────────
+
+
+class _Ids:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next(self) -> str:
+        self.n += 1
+        return f"fig-{self.n}"
+
+
+def _rec_row(r: Recommendation, root: str) -> RecRow:
+    replay = ""
+    if r.replay is not None:
+        c = r.replay
+        parts = []
+        if c.predicted_hit_pct_at_fixed is not None and r.fixed.cache_mb > 0:
+            measured = f" (measured {c.measured_hit_pct_at_fixed:.1f} %)" if c.measured_hit_pct_at_fixed is not None \
+                else ""
+            parts.append(f"replayed LRU predicts {c.predicted_hit_pct_at_fixed:.1f} % hit at {r.fixed.cache_mb} MiB"
+                         f"{measured}")
+        if c.predicted_hit_pct_at_ceiling is not None and r.auto is not None:
+            parts.append(f"{c.predicted_hit_pct_at_ceiling:.1f} % at the {r.auto.cache_ceil_mb} MiB ceiling")
+        if c.knee_mib is not None:
+            parts.append(f"knee {c.knee_mib:g} MiB")
+        replay = "; ".join(parts)
+    ev = r.evidence
+    evidence = (f"{ev['runs']} runs; {ev['repeats_at_largest_safe']} at the largest safe budget, spread "
+                f"{ev['spread_pct_at_largest_safe']:.0f} %" + (f"; not higher: {'; '.join(r.confidence_reasons)}"
+                                                              if r.confidence_reasons else ""))
+    return RecRow(
+        device=Link(r.device, root + Urls.device(r.device)), model=Link(r.model, root + Urls.model(r.model)),
+        top_k=str(r.top_k) if r.top_k is not None else "default", cycle=fmt_mib(r.cycle_mib) + (
+            f" ({r.cycle_source})" if r.cycle_source else ""),
+        fixed=" ".join(r.fixed.argv), auto=" ".join(r.auto.argv) if r.auto else "—",
+        dense=f"--dense-weights {r.dense_mode}" if r.dense_mode else "—", confidence=r.confidence, reason=r.reason,
+        cache_off=r.cache_off, replay=replay, evidence=evidence)
+
+
+def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
+    runs = f"{p.ok}/{p.runs} ok" + (f", {p.killed} killed" if p.killed else "")
+    tok = "—" if _nan(p.tok_s) else (f"{fmt_num(p.tok_s)} ({fmt_num(p.tok_s_min)}–{fmt_num(p.tok_s_max)})"
+                                     if p.ok > 1 else fmt_num(p.tok_s))
+    outcome = dict(zip(table["run_id"], table["outcome"]))
+    links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
+                  for i, rid in enumerate(p.run_ids))
+    return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
+                    f"under the cycle: {p.advice}" if p.under_cycle else "", links)
+
+
+def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: pd.DataFrame) -> GroupView:
+    root = "../"
+    k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
+    replay = ""
+    if g.replay is not None:
+        r = g.replay
+        replay = (f"replayed LRU from {Urls.run(r.run_id).rsplit('/', 1)[-1]}: knee {fmt_mib(r.knee_mib)}, first decode "
+                  f"hit at {fmt_mib(r.first_decode_hit_mib)}")
+    return GroupView(
+        heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
+        chart=Chart(ids.next(), charts.budget_figure(g),
+                    "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets; the shaded "
+                    "band is under the token cycle, where --cache-mb 0 is strictly better"),
+        points=tuple(_point_row(p, root, table) for p in g.points),
+        baselines=tuple(_point_row(p, root, table) for p in g.baselines),
+        cycle=fmt_mib(g.cycle_mib) + (f" ({g.cycle_source})" if g.cycle_source else ""),
+        boundary=g.boundary.text(), dense=g.dense.text(), replay=replay, tells=tuple(t.message for t in g.tells),
+        recommendation=_rec_row(rec, root) if rec else None)
+
+
+def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    rec: Mapping[str, Any] = next((c.devices[name] for c in camps if name in c.devices), {})
+    rows = [("device", name), ("kind", str(rec.get("kind") or "—"))]
+    for key, label in (("serial", "serial"), ("manufacturer", "manufacturer"), ("model", "model"), ("soc", "SoC"),
+                       ("abi", "ABI"), ("android_release", "Android"), ("sdk", "SDK"), ("kernel", "kernel")):
+        if rec.get(key) not in (None, ""):
+            rows.append((label, str(rec[key])))
+    if rec.get("ram_total_kb"):
+        rows.append(("RAM", f"{rec['ram_total_kb'] / 1024:,.0f} MiB ({rec['ram_total_kb'] / 1024 / 1024:.2f} GiB)"))
+    if rec.get("swap_total_kb") is not None:
+        rows.append(("swap", fmt_kb(rec.get("swap_total_kb"))))
+    mine = table[table["device"] == name]
+    rows.append(("runs", f"{len(mine)} in {mine['campaign'].nunique()} campaign(s)"))
+    rows.append(("engines", ", ".join(sorted(set(mine["engine"])))))
+    return tuple(rows)
+
+
+def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
+    if not mapping:
+        return ()
+    out = []
+    for k, v in mapping.items():
+        if k in skip:
+            continue
+        out.append((str(k), json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else fmt_num(v)
+                    if isinstance(v, float) else str(v)))
+    return tuple(out)
+
+
+def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _Ids) -> RunPage:
+    from results.parse import ParseError, read_metrics_csv
+
+    rec = run.record
+    root = "../../"
+    rows = None
+    if run.file("metrics.csv") is not None:
+        try:
+            rows = read_metrics_csv(run.file("metrics.csv")).rows
+        except ParseError:
+            rows = None
+    samples = None
+    if run.file("samples.csv") is not None:
+        try:
+            samples = pd.read_csv(run.file("samples.csv"))
+        except (ValueError, OSError):
+            samples = None
+    chart_list = []
+    fig = charts.token_figure(rows, row.get("steady_from_step"))
+    if fig:
+        chart_list.append(Chart(ids.next(), fig, "per-token decode time split and cumulative hit %"))
+    fig = charts.memory_figure(samples, rows)
+    if fig:
+        chart_list.append(Chart(ids.next(), fig, "MemAvailable and RSS while the engine ran"))
+    argv = list(rec.get("argv") or ())
+    distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
+        ("tokens", "tokens"), ("mean_tok_s", "mean tok/s (tokens / Σ wall)"), ("median_tok_s", "median tok/s"),
+        ("p5_tok_s", "p5 tok/s"), ("p95_tok_s", "p95 tok/s"), ("min_tok_s", "min tok/s (slowest token)"),
+        ("max_tok_s", "max tok/s (fastest token)"), ("steady_from_step", "steady state from step"),
+        ("steady_mean_tok_s", "steady-state mean tok/s")))
+    pressure = tuple((label, fn(row.get(key))) for key, label, fn in (
+        ("peak_rss_kb", "peak RSS", fmt_kb), ("mem_avail_before_kb", "MemAvailable before", fmt_kb),
+        ("mem_avail_floor_kb", "MemAvailable floor", fmt_kb), ("mem_avail_after_kb", "MemAvailable after", fmt_kb),
+        ("cpu_temp_max_mc", "CPU temperature max (m°C)", fmt_num), ("batt_temp_max_dc", "battery max (d°C)", fmt_num)))
+    return RunPage(
+        title=f"run {row['run_id']}", root=root, run_id=row["run_id"],
+        device=Link(row["device"], root + Urls.device(row["device"])),
+        model=Link(row["model"], root + Urls.model(row["model"])), outcome=row["outcome"],
+        evidence=tuple(str(e) for e in rec.get("evidence") or ()),
+        argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
+        flags=tuple(f for f in str(row.get("flags") or "").split(",") if f),
+        tells=tuple(t.message for t in analysis.tells_of(row["run_id"])),
+        summary=_kv(rec.get("summary")), distribution=distribution, config=_kv(rec.get("config")),
+        entry_state=_kv(rec.get("entry_state")), exit_state=_kv(rec.get("exit_state")),
+        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"))),
+        charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())))
+
+
+def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, analysis: Analysis,
+                ids: _Ids) -> ModelPage:
+    root = "../"
+    rec: Mapping[str, Any] = next((c.models[name] for c in camps if name in c.models), {})
+    mine = table[table["model"] == name]
+    shape = [("model", name)]
+    for key, label in (("arch", "architecture"), ("n_layer", "layers"), ("n_expert", "experts per layer"),
+                       ("top_k", "top-k (own)")):
+        v = rec.get(key)
+        if v in (None, "") and key in mine.columns:
+            vals = [x for x in mine[key] if not _nan(x) and x != ""]
+            v = vals[0] if vals else None
+        if v not in (None, ""):
+            shape.append((label, fmt_num(v)))
+    for key, label in (("expert_bytes", "expert bank"), ("dense_bytes", "dense weights"), ("file_bytes", "file")):
+        if rec.get(key):
+            shape.append((label, f"{rec[key] / (1 << 20):,.1f} MiB"))
+    if rec.get("sha256"):
+        shape.append(("sha256", str(rec["sha256"])))
+    if rec.get("path"):
+        shape.append(("path", str(rec["path"])))
+    prices = {int(p["top_k"]): float(p["cycle_mib"]) for p in rec.get("prices") or ()}
+    for g in analysis.groups:
+        if g.model == name and g.top_k is not None and not _nan(g.cycle_mib) and g.cycle_source != "token_demand":
+            prices.setdefault(g.top_k, g.cycle_mib)
+    measured: dict[int, float] = {}
+    for k, demand in zip(mine["n_expert_used"], mine["token_demand_mib"]):
+        if not _nan(k) and not _nan(demand):
+            measured[int(k)] = float(demand)
+    ks = sorted(set(prices) | set(measured))
+    cycles = tuple((str(k), fmt_mib(prices.get(k)), fmt_mib(measured.get(k))) for k in ks)
+    fig = charts.cycle_figure(name, sorted(prices.items()), sorted(measured.items()))
+    devices = tuple(Link(d, root + Urls.device(d), f"{(mine['device'] == d).sum()} runs")
+                    for d in sorted(set(mine["device"])))
+    runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
+                 for r in mine.to_dict("records"))
+    return ModelPage(title=f"model {name}", root=root, model=name, shape=tuple(shape), cycles=cycles,
+                     chart=Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0")
+                     if fig else None, devices=devices, runs=runs)
+
+
+# ── writing ──────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    out_dir: str
+    pages: int
+    runs: int
+    devices: int
+    models: int
+
+    def text(self) -> str:
+        return (f"wrote {self.pages} pages ({self.devices} devices, {self.models} models, {self.runs} runs) to "
+                f"{self.out_dir}/index.html")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "bmoe-fleet.site", "version": 1, "dir": self.out_dir, "pages": self.pages,
+                "runs": self.runs, "devices": self.devices, "models": self.models}
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise ResultsError(f"plotly.min.js not found at {path}: the installed plotly does not ship it")
+    return path
+
+
+def _prepare_out(out: Path) -> Path:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / SITE_MARKER).exists())):
+        raise ResultsError(f"{out}: exists and is not a bmoe-fleet site; choose another -o folder")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None) -> SiteReport:
+    """Render the site for these campaign directories into `out`."""
+    camps = read_campaigns(list(dirs))
+    table = build_table(camps, model_files)
+    analysis = analyze(table)
+    recs = recommendations_from(analysis, [{"label": c.label, "dir": str(c.root)} for c in camps])
+    out = Path(out).resolve()
+    tmp = _prepare_out(out)
+    try:
+        pages = _render(tmp, camps, analysis, recs)
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique())
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations) -> int:
+    env = make_environment()
+    table = analysis.table
+    ids = _Ids()
+    (site / "assets").mkdir()
+    shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
+    for name in ("site.css", "site.js"):
+        shutil.copyfile(templates_dir() / name, site / "assets" / name)
+    (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
+    _write(site / "recommendations.json", recs.to_json())
+    table.to_csv(site / "runs.csv", index=False)
+    pages = 0
+
+    rec_by_key = {(r.device, r.model, r.top_k): r for r in recs.all()}
+    devices = sorted(set(table["device"]))
+    models = sorted(set(table["model"]))
+    for device in devices:
+        groups = [g for g in analysis.groups if g.device == device]
+        dev_recs = next((d for d in recs.devices if d.device == device), None)
+        page = DevicePage(
+            title=f"device {device}", root="../", device=device, identity=_identity(device, camps, table),
+            default=dev_recs.default.text if dev_recs else "no streamed runs: nothing to recommend",
+            default_notes=dev_recs.default.notes if dev_recs else (),
+            groups=tuple(_group_view(g, rec_by_key.get(g.key), ids, table) for g in groups if g.points),
+            recommendations=tuple(_rec_row(r, "../") for r in (dev_recs.recommendations if dev_recs else ())))
+        _write(site / Urls.device(device), env.get_template("device.html").render(page=page))
+        pages += 1
+    for model in models:
+        page = _model_page(model, camps, table, analysis, ids)
+        _write(site / Urls.model(model), env.get_template("model.html").render(page=page))
+        pages += 1
+    rows = {r["run_id"]: r for r in table.to_dict("records")}
+    for camp in camps:
+        for run in camp.runs:
+            page = _run_page(run, rows[run.run_id], analysis, ids)
+            _write(site / Urls.run(run.run_id), env.get_template("run.html").render(page=page))
+            pages += 1
+
+    outcomes = []
+    for camp in camps:
+        mine = table[table["campaign"] == camp.label]
+        counts = mine["outcome"].value_counts()
+        outcomes.append(CampaignRow(camp.label, str(camp.root), len(mine),
+                                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), camp.imported))
+    index = IndexPage(
+        title="Expert-cache benchmarks", root="", campaigns=tuple(outcomes),
+        devices=tuple(Link(d, Urls.device(d), _device_note(d, table)) for d in devices),
+        models=tuple(Link(m, Urls.model(m), f"{(table['model'] == m).sum()} runs") for m in models),
+        recommendations=tuple(_rec_row(r, "") for r in recs.all()),
+        defaults=tuple(Link(d.device, Urls.device(d.device), " ".join(d.default.argv)) for d in recs.devices),
+        tells=tuple(Link(t.run_ids[0], Urls.run(t.run_ids[0]), f"{t.kind}: {t.message}") for t in analysis.tells),
+        runs=len(table))
+    _write(site / "index.html", env.get_template("index.html").render(page=index))
+    return pages + 1
+
+
+def _device_note(device: str, table: pd.DataFrame) -> str:
+    mine = table[table["device"] == device]
+    kinds = sorted({k for k in mine["device_kind"] if k})
+    ram = mine["ram_total_kb"].max()
+    parts = [", ".join(kinds)] if kinds else []
+    if not _nan(ram):
+        parts.append(f"{ram / 1024:,.0f} MiB RAM")
+    parts.append(f"{len(mine)} runs")
+    return " · ".join(parts)

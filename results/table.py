@@ -1,0 +1,429 @@
+"""The tidy run table: one row per run (every attempt) of any number of campaign directories.
+
+A row carries who ran (device identity), what (model, its shape and token cycle, engine version,
+every configuration key), what happened (outcome and its evidence), the engine's summary numbers,
+the per-token distribution (results.tokens), the pressure it ran under (peak RSS, MemAvailable
+floor, temperatures), the state it started from, and per-run flags. Budgets are MiB as the engine
+reports them (`cache_mb` is the budget the run actually had: the summary's cache_budget_MiB, or
+for a run that died first the last per-token budget, or the fixed value asked for).
+
+The token cycle `cache_cycle_mb` comes, in order of preference, from the CSV preamble, from the
+GGUF (when the model file is reachable: its models/*.json path, or a path given by the caller),
+from the plan's own pricing (`cycle_mb` in the cell config), from the models/*.json prices, and
+last from the summary's measured `token_demand_MiB`. `cycle_source` says which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from results.errors import ResultsError
+from results.rundir import INFRA_OUTCOMES, CampaignData, RunFolder, read_campaigns
+from results.tokens import PUBLISHED_MIN_TOKENS, token_stats
+
+# columns every table has, first, in this order (docs/results.md lists them all)
+KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
+               "n_expert_used", "repeat", "outcome", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb",
+               "under_cycle", "mem_avail_floor_kb", "peak_rss_kb")
+# config keys that are columns of their own under another meaning
+_CONFIG_RENAMES = {"cache_mb": "cache_mb_config", "n_expert_used": "n_expert_used_config",
+                   "cycle_mb": "cycle_mb_config", "model": "model_config", "repeat": "repeat_config"}
+_SUMMARY = {"s/tok": "s_per_tok", "read_MiB": "read_mib", "compute_s/tok": "compute_s_per_tok",
+            "io_s/tok": "io_s_per_tok", "mgmt_s/tok": "mgmt_s_per_tok", "stall_s/tok": "stall_s_per_tok",
+            "majflt/tok": "majflt_per_tok", "cpu_s/tok": "cpu_s_per_tok", "token_demand_MiB": "token_demand_mib",
+            "layer_demand_MiB": "layer_demand_mib", "evictions": "evictions", "rereads": "rereads",
+            "load_s": "load_s", "prefill_s": "prefill_s", "n_prompt": "n_prompt",
+            "cache_resident_MiB": "cache_resident_mib"}
+
+
+class ShapeCache:
+    """GGUF shapes by path, read once (headers only)."""
+
+    def __init__(self, model_files: Mapping[str, str] | None = None):
+        self.model_files = dict(model_files or {})
+        self._shapes: dict[str, Any] = {}
+
+    def shape(self, path: str | None):
+        if not path or not os.path.isfile(path):
+            return None
+        if path not in self._shapes:
+            from engine.errors import ModelError
+            from engine.model import load_model_shape
+
+            try:
+                self._shapes[path] = load_model_shape(path)
+            except ModelError:
+                self._shapes[path] = None
+        return self._shapes[path]
+
+    def for_model(self, name: str, record: Mapping[str, Any] | None):
+        paths = [self.model_files.get(name)]
+        if record:
+            paths += [record.get("path")] + list(record.get("paths") or ())
+        for p in paths:
+            s = self.shape(p)
+            if s is not None:
+                return s
+        return None
+
+
+def _num(value: Any) -> float:
+    """A float from anything the files hold ("", None, "12.5", 3) — NaN when it is not a number."""
+    if value is None or isinstance(value, bool):
+        return math.nan if value is None else float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _first(*values: Any) -> float:
+    for v in values:
+        x = _num(v)
+        if not math.isnan(x):
+            return x
+    return math.nan
+
+
+def _min(*values: float) -> float:
+    xs = [v for v in values if not math.isnan(v)]
+    return min(xs) if xs else math.nan
+
+
+def _max(*values: float) -> float:
+    xs = [v for v in values if not math.isnan(v)]
+    return max(xs) if xs else math.nan
+
+
+def _bool(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip() not in ("", "0", "false", "False")
+    return bool(value)
+
+
+def _read_metrics(run: RunFolder):
+    from results.parse import ParseError, read_metrics_csv
+
+    path = run.file("metrics.csv")
+    if path is None:
+        return None, None
+    try:
+        return read_metrics_csv(path), None
+    except ParseError as e:
+        return None, str(e)
+
+
+def _samples(run: RunFolder) -> pd.DataFrame | None:
+    path = run.file("samples.csv")
+    if path is None:
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, OSError):
+        return None
+    return frame if len(frame) else None
+
+
+def _top_k(config: Mapping[str, Any], pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
+    k = _num(pre.get("n_expert_used"))
+    if not math.isnan(k) and k > 0:
+        return k
+    k = _num(config.get("n_expert_used"))
+    if not math.isnan(k) and k > 0:
+        return k
+    for v in ((model_rec or {}).get("top_k"), shape.top_k if shape is not None else None):
+        k = _num(v)
+        if not math.isnan(k) and k > 0:
+            return k
+    return math.nan
+
+
+def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: Mapping[str, Any],
+           model_rec: Mapping[str, Any] | None, shape, k: float) -> tuple[float, str]:
+    v = _num(pre.get("cache_cycle_mb"))
+    if not math.isnan(v):
+        # the engine prints one decimal; the plan priced the same quantity to three
+        planned = _num(config.get("cycle_mb"))
+        return (planned if not math.isnan(planned) and abs(planned - v) <= 0.051 else v), "csv"
+    if shape is not None and not math.isnan(k) and 1 <= k:
+        return round(shape.cycle_mib(min(int(k), shape.n_expert)), 3), "gguf"
+    v = _num(config.get("cycle_mb"))
+    if not math.isnan(v) and v > 0:
+        return v, "plan"
+    for price in (model_rec or {}).get("prices") or ():
+        if not math.isnan(k) and int(price.get("top_k", -1)) == int(k):
+            return float(price["cycle_mib"]), "models-json"
+    layers = (model_rec or {}).get("layers")
+    if layers and not math.isnan(k):
+        n_expert = int((model_rec or {}).get("n_expert") or k)
+        return round(sum(int(x["expert_bytes"]) for x in layers) * min(int(k), n_expert) / (1 << 20), 3), \
+            "models-json"
+    v = _num(summary.get("token_demand_MiB"))
+    if not math.isnan(v) and v > 0:
+        return v, "token_demand"
+    return math.nan, ""
+
+
+def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Entry-state fields from the runner's DeviceState or an imported driver's ENTRY STATE."""
+    e = dict(entry or {})
+    g = dict(gate or {})
+    cpu = _num(e.get("cpu_temp_mc"))
+    if math.isnan(cpu):
+        temps = [_num(v) for v in (e.get("temperatures_c") or {}).values()]
+        temps += [_num(v) / 1000 for v in (e.get("thermal_mc") or {}).values()]
+        temps = [t for t in temps if not math.isnan(t)]
+        cpu = max(temps) * 1000 if temps else math.nan
+    capped = None
+    policies = e.get("cpufreq")
+    if isinstance(policies, list) and policies:
+        capped = any(bool(p.get("capped")) for p in policies)
+    elif isinstance(e.get("cpufreq_khz"), dict) and e["cpufreq_khz"]:
+        capped = any(_num(p.get("scaling_max")) < _num(p.get("hw_max")) for p in e["cpufreq_khz"].values())
+    return {
+        "entry_mem_available_kb": _num(e.get("mem_available_kb")),
+        "entry_cpu_temp_mc": cpu,
+        "entry_battery_temp_dc": _first(e.get("battery_temp_dc"), e.get("batt_temp_dC")),
+        "entry_thermal_status": _num(e.get("thermal_status")),
+        "entry_freq_capped": capped,
+        "gate_waited_s": _first(g.get("waited_s"), e.get("waited_s")),
+        "gate_gave_up": bool(g.get("gave_up")) if g else False,
+        "gate_reason": str(g.get("reason") or ""),
+    }
+
+
+def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str, Any]:
+    """One table row for one attempt."""
+    rec = run.record
+    config = dict(rec.get("config") or {})
+    device = str(rec.get("device", ""))
+    model = str(rec.get("model", ""))
+    identity = camp.devices.get(device) or {}
+    model_rec = camp.models.get(model)
+    metrics, parse_problem = _read_metrics(run)
+    pre = dict(metrics.preamble) if metrics is not None else {}
+    summary = dict(rec.get("summary") or (metrics.summary if metrics is not None and metrics.summary else {}) or {})
+    result = dict(rec.get("result") or {})
+    shape = shapes.for_model(model, model_rec)
+    k = _top_k(config, pre, model_rec, shape)
+    cycle, cycle_source = _cycle(pre, summary, config, model_rec, shape, k)
+    rows = metrics.rows if metrics is not None else None
+    stats = token_stats(rows) if rows is not None and len(rows) else None
+
+    stream = _bool(config.get("moe_stream"))
+    if stream is None and pre.get("moe_stream") is not None:
+        stream = _bool(pre.get("moe_stream"))
+    auto = _bool(config.get("cache_auto"))
+    if auto is None and pre.get("cache_auto") is not None:
+        auto = _bool(pre.get("cache_auto"))
+    last_budget = math.nan
+    if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
+        last_budget = _num(rows["cache_budget_mib"].iloc[-1])
+    fixed = math.nan if auto else _first(pre.get("cache_mb"), config.get("cache_mb"))
+    budget = _first(summary.get("cache_budget_MiB"), result.get("budget_mib"), last_budget, fixed)
+    if stream is False:
+        budget = math.nan                      # no streaming: there is no expert cache at all
+    hit = _first(summary.get("cache_hit_pct"), result.get("cache_hit_pct"))
+    if not math.isnan(hit) and hit < 0:
+        hit = math.nan                         # -1: not measured (no cache)
+    tokens = _first(summary.get("tokens"), result.get("tokens"), stats.tokens if stats else None)
+    tok_s = _first(stats.mean_tok_s if stats else None, summary.get("tok/s"), result.get("tok_per_s"))
+
+    pressure = dict(rec.get("pressure") or {})
+    samples = _samples(run)
+    sample_floor = sample_hwm = math.nan
+    if samples is not None:
+        if "mem_available_kb" in samples.columns:
+            sample_floor = _num(samples["mem_available_kb"].min())
+        if "vm_hwm_kb" in samples.columns:
+            sample_hwm = _num(samples["vm_hwm_kb"].max())
+    csv_floor_kb = stats.mem_available_min_mib * 1024 if stats else math.nan
+    csv_rss_kb = stats.rss_max_mib * 1024 if stats else math.nan
+    engine = dict(rec.get("engine") or {})
+    engine_version = str(engine.get("version") or pre.get("engine") or "")
+    outcome = str(rec.get("outcome") or "")
+    under = bool(stream is not False and not math.isnan(budget) and budget > 0 and not math.isnan(cycle)
+                 and budget < cycle)
+
+    row: dict[str, Any] = {
+        "device": device,
+        "model": model,
+        "engine": engine_version or str(engine.get("kind") or ""),
+        "cache_mb": budget,
+        "cache_auto": bool(auto),
+        "cache_ceil_mb": _num(config.get("cache_ceil_mb", pre.get("cache_ceil_mb"))),
+        "dense_weights": str(config.get("dense_weights") or pre.get("dense_weights") or ""),
+        "n_expert_used": k,
+        "repeat": int(rec.get("repeat", 0) or 0),
+        "outcome": outcome,
+        "tokens": tokens,
+        "tok_s": tok_s,
+        "cache_hit_pct": hit,
+        "cache_cycle_mb": cycle,
+        "under_cycle": under,
+        "mem_avail_floor_kb": _min(_num(pressure.get("mem_avail_floor_kb")), sample_floor, csv_floor_kb),
+        "peak_rss_kb": _max(_num(pressure.get("peak_rss_kb")), sample_hwm, csv_rss_kb),
+        # identity
+        "campaign": camp.label,
+        "campaign_dir": str(camp.root),
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "cell_id": str(rec.get("cell_id", "")),
+        "attempt": int(rec.get("attempt", 1)),
+        "latest": run.latest,
+        "imported": camp.imported,
+        "device_id": str(rec.get("device_id", "")),
+        "device_kind": str(identity.get("kind") or ""),
+        "device_model": str(identity.get("model") or ""),
+        "device_manufacturer": str(identity.get("manufacturer") or ""),
+        "device_soc": str(identity.get("soc") or ""),
+        "android_release": str(identity.get("android_release") or ""),
+        "ram_total_kb": _num(identity.get("ram_total_kb")),
+        "engine_kind": str(engine.get("kind") or ""),
+        "engine_sha256": str(engine.get("sha256") or ""),
+        # model shape
+        "arch": str(pre.get("arch") or config.get("arch") or (shape.arch if shape else "") or
+                    (model_rec or {}).get("arch") or ""),
+        "n_layer": _first(pre.get("n_layer"), config.get("n_layer"), shape.n_layer if shape else None,
+                          (model_rec or {}).get("n_layer")),
+        "n_expert": _first(pre.get("n_expert"), config.get("n_expert"), shape.n_expert if shape else None,
+                           (model_rec or {}).get("n_expert")),
+        "cycle_source": cycle_source,
+        "moe_stream": stream,
+        "budget_label": _budget_label(stream, auto, budget, config),
+        # run
+        "pass": int(rec.get("pass", 0) or 0),
+        "order": int(rec.get("order", 0) or 0),
+        "evidence": " | ".join(str(e) for e in rec.get("evidence") or ()),
+        "exit_status": _num(rec.get("exit_status")),
+        "timed_out": bool(rec.get("timed_out")),
+        "wall_s": _num(rec.get("wall_s")),
+        "killed": outcome in ("lmk_killed", "killed"),
+        "infra": outcome in INFRA_OUTCOMES,
+        "started_at": _num(rec.get("started_at")),
+        "o_direct": _num(rec.get("o_direct")),
+        "has_route_trace": run.file("route.csv") is not None,
+        "argv": json.dumps(list(rec.get("argv") or ())),
+        "csv_problem": parse_problem or "",
+        # summary
+        "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),
+    }
+    for key, column in _SUMMARY.items():
+        row[column] = _num(summary.get(key))
+    row["read_mib_per_tok"] = row["read_mib"] / tokens if tokens and not math.isnan(tokens) and tokens > 0 \
+        else math.nan
+    row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
+    if math.isnan(row["majflt_per_tok"]) and stats is not None:
+        row["majflt_per_tok"] = stats.majflt_per_tok
+    # distribution
+    for field in ("mean_tok_s", "median_tok_s", "p5_tok_s", "p95_tok_s", "min_tok_s", "max_tok_s",
+                  "steady_from_step", "steady_tokens", "steady_mean_tok_s", "wall_ms_mean", "io_ms_mean",
+                  "compute_ms_mean", "mgmt_ms_mean"):
+        value = getattr(stats, field) if stats is not None else None
+        row[field] = math.nan if value is None else float(value)
+    if math.isnan(row["compute_s_per_tok"]) and stats is not None:
+        row["compute_s_per_tok"] = stats.compute_ms_mean / 1000
+    # pressure and entry state
+    row.update({
+        "mem_avail_before_kb": _num(pressure.get("mem_avail_before_kb")),
+        "mem_avail_after_kb": _num(pressure.get("mem_avail_after_kb")),
+        "cpu_temp_before_mc": _num(pressure.get("cpu_temp_before_mC")),
+        "cpu_temp_max_mc": _num(pressure.get("cpu_temp_max_mC")),
+        "batt_temp_max_dc": _num(pressure.get("batt_temp_max_dC")),
+    })
+    row.update(_entry(rec.get("entry_state"), rec.get("gate")))
+    # every configuration key (those with a column of their own under another name are renamed)
+    for key, value in sorted(config.items()):
+        column = _CONFIG_RENAMES.get(key, key)
+        if column in row:
+            column = f"config_{key}"
+        row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    row["flags"] = ",".join(_flags(row))
+    return row
+
+
+def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: Mapping[str, Any]) -> str:
+    if stream is False:
+        return "resident" if config.get("no_mmap") else "mmap"
+    if auto:
+        ceil = _num(config.get("cache_ceil_mb"))
+        return "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "")
+    return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
+
+
+def _flags(row: Mapping[str, Any]) -> list[str]:
+    flags = []
+    if row["under_cycle"]:
+        flags.append("under_cycle")
+    tokens = row["tokens"]
+    if row["outcome"] == "ok" and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
+        flags.append("probe")
+    if row["gate_gave_up"]:
+        flags.append("gate_gave_up")
+    if row["entry_freq_capped"]:
+        flags.append("freq_capped")
+    if row["moe_stream"] and row["o_direct"] == 0:
+        flags.append("o_direct_off")
+    return flags
+
+
+def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
+                model_files: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The run table of campaign directories (paths, or CampaignData already read)."""
+    camps = list(dirs) if dirs and all(isinstance(d, CampaignData) for d in dirs) else read_campaigns(list(dirs))
+    shapes = ShapeCache(model_files)
+    rows = [run_row(c, r, shapes) for c in camps for r in c.runs]
+    if not rows:
+        raise ResultsError("no runs in " + ", ".join(str(c.root) for c in camps))
+    frame = pd.DataFrame(rows)
+    rest = [c for c in frame.columns if c not in KEY_COLUMNS]
+    frame = frame[list(KEY_COLUMNS) + rest]
+    return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
+
+
+def write_table(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None) -> str:
+    """`bmoe-fleet table`: write the run table as CSV, or parquet when pyarrow is importable."""
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        raise ResultsError(f"{out}: write .csv or .parquet")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ResultsError(f"{out}: writing parquet needs pyarrow, which is not installed "
+                               "(pip install pyarrow), or write .csv instead") from None
+    frame = build_table(dirs, model_files)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        if suffix == ".csv":
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    n_camps = frame["campaign"].nunique()
+    return f"wrote {len(frame)} runs of {n_camps} campaign{'s' if n_camps != 1 else ''} to {out}"
+
+
+def parse_model_files(items: Sequence[str]) -> dict[str, str]:
+    """`NAME=PATH` pairs (the CLI's --model-file) as a mapping."""
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ResultsError(f"--model-file expects NAME=PATH, got {item!r}")
+        out[name] = path
+    return out

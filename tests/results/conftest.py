@@ -1,0 +1,489 @@
+"""Campaign directories for the results tests, made by REALLY running campaigns (never written by
+hand), plus headless Chromium driven over the DevTools protocol on a pipe.
+
+- `local_campaign`: bmoe-py on this host, a small synthetic model, budgets under, at and over the
+  token cycle, `auto`, two dense modes, two repeats, route traces.
+- `vphone_campaign`: bmoe-py on a small virtual phone (its memory cgroup does the killing, its
+  lmkd logs the kill), reached through a real adb server. The phone's RAM is sized from a probe
+  run of the engine itself (its RSS with no cache, plus VPHONE_CACHE_ROOM_MIB), so a 102 MiB cache
+  fits and a 256 MiB one is killed whatever the engine's own footprint is today. At top-k 2 (cycle
+  51 MiB) 256 MiB is killed; at top-k 8 (cycle 204 MiB) every budget that survives is under the
+  cycle. The phone reports the getprop model `<script>alert(1)</script>`.
+- `imported`: `bmoe-fleet import` of the upstream fixtures (the device label is a script tag too).
+- Wrapper engines (`write_engine`): a campaign may run `engine.kind = "native"` with a small Python
+  script as bmoe-cli. It runs the real bmoe-py in-process and, on the conditions baked into it,
+  sleeps before every decode step (a slowed engine / a throttled device) or pages the model's
+  mapping out from a thread while the engine runs (MADV_PAGEOUT: someone else taking the page
+  cache). `--version` prints `bmoe-py 0.1.0 (LABEL)`. These are documented in docs/results.md.
+
+Everything started here is stopped here, pass or fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import pytest
+
+from engine.synth import synth_options, write_model
+from harness.campaign import parse_campaign
+from harness.runner import run_campaign
+
+PROJECT = Path(__file__).resolve().parents[2]
+UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream"
+UPSTREAM_FOLDERS = ("2026-07-12", "2026-07-13", "2026-07-14", "2026-07-15-route-trace", "2026-07-17", "host-v2-0.19.0")
+SCRIPT_TAG = "<script>alert(1)</script>"
+VPHONE_CACHE_ROOM_MIB = 125      # RAM over the engine's cache-less RSS: 102 MiB of cache fits, 170+ does not
+PROMPT = "Every token visits its experts; the cache keeps them."
+
+
+@pytest.fixture(scope="session", autouse=True)
+def results_fleet_home(tmp_path_factory):
+    """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet."""
+    home = tmp_path_factory.mktemp("results-fleet-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BMOE_FLEET_HOME", str(home))
+        yield home
+
+
+@pytest.fixture
+def cli() -> click.Group:
+    """A bmoe-fleet group holding the results commands (the lead registers them in harness/cli.py)."""
+    from harness.cli import _Group
+    from harness.cli_campaign import COMMANDS as CAMPAIGN_COMMANDS
+    from harness.cli_results import COMMANDS
+
+    group = _Group("bmoe-fleet")
+    for command in COMMANDS + CAMPAIGN_COMMANDS:
+        group.add_command(command)
+    return group
+
+
+# ── models ───────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def results_models(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("results-models")
+
+
+@pytest.fixture(scope="session")
+def small_model(results_models) -> Path:
+    """qwen3moe, 4 layers x 8 experts, top-2, uniform routing: token cycle 3.2 MiB, bank 12.8 MiB."""
+    path = results_models / "small.gguf"
+    write_model(path, synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=256, expert_ffn=512, vocab=300,
+                                    seed=7, router_skew=0.0))
+    return path
+
+
+@pytest.fixture(scope="session")
+def router_model(results_models) -> Path:
+    """64 small experts per layer behind a 1024-wide F32 router (256 KiB a layer): with
+    --dense-weights mmap every token reads those pages from the file's mapping."""
+    path = results_models / "router.gguf"
+    write_model(path, synth_options("qwen3moe", layers=4, experts=64, top_k=2, hidden=1024, expert_ffn=32, vocab=300,
+                                    seed=5))
+    return path
+
+
+@pytest.fixture(scope="session")
+def alpha_model(results_models) -> Path:
+    """qwen3moe, 4 layers x 8 experts of 6.375 MiB, uniform routing: cycle 51 MiB at top-k 2 and
+    204 MiB (the whole bank) at top-k 8."""
+    path = results_models / "alpha.gguf"
+    write_model(path, synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=1024, expert_ffn=2048, vocab=300,
+                                    seed=11, quant="Q8_0", router_skew=0.0))
+    return path
+
+
+# ── campaigns ────────────────────────────────────────────────────────────────────────────────
+
+
+def local_campaign_data(name: str, model: Path, axes: dict, run: dict | None = None, gate: dict | None = None,
+                        engine: dict | None = None) -> dict:
+    data = {"version": 1, "name": name, "fleet": {"devices": ["local"]}, "models": {model.stem: str(model)},
+            "axes": axes, "run": {"n_predict": 8, **(run or {})}, "gate": {"max_wait_s": 1, **(gate or {})}}
+    if engine:
+        data["engine"] = engine
+    return data
+
+
+def run_local(out: Path, data: dict) -> Path:
+    campaign = parse_campaign(data, source=f"{data['name']}.toml")
+    run_campaign(campaign, out, progress_stream=io.StringIO())
+    return out
+
+
+@pytest.fixture(scope="session")
+def local_campaign(tmp_path_factory, small_model) -> Path:
+    out = tmp_path_factory.mktemp("local") / "local-sweep"
+    return run_local(out, local_campaign_data(
+        "local-sweep", small_model,
+        {"cache_mb": [0, "cycle*0.5", "cycle*1.5", "cycle*3", "auto"], "dense_weights": ["anon", "warm"]},
+        run={"repeats": 2, "route_trace": True}))
+
+
+@pytest.fixture(scope="session")
+def imported(tmp_path_factory) -> Path:
+    from harness.importer import import_runs
+
+    out = tmp_path_factory.mktemp("imported") / "upstream"
+    import_runs([UPSTREAM / f for f in UPSTREAM_FOLDERS], out, device=SCRIPT_TAG)
+    return out
+
+
+# ── wrapper engines ──────────────────────────────────────────────────────────────────────────
+
+_WRAPPER = '''#!{python}
+"""bmoe-py with a deliberate contamination, for the results tests (see tests/results/conftest.py)."""
+import ctypes, os, sys, threading, time
+sys.path.insert(0, {project!r})
+argv = sys.argv[1:]
+if argv == ["--version"]:
+    print("bmoe-py 0.1.0 ({label})")
+    sys.exit(0)
+counter = {counter!r}
+with open(counter, "a") as f:
+    f.write("x")
+call = os.path.getsize(counter)
+
+
+def flag(name):
+    return name in argv and argv[argv.index(name) + 1]
+
+
+def wanted(condition):
+    kind, _, arg = condition.partition(":")
+    return (kind == "always" or (kind == "cache0" and flag("--cache-mb") == "0")
+            or (kind == "topk" and flag("--n-expert-used") == arg) or (kind == "after" and call > int(arg))
+            or (kind == "call" and call == int(arg)))
+
+
+if wanted({fail_when!r}):
+    print("error: this engine was told to fail here", file=sys.stderr)
+    sys.exit(1)
+if wanted({slow_when!r}):
+    import engine.forward as forward
+    decode = forward.Model.decode
+
+    def slowed(self, *args, **kwargs):
+        time.sleep({slow_ms} / 1000)
+        return decode(self, *args, **kwargs)
+
+    forward.Model.decode = slowed
+if wanted({squeeze_when!r}):
+    model = os.path.realpath(flag("-m"))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+    def squeeze():
+        ranges, seen = [], 0.0
+        while True:
+            if time.monotonic() - seen > 0.05:     # the engine maps the file once it loads: look again now and then
+                with open("/proc/self/maps") as maps:
+                    ranges = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in maps
+                              if line.split()[5:6] == [model]]
+                seen = time.monotonic()
+            for lo, hi in ranges:
+                libc.madvise(lo, hi - lo, 21)      # MADV_PAGEOUT: reclaim these pages now
+            time.sleep(0.0002)
+
+    threading.Thread(target=squeeze, daemon=True).start()
+from engine.cli import main
+sys.argv = ["bmoe-cli"] + argv
+main()
+'''
+
+
+def write_engine(folder: Path, label: str, slow_when: str = "never", slow_ms: float = 0.0,
+                 squeeze_when: str = "never", fail_when: str = "never") -> dict:
+    """A wrapper engine script and the campaign `engine` table that runs it as native bmoe-cli."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"bmoe-cli-{label}"
+    counter = folder / f"calls-{label}"
+    counter.write_text("")
+    path.write_text(_WRAPPER.format(python=sys.executable, project=str(PROJECT), label=label, counter=str(counter),
+                                    slow_when=slow_when, slow_ms=slow_ms, squeeze_when=squeeze_when,
+                                    fail_when=fail_when))
+    path.chmod(0o755)
+    return {"kind": "native", "native": {os.uname().machine: {"cli": str(path)}}}
+
+
+@pytest.fixture(scope="session")
+def compare_pair(tmp_path_factory, small_model) -> tuple[Path, Path]:
+    """One plan run twice: by an unchanged wrapper engine, then by one that sleeps 100 ms before every
+    decode step of the cache-0 cells (and only those)."""
+    root = tmp_path_factory.mktemp("compare")
+    axes = {"cache_mb": [0, "cycle*1.5"]}
+    run = {"repeats": 3, "n_predict": 12}
+    a = run_local(root / "a", local_campaign_data("pair", small_model, axes, run,
+                                                  engine=write_engine(root / "engines", "plain")))
+    b = run_local(root / "b", local_campaign_data("pair", small_model, axes, run,
+                                                  engine=write_engine(root / "engines", "slowed", "cache0", 100)))
+    return a, b
+
+
+@pytest.fixture(scope="session")
+def failing_twin(tmp_path_factory, small_model) -> Path:
+    """compare_pair's plan once more, by an engine that fails every cache-0 run (exit 1, `error: …`)."""
+    root = tmp_path_factory.mktemp("compare-fail")
+    return run_local(root / "c", local_campaign_data(
+        "pair", small_model, {"cache_mb": [0, "cycle*1.5"]}, {"repeats": 3, "n_predict": 12},
+        engine=write_engine(root / "engines", "failing", fail_when="cache0")))
+
+
+# ── adb server and the virtual phone ─────────────────────────────────────────────────────────
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _adb_server_pids(port: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="session")
+def vphone_campaign(tmp_path_factory, alpha_model) -> Path:
+    import adbutils
+
+    from devices.virtual import manager
+
+    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
+    port = _free_port()
+    android_home = tmp_path_factory.mktemp("android-home")
+    phone_home = tmp_path_factory.mktemp("vphones")
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(android_home))
+    started = subprocess.run([str(adb), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert started.returncode == 0, started.stderr
+    root = tmp_path_factory.mktemp("vphone")
+    out = root / "vphone-lmk"
+
+    def campaign(name: str, axes: dict, run: dict) -> object:
+        return parse_campaign({"version": 1, "name": name,
+                               "fleet": {"devices": ["virtual:tight"], "virtual_home": str(phone_home),
+                                         "adb": [{"host": "127.0.0.1", "port": port}]},
+                               "models": {"alpha": str(alpha_model)}, "axes": axes,
+                               "run": {"n_predict": 4, "prompt": PROMPT, **run}, "gate": {"max_wait_s": 2}},
+                              source=f"{name}.toml")
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
+            mp.setenv(key, env[key])
+        try:
+            # the probe: the engine's own RSS without a cache, at the widest top-k, on a roomy phone
+            manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
+            run_campaign(campaign("probe", {"cache_mb": [0], "n_expert_used": [8]}, {}), root / "probe",
+                         progress_stream=io.StringIO())
+            from results.parse import read_metrics_csv
+
+            (probe_csv,) = (root / "probe").glob("runs/*/1/metrics.csv")
+            base_mib = float(read_metrics_csv(probe_csv).rows["rss_mib"].max())
+            manager.down("tight", home=phone_home, adb_host="127.0.0.1", adb_port=port)
+            ram_mib = int(base_mib + VPHONE_CACHE_ROOM_MIB)
+            manager.up("tight", ram_mib << 20, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
+            run_campaign(campaign("vphone-lmk", {"cache_mb": ["cycle*0.5", "cycle*2", 256], "n_expert_used": [2, 8]},
+                                  {"repeats": 2, "route_trace": True}), out, progress_stream=io.StringIO())
+        finally:
+            manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=port)
+            subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + 5
+            while _adb_server_pids(port) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for pid in _adb_server_pids(port):
+                os.kill(pid, signal.SIGKILL)
+    return out
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, local_campaign, vphone_campaign, imported) -> Path:
+    from results.report import build_site
+
+    out = tmp_path_factory.mktemp("site") / "site"
+    build_site([local_campaign, vphone_campaign, imported], out,
+               {"tiny": str(UPSTREAM / "host-v2-0.19.0" / "tiny-qwen3moe.gguf")})
+    return out
+
+
+# ── headless Chromium over the DevTools protocol (--remote-debugging-pipe) ───────────────────
+
+
+class Browser:
+    """Chromium reads protocol messages on fd 3 and writes them on fd 4, each ended by a NUL."""
+
+    def __init__(self, executable: str = "/usr/bin/chromium"):
+        self.profile = tempfile.mkdtemp(prefix="bmoe-chromium-")
+        r0, self._to_chrome = os.pipe()
+        self._from_chrome, w0 = os.pipe()
+        # the child must end up with them as 3 and 4: move them out of the way first
+        child_in = fcntl.fcntl(r0, fcntl.F_DUPFD_CLOEXEC, 10)
+        child_out = fcntl.fcntl(w0, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(r0)
+        os.close(w0)
+        args = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={self.profile}",
+                "--remote-debugging-pipe", "about:blank"]
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$@" 3<&{child_in} 4>&{child_out} {child_in}<&- {child_out}>&-', "bash", *args],
+            pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        os.close(child_in)
+        os.close(child_out)
+        self._buf = b""
+        self._id = 0
+        self.events: list[dict] = []
+        self.session: str | None = None
+
+    def _message(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("chromium sent nothing in time")
+            ready, _, _ = select.select([self._from_chrome], [], [], left)
+            if ready:
+                chunk = os.read(self._from_chrome, 1 << 20)
+                if not chunk:
+                    raise EOFError("chromium closed the protocol pipe")
+                self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def send(self, method: str, params: dict | None = None, browser: bool = False, timeout: float = 30) -> dict:
+        self._id += 1
+        msg: dict = {"id": self._id, "method": method, "params": params or {}}
+        if self.session and not browser:
+            msg["sessionId"] = self.session
+        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._message(timeout)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_event(self, name: str, timeout: float = 30) -> dict:
+        for i, e in enumerate(self.events):
+            if e.get("method") == name:
+                return self.events.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            e = self._message(max(0.01, deadline - time.monotonic()))
+            if e.get("method") == name:
+                return e
+            self.events.append(e)
+
+    def attach(self) -> None:
+        targets = self.send("Target.getTargets", browser=True)["targetInfos"]
+        page = next(t for t in targets if t["type"] == "page")
+        self.session = self.send("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True},
+                                 browser=True)["sessionId"]
+        for method in ("Page.enable", "Runtime.enable", "Log.enable"):
+            self.send(method)
+
+    def evaluate(self, expression: str):
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def visit(self, url: str, timeout: float = 30) -> tuple[dict, list[str]]:
+        """Load a page, wait until site.js says every chart is drawn; (chart counts, console errors)."""
+        self.events.clear()
+        self.send("Page.navigate", {"url": url})
+        self.wait_event("Page.loadEventFired", timeout)
+        deadline = time.monotonic() + timeout
+        while self.evaluate("document.body.getAttribute('data-charts')") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = self.evaluate(
+            "({charts: document.querySelectorAll('.chart').length,"
+            " drawn: document.querySelectorAll('.chart[data-rendered=\"1\"]').length,"
+            " svgs: document.querySelectorAll('.chart svg.main-svg').length,"
+            " traces: document.querySelectorAll('.chart g.trace').length,"
+            " done: document.body.getAttribute('data-charts')})")
+        self.send("Runtime.evaluate", {"expression": "0"})      # flush the events queued so far
+        return info, console_errors(self.events)
+
+    def screenshot(self, url: str, path: Path, width: int = 1280, max_height: int = 2400) -> list[str]:
+        """Load the page at this width (charts size themselves to it), then capture it; the page's
+        console errors are returned."""
+        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+                                                         "mobile": False})
+        _, errors = self.visit(url)
+        height = min(int(self.evaluate("document.documentElement.scrollHeight")), max_height)
+        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                    "clip": {"x": 0, "y": 0, "width": width, "height": height,
+                                                             "scale": 1}})
+        path.write_bytes(base64.b64decode(shot["data"]))
+        self.send("Emulation.clearDeviceMetricsOverride")
+        return errors
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", browser=True, timeout=5)
+        except (OSError, EOFError, TimeoutError, RuntimeError):
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self._to_chrome)
+        os.close(self._from_chrome)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def console_errors(events: list[dict]) -> list[str]:
+    """Console errors, uncaught exceptions and error log entries (failed loads) among CDP events."""
+    out = []
+    for e in events:
+        method, p = e.get("method"), e.get("params", {})
+        if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            out.append("console.error: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"]))
+        elif method == "Runtime.exceptionThrown":
+            details = p.get("exceptionDetails", {})
+            out.append("exception: " + str(details.get("exception", {}).get("description") or details.get("text")))
+        elif method == "Page.javascriptDialogOpening":
+            out.append(f"dialog: {p.get('type')} {p.get('message')!r}")
+        elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def browser():
+    b = Browser()
+    try:
+        b.attach()
+        yield b
+    finally:
+        b.close()

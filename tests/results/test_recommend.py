@@ -1,0 +1,94 @@
+"""Recommendations from real campaigns: a ceiling under what the phone killed and over the cycle, cache 0
+(with the reason) where no safe budget clears the cycle, the per-device default, the evidence and
+the replayed LRU citation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from results.recommend import FORMAT, FORMAT_VERSION, RESERVE_FRACTION, recommend, round_down
+
+from .conftest import UPSTREAM
+
+
+def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle_and_kill(vphone_campaign, cli):
+    result = CliRunner().invoke(cli, ["recommend", str(vphone_campaign), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["format"], data["version"]) == (FORMAT, FORMAT_VERSION)
+    (device,) = data["devices"]
+    ram_mib = device["ram_total_kb"] / 1024
+    assert device["device"] == "virtual:tight" and 100 < ram_mib < 512
+    recs = {r["top_k"]: r for r in device["recommendations"]}
+
+    k2 = recs[2]
+    n = k2["auto"]["cache_ceil_mb"]
+    assert k2["cycle_mib"] == 51 < n < k2["lmk"]["smallest_killed_mib"] == 256
+    assert n <= k2["lmk"]["largest_safe_mib"] == 102
+    assert k2["auto"]["argv"] == ["--cache-mb", "auto", "--cache-ceil-mb", str(n)]
+    # the margin rule: the floor reached at 102 MiB against a reserve of 10 % of the phone's RAM
+    floor, reserve = k2["auto"]["floor_mib"], k2["auto"]["reserve_mib"]
+    assert math.isclose(reserve, RESERVE_FRACTION * ram_mib, abs_tol=1e-3) and 0 < floor < ram_mib
+    assert math.isclose(k2["auto"]["margin_mib"], max(0.0, reserve - floor), abs_tol=1e-3)
+    assert n == max(round_down(102 - k2["auto"]["margin_mib"]), 51)
+    assert not k2["cache_off"] and (51 <= k2["fixed"]["cache_mb"] <= n or k2["fixed"]["cache_mb"] == 0)
+    assert k2["evidence"]["runs"] == 6 and k2["evidence"]["repeats_at_largest_safe"] == 2
+    assert len(k2["evidence"]["killed_runs"]) == 2 and "lowmemorykiller" in k2["evidence"]["kill_evidence"][0]
+    assert k2["confidence"] in ("low", "medium") and any("probe" in r for r in k2["confidence_reasons"])
+    assert k2["under_cycle_budgets_mib"] == [25]
+
+    k8 = recs[8]
+    assert k8["cache_off"] and k8["auto"] is None and k8["fixed"]["argv"] == ["--cache-mb", "0"]
+    assert "no budget that survived every repeat clears the 204 MiB token cycle" in k8["reason"]
+    assert "largest, 102 MiB, is under it" in k8["reason"] and "strictly better" in k8["reason"]
+    assert k8["lmk"]["largest_safe_mib"] == 102 and k8["under_cycle_budgets_mib"] == [102]
+
+    # what an app would ship on this phone: the lowest safe ceiling, and which model needs cache 0
+    assert device["default"]["cache_ceil_mb"] == n
+    assert device["default"]["argv"] == ["--cache-mb", "auto", "--cache-ceil-mb", str(n)]
+    assert any(note.startswith("alpha at top-k 8: ship --cache-mb 0") for note in device["default"]["notes"])
+
+    text = CliRunner().invoke(cli, ["recommend", str(vphone_campaign)]).output
+    assert f"default --cache-mb auto --cache-ceil-mb {n}" in text and "--cache-mb 0 | no auto ceiling" in text
+
+
+def test_a_route_trace_makes_the_recommendation_cite_the_replayed_curve(local_campaign):
+    recs = recommend([local_campaign])
+    (device,) = recs.devices
+    r = recs.find("local", "small", 2)
+    assert device.default.cache_ceil_mb == r.auto.cache_ceil_mb
+    assert r.cycle_source == "csv" and not r.cache_off
+    assert r.auto.cache_ceil_mb >= r.cycle_mib and r.lmk["smallest_killed_mib"] is None
+    assert any("no kill observed" in reason for reason in r.confidence_reasons)
+    c = r.replay
+    assert c is not None and c.trace.endswith("route.csv") and math.isclose(c.cycle_mib, r.cycle_mib, abs_tol=1e-3)
+    assert c.knee_mib is not None and c.predicted_hit_pct_at_ceiling is not None
+    if r.fixed.cache_mb > 0:
+        # the measured hit at the recommended fixed budget lies on the replayed curve
+        assert abs(c.predicted_hit_pct_at_fixed - c.measured_hit_pct_at_fixed) <= 0.05 + 1e-9
+    assert r.dense_mode in ("anon", "warm") and {m["mode"] for m in r.dense_modes} == {"anon", "warm"}
+    assert r.evidence["runs"] == 20 and r.confidence in ("low", "medium", "high")
+
+
+def test_upstream_runs_recommend_with_their_evidence(imported):
+    recs = recommend([imported], {"tiny": str(UPSTREAM / "host-v2-0.19.0" / "tiny-qwen3moe.gguf")})
+    gpt = recs.find("<script>alert(1)</script>", "gpt-oss-120b-Q4_K_M", 4)
+    # 2000 MiB (over the 1815.4 MiB cycle at top-k 4) beat streaming without a cache on the phone
+    assert gpt.cycle_mib == 1815.4 and gpt.cycle_source == "token_demand"
+    assert gpt.fixed.cache_mb == 2000 and gpt.fixed.measured and gpt.fixed.tok_s > 1.2
+    assert gpt.confidence != "high" and any("token_demand_MiB" in r for r in gpt.confidence_reasons)
+    # the phone's RAM is not in upstream's files: the reserve comes from what was free at the start
+    assert gpt.auto.reserve_mib < 1000 and "device RAM unknown" in gpt.auto.why
+    # the route-trace run: replayed at 3000 MiB the curve gives the 32.4 % the phone measured
+    traced = recs.find("<script>alert(1)</script>", "gpt-oss", 2)
+    assert traced.replay is not None and math.isclose(traced.replay.cycle_mib, 907.69, abs_tol=0.01)
+    assert traced.replay.first_decode_hit_mib < 907.7 < traced.replay.knee_mib
+    tiny = recs.find("<script>alert(1)</script>", "tiny", 2)
+    assert tiny.cycle_source == "gguf" and tiny.cycle_mib == 1.5
+    # a run the engine refused is no evidence for or against any budget: no recommendation from it
+    with pytest.raises(KeyError):
+        recs.find("<script>alert(1)</script>", "bad", None)

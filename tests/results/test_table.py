@@ -1,0 +1,119 @@
+"""The tidy run table from campaign directories: one row per run, budgets as the engine reports
+them, the token cycle from the best source there is, per-token distributions, pressure."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+from click.testing import CliRunner
+
+from results.parse import read_metrics_csv
+from results.table import KEY_COLUMNS, build_table
+
+from .conftest import UPSTREAM
+
+
+def run_records(out):
+    return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/*/run.json"))]
+
+
+def test_the_table_command_writes_one_row_per_run_with_the_engine_numbers(local_campaign, cli, tmp_path):
+    result = CliRunner().invoke(cli, ["table", str(local_campaign), "-o", str(tmp_path / "runs.csv")],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "wrote 20 runs of 1 campaign to" in result.output
+    table = pd.read_csv(tmp_path / "runs.csv")
+    assert list(table.columns[:len(KEY_COLUMNS)]) == list(KEY_COLUMNS)
+    records = {r["cell_id"]: r for r in run_records(local_campaign)}
+    assert len(table) == len(records) == 20
+    plan = json.loads((local_campaign / "plan.json").read_text())
+    cycle = next(c["config"]["cycle_mb"] for c in plan["cells"])
+    assert 3.0 < cycle < 3.5
+    for row in table.to_dict("records"):
+        rec = records[row["cell_id"]]
+        m = read_metrics_csv(local_campaign / "runs" / row["cell_id"] / "1" / "metrics.csv")
+        assert row["outcome"] == rec["outcome"] == "ok" and row["device"] == "local" and row["model"] == "small"
+        assert row["engine"] == "bmoe-py 0.1.0" and row["repeat"] == rec["repeat"]
+        # the budget is the engine's own (auto: what it sized; fixed: what it held)
+        assert row["cache_mb"] == m.summary["cache_budget_MiB"]
+        assert bool(row["cache_auto"]) == rec["config"]["cache_auto"]
+        assert row["dense_weights"] == rec["config"]["dense_weights"] and row["n_expert_used"] == 2
+        # the cycle from the CSV preamble (to the plan's three decimals), and the flag against it
+        assert row["cycle_source"] == "csv" and row["cache_cycle_mb"] == cycle
+        assert float(m.preamble["cache_cycle_mb"]) == round(cycle, 1)
+        assert bool(row["under_cycle"]) == (0 < row["cache_mb"] < cycle)
+        assert bool(row["under_cycle"]) == (rec["config"]["budget_spec"] == "cycle*0.5")
+        # distribution: mean = tokens / Σ wall, extremes are single tokens, percentiles in between
+        wall = m.rows["wall_ms"].to_numpy()
+        assert row["tokens"] == len(wall) == 8
+        assert math.isclose(row["tok_s"], len(wall) / (wall.sum() / 1000), rel_tol=1e-9)
+        assert math.isclose(row["min_tok_s"], 1000 / wall.max()) and math.isclose(row["max_tok_s"], 1000 / wall.min())
+        assert row["min_tok_s"] <= row["p5_tok_s"] <= row["median_tok_s"] <= row["p95_tok_s"] <= row["max_tok_s"]
+        assert "probe" in row["flags"].split(",")              # 8 tokens: a probe, not a published number
+        # pressure: the engine's own per-token RSS is part of the peak, MemAvailable floor under the start
+        assert row["peak_rss_kb"] >= m.rows["rss_mib"].max() * 1024 - 1
+        assert row["mem_avail_floor_kb"] <= min(rec["pressure"]["mem_avail_floor_kb"],
+                                                m.rows["mem_available_mib"].min() * 1024)
+        hit = m.summary["cache_hit_pct"]
+        assert (math.isnan(row["cache_hit_pct"]) if hit == -1 else row["cache_hit_pct"] == hit)
+        assert row["has_route_trace"] and json.loads(row["argv"]) == rec["argv"]
+        assert row["budget_spec"] == rec["config"]["budget_spec"] and row["cache_mb_config"] == rec["config"]["cache_mb"]
+
+
+def test_parquet_needs_pyarrow_and_says_so(local_campaign, cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)      # as on a host without pyarrow: the import fails
+    out = tmp_path / "runs.parquet"
+    result = CliRunner().invoke(cli, ["table", str(local_campaign), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "writing parquet needs pyarrow" in result.output and "write .csv instead" in result.output
+    assert not out.exists() and not list(tmp_path.iterdir())
+    bad = CliRunner().invoke(cli, ["table", str(local_campaign), "-o", str(tmp_path / "runs.xlsx")])
+    assert bad.exit_code == 1 and "write .csv or .parquet" in bad.output
+
+
+def test_killed_runs_keep_their_budget_evidence_and_pressure(vphone_campaign):
+    table = build_table([vphone_campaign])
+    killed = table[table["outcome"] == "lmk_killed"]
+    assert len(killed) == 6 and killed["killed"].all()
+    assert set(zip(killed["n_expert_used"], killed["cache_mb"])) == {(2, 256), (8, 256), (8, 408)}
+    for row in killed.to_dict("records"):
+        assert "lowmemorykiller: Kill '" in row["evidence"] and row["exit_status"] == 137
+        assert row["cache_cycle_mb"] == (51.0 if row["n_expert_used"] == 2 else 204.0)
+        assert not row["under_cycle"] and math.isnan(row["tok_s"])
+    ok = table[table["outcome"] == "ok"]
+    ram_kb = json.loads((vphone_campaign / "devices" / "virtual-tight.json").read_text())["ram_total_kb"]
+    assert len(ok) == 6 and (ok["ram_total_kb"] == ram_kb).all() and ram_kb < 512 * 1024
+    # every run on the phone saw its small RAM: the floor is real and under it, the peak RSS too
+    assert (ok["mem_avail_floor_kb"] < ram_kb).all() and (ok["peak_rss_kb"] < ram_kb).all()
+    assert (ok["peak_rss_kb"] > 50 * 1024).all()
+
+
+def test_imported_runs_take_the_cycle_from_the_best_source_there_is(imported, tmp_path):
+    table = build_table([imported])
+    assert len(table) == 57
+    by_source = {r["source"]: r for r in table.to_dict("records")}
+    # bmoe_metrics v1 (2026-07-17) predates cache_cycle_mb: the summary's token_demand_MiB
+    gpt = by_source["2026-07-17/gpt_c2000_l4"]
+    assert (gpt["cache_cycle_mb"], gpt["cycle_source"], gpt["n_expert_used"]) == (1815.4, "token_demand", 4)
+    assert gpt["cache_mb"] == 2000 and not gpt["under_cycle"]
+    # pre-preamble CSVs (2026-07-12): no top-k, no cycle; nothing is claimed
+    qwen = by_source["2026-07-12/qwen_c2000_l2"]
+    assert math.isnan(qwen["cache_cycle_mb"]) and qwen["cycle_source"] == "" and not qwen["under_cycle"]
+    # bmoe-cli 0.19.0 (v2) has no cache_cycle_mb either; with the GGUF reachable it is priced from the header
+    tiny = by_source["host-v2-0.19.0/tiny_progress"]
+    assert (tiny["cache_cycle_mb"], tiny["cycle_source"]) == (1.5, "token_demand")
+    priced = build_table([imported], {"tiny": str(UPSTREAM / "host-v2-0.19.0" / "tiny-qwen3moe.gguf")})
+    tiny = priced[priced["source"] == "host-v2-0.19.0/tiny_progress"].iloc[0]
+    assert (tiny["cache_cycle_mb"], tiny["cycle_source"]) == (1.5, "gguf")
+    assert tiny["cache_mb"] == 2.0 and not tiny["under_cycle"] and tiny["cache_hit_pct"] == 14.9
+    # the driver's ENTRY STATE and the phone's .state snapshot become entry columns
+    gated = by_source["2026-07-17/gpt_c2000_l8"]
+    assert gated["gate_waited_s"] == 180 and gated["entry_mem_available_kb"] == 6455532
+    traced = by_source["2026-07-15-route-trace/gptoss"]
+    assert traced["entry_freq_capped"] is True and "freq_capped" in traced["flags"]
+    assert traced["entry_cpu_temp_mc"] == 99600 and traced["has_route_trace"]
+    assert np.isnan(table[table["outcome"] == "config_error"]["tok_s"]).all()
