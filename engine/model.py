@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gguf import GGMLQuantizationType
 
 from .errors import ModelError
 from .gguf_header import GGUFHeader, TensorInfo, read_header

@@ -1,7 +1,7 @@
 """`bmoe-fleet demo`: the main job on an embedded default, start to finish on this machine.
 
 1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
-2. Start two virtual phones (1 GiB and 2 GiB of RAM) on a private adb server — or, where virtual
+2. Start two virtual phones (768 MiB and 2 GiB of RAM) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle and past the small phone's RAM.
 4. Render the site, print the recommendations and the path of index.html.
@@ -25,9 +25,11 @@ from engine.synth import synth_options, write_model
 
 Echo = Callable[[str], None]
 
-PHONES = {"small": (1 << 30, "Demo 1GB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+PHONES = {"small": (768 << 20, "Demo 768MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+# Long enough that prefill routes through nearly every expert: an oversized cache really fills.
 PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water, "
-          "counting the gulls and the long swell.")
+          "counting the gulls, the clouds and the long swell that promised either a good catch or a storm "
+          "before the evening bells.")
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,11 @@ def _free_port() -> int:
 
 def _model(out: Path, echo: Echo) -> Path:
     path = out / "demo-qwen3moe.gguf"
-    # 8 layers x 72 experts of hidden 768: a 1.1 GiB expert bank (past the small phone's 1 GiB)
-    # while a token costs only what 4 experts cost.
+    # 8 layers x 72 experts of hidden 768: a 1.01 GiB expert bank (past the small phone's RAM)
+    # while a token costs only what 4 experts cost. Uniform routing
+    # (skew 0), so a long prompt reads nearly the whole bank.
     options = synth_options("qwen3moe", layers=8, experts=72, top_k=4, hidden=768, expert_ffn=768, vocab=512,
-                            seed=1, router_skew=0.3)
+                            seed=1, router_skew=0.0)
     if not path.exists():
         write_model(path, options)
     echo(inspect_model(str(path)).text)
@@ -93,11 +96,12 @@ kind = "python"
 
 [axes]
 cache_mb = [0, "cycle*0.9", "cycle*1.2", "cycle*4", "auto", 1400]
+cache_ceil_mb = [0, 384]
 cache_floor_mb = 256
 dense_weights = ["anon"]
 
 [run]
-n_predict = 8
+n_predict = 12
 prompt = "{PROMPT}"
 repeats = 1
 timeout_s = 600

@@ -79,3 +79,63 @@ def memory_cgroup(limit_bytes: int):
 def in_cgroup(cgroup: str, argv: list[str]) -> list[str]:
     """argv that first moves itself into `cgroup`, then execs the command."""
     return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *argv]
+
+
+# ---- the real adb server (the binary in the adbutils wheel) -------------------------------------
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time as _time  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def adb_server_pids(port: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
+                pids.append(int(entry))
+    return pids
+
+
+@contextlib.contextmanager
+def running_adb_server(user_home: Path):
+    """Start the real adb server on a free port (its keys in `user_home`, no mDNS), point this
+    process's environment at it, and stop it afterwards, pass or fail. Yields (port, env)."""
+    import adbutils
+
+    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
+    port = free_port()
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(user_home))
+    started = subprocess.run([str(adb), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert started.returncode == 0, started.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
+            mp.setenv(key, env[key])
+        try:
+            yield port, env
+        finally:
+            subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+            deadline = _time.monotonic() + 5
+            while adb_server_pids(port) and _time.monotonic() < deadline:
+                _time.sleep(0.1)
+            for pid in adb_server_pids(port):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cli():
+    """The bmoe-fleet click group, every command registered."""
+    from harness.cli import main
+
+    return main

@@ -7,10 +7,7 @@ manager.down(), the adb server by `adb kill-server` and, failing that, by its pi
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import adbutils
 import pytest
 
 from devices.virtual import manager
+from tests.conftest import running_adb_server
 
 ADB = Path(adbutils.__file__).parent / "binaries" / "adb"
 
@@ -49,46 +47,10 @@ class Phone:
     cgroup_path: str | None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _server_pids(port: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
-                pids.append(int(entry))
-    return pids
-
-
 @pytest.fixture(scope="session")
 def adb_server(tmp_path_factory) -> AdbServer:
-    port = free_port()
-    home = tmp_path_factory.mktemp("android-user-home")
-    # ADB_MDNS=0: no multicast discovery traffic; ANDROID_USER_HOME: its keys stay in the tmp dir.
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(home))
-    server = AdbServer(port, env)
-    started = server.run("start-server", timeout=30)
-    assert started.returncode == 0, started.stderr
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
-            mp.setenv(key, env[key])
-        try:
-            yield server
-        finally:
-            server.run("kill-server", timeout=30)
-            deadline = time.monotonic() + 5
-            while _server_pids(port) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in _server_pids(port):
-                os.kill(pid, signal.SIGKILL)
+    with running_adb_server(tmp_path_factory.mktemp("android-user-home")) as (port, env):
+        yield AdbServer(port, env)
 
 
 @pytest.fixture(scope="session")

@@ -7,22 +7,13 @@ Everything started here is stopped here, pass or fail.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
-import adbutils
-import click
 import pytest
 
 from engine.synth import synth_options, write_model
-from harness.cli import _Group
-from harness.cli_campaign import COMMANDS
+from tests.conftest import running_adb_server
 
-ADB = Path(adbutils.__file__).parent / "binaries" / "adb"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -50,10 +41,10 @@ def tiny_model(harness_models) -> Path:
 
 @pytest.fixture(scope="session")
 def mid_model(harness_models) -> Path:
-    """~49 MiB qwen3moe (4 layers x 16 experts, top-4, token cycle ~11 MiB): resident, it needs
-    ~110 MiB of RAM; streamed, ~70 MiB."""
+    """~64 MiB qwen3moe (4 layers x 16 experts, top-4): resident (--no-mmap) it needs more than the
+    96 MiB `tight` phone has; streamed, ~55 MiB."""
     path = harness_models / "mid.gguf"
-    write_model(path, synth_options("qwen3moe", size_bytes=48 << 20, seed=1))
+    write_model(path, synth_options("qwen3moe", size_bytes=64 << 20, seed=1))
     return path
 
 
@@ -71,58 +62,10 @@ def write_campaign(folder: Path, text: str, name: str = "camp.toml") -> Path:
     return path
 
 
-@pytest.fixture
-def cli() -> click.Group:
-    """A bmoe-fleet group holding the campaign commands (registered here, not in harness/cli.py)."""
-    group = _Group("bmoe-fleet")
-    for command in COMMANDS:
-        group.add_command(command)
-    return group
-
-
-# ── adb server and virtual phones ─────────────────────────────────────────────────────────────
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _server_pids(port: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
-                pids.append(int(entry))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def adb_port(tmp_path_factory) -> int:
-    port = free_port()
-    home = tmp_path_factory.mktemp("android-home")
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(home))
-    started = subprocess.run([str(ADB), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
-    assert started.returncode == 0, started.stderr
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
-            mp.setenv(key, env[key])
-        try:
-            yield port
-        finally:
-            subprocess.run([str(ADB), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-            deadline = time.monotonic() + 5
-            while _server_pids(port) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in _server_pids(port):
-                os.kill(pid, signal.SIGKILL)
+    with running_adb_server(tmp_path_factory.mktemp("android-home")) as (port, _env):
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import click
 import pytest
 
 from engine.synth import synth_options, write_model
@@ -58,19 +57,6 @@ def results_fleet_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BMOE_FLEET_HOME", str(home))
         yield home
-
-
-@pytest.fixture
-def cli() -> click.Group:
-    """A bmoe-fleet group holding the results commands (the lead registers them in harness/cli.py)."""
-    from harness.cli import _Group
-    from harness.cli_campaign import COMMANDS as CAMPAIGN_COMMANDS
-    from harness.cli_results import COMMANDS
-
-    group = _Group("bmoe-fleet")
-    for command in COMMANDS + CAMPAIGN_COMMANDS:
-        group.add_command(command)
-    return group
 
 
 # ── models ───────────────────────────────────────────────────────────────────────────────────
