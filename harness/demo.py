@@ -1,7 +1,7 @@
 """`bmoe-fleet demo`: the main job on an embedded default, start to finish on this machine.
 
 1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
-2. Start two virtual phones (768 MiB and 2 GiB of RAM) on a private adb server — or, where virtual
+2. Start two virtual phones (640 MiB and 2 GiB of RAM) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle and past the small phone's RAM.
 4. Render the site, print the recommendations and the path of index.html.
@@ -25,7 +25,7 @@ from engine.synth import synth_options, write_model
 
 Echo = Callable[[str], None]
 
-PHONES = {"small": (768 << 20, "Demo 768MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+PHONES = {"small": (640 << 20, "Demo 640MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
 # Long enough that prefill routes through nearly every expert: an oversized cache really fills.
 PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water, "
           "counting the gulls, the clouds and the long swell that promised either a good catch or a storm "
