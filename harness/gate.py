@@ -118,6 +118,11 @@ def _stop_local_strays(names: Sequence[str]) -> int:
         my_ns = os.readlink("/proc/self/ns/mnt")
     except OSError:
         my_ns = None
+    # Only engines staged by this fleet home: a bmoe-py the user started by hand, or another
+    # campaign's under another $BMOE_FLEET_HOME, is not a stray of ours.
+    from harness.campaign import fleet_home
+
+    staged = str(fleet_home() / "local")
     killed = 0
     for p in psutil.process_iter(["name", "pid"]):
         if p.info["pid"] == me or p.info["name"] not in names:
@@ -125,6 +130,8 @@ def _stop_local_strays(names: Sequence[str]) -> int:
         try:
             if my_ns is not None and os.readlink(f"/proc/{p.info['pid']}/ns/mnt") != my_ns:
                 continue  # a virtual phone's engine: not ours to stop
+            if not any(staged in arg for arg in p.cmdline()):
+                continue
             p.kill()
             killed += 1
         except (OSError, psutil.Error):
