@@ -29,7 +29,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import pytest
 from engine.synth import synth_options, write_model
 from harness.campaign import parse_campaign
 from harness.runner import run_campaign
+from tests.conftest import running_adb_server
 
 PROJECT = Path(__file__).resolve().parents[2]
 UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream"
@@ -235,39 +235,16 @@ def failing_twin(tmp_path_factory, small_model) -> Path:
 # ── adb server and the virtual phone ─────────────────────────────────────────────────────────
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _adb_server_pids(port: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"adb") and b"fork-server" in cmd and str(port).encode() in b" ".join(cmd):
-                pids.append(int(entry))
-    return pids
-
-
 @pytest.fixture(scope="session")
 def vphone_campaign(tmp_path_factory, alpha_model) -> Path:
-    import adbutils
-
     from devices.virtual import manager
 
-    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
-    port = _free_port()
-    android_home = tmp_path_factory.mktemp("android-home")
     phone_home = tmp_path_factory.mktemp("vphones")
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(android_home))
-    started = subprocess.run([str(adb), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
-    assert started.returncode == 0, started.stderr
+    with running_adb_server(tmp_path_factory.mktemp("android-home")) as (port, _env):
+        return _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port)
+
+
+def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -> Path:
     root = tmp_path_factory.mktemp("vphone")
     out = root / "vphone-lmk"
 
@@ -279,32 +256,22 @@ def vphone_campaign(tmp_path_factory, alpha_model) -> Path:
                                "run": {"n_predict": 4, "prompt": PROMPT, **run}, "gate": {"max_wait_s": 2}},
                               source=f"{name}.toml")
 
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("ANDROID_ADB_SERVER_PORT", "ADB_MDNS", "ANDROID_USER_HOME"):
-            mp.setenv(key, env[key])
-        try:
-            # the probe: the engine's own RSS without a cache, at the widest top-k, on a roomy phone
-            manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
-            run_campaign(campaign("probe", {"cache_mb": [0], "n_expert_used": [8]}, {}), root / "probe",
-                         progress_stream=io.StringIO())
-            from results.parse import read_metrics_csv
+    try:
+        # the probe: the engine's own RSS without a cache, at the widest top-k, on a roomy phone
+        manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
+        run_campaign(campaign("probe", {"cache_mb": [0], "n_expert_used": [8]}, {}), root / "probe",
+                     progress_stream=io.StringIO())
+        from results.parse import read_metrics_csv
 
-            (probe_csv,) = (root / "probe").glob("runs/*/1/metrics.csv")
-            base_mib = float(read_metrics_csv(probe_csv).rows["rss_mib"].max())
-            manager.down("tight", home=phone_home, adb_host="127.0.0.1", adb_port=port)
-            ram_mib = int(base_mib + VPHONE_CACHE_ROOM_MIB)
-            manager.up("tight", ram_mib << 20, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
-            run_campaign(campaign("vphone-lmk", {"cache_mb": ["cycle*0.5", "cycle*2", 256], "n_expert_used": [2, 8]},
-                                  {"repeats": 2, "route_trace": True}), out, progress_stream=io.StringIO())
-        finally:
-            manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=port)
-            subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-            deadline = time.monotonic() + 5
-            while _adb_server_pids(port) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in _adb_server_pids(port):
-                os.kill(pid, signal.SIGKILL)
+        (probe_csv,) = (root / "probe").glob("runs/*/1/metrics.csv")
+        base_mib = float(read_metrics_csv(probe_csv).rows["rss_mib"].max())
+        manager.down("tight", home=phone_home, adb_host="127.0.0.1", adb_port=port)
+        ram_mib = int(base_mib + VPHONE_CACHE_ROOM_MIB)
+        manager.up("tight", ram_mib << 20, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
+        run_campaign(campaign("vphone-lmk", {"cache_mb": ["cycle*0.5", "cycle*2", 256], "n_expert_used": [2, 8]},
+                              {"repeats": 2, "route_trace": True}), out, progress_stream=io.StringIO())
+    finally:
+        manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=port)
     return out
 
 
