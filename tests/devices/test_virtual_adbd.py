@@ -359,8 +359,7 @@ def test_dropped_connection_kills_its_commands_and_the_daemon_carries_on(adb_ser
 
 def test_other_users_cannot_connect(phones):
     """No auth (as on an adbd with auth off), so only the daemon's own user or root gets in."""
-    if os.getuid() != 0:
-        pytest.skip("needs root to act as another user")
+    assert os.getuid() == 0, "this suite runs as root (cgroups, namespaces, acting as another user)"
     probe = ("import socket, struct, sys\n"
              "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)\n"
              "c = int.from_bytes(b'CNXN', 'little'); p = b'host::\\0'\n"
