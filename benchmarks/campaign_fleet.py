@@ -43,39 +43,17 @@ def fleet(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProc
     return subprocess.run([str(BIN / "bmoe-fleet"), *args], env=env, capture_output=True, text=True, check=check)
 
 
-def campaign_toml(path: Path, model: Path, devices: list[str], port: int, home: Path, cache_mb: str,
+def campaign_toml(path: Path, model: Path, devices: list[str], port: int, home: Path, cache_mb: list[str],
                   repeats: int, n_predict: int) -> None:
-    path.write_text(f"""version = 1
-name = "{path.stem}"
+    """Write the campaign file, built the way `bmoe-fleet sweep` builds one."""
+    from harness.campaign import campaign_from_options
 
-[fleet]
-devices = {json.dumps(devices)}
-virtual_home = "{home}"
-
-[[fleet.adb]]
-host = "127.0.0.1"
-port = {port}
-
-[models]
-demo = "{model}"
-
-[engine]
-kind = "python"
-
-[axes]
-cache_mb = {cache_mb}
-dense_weights = ["anon", "warm"]
-
-[run]
-n_predict = {n_predict}
-prompt = "{PROMPT}"
-repeats = {repeats}
-timeout_s = 900
-
-[gate]
-cpu_temp_max_c = 95.0
-max_wait_s = 10
-""")
+    campaign = campaign_from_options(
+        devices, [str(model)], cache_mb, dense_weights=["anon", "warm"], repeats=repeats, n_predict=n_predict,
+        adb=[f"127.0.0.1:{port}"], name=path.stem, timeout_s=900,
+        extra={"fleet": {"virtual_home": str(home)}, "run": {"prompt": PROMPT},
+               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
+    path.write_text(campaign.to_toml())
 
 
 # A long prompt: prefill routes every token at every layer, so an oversized cache really fills.
@@ -118,7 +96,8 @@ def main() -> None:
         # ---- 1. the full sweep -----------------------------------------------------------------
         devices = ["local", *(f"virtual:{n}" for n in PHONES)]
         camp = root / "fleet.toml"
-        campaign_toml(camp, model, devices, port, home, '[0, "cycle*0.9", "cycle*1.2", "auto", 2600]', 2, args.tokens)
+        campaign_toml(camp, model, devices, port, home, ["0", "cycle*0.9", "cycle*1.2", "auto", "2600"], 2,
+                      args.tokens)
         t0 = time.monotonic()
         done = fleet("run", str(camp), "-o", str(root / "fleet-out"), env=env, check=False)
         wall = time.monotonic() - t0
@@ -144,7 +123,7 @@ def main() -> None:
 
         # ---- 2. a phone lost mid-campaign, then back -------------------------------------------
         camp2 = root / "lossy.toml"
-        campaign_toml(camp2, model, ["virtual:p3g", "virtual:p4g"], port, home, '[0, "cycle*1.2"]', 2, args.tokens)
+        campaign_toml(camp2, model, ["virtual:p3g", "virtual:p4g"], port, home, ["0", "cycle*1.2"], 2, args.tokens)
         out2 = root / "lossy-out"
 
         def stop_p3g_after_first_run() -> None:

@@ -75,45 +75,18 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
     return names
 
 
-def _campaign_text(model: Path, devices: list[str], port: int, home: Path) -> str:
-    device_list = ", ".join(f'"{d}"' for d in devices)
-    return f"""version = 1
-name = "demo"
+def _campaign(model: Path, devices: list[str], port: int, home: Path):
+    """The demo's sweep, built the way `bmoe-fleet sweep` builds one."""
+    from harness.campaign import campaign_from_options
 
-[fleet]
-devices = [{device_list}]
-virtual_home = "{home}"
-
-[[fleet.adb]]
-host = "127.0.0.1"
-port = {port}
-
-[models]
-demo = "{model}"
-
-[engine]
-kind = "python"
-
-[axes]
-cache_mb = [0, "cycle*0.9", "cycle*1.2", "cycle*4", "auto", 1400]
-cache_ceil_mb = [0, 384]
-cache_floor_mb = 256
-dense_weights = ["anon"]
-
-[run]
-n_predict = 12
-prompt = "{PROMPT}"
-repeats = 1
-timeout_s = 600
-
-[gate]
-cpu_temp_max_c = 95.0
-max_wait_s = 10
-"""
+    return campaign_from_options(
+        devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "auto", "1400"],
+        cache_ceil_mb=[0, 384], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
+        extra={"fleet": {"virtual_home": str(home)}, "axes": {"cache_floor_mb": 256}, "run": {"prompt": PROMPT},
+               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
 
 
 def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
-    from harness.campaign import load_campaign
     from harness.runner import run_campaign
     from results.recommend import recommend
     from results.report import build_site
@@ -133,12 +106,12 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
                 devices = [f"virtual:{n}" for n in phones]
             except (BmoeError, OSError) as e:
                 echo(f"virtual phones cannot start here ({e}); running the demo on this host alone")
-        camp_file = out / "demo.toml"
-        camp_file.write_text(_campaign_text(model, devices, port, home))
+        campaign = _campaign(model, devices, port, home)
+        (out / "demo.toml").write_text(campaign.to_toml())  # to rerun or edit by hand
         campaign_dir = out / "campaign"
         if campaign_dir.exists() and not (campaign_dir / "plan.json").exists():
             shutil.rmtree(campaign_dir)
-        status = run_campaign(load_campaign(camp_file), campaign_dir)
+        status = run_campaign(campaign, campaign_dir)
         echo(status.text())
     finally:
         if phones:

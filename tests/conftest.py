@@ -12,6 +12,15 @@ FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fleet_home(tmp_path_factory) -> Path:
+    """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet."""
+    home = tmp_path_factory.mktemp("fleet-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BMOE_FLEET_HOME", str(home))
+        yield home
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

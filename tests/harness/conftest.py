@@ -16,15 +16,6 @@ from tests.conftest import running_adb_server
 
 
 
-@pytest.fixture(scope="session", autouse=True)
-def fleet_home(tmp_path_factory) -> Path:
-    """Locks, staged engines and the local work dir go to a temp folder, never ~/.bmoe-fleet."""
-    home = tmp_path_factory.mktemp("fleet-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BMOE_FLEET_HOME", str(home))
-        yield home
-
-
 @pytest.fixture(scope="session")
 def harness_models(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("harness-models")

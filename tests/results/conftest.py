@@ -50,15 +50,6 @@ VPHONE_CACHE_ROOM_MIB = 125      # RAM over the engine's cache-less RSS: 102 MiB
 PROMPT = "Every token visits its experts; the cache keeps them."
 
 
-@pytest.fixture(scope="session", autouse=True)
-def results_fleet_home(tmp_path_factory):
-    """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet."""
-    home = tmp_path_factory.mktemp("results-fleet-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BMOE_FLEET_HOME", str(home))
-        yield home
-
-
 # ── models ───────────────────────────────────────────────────────────────────────────────────
 
 
