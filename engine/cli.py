@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
+from threadpoolctl import threadpool_limits
+
 from . import __version__
 from .budget import ConfigError, validate
 from .config import UsageExit, cache_flags, parse_args, print_usage_exit
@@ -120,4 +122,8 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
 
 
 def main() -> None:
-    sys.exit(run(sys.argv[1:], dict(os.environ)))
+    # One BLAS thread: bmoe-py's matrices are one expert wide, and OpenBLAS's extra threads spin
+    # against the I/O lanes and against other engines on the same cores (docs/decisions.md).
+    with threadpool_limits(limits=1, user_api="blas"):
+        code = run(sys.argv[1:], dict(os.environ))
+    sys.exit(code)
