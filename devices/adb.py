@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import adbutils
-from adbutils import AdbClient, AdbDevice, AdbError
+from adbutils import AdbClient, AdbConnection, AdbDevice, AdbError
 
 from devices.base import (
     CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceLost, DeviceState, OutputFn, PressureSample, RunOutcome,
@@ -48,7 +48,27 @@ class AdbServer:
         return cls(host or "127.0.0.1", int(port))
 
     def client(self) -> AdbClient:
-        return AdbClient(host=self.host, port=self.port, socket_timeout=30)
+        return _Client(host=self.host, port=self.port, socket_timeout=30)
+
+
+class _Connection(AdbConnection):
+    """adbutils' server connection, closed at once when the server answers FAIL. adbutils 2.12
+    raises from check_okay() and leaves the socket to the garbage collector (openatx/adbutils
+    PR #178), so every call to a lost phone would leak one until then."""
+
+    def check_okay(self) -> None:
+        try:
+            super().check_okay()
+        except BaseException:
+            self.close()
+            raise
+
+
+class _Client(AdbClient):
+    def make_connection(self, timeout: float | None = None) -> AdbConnection:
+        conn = super().make_connection(timeout)
+        conn.__class__ = _Connection          # same state, one method more careful
+        return conn
 
 
 def adb_binary() -> str:

@@ -129,6 +129,20 @@ def test_a_phone_that_vanishes_mid_run_raises_device_lost(make_phone, server, ad
     assert not t.is_alive() and errors and isinstance(errors[0], DeviceLost)
 
 
+def test_calls_to_a_phone_the_server_does_not_know_leave_no_socket_open(server):
+    import gc
+    import warnings
+
+    gone = AdbPhone("127.0.0.1:9", server)                  # never connected: the server answers FAIL
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for call in (lambda: gone.shell("true"), lambda: gone.run(["true"]), gone.state):
+            with pytest.raises(DeviceLost, match="device lost"):
+                call()
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 def test_devices_command_lists_host_and_phones(phones, adb_server):
     result = CliRunner().invoke(main, ["devices", "--adb", f"127.0.0.1:{adb_server.port}", "--json"])
     assert result.exit_code == 0, result.output
