@@ -1,10 +1,10 @@
 """The issue-5 demonstration: a campaign on three virtual phones (2, 3 and 4 GiB) plus this host.
 
-    .venv/bin/python benchmarks/campaign_fleet.py [--dir /var/tmp/fleetdemo] [--size 2.3GiB]
+    .venv/bin/python benchmarks/campaign_fleet.py [--dir /var/tmp/fleetdemo] [--tokens 8]
 
 Everything goes through the CLI, as a user would run it, against a real adb server (the binary
 in the adbutils wheel, on a free port) and virtual phones:
-  1. a synthetic qwen3moe (3.1 GiB) larger than the smallest phone's RAM;
+  1. a synthetic qwen3moe (2.9 GiB) larger than the smallest phone's RAM;
   2. cache_mb = [0, cycle*0.9, cycle*1.2, auto, 2600] x dense_weights = [anon, warm] x 2 repeats
      on local + three phones; prints every device's outcomes, the kill evidence, and the campaign
      wall time against the slowest device's own total (parallelism);
@@ -56,9 +56,16 @@ def campaign_toml(path: Path, model: Path, devices: list[str], port: int, home: 
     path.write_text(campaign.to_toml())
 
 
-# A long prompt: prefill routes every token at every layer, so an oversized cache really fills.
-PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water, "
-          "counting the gulls, the clouds and the long swell that promised either a good catch or a storm.")
+# A long prompt of many scripts and symbols: prefill routes every token at every layer but the last,
+# and diverse tokens reach most of each layer's 116 experts (a synthetic router concentrates on
+# fewer experts in deeper layers; 126 plain-English tokens filled only 1.5 of 2.9 GiB). This one,
+# 579 tokens, fills 2.0 GiB: a 2600 MiB cache outgrows the 2 GiB phone.
+PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water. "
+          "Quartz jumps vex; 7 wily gnomes fix 42 BIG zebras @ dawn! Kiwi yaks & 9 Xylophones quiz Pjotr — "
+          "ünïcødé ЖЩ 漢字 ∑∫ 0x3F; {\"k\": [1, 2.5e-3, null]} SELECT * FROM t WHERE id=7; λx.x+1 → ℝ³ ¿qué? "
+          "«ça» 東京 ĀĒĪŌŪ ♠♣♥♦ #!/bin/sh\nПока ветер гнал волны, 3 кита пели; Ωμέγα δέλτα ψ! "
+          "def f(x): return x**2 % 17 // 3 | ~0 ^ 0xFF; <a href='#'>ok</a> 😀🚀🌍 नमस्ते दुनिया 안녕하세요 "
+          "مرحبا بالعالم ¼½¾ ₿€£¥ \\n\\t\\\\ 2026-11-29T23:59:60Z")
 
 
 def records(out: Path) -> list[dict]:
@@ -72,7 +79,7 @@ def run_json(out: Path, rec: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/fleetdemo")
-    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8)
     args = ap.parse_args()
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
@@ -112,9 +119,11 @@ def main() -> None:
             per_device[run["device"]] = per_device.get(run["device"], 0.0) + (rec["ended_at"] - rec["started_at"])
             key = (run["device"], str(run["config"].get("budget_spec", run["config"].get("cache_mb"))))
             table.setdefault(key, []).append(rec["outcome"])
-            if rec["outcome"] == "lmk_killed":
+            if rec["outcome"] in ("lmk_killed", "killed"):
+                lmkd = [e for e in run["evidence"] if "lowmemorykiller" in e] or run["evidence"][-1:]
                 print(f"  {run['device']} cache {run['config'].get('cache_mb')} MiB {run['config'].get('dense_weights')}: "
-                      f"lmk_killed — {run['evidence'][-1][:160]}")
+                      f"{rec['outcome']}, peak RSS {run['pressure'].get('peak_rss_kb', 0) / 1024:.0f} MiB — "
+                      f"{lmkd[0][:170]}")
         print("\noutcomes (device, budget): " + "; ".join(f"{d} {b}: {','.join(o)}" for (d, b), o in sorted(table.items())))
         slowest = max(per_device.values())
         print(f"campaign wall {wall:.0f} s; per-device totals " +
@@ -137,7 +146,8 @@ def main() -> None:
         killer.join()
         first = records(out2)
         print("\nwith p3g stopped after the first run: " + ", ".join(
-            f"{run_json(out2, r)['device']}:{r['outcome']}" for r in first))
+            f"{run_json(out2, r)['device']}:{r['outcome']}{'' if r.get('attempted', True) else ' (not attempted)'}"
+            for r in first))
         fleet("virtual", "up", "--name", "p3g", "--ram", PHONES["p3g"][0], "--model", PHONES["p3g"][1],
               "--home", str(home), env=env)
         fleet("run", str(camp2), "-o", str(out2), env=env, check=False)

@@ -37,7 +37,9 @@ ENGINE_KINDS = ("python", "native")
 # cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
 # and --no-mmap (every weight resident in anonymous memory; bmoe-py only).
 NO_STREAM_MODES = ("mmap", "resident")
-_CYCLE_RE = re.compile(r"^cycle\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
+# budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
+# LRU curve replayed from a route-traced probe run on the device (harness.probe)
+_RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
 _PHONE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
@@ -115,6 +117,7 @@ class RunSettings:
     repeats: int = 1
     reverse_pass: bool = False
     route_trace: bool = False
+    probe_tokens: int = 16                       # tokens of the route-traced probe behind "knee" budgets
     o_direct: bool = True
     timeout_s: float = 1800.0
     retries: int = 3
@@ -303,7 +306,7 @@ def _in_range(lo: int, hi: int):
 
 
 def parse_cache_value(value: int | str) -> int | str:
-    """One cache_mb axis value, normalised: an int MiB, "auto", "cycle*F", "mmap" or "resident".
+    """One cache_mb axis value, normalised: an int MiB, "auto", "cycle*F", "knee*F", "mmap" or "resident".
     Raises ValueError, whose text is the problem, for anything else (the caller adds the key)."""
     if isinstance(value, bool):
         raise ValueError(f"expected 0, a MiB number, \"auto\", \"cycle*F\", \"mmap\" or \"resident\", "
@@ -324,16 +327,24 @@ def parse_cache_value(value: int | str) -> int | str:
         return text
     if text.isdigit():
         return int(text)
-    m = _CYCLE_RE.match(text)
+    m = _RELATIVE_RE.match(text)
     if m:
-        factor = float(m[1]) if m[1] else 1.0
-        return f"cycle*{format(factor, '.12g')}"
+        factor = float(m[2]) if m[2] else 1.0
+        if m[1] == "knee" and factor == 0:
+            raise ValueError(f"{json.dumps(value)}: a knee budget needs a factor above 0 (write 0 for no cache)")
+        return f"{m[1]}*{format(factor, '.12g')}"
     raise ValueError(f"{json.dumps(value)} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
-                     "(F times the model's token cycle), \"mmap\" or \"resident\"")
+                     "(F times the model's token cycle), \"knee*F\" (F times the knee of the replayed LRU "
+                     "curve), \"mmap\" or \"resident\"")
 
 
 def cycle_factor(spec: str) -> float:
+    """The F of a "cycle*F" or "knee*F" budget."""
     return float(spec.split("*", 1)[1])
+
+
+def is_knee(spec: int | str) -> bool:
+    return isinstance(spec, str) and spec.startswith("knee")
 
 
 def budget_from_cycle(cycle_mib: float, factor: float) -> int:
@@ -469,6 +480,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1)),
         reverse_pass=rd.scalar(r, "reverse_pass", "run", bool, d.reverse_pass),
         route_trace=rd.scalar(r, "route_trace", "run", bool, d.route_trace),
+        probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(1)),
         o_direct=rd.scalar(r, "o_direct", "run", bool, d.o_direct),
         timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s,
                             check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),

@@ -3,7 +3,8 @@
 1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
 2. Start two virtual phones (640 MiB and 2 GiB of RAM) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
-3. Sweep the cache budget around the model's token cycle and past the small phone's RAM.
+3. Sweep the cache budget around the model's token cycle, at the knee of the LRU curve replayed
+   from a route-traced probe on each device, and past the small phone's RAM.
 4. Render the site, print the recommendations and the path of index.html.
 
 Everything it starts it stops; the campaign directory and the site stay in --out.
@@ -80,7 +81,7 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
     from harness.campaign import campaign_from_options
 
     return campaign_from_options(
-        devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "auto", "1400"],
+        devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "knee", "auto", "1400"],
         cache_ceil_mb=[0, 384], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
         extra={"fleet": {"virtual_home": str(home)}, "axes": {"cache_floor_mb": 256}, "run": {"prompt": PROMPT},
                "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})

@@ -22,7 +22,7 @@ from typing import Any
 from engine.errors import ModelError
 from engine.model import ModelShape, load_model_shape
 from harness.campaign import (
-    Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor, device_work_dir, needs_force,
+    Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor, device_work_dir, is_knee, needs_force,
     remote_model_path,
 )
 
@@ -60,9 +60,13 @@ class Cell:
             budget = "resident (no stream, --no-mmap)" if c.get("no_mmap") else "mmap (no stream)"
         elif c["cache_auto"]:
             budget = "auto" + (f" ceil {c['cache_ceil_mb']}" if c["cache_ceil_mb"] else "")
+        elif c.get("probe"):
+            budget = f"route-trace probe, cache 0, {c['n_predict']} tokens"
+        elif c["cache_mb"] is None:
+            budget = f"{c['budget_spec']} (MiB from the probe)"
         else:
             budget = f"{c['cache_mb']} MiB"
-            if c["budget_spec"].startswith("cycle"):
+            if c["budget_spec"].startswith(("cycle", "knee")):
                 budget += f" ({c['budget_spec']})"
             if c.get("force_cache_auto"):
                 budget += " forced"
@@ -76,6 +80,12 @@ class Plan:
     cells: tuple[Cell, ...]
     models: Mapping[str, ModelShape] = field(default_factory=dict, compare=False)
     top_ks: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    # one route-traced probe per (device, model, top-k) that has "knee" budgets (harness.probe)
+    probes: tuple[Cell, ...] = ()
+
+    def probe_for(self, cell: Cell) -> Cell:
+        return next(p for p in self.probes if (p.device, p.model, p.config["n_expert_used"]) ==
+                    (cell.device, cell.model, cell.config["n_expert_used"]))
 
     def for_device(self, device: str) -> list[Cell]:
         return sorted((c for c in self.cells if c.device == device), key=lambda c: c.order)
@@ -89,7 +99,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "campaign": self.campaign,
-                "cells": [c.to_dict() for c in self.cells]}
+                "cells": [c.to_dict() for c in self.cells], "probes": [c.to_dict() for c in self.probes]}
 
     def text(self) -> str:
         """The dry-run listing: per device, each cell in run order with its exact command line."""
@@ -102,6 +112,9 @@ class Plan:
             cells = self.for_device(device)
             lines.append("")
             lines.append(f"{device}: {len(cells)} cells")
+            for p in (p for p in self.probes if p.device == device):
+                lines.append(f"  probe {p.cell_id}  {p.label()} (before its first knee cell)")
+                lines.append(f"       {shlex.join(p.argv)}")
             for c in cells:
                 lines.append(f"  #{c.order:<3} {c.cell_id}  {c.label()}")
                 lines.append(f"       {shlex.join(c.argv)}")
@@ -157,13 +170,16 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
             campaign: Campaign) -> dict[str, Any]:
     stream = spec not in ("mmap", "resident")
     auto = spec == "auto"
+    cache_mb: int | None
     if isinstance(spec, str) and spec.startswith("cycle"):
         cache_mb = budget_from_cycle(cycle_mb, cycle_factor(spec))
+    elif is_knee(spec):
+        cache_mb = None                      # resolved on the device from its probe (harness.probe)
     elif isinstance(spec, int):
         cache_mb = spec
     else:
         cache_mb = 0
-    force = stream and needs_force(cache_mb)
+    force = stream and cache_mb is not None and needs_force(cache_mb)
     r = campaign.run
     return {
         "moe_stream": stream, "no_mmap": spec == "resident", "cache_mb": cache_mb, "cache_auto": auto,
@@ -173,6 +189,30 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
         "o_direct": r.o_direct, "route_trace": r.route_trace and stream, "budget_spec": str(spec),
         "cycle_mb": cycle_mb,
     }
+
+
+def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
+    """The probe behind "knee" budgets: a short streamed run with cache 0 (the least memory any
+    streamed run needs) that writes a route trace. Routing does not depend on the cache, so its
+    trace replays to every budget."""
+    a = campaign.axes
+    config = _config(0, 0, a.dense_weights[0], k, a.io_threads[0], cycle_mb, campaign)
+    config.update(n_predict=campaign.run.probe_tokens, route_trace=True, budget_spec="probe", probe=True)
+    return config
+
+
+def resolve_knee(cell: Cell, knee_mib: int, engine: str, model_path: str, csv_path: str,
+                 route_path: str | None) -> Cell:
+    """A "knee*F" cell with its budget: F x the knee (rounded to its side, as cycle*F is), and
+    --force-cache if that lands in the engine's pathological band."""
+    from dataclasses import replace
+
+    config = dict(cell.config)
+    cache_mb = budget_from_cycle(knee_mib, cycle_factor(config["budget_spec"]))
+    config.update(cache_mb=cache_mb, knee_mb=knee_mib, force_cache=needs_force(cache_mb),
+                  force_cache_auto=needs_force(cache_mb))
+    argv = engine_argv(engine, model_path, config, csv_path, route_path)
+    return replace(cell, config=MappingProxyType(config), argv=tuple(argv))
 
 
 def out_paths(device: str, cell_id: str) -> tuple[str, str]:
@@ -192,7 +232,8 @@ def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_pat
     argv = [engine, "-m", model_path, "-p", c["prompt"], "-n", str(c["n_predict"]), "-t", str(c["threads"]),
             "--n-expert-used", str(c["n_expert_used"])]
     if c["moe_stream"]:
-        argv += ["--moe-stream", "--cache-mb", "auto" if c["cache_auto"] else str(c["cache_mb"])]
+        budget = "auto" if c["cache_auto"] else f"<{c['budget_spec']}>" if c["cache_mb"] is None else str(c["cache_mb"])
+        argv += ["--moe-stream", "--cache-mb", budget]
         if c["cache_auto"]:
             argv += ["--cache-floor-mb", str(c["cache_floor_mb"]), "--cache-ceil-mb", str(c["cache_ceil_mb"])]
         if c["force_cache"]:
@@ -230,7 +271,24 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
                 cells.append(Cell(cid, device, model.name, engine, MappingProxyType(config), repeat, pass_no,
                                   order, tuple(argv)))
                 order += 1
-    return Plan(campaign.name, tuple(cells), shapes, top_ks)
+    return Plan(campaign.name, tuple(cells), shapes, top_ks, _probes(campaign, cells, shapes))
+
+
+def _probes(campaign: Campaign, cells: Sequence[Cell], shapes: Mapping[str, ModelShape]) -> tuple[Cell, ...]:
+    engine = campaign.engine.kind
+    models = {m.name: m for m in campaign.models}
+    out: dict[tuple[str, str, int], Cell] = {}
+    for cell in cells:
+        key = (cell.device, cell.model, cell.config["n_expert_used"])
+        if not is_knee(cell.config["budget_spec"]) or key in out:
+            continue
+        config = probe_config(campaign, key[2], cell.config["cycle_mb"])
+        cid = "p" + cell_id_of(*key[:2], engine, config, 0, 0)[1:]
+        csv_path, route_path = out_paths(cell.device, cid)
+        argv = engine_argv(engine_path(campaign, cell.device), remote_model_path(cell.device, models[cell.model]),
+                           config, csv_path, route_path)
+        out[key] = Cell(cid, cell.device, cell.model, engine, MappingProxyType(config), 0, 0, -1, tuple(argv))
+    return tuple(out.values())
 
 
 def plan_from_dict(data: Mapping[str, Any], where: str = "plan.json") -> Plan:
@@ -239,7 +297,8 @@ def plan_from_dict(data: Mapping[str, Any], where: str = "plan.json") -> Plan:
     if int(data.get("version", 0)) > PLAN_VERSION:
         raise CampaignError(f"{where}: plan version {data['version']} is newer than this bmoe-fleet reads "
                             f"({PLAN_VERSION}); upgrade it")
-    return Plan(str(data.get("campaign", "")), tuple(Cell.from_dict(c) for c in data.get("cells", ())))
+    return Plan(str(data.get("campaign", "")), tuple(Cell.from_dict(c) for c in data.get("cells", ())),
+                probes=tuple(Cell.from_dict(c) for c in data.get("probes", ())))
 
 
 def cell_ids(cells: Sequence[Cell]) -> list[str]:

@@ -32,8 +32,9 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from devices.base import (
@@ -43,10 +44,12 @@ from devices.lmk import LmkEvent, kills_of
 from engine.errors import BmoeError
 from engine.model import split_paths
 from harness.campaign import (
-    Campaign, CampaignError, DeviceRef, fleet_home, load_campaign, remote_model_path, resolve_devices, safe_id,
+    Campaign, CampaignError, DeviceRef, fleet_home, is_knee, load_campaign, remote_model_path, resolve_devices,
+    safe_id,
 )
 from harness.gate import GateResult, cool, stop_strays
-from harness.plan import Cell, Plan, engine_path, make_plan, out_paths, plan_from_dict
+from harness.plan import Cell, Plan, engine_path, make_plan, out_paths, plan_from_dict, resolve_knee
+from harness.probe import Knee, ProbeError, knee_of_trace
 from harness.progress import Progress
 
 RUN_FORMAT, LEDGER_FORMAT, DEVICE_FORMAT = "bmoe-fleet.run", "bmoe-fleet.ledger", "bmoe-fleet.device"
@@ -240,7 +243,7 @@ def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"format": LEDGER_FORMAT, "version": FORMAT_VERSION, "cell_id": record["cell_id"],
             "attempt": record["attempt"], "run_dir": f"runs/{record['cell_id']}/{record['attempt']}",
             "outcome": record["outcome"], "started_at": record["started_at"], "ended_at": record["ended_at"],
-            "host": record.get("host", socket.gethostname())}
+            "host": record.get("host", socket.gethostname()), "attempted": record.get("attempted", True)}
 
 
 # ── locks ──────────────────────────────────────────────────────────────────────────────────────
@@ -478,6 +481,7 @@ class _Worker(threading.Thread):
         self.device: Device | None = None
         self.engine: StagedEngine | None = None
         self.staged_models: set[str] = set()
+        self.knees: dict[str, Knee] = {}              # probe cell id -> its replayed knee
         self.busy = False
         self.error: BaseException | None = None
         self.finished = threading.Event()   # waited on instead of join(): see run_campaign
@@ -493,44 +497,98 @@ class _Worker(threading.Thread):
             self.finished.set()
 
     def _loop(self) -> None:
-        c = self.ctx.campaign
         for cell in self.cells:
             if self.ctx.stop.is_set():
                 return
-            tries = 0
-            while True:
-                record = self._attempt(cell)
-                if record is None or record["outcome"] not in INFRA:
-                    break
-                tries += 1
-                if tries > c.run.retries or self.ctx.stop.is_set():
-                    break
-                delay = c.run.retry_backoff_s * 2 ** (tries - 1)
-                self.ctx.progress.note(self.ref.spec, f"{record['outcome']}; retry {tries}/{c.run.retries} "
-                                                      f"in {delay:g} s")
-                if self.ctx.stop.wait(delay):
-                    return
-                self.device = None                    # reopen: the connection may be new
-                if record["outcome"] == "device_lost":
-                    self.engine = None
-                    self.staged_models.clear()
+            record = None
+            if is_knee(cell.config["budget_spec"]):
+                cell, record = self._with_knee(cell)
+                if cell is None and record is None:
+                    return                                   # interrupted during the probe
+            if record is None:
+                record = self._attempt_with_retries(cell)
             if record is not None and record["outcome"] in INFRA:
                 self.ctx.progress.abandon_cell(self.ref.spec)
             if record is not None and record["outcome"] == "device_lost":
-                left = len(self.cells) - self.cells.index(cell) - 1
-                self.ctx.progress.finish_device(self.ref.spec, f"device lost; {left} more cells not run")
+                rest = self.cells[self.cells.index(cell) + 1:]
+                for later in rest:
+                    if self.ctx.stop.is_set():
+                        return
+                    self._record_without_run(
+                        later, "device_lost", f"not attempted: {self.ref.spec} was lost at cell {cell.label()} "
+                        f"({record['evidence'][-1] if record['evidence'] else 'no evidence'})")
+                self.ctx.progress.finish_device(self.ref.spec, f"device lost; {len(rest)} more cells not run")
                 return
         self.ctx.progress.finish_device(self.ref.spec, "done")
 
-    # -- one attempt ------------------------------------------------------------------------
-    def _attempt(self, cell: Cell) -> dict | None:
-        ctx, c = self.ctx, self.ctx.campaign
-        attempt = ctx.cdir.next_attempt(cell.cell_id, self.records)
-        label = cell.label()
-        ctx.progress.start_cell(self.ref.spec, label, attempt)
-        tmp = ctx.cdir.start_attempt(cell.cell_id, attempt)
-        started = time.time()
-        record: dict[str, Any] = {
+    def _attempt_with_retries(self, cell: Cell) -> dict | None:
+        """Attempts of one cell until a result; infrastructure failures are retried with backoff.
+        None when interrupted."""
+        c = self.ctx.campaign
+        tries = 0
+        while True:
+            record = self._attempt(cell)
+            if record is None or record["outcome"] not in INFRA:
+                return record
+            tries += 1
+            if tries > c.run.retries or self.ctx.stop.is_set():
+                return record
+            delay = c.run.retry_backoff_s * 2 ** (tries - 1)
+            self.ctx.progress.note(self.ref.spec, f"{record['outcome']}; retry {tries}/{c.run.retries} in {delay:g} s")
+            if self.ctx.stop.wait(delay):
+                return None
+            self.device = None                    # reopen: the connection may be new
+            if record["outcome"] == "device_lost":
+                self.engine = None
+                self.staged_models.clear()
+
+    def _with_knee(self, cell: Cell) -> tuple[Cell | None, dict | None]:
+        """A "knee*F" cell with its budget from this device's probe (run first if it has no
+        finished attempt), or the cell's record when there is no knee to be had; (None, None) when
+        interrupted."""
+        probe = self.ctx.plan.probe_for(cell)
+        if probe.cell_id not in self.knees:
+            rec = latest_by_cell(self.records).get(probe.cell_id)
+            if rec is None or rec["outcome"] != "ok":
+                self.ctx.progress.note(self.ref.spec, f"route-trace probe for {cell.model} "
+                                                      f"(k={cell.config['n_expert_used']})")
+                rec = self._attempt_with_retries(probe)
+                if rec is None:
+                    return None, None
+            if rec["outcome"] != "ok":
+                outcome = rec["outcome"] if rec["outcome"] in INFRA else "engine_error"
+                return cell, self._record_without_run(
+                    cell, outcome, f"no knee: the route-trace probe {probe.cell_id} attempt {rec['attempt']} ended "
+                                   f"{rec['outcome']}", attempted=outcome in INFRA)
+            trace = self.ctx.cdir.run_dir(probe.cell_id, int(rec["attempt"])) / "route.csv"
+            try:
+                self.knees[probe.cell_id] = knee_of_trace(trace)
+            except ProbeError as e:
+                return cell, self._record_without_run(cell, "engine_error", f"no knee: {e}")
+        knee = self.knees[probe.cell_id]
+        csv_path, route_path = out_paths(cell.device, cell.cell_id)
+        model = next(m for m in self.ctx.campaign.models if m.name == cell.model)
+        resolved = resolve_knee(cell, knee.knee_mib, engine_path(self.ctx.campaign, cell.device),
+                                remote_model_path(cell.device, model), csv_path, route_path)
+        config = dict(resolved.config, probe_cell_id=probe.cell_id, probe_cycle_mb=knee.cycle_mib)
+        return replace(resolved, config=MappingProxyType(config)), None
+
+    def _record_without_run(self, cell: Cell, outcome: str, reason: str, attempted: bool = False) -> dict:
+        """A cell's outcome when it could not be run (a lost device's later cells, a knee cell
+        whose probe failed): committed like any attempt, with `attempted: false` and the reason as
+        evidence, so the directory says why the cell has no result. INFRA outcomes rerun."""
+        attempt = self.ctx.cdir.next_attempt(cell.cell_id, self.records)
+        tmp = self.ctx.cdir.start_attempt(cell.cell_id, attempt)
+        record = self._new_record(cell, attempt, time.time())
+        record.update(outcome=outcome, evidence=[reason], attempted=attempted, ended_at=record["started_at"])
+        self.ctx.cdir.commit_attempt(tmp, record)
+        self.records.append(ledger_line(record))
+        self.ctx.progress.end_cell(self.ref.spec, cell.label(), outcome, 0.0, final=outcome not in INFRA)
+        return record
+
+    def _new_record(self, cell: Cell, attempt: int, started: float) -> dict[str, Any]:
+        c = self.ctx.campaign
+        return {
             "format": RUN_FORMAT, "version": FORMAT_VERSION, "cell_id": cell.cell_id, "attempt": attempt,
             "device": cell.device, "device_id": self.ref.device_id, "model": cell.model,
             "model_id": safe_id(cell.model), "engine": {"kind": c.engine.kind},
@@ -538,8 +596,18 @@ class _Worker(threading.Thread):
             "order": cell.order, "outcome": None, "evidence": [], "exit_status": None, "timed_out": False,
             "wall_s": None, "timeout_s": c.run.timeout_s, "gate": None, "entry_state": None, "exit_state": None,
             "pressure": {}, "lmk_events": [], "o_direct": None, "summary": None, "result": None, "pushed": [],
-            "started_at": started, "ended_at": None, "host": ctx.host,
+            "started_at": started, "ended_at": None, "host": self.ctx.host, "attempted": True,
+            "probe": bool(cell.config.get("probe")),
         }
+
+    def _attempt(self, cell: Cell) -> dict | None:
+        ctx = self.ctx
+        attempt = ctx.cdir.next_attempt(cell.cell_id, self.records)
+        label = cell.label()
+        ctx.progress.start_cell(self.ref.spec, label, attempt)
+        tmp = ctx.cdir.start_attempt(cell.cell_id, attempt)
+        started = time.time()
+        record = self._new_record(cell, attempt, started)
         self.busy = True
         try:
             outcome_name, evidence = self._run_cell(cell, tmp, record)
@@ -557,8 +625,9 @@ class _Worker(threading.Thread):
         record["ended_at"] = time.time()
         ctx.cdir.commit_attempt(tmp, record)
         self.records.append(ledger_line(record))
-        ctx.progress.end_cell(self.ref.spec, label, outcome_name, record["ended_at"] - started,
-                              final=outcome_name not in INFRA)
+        probe = bool(cell.config.get("probe"))
+        ctx.progress.end_cell(self.ref.spec, label, f"probe {outcome_name}" if probe else outcome_name,
+                              record["ended_at"] - started, final=outcome_name not in INFRA and not probe)
         return record
 
     def _open(self) -> Device:

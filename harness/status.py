@@ -88,7 +88,7 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
         raise RunnerError(f"{root}: not a campaign directory (no plan.json)")
     records = cdir.ledger.read()
     latest = latest_by_cell(records)
-    attempts = Counter(r["cell_id"] for r in records)
+    attempts = Counter(r["cell_id"] for r in records if r.get("attempted", True))
     cells: dict[str, str] = {}
     per_device: dict[str, list[str]] = {}
     for cell in plan.cells:
@@ -113,7 +113,7 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
     pending = sum(d.pending for d in devices)
     ends = [r.get("ended_at") for r in records if r.get("ended_at")]
     return CampaignStatus(root=str(root), campaign=plan.campaign, planned=len(plan.cells),
-                          done=len(plan.cells) - pending, pending=pending, attempts=len(records),
+                          done=len(plan.cells) - pending, pending=pending, attempts=sum(attempts.values()),
                           outcomes=dict(outcomes), devices=tuple(devices), running=_running(root),
                           last_activity_at=max(ends) if ends else None, cells=cells)
 

@@ -35,7 +35,6 @@ NOISE_DEFAULT = 0.15
 COMPUTE_RISE = 0.10
 MAJFLT_FACTOR = 10.0
 MAJFLT_MIN_PER_TOK = 1.0
-KNEE_FRACTION = 0.9
 RESULT_OUTCOMES = ("ok", "lmk_killed", "killed", "config_error", "engine_error", "timeout", "invalid")
 UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
@@ -397,7 +396,8 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
 
 
 def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: Sequence[float]) -> Replay | None:
-    from results.replay import COLD, ReplayError, access_sequence, default_budgets_mib, lru_curve, stack_distances
+    from results.replay import (COLD, ReplayError, access_sequence, default_budgets_mib, knee_mib, lru_curve,
+                                stack_distances)
     from results.route_trace import TraceError, read_route_trace
 
     candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == "ok")]
@@ -424,8 +424,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
                          {round(top * i / 40, 3) for i in range(41)})
         points = lru_curve(seq, budgets, trace.cycle_bytes, distance)
         hits = [p.hit_pct_cum for p in points]
-        best = max(hits) if hits else 0.0
-        knee = next((b for b, h in zip(budgets, hits) if best > 0 and h >= KNEE_FRACTION * best), None)
+        knee = knee_mib(seq, distance)
         dec = distance[seq.decode]
         reuse = dec[dec != COLD]
         return Replay(str(path), rec["run_id"], cycle_mib,
@@ -434,13 +433,15 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     return None
 
 
-def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell]) -> GroupAnalysis:
+def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell],
+           probes: pd.DataFrame | None = None) -> GroupAnalysis:
     results = rows[rows["outcome"].isin(RESULT_OUTCOMES)]
     cycles = _values(results, "cache_cycle_mb")
     cycle = float(np.nanmax(cycles)) if np.isfinite(cycles).any() else math.nan
     sources = [s for s in results["cycle_source"] if s]
     budgets = _values(results, "cache_mb")
-    replay = _replay(results, cycle, top_k, [float(b) for b in budgets if np.isfinite(b)])
+    traced = results if probes is None or not len(probes) else pd.concat([results, probes])
+    replay = _replay(traced, cycle, top_k, [float(b) for b in budgets if np.isfinite(b)])
     if math.isnan(cycle) and replay is not None:
         # a route trace's preamble prices the cycle from the model's own expert bytes
         cycle, sources = round(replay.cycle_mib, 3), ["route-trace"]
@@ -542,15 +543,18 @@ def _fallback_noise(ok: pd.DataFrame) -> float:
 
 def analyze(table: pd.DataFrame) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group."""
-    tells = _tells(table)
+    # knee probes (harness.probe) lend their route traces to the replay, never a sweep point
+    is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
+    tells = _tells(table[~is_probe])
     groups = []
-    keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]])
+    keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]], _probe=is_probe)
     for (device, model), sub in keys.groupby(["device", "model"], sort=True):
         ks = {None if k is None or (isinstance(k, float) and math.isnan(k)) else int(k) for k in sub["_k"]}
         for k in sorted(ks, key=lambda v: (v is None, v or 0)):
             part = sub[sub["_k"].isna()] if k is None else sub[sub["_k"] == k]
-            if len(part[part["outcome"].isin(RESULT_OUTCOMES)]):
-                groups.append(_group(part, device, model, k, tells))
+            runs, probes = part[~part["_probe"]], part[part["_probe"]]
+            if len(runs[runs["outcome"].isin(RESULT_OUTCOMES)]):
+                groups.append(_group(runs, device, model, k, tells, probes))
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

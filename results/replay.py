@@ -443,6 +443,29 @@ def lru_curve(seq: AccessSequence, budgets_mib: Sequence[float], cycle_bytes: in
     return points
 
 
+def knee_mib(seq: AccessSequence, distance: np.ndarray) -> int | None:
+    """The knee of the global-LRU hit curve (Kneedle: Satopaa et al., 2011), in whole MiB.
+
+    Over the budgets from the first hit to the last (where every reuse hits), with both axes
+    scaled to 0..1, the knee is the budget where the curve stands highest above the straight line
+    between those ends: before it each MiB buys more hits than average, past it less. Counted on
+    decode lookups when the trace has any (the steady state a sweep measures), else on all. Exact:
+    the curve only steps at stack distances, so the knee is one of them. None when nothing is reused.
+    """
+    d = distance[seq.decode] if seq.decode.any() else distance
+    reuse = np.sort(d[d != COLD])
+    if not len(reuse):
+        return None
+    steps = np.unique(reuse)
+    hits_at = np.searchsorted(reuse, steps, side="right") / len(reuse)      # fraction of reuses hit
+    lo, hi = int(steps[0]), int(steps[-1])
+    if hi == lo:
+        return max(1, math.ceil(lo / MIB))
+    x = (steps - lo) / (hi - lo)
+    knee = int(steps[int(np.argmax(hits_at - x))])
+    return max(1, math.ceil(knee / MIB))
+
+
 def default_budgets_mib(cycle_mib: float) -> list[float]:
     """About twenty round budgets from 0 to 2 x T, plus T itself (to 0.1 MiB)."""
     if cycle_mib <= 0:
@@ -474,6 +497,7 @@ class TraceReplay:
     dropped_rows: int
     # the smallest budget at which any decode lookup hits under global LRU (None: no reuse at all)
     first_decode_hit_mib: float | None
+    knee_mib: int | None             # knee_mib(): where more MiB start buying fewer hits (decode)
     budgets_mib: tuple[float, ...]
     points: tuple[CurvePoint, ...]
 
@@ -488,7 +512,8 @@ class TraceReplay:
             "cycle_mib": round(self.cycle_mib, 3), "cycle_bytes": self.cycle_bytes,
             "lookups": self.lookups, "decode_lookups": self.decode_lookups, "batches": self.batches,
             "decode_batches": self.decode_batches, "dropped_rows": self.dropped_rows,
-            "first_decode_hit_mib": self.first_decode_hit_mib, "budgets_mib": list(self.budgets_mib),
+            "first_decode_hit_mib": self.first_decode_hit_mib, "knee_mib": self.knee_mib,
+            "budgets_mib": list(self.budgets_mib),
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -529,7 +554,7 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
         cycle_bytes=cycle, lookups=len(seq), decode_lookups=int(seq.decode.sum()), batches=seq.n_batches,
         decode_batches=seq.n_decode_batches, dropped_rows=int(trace.rows.dropped.sum()),
         first_decode_hit_mib=round(int(reuse.min()) / MIB, 3) if len(reuse) else None,
-        budgets_mib=budgets, points=tuple(points))
+        knee_mib=knee_mib(seq, distance), budgets_mib=budgets, points=tuple(points))
 
 
 @dataclass(frozen=True)
@@ -567,6 +592,9 @@ def _trace_text(t: TraceReplay, policies: Sequence[str], phase: str) -> str:
     ]
     if t.first_decode_hit_mib is not None:
         lines.append(f"LRU     first decode hit at {t.first_decode_hit_mib:.1f} MiB; below it decode hit is 0.0 %")
+    if t.knee_mib is not None:
+        lines.append(f"knee    {t.knee_mib} MiB: past it each MiB buys fewer hits than on average (LRU "
+                     f"{'decode' if t.decode_lookups else 'all lookups'}, Kneedle)")
     if t.dropped_rows:
         lines.append(f"note    {t.dropped_rows} dropped routings replayed as reads (the replay has no drop policy)")
     label = "decode hit%" if phase == "decode" else "hit% (all)"

@@ -175,7 +175,7 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: 
     replay = ""
     if g.replay is not None:
         r = g.replay
-        replay = (f"replayed LRU from {Urls.run(r.run_id).rsplit('/', 1)[-1]}: knee {fmt_mib(r.knee_mib)}, first decode "
+        replay = (f"replayed LRU from run {r.run_id}: knee {fmt_mib(r.knee_mib)}, first decode "
                   f"hit at {fmt_mib(r.first_decode_hit_mib)}")
     return GroupView(
         heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),

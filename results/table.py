@@ -312,6 +312,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "started_at": _num(rec.get("started_at")),
         "o_direct": _num(rec.get("o_direct")),
         "has_route_trace": run.file("route.csv") is not None,
+        "probe": bool(rec.get("probe") or config.get("probe")),   # a knee probe: its trace, not a sweep point
         "argv": json.dumps(list(rec.get("argv") or ())),
         "csv_problem": parse_problem or "",
         # summary

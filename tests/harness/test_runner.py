@@ -19,7 +19,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import DeviceRef, load_campaign, parse_campaign
+from harness.campaign import DeviceRef, fleet_home, load_campaign, parse_campaign
 from harness.plan import make_plan
 from harness.runner import INFRA, CampaignDir, FileLock, RunnerError, device_lock, locks_dir, run_campaign
 from harness.status import campaign_status
@@ -154,11 +154,15 @@ def test_timeout_invalid_and_engine_error_outcomes_from_real_runs(tmp_path, tiny
 
 
 def _engine_pids() -> list[int]:
-    """Engine runs (not `--version` probes) on this host, outside any virtual phone."""
+    """Engine runs (not `--version` probes) this test's campaigns started on this host: outside
+    any virtual phone, writing their CSV under this test's fleet home (never a user's campaign)."""
     me = os.readlink("/proc/self/ns/mnt")
+    ours = str(fleet_home() / "local") + "/"
     out = []
     for p in psutil.process_iter(["name", "pid", "cmdline"]):
-        if p.info["name"] == "bmoe-py" and "--csv" in (p.info["cmdline"] or ()):
+        argv = p.info["cmdline"] or []
+        csv = argv[argv.index("--csv") + 1] if "--csv" in argv[:-1] else ""
+        if p.info["name"] == "bmoe-py" and csv.startswith(ours):
             try:
                 if os.readlink(f"/proc/{p.info['pid']}/ns/mnt") == me:
                     out.append(p.info["pid"])

@@ -163,12 +163,68 @@ def test_a_phone_lost_mid_run_is_device_lost_and_retried(tmp_path, adb_port, pho
         if manager.info("flaky", phone_home).running:
             manager.down("flaky", home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
     (status,) = result
-    recs = records(tmp_path / "out")
-    assert [r["outcome"] for r in recs] == ["device_lost", "device_lost"]
-    assert all(r["cell_id"] == recs[0]["cell_id"] for r in recs)
+    recs = sorted(records(tmp_path / "out"), key=lambda r: r["started_at"])
+    assert [(r["outcome"], r["attempted"]) for r in recs] == [("device_lost", True)] * 2 + [("device_lost", False)]
+    assert recs[0]["cell_id"] == recs[1]["cell_id"] != recs[2]["cell_id"]
     assert "lost" in recs[0]["evidence"][0]
-    assert status.pending == 2 and status.attempts == 2 and status.outcomes == {"device_lost": 1}
-    assert campaign_status(tmp_path / "out").devices[0].outcomes == {"device_lost": 1}
+    assert recs[2]["evidence"][0].startswith("not attempted: virtual:flaky was lost at cell ")
+    assert status.pending == 2 and status.attempts == 2 and status.outcomes == {"device_lost": 2}
+    assert campaign_status(tmp_path / "out").devices[0].outcomes == {"device_lost": 2}
+
+
+def test_a_phone_stopped_mid_campaign_loses_its_cells_and_a_rerun_runs_only_those(tmp_path, phones, adb_port,
+                                                                                   phone_home, tiny_model):
+    """Issue 5: one phone stopped mid-campaign -> its cells are device_lost while the other phone
+    finishes; back up, a rerun runs only its missing cells; the ledger keeps every attempt."""
+    from devices.virtual import manager
+
+    manager.up("flaky2", 256 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+    out = tmp_path / "out"
+    c = vcampaign("lossy", ["virtual:flaky2", "virtual:roomy"], tiny_model, adb_port, phone_home,
+                  {"cache_mb": [0, "auto", "cycle*1.2", "cycle*4"]},
+                  run={"n_predict": 48, "retries": 1, "retry_backoff_s": 0.1})
+    c = parse_campaign(dict(json.loads(json.dumps(c.to_dict())), models={"tiny": str(tiny_model)}), "lossy.toml")
+
+    def ledger() -> list[dict]:
+        path = out / "ledger.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def stop_after_first_flaky_run() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(json.loads((out / r["run_dir"] / "run.json").read_text())["device"] == "virtual:flaky2"
+                   for r in ledger()):
+                break
+            time.sleep(0.02)
+        manager.down("flaky2", home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+
+    try:
+        killer = threading.Thread(target=stop_after_first_flaky_run)
+        killer.start()
+        first = run_campaign(c, out, progress_stream=io.StringIO())
+        killer.join(120)
+        by_device = {d.device: d for d in first.devices}
+        assert by_device["virtual:roomy"].outcomes == {"ok": 4} and by_device["virtual:roomy"].pending == 0
+        flaky = sorted((r for r in records(out) if r["device"] == "virtual:flaky2"), key=lambda r: r["started_at"])
+        outcomes = [(r["outcome"], r["attempted"]) for r in flaky]
+        n_ok = outcomes.count(("ok", True))
+        assert n_ok >= 1 and outcomes[:n_ok] == [("ok", True)] * n_ok
+        lost_cells = {r["cell_id"] for r in flaky[n_ok:]}
+        assert all(o == "device_lost" for o, _ in outcomes[n_ok:]) and len(lost_cells) == 4 - n_ok >= 2
+        assert ("device_lost", False) in outcomes              # cells the lost phone never reached
+        assert by_device["virtual:flaky2"].pending == 4 - n_ok
+
+        manager.up("flaky2", 256 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+        before = ledger()
+        second = run_campaign(c, out, progress_stream=io.StringIO())
+        assert second.complete and second.outcomes == {"ok": 8}
+        new = ledger()[len(before):]
+        assert {r["cell_id"] for r in new} == lost_cells and all(r["outcome"] == "ok" for r in new)
+        assert ledger()[:len(before)] == before                    # every earlier attempt is still there
+        assert len(ledger()) == len(before) + len(lost_cells)
+    finally:
+        if manager.info("flaky2", phone_home).running:
+            manager.down("flaky2", home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
 
 
 def test_an_unattached_serial_is_an_unknown_device(phones, adb_port, phone_home, mid_model):

@@ -19,7 +19,7 @@ from harness.cli import _Group
 from harness.cli_replay import replay
 from results.replay import (
     COLD, CSV_HEADER, FORMAT, FORMAT_VERSION, MIB, POLICIES, ReplayError, _nested_reuse_bytes, access_sequence,
-    default_budgets_mib, lru_curve, lru_hits, mib_to_bytes, replay_trace, replay_traces, simulate, simulated_point,
+    default_budgets_mib, knee_mib, lru_curve, lru_hits, mib_to_bytes, replay_trace, replay_traces, simulate, simulated_point,
     stack_distances)
 from results.route_trace import TraceError, read_route_trace
 
@@ -208,6 +208,27 @@ def test_gptoss_decode_hit_is_zero_below_the_cliff_and_positive_above_t():
     distance = stack_distances(seq)
     assert not lru_hits(distance, cliff - 1)[seq.decode].any()
     assert lru_hits(distance, cliff)[seq.decode].any()
+
+
+@pytest.mark.parametrize("trace_path", [GPTOSS, TINY])
+def test_the_knee_is_where_the_decode_curve_stands_highest_above_its_chord(trace_path):
+    trace = read_route_trace(trace_path)
+    seq = access_sequence(trace)
+    distance = stack_distances(seq)
+    knee = knee_mib(seq, distance)
+    reuse = distance[seq.decode][distance[seq.decode] != COLD]
+    lo, hi = reuse.min() / MIB, reuse.max() / MIB               # first decode hit .. every reuse hits
+    grid = list(np.linspace(lo, hi, 400)) + [float(knee)]
+    points = lru_curve(seq, grid, trace.cycle_bytes, distance)
+    top = points[-2].hit_pct_decode
+    lift = [p.hit_pct_decode / top - (p.budget_mib - lo) / (hi - lo) for p in points]
+    # no budget of the grid stands higher above the chord than the knee (up to its MiB rounding)
+    assert max(lift[:-1]) <= lift[-1] + 1 / (hi - lo) + 1e-9
+    assert lo <= knee <= hi + 1 and points[-1].hit_pct_decode > 0
+    assert replay_trace(trace, [100]).knee_mib == knee
+    if trace_path == GPTOSS:
+        assert 907.7 < knee                                   # past the cliff at T
+    assert knee_mib(seq, np.full(len(seq), COLD, dtype=np.int64)) is None     # nothing reused: no knee
 
 
 def test_prefill_is_one_batch_per_layer():

@@ -1,0 +1,46 @@
+"""The knee behind a campaign's `cache_mb = "knee*F"` budgets.
+
+One short route-traced probe run per (device, model, top-k) — cache 0, `run.probe_tokens` tokens,
+the campaign's prompt (harness.plan.probe_config) — and its trace replayed through the exact LRU
+curve (results.replay): the knee is where more MiB start buying fewer decode hits. The sweep then
+measures F x that budget on the device; the probe's run folder keeps the trace, so pages draw the
+predicted curve with the measured points on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import BmoeError
+from engine.units import MIB
+
+
+class ProbeError(BmoeError):
+    """A probe's trace gives no knee (unreadable, or no expert is ever looked up twice)."""
+
+
+@dataclass(frozen=True)
+class Knee:
+    knee_mib: int
+    cycle_mib: float                 # T of the trace's own preamble
+    first_decode_hit_mib: float | None
+
+
+def knee_of_trace(path: str | Path) -> Knee:
+    from results.replay import COLD, ReplayError, access_sequence, knee_mib, stack_distances
+    from results.route_trace import TraceError, read_route_trace
+
+    try:
+        trace = read_route_trace(path)
+        seq = access_sequence(trace)
+        distance = stack_distances(seq)
+    except (TraceError, ReplayError, OSError) as e:
+        raise ProbeError(f"the probe's route trace {path}: {e}") from None
+    knee = knee_mib(seq, distance)
+    if knee is None:
+        raise ProbeError(f"the probe's route trace {path} never looks an expert up twice; "
+                         "raise run.probe_tokens")
+    decode = distance[seq.decode]
+    reuse = decode[decode != COLD]
+    return Knee(knee, round(trace.cycle_bytes / MIB, 3), round(int(reuse.min()) / MIB, 3) if len(reuse) else None)
