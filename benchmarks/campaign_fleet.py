@@ -154,7 +154,9 @@ def main() -> None:
         second = records(out2)[len(first):]
         print("rerun after bringing p3g back ran: " + ", ".join(
             f"{run_json(out2, r)['device']}:{r['outcome']}" for r in second))
-        print(f"ledger: {len(first) + len(second)} attempts in all")
+        lines = first + second
+        unrun = sum(1 for r in lines if not r.get("attempted", True))
+        print(f"ledger: {len(lines)} lines: {len(lines) - unrun} attempts, {unrun} cells recorded not attempted")
         print(fleet("status", str(out2), env=env, check=False).stdout.strip())
     finally:
         fleet("virtual", "down", "--all", "--home", str(home), env=env, check=False)

@@ -37,6 +37,7 @@ ENGINE_KINDS = ("python", "native")
 # cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
 # and --no-mmap (every weight resident in anonymous memory; bmoe-py only).
 NO_STREAM_MODES = ("mmap", "resident")
+PROBE_TOKENS_MAX = 64       # the default knee probe is short even when the sweep's runs are long
 # budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
 # LRU curve replayed from a route-traced probe run on the device (harness.probe)
 _RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
@@ -117,7 +118,14 @@ class RunSettings:
     repeats: int = 1
     reverse_pass: bool = False
     route_trace: bool = False
-    probe_tokens: int = 16                       # tokens of the route-traced probe behind "knee" budgets
+    probe_tokens: int = 0                        # the knee probe's tokens; 0: n_predict, at most 64
+
+    @property
+    def probe_n_predict(self) -> int:
+        """Tokens of the route-traced probe behind "knee" budgets. By default the sweep's own
+        n_predict (at most 64): same prompt, same greedy tokens, so its trace is the sweep runs'
+        trace and the replayed hit % at a run's budget is the hit % that run measures."""
+        return self.probe_tokens or min(self.n_predict, PROBE_TOKENS_MAX)
     o_direct: bool = True
     timeout_s: float = 1800.0
     retries: int = 3
@@ -480,7 +488,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1)),
         reverse_pass=rd.scalar(r, "reverse_pass", "run", bool, d.reverse_pass),
         route_trace=rd.scalar(r, "route_trace", "run", bool, d.route_trace),
-        probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(1)),
+        probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(0)),
         o_direct=rd.scalar(r, "o_direct", "run", bool, d.o_direct),
         timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s,
                             check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),

@@ -197,7 +197,7 @@ def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
     trace replays to every budget."""
     a = campaign.axes
     config = _config(0, 0, a.dense_weights[0], k, a.io_threads[0], cycle_mb, campaign)
-    config.update(n_predict=campaign.run.probe_tokens, route_trace=True, budget_spec="probe", probe=True)
+    config.update(n_predict=campaign.run.probe_n_predict, route_trace=True, budget_spec="probe", probe=True)
     return config
 
 

@@ -1,6 +1,7 @@
 """The knee behind a campaign's `cache_mb = "knee*F"` budgets.
 
-One short route-traced probe run per (device, model, top-k) — cache 0, `run.probe_tokens` tokens,
+One short route-traced probe run per (device, model, top-k) — cache 0, `run.probe_tokens` tokens
+(default: the sweep's n_predict, at most 64, so the trace is the sweep runs' own),
 the campaign's prompt (harness.plan.probe_config) — and its trace replayed through the exact LRU
 curve (results.replay): the knee is where more MiB start buying fewer decode hits. The sweep then
 measures F x that budget on the device; the probe's run folder keeps the trace, so pages draw the

@@ -118,6 +118,8 @@ class ModelPage:
     chart: Chart | None
     devices: tuple[Link, ...]
     runs: tuple[Link, ...]
+    # per device (and top-k): measured hit % and tok/s against the budget, with the replayed LRU curve
+    budget_charts: tuple[Chart, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from results import charts
-from results.analyze import Analysis, BudgetPoint, GroupAnalysis, analyze
+from results.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay, analyze
 from results.errors import ResultsError
 from results.pages import (
     CampaignRow, Chart, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
@@ -169,14 +169,15 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
                     f"under the cycle: {p.advice}" if p.under_cycle else "", links)
 
 
+def _replay_text(r: Replay) -> str:
+    return (f"replayed LRU from run {r.run_id}: knee {fmt_mib(r.knee_mib)}, first decode hit at "
+            f"{fmt_mib(r.first_decode_hit_mib)}")
+
+
 def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: pd.DataFrame) -> GroupView:
     root = "../"
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
-    replay = ""
-    if g.replay is not None:
-        r = g.replay
-        replay = (f"replayed LRU from run {r.run_id}: knee {fmt_mib(r.knee_mib)}, first decode "
-                  f"hit at {fmt_mib(r.first_decode_hit_mib)}")
+    replay = _replay_text(g.replay) if g.replay is not None else ""
     return GroupView(
         heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
         chart=Chart(ids.next(), charts.budget_figure(g),
@@ -302,9 +303,14 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
                     for d in sorted(set(mine["device"])))
     runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
                  for r in mine.to_dict("records"))
+    figures = [(g, charts.budget_figure(g)) for g in analysis.groups if g.model == name and g.points]
+    budget_charts = tuple(
+        Chart(ids.next(), f, f"on {g.device}" + (f" (top-k {g.top_k})" if g.top_k else "")
+              + (f": {_replay_text(g.replay)}" if g.replay is not None else ": no route trace to replay"))
+        for g, f in figures if any(t.get("x") for t in f["data"]))     # a group with nothing to draw: no chart
     return ModelPage(title=f"model {name}", root=root, model=name, shape=tuple(shape), cycles=cycles,
                      chart=Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0")
-                     if fig else None, devices=devices, runs=runs)
+                     if fig else None, devices=devices, runs=runs, budget_charts=budget_charts)
 
 
 # ── writing ──────────────────────────────────────────────────────────────────────────────────

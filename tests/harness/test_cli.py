@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 import pytest
@@ -101,3 +102,27 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert result.exit_code == 0
     assert (tmp_path / "demo" / "demo-qwen3moe.gguf").stat().st_size > 60 * 2**20
     assert "top-k 4: token cycle" in result.output
+    # each phone ran one route-traced probe, and its knee cell ran at the knee the probe replays to
+    from harness.probe import knee_of_trace
+    from results.replay import access_sequence, lru_curve, stack_distances
+    from results.route_trace import read_route_trace
+
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "demo" / "campaign").glob("runs/*/*/run.json")]
+    probes = {r["device"]: r for r in recs if r["probe"]}
+    assert set(probes) == {"virtual:small", "virtual:large"}
+    checked = 0
+    for r in recs:
+        if r["probe"] or r["outcome"] != "ok" or r["config"]["cache_auto"] or not r["config"]["cache_mb"]:
+            continue
+        trace = tmp_path / "demo" / "campaign" / "runs" / probes[r["device"]]["cell_id"] / "1" / "route.csv"
+        if r["config"]["budget_spec"] == "knee*1":
+            assert r["config"]["cache_mb"] == knee_of_trace(trace).knee_mib
+        # the probe runs the sweep's n_predict: its replay is every fixed-budget run's measured hit %
+        t = read_route_trace(trace)
+        seq = access_sequence(t)
+        (point,) = lru_curve(seq, [r["config"]["cache_mb"]], t.cycle_bytes, stack_distances(seq))
+        assert point.hit_pct_cum == pytest.approx(r["summary"]["cache_hit_pct"], abs=0.05)
+        checked += 1
+    assert checked >= 8
+    index = (tmp_path / "demo" / "site" / "index.html").read_text()
+    assert len(re.findall(r"replayed LRU predicts [\d.]+ % hit at \d+ MiB \(measured [\d.]+ %\)", index)) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from results.table import build_table
 
 def knee_campaign(model: Path, name: str, cache_mb: list, devices=("local",), run: dict | None = None):
     data = {"version": 1, "name": name, "fleet": {"devices": list(devices)}, "models": {"mid": str(model)},
-            "axes": {"cache_mb": cache_mb}, "run": {"n_predict": 8, "probe_tokens": 12, **(run or {})},
+            "axes": {"cache_mb": cache_mb}, "run": {"n_predict": 8, **(run or {})},
             "gate": {"max_wait_s": 1}}
     return parse_campaign(data, source=f"{name}.toml")
 
@@ -57,8 +58,11 @@ def test_the_plan_has_one_probe_per_device_model_and_top_k_and_prints_it(mid_mod
     assert all(cell.config["cache_mb"] is None and "<knee*1.5>" in cell.argv for cell in knee)
     text = plan.text()
     assert text.count("route-trace probe, cache 0, 12 tokens") == 2 and "knee*1.5 (MiB from the probe)" in text
-    # no knee budget, no probe
+    # no knee budget, no probe; by default the probe is the sweep's n_predict, at most 64 tokens
     assert make_plan(knee_campaign(mid_model, "noknee", [0, "cycle*1.2"])).probes == ()
+    for n, probe_n in ((8, 8), (256, 64)):
+        (p,) = make_plan(knee_campaign(mid_model, "dflt", ["knee"], run={"n_predict": n})).probes
+        assert p.config["n_predict"] == probe_n
 
 
 def test_knee_budgets_are_placed_from_the_probe_and_the_pages_draw_its_curve(tmp_path, mid_model):
@@ -68,7 +72,8 @@ def test_knee_budgets_are_placed_from_the_probe_and_the_pages_draw_its_curve(tmp
     assert status.complete and status.outcomes == {"ok": 4} and status.attempts == 5     # the probe is one
     recs = run_records(out)
     (probe,) = [r for r in recs if r["probe"]]
-    assert probe["outcome"] == "ok" and probe["config"]["cache_mb"] == 0 and probe["config"]["n_predict"] == 12
+    # by default the probe runs the sweep's own n_predict: its trace is the sweep runs' trace
+    assert probe["outcome"] == "ok" and probe["config"]["cache_mb"] == 0 and probe["config"]["n_predict"] == 8
     trace = out / "runs" / probe["cell_id"] / "1" / "route.csv"
     knee = knee_of_trace(trace)
     assert knee.knee_mib > knee.first_decode_hit_mib > 0          # the knee is past the cliff
@@ -93,11 +98,22 @@ def test_knee_budgets_are_placed_from_the_probe_and_the_pages_draw_its_curve(tmp
     assert g.n_runs == 4 and g.replay is not None                 # the probe is no sweep point...
     assert g.replay.run_id.endswith(f"/{probe['cell_id']}/1")     # ...but its trace is the curve
     assert g.replay.knee_mib == knee.knee_mib
+    # ...so the replay predicts each measured hit %, under the cycle and at the knee alike
+    for r in recs:
+        if not r["probe"] and r["config"]["cache_mb"]:
+            assert g.replay.hit_at(r["config"]["cache_mb"]) == pytest.approx(r["summary"]["cache_hit_pct"], abs=0.05)
     rec = recommendations_from(analysis).find("local", "mid", g.top_k)
     assert rec.replay is not None and rec.replay.knee_mib == knee.knee_mib
     site = build_site([out], tmp_path / "site")
     device_page = (Path(site.out_dir) / Urls.device("local")).read_text()
-    assert f"knee {knee.knee_mib}" in device_page and "replayed LRU" in device_page
+    model_page = (Path(site.out_dir) / Urls.model("mid")).read_text()
+    for page in (device_page, model_page):                        # the curve, with the measured points on it
+        assert f"replayed LRU from run knee/{probe['cell_id']}/1: knee {knee.knee_mib}" in page
+        figures = [json.loads(block) for block in re.findall(r'<script type="application/json" id="[^"]+">(.*?)</script>',
+                                                              page, re.S)]
+        traces = {t["name"]: t for f in figures for t in f["data"] if t["name"].startswith(("hit %", "replayed"))}
+        assert knee.knee_mib in traces["hit % (measured)"]["x"]
+        assert len(traces["replayed LRU (predicted hit %)"]["x"]) > 10
 
 
 def test_a_failed_probe_leaves_knee_cells_with_the_reason_and_rerun_failed_retries_it(tmp_path, mid_model):
