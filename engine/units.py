@@ -1,8 +1,10 @@
-"""Byte sizes written by people ("2GiB", "512MiB", "1.5G", "300M") to integers and back."""
+"""Byte sizes written by people ("2GiB", "512MiB", "1.5G", "300M") to integers and back, and
+telemetry numbers from text."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import BmoeError
 
@@ -35,3 +37,14 @@ def format_bytes(n_bytes: int | float) -> str:
     if n_bytes >= GIB:
         return f"{n_bytes / GIB:.2f} GiB"
     return format_mib(n_bytes)
+
+
+def parse_number(text: Any, default: Any = None) -> Any:
+    """A telemetry value as an int, else a float, else `default` (values arrive as text)."""
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return default

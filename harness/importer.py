@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from engine.units import parse_number
 from harness.campaign import CampaignError, dumps_toml, safe_id
 from harness.plan import Cell, Plan, cell_id_of
 from harness.runner import (
@@ -246,7 +247,7 @@ def _config(group: RunFiles, console: ConsoleRun | None, section: ConsoleRun | N
         pre = metrics.preamble
         for key in _PREAMBLE_KEYS:
             if key in pre:
-                value = _num(pre[key])
+                value = parse_number(pre[key], pre[key])
                 if key in _PREAMBLE_BOOL:
                     value = bool(value)
                 if key == "o_direct":
@@ -304,16 +305,6 @@ def _fill_result(result: dict[str, Any], console: ConsoleRun | None, config: Map
                 break
     if result["cycle_mb"] is None and isinstance(config.get("cache_cycle_mib"), (int, float)):
         result["cycle_mb"] = config["cache_cycle_mib"]
-
-
-def _num(text: Any) -> Any:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        try:
-            return float(text)
-        except (TypeError, ValueError):
-            return text
 
 
 def _jsonable(value: Any) -> bool:

@@ -43,6 +43,7 @@ from devices.base import (
 from devices.lmk import LmkEvent, kills_of
 from engine.errors import BmoeError
 from engine.model import split_paths
+from engine.units import parse_number
 from harness.campaign import (
     Campaign, CampaignError, DeviceRef, fleet_home, is_knee, load_campaign, remote_model_path, resolve_devices,
     safe_id,
@@ -435,19 +436,9 @@ def result_of(metrics, config: Mapping[str, Any]) -> dict[str, Any]:
     out["cache_hit_pct"] = None if hit is None or hit == -1 else hit
     budget = s.get("cache_budget_MiB")
     if budget is None and "cache_mb" in metrics.preamble and str(metrics.preamble.get("cache_auto", "0")) == "0":
-        budget = _number(metrics.preamble["cache_mb"])  # a fixed budget is what was asked; auto is not known
+        budget = parse_number(metrics.preamble["cache_mb"])  # a fixed budget is what was asked; auto is not known
     out["budget_mib"] = budget
     return out
-
-
-def _number(text: Any) -> Any:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        try:
-            return float(text)
-        except (TypeError, ValueError):
-            return None
 
 
 def samples_csv(samples: Sequence[PressureSample]) -> str:
@@ -720,7 +711,7 @@ class _Worker(threading.Thread):
                       lmk_events=[_event_dict(e) for e in events])
         if metrics is not None:
             o_direct = metrics.preamble.get("o_direct")
-            record["o_direct"] = _number(o_direct) if o_direct is not None else None
+            record["o_direct"] = parse_number(o_direct) if o_direct is not None else None
             record["summary"] = dict(metrics.summary) if metrics.summary is not None else None
         record["result"] = result_of(metrics, cell.config)
         verdict = classify(outcome, kills, metrics, bool(cell.config["o_direct"]), bool(cell.config["moe_stream"]))

@@ -227,6 +227,27 @@ def simulate(seq: AccessSequence, policy: str, budget_bytes: int) -> np.ndarray:
     return run(seq, budget_bytes)
 
 
+def _lookup_batch(keys: list, sizes: list, start: int, end: int, cache: dict, hits: np.ndarray,
+                  stamp: dict | None = None) -> int:
+    """One batch's lookups, before any eviction: hits marked, misses inserted; returns the bytes
+    inserted. An OrderedDict cache is kept in LRU order (a hit moves to the MRU end); `stamp`
+    records each key's last lookup index (the heap-based policies' staleness check)."""
+    added = 0
+    ordered = isinstance(cache, OrderedDict)
+    for i in range(start, end):
+        k = keys[i]
+        if k in cache:
+            hits[i] = True
+            if ordered:
+                cache.move_to_end(k)
+        else:
+            cache[k] = sizes[i]
+            added += sizes[i]
+        if stamp is not None:
+            stamp[k] = i
+    return added
+
+
 def _sim_lru(seq: AccessSequence, budget_bytes: int) -> np.ndarray:
     hits = np.zeros(len(seq), dtype=bool)
     keys, sizes = seq.key.tolist(), seq.entry_bytes.tolist()
@@ -234,14 +255,7 @@ def _sim_lru(seq: AccessSequence, budget_bytes: int) -> np.ndarray:
     used = 0
     bounds = seq.batch_bounds().tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
-        for i in range(start, end):
-            k = keys[i]
-            if k in cache:
-                hits[i] = True
-                cache.move_to_end(k)
-            else:
-                cache[k] = sizes[i]
-                used += sizes[i]
+        used += _lookup_batch(keys, sizes, start, end, cache, hits)
         protected = end - start  # the batch's entries are exactly the MRU end
         while used > budget_bytes and len(cache) > protected:
             used -= cache.popitem(last=False)[1]
@@ -263,14 +277,7 @@ def _sim_layer_lru(seq: AccessSequence, budget_bytes: int) -> np.ndarray:
     for start, end in zip(bounds[:-1], bounds[1:]):
         il = layers[start]
         cache = parts.setdefault(il, OrderedDict())
-        for i in range(start, end):
-            k = keys[i]
-            if k in cache:
-                hits[i] = True
-                cache.move_to_end(k)
-            else:
-                cache[k] = sizes[i]
-                used[il] = used.get(il, 0) + sizes[i]
+        used[il] = used.get(il, 0) + _lookup_batch(keys, sizes, start, end, cache, hits)
         protected = end - start
         while used[il] > share and len(cache) > protected:
             used[il] -= cache.popitem(last=False)[1]
@@ -314,15 +321,9 @@ def _sim_lfu(seq: AccessSequence, budget_bytes: int) -> np.ndarray:
     used = 0
     bounds = seq.batch_bounds().tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
-        for i in range(start, end):
-            k = keys[i]
-            if k in resident:
-                hits[i] = True
-            else:
-                resident[k] = sizes[i]
-                used += sizes[i]
+        used += _lookup_batch(keys, sizes, start, end, resident, hits, stamp)
+        for k in keys[start:end]:
             freq[k] = freq.get(k, 0) + 1
-            stamp[k] = i
         while used > budget_bytes and _pop_valid(heap, resident, stamp) is not None:
             used -= resident.pop(heapq.heappop(heap)[2])
         for i in range(start, end):
@@ -351,14 +352,7 @@ def _sim_belady(seq: AccessSequence, budget_bytes: int) -> np.ndarray:
     used = 0
     bounds = seq.batch_bounds().tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
-        for i in range(start, end):
-            k = keys[i]
-            if k in resident:
-                hits[i] = True
-            else:
-                resident[k] = sizes[i]
-                used += sizes[i]
-            stamp[k] = i
+        used += _lookup_batch(keys, sizes, start, end, resident, hits, stamp)
         now = batches[start]
         while used > budget_bytes:
             best = None

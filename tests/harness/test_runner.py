@@ -202,7 +202,7 @@ tiny = "{tiny_model}"
 [axes]
 cache_mb = [0, "auto", "cycle*1.2", "mmap"]
 [run]
-n_predict = 40
+n_predict = 200          # ~2 s a run: the interrupt lands mid-campaign however fast the host
 repeats = 2
 [gate]
 max_wait_s = 1
