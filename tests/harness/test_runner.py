@@ -208,7 +208,10 @@ repeats = 2
 max_wait_s = 1
 """)
     out = tmp_path / "out"
-    code = "import sys; from harness.runner import run_campaign_file; run_campaign_file(sys.argv[1], sys.argv[2])"
+    # Ctrl-C as on a terminal, even when this suite runs in the background (where a shell starts
+    # jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler)
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from harness.runner import run_campaign_file; run_campaign_file(sys.argv[1], sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path), str(out)], cwd=PROJECT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
