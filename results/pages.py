@@ -85,7 +85,7 @@ class GroupView:
 
     heading: str
     model: Link
-    chart: Chart
+    chart: Chart | None              # None when no run of the group has a point to draw
     points: tuple[PointRow, ...]
     baselines: tuple[PointRow, ...]
     cycle: str

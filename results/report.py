@@ -169,6 +169,11 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
                     f"under the cycle: {p.advice}" if p.under_cycle else "", links)
 
 
+def _drawable(figure: Mapping[str, Any]) -> bool:
+    """A budget figure with at least one point: a group whose runs all failed has none."""
+    return any(t.get("x") for t in figure["data"])
+
+
 def _replay_text(r: Replay) -> str:
     return (f"replayed LRU from run {r.run_id}: knee {fmt_mib(r.knee_mib)}, first decode hit at "
             f"{fmt_mib(r.first_decode_hit_mib)}")
@@ -178,11 +183,13 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: 
     root = "../"
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
     replay = _replay_text(g.replay) if g.replay is not None else ""
+    figure = charts.budget_figure(g)
     return GroupView(
         heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
-        chart=Chart(ids.next(), charts.budget_figure(g),
+        chart=Chart(ids.next(), figure,
                     "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets; the shaded "
-                    "band is under the token cycle, where --cache-mb 0 is strictly better"),
+                    "band is under the token cycle, where --cache-mb 0 is strictly better")
+        if _drawable(figure) else None,
         points=tuple(_point_row(p, root, table) for p in g.points),
         baselines=tuple(_point_row(p, root, table) for p in g.baselines),
         cycle=fmt_mib(g.cycle_mib) + (f" ({g.cycle_source})" if g.cycle_source else ""),
@@ -307,7 +314,7 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
     budget_charts = tuple(
         Chart(ids.next(), f, f"on {g.device}" + (f" (top-k {g.top_k})" if g.top_k else "")
               + (f": {_replay_text(g.replay)}" if g.replay is not None else ": no route trace to replay"))
-        for g, f in figures if any(t.get("x") for t in f["data"]))     # a group with nothing to draw: no chart
+        for g, f in figures if _drawable(f))
     return ModelPage(title=f"model {name}", root=root, model=name, shape=tuple(shape), cycles=cycles,
                      chart=Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0")
                      if fig else None, devices=devices, runs=runs, budget_charts=budget_charts)

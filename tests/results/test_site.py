@@ -155,6 +155,16 @@ def test_device_strings_render_as_text(site):
     assert page(next(site.glob("devices/virtual-tight-*.html"))).kv("model") == SCRIPT_TAG
 
 
+def test_a_group_with_nothing_to_draw_says_so_instead_of_an_empty_chart(site):
+    # the <script> device's "bad" model has runs, none of them finished or killed at a budget
+    device = next(site.glob("devices/script-alert-1-script-*.html"))
+    html = device.read_text()
+    assert "nothing to draw: no run of this group finished or was killed at a known budget" in html
+    for figure in Page(html).figures():
+        if "against the cache budget" in figure["layout"]["title"]["text"]:
+            assert any(t.get("x") for t in figure["data"])
+
+
 # benchmarks.md (upstream, 2026-07-12 matrix): mean, min, max, median, p5, p95 tok/s and hit %
 PUBLISHED = {
     "2026-07-12/qwen_stream": (1.71, 0.50, 1.81, 1.78, 1.62, 1.80, None),
