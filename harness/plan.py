@@ -15,7 +15,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -201,18 +201,24 @@ def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
     return config
 
 
-def resolve_knee(cell: Cell, knee_mib: int, engine: str, model_path: str, csv_path: str,
-                 route_path: str | None) -> Cell:
+def resolve_knee(campaign: Campaign, cell: Cell, knee_mib: int, probe_cell_id: str) -> Cell:
     """A "knee*F" cell with its budget: F x the knee (rounded to its side, as cycle*F is), and
-    --force-cache if that lands in the engine's pathological band."""
-    from dataclasses import replace
-
+    --force-cache if that lands in the engine's pathological band; it records the probe."""
     config = dict(cell.config)
     cache_mb = budget_from_cycle(knee_mib, cycle_factor(config["budget_spec"]))
     config.update(cache_mb=cache_mb, knee_mb=knee_mib, force_cache=needs_force(cache_mb),
-                  force_cache_auto=needs_force(cache_mb))
-    argv = engine_argv(engine, model_path, config, csv_path, route_path)
-    return replace(cell, config=MappingProxyType(config), argv=tuple(argv))
+                  force_cache_auto=needs_force(cache_mb), probe_cell_id=probe_cell_id)
+    model = next(m for m in campaign.models if m.name == cell.model)
+    return replace(cell, config=MappingProxyType(config), argv=cell_argv(campaign, cell.device, model, config,
+                                                                         cell.cell_id))
+
+
+def cell_argv(campaign: Campaign, device: str, model: ModelSpec, config: Mapping[str, Any],
+              cell_id: str) -> tuple[str, ...]:
+    """The engine command line of one cell on one device, writing its outputs under the cell's id."""
+    csv_path, route_path = out_paths(device, cell_id)
+    return tuple(engine_argv(engine_path(campaign, device), remote_model_path(device, model), config, csv_path,
+                             route_path))
 
 
 def out_paths(device: str, cell_id: str) -> tuple[str, str]:
@@ -265,16 +271,13 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
         for pass_no, sequence in passes:
             for model, config, repeat in sequence:
                 cid = cell_id_of(device, model.name, engine, config, repeat, pass_no)
-                csv_path, route_path = out_paths(device, cid)
-                argv = engine_argv(engine_path(campaign, device), remote_model_path(device, model), config,
-                                   csv_path, route_path)
                 cells.append(Cell(cid, device, model.name, engine, MappingProxyType(config), repeat, pass_no,
-                                  order, tuple(argv)))
+                                  order, cell_argv(campaign, device, model, config, cid)))
                 order += 1
-    return Plan(campaign.name, tuple(cells), shapes, top_ks, _probes(campaign, cells, shapes))
+    return Plan(campaign.name, tuple(cells), shapes, top_ks, _probes(campaign, cells))
 
 
-def _probes(campaign: Campaign, cells: Sequence[Cell], shapes: Mapping[str, ModelShape]) -> tuple[Cell, ...]:
+def _probes(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:
     engine = campaign.engine.kind
     models = {m.name: m for m in campaign.models}
     out: dict[tuple[str, str, int], Cell] = {}
@@ -284,10 +287,8 @@ def _probes(campaign: Campaign, cells: Sequence[Cell], shapes: Mapping[str, Mode
             continue
         config = probe_config(campaign, key[2], cell.config["cycle_mb"])
         cid = "p" + cell_id_of(*key[:2], engine, config, 0, 0)[1:]
-        csv_path, route_path = out_paths(cell.device, cid)
-        argv = engine_argv(engine_path(campaign, cell.device), remote_model_path(cell.device, models[cell.model]),
-                           config, csv_path, route_path)
-        out[key] = Cell(cid, cell.device, cell.model, engine, MappingProxyType(config), 0, 0, -1, tuple(argv))
+        out[key] = Cell(cid, cell.device, cell.model, engine, MappingProxyType(config), 0, 0, -1,
+                        cell_argv(campaign, cell.device, models[cell.model], config, cid))
     return tuple(out.values())
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import BmoeError
-from engine.units import MIB
 
 
 class ProbeError(BmoeError):
@@ -24,17 +23,15 @@ class ProbeError(BmoeError):
 @dataclass(frozen=True)
 class Knee:
     knee_mib: int
-    cycle_mib: float                 # T of the trace's own preamble
     first_decode_hit_mib: float | None
 
 
 def knee_of_trace(path: str | Path) -> Knee:
-    from results.replay import COLD, ReplayError, access_sequence, knee_mib, stack_distances
+    from results.replay import ReplayError, access_sequence, first_decode_hit_mib, knee_mib, stack_distances
     from results.route_trace import TraceError, read_route_trace
 
     try:
-        trace = read_route_trace(path)
-        seq = access_sequence(trace)
+        seq = access_sequence(read_route_trace(path))
         distance = stack_distances(seq)
     except (TraceError, ReplayError, OSError) as e:
         raise ProbeError(f"the probe's route trace {path}: {e}") from None
@@ -42,6 +39,4 @@ def knee_of_trace(path: str | Path) -> Knee:
     if knee is None:
         raise ProbeError(f"the probe's route trace {path} never looks an expert up twice; "
                          "raise run.probe_tokens")
-    decode = distance[seq.decode]
-    reuse = decode[decode != COLD]
-    return Knee(knee, round(trace.cycle_bytes / MIB, 3), round(int(reuse.min()) / MIB, 3) if len(reuse) else None)
+    return Knee(knee, first_decode_hit_mib(seq, distance))

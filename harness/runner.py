@@ -32,9 +32,8 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from devices.base import (
@@ -556,13 +555,7 @@ class _Worker(threading.Thread):
                 self.knees[probe.cell_id] = knee_of_trace(trace)
             except ProbeError as e:
                 return cell, self._record_without_run(cell, "engine_error", f"no knee: {e}")
-        knee = self.knees[probe.cell_id]
-        csv_path, route_path = out_paths(cell.device, cell.cell_id)
-        model = next(m for m in self.ctx.campaign.models if m.name == cell.model)
-        resolved = resolve_knee(cell, knee.knee_mib, engine_path(self.ctx.campaign, cell.device),
-                                remote_model_path(cell.device, model), csv_path, route_path)
-        config = dict(resolved.config, probe_cell_id=probe.cell_id, probe_cycle_mb=knee.cycle_mib)
-        return replace(resolved, config=MappingProxyType(config)), None
+        return resolve_knee(self.ctx.campaign, cell, self.knees[probe.cell_id].knee_mib, probe.cell_id), None
 
     def _record_without_run(self, cell: Cell, outcome: str, reason: str, attempted: bool = False) -> dict:
         """A cell's outcome when it could not be run (a lost device's later cells, a knee cell

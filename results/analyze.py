@@ -396,8 +396,8 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
 
 
 def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: Sequence[float]) -> Replay | None:
-    from results.replay import (COLD, ReplayError, access_sequence, default_budgets_mib, knee_mib, lru_curve,
-                                stack_distances)
+    from results.replay import (ReplayError, access_sequence, default_budgets_mib, first_decode_hit_mib, knee_mib,
+                                lru_curve, stack_distances)
     from results.route_trace import TraceError, read_route_trace
 
     candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == "ok")]
@@ -424,12 +424,9 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
                          {round(top * i / 40, 3) for i in range(41)})
         points = lru_curve(seq, budgets, trace.cycle_bytes, distance)
         hits = [p.hit_pct_cum for p in points]
-        knee = knee_mib(seq, distance)
-        dec = distance[seq.decode]
-        reuse = dec[dec != COLD]
-        return Replay(str(path), rec["run_id"], cycle_mib,
-                      round(int(reuse.min()) / (1 << 20), 3) if len(reuse) else None, tuple(budgets), tuple(hits),
-                      tuple(p.hit_pct_decode for p in points), knee, seq, distance, trace.cycle_bytes)
+        return Replay(str(path), rec["run_id"], cycle_mib, first_decode_hit_mib(seq, distance), tuple(budgets),
+                      tuple(hits), tuple(p.hit_pct_decode for p in points), knee_mib(seq, distance), seq, distance,
+                      trace.cycle_bytes)
     return None
 
 

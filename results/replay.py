@@ -437,6 +437,14 @@ def lru_curve(seq: AccessSequence, budgets_mib: Sequence[float], cycle_bytes: in
     return points
 
 
+def first_decode_hit_mib(seq: AccessSequence, distance: np.ndarray) -> float | None:
+    """The smallest budget at which any decode lookup hits under global LRU (to 0.001 MiB): below
+    it the decode hit rate is 0 %. None when no decode lookup is ever a reuse."""
+    decode = distance[seq.decode]
+    reuse = decode[decode != COLD]
+    return round(int(reuse.min()) / MIB, 3) if len(reuse) else None
+
+
 def knee_mib(seq: AccessSequence, distance: np.ndarray) -> int | None:
     """The knee of the global-LRU hit curve (Kneedle: Satopaa et al., 2011), in whole MiB.
 
@@ -540,14 +548,12 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
             points += lru_curve(seq, budgets, cycle, distance)
         else:
             points += [simulated_point(seq, policy, b, cycle) for b in budgets]
-    dec = distance[seq.decode]
-    reuse = dec[dec != COLD]
     return TraceReplay(
         path=trace.path, model=trace.model, arch=trace.arch, n_layer=trace.n_layer,
         n_moe_layers=len(trace.expert_bytes_by_layer), n_expert=trace.n_expert, n_expert_used=trace.n_expert_used,
         cycle_bytes=cycle, lookups=len(seq), decode_lookups=int(seq.decode.sum()), batches=seq.n_batches,
         decode_batches=seq.n_decode_batches, dropped_rows=int(trace.rows.dropped.sum()),
-        first_decode_hit_mib=round(int(reuse.min()) / MIB, 3) if len(reuse) else None,
+        first_decode_hit_mib=first_decode_hit_mib(seq, distance),
         knee_mib=knee_mib(seq, distance), budgets_mib=budgets, points=tuple(points))
 
 
