@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,18 @@ def fleet_home(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BMOE_FLEET_HOME", str(home))
         yield home
+
+
+@pytest.fixture(scope="session")
+def bmoe_cli() -> Path:
+    """The real engine, bmoe-cli (its shared libraries beside it), from $BMOE_CLI. `.ci/run` sets it
+    when ../shared/peer holds the build; a user's clone without it skips these tests, saying why."""
+    path = os.environ.get("BMOE_CLI", "")
+    if not path:
+        pytest.skip("BMOE_CLI is not set: no real bmoe-cli to compare with (.ci/run sets it on CI)")
+    cli = Path(path)
+    assert cli.is_file() and os.access(cli, os.X_OK), f"BMOE_CLI={path} is not an executable file"
+    return cli
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +62,6 @@ def small_gptoss(models_dir) -> Path:
 
 # ---- memory cgroups (root only; CI runs as root) -------------------------------------------------
 import contextlib  # noqa: E402
-import os  # noqa: E402
 import signal  # noqa: E402
 import uuid  # noqa: E402
 

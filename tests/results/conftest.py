@@ -12,7 +12,8 @@ hand), plus headless Chromium driven over the DevTools protocol on a pipe.
 - `imported`: `bmoe-fleet import` of the upstream fixtures (the device label is a script tag too).
 - Wrapper engines (`write_engine`): a campaign may run `engine.kind = "native"` with a small Python
   script as bmoe-cli. It runs the real bmoe-py in-process and, on the conditions baked into it,
-  sleeps before every decode step (a slowed engine / a throttled device) or pages the model's
+  makes every decode step SLOW_FACTOR (5) times as long plus a fixed delay (a slowed engine / a
+  throttled device: in proportion, so a loaded host cannot blur the effect) or pages the model's
   mapping out from a thread while the engine runs (MADV_PAGEOUT: someone else taking the page
   cache). `--version` prints `bmoe-py 0.1.0 (LABEL)`. These are documented in docs/results.md.
 
@@ -153,13 +154,18 @@ def wanted(condition):
 if wanted({fail_when!r}):
     print("error: this engine was told to fail here", file=sys.stderr)
     sys.exit(1)
+SLOW_FACTOR = 5
 if wanted({slow_when!r}):
     import engine.forward as forward
     decode = forward.Model.decode
 
     def slowed(self, *args, **kwargs):
-        time.sleep({slow_ms} / 1000)
-        return decode(self, *args, **kwargs)
+        # Slow in proportion as well as by a fixed delay: a busy machine slows the real decode too,
+        # so the slowed step stays SLOW_FACTOR times the plain one however loaded the host is.
+        started = time.perf_counter()
+        out = decode(self, *args, **kwargs)
+        time.sleep({slow_ms} / 1000 + (SLOW_FACTOR - 1) * (time.perf_counter() - started))
+        return out
 
     forward.Model.decode = slowed
 if wanted({squeeze_when!r}):
