@@ -33,7 +33,7 @@ from gguf import GGUFWriter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.cache import ExpertCache  # noqa: E402
-from engine.io import O_DIRECT, dio_alignment_bytes, drop_page_cache, memory_filesystem  # noqa: E402
+from engine.io import O_DIRECT, drop_page_cache, memory_filesystem, read_alignment_bytes  # noqa: E402
 from engine.model import ModelShape, load_model_shape  # noqa: E402
 from engine.stream import StreamingExpertSource  # noqa: E402
 
@@ -74,7 +74,7 @@ def trace(shape: ModelShape, batch: int, seed: int) -> list[tuple[int, list[int]
 
 def raw_pass(shape: ModelShape, batches: list[tuple[int, list[int]]], pool: ThreadPoolExecutor) -> float:
     path = shape.paths[0]
-    align = dio_alignment_bytes(path)
+    align = read_alignment_bytes(path)
     fd = os.open(path, os.O_RDONLY | O_DIRECT)
     local = threading.local()
     layers = {layer.layer: layer for layer in shape.moe_layers}
@@ -157,7 +157,7 @@ def main() -> int:
         n_reads = sum(layer.n_expert for layer in shape.moe_layers)
         print(
             f"file {path} {path.stat().st_size / MIB:.0f} MiB, {n_reads} expert slices of {slice_bytes} B "
-            f"({slice_bytes / MIB:.2f} MiB), alignment {dio_alignment_bytes(str(path))} B, "
+            f"({slice_bytes / MIB:.2f} MiB), alignment {read_alignment_bytes(str(path))} B, "
             f"{args.lanes} lanes, batches of {args.batch}, {args.reps} passes each"
         )
         raw, stream, mgmt = [], [], []

@@ -2,8 +2,9 @@
 
 Sources (Helldez/BigMoeOnEdge): core/src/config.cpp validate() for the refusals and their text,
 cli/main.cpp for how --cache-mb is parsed and what exit status each refusal gets,
-core/src/moe/expert_stream_source.cpp init() for `auto`, core/src/engine/session.cpp for the
-cycle guard. Text printed by bmoe-cli is reproduced byte for byte ("—", "→" included).
+core/src/moe/expert_stream_source.cpp init() for `auto`. Text printed by bmoe-cli is reproduced
+byte for byte ("—", "→" included). The cycle guard is the seed's proposal (docs/cache-sizing.md
+upstream): bmoe-cli 0.19.0 has none, so its warning and `cache_cycle_mb` are bmoe-py's own.
 
 One deliberate extension: upstream sizes `auto` from /proc/meminfo MemAvailable alone. A process
 inside a memory cgroup (a container, a virtual phone) can be killed long before MemAvailable runs
@@ -368,7 +369,7 @@ class CacheBudget:
     cap_bytes: int | None = None  # auto only
     dense_reserved_bytes: int = 0
     # stderr at load. bmoe-cli prints the auto lines, then the dense-weights and "expert streaming
-    # ON" lines, and the cycle warning last (from Session::warn_about_load).
+    # ON" lines; bmoe-py adds the cycle warning last (bmoe-cli has none).
     auto_messages: tuple[str, ...] = ()
     warning: str | None = None
 
@@ -412,7 +413,8 @@ def resolve_budget(
     if flags.cache_auto:
         if available is None:
             available = available_memory()
-        dense = [t.nbytes for t in shape.dense_tensors] if flags.dense_weights in _DENSE_CONVERTING else []
+        # What the dense policy is about to convert: never the nextn/MTP blocks, which no decode reads.
+        dense = [t.nbytes for t in shape.bound_dense_tensors] if flags.dense_weights in _DENSE_CONVERTING else []
         auto = auto_budget(shape.expert_bytes, available.bytes, flags.cache_floor_mb, flags.cache_ceil_mb, dense)
         budget = replace(
             base,

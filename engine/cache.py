@@ -9,9 +9,8 @@ Semantics follow bmoe-cli's ExpertStreamSource (core/src/moe/expert_stream_sourc
 - Entries the current batch touched are never evicted to make room for that same batch: upstream
   stamps them with the batch generation and stops evicting at the first stamped entry. Because a
   touched entry is always moved to the MRU end, "the LRU end is touched" means "everything left
-  is touched", so the check is O(1). A miss that cannot fit without evicting its own batch (or
-  that is bigger than the whole budget) streams through uncached, which keeps resident bytes
-  within the budget at all times; upstream instead overshoots until the next layer's eviction.
+  is touched", so the check is O(1). A batch wider than the budget is kept whole (the cache
+  overshoots) until the next batch evicts down to the budget, as upstream does.
 - An eviction drops the LRU entry; a *reread* is a miss (or a speculative read) of a key that was
   resident once and got evicted: bytes the cache had already paid for.
 - Budget 0 is streaming with no cache: every lookup misses, nothing is kept, nothing is evicted

@@ -1,20 +1,21 @@
 """`bmoe-py`: the reference engine behind bmoe-cli's contract (flags in; CSV, stdout, stderr and
-exit status out). Parsing is engine.config's, validation engine.budget's, the run engine.session's;
-this module only wires them to the process's streams and exit codes."""
+exit status out). Parsing and validation are engine.config's (engine.budget's for the cache flags),
+the run engine.session's; this module only wires them to the process's streams and exit codes."""
 
 from __future__ import annotations
 
 import os
 import sys
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import __version__
-from .budget import ConfigError, validate
-from .config import UsageExit, cache_flags, parse_args, print_usage_exit
+from .budget import ConfigError
+from .config import UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
 from .session import Session
-from .telemetry import CsvSink, csv_preamble, progress_lines
+from .telemetry import CsvSink, RouteTraceSink, csv_preamble, progress_lines
 
 ENGINE_NAME = f"bmoe-py-{__version__}"
 
@@ -29,23 +30,33 @@ def _out(data: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
+def _g4(value: float) -> str:
+    """printf's %.4g of a float32, as bmoe-cli writes temp and top_p."""
+    return "%.4g" % float(np.float32(value))
+
+
 def _preamble(session: Session) -> str:
+    """The CSV preamble as bmoe-cli writes it: the flags as given (cache_auto, floor, ceiling,
+    force_cache, dense_weights even without --moe-stream), the streaming values only when streaming
+    (cache_mb, io_threads, prefetch, predict_spec_max). Two differences, both docs/decisions.md:
+    o_direct is what happened (bmoe-cli writes what was asked), and cache_cycle_mb is added."""
     cfg, shape, budget = session.cfg, session.shape, session.budget
     stream = session.stream
     model = {"model": os.path.basename(cfg.model_path), "arch": shape.arch, "n_layer": shape.n_layer,
              "n_expert": shape.n_expert, "n_expert_used": session.top_k, "threads": cfg.n_threads,
              "n_ctx": cfg.n_ctx, "n_ubatch": 0, "chatml": 0}
     streaming = {
-        "moe_stream": int(cfg.moe_stream), "cache_mb": budget.cache_mb if cfg.moe_stream else 0,
-        "cache_cycle_mb": f"{budget.cycle_bytes / (1 << 20):.1f}", "cache_auto": int(budget.cache_auto),
+        "moe_stream": int(cfg.moe_stream), "cache_mb": budget.cache_mb if stream else 0,
+        "cache_cycle_mb": f"{budget.cycle_bytes / (1 << 20):.1f}", "cache_auto": int(cfg.cache_auto),
         "cache_floor_mb": cfg.cache_floor_mb, "cache_ceil_mb": cfg.cache_ceil_mb,
         "force_cache": int(cfg.force_cache), "load_all": 0,
         "io_threads": stream.io_threads if stream else 0, "o_direct": int(stream.o_direct) if stream else 0,
-        "overlap": 0, "io_two_wave": 0, "prefetch": cfg.prefetch, "route_ahead": 0, "predict_prefetch": 0,
-        "predict_log": 0, "predict_spec_max": 2 if stream else 0, "prefetch_sync": 0,
-        "dense_weights": cfg.dense_weights, "drop_cold_frac": 0, "drop_renorm": 1, "drop_prefill": 0,
+        "overlap": 0, "io_two_wave": 0, "prefetch": cfg.prefetch if stream else 0, "route_ahead": 0,
+        "predict_prefetch": 0, "predict_log": 0, "predict_spec_max": 2 if stream else 0,
+        "prefetch_sync": int(cfg.prefetch_sync), "dense_weights": cfg.dense_weights, "drop_cold_frac": 0,
+        "drop_renorm": 1, "drop_prefill": 0,
     }
-    sampling = {"temp": f"{cfg.temp:g}", "top_k": cfg.top_k, "top_p": f"{cfg.top_p:g}", "seed": cfg.seed,
+    sampling = {"temp": _g4(cfg.temp), "top_k": cfg.top_k, "top_p": _g4(cfg.top_p), "seed": cfg.seed,
                 "compute_trace_layers": 0, "spec": "off", "spec_draft_max": 0, "mtp_p_min": 0, "ngram_min_match": 0}
     return csv_preamble(ENGINE_NAME, model, streaming, sampling)
 
@@ -56,32 +67,34 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
     except UsageExit as e:
         return print_usage_exit(e)
     try:
-        validate(cache_flags(cfg))
+        validate_run(cfg)
     except ConfigError as e:
         _err(f"config error: {e}")
         return 1
-    for flag in cfg.deprecated_flags:
-        modern = "mmap" if flag == "--no-warm-dense" else "anon"
-        _err(f"bmoe: {flag} is deprecated; use --dense-weights {modern}")
 
+    # Both sinks are opened (truncated) before the load, and an unwritable path is a warning, as
+    # in bmoe-cli: the run goes on without that file.
     csv = None
     if cfg.csv_path:
         try:
-            csv = CsvSink(cfg.csv_path)  # truncated before load, like the engine: a kill in load leaves 0 bytes
+            csv = CsvSink(cfg.csv_path)  # a kill during load leaves 0 bytes, as the engine's does
         except OSError:
             _err(f"warning: could not open csv {cfg.csv_path}")
-    route_trace = cfg.route_trace_path or None
-    if route_trace and not cfg.moe_stream:
-        _err("warning: --route-trace needs --moe-stream; no trace will be written")
-        route_trace = None
+    route_trace = None
+    if cfg.route_trace_path:
+        if not cfg.moe_stream:
+            _err("warning: --route-trace needs --moe-stream; no trace will be written")
+        else:
+            try:
+                route_trace = RouteTraceSink(cfg.route_trace_path)
+            except OSError:
+                _err(f"warning: could not open route trace {cfg.route_trace_path}")
     if cfg.prompt_tokens is None and not cfg.progress:
         _out(cfg.prompt.encode("utf-8", "surrogateescape"))
 
     session = None
     try:
-        session = Session(cfg, route_trace_path=route_trace)
-        for line in session.messages:
-            _err(line)
+        session = Session(cfg, route_trace=route_trace, on_message=_err)
         prompt = list(cfg.prompt_tokens) if cfg.prompt_tokens is not None else session.tokenize(cfg.prompt)
         if cfg.prompt_tokens is not None and not cfg.progress:
             _out(b"".join(session.piece(t) for t in prompt))
@@ -111,6 +124,8 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
     finally:
         if session is not None:
             session.close()
+        if route_trace is not None:
+            route_trace.close()
         if csv:
             csv.close()
     if cfg.progress:

@@ -3,6 +3,11 @@
 The harness treats bmoe-py and bmoe-cli as interchangeable, so the flags, defaults, messages
 and exit codes are the engine's, not click's: `unknown arg: X` + usage and exit 1, `missing
 value for X` exit 1, a bad `--dense-weights` exit 2, `config error: …` exit 1.
+
+A flag bmoe-cli knows but bmoe-py does not implement (`--chatml`, `--ubatch`, `--mtp`, …, listed in
+`NOT_IMPLEMENTED`) is answered exactly as bmoe-cli answers an unknown flag, so a harness cell that
+asks for one is a `config_error`, never a measurement of something else. docs/engine-contract.md
+lists every flag.
 """
 
 from __future__ import annotations
@@ -11,10 +16,25 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags
+import numpy as np
+
+from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 from .errors import BmoeError
 
-DENSE_MODES = ("mmap", "warm", "anon")  # bmoe-cli's ahwb is Android-only
+# ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
+DENSE_MODES = ("mmap", "warm", "anon", "ahwb")
+# bmoe-cli 0.19.0 flags bmoe-py does not implement: each is refused as an unknown flag would be.
+NOT_IMPLEMENTED = (
+    "--ubatch", "--chatml", "--no-think", "--session", "--compute-trace", "--compute-trace-layers",
+    "--io-trace", "--mtp", "--ngram", "--draft", "--mtp-p-min", "--ngram-min-match", "--load-all",
+    "--overlap", "--io-two-wave", "--drop-cold-experts", "--drop-no-renorm", "--drop-in-prefill",
+    "--route-ahead", "--predict-log", "--predict-prefetch", "--predict-spec-max",
+)
+# Env overrides bmoe-cli honours for features bmoe-py lacks: refused at validation, never ignored.
+_ENV_NOT_IMPLEMENTED = {"BMOE_OVERLAP": "moe.overlap", "BMOE_PREDICT_LOG": "moe.predict_log",
+                        "BMOE_PREDICT_PREFETCH": "moe.predict_prefetch"}
+# The architectures bmoe-py's forward pass runs (engine/forward.py SUPPORTED_ARCHS).
+LIST_ARCHS = ("qwen3moe", "gpt-oss")
 
 
 class UsageExit(BmoeError):
@@ -36,7 +56,7 @@ class RunConfig:
     n_threads: int = 4
     n_ctx: int = 2048
     n_expert_used: int = 0          # 0 = the model's own top-k
-    temp: float = 0.0
+    temp: float = 0.0               # float32 values, as bmoe-cli holds them (`(float) atof`)
     top_k: int = 40
     top_p: float = 0.95
     seed: int = 0xFFFFFFFF          # the engine's "random per run" sentinel
@@ -50,11 +70,13 @@ class RunConfig:
     o_direct: bool = True
     dense_weights: str = "anon"
     prefetch: int = 0
+    prefetch_sync: bool = False     # debug/tests: each speculative read completes on issue
     progress: bool = False
     no_mmap: bool = False           # resident runs: weights in anonymous memory, not a file map
     csv_path: str = ""
     route_trace_path: str = ""
-    deprecated_flags: tuple[str, ...] = ()
+    # Env overrides bmoe-py cannot honour ({"BMOE_OVERLAP": "moe.overlap"}), refused by validate_run.
+    unimplemented_env: tuple[tuple[str, str], ...] = ()
 
 
 USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
@@ -75,6 +97,7 @@ USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
       --route-trace PATH  write the per-step per-layer MoE routing trace (needs --moe-stream)
   -h, --help              show this text and exit
       --version           print the engine version and exit
+      --list-archs        print the MoE architectures bmoe-py runs and exit
 
   MoE expert streaming:
       --moe-stream        stream only the routed experts per token (MoE models)
@@ -84,15 +107,19 @@ USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
       --force-cache       allow a cache-mb in the pathological band
       --io-threads N      parallel expert-read lanes [1..{IO_THREADS_MAX}] (default 4)
       --no-odirect        do not bypass the page cache for expert reads
-      --dense-weights M   dense (non-expert) weight policy: mmap | warm | anon (default)
+      --dense-weights M   dense (non-expert) weight policy: mmap | warm | anon (default) | ahwb
+                          (ahwb is Android-only: the load fails here, as bmoe-cli's does)
                           Deprecated aliases: --dense-odirect = anon, --no-warm-dense = mmap
       --prefetch K        temporally prefetch the next K layers' experts, as the previous token
                           routed them (needs the cache)
+      --prefetch-sync     debug/tests only: complete each speculative read when it is issued
       --no-mmap           without --moe-stream: read every weight into anonymous memory
                           (llama.cpp's --no-mmap) instead of mapping the file
 
   Env overrides (flag wins): BMOE_CACHE_MB, BMOE_IO_THREADS, BMOE_PROGRESS, BMOE_PREFETCH,
-  BMOE_N_EXPERT_USED
+  BMOE_N_EXPERT_USED (BMOE_OVERLAP, BMOE_PREDICT_LOG, BMOE_PREDICT_PREFETCH are refused)
+
+  bmoe-cli flags bmoe-py does not implement are refused as unknown: {", ".join(NOT_IMPLEMENTED)}
 """
 
 _INT_FLAGS = {
@@ -105,8 +132,10 @@ _FLOAT_FLAGS = {"--temp": "temp", "--top-p": "top_p"}
 _STR_FLAGS = {"-m": "model_path", "--model": "model_path", "-p": "prompt", "--prompt": "prompt",
               "--csv": "csv_path", "--route-trace": "route_trace_path"}
 _BOOL_FLAGS = {"--moe-stream": ("moe_stream", True), "--force-cache": ("force_cache", True),
-               "--no-mmap": ("no_mmap", True),
+               "--no-mmap": ("no_mmap", True), "--prefetch-sync": ("prefetch_sync", True),
                "--no-odirect": ("o_direct", False), "--progress": ("progress", True)}
+# bmoe-cli names a missing value by the flag's short form where it has one (cli/main.cpp next()).
+_VALUE_NAME = {"--model": "-m", "--prompt": "-p", "--n-predict": "-n", "--threads": "-t", "--ctx-size": "-c"}
 _ENV_INT = {"--cache-mb": "BMOE_CACHE_MB", "--io-threads": "BMOE_IO_THREADS", "--prefetch": "BMOE_PREFETCH",
             "--n-expert-used": "BMOE_N_EXPERT_USED"}
 
@@ -119,22 +148,24 @@ def _atoi(text: str) -> int:
 
 
 def _atof(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
+    """C's atof narrowed to a float32, as bmoe-cli stores --temp / --top-p: the longest numeric
+    prefix counts, junk reads 0, and the range checks see the float32 value."""
+    m = re.match(r"\s*([+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))", text,
+                 re.IGNORECASE)
+    if not m:
         return 0.0
+    return float(np.float32(float(m[1])))
 
 
 def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
     values: dict[str, object] = {}
     seen: set[str] = set()
-    deprecated: list[str] = []
     i = 0
 
-    def next_value(what: str) -> str:
+    def next_value(flag: str) -> str:
         nonlocal i
         if i + 1 >= len(argv):
-            raise UsageExit(f"missing value for {what}", 1)
+            raise UsageExit(f"missing value for {_VALUE_NAME.get(flag, flag)}", 1)
         i += 1
         return argv[i]
 
@@ -142,7 +173,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         a = argv[i]
         seen.add(a)
         if a in _STR_FLAGS:
-            values[_STR_FLAGS[a]] = next_value("-m" if a == "--model" else "-p" if a == "--prompt" else a)
+            values[_STR_FLAGS[a]] = next_value(a)
         elif a in _INT_FLAGS:
             values[_INT_FLAGS[a]] = _atoi(next_value(a))
         elif a in _FLOAT_FLAGS:
@@ -167,12 +198,14 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         elif a == "--dense-weights":
             m = next_value(a)
             if m not in DENSE_MODES:
-                hint = " (ahwb is Android-only)" if m == "ahwb" else ""
-                raise UsageExit(f"bmoe: --dense-weights expects mmap|warm|anon|ahwb, got '{m}'{hint}", 2)
+                raise UsageExit(f"bmoe: --dense-weights expects mmap|warm|anon|ahwb, got '{m}'", 2)
             values["dense_weights"] = m
         elif a in ("--no-warm-dense", "--dense-odirect"):
+            # Silent aliases, as in bmoe-cli ("kept so existing scripts keep working").
             values["dense_weights"] = "mmap" if a == "--no-warm-dense" else "anon"
-            deprecated.append(a)
+        elif a == "--list-archs":
+            raise UsageExit("supported MoE architectures:\n" + "".join(f"  {arch}\n" for arch in LIST_ARCHS), 0,
+                            to_stdout=True)
         elif a in ("-h", "--help"):
             raise UsageExit(USAGE, 0, to_stdout=True)
         elif a == "--version":
@@ -190,11 +223,51 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
             values[field] = _atoi(environ[env])
     if "--progress" not in seen and environ.get("BMOE_PROGRESS"):
         values["progress"] = _atoi(environ["BMOE_PROGRESS"]) != 0
-    values["deprecated_flags"] = tuple(deprecated)
+    values["unimplemented_env"] = tuple((env, field) for env, field in _ENV_NOT_IMPLEMENTED.items()
+                                        if environ.get(env) and _atoi(environ[env]) != 0)
     cfg = RunConfig(**values)  # type: ignore[arg-type]
     if not cfg.model_path:
         raise UsageExit(USAGE, 1, to_stdout=True)
     return cfg
+
+
+_OTHER_FLAGS = ("--seed", "--prompt-tokens", "--cache-mb", "--dense-weights", "--no-warm-dense", "--dense-odirect",
+                "--list-archs", "-h", "--help", "--version")
+
+
+def implemented_flags() -> set[str]:
+    """Every flag parse_args accepts (the rest, bmoe-cli's included, are `unknown arg`)."""
+    return {*_INT_FLAGS, *_FLOAT_FLAGS, *_STR_FLAGS, *_BOOL_FLAGS, *_OTHER_FLAGS}
+
+
+def validate_run(cfg: RunConfig) -> None:
+    """Raise ConfigError with bmoe-cli's text for the first refused field, in validate()'s order
+    (core/src/config.cpp): the run's shape, sampling when it is on, the streaming flags.
+
+    Then one check of bmoe-py's own: an env override asking for a feature bmoe-py lacks
+    (BMOE_OVERLAP, …) is refused rather than silently ignored. Where bmoe-cli itself refuses it
+    (it needs --moe-stream) the text is bmoe-cli's.
+    """
+    if cfg.n_predict <= 0:
+        raise ConfigError("n_predict must be positive")
+    if cfg.n_threads <= 0:
+        raise ConfigError("n_threads must be positive")
+    if cfg.n_ctx <= 0:
+        raise ConfigError("n_ctx must be positive")
+    if cfg.n_expert_used < 0:
+        raise ConfigError("n_expert_used must be >= 0 (0 = model default)")
+    # Sampling ranges bind only when sampling is on: a greedy run ignores them, as upstream.
+    if cfg.temp > 0.0:
+        if cfg.top_k < 0:
+            raise ConfigError("sampling.top_k must be >= 0 (0 disables the top-k stage)")
+        if cfg.top_p <= 0.0 or cfg.top_p > 1.0:  # C's comparisons: a nan passes, as it does upstream
+            raise ConfigError("sampling.top_p must be in (0, 1]")
+    if not cfg.moe_stream:
+        for _env, field in cfg.unimplemented_env:
+            raise ConfigError(f"{field} requires moe.enabled")
+    validate(cache_flags(cfg))
+    for env, field in cfg.unimplemented_env:
+        raise ConfigError(f"{env} asks for {field}, which bmoe-py does not implement (unset it)")
 
 
 def cache_flags(cfg: RunConfig) -> CacheFlags:

@@ -22,7 +22,9 @@ build_attn_mha) and the places where ggml's CPU kernels round:
 * rms_norm sums squares in double and scales by a float32 1/sqrt(mean+eps);
 * softmax exponentiates in float32, sums in double and multiplies by float32(1/sum);
 * the last layer only computes the rows whose logits are wanted (llama.cpp's inp_out_ids), so a
-  prefill routes every prompt token through layers 0..L-2 but only the last one through L-1.
+  qwen3moe prefill routes every prompt token through layers 0..L-2 but only the last one through
+  L-1. gpt-oss, as bmoe-cli 0.19.0 runs it, routes every prompt token through every layer (its
+  route trace has all prompt rows at the last layer too): the rows are dropped after the MoE.
 
 Known differences from ggml, all at the level of a float32 ulp or two unless noted: exp here is
 correctly rounded where ggml's SIMD expf approximates; dot products sum in another order; ARM
@@ -115,6 +117,7 @@ class Hparams:
     weights_scale: float
     ffn_act: str           # "swiglu" or "swiglu_oai"
     ffn_norm: str          # per-layer norm tensor before the MoE ("ffn_norm" / "post_attention_norm")
+    out_rows_before_moe: bool = True  # the last layer drops unwanted rows before its MoE (else after)
 
     @staticmethod
     def from_shape(shape: ModelShape) -> Hparams:
@@ -204,7 +207,7 @@ class Hparams:
             rms_eps=float(F32(key("attention.layer_norm_rms_epsilon", 1e-5))), kq_scale=kq_scale,
             rope=rope, rope_swa=rope_swa, n_swa=n_swa, swa_layers=swa_layers, gating=gating,
             norm_weights=norm_w, weights_scale=float(key("expert_weights_scale", 0.0) or 0.0),
-            ffn_act=act, ffn_norm=ffn_norm,
+            ffn_act=act, ffn_norm=ffn_norm, out_rows_before_moe=arch != "gpt-oss",
         )
 
 
@@ -698,13 +701,16 @@ class Model:
                 cos_sin[rope] = rope_cos_sin(pos, rope)
             attn = self._attention(il, x, pos, state, cos_sin[rope], swa)
             rows = pos
-            if il == hp.n_layer - 1:
-                # llama.cpp's inp_out_ids: the last layer only computes rows whose logits are wanted
-                keep = slice(T - 1, T) if want_logits else slice(0, 0)
+            last = il == hp.n_layer - 1
+            # llama.cpp's inp_out_ids: the last layer only keeps rows whose logits are wanted
+            keep = slice(T - 1, T) if want_logits else slice(0, 0)
+            if last and hp.out_rows_before_moe:
                 attn, x, rows = attn[keep], x[keep], pos[keep]
             ffn_inp = attn + x
             h = rms_norm(ffn_inp, w.get(f"blk.{il}.{hp.ffn_norm}.weight"), hp.rms_eps)
             x = self.moe_ffn(il, h, rows) + ffn_inp
+            if last and not hp.out_rows_before_moe:
+                x = x[keep]
         state.n_past += T
         if not want_logits:
             return None

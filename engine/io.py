@@ -36,6 +36,9 @@ from .errors import BmoeError
 
 IO_THREADS_MAX = 8
 DEFAULT_ALIGN_BYTES = 4096
+# bmoe-cli's FileReader aligns every O_DIRECT window to 4096 bytes whatever the filesystem would
+# accept; reading the same windows makes read_bytes / read_MiB the same number in both engines.
+ENGINE_ALIGN_BYTES = 4096
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 PAGE_BYTES = mmap.PAGESIZE
 
@@ -87,6 +90,12 @@ class IoStats:
     @property
     def read_mib_per_s(self) -> float:
         return self.read_bytes / (1 << 20) / self.read_s if self.read_s > 0 else 0.0
+
+
+def read_alignment_bytes(path: str) -> int:
+    """The O_DIRECT windows the engine reads `path` in: bmoe-cli's 4096 B, or the filesystem's own
+    alignment where that is coarser."""
+    return max(ENGINE_ALIGN_BYTES, dio_alignment_bytes(path))
 
 
 def dio_alignment_bytes(path: str) -> int:
@@ -220,7 +229,8 @@ class _File:
                 raise
             self.fallback_reason = "O_DIRECT refused at open (EINVAL)"
             return
-        self.align_bytes = dio_alignment_bytes(path)
+        # The engine's 4096-byte windows, or the filesystem's own alignment where that is coarser.
+        self.align_bytes = read_alignment_bytes(path)
         self._verify()
 
     @property
@@ -324,7 +334,8 @@ class DirectReader:
     """Reads slices of any number of files over `io_threads` lanes.
 
     Demand reads (read_slices) block the caller and are counted in stats(); background reads
-    (submit_slices, for prefetch) run on the same lanes and are counted by whoever collects them.
+    (submit_slices, for prefetch) run on the same lanes; the bytes they pull are counted apart
+    (background_window_bytes) the moment each one lands, as upstream's reader counts every read.
     """
 
     def __init__(self, io_threads: int = 4, o_direct: bool = True, reuse_buffers: bool = False) -> None:
@@ -342,6 +353,8 @@ class DirectReader:
         self._read_bytes = 0
         self._window_bytes = 0
         self._read_s = 0.0
+        self._background_window_bytes = 0
+        self._background_lock = threading.Lock()
 
     # ---- files ---------------------------------------------------------------------------
     def open(self, path: str) -> None:
@@ -381,12 +394,14 @@ class DirectReader:
         return self._file(s.path).read(s.offset, s.nbytes)
 
     def read_slices(self, slices: Sequence[SliceLike]) -> list[np.ndarray]:
-        """The exact bytes of every slice, in order, read concurrently across the lanes."""
-        if not slices:
-            return []
+        """The exact bytes of every slice, in order, read concurrently across the lanes. An empty
+        batch still adds its (tiny) wall time to read_s, as the engine's read window does."""
         for s in slices:  # open on the caller's thread: an open error is reported here, once
             self._file(s.path)
         t0 = time.perf_counter()
+        if not slices:
+            self._read_s += time.perf_counter() - t0
+            return []
         if self.io_threads == 1 or len(slices) == 1:
             results = [self._read(s) for s in slices]
         else:
@@ -401,7 +416,23 @@ class DirectReader:
         """Read slices in the background on one lane; the future yields (bytes, pulled) pairs."""
         for s in slices:
             self._file(s.path)
-        return self._pool.submit(lambda: [self._read(s) for s in slices])
+
+        def read_all() -> list[tuple[np.ndarray, int]]:
+            out = []
+            for s in slices:
+                data, pulled = self._read(s)
+                with self._background_lock:
+                    self._background_window_bytes += pulled
+                out.append((data, pulled))
+            return out
+
+        return self._pool.submit(read_all)
+
+    @property
+    def background_window_bytes(self) -> int:
+        """Storage bytes pulled by submit_slices reads so far, whether or not anyone used them."""
+        with self._background_lock:
+            return self._background_window_bytes
 
     def stats(self) -> IoStats:
         return IoStats(
@@ -444,6 +475,21 @@ class PageCacheResidency:
         return self.resident_pages / self.total_pages if self.total_pages else 0.0
 
 
+def resident_pages(addr: int, nbytes: int) -> PageCacheResidency:
+    """mincore over this process's memory [addr, addr+nbytes), widened to whole pages: how many
+    are in RAM. Works for anonymous memory (a numpy buffer) and file mappings alike."""
+    if nbytes <= 0:
+        return PageCacheResidency(0, 0)
+    start = addr // PAGE_BYTES * PAGE_BYTES
+    length = addr + nbytes - start
+    n_pages = -(-length // PAGE_BYTES)
+    vec = (ctypes.c_ubyte * n_pages)()
+    if _libc.mincore(ctypes.c_void_p(start), length, vec) != 0:
+        err = ctypes.get_errno()
+        raise IoError(f"mincore failed: {os.strerror(err)}")
+    return PageCacheResidency(sum(b & 1 for b in vec), n_pages)
+
+
 def page_cache_residency(path: str, offset: int, nbytes: int) -> PageCacheResidency:
     """How many pages of [offset, offset+nbytes) of `path` sit in the page cache (mincore).
 
@@ -461,12 +507,7 @@ def page_cache_residency(path: str, offset: int, nbytes: int) -> PageCacheReside
             err = ctypes.get_errno()
             raise IoError(f"{path}: mmap for mincore failed: {os.strerror(err)}")
         try:
-            n_pages = -(-length // PAGE_BYTES)
-            vec = (ctypes.c_ubyte * n_pages)()
-            if _libc.mincore(addr, length, vec) != 0:
-                err = ctypes.get_errno()
-                raise IoError(f"{path}: mincore failed: {os.strerror(err)}")
-            return PageCacheResidency(sum(b & 1 for b in vec), n_pages)
+            return resident_pages(addr, length)
         finally:
             _libc.munmap(addr, length)
     finally:

@@ -86,6 +86,45 @@ class ModelShape:
         return sum(layer.expert_bytes * layer.n_expert for layer in self.moe_layers)
 
     @property
+    def n_nextn_layers(self) -> int:
+        """Trailing next-token-prediction (MTP) blocks: in the file, never bound by the engine."""
+        return int(self.metadata.get(f"{self.arch}.nextn_predict_layers") or 0)
+
+    @property
+    def bound_dense_tensors(self) -> tuple[TensorInfo, ...]:
+        """The dense tensors a run uses: every non-expert tensor except those of the nextn/MTP
+        blocks, which no decode reads (so --dense-weights anon neither converts nor reserves them)."""
+        first_nextn = self.n_layer - self.n_nextn_layers
+        if first_nextn >= self.n_layer:
+            return self.dense_tensors
+        out = []
+        for t in self.dense_tensors:
+            m = _LAYER_RE.match(t.name)
+            if not (m and int(m[1]) >= first_nextn):
+                out.append(t)
+        return tuple(out)
+
+    def dense_ranges(self) -> dict[str, list[tuple[int, int]]]:
+        """Per shard, the byte ranges [lo, hi) that are not bound expert tensors: header, dense
+        tensors, padding and tail — what upstream's warm-up sweeps and its residency sensor probes."""
+        experts: dict[str, list[tuple[int, int]]] = {p: [] for p in self.paths}
+        for layer in self.moe_layers:
+            for t in layer.tensors:
+                experts[t.path].append((t.offset, t.offset + t.nbytes))
+        out: dict[str, list[tuple[int, int]]] = {}
+        for path, spans in experts.items():
+            ranges, pos = [], 0
+            for lo, hi in sorted(spans):
+                if lo > pos:
+                    ranges.append((pos, lo))
+                pos = max(pos, hi)
+            size = os.path.getsize(path)
+            if pos < size:
+                ranges.append((pos, size))
+            out[path] = ranges
+        return out
+
+    @property
     def widest_expert_bytes(self) -> int:
         return max(layer.expert_bytes for layer in self.moe_layers)
 

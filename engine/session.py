@@ -1,15 +1,17 @@
 """A loaded model ready to generate: budget, dense policy, expert source, telemetry per token.
 
 `Session(config)` does what bmoe-cli's load does, in its order: price the model, size the
-cache (fixed, or `auto` once at load), apply the dense-weights policy, open the expert
-streamer, warn when the budget is under the token cycle. `generate()` runs bmoe-cli's loop
-(sample, emit, decode the emitted token) and measures every token the way the engine's CSV
+cache (fixed, or `auto` once at load), open the expert streamer's files, apply the dense-weights
+policy, say the streamer is on, warn when the budget is under the token cycle (bmoe-py's own
+line). Each stderr line goes to `on_message` as it happens, so the lines before a failed load are
+still printed, as bmoe-cli prints them. Without --moe-stream no streaming flag is looked at: the
+model is mapped as llama.cpp maps it, whatever --dense-weights says. `generate()` runs bmoe-cli's
+loop (sample, emit, decode the emitted token) and measures every token the way the engine's CSV
 reports it. `set_cache_budget_mb()` is the embedders' resize: between generations only.
 """
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +21,7 @@ import numpy as np
 
 from .budget import CacheBudget, resolve_budget
 from .config import RunConfig, cache_flags
-from .errors import BmoeError
+from .errors import BmoeError, ModelError
 from .experts import ResidentExpertSource
 from .forward import Model, Sampler, eog_ids_from_metadata
 from .io import DirectReader, Slice
@@ -31,6 +33,13 @@ from .tokenizer import SpmTokenizer
 
 SEED_RANDOM = 0xFFFFFFFF
 WARM_CHUNK_BYTES = 8 * MIB
+# bmoe-cli refuses a run whose prompt + n_predict + this margin exceed -c (Session::generate).
+CTX_MARGIN_TOKENS = 8
+# llama.cpp pads the context it allocates to a multiple of this (-c 40 makes a 256-cell KV cache).
+KV_CTX_PAD = 256
+# What bmoe-cli prints when --dense-weights ahwb meets a platform without reclaim-exempt memory.
+AHWB_LINES = ("bmoe: --dense-weights ahwb needs reclaim-exempt memory, which this platform does not provide "
+              "(Android only)", "bmoe: dense-weights init failed")
 
 
 class SessionError(BmoeError):
@@ -100,36 +109,63 @@ class _RouteTracer:
 
 
 class Session:
-    def __init__(self, cfg: RunConfig, route_trace_path: str | None = None):
+    def __init__(self, cfg: RunConfig, route_trace: RouteTraceSink | None = None,
+                 on_message: Callable[[str], None] | None = None):
+        """route_trace: an opened --route-trace file (ignored without --moe-stream); the Session
+        writes its preamble and rows, whoever opened it closes it. on_message: each load-time
+        stderr line, as it happens (they are also kept in .messages)."""
         t0 = time.perf_counter()
         self.cfg = cfg
         self.messages: list[str] = []
-        self.shape: ModelShape = load_model_shape(cfg.model_path)
+        self._on_message = on_message
+        self.stream: StreamingExpertSource | None = None
+        self.tracer: _RouteTracer | None = None
+        self._route_trace = route_trace if cfg.moe_stream else None
+        try:
+            self.shape: ModelShape = load_model_shape(cfg.model_path)
+        except ModelError as e:
+            # bmoe-cli's line, then what exactly is wrong with the file.
+            raise ModelError(f"failed to load model: {e}") from None
         self.top_k = cfg.n_expert_used or self.shape.top_k or 0
         if not self.top_k:
             raise SessionError(f"{cfg.model_path}: no {self.shape.arch}.expert_used_count; pass --n-expert-used")
         if self.top_k > self.shape.n_expert:
-            raise SessionError(f"n_expert_used={self.top_k} exceeds this model's n_expert={self.shape.n_expert}")
+            raise SessionError(f"n_expert_used={self.top_k} exceeds the model's expert count ({self.shape.n_expert})")
         self.budget: CacheBudget = resolve_budget(cache_flags(cfg), self.shape, self.top_k)
-        self.messages += self.budget.auto_messages
-        weights = self._dense_weights()
-        self.stream: StreamingExpertSource | None = None
-        self.tracer: _RouteTracer | None = None
         self._n_prompt = 0
         source: object
         if cfg.moe_stream:
+            for line in self.budget.auto_messages:
+                self._message(line)
             self.stream = StreamingExpertSource(self.shape, self.budget.budget_bytes, io_threads=cfg.io_threads,
-                                                o_direct=cfg.o_direct, prefetch=cfg.prefetch)
-            self.messages += self.stream.messages()
+                                                o_direct=cfg.o_direct, prefetch=cfg.prefetch,
+                                                prefetch_sync=cfg.prefetch_sync, top_k=self.top_k)
+            try:
+                for line in self.stream.open_messages():
+                    self._message(line)
+                weights = self._dense_weights()
+            except BaseException:
+                self.stream.close()
+                raise
+            self.stream.dense_probe = weights.residency().sample
+            self._message(self.stream.streaming_on_line())
             source = self.stream
-            if route_trace_path:
-                self.tracer = _RouteTracer(self._route_sink(route_trace_path), self.stream, lambda: self._n_prompt)
+            if self._route_trace is not None:
+                self._route_trace.write_static(cfg.model_path, self.shape.arch, self.shape.n_layer, self.shape.n_expert,
+                                               self.top_k, self._route_layers())
+                self.tracer = _RouteTracer(self._route_trace, self.stream, lambda: self._n_prompt)
                 source = self.tracer
+            if self.budget.warning:
+                self._message(self.budget.warning)
         else:
+            from .weights import DenseWeights
+
+            weights = DenseWeights(self.shape)  # resident: the file mapped, every streaming flag ignored
             source = ResidentExpertSource(self.shape, anonymous=cfg.no_mmap)
-        if self.budget.warning and cfg.moe_stream:
-            self.messages.append(self.budget.warning)
-        self.model = Model(self.shape, source, weights=weights, n_ctx=cfg.n_ctx,
+        # llama.cpp allocates the KV cache padded to 256 cells; the -c limit itself is checked
+        # (with bmoe-cli's margin) in generate().
+        kv_ctx = -(-cfg.n_ctx // KV_CTX_PAD) * KV_CTX_PAD
+        self.model = Model(self.shape, source, weights=weights, n_ctx=kv_ctx,
                            on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads)
         if self.top_k != self.model.hp.n_expert_used:
             from dataclasses import replace
@@ -140,24 +176,36 @@ class Session:
         self.load_s = time.perf_counter() - t0
         self._generating = False
 
+    def _message(self, line: str) -> None:
+        self.messages.append(line)
+        if self._on_message is not None:
+            self._on_message(line)
+
     # ---- load ---------------------------------------------------------------------------------
     def _spm(self) -> bool:
         return self.shape.metadata.get("tokenizer.ggml.model") == "llama"
 
-    def _route_sink(self, path: str) -> RouteTraceSink:
-        layers = [(m.layer, m.expert_bytes, self.shape.layer_dense_bytes.get(m.layer, 0)) for m in self.shape.moe_layers]
-        return RouteTraceSink(path, os.path.basename(self.shape.paths[0]), self.shape.arch, self.shape.n_layer,
-                              self.shape.n_expert, self.top_k, layers)
+    def _route_layers(self) -> list[tuple[int, int, int]]:
+        """(layer, expert_bytes, dense_bytes) for every layer, 0 expert bytes where none are bound."""
+        expert = {m.layer: m.expert_bytes for m in self.shape.moe_layers}
+        return [(il, expert.get(il, 0), self.shape.layer_dense_bytes.get(il, 0)) for il in range(self.shape.n_layer)]
 
     def _dense_weights(self):
+        """The --dense-weights policy (streaming runs only), with bmoe-cli's stderr lines."""
         from .weights import DenseWeights
 
         mode = self.cfg.dense_weights
-        dense = sorted(self.shape.dense_tensors, key=lambda t: (t.path, t.offset))
+        if mode == "ahwb":
+            # dma-buf memory the kernel may not reclaim: Android only, so this load fails here as
+            # bmoe-cli's does off Android (at load, exit 1), not at parse.
+            for line in AHWB_LINES:
+                self._message(line)
+            raise SessionError("expert stream source init failed")
         if mode == "warm":
-            self.messages.append(self._warm(dense))
+            self._message(self._warm())
             return DenseWeights(self.shape)
         if mode == "anon":
+            dense = sorted(self.shape.bound_dense_tensors, key=lambda t: (t.path, t.offset))
             t0 = time.perf_counter()
             reader = DirectReader(self.cfg.io_threads, self.cfg.o_direct, reuse_buffers=False)
             try:
@@ -168,34 +216,31 @@ class Session:
             finally:
                 reader.close()
             total = sum(t.nbytes for t in dense)
-            self.messages.append(f"bmoe: dense-weights=anon — {total / MIB:.0f} MiB in {len(dense)} anon buffers")
+            # bmoe-py never maps what it reads into anon buffers, so unlike bmoe-cli it has no
+            # "dropped N MiB of now-unused mmap pages" line to print (docs/decisions.md).
+            self._message(f"bmoe: dense-weights=anon — {total >> 20} MiB in {len(dense)} anon buffers")
             self.dense_read_s = time.perf_counter() - t0
             return DenseWeights(self.shape, buffers={t.name: a for t, a in zip(dense, arrays)})
         return DenseWeights(self.shape)
 
-    def _warm(self, dense) -> str:
-        """One sequential buffered sweep of the header and dense regions into the page cache."""
+    def _warm(self) -> str:
+        """One sequential buffered sweep of everything that is not a bound expert tensor (header,
+        dense tensors, padding, tail) into the page cache, as upstream's warm-up sweeps it."""
         t0 = time.perf_counter()
         total = 0
         buf = bytearray(WARM_CHUNK_BYTES)
-        regions = [(p, 0, o) for p, o in zip(self.shape.paths, self._header_ends())]
-        regions += [(t.path, t.offset, t.nbytes) for t in dense]
-        for path, offset, nbytes in sorted(regions):
+        for path, ranges in self.shape.dense_ranges().items():
             with open(path, "rb", buffering=0) as fh:
-                fh.seek(offset)
-                left = nbytes
-                while left > 0:
-                    n = fh.readinto(memoryview(buf)[:min(left, len(buf))])
-                    if not n:
-                        break
-                    left -= n
-                    total += n
-        return f"bmoe: dense warm-up — {total / MIB:.0f} MiB in {time.perf_counter() - t0:.1f} s"
-
-    def _header_ends(self) -> list[int]:
-        from .gguf_header import read_header
-
-        return [read_header(p).data_offset for p in self.shape.paths]
+                for lo, hi in ranges:
+                    fh.seek(lo)
+                    left = hi - lo
+                    while left > 0:
+                        n = fh.readinto(memoryview(buf)[:min(left, len(buf))])
+                        if not n:
+                            break
+                        left -= n
+                        total += n
+        return f"bmoe: dense warm-up — {total >> 20} MiB in {time.perf_counter() - t0:.1f} s"
 
     # ---- generation ---------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -219,7 +264,7 @@ class Session:
         snap = {"majflt": majflt, "cpu_s": cpu_s, "io_s": 0.0, "mgmt_s": 0.0, "window_bytes": 0}
         if self.stream is not None:
             st = self.stream.stats()
-            snap.update(io_s=st.io.read_s, mgmt_s=st.mgmt_s, window_bytes=st.io.window_bytes)
+            snap.update(io_s=st.io.read_s, mgmt_s=st.mgmt_s, window_bytes=st.window_bytes)
         return snap
 
     def _hit_pct(self) -> float:
@@ -241,15 +286,21 @@ class Session:
 
     def _generate(self, prompt: list[int], n_predict: int, on_token: TokenCallback | None) -> GenerationResult:
         if not prompt:
-            raise SessionError("empty prompt")
+            raise SessionError("empty prompt after tokenization")
         cfg = self.cfg
+        if len(prompt) + n_predict + CTX_MARGIN_TOKENS > cfg.n_ctx:
+            raise SessionError(f"prompt + n_predict exceeds the session n_ctx ({cfg.n_ctx}); open the session with a "
+                               "larger n_ctx")
         seed = None if cfg.seed == SEED_RANDOM else cfg.seed
-        sampler = Sampler(temp=cfg.temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p)
+        # bmoe-cli's chain when sampling: top-k -> top-p -> temp -> dist (no min-p stage).
+        sampler = Sampler(temp=cfg.temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p, min_p=0.0)
         self.model.reset()
         self._n_prompt = len(prompt)
         t_prefill = time.perf_counter()
         logits = self.model.prefill(prompt)
         prefill_s = time.perf_counter() - t_prefill
+        if self.tracer is not None:
+            self.tracer.sink.flush()
         rows: list[TokenRow] = []
         tokens: list[int] = []
         text = bytearray()
@@ -286,8 +337,11 @@ class Session:
                 mem_available_mib=mem.get("MemAvailable", 0) / 1024, mem_free_mib=mem.get("MemFree", 0) / 1024,
                 swap_free_mib=mem.get("SwapFree", 0) / 1024, loop_overhead_ms=overhead_s * 1e3,
                 majflt_mib=majflt * 4096 / MIB,
+                dense_resident_frac=self.stream.stats().dense_resident_frac if self.stream else -1.0,
             )
             rows.append(row)
+            if self.tracer is not None:
+                self.tracer.sink.flush()
             for key, value in (("wall_s", wall_s), ("io_s", io_s), ("mgmt_s", mgmt_s), ("window_bytes", window),
                                ("majflt", majflt), ("cpu_s", cpu_s), ("overhead_s", overhead_s)):
                 totals[key] += value
@@ -314,6 +368,10 @@ class Session:
             loop_overhead_s_per_tok=per(t["overhead_s"]),
             evictions=cache.evictions if cache else 0, rereads=cache.rereads if cache else 0,
             threads=self.cfg.n_threads, moe_stream=self.cfg.moe_stream, cache_auto=self.budget.cache_auto,
+            prefetch_layers=self.cfg.prefetch if self.stream else 0,
+            spec_read_mib=(stream_stats.spec_read_bytes / MIB) if stream_stats else 0.0,
+            spec_experts=stream_stats.spec_experts if stream_stats else 0,
+            spec_useful=cache.spec_useful if cache else 0,
         )
 
     # ---- embedders' API -------------------------------------------------------------------------
@@ -331,7 +389,6 @@ class Session:
         return self.stream.set_cache_budget(mb * MIB) // MIB
 
     def close(self) -> None:
+        """Stop the streamer. The route-trace file belongs to whoever opened it."""
         if self.stream is not None:
             self.stream.close()
-        if self.tracer is not None:
-            self.tracer.sink.close()

@@ -93,6 +93,10 @@ class RunSummary:
     moe_stream: bool
     cache_auto: bool
     stall_s_per_tok: float = 0.0
+    prefetch_layers: int = 0      # --prefetch K: the run prints the moe-prefetch line
+    spec_read_mib: float = 0.0    # payload of the speculative reads that landed before their layer
+    spec_experts: int = 0         # prefetched experts that entered the cache
+    spec_useful: int = 0          # of those, the ones a later lookup hit
 
     @property
     def tok_per_s(self) -> float:
@@ -110,8 +114,9 @@ class RunSummary:
             f"cache_hit_pct={s.cache_hit_pct:.1f} n_prompt={s.n_prompt} load_s={s.load_s:.3f} "
             f"prefill_s={s.prefill_s:.3f} prefill_tps={s.prefill_tps:.2f} stall_s/tok={s.stall_s_per_tok:.3f} "
             f"mgmt_s/tok={s.mgmt_s_per_tok:.3f} cache_resident_MiB={s.cache_resident_mib:.1f} "
-            f"cache_budget_MiB={s.cache_budget_mib:.1f} cache_resizes=0 spec_read_MiB=0.0 spec_experts=0 "
-            f"spec_useful=0 majflt/tok={s.majflt_per_tok:.2f} cpu_s/tok={s.cpu_s_per_tok:.4f} "
+            f"cache_budget_MiB={s.cache_budget_mib:.1f} cache_resizes=0 spec_read_MiB={s.spec_read_mib:.1f} "
+            f"spec_experts={s.spec_experts} spec_useful={s.spec_useful} majflt/tok={s.majflt_per_tok:.2f} "
+            f"cpu_s/tok={s.cpu_s_per_tok:.4f} "
             f"token_demand_MiB={s.token_demand_mib:.1f} layer_demand_MiB={s.layer_demand_mib:.1f} "
             f"experts_routed=0 experts_dropped=0 loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
             f"mtp_drafted=0 mtp_accepted=0 mtp_decodes={s.tokens} mtp_draft_s/tok=0.0000 drafted_steps=0 "
@@ -147,6 +152,10 @@ class RunSummary:
                     rereads_per_tok = s.rereads / s.tokens if s.tokens else 0.0
                     lines.append(f"moe-cache: {s.evictions} evictions, {s.rereads} re-reads ({rereads_per_tok:.1f}/token)"
                                  " — bytes the cache had already paid for once")
+            if s.prefetch_layers > 0:
+                useful_pct = 100.0 * s.spec_useful / s.spec_experts if s.spec_experts else 0.0
+                lines.append(f"moe-prefetch: {s.spec_read_mib:.1f} MiB speculative, {s.spec_useful}/{s.spec_experts} "
+                             f"experts useful ({useful_pct:.0f}%)")
         return lines
 
 
@@ -220,22 +229,37 @@ def progress_lines(row: TokenRow, delta_text: bytes) -> list[bytes]:
 
 
 class RouteTraceSink:
-    """`--route-trace` v1: one row per routed (token, layer, slot); expert_bytes only on reads."""
+    """`--route-trace` v1: one row per routed (token, layer, slot); expert_bytes only on reads.
+
+    Opened (and truncated) before the model loads, as bmoe-cli opens it, so an unwritable path is
+    a warning before anything else happens; the `#` preamble is written once the model is known.
+    """
 
     HEADER = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped"
 
-    def __init__(self, path: str | os.PathLike[str], model_name: str, arch: str, n_layer: int, n_expert: int,
-                 n_expert_used: int, layer_bytes: list[tuple[int, int, int]]):
+    def __init__(self, path: str | os.PathLike[str]):
         self._fh: IO[str] = open(path, "w", encoding="utf-8", newline="\n")
-        self._fh.write(f"{ROUTE_TRACE_VERSION_LINE}\n# model={model_name} arch={arch} n_layer={n_layer} "
+
+    def write_static(self, model_path: str, arch: str, n_layer: int, n_expert: int, n_expert_used: int,
+                     layer_bytes: list[tuple[int, int, int]]) -> None:
+        """`model_path` as the user gave it to -m; one `# layer=` line per layer, dense ones too
+        (expert_bytes=0), as upstream writes them."""
+        self._fh.write(f"{ROUTE_TRACE_VERSION_LINE}\n# model={model_path} arch={arch} n_layer={n_layer} "
                        f"n_expert={n_expert} n_expert_used={n_expert_used}\n")
         for layer, expert_bytes, dense_bytes in layer_bytes:
             self._fh.write(f"# layer={layer} expert_bytes={expert_bytes} dense_bytes={dense_bytes}\n")
         self._fh.write(self.HEADER + "\n")
+        self._fh.flush()
 
     def row(self, turn: int, phase: int, step: int, layer: int, slot: int, expert: int, weight: float,
             residency: int, expert_bytes: int) -> None:
-        self._fh.write(f"{turn},{phase},{step},{layer},{slot},{expert},{weight:.6f},{residency},{expert_bytes},0\n")
+        # printf's %.6g of the float32 weight: "0.5", "0.0123457", "nan" for a weight never exposed.
+        self._fh.write(f"{turn},{phase},{step},{layer},{slot},{expert},{'%.6g' % weight},{residency},"
+                       f"{expert_bytes},0\n")
+
+    def flush(self) -> None:
+        """Once per forward pass (upstream flushes once per decode, not per row)."""
+        self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()

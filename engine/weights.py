@@ -15,7 +15,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from .errors import ModelError
 from .gguf_header import TensorInfo
+from .io import PAGE_BYTES, resident_pages
 from .model import ModelShape
+
+# Probes per residency sample, spread evenly over the dense bytes (one page each).
+DENSE_SAMPLE_PAGES = 64
 
 
 def numpy_shape(info: TensorInfo) -> tuple[int, ...]:
@@ -124,3 +128,40 @@ class DenseWeights:
             mm = np.memmap(path, dtype=np.uint8, mode="r")
             self._maps[path] = mm
         return mm
+
+    def residency(self) -> DenseResidency:
+        """The dense-residency sensor for these weights: their anon buffers when they were read
+        into some (--dense-weights anon), else the file mapping's dense byte ranges (mmap/warm).
+        Mapping a file to probe it faults nothing in."""
+        if self._buffers:
+            return DenseResidency([(b.ctypes.data, b.nbytes) for b in self._buffers.values()])
+        regions = []
+        for path, ranges in self.shape.dense_ranges().items():
+            base = self._map(path).ctypes.data
+            regions += [(base + lo, hi - lo) for lo, hi in ranges]
+        return DenseResidency(regions)
+
+
+class DenseResidency:
+    """bmoe-cli's dense-residency sensor (`dense_resident_frac`): the fraction of
+    DENSE_SAMPLE_PAGES probe pages, spread evenly over the dense weights, that are in RAM
+    (mincore). Under memory pressure it falls as the kernel reclaims the model's dense pages."""
+
+    def __init__(self, regions: list[tuple[int, int]]):
+        self._regions = [(addr, n) for addr, n in regions if n > 0]
+        self._total = sum(n for _, n in self._regions)
+
+    def sample(self) -> float:
+        """Resident fraction now, or -1.0 when there is nothing to probe."""
+        sampled = resident = 0
+        for k in range(DENSE_SAMPLE_PAGES if self._total else 0):
+            target = self._total * k // DENSE_SAMPLE_PAGES
+            for addr, n in self._regions:
+                if target < n:
+                    page = (addr + target) // PAGE_BYTES * PAGE_BYTES
+                    r = resident_pages(page, PAGE_BYTES)
+                    sampled += r.total_pages
+                    resident += r.resident_pages
+                    break
+                target -= n
+        return resident / sampled if sampled else -1.0

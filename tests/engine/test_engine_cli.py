@@ -173,7 +173,13 @@ def test_the_cliff_is_measured(cliff_model, tmp_path):
     (["--dense-weights", "odirect"], 2, "bmoe: --dense-weights expects mmap|warm|anon|ahwb, got 'odirect'"),
     (["--frobnicate"], 1, "unknown arg: --frobnicate"),
     (["-n"], 1, "missing value for -n"),
-    (["--n-expert-used", "9"], 1, "error: n_expert_used=9 exceeds this model's n_expert=8"),
+    (["--n-predict"], 1, "missing value for -n"),
+    (["-n", "0"], 1, "config error: n_predict must be positive"),
+    (["--temp", "0.5", "--top-p", "1.5"], 1, "config error: sampling.top_p must be in (0, 1]"),
+    (["--chatml"], 1, "unknown arg: --chatml"),
+    (["--n-expert-used", "9"], 1, "error: n_expert_used=9 exceeds the model's expert count (8)"),
+    (["-c", "40"], 1, "error: prompt + n_predict exceeds the session n_ctx (40); open the session with a larger n_ctx"),
+    (["--moe-stream", "--dense-weights", "ahwb"], 1, "\nerror: expert stream source init failed"),
 ])
 def test_refused_flags_exit_like_bmoe_cli(args, code, message):
     r = bmoe_py("-m", TINY, *args)
@@ -186,7 +192,9 @@ def test_bad_input_file_is_one_line_and_exit_1(tmp_path):
     notes.write_text("not a model")
     r = bmoe_py("-m", notes, "-n", 2)
     assert r.returncode == 1
-    assert r.stderr.decode().strip().splitlines() == [f"error: {notes}: not a GGUF file (no GGUF magic at byte 0)"]
+    # bmoe-cli's line ("error: failed to load model: PATH"), then what exactly is wrong
+    assert r.stderr.decode().strip().splitlines() == [
+        f"error: failed to load model: {notes}: not a GGUF file (no GGUF magic at byte 0)"]
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(Path(TINY).read_bytes()[:5000])
     r = bmoe_py("-m", cut, "-n", 2)
@@ -213,10 +221,12 @@ def test_environment_overrides_apply_only_to_untyped_flags():
     assert r.returncode == 0
 
 
-def test_deprecated_aliases_warn_and_work():
-    r = bmoe_py("-m", TINY, "-n", 8, "--moe-stream", "--no-warm-dense")
-    assert r.returncode == 0
-    assert "bmoe: --no-warm-dense is deprecated; use --dense-weights mmap" in r.stderr.decode()
+def test_deprecated_aliases_work_silently_as_in_bmoe_cli(tmp_path):
+    r = bmoe_py("-m", TINY, "-n", 8, "--moe-stream", "--no-warm-dense", "--csv", tmp_path / "a.csv")
+    assert r.returncode == 0 and "deprecated" not in r.stderr.decode()
+    assert "dense_weights=mmap" in (tmp_path / "a.csv").read_text()
+    r = bmoe_py("-m", TINY, "-n", 8, "--moe-stream", "--no-warm-dense", "--dense-odirect")
+    assert r.returncode == 0 and "bmoe: dense-weights=anon — 1 MiB in 39 anon buffers" in r.stderr.decode()
 
 
 def test_version():

@@ -13,6 +13,7 @@ import pytest
 
 import engine.io as eio
 from engine.io import (
+    ENGINE_ALIGN_BYTES,
     WRONG_DATA_MESSAGE,
     DirectReader,
     IoError,
@@ -92,13 +93,16 @@ def test_expert_slices_of_a_real_gguf_match_buffered_reads():
     assert all(a.tobytes() == raw[s.offset : s.offset + s.nbytes] for s, a in zip(slices, got))
 
 
-def test_alignment_comes_from_the_filesystem(disk_file):
+def test_windows_are_the_engines_4096_bytes_or_the_filesystems_alignment(disk_file):
     path, _ = disk_file
     align = dio_alignment_bytes(path)
     assert align >= 512 and align & (align - 1) == 0
+    window = max(ENGINE_ALIGN_BYTES, align)  # bmoe-cli's FileReader aligns to 4096, so read_bytes agree
     with DirectReader(io_threads=1) as reader:
-        reader.read_slices([Slice(path, align + 1, 10)])
-        assert reader.stats().window_bytes == align  # one aligned block covers it, no more
+        reader.read_slices([Slice(path, window + 1, 10)])
+        assert reader.stats().window_bytes == window  # one aligned window covers it, no more
+        reader.read_slices([Slice(path, 2 * window - 5, 10)])
+        assert reader.stats().window_bytes == 3 * window  # a slice across a boundary takes two
 
 
 def test_lanes_read_one_batch_concurrently(disk_file, monkeypatch):

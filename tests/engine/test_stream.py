@@ -162,6 +162,58 @@ def test_on_access_reports_residency_and_prefetch_turns_the_cliff_into_hits(mode
     assert st.io.read_bytes == 14 * e  # demand reads: the 6 of token 0 and layer 0's 2 per token
 
 
+def test_prefetch_bets_on_the_last_tokens_row_not_the_whole_previous_pass(model):
+    """Upstream's RouterHook keeps, per layer, the LAST token's routing of the previous pass
+    (prev_ids_): after a two-token prefill only the second token's experts are guessed."""
+    shape, _ = model
+    e = entry_bytes(shape)
+    with StreamingExpertSource(shape, 2 * e, io_threads=2, prefetch=1, prefetch_sync=True, top_k=2) as src:
+        src.fetch(0, [0, 1, 2, 3])   # prefill: token A routes 0,1; token B routes 2,3
+        src.fetch(1, [4, 5, 6, 7])   # at layer 1, A routes 4,5 and B routes 6,7
+        src.fetch(2, [0, 1])
+        src.fetch(0, [0, 1])         # the next token: guesses layer 1 = B's row only
+        st = src.stats()
+        assert st.spec_issued == 2 and st.spec_experts == 0  # landed, not yet taken in
+        src.fetch(1, [6, 2])
+        st = src.stats()
+    assert st.spec_experts == 2 and st.cache.spec_useful == 1  # 6 was right, 7 was not
+    assert st.spec_read_bytes == 2 * e
+    # Speculative reads are storage reads too: read_bytes (window_bytes) counts them.
+    assert st.spec_window_bytes >= 2 * e and st.window_bytes == st.io.window_bytes + st.spec_window_bytes
+
+
+def test_with_one_lane_no_guess_is_ever_read_but_its_reread_is_charged(model):
+    """Upstream's lane 0 is the eval thread: with --io-threads 1 no idle lane picks a guess up,
+    yet issuing it already charged the re-read (measured on bmoe-cli: rereads 250 -> 442, reads
+    unchanged). --prefetch-sync reads each guess when it is issued."""
+    shape, _ = model
+    e = entry_bytes(shape)
+    route = {0: [0, 1], 1: [2, 3], 2: [4, 5]}
+    counts = {}
+    for prefetch, sync in ((0, False), (1, False), (1, True)):
+        with StreamingExpertSource(shape, 2 * e, io_threads=1, prefetch=prefetch, prefetch_sync=sync) as src:
+            for _token in range(4):
+                for layer in range(N_LAYER):
+                    src.fetch(layer, route[layer])
+            counts[prefetch, sync] = src.stats()
+    plain, lazy, eager = counts[0, False], counts[1, False], counts[1, True]
+    assert lazy.spec_issued == 2 * 2 * 3 and lazy.spec_experts == 0 and lazy.spec_window_bytes == 0
+    assert lazy.window_bytes == plain.window_bytes and lazy.cache.hits == plain.cache.hits
+    assert lazy.cache.rereads == plain.cache.rereads + lazy.spec_issued  # each guess was of an evicted entry
+    assert eager.spec_experts == eager.spec_issued > 0 and eager.spec_window_bytes > 0
+
+
+def test_dense_residency_is_sampled_every_128_layer_loads(model):
+    shape, _ = model
+    samples = []
+    with StreamingExpertSource(shape, 0, io_threads=1, dense_probe=lambda: samples.append(1) or 0.75) as src:
+        fracs = []
+        for _ in range(130):
+            src.fetch(0, [0, 1])
+            fracs.append(src.stats().dense_resident_frac)
+    assert len(samples) == 1 and fracs[126] == -1.0 and fracs[127:] == [0.75] * 3
+
+
 def test_prefetch_needs_a_cache(model):
     shape, _ = model
     with pytest.raises(StreamError) as info:

@@ -105,8 +105,20 @@ def test_progress_lines_match_the_engines_bytes():
 
 def test_route_trace_header_matches_the_engines(tmp_path):
     path = tmp_path / "r.csv"
-    sink = RouteTraceSink(path, "tiny.gguf", "qwen3moe", 4, 8, 2, [(i, 196608, 201984) for i in range(4)])
+    sink = RouteTraceSink(path)
+    assert path.read_text() == ""  # truncated at open, before the model is known
+    sink.write_static("tiny.gguf", "qwen3moe", 4, 8, 2, [(i, 196608, 201984) for i in range(4)])
     sink.row(0, 0, 0, 0, 0, 0, 0.501306, 0, 196608)
     sink.close()
     upstream = (UPSTREAM_HOST / "tiny_auto.route.csv").read_text().splitlines()
     assert path.read_text().splitlines() == upstream[:8]
+
+
+def test_route_trace_weights_are_printf_g6(tmp_path):
+    """bmoe-cli writes weights with %.6g: six significant digits, no trailing zeros, nan kept."""
+    path = tmp_path / "r.csv"
+    sink = RouteTraceSink(path)
+    for w in (1.0, 0.0123456789, 0.5, float("nan"), 1e-7):
+        sink.row(0, 1, 40, 2, 0, 5, w, 1, 0)
+    sink.close()
+    assert [line.split(",")[6] for line in path.read_text().splitlines()] == ["1", "0.0123457", "0.5", "nan", "1e-07"]
