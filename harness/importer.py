@@ -10,6 +10,18 @@ refusal (`config_error`), its runtime error (`engine_error`), a summary or end-o
 (`ok`), or neither (`invalid`: killed or cut short, nobody recorded which).
 
 Importing the same folder again adds nothing: a cell's id hashes its source path and config.
+
+Values are range-checked where they enter, by the parsers (results.parse_values): a number no
+engine prints refuses the whole import (one line naming file, line and key; nothing written);
+nan/inf and impossible values are stored as null, each with a line in the run's `notes`. Strings
+from the files (model names, error lines, file names) are stored with control characters escaped.
+Every JSON file written is strict JSON.
+
+The output folder is a new folder or an earlier import's (its campaign.toml has `[import]`): a
+sweep's campaign directory is refused, since cells added to its plan would stop it resuming.
+Campaign directories inside a source folder (the output folder among them) are skipped, not read
+as upstream runs; a source that is itself a campaign directory, or lies inside the output
+folder, is refused.
 """
 
 from __future__ import annotations
@@ -40,11 +52,17 @@ from results.parse import (
     read_metrics_csv, read_sidecar, read_state,
 )
 from results.parse_config import MODEL_ALIASES
+from results.parse_discover import campaign_dirs, is_campaign_dir
+from results.parse_text import NumberError, excerpt, located, printable
+from results.parse_values import checked
+from results.rundir import campaign_toml
 
 IMPORT_ENGINE = "native"
 _RENAME = {"cache_mib": "cache_mb", "top_k": "n_expert_used", "cache_ceil_mib": "cache_ceil_mb",
            "cache_floor_mib": "cache_floor_mb"}
 _PREAMBLE_BOOL = ("moe_stream", "cache_auto", "force_cache", "o_direct", "overlap", "load_all", "chatml")
+TEXT_CHARS = 200          # a string from a file is stored escaped and cut to this (model names, errors)
+NOTES_SHOWN = 5
 _PREAMBLE_KEYS = ("model", "arch", "n_layer", "n_expert", "n_expert_used", "threads", "n_ctx", "moe_stream",
                   "cache_mb", "cache_cycle_mb", "cache_auto", "cache_floor_mb", "cache_ceil_mb", "force_cache",
                   "io_threads", "o_direct", "overlap", "prefetch", "dense_weights")
@@ -58,19 +76,29 @@ class ImportReport:
     skipped: int                                  # already in the directory
     outcomes: dict[str, int] = field(default_factory=dict)
     per_source: dict[str, int] = field(default_factory=dict)
+    skipped_dirs: tuple[str, ...] = ()            # campaign directories inside the sources, not read
+    notes: tuple[str, ...] = ()                   # values stored as missing, over the runs added
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "bmoe-fleet.import", "version": 1, "dir": self.out_dir, "found": self.found,
                 "added": self.added, "skipped": self.skipped, "outcomes": dict(self.outcomes),
-                "per_source": dict(self.per_source)}
+                "per_source": dict(self.per_source), "skipped_dirs": list(self.skipped_dirs),
+                "notes": list(self.notes)}
 
     def text(self) -> str:
-        lines = [f"imported {self.added} of {self.found} runs into {self.out_dir}"
+        lines = [f"imported {self.added} of {self.found} runs into {printable(self.out_dir)}"
                  + (f" ({self.skipped} were already there)" if self.skipped else "")]
         for src, n in self.per_source.items():
-            lines.append(f"  {src}: {n} runs")
+            lines.append(f"  {printable(src)}: {n} runs")
+        for folder in self.skipped_dirs:
+            lines.append(f"  skipped {printable(folder)}: a campaign directory, not upstream runs")
         if self.outcomes:
             lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())))
+        if self.notes:
+            lines.append(f"  {len(self.notes)} values stored as missing (each run's run.json lists its notes):")
+            lines += [f"    {printable(n)}" for n in self.notes[:NOTES_SHOWN]]
+            if len(self.notes) > NOTES_SHOWN:
+                lines.append(f"    … and {len(self.notes) - NOTES_SHOWN} more")
         return "\n".join(lines)
 
 
@@ -86,25 +114,32 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     """Import every run under each source folder into out_dir (created, or extended)."""
     if not sources:
         raise CampaignError("import: give at least one source folder")
+    root = Path(out_dir).resolve()
     folders = []
     for src in sources:
         p = Path(src)
+        shown = printable(str(src))  # a folder name is data: shown escaped
         if not p.is_dir():
-            raise CampaignError(f"import: {src}: not a folder")
-        folders.append(p.resolve())
+            raise CampaignError(f"import: {shown}: not a folder")
+        folder = p.resolve()
+        if folder == root or root in folder.parents:
+            raise CampaignError(f"import: {shown}: is inside the output folder {printable(str(root))}; its runs are "
+                                f"already this campaign's")
+        if is_campaign_dir(folder):
+            raise CampaignError(f"import: {shown}: is a bmoe-fleet campaign directory, not upstream bench data")
+        folders.append(folder)
+    old_plan = _check_out_dir(root)
     found: list[_Imported] = []
     per_source: dict[str, int] = {}
+    skipped_dirs: list[str] = []
     for folder in folders:
-        groups = discover(folder)
+        skipped_dirs += [str(d) for d in campaign_dirs(folder)]
+        groups = discover(folder, exclude=[root])
         per_source[str(folder)] = len(groups)
         for group in groups:
             found.append(_import_group(folder, group, device, len(found)))
 
-    root = Path(out_dir).resolve()
     cdir = CampaignDir(root)
-    old_plan = cdir.read_plan() if root.exists() else None
-    if old_plan is None and root.exists() and any(root.iterdir()):
-        raise CampaignError(f"import: {root}: is not empty and holds no campaign (no plan.json)")
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
     dir_lock = FileLock(locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock",
                         f"campaign directory {root}")
@@ -129,6 +164,7 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
             write_json(device_json, {"format": DEVICE_FORMAT, "version": FORMAT_VERSION, "device": device,
                                      "kind": "imported", "serial": device, "first_seen_at": time.time()})
         added = 0
+        notes: list[str] = []
         outcomes: Counter = Counter()
         orders = {c.cell_id: c.order for c in new_cells}
         for imp in found:
@@ -146,8 +182,31 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
                     shutil.copyfile(content, tmp / name)
             cdir.commit_attempt(tmp, record)
             latest[cid] = record
+            notes += record["notes"]
             added += 1
-    return ImportReport(str(root), len(found), added, len(found) - added, dict(outcomes), per_source)
+    return ImportReport(str(root), len(found), added, len(found) - added, dict(outcomes), per_source,
+                        tuple(skipped_dirs), notes)
+
+
+def _check_out_dir(root: Path) -> Plan | None:
+    """The plan of the import to extend (None for a new folder); anything else is refused before a
+    byte is written."""
+    if not root.exists():
+        return None
+    shown = printable(str(root))
+    if not root.is_dir():
+        raise CampaignError(f"import: {shown}: not a folder")
+    if not any(root.iterdir()):
+        return None
+    doc = campaign_toml(root)
+    if doc is not None and "import" not in doc:
+        raise CampaignError(f"import: {shown}: is a sweep's campaign directory; runs imported into it would stop the "
+                            f"sweep resuming: import into a new folder")
+    plan = CampaignDir(root).read_plan()
+    if plan is None or doc is None:
+        raise CampaignError(f"import: {shown}: is not empty and holds no imported campaign (no plan.json and "
+                            f"campaign.toml with [import])")
+    return plan
 
 
 def _write_model(root: Path, record: Mapping[str, Any]) -> None:
@@ -164,12 +223,19 @@ def _write_model(root: Path, record: Mapping[str, Any]) -> None:
 
 def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Imported:
     rel = group.folder.relative_to(source)
-    where = "/".join(part for part in (source.name, *rel.parts, group.stem) if part)
+    where = printable("/".join(part for part in (source.name, *rel.parts, group.stem) if part))
     console = _console(group)
     section = _section(group)
     metrics = read_metrics_csv(group.csv) if group.csv else None
-    config = _config(group, console, section, metrics)
-    model = _model_name(config, group, metrics)
+    notes: list[str] = [*(metrics.notes if metrics else ()), *(console.notes if console else ()),
+                        *(section.notes if section else ())]
+    try:
+        config = _config(group, console, section, metrics)
+    except NumberError as e:
+        raise located(e, str(group.folder / group.stem)) from None
+    # a configuration value no engine could have run with is not known: left out, with a note
+    config = {k: _text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
+    model = _text(_model_name(config, group, metrics))
     config.update(model=model, budget_spec="imported", source=where)
     cell_config = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
     cid = cell_id_of(device, model, IMPORT_ENGINE, cell_config, 0, 0)
@@ -178,24 +244,29 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Im
     _fill_result(result, console or section, config)
     times = [p.stat().st_mtime for p in _paths(group)]
     when = min(times) if times else time.time()
-    state = read_state(group.state) if group.state else {}
+    state = read_state(group.state, notes) if group.state else {}
     entry = (console.entry_state if console and console.entry_state else None) or \
             (section.entry_state if section and section.entry_state else None) or state.get("entry")
-    sidecar = read_sidecar(group.sidecar) if group.sidecar else None
+    sidecar = read_sidecar(group.sidecar, notes) if group.sidecar else None
     pressure = dict(sidecar) if sidecar else dict((console or section).pressure or {}) if (console or section) else {}
     record: dict[str, Any] = {
         "format": RUN_FORMAT, "version": FORMAT_VERSION, "cell_id": cid, "attempt": 1, "device": device,
         "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
-        "engine": {"kind": IMPORT_ENGINE, "version": str(metrics.preamble.get("engine", "")) if metrics else ""},
+        "engine": {"kind": IMPORT_ENGINE, "version": _text(str(metrics.preamble.get("engine", "")) if metrics else "")},
         "config": cell_config, "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
-        "evidence": list(evidence), "exit_status": None, "timed_out": False, "wall_s": None, "timeout_s": None,
-        "gate": None, "entry_state": dict(entry) if entry else None,
+        "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
+        "timeout_s": None, "gate": None, "entry_state": dict(entry) if entry else None,
         "exit_state": dict(state["exit"]) if state.get("exit") else None, "pressure": pressure, "lmk_events": [],
         "o_direct": config.get("o_direct_reported"), "summary": dict(metrics.summary) if metrics and metrics.summary
         else None, "result": result, "pushed": [], "started_at": when, "ended_at": when,
         "host": socket.gethostname(),
         "imported_from": {"files": [str(p) for p in _paths(group)], "section": group.section},
+        "notes": notes,
     }
+    try:
+        json.dumps(record, allow_nan=False)
+    except ValueError as e:  # the parsers' range checks should make this unreachable: refuse, never write NaN
+        raise CampaignError(f"import: {where}: a value is not strict JSON ({e})") from None
     files: dict[str, Path | bytes] = {}
     if group.csv:
         files["metrics.csv"] = group.csv
@@ -309,7 +380,17 @@ def _fill_result(result: dict[str, Any], console: ConsoleRun | None, config: Map
 
 def _jsonable(value: Any) -> bool:
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
         return True
-    except TypeError:
+    except (TypeError, ValueError):
         return False
+
+
+def _text(value: Any) -> Any:
+    """A string from a file as stored: control characters escaped, at most TEXT_CHARS (lists item
+    by item); anything else unchanged."""
+    if isinstance(value, str):
+        return excerpt(value, TEXT_CHARS)
+    if isinstance(value, (list, tuple)):
+        return [_text(v) for v in value]
+    return value

@@ -47,12 +47,12 @@ STREAMING = {"moe_stream": True}
 _TOKENS: tuple[tuple[re.Pattern, Callable[[re.Match], dict[str, object]]], ...] = (
     (re.compile(r"mmap"), lambda m: {"moe_stream": False}),
     (re.compile(r"stream"), lambda m: {**STREAMING, "cache_mib": 0}),
-    (re.compile(r"c(\d+)"), lambda m: {**STREAMING, "cache_mib": int(m[1])}),
-    (re.compile(r"(?:l|io)(\d+)"), lambda m: {**STREAMING, "io_threads": int(m[1])}),
+    (re.compile(r"c(\d+)"), lambda m: {**STREAMING, "cache_mib": to_number(m[1], "cache_mib")}),
+    (re.compile(r"(?:l|io)(\d+)"), lambda m: {**STREAMING, "io_threads": to_number(m[1], "io_threads")}),
     (re.compile(r"ov"), lambda m: {**STREAMING, "overlap": True}),
-    (re.compile(r"k(\d+)"), lambda m: {"top_k": int(m[1])}),
+    (re.compile(r"k(\d+)"), lambda m: {"top_k": to_number(m[1], "top_k")}),
     (re.compile(r"kdef"), lambda m: {"top_k": 0}),
-    (re.compile(r"pf(\d+)"), lambda m: {**STREAMING, "prefetch": int(m[1])}),
+    (re.compile(r"pf(\d+)"), lambda m: {**STREAMING, "prefetch": to_number(m[1], "prefetch")}),
     (re.compile(r"auto"), lambda m: {**STREAMING, "cache_auto": True}),
     (re.compile(r"autocap"), lambda m: {**STREAMING, "cache_auto": True, "cache_capped": True}),
     (re.compile(r"base"), lambda m: {**STREAMING, "cache_auto": False}),
@@ -107,7 +107,8 @@ def config_from_name(path: str | Path) -> dict[str, object]:
         if values := _token_config(token):
             config.update(values)
         elif m := _MODEL_CACHE_RE.fullmatch(token):
-            config.update(model=MODEL_ALIASES.get(m[1], m[1]), cache_mib=int(m[2]) * 1000, **STREAMING)
+            config.update(model=MODEL_ALIASES.get(m[1], m[1]), cache_mib=to_number(m[2], "cache_mib") * 1000,
+                          **STREAMING)
         elif position == 0 and token.isalnum():
             config["model"] = MODEL_ALIASES.get(token, token)
         else:
@@ -121,7 +122,7 @@ def config_from_tag(tag: str, params: str = "") -> dict[str, object]:
     """A driver separator's tag and optional `k=4 io=8 n=24` parameters."""
     config = config_from_name(tag)
     for key, value in re.findall(r"(\w+)=(\S+)", params):
-        config[_TAG_PARAMS.get(key, key)] = to_number(value)
+        config[_TAG_PARAMS.get(key, key)] = to_number(value, key)
     return config
 
 
@@ -141,9 +142,9 @@ def config_from_command(line: str) -> dict[str, object]:
         if arg == "--cache-mb":
             value = next(args, "")
             auto = value == "auto"
-            config.update({"cache_auto": True} if auto else {"cache_auto": False, "cache_mib": to_number(value)})
+            config.update({"cache_auto": True} if auto else {"cache_auto": False, "cache_mib": to_number(value, arg)})
         elif arg in _VALUE_FLAGS:
-            config[_VALUE_FLAGS[arg]] = to_number(next(args, ""))
+            config[_VALUE_FLAGS[arg]] = to_number(next(args, ""), arg)
         elif arg in _BOOL_FLAGS:
             config.update(_BOOL_FLAGS[arg])
         elif arg in _OTHER_VALUE_FLAGS:
@@ -153,7 +154,9 @@ def config_from_command(line: str) -> dict[str, object]:
 
 def config_from_log(run: ConsoleRun) -> dict[str, object]:
     """What the engine itself reported about its configuration: budget, auto sizing, O_DIRECT,
-    read lanes, dense policy, top-k, threads… Only positive evidence; absent keys are unknown."""
+    read lanes, dense policy, top-k, threads… Only positive evidence; absent keys are unknown.
+    A number in llama.cpp's load log that no engine prints raises NumberError (no line: the
+    caller names the file)."""
     config: dict[str, object] = {}
     if run.moe_stream is not None:
         config["moe_stream"] = True
@@ -161,7 +164,8 @@ def config_from_log(run: ConsoleRun) -> dict[str, object]:
         config["moe_stream"] = False  # the engine prints moe-stream: whenever streaming is on
     if run.streaming is not None:
         config.update(moe_stream=True, n_expert=run.streaming.n_expert, o_direct=run.streaming.o_direct,
-                      io_threads=run.streaming.io_threads, budget_mib=float(run.streaming.cache_mib))
+                      io_threads=run.streaming.io_threads,
+                      budget_mib=None if run.streaming.cache_mib is None else float(run.streaming.cache_mib))
         if run.streaming.shards is not None:
             config["shards"] = run.streaming.shards
     if run.moe_cache is not None:
@@ -187,14 +191,15 @@ def config_from_log(run: ConsoleRun) -> dict[str, object]:
             config["top_k"] = run.cycle_warning.top_k
     for line in run.lines:  # llama.cpp's load log, when the capture kept stderr
         if m := _N_EXPERT_USED_RE.match(line):
-            config["top_k"] = int(m[1])
+            config["top_k"] = to_number(m[1], "n_expert_used")
         elif m := _N_EXPERT_RE.match(line):
-            config["n_expert"] = int(m[1])
+            config["n_expert"] = to_number(m[1], "n_expert")
         elif m := _MODEL_PATH_RE.search(line):
             config["model_path"] = m[1]
         elif m := _THREADS_RE.match(line):
-            config["threads"] = int(m[1])
-    return config
+            config["threads"] = to_number(m[1], "n_threads")
+    # a value the console reader stored as missing (None) is not evidence
+    return {key: value for key, value in config.items() if value is not None}
 
 
 def _token_config(token: str) -> dict[str, object]:

@@ -12,19 +12,25 @@ Stdout lines are matched at the start of a line. Stderr lines are searched anywh
 because a capture that merged both streams can glue a `bmoe:` line to generated text that ended
 without a newline. A line that starts like a known end-of-run line but does not match its shape is
 kept in `unparsed` rather than dropped, so a new engine variant shows up instead of vanishing.
+
+Numbers are range-checked as they are read (results.parse_values): a numeral no engine prints is
+refused with the file, line and line kind; nan/inf and impossible values (a negative time, a hit
+rate over 100 %) become None, and `notes` says which.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields as dataclass_fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping
 
 from results.parse_config import config_from_command, config_from_tag
-from results.parse_text import NUMBER, ParseError, read_lines, to_number
+from results.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
+from results.parse_values import checked, note, problem
 
 N = f"({NUMBER})"
 SEPARATOR_RE = re.compile(r"^={5,}\s+(.*?)\s+={5,}\s*$")
@@ -173,6 +179,7 @@ class ConsoleRun:
     pressure: Mapping[str, int | float | None] | None = None  # bench-run.sh sidecar lines
     entry_state: Mapping[str, int | float | str] | None = None  # a cooling gate's `ENTRY STATE:` line
     unparsed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # values stored as missing (None): `path:line: key=value: why`
 
     @property
     def finished(self) -> bool:
@@ -192,60 +199,73 @@ class ConsoleRun:
 # Each handler turns a match into ConsoleRun fields. Separators (— → ×) are matched loosely with
 # `.*?` so a capture that went through the wrong code page still parses.
 
-def _f(text: str | None) -> float | None:
-    return None if text is None else float(text)
+def _n(text: str | None) -> int | float | None:
+    """A matched numeral as a number (None when the optional group is absent). NumberError for one
+    no engine prints; ValueError when it is no numeral (the line then has another shape)."""
+    if text is None:
+        return None
+    value = to_number(text)
+    if isinstance(value, str):
+        raise ValueError(text)
+    return value
+
+
+def _whole(text: str | None) -> int | float | None:
+    """A whole MiB count printed as `1815` or `1815.0`; nan stays nan (stored as missing later)."""
+    value = _n(text)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _generation(m: re.Match) -> dict:
-    return {"generation": Generation(int(m[1]), float(m[2]), float(m[3]))}
+    return {"generation": Generation(_n(m[1]), _n(m[2]), _n(m[3]))}
 
 
 def _compute(m: re.Match) -> dict:
-    return {"compute": ComputeUse(float(m[1]), float(m[2]), int(m[3]), float(m[4]))}
+    return {"compute": ComputeUse(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]))}
 
 
 def _prefill(m: re.Match) -> dict:
-    return {"prefill": Prefill(int(m[1]), float(m[2]), float(m[3]), float(m[4]), float(m[5]))}
+    return {"prefill": Prefill(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), _n(m[5]))}
 
 
 def _moe_stream(m: re.Match) -> dict:
-    return {"moe_stream": MoeStream(float(m[1]), float(m[2]), float(m[3]), float(m[4]), _f(m[5]), float(m[6]),
-                                    float(m[7]))}
+    return {"moe_stream": MoeStream(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), _n(m[5]), _n(m[6]),
+                                    _n(m[7]))}
 
 
 def _moe_cache(m: re.Match) -> dict:
     detail = m[4] or ""
     resized = re.search(r"resized\s+(\d+)", detail)
-    return {"moe_cache": MoeCache(float(m[1]), float(m[2]), _f(m[3]), detail.startswith("auto"),
-                                  int(resized[1]) if resized else None)}
+    return {"moe_cache": MoeCache(_n(m[1]), _n(m[2]), _n(m[3]), detail.startswith("auto"),
+                                  _n(resized[1]) if resized else None)}
 
 
 def _churn(m: re.Match) -> dict:
-    return {"cache_churn": CacheChurn(int(m[1]), int(m[2]), float(m[3]), m[4].strip().lstrip("—-– ").strip())}
+    return {"cache_churn": CacheChurn(_n(m[1]), _n(m[2]), _n(m[3]), m[4].strip().lstrip("—-– ").strip())}
 
 
 def _prefetch(m: re.Match) -> dict:
-    return {"prefetch": Prefetch(float(m[1]), int(m[2]), int(m[3]), float(m[4]), m[5])}
+    return {"prefetch": Prefetch(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), m[5])}
 
 
 def _cycle_warning(m: re.Match) -> dict:
-    return {"cycle_warning": CycleWarning(int(float(m[1])), int(float(m[2])), int(m[3]) if m[3] else None)}
+    return {"cycle_warning": CycleWarning(_whole(m[1]), _whole(m[2]), _n(m[3]) if m[3] else None)}
 
 
 def _streaming(m: re.Match) -> dict:
     values = dict(re.findall(r"(\w+)=(\S+)", m[1]))
     try:
         return {"streaming": StreamingOn(
-            n_expert=int(values.pop("n_expert")), o_direct=values.pop("o_direct") == "1",
-            io_threads=int(values.pop("io_threads")), cache_mib=int(values.pop("cache")),
-            shards=int(values.pop("shards")) if "shards" in values else None,
+            n_expert=_n(values.pop("n_expert")), o_direct=values.pop("o_direct") == "1",
+            io_threads=_n(values.pop("io_threads")), cache_mib=_n(values.pop("cache")),
+            shards=_n(values.pop("shards")) if "shards" in values else None,
             extra=MappingProxyType(values))}
     except (KeyError, ValueError):
         return {}  # a different shape: the caller keeps the line in `unparsed`
 
 
 def _dense_anon(m: re.Match) -> dict:
-    return {"dense_anon": DenseAnon(m[1], float(m[2]), int(m[3]), None)}
+    return {"dense_anon": DenseAnon(m[1], _n(m[2]), _n(m[3]), None)}
 
 
 _STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
@@ -257,11 +277,11 @@ _STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
                 rf"(?: \+ cache mgmt {N})? \+ flash I/O {N} s/token, {N} MiB/s\)"), _moe_stream),
     (re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
     (re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
-    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": float(m[1])}),
+    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _n(m[1])}),
     (re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
      _prefetch),
     (re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
-     lambda m: {"spec_gate": SpecGate(float(m[1]), _f(m[2]))}),
+     lambda m: {"spec_gate": SpecGate(_n(m[1]), _n(m[2]))}),
     (re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
     (re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
     (re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
@@ -269,11 +289,11 @@ _STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
 )
 _STDERR: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
     (re.compile(rf"bmoe: cache auto.*?{N} MiB available, leaving {N} MiB free.*?{N} MiB budget \(cap {N} MiB\)"),
-     lambda m: {"cache_auto": CacheAuto(float(m[1]), float(m[2]), float(m[3]), float(m[4]))}),
-    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": float(m[1])}),
+     lambda m: {"cache_auto": CacheAuto(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]))}),
+    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": _n(m[1])}),
     (re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
-     lambda m: {"dense_warmup": DenseWarmup(float(m[1]), float(m[2]))}),
-    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": float(m[1])}),
+     lambda m: {"dense_warmup": DenseWarmup(_n(m[1]), _n(m[2]))}),
+    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _n(m[1])}),
     (re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
     (re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
     (re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
@@ -286,6 +306,7 @@ _ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
 _EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
 _TOP_K_CONTINUATION_RE = re.compile(r"^at top-k (\d+)")
 _LOOSE_NUMBER_RE = re.compile(r'"(\w+)":(-?[\d.]+)')
+_UNIT_SUFFIXES = ("_kb", "_dC", "_mC", "_uah")
 # ENTRY STATE keys of upstream's cooling gate -> our unit-suffixed names
 _ENTRY_KEYS = {"batt": "batt_temp_dC", "memavail": "mem_available_kb", "freq": "scaling_max_freq_khz",
                "waited": "waited_s"}
@@ -298,18 +319,32 @@ _ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[\d.]+)\s*([A-Za-z]*)")
 def read_console(*paths: str | Path) -> ConsoleRun:
     """One run's capture: a stdout and/or stderr file (`read_console(out, err)`), or a merged log."""
     lines: list[str] = []
+    starts: list[int] = []
     for path in paths:
+        starts.append(len(lines))
         lines += read_lines(path)[0]
-    return parse_console(lines, paths=tuple(str(p) for p in paths))
+    names = tuple(str(p) for p in paths)
+
+    def where(index: int) -> str:
+        k = max(0, bisect.bisect_right(starts, index) - 1)
+        return f"{names[k]}:{index - starts[k] + 1}" if names else f"line {index + 1}"
+
+    return parse_console(lines, paths=names, where=where)
 
 
 def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None = None,
-                  declared_config: Mapping[str, object] | None = None) -> ConsoleRun:
+                  declared_config: Mapping[str, object] | None = None,
+                  where: Callable[[int], str] | None = None) -> ConsoleRun:
+    """`where(index)` names the file and line of lines[index], for refusals and notes."""
+    if where is None:
+        def where(index: int) -> str:
+            return f"{_where(paths, tag)}:{index + 1}"
     fields: dict[str, object] = {}
     warnings: list[str] = []
     events: list[tuple[str, Mapping[str, object]]] = []
     pressure: dict[str, int | float | None] = {}
     unparsed: list[str] = []
+    notes: list[str] = []
     answer: list[str] | None = None
     in_answer = False
     for index, line in enumerate(lines):
@@ -322,7 +357,10 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         if in_answer:
             answer.append(line)
             continue
-        found = _match(line)
+        try:
+            found = _checked_match(lines, index, where, notes)
+        except NumberError as e:
+            raise located(e, where(index)) from None
         if found is None:
             if line.startswith(PERF_PREFIXES) or "bmoe:" in line:
                 unparsed.append(line)
@@ -335,15 +373,10 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         elif "warnings" in values:
             warnings.append(values["warnings"])
         elif "generation" in values and "generation" in fields:
-            raise ParseError(f"{_where(paths, tag)}: holds more than one run's end-of-run lines "
-                             f"(line {index + 1}); split it with read_console_runs")
+            raise ParseError(f"{where(index)}: holds more than one run's end-of-run lines; "
+                             f"split it with read_console_runs")
         else:
             fields.update(values)
-        if "cycle_warning" in values and values["cycle_warning"].top_k is None and index + 1 < len(lines):
-            # the warning is one line, but it has been wrapped before the `at top-k K` part
-            if more := _TOP_K_CONTINUATION_RE.match(lines[index + 1]):
-                warning = values["cycle_warning"]
-                fields["cycle_warning"] = CycleWarning(warning.budget_mib, warning.cycle_mib, int(more[1]))
     if "dense_dropped_mib" in fields:
         dropped = fields.pop("dense_dropped_mib")
         if "dense_anon" in fields:
@@ -352,34 +385,89 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
     return ConsoleRun(
         paths=paths, lines=tuple(lines), tag=tag, declared_config=MappingProxyType(dict(declared_config or {})),
         warnings=tuple(warnings), events=tuple(events), answer=None if answer is None else "\n".join(answer),
-        pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), **fields)
+        pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), notes=tuple(notes),
+        **fields)
+
+
+def _checked_match(lines: list[str], index: int, where: Callable[[int], str],
+                   notes: list[str]) -> tuple[str, object] | None:
+    """_match of lines[index], its numbers range-checked, a wrapped cycle warning joined."""
+    found = _match(lines[index])
+    if found is None:
+        return None
+    kind, values = found
+    if kind == "event":
+        name, payload = values
+        return kind, (name, MappingProxyType(checked(payload, where(index), notes)))
+    values = _plausible(values, where(index), notes)
+    warning = values.get("cycle_warning")
+    if warning is not None and warning.top_k is None and index + 1 < len(lines):
+        # the warning is one line, but it has been wrapped before the `at top-k K` part
+        if more := _TOP_K_CONTINUATION_RE.match(lines[index + 1]):
+            values["cycle_warning"] = replace(warning, top_k=_n(more[1]))
+    return kind, values
+
+
+def _plausible(values: Mapping[str, object], where: str, notes: list[str]) -> dict[str, object]:
+    """A matched line's fields with every impossible number (nan, a negative time …) set to None and
+    noted; a field of a record is judged by its own name (`tok_per_s`, `hit_pct`, `budget_mib`)."""
+    out: dict[str, object] = {}
+    for key, value in values.items():
+        if is_dataclass(value):
+            bad = {}
+            for f in dataclass_fields(value):
+                reason = problem(f.name, getattr(value, f.name))
+                if reason is not None:
+                    notes.append(note(where, f.name, getattr(value, f.name), reason))
+                    bad[f.name] = None
+            value = replace(value, **bad) if bad else value
+        elif isinstance(value, str) and key.endswith(_UNIT_SUFFIXES):
+            # a pressure line (`peak_rss_kb=1.2.3`) whose value is no number
+            notes.append(note(where, key, value, "not a number"))
+            value = None
+        elif not isinstance(value, Mapping):
+            value = checked({key: value}, where, notes)[key]
+        else:
+            value = MappingProxyType(checked(value, where, notes))
+        out[key] = value
+    return out
 
 
 def _match(line: str) -> tuple[str, object] | None:
     for pattern, handler in _STDOUT:
         if m := pattern.match(line):
-            values = handler(m)
+            values = _handled(handler, m)
             return ("fields", values) if values else None
     for pattern, handler in _STDERR:
         if m := pattern.search(line):
-            values = handler(m)
+            values = _handled(handler, m)
             return ("fields", values) if values else None
     if m := _EVENT_RE.match(line):
         return "event", (m[1], _event_payload(m[2]))
     if m := _PRESSURE_RE.match(line):
-        return "pressure", {m[1]: None if m[2] == "" else to_number(m[2])}
+        return "pressure", {m[1]: None if m[2] == "" else to_number(m[2], m[1])}
     if m := _ENTRY_RE.match(line):
         return "fields", {"entry_state": parse_entry_state(m[1])}
     return None
 
 
+def _handled(handler: Callable[[re.Match], dict], m: re.Match) -> dict:
+    try:
+        return handler(m)
+    except NumberError as e:
+        raise NumberError(f"{excerpt(m[0].split(':')[0].strip(), 30)}: {e}") from None
+    except ValueError:
+        return {}  # a numeral-like group that is no number: the line keeps its place in `unparsed`
+
+
 def _event_payload(text: str) -> Mapping[str, object]:
     """A `BMOE_*` JSON object. Invalid UTF-8 in delta_text arrives here as U+FFFD (valid JSON); a
-    line cut by a kill is not JSON, so its numeric fields are recovered and `_cut` is set."""
+    line cut by a kill is not JSON, so its numeric fields are recovered and `_cut` is set. Its
+    numbers pass the same magnitude check as every other (`parse_int`)."""
     try:
-        payload = json.loads(text, strict=False)
-    except ValueError:
-        payload = {key: to_number(value) for key, value in _LOOSE_NUMBER_RE.findall(text)}
+        payload = json.loads(text, strict=False, parse_int=to_number, parse_float=to_number)
+    except (ValueError, RecursionError):
+        payload = {key: to_number(value, key) for key, value in _LOOSE_NUMBER_RE.findall(text)}
         payload["_cut"] = True
     return MappingProxyType(payload if isinstance(payload, dict) else {"value": payload})
 
@@ -389,7 +477,8 @@ def parse_entry_state(text: str) -> Mapping[str, int | float | str]:
     state: dict[str, int | float | str] = {}
     for key, value, unit in _ENTRY_ITEM_RE.findall(text):
         unit = unit.replace("kB", "kb")
-        state[_ENTRY_KEYS.get(key, f"{key}_{unit}" if unit else key)] = to_number(value)
+        name = _ENTRY_KEYS.get(key, f"{key}_{unit}" if unit else key)
+        state[name] = to_number(value, name)
     return MappingProxyType(state)
 
 
@@ -410,23 +499,35 @@ def read_console_runs(path: str | Path) -> list[ConsoleRun]:
 
 
 def split_runs(lines: list[str], path: str = "") -> list[ConsoleRun]:
-    sections: list[tuple[str | None, list[str]]] = [(None, [])]
-    for line in lines:
+    # (tag, index of the section's first line in `lines`, its lines)
+    sections: list[tuple[str | None, int, list[str]]] = [(None, 0, [])]
+    for index, line in enumerate(lines):
         if m := SEPARATOR_RE.match(line):
-            sections.append((None if m[1] in END_TAGS else m[1], []))
+            sections.append((None if m[1] in END_TAGS else m[1], index + 1, []))
         else:
-            sections[-1][1].append(line)
+            sections[-1][2].append(line)
     runs = []
-    for tag, body in sections:
+    for tag, first, body in sections:
         if tag is None and len(sections) > 1 and not any(_match(line) for line in body):
             continue  # text before the first separator or after a DONE marker
+
+        def where(index: int, first: int = first) -> str:
+            return f"{path or 'console text'}:{first + index + 1}"
+
         declared: dict[str, object] = {}
-        if tag is not None:
-            # upstream's warm-only driver adds the cell's parameters: `gptoss_k4 (k=4 io=8 n=24)`
-            with_params = _TAG_PARAMS_RE.match(tag)
-            tag, params = (with_params[1], with_params[2]) if with_params else (tag, "")
-            declared.update(config_from_tag(tag, params))
-        for line in body:
-            declared.update(config_from_command(line))
-        runs.append(parse_console(body, paths=(path,) if path else (), tag=tag, declared_config=declared))
+        try:
+            if tag is not None:
+                # upstream's warm-only driver adds the cell's parameters: `gptoss_k4 (k=4 io=8 n=24)`
+                with_params = _TAG_PARAMS_RE.match(tag)
+                tag, params = (with_params[1], with_params[2]) if with_params else (tag, "")
+                declared.update(config_from_tag(tag, params))
+        except NumberError as e:
+            raise located(e, where(-1)) from None
+        for index, line in enumerate(body):
+            try:
+                declared.update(config_from_command(line))
+            except NumberError as e:
+                raise located(e, where(index)) from None
+        runs.append(parse_console(body, paths=(path,) if path else (), tag=tag, declared_config=declared,
+                                  where=where))
     return runs

@@ -10,6 +10,10 @@ The engine truncates the file at open and flushes each line, so a kill leaves a 
 (killed during load), rows and no summary (killed during decode), possibly a last line without
 its newline. All of those read as incomplete files, never as errors; a file that is not a metrics
 CSV at all is a ParseError.
+
+Every number is range-checked here, where it enters (results.parse_values): a numeral no engine
+prints is refused (NumberError naming file, line and key); nan/inf and values impossible for their
+key (a negative time, a hit rate over 100) are stored as missing, and `notes` says which.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from results.parse_text import ParseError, one_line, parse_kv, read_lines, to_number
+from results.parse_text import (
+    MAX_NUMBER_CHARS, NUMBER_LIMIT, NumberError, ParseError, excerpt, located, one_line, parse_kv, read_lines,
+    to_number)
+from results.parse_values import bad_in_column, checked, note, problem
 
 HEADER_START = "step,"
 SUMMARY_PREFIX = "# summary"
@@ -49,6 +56,8 @@ class MetricsFile:
     generation, in file order (a `--session` run writes one per turn).
     complete: the file ends with a summary trailer, i.e. the engine finished writing it.
     cut_line: the last line had no newline (the process died mid-write); it was left out.
+    notes: values stored as missing because no engine could have meant them (nan, a negative
+    time …), one line each naming file, line and key.
     """
 
     path: str
@@ -61,6 +70,7 @@ class MetricsFile:
     empty: bool = False
     cut_line: bool = False
     summaries: tuple[Mapping[str, SummaryValue], ...] = ()
+    notes: tuple[str, ...] = ()
 
     def measured(self, column: str) -> pd.Series:
         """The column with the engine's -1 "not measured" turned into NaN where -1 means that."""
@@ -81,9 +91,10 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
     head = lines if header_at is None else lines[:header_at]
     version = _version(name, head)
     preamble: dict[str, str] = {}
-    for line in head:
+    notes: list[str] = []
+    for number, line in enumerate(head, start=1):
         if not _MAGIC_RE.fullmatch(line):
-            preamble.update(parse_kv(line[1:]))
+            preamble.update(_preamble_values(f"{name}:{number}", line, notes))
     if header_at is None:
         header_or_comment = cut is None or cut.startswith(("#", HEADER_START)) or HEADER_START.startswith(cut)
         if not header_or_comment:
@@ -93,29 +104,39 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
 
     columns = tuple(c.strip() for c in lines[header_at].split(","))
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if len(set(columns)) != len(columns) and not missing:
+        twice = next(c for c in columns if columns.count(c) > 1)
+        raise ParseError(f"{name}:{header_at + 1}: not a bmoe metrics CSV: the header names column "
+                         f"{one_line(twice, 40)} twice")
     if missing and len(columns) > 1:
         raise ParseError(f"{name}: not a bmoe metrics CSV: header lacks {', '.join(missing)}")
     if missing:
         raise _not_a_csv(name, header_at + 1, lines[header_at])
 
-    data: list[str] = []
+    data: list[tuple[int, str]] = []  # (file line, text)
     summaries: list[Mapping[str, SummaryValue]] = []
     for number, line in enumerate(lines[header_at + 1:], start=header_at + 2):
+        where = f"{name}:{number}"
         if line.startswith(SUMMARY_PREFIX):
-            values = {k: to_number(v) for k, v in parse_kv(line[len(SUMMARY_PREFIX):]).items()}
-            summaries.append(MappingProxyType(values))
+            values: dict[str, SummaryValue] = {}
+            for key, text in parse_kv(line[len(SUMMARY_PREFIX):]).items():
+                try:
+                    values[key] = to_number(text, key)
+                except NumberError as e:
+                    raise located(e, where) from None
+            summaries.append(MappingProxyType(checked(values, where, notes)))
         elif line.startswith("#"):
-            preamble.update(parse_kv(line[1:]))
+            preamble.update(_preamble_values(where, line, notes))
         elif line.strip():
             if line.count(",") + 1 != len(columns):
-                raise ParseError(f"{name}:{number}: {line.count(',') + 1} fields, the header has {len(columns)}")
-            data.append(line)
+                raise ParseError(f"{where}: {line.count(',') + 1} fields, the header has {len(columns)}")
+            data.append((number, line))
     last = next((line for line in reversed(lines) if line.strip()), "")
     return MetricsFile(
         path=name, version=version, preamble=MappingProxyType(preamble), columns=columns,
-        rows=_frame(name, columns, data), summary=summaries[-1] if summaries else None,
+        rows=_frame(name, columns, data, notes), summary=summaries[-1] if summaries else None,
         complete=cut is None and last.startswith(SUMMARY_PREFIX), cut_line=cut is not None,
-        summaries=tuple(summaries))
+        summaries=tuple(summaries), notes=tuple(notes))
 
 
 def looks_like_metrics_csv(lines: list[str]) -> bool:
@@ -140,16 +161,86 @@ def _not_a_csv(name: str, number: int, line: str) -> ParseError:
                       f"'# bmoe_metrics vN', line {number} is {one_line(line)}")
 
 
-def _frame(name: str, columns: tuple[str, ...], data: list[str]) -> pd.DataFrame:
+def _preamble_values(where: str, line: str, notes: list[str]) -> dict[str, str]:
+    """A preamble line's key=value pairs, kept as text; a numeric value impossible for its key is
+    left out (missing) with a note, one no engine prints is refused."""
+    values = parse_kv(line[1:])
+    for key, text in list(values.items()):
+        try:
+            reason = problem(key, to_number(text, key))
+        except NumberError as e:
+            raise located(e, where) from None
+        if reason is not None:
+            notes.append(note(where, key, text, reason))
+            del values[key]
+    return values
+
+
+def _frame(name: str, columns: tuple[str, ...], data: list[tuple[int, str]], notes: list[str]) -> pd.DataFrame:
+    """The rows as numbers. pandas parses the block at once; only a column that holds something
+    other than plain finite numerals (nan, inf, a blank, text, a huge value) is looked at cell by
+    cell, with its raw text, to refuse it or to store values as missing with a note."""
     if not data:
         return pd.DataFrame({c: pd.Series(dtype=np.float64) for c in columns})
-    frame = pd.read_csv(io.StringIO("\n".join(data)), header=None, names=list(columns), dtype=str)
-    for column in columns:
-        try:
-            frame[column] = pd.to_numeric(frame[column])
-        except (ValueError, TypeError) as exc:
-            raise ParseError(f"{name}: column {column} holds a non-number ({exc})") from exc
-    return frame
+    numbers = [number for number, _ in data]
+    # no NA guessing and no quoting: "nan", "" and a stray quote stay text for _column to judge
+    parsed = pd.read_csv(io.StringIO("\n".join(line for _, line in data)), header=None,
+                         names=list(range(len(columns))), quoting=3, na_filter=False, low_memory=False)
+    cells: pd.DataFrame | None = None
+    frame: dict[str, pd.Series] = {}
+    for i, column in enumerate(columns):
+        values, shown = parsed[i], parsed[i]
+        bad = np.zeros(len(data), dtype=bool)
+        if not _plain(values):
+            if cells is None:  # split by hand: the field count was checked per line
+                cells = pd.DataFrame([line.split(",") for _, line in data], dtype=object)
+            shown = cells[i].str.strip()
+            values, bad = _column(name, column, shown, numbers)
+        bad = bad | bad_in_column(column, values)
+        if bad.any():
+            at = int(np.argmax(bad))
+            more = int(bad.sum()) - 1
+            notes.append(note(f"{name}:{numbers[at]}", column, shown.iloc[at],
+                              f"{problem(column, float(values.iloc[at])) or 'not a finite number'}"
+                              + (f" (and {more} more in the column)" if more else "")))
+            values = values.mask(pd.Series(bad, index=values.index))
+        frame[column] = values
+    return pd.DataFrame(frame)
+
+
+def _plain(values: pd.Series) -> bool:
+    """Plain finite numbers under NUMBER_LIMIT, as pandas read them (no text, nan, inf or huge)."""
+    if values.dtype.kind not in "iuf":
+        return False
+    v = values.to_numpy(dtype=np.float64)
+    return bool(np.isfinite(v).all() and (np.abs(v) < NUMBER_LIMIT).all())
+
+
+def _column(name: str, column: str, raw: pd.Series, numbers: list[int]) -> tuple[pd.Series, np.ndarray]:
+    """One column from its raw text: a numeral no engine prints or a non-number is refused (file,
+    line, column). Returns the values (blanks and a spelled nan as NaN) and where nan was spelled
+    (the engine printed it: the caller notes it; inf is caught by its range check)."""
+    long = raw.str.len().to_numpy() > MAX_NUMBER_CHARS
+    if long.any():
+        at = int(np.argmax(long))
+        raise NumberError(f"{name}:{numbers[at]}: {column}={excerpt(raw.iloc[at], 24)} "
+                          f"({len(raw.iloc[at])} characters): no engine prints a number this long")
+    blank = raw == ""
+    values = pd.to_numeric(raw.mask(blank), errors="coerce")
+    spelled = raw.str.lower().str.lstrip("+-")
+    not_number = (values.isna() & ~blank & (spelled != "nan")).to_numpy()
+    if not_number.any():
+        at = int(np.argmax(not_number))
+        raise ParseError(f"{name}:{numbers[at]}: column {column} holds a non-number {one_line(raw.iloc[at], 40)}")
+    as_float = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        huge = np.isfinite(as_float) & (np.abs(as_float) >= NUMBER_LIMIT)
+        huge |= np.isinf(as_float) & ~spelled.str.startswith("inf").to_numpy()  # `1e400`: printf writes `inf`
+    if huge.any():
+        at = int(np.argmax(huge))
+        raise NumberError(f"{name}:{numbers[at]}: {column}={excerpt(raw.iloc[at], 24)}: "
+                          f"no engine prints a number this large")
+    return values, (spelled == "nan").to_numpy()
 
 
 def _empty(name: str, version: int | None, preamble: dict[str, str], empty: bool,

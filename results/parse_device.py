@@ -11,6 +11,9 @@
   followed by the run's output and its sidecar lines.
 
 Entry/exit states use one key vocabulary: mem_available_kb, batt_temp_dC, cpu_temp_mC, …
+Numbers are range-checked as they are read (results.parse_values): one no engine or probe prints
+is refused, nan/inf and impossible ones (a negative size) become None, with a line appended to the
+caller's `notes` list.
 """
 
 from __future__ import annotations
@@ -19,17 +22,18 @@ import re
 from pathlib import Path
 from results.parse_console import ConsoleRun, read_console_runs
 from results.parse_csv import looks_like_metrics_csv
-from results.parse_text import ParseError, one_line, read_lines, to_number
+from results.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
+from results.parse_values import checked
 
 SidecarValue = int | float | None
 _SECTION_RE = re.compile(r"^---\s*(\w+)\s*---\s*$")
 _SECTIONS = {"before": "entry", "after": "exit", "entry": "entry", "exit": "exit"}
-_TEMPERATURE_RE = re.compile(r"Temperature\{mValue=(-?[\d.]+),.*?mName=([^,}]+)")
+_TEMPERATURE_RE = re.compile(r"Temperature\{mValue=([^,}]*),.*?mName=([^,}]+)")
 _MEMINFO_RE = re.compile(r"(\w+):\s*(\d+)\s*kB")
 _STATE_KEYS = {"battery_temp_dC": "batt_temp_dC", "Thermal Status": "thermal_status"}
 
 
-def read_sidecar(path: str | Path) -> dict[str, SidecarValue]:
+def read_sidecar(path: str | Path, notes: list[str] | None = None) -> dict[str, SidecarValue]:
     lines, _ = read_lines(path)
     if looks_like_metrics_csv(lines):
         raise ParseError(f"{path}: is a per-token metrics CSV, not a pressure sidecar (read it with read_metrics_csv)")
@@ -38,48 +42,64 @@ def read_sidecar(path: str | Path) -> dict[str, SidecarValue]:
         if not line.strip():
             continue
         key, sep, text = line.strip().partition("=")
-        value = to_number(text.strip())
+        try:
+            value = to_number(text.strip(), key)
+        except NumberError as e:
+            raise located(e, f"{path}:{number}") from None
         if not sep or not key.isidentifier() or (isinstance(value, str) and value):
             raise ParseError(f"{path}:{number}: not a key=value pressure line: {one_line(line)}")
-        values[key] = value if value != "" else None
+        values.update(checked({key: value if value != "" else None}, f"{path}:{number}",
+                              notes if notes is not None else []))
     return values
 
 
-def read_state(path: str | Path) -> dict[str, dict[str, object]]:
+def read_state(path: str | Path, notes: list[str] | None = None) -> dict[str, dict[str, object]]:
     """{"entry": {...}, "exit": {...}} from a `.state` snapshot file."""
     lines, _ = read_lines(path)
     states: dict[str, dict[str, object]] = {}
     current: dict[str, object] | None = None
     for number, line in enumerate(lines, start=1):
+        where = f"{path}:{number}"
         if m := _SECTION_RE.match(line):
             if m[1].lower() not in _SECTIONS:
-                raise ParseError(f"{path}:{number}: unknown state section {one_line(m[1])}")
+                raise ParseError(f"{where}: unknown state section {one_line(m[1])}")
             current = states.setdefault(_SECTIONS[m[1].lower()], {})
         elif current is None:
             if line.strip():
                 raise ParseError(f"{path}: not a device state file: line {number} is {one_line(line)} "
                                  f"(expected '--- BEFORE ---')")
-        elif m := _TEMPERATURE_RE.search(line):
-            current.setdefault("temperatures_c", {})[m[2].strip()] = float(m[1])
-        elif line.strip():
-            _state_line(current, line)
+        else:
+            try:
+                values = _state_line(line)
+            except NumberError as e:
+                raise located(e, where) from None
+            for key, value in checked(values, where, notes if notes is not None else []).items():
+                if isinstance(value, dict):
+                    current.setdefault(key, {}).update(value)
+                else:
+                    current[key] = value
     if not states:
         raise ParseError(f"{path}: not a device state file (no '--- BEFORE ---' section)")
     return states
 
 
-def _state_line(state: dict[str, object], line: str) -> None:
+def _state_line(line: str) -> dict[str, object]:
+    """The values one state line adds (a temperature, a cpufreq policy, meminfo, a key: value)."""
+    if m := _TEMPERATURE_RE.search(line):
+        value = to_number(m[1], m[2].strip())
+        return {"temperatures_c": {m[2].strip(): value}} if isinstance(value, (int, float)) else {}
+    if not line.strip():
+        return {}
     key, _, text = line.partition(":")
     key, text = key.strip(), text.strip()
     if re.fullmatch(r"policy\d+", key):
         # cpufreq sysfs values are kHz
-        state.setdefault("cpufreq_khz", {})[key] = {k: to_number(v) for k, v in re.findall(r"(\w+)=(\S+)", text)}
-    elif key == "meminfo":
-        state.update({f"{_snake(name)}_kb": int(kb) for name, kb in _MEMINFO_RE.findall(text)})
-    elif key == "date":
-        state["date"] = text
-    else:
-        state[_STATE_KEYS.get(key, key if "_" in key else _snake(key))] = to_number(text) if text else None
+        return {"cpufreq_khz": {key: {k: to_number(v, k) for k, v in re.findall(r"(\w+)=(\S+)", text)}}}
+    if key == "meminfo":
+        return {f"{_snake(name)}_kb": to_number(kb, name) for name, kb in _MEMINFO_RE.findall(text)}
+    if key == "date":
+        return {"date": text}
+    return {_STATE_KEYS.get(key, key if "_" in key else _snake(key)): to_number(text, key) if text else None}
 
 
 def _snake(name: str) -> str:

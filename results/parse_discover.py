@@ -10,10 +10,15 @@ are handled here rather than in every importer:
   `==== TAG ====` separators. It is not a run itself: each of its sections joins the group whose
   stem is the tag (or ends with `_TAG`, as `gptoss_mmap_k2.csv` for section `mmap_k2`), or forms a
   group of its own when no file shares the tag.
+
+A bmoe-fleet campaign directory inside the folder (a `plan.json`, `ledger.jsonl` or
+`campaign.toml` beside its files: an import's own output, a sweep kept with the data) holds
+this project's runs, not upstream's: discover() skips it whole, and campaign_dirs() lists them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from results.parse_console import SEPARATOR_RE, END_TAGS, read_console_runs
 from results.parse_csv import looks_like_metrics_csv
 from results.parse_text import ParseError, read_lines
 
+CAMPAIGN_MARKERS = ("plan.json", "ledger.jsonl", "campaign.toml")
 _KIND_BY_SUFFIX = ((".route.csv", "route_trace"), (".csv", "csv"), (".metrics", "metrics"), (".log", "log"),
                    (".out", "out"), (".err", "err"), (".state", "state"))
 
@@ -41,14 +47,31 @@ class RunFiles:
     section: str | None = None  # the separator tag of that section in `capture`
 
 
-def discover(folder: str | Path) -> list[RunFiles]:
-    """Every run under `folder` (subfolders included), sorted by folder then stem."""
+def is_campaign_dir(folder: Path) -> bool:
+    return any((folder / marker).is_file() for marker in CAMPAIGN_MARKERS)
+
+
+def campaign_dirs(folder: str | Path) -> list[Path]:
+    """The campaign directories at or under `folder` (outermost only), sorted."""
+    root = Path(folder)
+    found = [root] if is_campaign_dir(root) else []
+    found += [p.parent for marker in CAMPAIGN_MARKERS for p in root.rglob(marker) if p.is_file()]
+    found = sorted(set(found))
+    return [d for d in found if not any(other in d.parents for other in found)]
+
+
+def discover(folder: str | Path, exclude: Iterable[str | Path] = ()) -> list[RunFiles]:
+    """Every run under `folder` (subfolders included), sorted by folder then stem. Files under the
+    `exclude` folders and under campaign directories are not upstream runs and are skipped."""
     root = Path(folder)
     if not root.is_dir():
         raise ParseError(f"{root}: not a folder")
+    skipped = {Path(p) for p in exclude} | set(campaign_dirs(root))
     groups: dict[tuple[Path, str], RunFiles] = {}
     captures: list[Path] = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if skipped and not skipped.isdisjoint(path.parents):
+            continue
         kind = _kind(path)
         if kind is None:
             continue

@@ -8,6 +8,7 @@ U+FFFD instead of failing the whole file.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -17,11 +18,43 @@ BOM = "\ufeff"
 # printf's %f spellings of a number, including the nan/inf a division by zero can print
 NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 _INT_RE = re.compile(r"-?\d+")
+# what to_number reads as a float: printf's %f/%g/%e spellings (no `1_0`, no hex, no padding)
+_FLOAT_RE = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|infinity)", re.IGNORECASE)
 _KV_RE = re.compile(r"(\S+?)=(\S*)")
+# The engine's counters are 64-bit and every time, size and rate it prints is far below 2^64; %f of
+# the largest of them is about 30 characters. A longer numeral, or a larger value, was not printed
+# by an engine: the file is damaged (and Python refuses int() past 4,300 digits anyway).
+MAX_NUMBER_CHARS = 40
+NUMBER_LIMIT = 2 ** 64
+EXCERPT_CHARS = 80
+MESSAGE_CHARS = 1000
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (ESC, BEL, CR, bidi overrides …) shown as an escape, so
+    text from a file or a device can reach a terminal without acting on it."""
+    return _CONTROL_RE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def safe_message(message: str) -> str:
+    """One terminal-safe line: control characters escaped (newlines too), at most MESSAGE_CHARS."""
+    text = printable(str(message).replace("\n", "\\n"))
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "…"
 
 
 class ParseError(BmoeError):
-    """A file cannot be read as the bmoe-cli output it was given as (one-line message)."""
+    """A file cannot be read as the bmoe-cli output it was given as (one-line message).
+
+    The message is made terminal-safe here, once for every reader: it may quote file names and
+    excerpts of the offending input."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(safe_message(message))
+
+
+class NumberError(ParseError):
+    """A numeral no engine could print (too long, or |value| >= 2^64): the file is damaged."""
 
 
 def read_lines(path: str | Path) -> tuple[list[str], bool]:
@@ -47,14 +80,46 @@ def _split_lines(text: str) -> tuple[list[str], bool]:
     return [line.removeprefix(BOM) for line in lines], ends_with_newline
 
 
-def to_number(text: str) -> int | float | str:
-    """`12` -> 12, `-1.00` -> -1.0, anything else stays the string it was (unknown keys are kept)."""
+def to_number(text: str, key: str = "") -> int | float | str:
+    """`12` -> 12, `-1.00` -> -1.0, `nan` -> nan, anything else stays the string it was (unknown keys
+    are kept). A numeral no engine could print raises NumberError naming `key` (the caller adds the
+    file and line)."""
     if _INT_RE.fullmatch(text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise out_of_range(key, text)
+        return check_magnitude(key, int(text), text)
+    if not _FLOAT_RE.fullmatch(text):
         return text
+    if len(text) > MAX_NUMBER_CHARS:
+        raise out_of_range(key, text)
+    value = float(text)
+    if math.isinf(value) and not text.lstrip("+-").lower().startswith("inf"):
+        raise out_of_range(key, text)  # `1e400`: printf spells an infinity `inf`
+    return check_magnitude(key, value, text)
+
+
+def check_magnitude(key: str, value: int | float, text: str | None = None) -> int | float:
+    """`value` itself when it is under NUMBER_LIMIT in size. nan and ±inf pass: they are what printf
+    writes for a division by zero, and results.parse_values stores them as missing."""
+    if not (isinstance(value, float) and math.isinf(value)) and abs(value) >= NUMBER_LIMIT:
+        raise out_of_range(key, str(value) if text is None else text)
+    return value
+
+
+def out_of_range(key: str, text: str) -> NumberError:
+    digits = sum(c.isdigit() for c in text)
+    shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
+    return NumberError(f"{shown} ({digits} digits): no engine prints a number this large")
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """At most `limit` characters of untrusted text, control characters escaped, `…` when cut."""
+    return printable(text if len(text) <= limit else text[:limit] + "…")
+
+
+def located(error: NumberError, where: str) -> NumberError:
+    """The same refusal, prefixed with `path:line` (readers know where; to_number does not)."""
+    return NumberError(f"{where}: {error}")
 
 
 def parse_kv(text: str) -> dict[str, str]:

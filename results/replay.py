@@ -36,6 +36,7 @@ import numpy as np
 from engine.errors import BmoeError
 from engine.units import MIB
 
+from .parse_text import printable, safe_message
 from .route_trace import PHASE_DECODE, RouteTrace, read_route_trace
 
 POLICIES = ("lru", "layer-lru", "lfu", "belady")
@@ -45,10 +46,16 @@ FORMAT_VERSION = 1
 CSV_HEADER = "budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"
 
 COLD = np.iinfo(np.int64).max  # stack distance of a first-ever lookup: misses at every budget
+# Byte sums over a whole trace stay under this, so int64 never overflows (read_route_trace bounds
+# entry sizes; this bounds entries x lookups). A budget above it hits like an unbounded cache.
+MAX_TRACE_BYTES = 1 << 62
 
 
 class ReplayError(BmoeError):
-    """A replay cannot run with the traces or options given."""
+    """A replay cannot run with the traces or options given (one terminal-safe line)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(safe_message(message))
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +90,8 @@ class AccessSequence:
 
 def access_sequence(trace: RouteTrace) -> AccessSequence:
     """Trace rows -> the engine's lookups. Rows of layers without a `# layer=` line (not streamed)
-    and expert ids outside [0, n_expert) are not looked up, as in the engine."""
+    are not looked up, as in the engine. (read_route_trace refuses expert ids outside
+    [0, n_expert); a RouteTrace built by hand with them has those rows skipped.)"""
     rows = trace.rows
     n_expert = trace.n_expert
     max_layer = max([0, *trace.expert_bytes_by_layer])
@@ -202,8 +210,9 @@ def stack_distances(seq: AccessSequence) -> np.ndarray:
 
 
 def mib_to_bytes(budget_mib: float) -> int:
-    """The engine budgets whole bytes: cache_max = MiB x 2**20 (fractions floored)."""
-    return int(budget_mib * MIB)
+    """The engine budgets whole bytes: cache_max = MiB x 2**20 (fractions floored). Capped at
+    MAX_TRACE_BYTES, which every trace replayed fits in, so comparisons stay inside int64."""
+    return min(int(budget_mib * MIB), MAX_TRACE_BYTES)
 
 
 def lru_hits(distance: np.ndarray, budget_bytes: int) -> np.ndarray:
@@ -537,6 +546,9 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
     seq = access_sequence(trace)
     if len(seq) == 0:
         raise ReplayError(f"{trace.path}: no expert lookups to replay (no rows of a streamed layer)")
+    if len(seq) * int(seq.entry_bytes.max()) >= MAX_TRACE_BYTES:
+        raise ReplayError(f"{trace.path}: {len(seq)} lookups of up to {int(seq.entry_bytes.max())} bytes: too many "
+                          f"bytes to replay (2^62 or more)")
     cycle = trace.cycle_bytes
     if budgets_mib is None:
         budgets_mib = default_budgets_mib(cycle / MIB)
@@ -581,9 +593,10 @@ def _trace_text(t: TraceReplay, policies: Sequence[str], phase: str) -> str:
     k = min(t.n_expert_used, t.n_expert)
     per_layer = t.cycle_bytes / MIB / max(1, t.n_moe_layers * k)
     lines = [
-        f"trace   {t.path}",
-        f"model   {os.path.basename(t.model) or '?'} ({t.arch or '?'}), {t.n_moe_layers} MoE layers, "
-        f"{t.n_expert} experts, top-{t.n_expert_used}",
+        f"trace   {printable(t.path)}",
+        # model and arch are the trace's own text: shown with control characters escaped
+        f"model   {printable(os.path.basename(t.model)) or '?'} ({printable(t.arch) or '?'}), "
+        f"{t.n_moe_layers} MoE layers, {t.n_expert} experts, top-{t.n_expert_used}",
         f"T       {t.cycle_mib:.1f} MiB token cycle ({t.n_moe_layers} layers x {per_layer:.2f} MiB x top-{k}); "
         f"budgets under T marked <T",
         f"lookups {t.lookups} in {t.batches} load_layer batches "

@@ -74,6 +74,18 @@ class CampaignData:
     planned_cells: int = 0
 
 
+def campaign_toml(root: Path) -> dict[str, Any] | None:
+    """The directory's campaign.toml (None without one). `bmoe-fleet import` writes an `[import]`
+    table there instead of a campaign."""
+    toml = root / "campaign.toml"
+    if not toml.is_file():
+        return None
+    try:
+        return tomllib.loads(toml.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"{toml}: cannot read: {e}") from None
+
+
 def _campaign_name(root: Path) -> tuple[str, bool, int]:
     name, imported, cells = root.name, False, 0
     plan = root / "plan.json"
@@ -81,12 +93,8 @@ def _campaign_name(root: Path) -> tuple[str, bool, int]:
         data = read_json(plan, PLAN_FORMAT)
         name = str(data.get("campaign") or name)
         cells = len(data.get("cells") or ())
-    toml = root / "campaign.toml"
-    if toml.is_file():
-        try:
-            doc = tomllib.loads(toml.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ResultsError(f"{toml}: cannot read: {e}") from None
+    doc = campaign_toml(root)
+    if doc is not None:
         imported = "import" in doc
         if not plan.is_file() and isinstance(doc.get("name"), str):
             name = doc["name"]

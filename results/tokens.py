@@ -7,8 +7,9 @@ From the metrics CSV's per-token `wall_ms` (one decode step each), as upstream's
 - min / max = slowest / fastest single token (1000 / max|min wall_ms);
 - median, p5, p95 of the per-token rates 1000 / wall_ms (linear interpolation between ranks).
 
-Nothing is discarded: warm-up tokens stay in every statistic. The steady state is *marked*: it
-starts at the first step from which a short rolling median of wall_ms stays within
+Nothing is discarded: warm-up tokens stay in every statistic (a wall_ms the parser stored as
+missing, NaN, is left out of the sums and rates rather than counted as 0). The steady state is
+*marked*: it starts at the first step from which a short rolling median of wall_ms stays within
 STEADY_TOLERANCE of the median of the run's second half. A run under PUBLISHED_MIN_TOKENS tokens
 is a probe (rule 8), and one under STEADY_MIN_TOKENS has no steady state to mark.
 """
@@ -90,15 +91,24 @@ def steady_from(wall_ms: np.ndarray) -> int | None:
     return ok_from if ok_from < n else None
 
 
+def _step(rows: pd.DataFrame, start: int | None) -> int | None:
+    """The `step` of row `start` (None when there is none, or the parser stored it as missing)."""
+    if start is None or "step" not in rows.columns:
+        return None
+    step = float(rows["step"].iloc[start])
+    return int(step) if math.isfinite(step) else None
+
+
 def token_stats(rows: pd.DataFrame) -> TokenStats | None:
     """Statistics of a metrics CSV's per-token rows (None when it has none)."""
     if rows is None or len(rows) == 0 or "wall_ms" not in rows.columns:
         return None
     wall = rows["wall_ms"].astype(np.float64).to_numpy()
     n = len(wall)
-    total_s = float(wall.sum()) / 1000.0
-    rates = np.sort(1000.0 / wall[wall > 0])
-    start = steady_from(wall)
+    measured = np.isfinite(wall)
+    total_s = float(wall[measured].sum()) / 1000.0
+    rates = np.sort(1000.0 / wall[measured & (wall > 0)])
+    start = steady_from(wall) if measured.all() else None
     steady = wall[start:] if start is not None else wall[:0]
     steady_s = float(steady.sum()) / 1000.0
     majflt = _measured(rows, "majflt")
@@ -107,16 +117,16 @@ def token_stats(rows: pd.DataFrame) -> TokenStats | None:
     avail = avail[avail > 0]
     return TokenStats(
         tokens=n,
-        mean_tok_s=n / total_s if total_s > 0 else math.nan,
+        mean_tok_s=int(measured.sum()) / total_s if total_s > 0 else math.nan,
         median_tok_s=float(np.median(rates)) if len(rates) else math.nan,
         p5_tok_s=percentile(rates, 0.05),
         p95_tok_s=percentile(rates, 0.95),
         min_tok_s=float(rates[0]) if len(rates) else math.nan,
         max_tok_s=float(rates[-1]) if len(rates) else math.nan,
-        steady_from_step=int(rows["step"].iloc[start]) if start is not None and "step" in rows.columns else None,
+        steady_from_step=_step(rows, start),
         steady_tokens=len(steady),
         steady_mean_tok_s=len(steady) / steady_s if steady_s > 0 else math.nan,
-        wall_ms_mean=float(wall.mean()),
+        wall_ms_mean=float(wall[measured].mean()) if measured.any() else math.nan,
         io_ms_mean=_mean(rows, "io_ms"),
         compute_ms_mean=_mean(rows, "compute_ms"),
         mgmt_ms_mean=_mean(rows, "mgmt_ms"),

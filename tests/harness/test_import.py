@@ -124,3 +124,112 @@ def test_importing_again_adds_nothing_and_a_cut_run_is_invalid(imported, tmp_pat
     not_a_folder = CliRunner().invoke(cli, ["import", str(src / "qwen_c2000_l2.csv"), "-o", str(tmp_path / "x")])
     assert not_a_folder.exit_code != 0 and not (tmp_path / "x").exists()
     shutil.rmtree(src)
+
+
+# ── impossible values (issue 14, item 2) ──────────────────────────────────────────────────────
+
+
+def _strict(path: Path) -> dict:
+    """A stored JSON file, read the way a strict JSON reader would (NaN/Infinity refused)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path}: {constant} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def _one_run(tmp_path: Path, stem: str = "qwen_c2000_l2", folder: str = "2026-07-12") -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in (UPSTREAM / folder).glob(f"{stem}.*"):
+        shutil.copyfile(f, src / f.name)
+    return src
+
+
+@pytest.mark.parametrize("file, old, new, where", [
+    # 400 digits: imported fine before, then table/report/recommend died of OverflowError
+    ("qwen_c2000_l2.metrics", "peak_rss_kb=5284608", "peak_rss_kb=" + "9" * 400,
+     "qwen_c2000_l2.metrics:1: peak_rss_kb="),
+    # over 4,300 digits: the import itself died of ValueError
+    ("qwen_c2000_l2.csv", "tok/s=2.005", "tok/s=" + "1" * 5000, "qwen_c2000_l2.csv:258: tok/s="),
+    ("qwen_c2000_l2.csv", "\n1,256,", "\n" + "7" * 45 + ",256,", "qwen_c2000_l2.csv:2: step="),
+    ("qwen_c2000_l2.log", "generation: 256 tokens", "generation: " + "2" * 30 + " tokens",
+     "qwen_c2000_l2.log:1: generation: "),
+])
+def test_a_number_no_engine_prints_refuses_the_import_naming_file_line_and_key(tmp_path, cli, file, old, new, where):
+    src = _one_run(tmp_path)
+    text = (src / file).read_text(encoding="utf-8-sig")
+    assert old in text
+    (src / file).write_text(text.replace(old, new, 1))
+    result = CliRunner().invoke(cli, ["import", str(src), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip()
+    assert "\n" not in line and where in line and "no engine prints a number" in line, line
+    assert len(line) < len(str(src)) + 200                  # an excerpt of the number, not all of it
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_inf_and_negative_values_are_stored_as_missing_with_notes_and_results_commands_work(tmp_path, cli):
+    src = _one_run(tmp_path)
+    sidecar = (src / "qwen_c2000_l2.metrics").read_text()
+    (src / "qwen_c2000_l2.metrics").write_text(sidecar.replace("peak_rss_kb=5284608", "peak_rss_kb=-5284608")
+                                                .replace("mem_avail_floor_kb=", "mem_avail_floor_kb=nan\nx_kb="))
+    csv = (src / "qwen_c2000_l2.csv").read_text()
+    csv = csv.replace("tok/s=2.005", "tok/s=inf").replace("cache_hit_pct=53.0", "cache_hit_pct=153.0")
+    lines = csv.splitlines()
+    lines[1] = lines[1].split(",", 2)[0] + ",256,nan," + lines[1].split(",", 3)[3]   # wall_ms of step 1
+    lines[2] = lines[2].split(",", 2)[0] + ",256,-5.0," + lines[2].split(",", 3)[3]
+    (src / "qwen_c2000_l2.csv").write_text("\n".join(lines) + "\n")
+    log = (src / "qwen_c2000_l2.log").read_text(encoding="utf-8-sig")
+    (src / "qwen_c2000_l2.log").write_text(log.replace("(2.005 tok/s)", "(nan tok/s)"))
+
+    result = CliRunner().invoke(cli, ["import", str(src), "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "values stored as missing" in result.output
+    (path,) = (tmp_path / "out").glob("runs/*/1/run.json")
+    rec = _strict(path)
+    for json_file in (tmp_path / "out").rglob("*.json"):
+        _strict(json_file)
+    assert rec["pressure"]["peak_rss_kb"] is None and rec["pressure"]["mem_avail_floor_kb"] is None
+    assert rec["summary"]["tok/s"] is None and rec["summary"]["cache_hit_pct"] is None
+    assert rec["result"]["tok_per_s"] is None                         # nor from the log, whose tok/s is nan
+    assert rec["result"]["cache_hit_pct"] == 53.0                     # the log's moe-cache line still says
+    assert rec["result"]["tokens"] == 256 and rec["pressure"]["mem_avail_before_kb"] > 0   # the rest is kept
+    notes = "\n".join(rec["notes"])
+    for fragment in ("qwen_c2000_l2.metrics:1: peak_rss_kb=-5284608: negative",
+                     "qwen_c2000_l2.metrics:3: mem_avail_floor_kb=nan: not a finite number",
+                     "qwen_c2000_l2.csv:258: tok/s=inf: not a finite number",
+                     "cache_hit_pct=153.0: outside 0..100",
+                     "qwen_c2000_l2.csv:2: wall_ms=nan: not a finite number (and 1 more in the column)",
+                     "qwen_c2000_l2.log:1: tok_per_s=nan"):
+        assert fragment in notes, notes
+
+    table = CliRunner().invoke(cli, ["table", str(tmp_path / "out"), "-o", str(tmp_path / "runs.csv")],
+                               catch_exceptions=False)
+    assert table.exit_code == 0, table.output
+    import pandas as pd
+
+    row = pd.read_csv(tmp_path / "runs.csv").iloc[0]
+    assert row["tokens"] == 256 and row["cache_hit_pct"] == 53.0
+    assert pd.isna(row["peak_rss_kb"]) and pd.isna(row["mem_avail_floor_kb"])   # missing, not -5284608 or nan
+    assert row["tok_s"] > 0          # mean over the 254 measured tokens; the two missing walls left out
+    recommend = CliRunner().invoke(cli, ["recommend", str(tmp_path / "out"), "--json"], catch_exceptions=False)
+    assert recommend.exit_code == 0, recommend.output
+    json.loads(recommend.output, parse_constant=lambda c: pytest.fail(f"{c} in recommendations.json"))
+    report = CliRunner().invoke(cli, ["report", str(tmp_path / "out"), "-o", str(tmp_path / "site")],
+                                catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_strings_from_the_files_are_stored_escaped(tmp_path):
+    src = _one_run(tmp_path, "tiny_auto", "host-v2-0.19.0")
+    csv = (src / "tiny_auto.csv").read_text()
+    (src / "tiny_auto.csv").write_text(csv.replace("model=tiny.gguf", "model=\x1b]0;pwned\x07.gguf"))
+    err = (src / "tiny_auto.err").read_bytes()
+    (src / "tiny_auto.err").write_bytes(err + b"error: \x1b[2J boom\n")
+    import_runs([src], tmp_path / "out")
+    (path,) = (tmp_path / "out").glob("runs/*/1/run.json")
+    rec = _strict(path)
+    assert rec["model"] == "\\x1b]0;pwned\\x07" and rec["outcome"] == "engine_error"
+    assert rec["evidence"] == ["\\x1b[2J boom"]
+    assert "\x1b" not in path.read_text()

@@ -792,3 +792,103 @@ def test_discover_zero_byte_csv_and_conflicts(tmp_path):
     with pytest.raises(ParseError) as exc:
         discover(tmp_path / "gpt_k2.csv")
     assert_one_line_error(exc, "not a folder")
+
+
+# ── impossible values, refused or stored as missing (issue 14, items 2 and 4) ───────────────────
+
+HUGE = "9" * 400
+HUGEST = "1" * 5000            # past Python's 4,300-digit int() limit
+
+
+def _edited(tmp_path: Path, name: str, old: str, new: str, *, encoding: str = "utf-8") -> Path:
+    text = (UPSTREAM / name).read_bytes().decode(encoding, errors="surrogateescape")
+    assert old in text, old
+    path = tmp_path / Path(name).name
+    path.write_bytes(text.replace(old, new, 1).encode(encoding, errors="surrogateescape"))
+    return path
+
+
+@pytest.mark.parametrize("name, old, new, read, where", [
+    ("2026-07-17/gpt_k2.csv", "tok/s=1.790", f"tok/s={HUGEST}", read_metrics_csv, "gpt_k2.csv:261: tok/s="),
+    ("2026-07-17/gpt_k2.csv", "cache_mb=0", f"cache_mb={HUGE}", read_metrics_csv, "gpt_k2.csv:3: cache_mb="),
+    ("2026-07-17/gpt_k2.csv", "\n1,256,", f"\n1,{2 ** 64},", read_metrics_csv, "gpt_k2.csv:5: steps="),
+    ("2026-07-17/gpt_k2.csv", "\n1,256,", "\n1,1e400,", read_metrics_csv, "gpt_k2.csv:5: steps=1e400"),
+    ("2026-07-12/qwen_stream.metrics", "peak_rss_kb=", f"peak_rss_kb={HUGE}", read_sidecar,
+     "qwen_stream.metrics:1: peak_rss_kb="),
+    ("2026-07-12/qwen_stream.log", "generation: 256", f"generation: {HUGEST}", read_console,
+     "qwen_stream.log:1: generation: "),
+    ("2026-07-12/qwen_stream.log", "peak_rss_kb=", f"peak_rss_kb={HUGE}", read_console,
+     "qwen_stream.log:4: peak_rss_kb="),
+    ("2026-07-15-route-trace/gptoss.state", "MemFree:         3664856", f"MemFree: {HUGE}", read_state,
+     "gptoss.state:5: MemFree="),
+    ("2026-07-17/driver-k2.log", "memavail=6837980", f"memavail={HUGEST}", read_driver_log,
+     "driver-k2.log:2: mem_available_kb="),
+    ("2026-07-17/driver-k2.log", "gpt_c2000_l8_k2 =", f"gpt_c{HUGEST}_l8_k2 =", read_driver_log,
+     "driver-k2.log:1: cache_mib="),
+    ("host-v2-0.19.0/tiny_progress.out", '"step":1,', f'"step":{HUGEST},', read_console,
+     "tiny_progress.out:2: "),
+])
+def test_a_number_no_engine_prints_is_refused_naming_file_line_and_key(tmp_path, name, old, new, read, where):
+    encoding = "utf-8-sig" if name.endswith(".log") and "2026-07-12" in name else "utf-8"
+    path = _edited(tmp_path, name, old, new, encoding=encoding)
+    with pytest.raises(ParseError) as exc:
+        read(path)
+    assert_one_line_error(exc, where, "no engine prints a number")
+    assert len(str(exc.value)) < len(str(path)) + 120      # an excerpt of the number, not the number
+
+
+def test_nan_inf_and_impossible_values_are_missing_with_a_note(tmp_path):
+    path = _edited(tmp_path, "2026-07-17/gpt_k2.csv", "tok/s=1.790", "tok/s=nan")
+    text = path.read_text().replace("cache_hit_pct=-1.0", "cache_hit_pct=250.0").replace(" n_layer=36", " n_layer=-36")
+    lines = text.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("1,256,")))
+    cells = lines[first].split(",")
+    cells[2], cells[6] = "-inf", "-1.00"      # a negative wall time; the -1 "not measured" hit is kept
+    lines[first] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    m = read_metrics_csv(path)
+    assert m.summary["tok/s"] is None and m.summary["cache_hit_pct"] is None and m.summary["tokens"] == 256
+    assert "n_layer" not in m.preamble and m.preamble["n_expert"] == "128"
+    assert math.isnan(m.rows["wall_ms"].iloc[0]) and m.rows["cache_hit_pct"].iloc[0] == -1
+    assert m.rows["wall_ms"].iloc[1:].notna().all()
+    assert list(m.notes) == [
+        f"{path}:2: n_layer=-36: negative, stored as missing",
+        f"{path}:261: tok/s=nan: not a finite number, stored as missing",
+        f"{path}:261: cache_hit_pct=250.0: outside 0..100, stored as missing",
+        f"{path}:5: wall_ms=-inf: not a finite number, stored as missing",
+    ]
+
+    notes: list[str] = []
+    sidecar = _edited(tmp_path, "2026-07-12/qwen_stream.metrics", "peak_rss_kb=", "peak_rss_kb=-")
+    values = read_sidecar(sidecar, notes)
+    assert values["peak_rss_kb"] is None and values["cpu_temp_max_mC"] > 0 and len(notes) == 1
+    assert notes[0].startswith(f"{sidecar}:1: peak_rss_kb=-") and notes[0].endswith("negative, stored as missing")
+    cold = _edited(tmp_path, "2026-07-12/qwen_stream.metrics", "batt_temp_before_dC=", "batt_temp_before_dC=-")
+    assert read_sidecar(cold)["batt_temp_before_dC"] < 0          # below 0 °C is a real temperature
+
+    run = read_console(_edited(tmp_path, "2026-07-12/qwen_stream.log", "(1.709 tok/s)", "(inf tok/s)",
+                               encoding="utf-8-sig"))
+    assert run.generation.tok_per_s is None and run.generation.tokens == 256
+    assert run.notes == (f"{tmp_path / 'qwen_stream.log'}:1: tok_per_s=inf: not a finite number, stored as missing",)
+
+    notes = []
+    state = read_state(_edited(tmp_path, "2026-07-15-route-trace/gptoss.state", "mValue=97.3", "mValue=nan"), notes)
+    assert state["entry"]["temperatures_c"]["CPU1"] is None and state["entry"]["temperatures_c"]["CPU0"] == 99.6
+    assert notes == [f"{tmp_path / 'gptoss.state'}:9: CPU1=nan: not a finite number, stored as missing"]
+
+
+def test_errors_escape_control_characters_and_quote_a_short_excerpt(tmp_path):
+    junk = "\x1b]0;pwned\x07" + "\x1b[2J" + "\u202e" + "x" * 54_000
+    lines = (UPSTREAM / "2026-07-12/qwen_mmap.csv").read_text().splitlines()
+    lines[5] = lines[5].replace("0.000", junk, 1)
+    path = write_bytes(tmp_path, "esc\x1b[31m.csv", ("\n".join(lines) + "\n").encode())
+    with pytest.raises(ParseError) as exc:
+        read_metrics_csv(path)
+    message = str(exc.value)
+    assert "\x1b" not in message and "\x07" not in message and "\u202e" not in message
+    assert "\\x1b]0;pwned\\x07" in message and "esc\\x1b[31m.csv:6:" in message
+    assert len(message) < len(str(tmp_path)) + 200
+    sidecar = write_bytes(tmp_path, "s.metrics", b"peak_rss_kb=1\n\x1b]0;x\x07\x00" + b"\xff" * 54_000 + b"\n")
+    with pytest.raises(ParseError) as exc:
+        read_sidecar(sidecar)
+    assert "\x1b" not in str(exc.value) and "\x00" not in str(exc.value) and len(str(exc.value)) < 300

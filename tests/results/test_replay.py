@@ -492,3 +492,83 @@ def test_cli_option_errors():
     bad_budget = CliRunner().invoke(_group(), ["replay", str(TINY), "--budgets", "1,lots"])
     assert bad_budget.exit_code == 2 and "comma-separated list of MiB" in bad_budget.output
     assert replay.help and all(p.help for p in replay.params if isinstance(p, click.Option))
+
+
+# ── impossible traces (issue 14, item 3) ────────────────────────────────────────────────────────
+
+
+def _tiny_with(tmp_path: Path, line_no: int, edit) -> Path:
+    """tiny_auto.route.csv with file line `line_no` (1-based) replaced by edit(line)."""
+    lines = _tiny_lines()
+    lines[line_no - 1] = edit(lines[line_no - 1])
+    path = tmp_path / "bad.route.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _cell(column: int, value: str):
+    def edit(line: str) -> str:
+        cells = line.split(",")
+        cells[column] = value
+        return ",".join(cells)
+    return edit
+
+
+# (line, edit, what the one-line refusal says): header line 2, `# layer=` lines 3-6, header row 7, rows from 8
+IMPOSSIBLE = [
+    (2, lambda s: s.replace("n_layer=4", "n_layer=0"), r"n_layer=0 is impossible \(must be 1\.\.4096\)"),
+    (2, lambda s: s.replace("n_expert=8", "n_expert=-8"), r"n_expert=-8 is impossible"),
+    (2, lambda s: s.replace("n_expert_used=2", "n_expert_used=9"),
+     r"n_expert_used=9 is impossible \(must be 1\.\.8\)"),
+    (2, lambda s: s.replace("n_layer=4", f"n_layer={2 ** 64}"), r"non-integer n_layer=|n_layer=18446744073709551616 is"),
+    (4, lambda s: s.replace("expert_bytes=196608", "expert_bytes=-196608"), r"line 4 .*expert_bytes=-196608 is"),
+    (5, lambda s: s.replace("layer=2", "layer=7"), r"line 5 .*layer=7 is impossible \(must be 0\.\.3\)"),
+    (6, lambda s: s.replace("layer=3", "layer=0"), r"line 6 .*layer 0 is described twice"),
+    (9, _cell(2, str(2 ** 64)), r"line 9: step=18446744073709551616"),
+    (9, _cell(2, str(2 ** 63)), r"line 9: step=9223372036854775808 \(must be 0\.\."),
+    (10, _cell(3, "-1"), r"line 10: layer=-1 \(must be 0\.\.3 for the header's shape\)"),
+    (10, _cell(3, "4"), r"line 10: layer=4 \(must be 0\.\.3 for the header's shape\)"),
+    (11, _cell(5, "8"), r"line 11: expert=8 \(must be 0\.\.7 for the header's shape\)"),
+    (11, _cell(5, "-3"), r"line 11: expert=-3"),
+    (12, _cell(1, "2"), r"line 12: phase=2 \(must be 0\.\.1\)"),
+    (12, _cell(7, "3"), r"line 12: residency=3"),
+    (13, _cell(8, "-196608"), r"line 13: expert_bytes=-196608"),
+    (13, _cell(2, "1" * 5000), r"line 13: step=111111111111111111111111… \(5000 digits\)"),
+]
+
+
+@pytest.mark.parametrize("line_no, edit, message", IMPOSSIBLE)
+def test_an_impossible_trace_is_refused_naming_file_line_and_value(tmp_path, line_no, edit, message):
+    path = _tiny_with(tmp_path, line_no, edit)
+    _expect_trace_error(path, message)
+    result = CliRunner().invoke(_group(), ["replay", str(path)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and str(path) in result.output
+
+
+def test_a_layer_of_zero_expert_bytes_is_not_streamed(tmp_path):
+    """The engine lists every layer; `expert_bytes=0` marks one it binds no experts in. Its rows are
+    no cache lookups (at 0 bytes each they would be free hits that move the curve) and it adds
+    nothing to the cycle or the MoE layer count."""
+    path = _tiny_with(tmp_path, 3, lambda s: s.replace("expert_bytes=196608", "expert_bytes=0"))
+    trace = read_route_trace(path)
+    assert sorted(trace.expert_bytes_by_layer) == [1, 2, 3] and trace.dense_bytes_by_layer[0] == 201984
+    (t,) = replay_traces([path], [6]).traces
+    (full,) = replay_traces([TINY], [6]).traces
+    assert t.n_moe_layers == 3 and t.cycle_bytes == full.cycle_bytes * 3 // 4
+    layer0 = int(((read_route_trace(TINY).rows.layer == 0)).sum())
+    assert t.lookups < full.lookups and layer0 > 0
+
+
+def test_replay_text_escapes_the_traces_own_strings(tmp_path):
+    path = _tiny_with(tmp_path, 2, lambda s: s.replace("model=tiny.gguf arch=qwen3moe",
+                                                          "model=\x1b]0;pwned\x07.gguf arch=\x1b[2J"))
+    result = CliRunner().invoke(replay, [str(path), "--budgets", "6"])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+    assert "model   \\x1b]0;pwned\\x07.gguf (\\x1b[2J)" in result.output
+
+
+def test_huge_budgets_hit_like_an_unbounded_cache():
+    (t,) = replay_traces([TINY], [6, 1e30], ("lru", "lfu")).traces
+    by = {(p.budget_mib, p.policy): p for p in t.points}
+    assert by[(1e30, "lru")].hit_pct_cum == by[(1e30, "lfu")].hit_pct_cum >= by[(6.0, "lru")].hit_pct_cum

@@ -1,0 +1,326 @@
+"""Damaged copies of real upstream files, and the results readers they are fed to.
+
+Shared by the property-based fuzz tests (tests/results/test_fuzz_readers.py, hypothesis draws the
+choices) and the fuzz benchmark (benchmarks/fuzz_readers.py, random.Random draws them): every
+mutation takes `pick(n)`, a choice in 0..n-1, so both drive the same code.
+
+A mutant is a fixture from tests/fixtures/upstream with one to three operations applied: a byte
+flip, a truncation, a number replaced by a huge one (400 and 5,000 digits, 2^63, 2^64, 1e400), by
+nan/inf, by its negative or by an edge value, a column duplicated, dropped or swapped, binary junk
+or an escape sequence inserted, a line duplicated, dropped or glued to the next, CRLF or a BOM.
+
+Each Reader says what to read and what a parsed result must satisfy (strict JSON, every number
+possible for its key). "Parsed, or one clean error": a reader may refuse a mutant only with the
+project's own error type (BmoeError) and a one-line, terminal-safe message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import BmoeError
+from harness.importer import import_runs
+from results.parse import read_console, read_console_runs, read_driver_log, read_metrics_csv, read_sidecar, read_state
+from results.parse_text import MESSAGE_CHARS, to_number
+from results.parse_values import bad_in_column, problem
+from results.replay import replay_trace
+from results.route_trace import read_route_trace
+from results.table import write_table
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+Pick = Callable[[int], int]
+
+_NUMBER_RE = re.compile(rb"-?\d+(?:\.\d+)?")
+_HUGE = (b"9" * 400, b"1" * 5000, str(2 ** 64).encode(), str(2 ** 63).encode(), b"1e400", b"-" + b"9" * 30,
+         b"18446744073709551615", b"4294967296")
+_NON_FINITE = (b"nan", b"-nan", b"inf", b"-inf", b"NaN", b"Infinity")
+_EDGE = (b"101", b"-2", b"-1", b"0", b"999999", b"1.5", b"-0.5", b"65536")
+_JUNK = (b"\x00", b"\x1b]0;pwned\x07", b"\x1b[2J", b"\xff\xfe", b"\r", b"\n", b",", b"=", b"#", b"\"", b"\xe2\x80\xae",
+         b"====== X ======\n", b"# summary tokens=1\n", bytes(range(256)))
+
+
+# ── operations ──────────────────────────────────────────────────────────────────────────────────
+
+
+def flip_byte(data: bytes, pick: Pick) -> bytes:
+    if not data:
+        return data
+    i = pick(len(data))
+    return data[:i] + bytes([data[i] ^ (pick(255) + 1)]) + data[i + 1:]
+
+
+def truncate(data: bytes, pick: Pick) -> bytes:
+    return data[:pick(len(data) + 1)]
+
+
+def _replace_number(data: bytes, pick: Pick, choices: Sequence[bytes] | None) -> bytes:
+    """The first number at or after a random position (wrapping around) replaced."""
+    start = pick(len(data) + 1)
+    m = _NUMBER_RE.search(data, start) or _NUMBER_RE.search(data)
+    if m is None:
+        return data
+    new = choices[pick(len(choices))] if choices is not None else b"-" + m[0].lstrip(b"-")
+    return data[:m.start()] + new + data[m.end():]
+
+
+def huge_number(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, _HUGE)
+
+
+def non_finite(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, _NON_FINITE)
+
+
+def negate(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, None)
+
+
+def edge_value(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, _EDGE)
+
+
+def _csv_lines(lines: list[bytes]) -> list[int]:
+    return [i for i, line in enumerate(lines) if line.count(b",") >= 2 and not line.startswith(b"#")]
+
+
+def column_change(data: bytes, pick: Pick) -> bytes:
+    """Duplicate, drop or swap a column: in the header only (it no longer matches the rows) or in
+    every comma-separated line (a consistent file with a strange header)."""
+    lines = data.split(b"\n")
+    rows = _csv_lines(lines)
+    if not rows:
+        return data
+    header = rows[0]
+    targets = [header] if pick(2) == 0 else rows
+    width = lines[header].count(b",") + 1
+    col, other, kind = pick(width), pick(width), pick(3)
+    for i in targets:
+        fields = lines[i].split(b",")
+        if col >= len(fields) or other >= len(fields):
+            continue
+        if kind == 0:
+            fields.insert(col, fields[col])
+        elif kind == 1:
+            del fields[col]
+        else:
+            fields[col], fields[other] = fields[other], fields[col]
+        lines[i] = b",".join(fields)
+    return b"\n".join(lines)
+
+
+def junk(data: bytes, pick: Pick) -> bytes:
+    i = pick(len(data) + 1)
+    return data[:i] + _JUNK[pick(len(_JUNK))] + data[i:]
+
+
+def line_change(data: bytes, pick: Pick) -> bytes:
+    """Duplicate a line, drop it, or glue it to the next (a lost newline)."""
+    lines = data.split(b"\n")
+    i, kind = pick(len(lines)), pick(3)
+    if kind == 0:
+        lines.insert(i, lines[i])
+    elif kind == 1:
+        del lines[i]
+    elif i + 1 < len(lines):
+        lines[i:i + 2] = [lines[i] + lines[i + 1]]
+    return b"\n".join(lines)
+
+
+def encoding_change(data: bytes, pick: Pick) -> bytes:
+    return b"\xef\xbb\xbf" + data if pick(2) == 0 else data.replace(b"\n", b"\r\n")
+
+
+OPERATIONS = (flip_byte, truncate, huge_number, non_finite, negate, edge_value, column_change, junk, line_change,
+              encoding_change)
+
+
+def mutate(data: bytes, pick: Pick, n_ops: int) -> bytes:
+    for _ in range(n_ops):
+        data = OPERATIONS[pick(len(OPERATIONS))](data, pick)
+    return data
+
+
+# ── what a parsed result must satisfy ───────────────────────────────────────────────────────────
+
+
+def strict_json(obj: object) -> None:
+    json.dumps(obj, allow_nan=False, default=str)
+
+
+def plausible(values: Mapping[str, object]) -> None:
+    """Every number possible for its key (results.parse_values), nested mappings included."""
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            plausible(value)
+        else:
+            assert problem(key, value) is None, (key, value)
+
+
+def _check_metrics(m) -> None:
+    plausible({k: to_number(v) for k, v in m.preamble.items()})
+    for summary in m.summaries:
+        strict_json(dict(summary))
+        plausible(summary)
+    for column in m.columns:
+        assert not bad_in_column(column, m.rows[column]).any(), column
+
+
+def _check_console(runs) -> None:
+    for run in runs if isinstance(runs, list) else [runs]:
+        for f in dataclasses.fields(run):
+            value = getattr(run, f.name)
+            if dataclasses.is_dataclass(value):
+                plausible({g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
+            elif isinstance(value, (int, float)):
+                plausible({f.name: value})
+        for mapping in (run.pressure or {}, run.entry_state or {}):
+            strict_json(dict(mapping))
+            plausible(mapping)
+
+
+def _check_mapping(values) -> None:
+    strict_json(values)
+    plausible(values)
+
+
+def _check_trace(trace) -> None:
+    assert trace.n_layer >= 1 and trace.n_expert >= 1 and 1 <= trace.n_expert_used <= trace.n_expert
+    assert all(0 <= il < trace.n_layer and b > 0 for il, b in trace.expert_bytes_by_layer.items())
+    r = trace.rows
+    if len(r):
+        assert 0 <= r.layer.min() and r.layer.max() < trace.n_layer
+        assert 0 <= r.expert.min() and r.expert.max() < trace.n_expert
+
+
+def _replay(path: Path):
+    trace = read_route_trace(path)
+    cycle_mib = trace.cycle_bytes / (1 << 20)
+    return replay_trace(trace, [0, 1, cycle_mib, 2 * cycle_mib, 1e30], ("lru", "lfu"))
+
+
+def _check_replay(replay) -> None:
+    for p in replay.points:
+        assert 0 <= p.hit_pct_cum <= 100 and 0 <= p.hit_pct_decode <= 100 and math.isfinite(p.read_mib)
+
+
+# ── the importer on a folder ────────────────────────────────────────────────────────────────────
+
+
+def import_folder(files: Sequence[Path], mutant_index: int, mutant: bytes, work: Path) -> Path:
+    """Import a folder of these fixture files, file `mutant_index` replaced by `mutant`, into
+    `work`/out; returns that campaign directory."""
+    src = work / "src"
+    src.mkdir()
+    for i, f in enumerate(files):
+        (src / f.name).write_bytes(mutant if i == mutant_index else f.read_bytes())
+    import_runs([src], work / "out")
+    return work / "out"
+
+
+def check_import(out: Path) -> None:
+    """Every JSON file written is strict JSON, every stored number possible for its key, and the
+    run table builds from the directory (table, report and recommend all start from its rows)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in stored JSON")
+
+    for path in out.rglob("*.json"):
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+        if path.name == "run.json":
+            for key in ("summary", "pressure", "entry_state", "exit_state", "result", "config"):
+                plausible(data.get(key) or {})
+    for line in (out / "ledger.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=refuse)
+    write_table([out], out.parent / "runs.csv")
+
+
+# ── readers ─────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    seeds: tuple[Path, ...]
+    read: Callable[[Path], object]          # raises BmoeError to refuse
+    check: Callable[[object], None]         # what a parsed result must satisfy
+
+
+def _files(*patterns: str) -> tuple[Path, ...]:
+    found = sorted({p for pattern in patterns for p in UPSTREAM.glob(pattern)})
+    assert found, patterns
+    return tuple(found)
+
+
+_METRICS_CSVS = tuple(p for p in _files("*/*.csv", "*/*/*.csv", "2026-07-15-route-trace/gptoss.metrics")
+                      if not p.name.endswith(".route.csv"))
+_SIDECARS = tuple(p for p in _files("*/*.metrics") if p.parent.name != "2026-07-15-route-trace")
+
+READERS = (
+    Reader("metrics-csv", _METRICS_CSVS, read_metrics_csv, _check_metrics),
+    Reader("sidecar", _SIDECARS, read_sidecar, _check_mapping),
+    Reader("console", _files("*/*.log", "*/*.out", "*/*.err"), read_console, _check_console),
+    Reader("console-runs", _files("2026-07-14/gptoss-matrix.out", "2026-07-17/driver-*.log"), read_console_runs,
+           _check_console),
+    Reader("driver-log", _files("2026-07-17/driver-*.log"), read_driver_log, _check_mapping),
+    Reader("state", _files("*/*.state"), read_state, _check_mapping),
+    Reader("route-trace", _files("*/*.route.csv"), read_route_trace, _check_trace),
+    Reader("replay", _files("*/*.route.csv"), _replay, _check_replay),
+)
+
+# folders for the importer: one engine run's files each (the mutant replaces one of them)
+IMPORT_SEEDS = (
+    _files("2026-07-12/qwen_c2000_l2.*"),
+    _files("2026-07-13/gemma_auto_ov.*"),
+    _files("2026-07-17/gpt_c2000_l8_k2.*", "2026-07-17/driver-lanes.log"),
+    _files("2026-07-15-route-trace/gptoss.*"),
+    _files("host-v2-0.19.0/tiny_auto.*", "host-v2-0.19.0/bad.*"),
+)
+
+
+def check_refusal(error: BaseException) -> None:
+    """A clean refusal: the project's own error type, one terminal-safe line of bounded length."""
+    assert isinstance(error, BmoeError), f"{type(error).__name__}: {error}"
+    message = str(error)
+    assert message and "\n" not in message and len(message) <= MESSAGE_CHARS + 1, message
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", message), message
+
+
+def read_mutant(reader: Reader, seed: Path, mutant: bytes, folder: Path) -> tuple[str, str]:
+    """Feed one mutant to a reader: ("accepted", "") or ("refused", message); anything else raises."""
+    path = folder / seed.name
+    path.write_bytes(mutant)
+    try:
+        result = reader.read(path)
+    except BmoeError as e:
+        check_refusal(e)
+        return "refused", str(e)
+    reader.check(result)
+    return "accepted", ""
+
+
+def import_mutant(files: Sequence[Path], index: int, mutant: bytes) -> tuple[str, str]:
+    """The importer on a folder holding one mutant: ("accepted", "") or ("refused", message). A
+    refused import must have written nothing."""
+    work = Path(tempfile.mkdtemp(prefix="fuzz-import-"))
+    try:
+        try:
+            out = import_folder(files, index, mutant, work)
+        except BmoeError as e:
+            check_refusal(e)
+            assert not (work / "out").exists(), "a refused import wrote its output folder"
+            return "refused", str(e)
+        check_import(out)
+        return "accepted", ""
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["IMPORT_SEEDS", "OPERATIONS", "READERS", "Reader", "check_refusal", "import_mutant",
+           "mutate", "read_mutant"]
