@@ -22,8 +22,8 @@ import adbutils
 from adbutils import AdbClient, AdbConnection, AdbDevice, AdbError
 
 from devices.base import (
-    CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceLost, DeviceState, OutputFn, PressureSample, RunOutcome,
-    parse_battery_temp_dc, parse_getprop, parse_meminfo_kb, parse_thermal_status,
+    RANGE_ALIGN, CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceLost, DeviceState, OutputFn, PressureSample,
+    RunOutcome, parse_battery_temp_dc, parse_getprop, parse_meminfo_kb, parse_thermal_status,
 )
 from devices.lmk import LmkEvent, parse_log
 from devices.local import file_sha256
@@ -166,6 +166,8 @@ class AdbPhone:
             android_release=props.get("ro.build.version.release", ""), sdk=int(sdk) if sdk.isdigit() else None,
             ram_total_kb=mem.get("MemTotal", 0), swap_total_kb=mem.get("SwapTotal", 0),
             kernel=self._text("uname -r").strip(),
+            # a virtual phone (devices/virtual/phone.py) runs this host's binaries
+            host_abi=props.get("ro.bmoe.host_abi", "") if props.get("ro.bmoe.virtual") == "1" else "",
         )
 
     _STATE_SCRIPT = (
@@ -253,6 +255,26 @@ class AdbPhone:
                 os.unlink(tmp)
             raise _lost_or_error(self._device, self.server, f"pull of {remote_path}", e) from None
         os.replace(tmp, local_path)
+
+    def file_size(self, remote_path: str) -> int | None:
+        # stat, not sync's STAT: that reply's size field is 32 bits, and models pass 4 GiB
+        status, out, _ = self.shell(f"stat -L -c %s {shlex.quote(remote_path)} 2>/dev/null")
+        text = out.decode("ascii", "replace").strip()
+        return int(text) if status == 0 and text.isdigit() else None
+
+    def read_range(self, remote_path: str, offset: int, nbytes: int) -> bytes:
+        if offset % RANGE_ALIGN or offset < 0 or nbytes < 0:
+            raise DeviceError(f"read_range: offset {offset} is not a multiple of {RANGE_ALIGN}")
+        if nbytes == 0:
+            return b""
+        blocks = -(-nbytes // RANGE_ALIGN)
+        # the shell protocol keeps stdout binary-clean (no pty, no CRLF)
+        status, out, err = self.shell(f"dd if={shlex.quote(remote_path)} bs={RANGE_ALIGN} skip={offset // RANGE_ALIGN} "
+                                      f"count={blocks} 2>/dev/null", timeout_s=300)
+        if status != 0:
+            raise DeviceError(f"{self.serial}: cannot read {remote_path} (dd exit status {status}): "
+                              f"{err.decode('utf-8', 'replace').strip()[:200]}")
+        return out[:nbytes]
 
     # ---- running --------------------------------------------------------------------------------
     def wrapper_command(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,

@@ -16,6 +16,11 @@ from engine.errors import BmoeError
 from engine.procfs import parse_kb_fields
 
 
+# read_range offsets are multiples of this: a phone reads them with dd's block skip (toybox dd
+# has no byte-granular skip), and a GGUF header is read in whole pieces of it anyway.
+RANGE_ALIGN = 64 * 1024
+
+
 class DeviceError(BmoeError):
     """A device refused or failed an operation (push failed, command could not start…)."""
 
@@ -37,6 +42,10 @@ class DeviceIdentity:
     ram_total_kb: int
     swap_total_kb: int
     kernel: str = ""
+    # The ABI of the binaries this device really executes when they are this host's: this host
+    # itself, or a virtual phone (it reports a phone ABI but runs host programs; getprop
+    # ro.bmoe.host_abi). Empty on a real phone, which runs only builds for `abi`.
+    host_abi: str = ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -162,6 +171,15 @@ class Device(Protocol):
         ...
 
     def pull(self, remote_path: str, local_path: str) -> None: ...
+
+    def file_size(self, remote_path: str) -> int | None:
+        """A file's size in bytes on the device; None when there is no such file."""
+        ...
+
+    def read_range(self, remote_path: str, offset: int, nbytes: int) -> bytes:
+        """Up to `nbytes` bytes of a device file from `offset` (a multiple of RANGE_ALIGN), without
+        copying the rest of it: a model's header from a phone that already holds the model."""
+        ...
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,

@@ -125,7 +125,7 @@ class LocalDevice:
         return DeviceIdentity(serial=self.serial, backend="local", model=model, manufacturer=vendor,
                               soc=_cpu_model(), abi=platform.machine(), android_release="", sdk=None,
                               ram_total_kb=vm.total // 1024, swap_total_kb=swap.total // 1024,
-                              kernel=platform.release())
+                              kernel=platform.release(), host_abi=platform.machine())
 
     def state(self) -> DeviceState:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()
@@ -164,6 +164,17 @@ class LocalDevice:
             raise DeviceError(f"pull: {remote_path}: no such file")
         if os.path.abspath(remote_path) != os.path.abspath(local_path):
             shutil.copyfile(remote_path, local_path)
+
+    def file_size(self, remote_path: str) -> int | None:
+        return os.path.getsize(remote_path) if os.path.isfile(remote_path) else None
+
+    def read_range(self, remote_path: str, offset: int, nbytes: int) -> bytes:
+        try:
+            with open(remote_path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(nbytes)
+        except OSError as e:
+            raise DeviceError(f"cannot read {remote_path}: {e.strerror}") from None
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,

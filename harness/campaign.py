@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
+import shlex
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -26,17 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from devices.adb import DEFAULT_ADB_PORT, WORK_DIR as ADB_WORK_DIR, AdbServer
+from devices.base import DeviceIdentity
 from engine.budget import CACHE_MIN_MB, IO_THREADS_MAX
 from engine.errors import BmoeError
+from harness import flags as flag_rules
 
 FORMAT_VERSION = 1
 LOCAL = "local"
 VIRTUAL_PREFIX = "virtual:"
-DENSE_MODES = ("mmap", "warm", "anon", "ahwb")  # ahwb: bmoe-cli on Android only (bmoe-py refuses it)
+DEVICE_PREFIX = "device:"   # a model already on the devices (at that path on each)
+HOST_BUILD = "host"         # the engine.native entry for this host and virtual phones
+PYTHON_ENGINE = "bmoe-py"   # `sweep --engine` value for this project's engine
+DENSE_MODES = ("mmap", "warm", "anon", "ahwb")  # ahwb: Android only; elsewhere both engines fail at load
 ENGINE_KINDS = ("python", "native")
 # cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
 # and --no-mmap (every weight resident in anonymous memory; bmoe-py only).
 NO_STREAM_MODES = ("mmap", "resident")
+THREADS_AUTO = "auto"       # run.threads: the device's online cores …
+THREADS_AUTO_MAX = 4        # … at most this many (bmoe-cli's own default)
 PROBE_TOKENS_MAX = 64       # the default knee probe is short even when the sweep's runs are long
 # budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
 # LRU curve replayed from a route-traced probe run on the device (harness.probe)
@@ -71,14 +80,20 @@ def default_adb_server() -> AdbServer:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str                       # absolute, on this host
+    path: str                       # absolute: on this host, or on every device when on_device
+    on_device: bool = False         # `device:PATH`: already on the devices, never pushed (harness.device_models)
+
+    @property
+    def spec(self) -> str:
+        """As a campaign file writes it."""
+        return DEVICE_PREFIX + self.path if self.on_device else self.path
 
 
 @dataclass(frozen=True)
 class NativeBuild:
-    abi: str                        # arm64-v8a, x86_64 … as the device reports it
+    abi: str                        # arm64-v8a, x86_64 … as the device reports it, or "host"
     cli: str                        # bmoe-cli on this host (absolute)
-    libs: tuple[str, ...] = ()      # shared libraries pushed next to it
+    libs: tuple[str, ...] = ()      # shared libraries pushed next to it (default: the lib*.so* beside cli)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,27 @@ class EngineSpec:
     def build_for(self, abi: str) -> NativeBuild | None:
         return next((b for b in self.native if b.abi == abi), None)
 
+    @staticmethod
+    def build_keys(identity: DeviceIdentity) -> tuple[str, ...]:
+        """The engine.native keys that can serve a device, best first. This host and virtual phones
+        execute this host's binaries (a virtual phone reports a phone ABI but runs host programs):
+        `host`, then their host ABI's own entry. A real phone runs only a build for its ABI."""
+        if identity.host_abi:
+            return (HOST_BUILD, identity.host_abi)
+        return (identity.abi,)
+
+    def build_for_device(self, identity: DeviceIdentity) -> NativeBuild | None:
+        return next((b for key in self.build_keys(identity) if (b := self.build_for(key)) is not None), None)
+
+    def missing_build(self, identity: DeviceIdentity, device: str) -> str:
+        """Why no engine.native entry serves a device (one line, naming the key to add)."""
+        keys = self.build_keys(identity)
+        runs = (f"ABI {identity.abi}, runs this host's {identity.host_abi} binaries" if identity.host_abi
+                else f"ABI {identity.abi}")
+        have = ", ".join(b.abi for b in self.native) or "none"
+        return (f"engine.native: no build for device {device} ({runs}); have {have}: add "
+                f"[engine.native.{keys[0]}] cli = \"…\"")
+
 
 @dataclass(frozen=True)
 class Axes:
@@ -108,13 +144,24 @@ class Axes:
     dense_weights: tuple[str, ...] = ("anon",)
     n_expert_used: tuple[int, ...] = (0,)        # 0 = the model's own top-k
     io_threads: tuple[int, ...] = (4,)
+    # `-t` as an axis ([axes.flags] "-t" = [1, 2]); empty: every cell takes run.threads
+    threads: tuple[int | str, ...] = ()
+    # any other engine flag as an axis, in file order: (flag, values); harness.flags renders them
+    flags: tuple[tuple[str, tuple[bool | int | float | str, ...]], ...] = ()
+
+    def flag_table(self) -> dict[str, list]:
+        """[axes.flags] as a file writes it: the -t axis under "-t", then every other flag."""
+        return ({"-t": list(self.threads)} if self.threads else {}) | {n: list(v) for n, v in self.flags}
 
 
 @dataclass(frozen=True)
 class RunSettings:
     n_predict: int = 32
     prompt: str = "The capital of Japan is"
-    threads: int = 4
+    # -t: an integer, or "auto" = the device's online cores (at most THREADS_AUTO_MAX), read on
+    # the device right before each run (harness.cpushare) and recorded; the plan keeps "auto"
+    threads: int | str = "auto"
+    engine_args: tuple[str, ...] = ()            # passed through to every cell (harness.flags)
     repeats: int = 1
     reverse_pass: bool = False
     route_trace: bool = False
@@ -180,12 +227,14 @@ class Campaign:
             "version": FORMAT_VERSION,
             "name": self.name,
             "fleet": fleet,
-            "models": {m.name: m.path for m in self.models},
+            "models": {m.name: m.spec for m in self.models},
             "engine": engine,
             "axes": {"cache_mb": list(a.cache_mb), "cache_ceil_mb": list(a.cache_ceil_mb),
                      "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
-                     "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads)},
-            "run": {k: getattr(r, k) for k in RunSettings.__dataclass_fields__},
+                     "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
+                     **({"flags": a.flag_table()} if a.threads or a.flags else {})},
+            "run": {k: list(v) if isinstance(v, tuple) else v
+                    for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)},
             "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
         }
 
@@ -205,7 +254,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "fleet.adb": ("host", "port"),
     "engine": ("kind", "python", "native"),
     "engine.native.*": ("cli", "libs"),
-    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads"),
+    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags"),
     "run": tuple(RunSettings.__dataclass_fields__),
     "gate": tuple(GateSettings.__dataclass_fields__),
 }
@@ -428,7 +477,11 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         key = f"models.{model_name}"
         if safe_id(model_name) != model_name:
             raise rd.fail(key, "a model name may use letters, digits, '_', '.', '-' only")
-        path = rd.path(rd.value(model_path, key, str, what="a file path"), key)
+        text = rd.value(model_path, key, str, what="a file path")
+        if text.startswith(DEVICE_PREFIX):   # already on the devices: nothing staged, no name clash
+            models.append(ModelSpec(model_name, _device_path(rd, text, key), on_device=True))
+            continue
+        path = rd.path(text, key)
         base = os.path.basename(path)
         if base in basenames:
             raise rd.fail(key, f"has the same file name as models.{basenames[base]} ({base}); phones stage "
@@ -450,14 +503,28 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         if "cli" not in t:
             raise rd.fail(f"{key}.cli", "missing: the bmoe-cli binary for this ABI")
         cli = rd.path(rd.scalar(t, "cli", key, str, ""), f"{key}.cli")
-        libs = tuple(rd.path(p, f"{key}.libs[{i}]")
-                     for i, p in enumerate(rd.list_of(t, "libs", key, str, ())))
+        if "libs" in t:
+            libs = tuple(rd.path(p, f"{key}.libs[{i}]")
+                         for i, p in enumerate(rd.list_of(t, "libs", key, str, (), allow_empty=True)))
+        else:
+            libs = libs_beside(cli)
+        names = [os.path.basename(p) for p in libs]
+        clash = next((n for n in names if names.count(n) > 1), None)
+        if clash:
+            raise rd.fail(f"{key}.libs", f"two libraries named {clash}: they are pushed into one folder")
         natives.append(NativeBuild(abi, cli, libs))
     if kind == "native" and not natives:
         raise rd.fail("engine.native", "missing: engine.kind = \"native\" needs [engine.native.ABI] cli = \"…\"")
     engine = EngineSpec(kind=kind, python=python, native=tuple(natives))
 
     ax = rd.table(top.get("axes"), "axes", "axes")
+    mapped, flags = _flag_axes(rd, ax)
+
+    def axis(name: str, kind: type, default: tuple, check) -> tuple:
+        if name in mapped:                   # given as a flag ([axes.flags] "--io-threads" = […])
+            return mapped[name]
+        return tuple(dict.fromkeys(rd.list_of(ax, name, "axes", kind, default, check=check)))
+
     cache_values = []
     for i, v in enumerate(rd.list_of(ax, "cache_mb", "axes", (int, str, float, bool), Axes.cache_mb)):
         try:
@@ -470,13 +537,11 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         cache_ceil_mb=tuple(dict.fromkeys(rd.list_of(ax, "cache_ceil_mb", "axes", int, Axes.cache_ceil_mb,
                                                      check=_at_least(0)))),
         cache_floor_mb=rd.scalar(ax, "cache_floor_mb", "axes", int, Axes.cache_floor_mb, check=_at_least(0)),
-        dense_weights=tuple(dict.fromkeys(rd.list_of(
-            ax, "dense_weights", "axes", str, Axes.dense_weights,
-            check=lambda v: None if v in DENSE_MODES else f"must be one of {', '.join(DENSE_MODES)}, got {json.dumps(v)}"))),
-        n_expert_used=tuple(dict.fromkeys(rd.list_of(ax, "n_expert_used", "axes", int, Axes.n_expert_used,
-                                                     check=_at_least(0)))),
-        io_threads=tuple(dict.fromkeys(rd.list_of(ax, "io_threads", "axes", int, Axes.io_threads,
-                                                  check=_in_range(1, IO_THREADS_MAX)))),
+        dense_weights=axis("dense_weights", str, Axes.dense_weights, _dense_problem),
+        n_expert_used=axis("n_expert_used", int, Axes.n_expert_used, _AXIS_CHECKS["n_expert_used"][1]),
+        io_threads=axis("io_threads", int, Axes.io_threads, _AXIS_CHECKS["io_threads"][1]),
+        threads=mapped.get("threads", ()),
+        flags=flags,
     )
 
     r = rd.table(top.get("run"), "run", "run")
@@ -484,7 +549,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     run = RunSettings(
         n_predict=rd.scalar(r, "n_predict", "run", int, d.n_predict, check=_at_least(1)),
         prompt=rd.scalar(r, "prompt", "run", str, d.prompt, check=lambda v: None if v else "is empty"),
-        threads=rd.scalar(r, "threads", "run", int, d.threads, check=_at_least(1)),
+        threads=_threads_value(rd.scalar(r, "threads", "run", (int, str), d.threads, check=_threads_problem)),
+        engine_args=rd.list_of(r, "engine_args", "run", str, (), check=flag_rules.arg_problem, allow_scalar=False,
+                               allow_empty=True),
         repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1)),
         reverse_pass=rd.scalar(r, "reverse_pass", "run", bool, d.reverse_pass),
         route_trace=rd.scalar(r, "route_trace", "run", bool, d.route_trace),
@@ -496,6 +563,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s, check=_at_least(0)),
         lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0)),
     )
+    for flag, _values in flags:
+        if flag in run.engine_args:
+            raise rd.fail(_flag_key(flag), "is in run.engine_args too: give it in one place")
     g = rd.table(top.get("gate"), "gate", "gate")
     dg = GateSettings()
     gate = GateSettings(
@@ -509,6 +579,99 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     return Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
                     run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
                     virtual_home=virtual_home, source=source)
+
+
+def _engine_binary(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isfile(path):
+        raise CampaignError(f"--engine: {json.dumps(text)} is neither {PYTHON_ENGINE} nor a file (give the path of "
+                            "a bmoe-cli binary)")
+    if not os.access(path, os.X_OK):
+        raise CampaignError(f"--engine: {path} is not executable")
+    return path
+
+
+def libs_beside(cli: str) -> tuple[str, ...]:
+    """The shared libraries a build keeps beside its binary (bmoe-cli's RUNPATH is $ORIGIN):
+    every lib*.so* file in the binary's folder. They go to the device with it."""
+    folder = Path(cli).parent
+    return tuple(str(p) for p in sorted(folder.glob("lib*.so*")) if p.is_file())
+
+
+def _device_path(rd: _Reader, text: str, key: str) -> str:
+    """The path of a `device:PATH` model: absolute, normalised; on `local` a path on this host."""
+    path = text[len(DEVICE_PREFIX):]
+    if not path.startswith("/"):
+        raise rd.fail(key, f"{json.dumps(text)}: a device path is absolute, e.g. device:/sdcard/Download/model.gguf")
+    if any(ord(c) < 32 for c in path):
+        raise rd.fail(key, f"{json.dumps(text)}: a device path cannot hold control characters")
+    path = posixpath.normpath(path)
+    if path in ("/", "//"):
+        raise rd.fail(key, f"{json.dumps(text)}: names no file")
+    return path
+
+
+def _threads_problem(value: int | str) -> str | None:
+    if isinstance(value, str):
+        return None if value.strip().lower() == THREADS_AUTO else \
+            f"expected an integer or \"{THREADS_AUTO}\" (the device's cores), got {json.dumps(value)}"
+    return _at_least(1)(value)
+
+
+def _threads_value(value: int | str) -> int | str:
+    return THREADS_AUTO if isinstance(value, str) else value
+
+
+def _dense_problem(value: str) -> str | None:
+    return None if value in DENSE_MODES else f"must be one of {', '.join(DENSE_MODES)}, got {json.dumps(value)}"
+
+
+# the axes a flag can map onto (harness.flags.MAPPED): value type and check, as the axis itself reads them
+_AXIS_CHECKS = {
+    "threads": ((int, str), _threads_problem),
+    "n_expert_used": (int, _at_least(0)),
+    "io_threads": (int, _in_range(1, IO_THREADS_MAX)),
+    "dense_weights": (str, _dense_problem),
+}
+
+
+def _flag_key(name: str) -> str:
+    return f"axes.flags.{json.dumps(name)}"
+
+
+def _flag_axes(rd: _Reader, ax: Mapping[str, Any]) -> tuple[dict[str, tuple], tuple]:
+    """[axes.flags]: (the axes some flags map onto -> their values, every other flag with its
+    values). A flag the harness sets, or that is not a flag, is refused naming its key."""
+    raw = ax.get("flags", {})
+    if not isinstance(raw, dict):
+        raise rd.fail("axes.flags", f"expected a table of \"--flag\" = [values], got {_describe(raw)}")
+    mapped: dict[str, tuple] = {}
+    flags = []
+    for name, given in raw.items():
+        key = _flag_key(name)
+        problem = flag_rules.name_problem(name)
+        if problem:
+            raise rd.fail(key, problem)
+        values = given if isinstance(given, list) else [given]
+        if not values:
+            raise rd.fail(key, "is empty: give at least one value (false leaves the flag out)")
+        target = flag_rules.MAPPED.get(name)
+        if target is None:
+            for i, v in enumerate(values):
+                problem = flag_rules.value_problem(v)
+                if problem:
+                    raise rd.fail(f"{key}[{i}]", problem)
+            flags.append((name, flag_rules.unique_values(values)))
+            continue
+        if target in mapped or target in ax:
+            where = "the -t axis" if target == "threads" else f"axes.{target}"
+            raise rd.fail(key, f"sets {where} twice: give its values in one place")
+        kind, check = _AXIS_CHECKS[target]
+        typed = [rd.value(v, f"{key}[{i}]", kind, check) for i, v in enumerate(values)]
+        if target == "threads":
+            typed = [_threads_value(v) for v in typed]
+        mapped[target] = tuple(dict.fromkeys(typed))
+    return mapped, tuple(flags)
 
 
 def _device_problem(text: str) -> str | None:
@@ -541,8 +704,14 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           io_threads: Sequence[int] = (4,), cache_ceil_mb: Sequence[int] = (0,),
                           repeats: int = 1, n_predict: int = 32, adb: Sequence[str] = (),
                           reverse_pass: bool = False, name: str = "sweep", timeout_s: float | None = None,
-                          extra: Mapping[str, Mapping[str, Any]] | None = None) -> Campaign:
-    """The campaign a `bmoe-fleet sweep` command line means (validated like a file)."""
+                          extra: Mapping[str, Mapping[str, Any]] | None = None,
+                          engine: str = PYTHON_ENGINE, threads: str | None = None, engine_args: Sequence[str] = (),
+                          flags: Sequence[str] = ()) -> Campaign:
+    """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
+    bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
+    A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
+    number); each `engine_args` item is split like a shell line into run.engine_args; each
+    `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.flags)."""
     model_table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
@@ -570,11 +739,48 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                  "cache_ceil_mb": list(cache_ceil_mb)},
         "run": run,
     }
+    if engine != PYTHON_ENGINE:
+        data["engine"] = {"kind": "native", "native": {HOST_BUILD: {"cli": _engine_binary(engine)}}}
+    _sweep_threads_and_flags(data, threads, engine_args, flags,
+                             {"dense_weights": tuple(dense_weights) == Axes.dense_weights,
+                              "n_expert_used": tuple(n_expert_used) == Axes.n_expert_used,
+                              "io_threads": tuple(io_threads) == Axes.io_threads})
     for section, values in (extra or {}).items():
         data.setdefault(section, {}).update(values)
     if not servers:
         del data["fleet"]["adb"]
     return parse_campaign(data, source="sweep", base_dir=os.getcwd(), default_name=name)
+
+
+def _sweep_threads_and_flags(data: dict[str, Any], threads: str | None, engine_args: Sequence[str],
+                             flags: Sequence[str], defaulted: Mapping[str, bool]) -> None:
+    """The sweep's --threads, --engine-arg and --flag as campaign data. A --flag that maps onto an
+    axis replaces that axis' default; against values given with the axis' own option it is
+    refused by parse_campaign, as in a file."""
+    if threads is not None:
+        data["run"]["threads"] = int(threads) if threads.strip().isdigit() else threads.strip()
+    args: list[str] = []
+    for text in engine_args:
+        try:
+            args += shlex.split(text)
+        except ValueError as e:
+            raise CampaignError(f"--engine-arg: {text!r}: {e}") from None
+    if args:
+        data["run"]["engine_args"] = args
+    table: dict[str, Any] = {}
+    for text in flags:
+        try:
+            name, values = flag_rules.parse_option(text)
+        except ValueError as e:
+            raise CampaignError(f"--flag: {e}") from None
+        if name in table:
+            raise CampaignError(f"--flag: {name} is given twice; list its values once (NAME=V1,V2)")
+        table[name] = values
+        axis = flag_rules.MAPPED.get(name)
+        if axis and defaulted.get(axis):
+            data["axes"].pop(axis, None)
+    if table:
+        data["axes"]["flags"] = table
 
 
 # ── where things live on a device (known without connecting) ──────────────────────────────────
@@ -591,8 +797,9 @@ def device_work_dir(device: str) -> str:
 
 
 def remote_model_path(device: str, model: ModelSpec) -> str:
-    """Phones get models in their work dir by file name; this host uses them where they are."""
-    if is_local(device):
+    """Phones get models in their work dir by file name; this host uses them where they are, and
+    a `device:` model is run where it already is."""
+    if is_local(device) or model.on_device:
         return model.path
     return f"{device_work_dir(device)}/{os.path.basename(model.path)}"
 

@@ -54,7 +54,11 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--device", "devices", multiple=True, required=True,
               help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated).")
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
-              help="A GGUF model (repeatable).")
+              help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
+                   "(nothing pushed; on local, a path on this host). Repeatable.")
+@click.option("--engine", default="bmoe-py", show_default=True,
+              help="bmoe-py, or the path of a bmoe-cli binary (the lib*.so* beside it go along) for this host "
+                   "and virtual phones.")
 @click.option("--cache-mb", "cache_mb", multiple=True, default=("0", "auto"), show_default=True,
               help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, mmap, resident.")
 @click.option("--cache-ceil-mb", multiple=True, callback=_ints, help="Caps for the auto budgets (default 0: none).")
@@ -62,6 +66,14 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="Dense-weight policies: mmap, warm, anon (ahwb on Android bmoe-cli).")
 @click.option("--n-expert-used", multiple=True, callback=_ints, help="Top-k values (default: the model's own).")
 @click.option("--io-threads", multiple=True, callback=_ints, help="Expert-read lanes (default 4).")
+@click.option("-t", "--threads", "threads", metavar="N|auto",
+              help="Compute threads (-t) of every run; auto (the default): each device's online cores, at most 4.")
+@click.option("--engine-arg", "engine_args", multiple=True, metavar="ARGS",
+              help="Engine arguments passed to every run, split like a shell line (repeatable): "
+                   "--engine-arg '--ubatch 512' --engine-arg --no-think.")
+@click.option("--flag", "flags", multiple=True, metavar="NAME=V1,V2",
+              help="An engine flag as an axis (repeatable): --flag --prefetch=0,2; true passes the flag alone, "
+                   "false leaves it out; -t, --n-expert-used, --io-threads, --dense-weights become that axis.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs of every config, interleaved across configs.")
 @click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
@@ -80,14 +92,16 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   cache_ceil_mb: list[int], dense_weights: tuple[str, ...], n_expert_used: list[int],
                   io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
                   adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool, rerun_failed: bool,
-                  as_json: bool) -> None:
+                  as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
+                  flags: tuple[str, ...]) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file."""
     from harness.campaign import campaign_from_options
     from harness.runner import prepare, run_campaign
 
     campaign = campaign_from_options(
         _split(devices), list(models), _split(cache_mb), _split(dense_weights), n_expert_used or [0],
-        io_threads or [4], cache_ceil_mb or [0], repeats, n_predict, _split(adb), reverse_pass, name, timeout_s)
+        io_threads or [4], cache_ceil_mb or [0], repeats, n_predict, _split(adb), reverse_pass, name, timeout_s,
+        engine=engine, threads=threads, engine_args=engine_args, flags=flags)
     prepared = prepare(campaign)
     if dry_run:
         _echo_plan(prepared.plan, as_json)

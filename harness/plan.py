@@ -12,6 +12,7 @@ MiB) gets `--force-cache`, and the cell records that the harness added it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shlex
 from collections.abc import Mapping, Sequence
@@ -22,9 +23,10 @@ from typing import Any
 from engine.errors import ModelError
 from engine.model import ModelShape, load_model_shape
 from harness.campaign import (
-    Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor, device_work_dir, is_knee, needs_force,
-    remote_model_path,
+    THREADS_AUTO, THREADS_AUTO_MAX, Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor,
+    device_work_dir, is_knee, needs_force, remote_model_path,
 )
+from harness.flags import flag_argv, flags_label
 
 PLAN_FORMAT = "bmoe-fleet.plan"
 PLAN_VERSION = 1
@@ -70,8 +72,10 @@ class Cell:
                 budget += f" ({c['budget_spec']})"
             if c.get("force_cache_auto"):
                 budget += " forced"
-        return (f"{self.model} {budget} dense={c['dense_weights']} k={c['n_expert_used']}"
-                + (f" io={c['io_threads']}" if c["moe_stream"] else "") + f" r{self.repeat} p{self.pass_no}")
+        flags = flags_label(c.get("engine_flags"))
+        return (f"{self.model} {budget} dense={c['dense_weights']} k={c['n_expert_used']} t={c['threads']}"
+                + (f" io={c['io_threads']}" if c["moe_stream"] else "") + (f" [{flags}]" if flags else "")
+                + f" r{self.repeat} p{self.pass_no}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Plan:
     def text(self) -> str:
         """The dry-run listing: per device, each cell in run order with its exact command line."""
         lines = [f"campaign {self.campaign}: {len(self.cells)} cells on {len(self.devices)} device(s)"]
+        if any(c.config["threads"] == THREADS_AUTO for c in self.cells + self.probes):
+            lines.append(f"-t <{THREADS_AUTO}>: each device's online cores, at most {THREADS_AUTO_MAX}, read on the "
+                         "device right before each run")
         for name, shape in self.models.items():
             prices = ", ".join(f"top-k {k}: cycle {shape.cycle_mib(k):.1f} MiB" for k in self.top_ks.get(name, ()))
             lines.append(f"model {name} ({shape.paths[0]}): {shape.arch}, {shape.n_layer} layers x "
@@ -161,13 +168,21 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
                     k = k_axis or shape.top_k
                     cycle_mb = round(shape.cycle_mib(k), 3)
                     for io in a.io_threads:
-                        c = _config(spec, ceil, dense, k, io, cycle_mb, campaign)
-                        out.setdefault(json.dumps(c, sort_keys=True), c)
+                        for threads in a.threads or (campaign.run.threads,):
+                            for flags in _flag_settings(campaign):
+                                c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
+                                out.setdefault(json.dumps(c, sort_keys=True), c)
     return list(out.values())
 
 
+def _flag_settings(campaign: Campaign) -> list[dict[str, Any]]:
+    """Every combination of the [axes.flags] values, in file order (one empty setting without any)."""
+    names = [name for name, _ in campaign.axes.flags]
+    return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in campaign.axes.flags))]
+
+
 def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: float,
-            campaign: Campaign) -> dict[str, Any]:
+            campaign: Campaign, threads: int | str, flags: Mapping[str, Any]) -> dict[str, Any]:
     stream = spec not in ("mmap", "resident")
     auto = spec == "auto"
     cache_mb: int | None
@@ -181,14 +196,20 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
         cache_mb = 0
     force = stream and cache_mb is not None and needs_force(cache_mb)
     r = campaign.run
-    return {
+    config = {
         "moe_stream": stream, "no_mmap": spec == "resident", "cache_mb": cache_mb, "cache_auto": auto,
         "cache_ceil_mb": ceil if auto else 0, "cache_floor_mb": campaign.axes.cache_floor_mb,
         "force_cache": force, "force_cache_auto": force, "dense_weights": dense, "n_expert_used": k,
-        "io_threads": io if stream else 0, "threads": r.threads, "n_predict": r.n_predict, "prompt": r.prompt,
+        "io_threads": io if stream else 0, "threads": threads, "n_predict": r.n_predict, "prompt": r.prompt,
         "o_direct": r.o_direct, "route_trace": r.route_trace and stream, "budget_spec": str(spec),
         "cycle_mb": cycle_mb,
     }
+    # only when there are some: a campaign without them keeps the cell ids it always had
+    if r.engine_args:
+        config["engine_args"] = list(r.engine_args)
+    if flags:
+        config["engine_flags"] = dict(flags)
+    return config
 
 
 def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
@@ -196,7 +217,10 @@ def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
     streamed run needs) that writes a route trace. Routing does not depend on the cache, so its
     trace replays to every budget."""
     a = campaign.axes
-    config = _config(0, 0, a.dense_weights[0], k, a.io_threads[0], cycle_mb, campaign)
+    # no flag-axis values: flags such as --prefetch need a cache the probe does not have; the
+    # pass-through engine_args (a chat template …) shape the tokens, so the probe keeps them
+    config = _config(0, 0, a.dense_weights[0], k, a.io_threads[0], cycle_mb, campaign,
+                     (a.threads or (campaign.run.threads,))[0], {})
     config.update(n_predict=campaign.run.probe_n_predict, route_trace=True, budget_spec="probe", probe=True)
     return config
 
@@ -208,9 +232,27 @@ def resolve_knee(campaign: Campaign, cell: Cell, knee_mib: int, probe_cell_id: s
     cache_mb = budget_from_cycle(knee_mib, cycle_factor(config["budget_spec"]))
     config.update(cache_mb=cache_mb, knee_mb=knee_mib, force_cache=needs_force(cache_mb),
                   force_cache_auto=needs_force(cache_mb), probe_cell_id=probe_cell_id)
+    return _with_config(campaign, cell, config)
+
+
+def _with_config(campaign: Campaign, cell: Cell, config: Mapping[str, Any]) -> Cell:
+    """The cell with a config resolved on its device (same id), and the argv that config means."""
     model = next(m for m in campaign.models if m.name == cell.model)
-    return replace(cell, config=MappingProxyType(config), argv=cell_argv(campaign, cell.device, model, config,
-                                                                         cell.cell_id))
+    return replace(cell, config=MappingProxyType(dict(config)),
+                   argv=cell_argv(campaign, cell.device, model, config, cell.cell_id))
+
+
+def auto_threads(cores: int | None) -> int:
+    """What `-t auto` means on a device with this many usable cores: all of them, at most
+    THREADS_AUTO_MAX; bmoe-cli's own default (4) when the device did not say."""
+    return min(cores, THREADS_AUTO_MAX) if cores else THREADS_AUTO_MAX
+
+
+def resolve_threads(campaign: Campaign, cell: Cell, cores: int | None) -> Cell:
+    """A cell whose threads are "auto", with the device's count (recorded as `threads_auto`)."""
+    if cell.config["threads"] != THREADS_AUTO:
+        return cell
+    return _with_config(campaign, cell, {**cell.config, "threads": auto_threads(cores), "threads_auto": True})
 
 
 def cell_argv(campaign: Campaign, device: str, model: ModelSpec, config: Mapping[str, Any],
@@ -235,7 +277,8 @@ def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_pat
                 route_path: str | None) -> list[str]:
     """The engine command line for one config (bmoe-cli's flags; bmoe-py takes the same)."""
     c = config
-    argv = [engine, "-m", model_path, "-p", c["prompt"], "-n", str(c["n_predict"]), "-t", str(c["threads"]),
+    threads = f"<{THREADS_AUTO}>" if c["threads"] == THREADS_AUTO else str(c["threads"])
+    argv = [engine, "-m", model_path, "-p", c["prompt"], "-n", str(c["n_predict"]), "-t", threads,
             "--n-expert-used", str(c["n_expert_used"])]
     if c["moe_stream"]:
         budget = "auto" if c["cache_auto"] else f"<{c['budget_spec']}>" if c["cache_mb"] is None else str(c["cache_mb"])
@@ -250,6 +293,7 @@ def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_pat
     argv += ["--dense-weights", c["dense_weights"]]
     if not c["o_direct"]:
         argv.append("--no-odirect")
+    argv += list(c.get("engine_args") or ()) + flag_argv(c.get("engine_flags") or {})
     argv += ["--csv", csv_path]
     if route_path and c["route_trace"]:
         argv += ["--route-trace", route_path]

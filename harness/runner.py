@@ -44,11 +44,15 @@ from engine.errors import BmoeError
 from engine.model import split_paths
 from engine.units import parse_number
 from harness.campaign import (
-    Campaign, CampaignError, DeviceRef, fleet_home, is_knee, load_campaign, remote_model_path, resolve_devices,
-    safe_id,
+    Campaign, CampaignError, DeviceRef, ModelSpec, fleet_home, is_knee, load_campaign, remote_model_path,
+    resolve_devices, safe_id,
 )
+from harness.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
+from harness.device_models import DeviceModel, price_device_models
 from harness.gate import GateResult, cool, stop_strays
-from harness.plan import Cell, Plan, engine_path, make_plan, out_paths, plan_from_dict, resolve_knee
+from harness.plan import (
+    Cell, Plan, engine_path, load_shapes, make_plan, out_paths, plan_from_dict, resolve_knee, resolve_threads,
+)
 from harness.probe import Knee, ProbeError, knee_of_trace
 from harness.progress import Progress
 
@@ -355,12 +359,17 @@ def build_bmoe_py(python: str) -> Path:
 class StagedEngine:
     kind: str
     path: str                          # on the device
-    version: str = ""
+    version: str = ""                  # the first line the engine's own --version prints
     sha256: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    build: str = ""                    # native: the engine.native key that served this device
+    libs: list[dict[str, str]] = field(default_factory=list)   # native: name + sha256 of each pushed lib
 
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "version": self.version, "sha256": self.sha256, "path": self.path}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "version": self.version, "sha256": self.sha256, "path": self.path}
+        if self.kind == "native":
+            out.update(build=self.build, libs=list(self.libs))
+        return out
 
 
 def engine_env(device: Device, extra: Mapping[str, str]) -> dict[str, str] | None:
@@ -390,6 +399,20 @@ class Classified:
     evidence: tuple[str, ...]
 
 
+_STREAMING_ON_RE = re.compile(r"bmoe: expert streaming ON\b.*?\bo_direct=(\d+)")
+
+
+def o_direct_in_effect(stderr: bytes, metrics) -> int | None:
+    """Whether expert reads really bypassed the page cache: the engine's `bmoe: expert streaming ON
+    … o_direct=N` stderr line, which both engines print after any fallback (bmoe-cli's CSV preamble
+    records what was asked for, not what happened); else the preamble's value; None if neither."""
+    seen = _STREAMING_ON_RE.findall(stderr.decode("utf-8", "replace"))
+    if seen:
+        return int(seen[-1])
+    value = metrics.preamble.get("o_direct") if metrics is not None else None
+    return parse_number(value) if value is not None else None
+
+
 def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_asked: bool,
              moe_stream: bool) -> Classified:
     """method.md rule 4, from what one run left behind. `metrics` is a results.parse.MetricsFile
@@ -415,8 +438,7 @@ def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_a
         return Classified("invalid", ("exit status 0 but no metrics CSV",))
     if metrics.summary is None:
         return Classified("invalid", ("exit status 0 but the CSV has no summary line",))
-    o_direct = str(metrics.preamble.get("o_direct", ""))
-    if moe_stream and o_direct_asked and o_direct == "0":
+    if moe_stream and o_direct_asked and o_direct_in_effect(outcome.stderr, metrics) == 0:
         return Classified("invalid", ("o_direct=0: O_DIRECT was asked for but the engine fell back to buffered "
                                       "reads (is the model on a FUSE or tmpfs filesystem?)",))
     return Classified("ok", ())
@@ -461,6 +483,7 @@ class _Context:
     rerun_failed: bool
     stop: threading.Event = field(default_factory=threading.Event)
     host: str = field(default_factory=socket.gethostname)
+    cpu: CpuShare = field(default_factory=CpuShare)    # the engines running at once, per kernel
 
 
 class _Worker(threading.Thread):
@@ -472,6 +495,7 @@ class _Worker(threading.Thread):
         self.engine: StagedEngine | None = None
         self.staged_models: set[str] = set()
         self.knees: dict[str, Knee] = {}              # probe cell id -> its replayed knee
+        self.cpu_seen: CpuSeen | None = None          # the device's CPU at its latest run
         self.busy = False
         self.error: BaseException | None = None
         self.finished = threading.Event()   # waited on instead of join(): see run_campaign
@@ -563,6 +587,8 @@ class _Worker(threading.Thread):
         evidence, so the directory says why the cell has no result. INFRA outcomes rerun."""
         attempt = self.ctx.cdir.next_attempt(cell.cell_id, self.records)
         tmp = self.ctx.cdir.start_attempt(cell.cell_id, attempt)
+        if self.cpu_seen is not None:   # "-t auto" as the device's runs had it, so results group it with them
+            cell = resolve_threads(self.ctx.campaign, cell, self.cpu_seen.cores)
         record = self._new_record(cell, attempt, time.time())
         record.update(outcome=outcome, evidence=[reason], attempted=attempted, ended_at=record["started_at"])
         self.ctx.cdir.commit_attempt(tmp, record)
@@ -581,7 +607,7 @@ class _Worker(threading.Thread):
             "wall_s": None, "timeout_s": c.run.timeout_s, "gate": None, "entry_state": None, "exit_state": None,
             "pressure": {}, "lmk_events": [], "o_direct": None, "summary": None, "result": None, "pushed": [],
             "started_at": started, "ended_at": None, "host": self.ctx.host, "attempted": True,
-            "probe": bool(cell.config.get("probe")),
+            "probe": bool(cell.config.get("probe")), "cpu": None,
         }
 
     def _attempt(self, cell: Cell) -> dict | None:
@@ -652,18 +678,26 @@ class _Worker(threading.Thread):
             csv_remote, route_remote = out_paths(cell.device, cell.cell_id)
             self._remove(device, [csv_remote, route_remote])
             baseline = {e.line for e in device.lmk_events(time.time())}
+            seen = self.cpu_seen = self._cpu(device)
         except DeviceLost as e:
             return "device_lost", (str(e),)
         except DeviceError as e:
             return "device_lost", (f"device error before the run: {e}",)
 
+        # "-t auto" takes the cores the device has now; the record keeps the command that ran
+        cell = resolve_threads(c, cell, seen.cores)
+        record["config"], record["argv"] = dict(cell.config), list(cell.argv)
         env = engine_env(device, self.engine.env)
+        share = ctx.cpu.begin(cell.device, cell.cell_id, seen, engine_threads(c.engine.staged_name, cell.argv),
+                              csv_remote)
         try:
             outcome = device.run(cell.argv, env=env, timeout_s=c.run.timeout_s, sample_period_s=1.0)
         except DeviceLost as e:
             return "device_lost", (str(e),)
         except DeviceError as e:
             return "engine_error", (f"the engine could not start: {e}",)
+        finally:
+            record["cpu"] = ctx.cpu.end(share)
         try:
             exit_state = device.state()
             events = self._new_events(device, outcome, baseline)
@@ -702,9 +736,8 @@ class _Worker(threading.Thread):
         record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                       pid=outcome.pid, exit_state=exit_state.to_dict(), pressure=pressure,
                       lmk_events=[_event_dict(e) for e in events])
+        record["o_direct"] = o_direct_in_effect(outcome.stderr, metrics)
         if metrics is not None:
-            o_direct = metrics.preamble.get("o_direct")
-            record["o_direct"] = parse_number(o_direct) if o_direct is not None else None
             record["summary"] = dict(metrics.summary) if metrics.summary is not None else None
         record["result"] = result_of(metrics, cell.config)
         verdict = classify(outcome, kills, metrics, bool(cell.config["o_direct"]), bool(cell.config["moe_stream"]))
@@ -718,6 +751,18 @@ class _Worker(threading.Thread):
         c = self.ctx.campaign
         return cool(device, c.gate, c.engine.stray_names, stop=self.ctx.stop,
                     on_wait=lambda why: self.ctx.progress.note(self.ref.spec, f"gate: {why}"))
+
+    def _cpu(self, device: Device) -> CpuSeen:
+        """The device's cores and kernel boot id (harness.cpushare), unknown when it cannot say."""
+        if self.ref.kind == "local":
+            return local_cpu()
+        try:
+            out = device.run(["sh", "-c", CPU_SCRIPT], timeout_s=60, sample_period_s=60.0)
+        except DeviceLost:
+            raise
+        except DeviceError:
+            return CpuSeen(None, None, None)
+        return parse_cpu_report(out.stdout.decode("utf-8", "replace"))
 
     def _new_events(self, device: Device, outcome: RunOutcome, baseline: set[str]) -> list[LmkEvent]:
         return [e for e in device.lmk_events(outcome.started_at_s) if e.line not in baseline]
@@ -739,12 +784,16 @@ class _Worker(threading.Thread):
                 source = str(build_bmoe_py(c.engine.python))
                 files = [(source, target)]
             else:
-                abi = self._identity_abi(device)
-                build = c.engine.build_for(abi)
+                identity = device.identity()
+                build = c.engine.build_for_device(identity)
                 if build is None:
-                    raise DeviceError(f"engine.native has no build for ABI {abi}")
+                    raise RunnerError(f"{self.ref.spec}: {c.engine.missing_build(identity, self.ref.spec)}")
+                # the libraries go to one folder the loader is pointed at (LD_LIBRARY_PATH wins over the
+                # binary's RUNPATH, which names its folder on the build host)
                 files = [(build.cli, target)] + [(lib, f"{work}/lib/{os.path.basename(lib)}") for lib in build.libs]
                 staged.env = {"LD_LIBRARY_PATH": f"{work}/lib"}
+                staged.build = build.abi
+                staged.libs = [{"name": os.path.basename(lib), "sha256": _sha256(lib)} for lib in build.libs]
                 source = build.cli
             for src, dst in files:
                 self.ctx.progress.note(self.ref.spec, f"checking {os.path.basename(dst)}")
@@ -770,7 +819,7 @@ class _Worker(threading.Thread):
             self.engine = staged
         model = c.model(cell.model)
         if cell.model not in self.staged_models:
-            if not local:
+            if not local and not model.on_device:     # a device: model is already there
                 remote = remote_model_path(cell.device, model)
                 folder = remote.rsplit("/", 1)[0]
                 for shard in split_paths(model.path):
@@ -780,9 +829,6 @@ class _Worker(threading.Thread):
                         pushed.append({"path": dst, "bytes": os.path.getsize(shard)})
             self.staged_models.add(cell.model)
         return pushed
-
-    def _identity_abi(self, device: Device) -> str:
-        return device.identity().abi
 
     @staticmethod
     def _check(outcome: RunOutcome, what: str) -> None:
@@ -825,14 +871,21 @@ class Prepared:
     campaign: Campaign
     plan: Plan
     devices: list[DeviceRef]
+    identities: Mapping[str, dict] = field(default_factory=dict)       # device spec -> identity
+    device_models: Mapping[str, DeviceModel] = field(default_factory=dict)   # `device:` models, priced
 
 
 def prepare(campaign: Campaign) -> Prepared:
-    """Validate everything a run needs (devices found, models priced, native builds per ABI),
-    writing nothing. Errors are one line naming the campaign key."""
+    """Validate everything a run needs (devices found, native builds per ABI, models priced:
+    `device:` models from headers pulled from each device), writing nothing. Errors are one line
+    naming the campaign key."""
     devices = resolve_devices(campaign)
-    plan = make_plan(campaign)
-    return Prepared(campaign, plan, devices)
+    identities = _identities(devices, campaign)
+    device_models = price_device_models(campaign, devices)
+    on_host = dataclasses.replace(campaign, models=tuple(m for m in campaign.models if not m.on_device))
+    shapes = load_shapes(on_host) | {name: found.shape for name, found in device_models.items()}
+    plan = make_plan(campaign, {m.name: shapes[m.name] for m in campaign.models})
+    return Prepared(campaign, plan, devices, identities, device_models)
 
 
 def default_out_dir(campaign_file: str | os.PathLike, campaign: Campaign) -> Path:
@@ -859,12 +912,15 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
                         f"campaign directory {root}")
     locks = [dir_lock] + [device_lock(r) for r in refs]
     with holding(locks, campaign.run.lock_wait_s, owner):
-        identities = _identities(refs, campaign)
+        identities = prepared.identities or _identities(refs, campaign)
         root.mkdir(parents=True, exist_ok=True)
         atomic_write(root / "campaign.toml", campaign.to_toml())
         if cdir.read_plan() != plan:
             cdir.write_plan(plan)
-        _write_models(cdir, campaign, plan)
+        device_models = prepared.device_models
+        if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
+            device_models = price_device_models(campaign, refs)
+        _write_models(cdir, campaign, plan, device_models)
         for ref in refs:
             cdir.write_device(ref, identities[ref.spec])
         cdir.reconcile()
@@ -926,19 +982,22 @@ def _identities(refs: Sequence[DeviceRef], campaign: Campaign) -> dict[str, dict
             identity = ref.open().identity()
         except DeviceError as e:
             raise RunnerError(f"device {ref.spec}: {e}") from None
-        if campaign.engine.kind == "native" and campaign.engine.build_for(identity.abi) is None:
-            have = ", ".join(b.abi for b in campaign.engine.native)
-            raise CampaignError(f"{campaign.source + ': ' if campaign.source else ''}engine.native: no build for "
-                                f"ABI {identity.abi} (device {ref.spec}); have {have}")
+        if campaign.engine.kind == "native" and campaign.engine.build_for_device(identity) is None:
+            raise CampaignError(f"{campaign.source + ': ' if campaign.source else ''}"
+                                f"{campaign.engine.missing_build(identity, ref.spec)}")
         out[ref.spec] = identity.to_dict()
     return out
 
 
-def _write_models(cdir: CampaignDir, campaign: Campaign, plan: Plan) -> None:
+def _write_models(cdir: CampaignDir, campaign: Campaign, plan: Plan,
+                  device_models: Mapping[str, DeviceModel]) -> None:
     """models/<id>.json: the shape record plus sha256 (reused while size and mtime are unchanged).
     A model whose bytes changed since the campaign started is refused: its runs would mix."""
     for m in campaign.models:
         path = cdir.root / "models" / f"{safe_id(m.name)}.json"
+        if m.on_device:
+            _write_device_model(path, m, plan, device_models[m.name])
+            continue
         shards = split_paths(m.path)
         stat = [(os.path.getsize(s), os.stat(s).st_mtime_ns) for s in shards]
         old = read_versioned_json(path, "bmoe-fleet.model-shape") if path.exists() else None
@@ -954,6 +1013,21 @@ def _write_models(cdir: CampaignDir, campaign: Campaign, plan: Plan) -> None:
         record.update(name=m.name, path=m.path, sha256=sha, shard_sha256=hashes,
                       file_stats=[list(x) for x in stat])
         write_json(path, record)
+
+
+def _write_device_model(path: Path, m: ModelSpec, plan: Plan, found: DeviceModel) -> None:
+    """A `device:` model's record: its shape from the pulled headers, identified by their sha256
+    and the file sizes (its bytes never come to this host to be hashed)."""
+    old = read_versioned_json(path, "bmoe-fleet.model-shape") if path.exists() else None
+    identity = found.identity()
+    if old is not None:
+        if {k: old.get(k) for k in identity} != identity:
+            raise RunnerError(f"model {m.name} ({m.spec}) changed since this campaign started (its header or size "
+                              "differs); write to another -o folder")
+        return
+    record = found.shape.to_dict(list(plan.top_ks.get(m.name, ())))
+    record.update(name=m.name, path=m.spec, on_device=True, sha256=None, **identity)
+    write_json(path, record)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ NOISE_DEFAULT when neither side has repeats. docs/results.md explains the number
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +39,14 @@ MAJFLT_MIN_PER_TOK = 1.0
 RESULT_OUTCOMES = ("ok", "lmk_killed", "killed", "config_error", "engine_error", "timeout", "invalid")
 UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
-SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads")
+SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args")
+# engine_flags / engine_args: the pass-through flags (results.table renders them canonically), so
+# two cells that differ only by a flag never pool
 CELL_KEYS = ("device", "model", "n_expert_used", "moe_stream", "no_mmap", "cache_auto", "budget_asked",
              "cache_ceil_mb", "dense_weights", "io_threads", "overlap", "prefetch", "threads", "n_predict",
-             "prompt", "source")
+             "prompt", "source", "engine_flags", "engine_args")
+_SERIES_NAMES = {"dense_weights": "dense", "io_threads": "io", "overlap": "overlap", "prefetch": "prefetch",
+                 "threads": "threads", "engine_flags": "flags", "engine_args": "args"}
 
 
 # ── small helpers ────────────────────────────────────────────────────────────────────────────
@@ -128,9 +133,9 @@ def cell_key(row: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def series_label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
-    names = {"dense_weights": "dense", "io_threads": "io", "overlap": "overlap", "prefetch": "prefetch",
-             "threads": "threads"}
-    parts = [f"{names[k]}={_text(row.get(k)) or '?'}" for k in varying]
+    # no pass-through flag is a setting of its own ("none"); any other empty knob is unknown
+    parts = [f"{_SERIES_NAMES[k]}={_text(row.get(k)) or ('none' if k in ('engine_flags', 'engine_args') else '?')}"
+             for k in varying]
     return " ".join(parts) or "all runs"
 
 
@@ -166,6 +171,7 @@ class BudgetPoint:
     mem_avail_floor_kb: float
     majflt_per_tok: float
     compute_s_per_tok: float
+    flags: tuple[str, ...] = ()              # the pass-through flags its runs had (one setting per series)
 
     @property
     def s_per_token(self) -> float:
@@ -319,7 +325,13 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         mem_avail_floor_kb=float(np.nanmin(_values(ok, "mem_avail_floor_kb")))
         if np.isfinite(_values(ok, "mem_avail_floor_kb")).any() else math.nan,
         majflt_per_tok=_median(_values(ok, "majflt_per_tok")),
-        compute_s_per_tok=_median(_values(ok, "compute_s_per_tok")))
+        compute_s_per_tok=_median(_values(ok, "compute_s_per_tok")), flags=_flags_of(rows))
+
+
+def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
+    """The engine flags every run of a point had (none when they differ, e.g. pooled series)."""
+    settings = set(_col(rows, "engine_flags").fillna("").astype(str))
+    return tuple(shlex.split(settings.pop())) if len(settings) == 1 else ()
 
 
 def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[list[BudgetPoint], list[BudgetPoint]]:
@@ -510,6 +522,15 @@ def _tells(table: pd.DataFrame) -> list[Tell]:
     for rec in table[table["gate_gave_up"] == True].to_dict("records"):  # noqa: E712
         out.append(Tell("gate_gave_up", (rec["run_id"],),
                         f"the cooling gate gave up before this run ({rec.get('gate_reason') or 'no reason recorded'})"))
+
+    # engines sharing the cores ran more compute threads than there were cores (harness.cpushare)
+    for rec in table[_col(table, "oversubscribed") == True].to_dict("records"):  # noqa: E712
+        others = rec.get("cpu_engines") or ""
+        out.append(Tell("oversubscribed", (rec["run_id"],),
+                        f"{_text(rec.get('threads_sum'))} compute threads on {_text(rec.get('cores'))} cores (this "
+                        f"run {_text(rec.get('cpu_threads')) or '?'}" + (f"; with {others}" if others else ", alone")
+                        + "): threads waited for cores (ggml's pool spins), so its speed measured the contention, not "
+                        "its configuration"))
 
     # a result that moves with run order between the passes
     fallback = _fallback_noise(ok)

@@ -122,16 +122,16 @@ class Comparison:
 
 
 def _label(row: Mapping[str, Any]) -> str:
-    from results.analyze import budget_asked
+    from results.analyze import _text, budget_asked
 
     k = row.get("n_expert_used")
     k = f"k={int(k)}" if isinstance(k, float) and not math.isnan(k) else "k=?"
     asked = budget_asked(row)
     budget = asked if asked in ("auto", "mmap", "resident") else ("cache 0" if asked == "0" else f"{asked} MiB")
-    extra = "".join(f" {name}={row[key]}" for key, name in (("dense_weights", "dense"), ("io_threads", "io"))
-                    if row.get(key) not in (None, "") and not (isinstance(row.get(key), float) and
-                                                             math.isnan(row[key])))
-    return f"{row['device']} {row['model']} {k} {budget}{extra}"
+    extra = "".join(f" {name}={_text(row.get(key))}" for key, name in (("dense_weights", "dense"), ("io_threads", "io"),
+                                                                      ("threads", "t")) if _text(row.get(key)))
+    flags = " ".join(str(row.get(key) or "") for key in ("engine_args", "engine_flags")).strip()
+    return f"{row['device']} {row['model']} {k} {budget}{extra}" + (f" [{flags}]" if flags else "")
 
 
 def _values(frame: pd.DataFrame, column: str) -> list[float]:

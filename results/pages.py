@@ -142,3 +142,5 @@ class RunPage:
     pressure: tuple[tuple[str, str], ...]
     charts: tuple[Chart, ...] = field(default=())
     files: tuple[str, ...] = field(default=())
+    # the cores the run had and the engines that shared them (harness.cpushare); () when not recorded
+    cpu: tuple[tuple[str, str], ...] = field(default=())

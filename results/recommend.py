@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -224,7 +225,9 @@ def _fixed(g: GroupAnalysis, ceiling: float | None, dense: str | None) -> FixedC
     mib = round_down(choice.budget_mib) if choice.budget_mib > 0 else 0
     why = (f"fastest measured: {choice.tok_s:.3g} tok/s over {choice.ok} run(s)" if choice is best else
            f"within noise of the fastest ({best.label}, {best.tok_s:.3g} tok/s) with less RAM")
-    return FixedChoice(mib, ("--cache-mb", str(mib)), True, choice.tok_s, choice.hit_pct, choice.ok,
+    if choice.flags:                          # the engine flags the fastest series ran with go along
+        why += f", with {shlex.join(choice.flags)}"
+    return FixedChoice(mib, ("--cache-mb", str(mib)) + choice.flags, True, choice.tok_s, choice.hit_pct, choice.ok,
                        choice.spread_pct, why)
 
 

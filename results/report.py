@@ -271,7 +271,22 @@ def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _
         summary=_kv(rec.get("summary")), distribution=distribution, config=_kv(rec.get("config")),
         entry_state=_kv(rec.get("entry_state")), exit_state=_kv(rec.get("exit_state")),
         pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"))),
-        charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())))
+        charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
+        cpu=_cpu_rows(rec.get("cpu"), row))
+
+
+def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    if not cpu:
+        return ()
+    verdict = {True: "yes: more compute threads than cores", False: "no", None: "unknown (cores not reported)"}
+    return (("cores", fmt_num(cpu.get("cores"))),
+            ("cores online / usable", f"{fmt_num(cpu.get('cores_online'))} / {fmt_num(cpu.get('cores_usable'))}"),
+            ("this engine's compute threads", fmt_num(cpu.get("threads"))),
+            ("threads at once on these cores", fmt_num(cpu.get("threads_sum"))),
+            ("other engines on these cores", row.get("cpu_engines") or "none"),
+            ("kernel boot id", str(cpu.get("boot_id") or "unknown")
+             + (" (this host's)" if cpu.get("shares_host") else "")),
+            ("oversubscribed", verdict.get(cpu.get("oversubscribed"), "unknown")))
 
 
 def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, analysis: Analysis,

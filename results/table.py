@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness.flags import flags_text
 from results.errors import ResultsError
 from results.rundir import INFRA_OUTCOMES, CampaignData, RunFolder, read_campaigns
 from results.tokens import PUBLISHED_MIN_TOKENS, token_stats
@@ -348,8 +350,33 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         if column in row:
             column = f"config_{key}"
         row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    # the pass-through flags as the command line had them: runs with equal text ran the same flags
+    row["engine_flags"] = flags_text(config.get("engine_flags"))
+    row["engine_args"] = shlex.join(str(a) for a in config.get("engine_args") or ())
+    row.update(_cpu(rec.get("cpu")))
     row["flags"] = ",".join(_flags(row))
     return row
+
+
+def _cpu(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cores a run had and the engines that shared them (harness.cpushare); unknown for runs
+    recorded before the harness kept them, and for imports."""
+    c = dict(cpu or {})
+    return {"cores": _num(c.get("cores")), "cpu_threads": _num(c.get("threads")),
+            "threads_sum": _num(c.get("threads_sum")), "oversubscribed": c.get("oversubscribed") is True,
+            "cpu_engines": engines_text(c.get("engines"))}
+
+
+def engines_text(engines: Sequence[Mapping[str, Any]] | None) -> str:
+    """The other engines a run shared its cores with, one phrase each."""
+    parts = []
+    for e in engines or ():
+        threads = f"{e.get('threads')} thread{'s' if e.get('threads') != 1 else ''}"
+        if e.get("outside"):
+            parts.append(f"pid {e.get('pid')} {e.get('name')} outside the campaign: {threads}")
+        else:
+            parts.append(f"{e.get('device')} {e.get('cell_id')}: {threads}")
+    return "; ".join(parts)
 
 
 def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: Mapping[str, Any]) -> str:
@@ -374,6 +401,8 @@ def _flags(row: Mapping[str, Any]) -> list[str]:
         flags.append("freq_capped")
     if row["moe_stream"] and row["o_direct"] == 0:
         flags.append("o_direct_off")
+    if row["oversubscribed"]:
+        flags.append("oversubscribed")
     return flags
 
 

@@ -136,9 +136,11 @@ prompt = "It's a test; $HOME stays literal"
     first = plan.cells[0]
     work = str(fleet_home() / "local")
     assert list(first.argv) == [
-        f"{work}/bmoe-py", "-m", str(tiny_model), "-p", "It's a test; $HOME stays literal", "-n", "4", "-t", "4",
+        f"{work}/bmoe-py", "-m", str(tiny_model), "-p", "It's a test; $HOME stays literal", "-n", "4", "-t", "<auto>",
         "--n-expert-used", "2", "--moe-stream", "--cache-mb", "0", "--io-threads", "4", "--dense-weights", "anon",
         "--csv", f"{work}/out/{first.cell_id}.csv", "--route-trace", f"{work}/out/{first.cell_id}.route.csv"]
+    # -t auto is the device's cores, read right before each run: the plan says so instead of guessing
+    assert any(line.startswith("-t <auto>: each device's online cores, at most 4") for line in lines)
     as_json = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--json"], catch_exceptions=False)
     data = json.loads(as_json.output)
     assert data["format"] == "bmoe-fleet.plan" and data["version"] == 1

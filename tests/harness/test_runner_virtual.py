@@ -19,6 +19,7 @@ import pytest
 
 from devices.adb import WORK_DIR
 from harness.campaign import CampaignError, parse_campaign, resolve_devices
+from harness.cpushare import host_boot_id, local_cpu
 from harness.runner import RunnerError, device_lock, run_campaign
 from harness.status import campaign_status
 
@@ -91,6 +92,20 @@ def test_two_phones_and_this_host_run_in_parallel(tmp_path, phones, adb_port, ph
     spans = {d: [(r["started_at"], r["ended_at"]) for r in recs if r["device"] == d] for d in by_device}
     assert any(a0 < b1 and b0 < a1 for a0, a1 in spans["virtual:roomy"] for b0, b1 in spans["virtual:tight"])
 
+    # this host and both phones run on one kernel (the host's boot id, its cores): each run counts the
+    # campaign's engines that ran at the same moment on the other devices (bmoe-py: one thread each)
+    cores, by_cell, saw_others = local_cpu().cores, {r["cell_id"]: r for r in recs}, 0
+    for r in recs:
+        cpu = r["cpu"]
+        assert cpu["boot_id"] == host_boot_id() and cpu["shares_host"] is True and cpu["cores"] == cores
+        assert cpu["threads"] == 1 and cpu["oversubscribed"] is (cpu["threads_sum"] > cores)
+        mates = [e for e in cpu["engines"] if not e.get("outside")]
+        for e in mates:                                   # seen at one moment: each saw the other
+            assert by_cell[e["cell_id"]]["device"] == e["device"] != r["device"]
+            assert any(m.get("cell_id") == r["cell_id"] for m in by_cell[e["cell_id"]]["cpu"]["engines"])
+        saw_others += bool(mates)
+    assert saw_others >= 2
+
     again = run_campaign(c, out, progress_stream=io.StringIO())
     assert again.attempts == 9
 
@@ -138,7 +153,7 @@ def test_a_phone_lost_mid_run_is_device_lost_and_retried(tmp_path, adb_port, pho
     try:
         daemon_ns = os.readlink(f"/proc/{manager.info('flaky', phone_home).pid}/ns/mnt")
         c = vcampaign("lost", ["virtual:flaky"], tiny_model, adb_port, phone_home, {"cache_mb": [0, "auto"]},
-                      run={"n_predict": 5000, "retries": 1, "retry_backoff_s": 0.1})
+                      run={"n_predict": 2000, "retries": 1, "retry_backoff_s": 0.1})
         c = parse_campaign(dict(json.loads(json.dumps(c.to_dict())), models={"tiny": str(tiny_model)}), "lost.toml")
         result: list = []
         worker = threading.Thread(target=lambda: result.append(run_campaign(c, tmp_path / "out",

@@ -23,8 +23,9 @@ def test_a_slowed_engine_is_flagged_and_nothing_else(compare_pair, cli):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["format"] == "bmoe-fleet.compare" and data["version"] == 1
-    assert data["summary"] == {"cells": 2, "regressions": 1, "improvements": 0, "newly_failing": 0, "only_a": 0,
-                               "only_b": 0}
+    summary = data["summary"]
+    assert {k: summary[k] for k in ("cells", "newly_failing", "only_a", "only_b")} == {
+        "cells": 2, "newly_failing": 0, "only_a": 0, "only_b": 0}
     cells = {c["key"]["budget_asked"]: c for c in data["cells"]}
     slowed = cells["0"]
     assert slowed["status"] == "compared" and slowed["a_runs"] == slowed["b_runs"] == 3
@@ -32,10 +33,17 @@ def test_a_slowed_engine_is_flagged_and_nothing_else(compare_pair, cli):
     assert verdicts["tok/s"]["verdict"] == "regression" and verdicts["tok/s"]["ratio"] < 0.5
     assert verdicts["flash MiB/token"]["verdict"] == "same"
     (cached,) = [c for k, c in cells.items() if k != "0"]
-    assert all(m["verdict"] == "same" for m in cached["changes"])
-    assert {m["metric"] for m in cached["changes"]} == {"tok/s", "hit %", "flash MiB/token"}
+    cached_verdicts = {m["metric"]: m for m in cached["changes"]}
+    assert set(cached_verdicts) == {"tok/s", "hit %", "flash MiB/token"}
+    # what does not depend on the machine's load is unchanged; the cached cell's speed may drift with
+    # load between the two campaigns (CI hosts are shared), but never as far as the 5x slowdown
+    assert cached_verdicts["hit %"]["verdict"] == cached_verdicts["flash MiB/token"]["verdict"] == "same"
+    assert cached_verdicts["tok/s"]["ratio"] > 2 * verdicts["tok/s"]["ratio"]
+    assert summary["regressions"] == 1 + (cached_verdicts["tok/s"]["verdict"] == "regression")
     text = CliRunner().invoke(cli, ["compare", str(a), str(b)]).output
-    assert "1 regressed, 0 improved, 0 newly failing" in text and "REGRESSION" in text and "cache 0" in text
+    assert "0 improved, 0 newly failing" in text
+    assert any(line.lstrip().startswith("REGRESSION") and " cache 0 " in line and ": tok/s " in line
+               for line in text.splitlines())
 
 
 def test_two_engine_versions_are_told_apart_by_name(compare_pair, cli):
@@ -53,5 +61,9 @@ def test_a_cell_that_starts_failing_is_called_out(compare_pair, failing_twin):
     (failing,) = report.newly_failing
     assert failing.key[6] == "0" and (failing.a_ok, failing.b_ok, failing.b_runs) == (3, 0, 3)
     assert failing.changes == ()                 # nothing to compare: no run finished in B
-    assert report.regressions == [] and report.improvements == []
+    (other,) = [c for c in report.cells if c is not failing]
+    assert other.status == "compared" and report.newly_failing == [failing]
+    # the other cell's load-independent numbers are unchanged (its speed may drift with the host's load)
+    assert {m.metric: m.verdict for m in other.changes if m.metric != "tok/s"} == {"hit %": "same",
+                                                                                   "flash MiB/token": "same"}
     assert "NEWLY FAILING" in report.text() and "0/3 ok in B" in report.text()

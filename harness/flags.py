@@ -1,0 +1,162 @@
+"""Engine flags a campaign passes through: `run.engine_args` (every cell) and `[axes.flags]` (any
+engine flag as an axis).
+
+The harness builds part of every command line itself (model, prompt, tokens, budget, telemetry
+paths …): a pass-through flag that set one of those again would make the record lie about what
+ran, so those are refused with the key that does set them. Four flags map onto an axis the
+campaign already has (`-t`/`--threads`, `--n-expert-used`, `--io-threads`, `--dense-weights`):
+as an `[axes.flags]` key they become that axis. Flags that make no measurement run (`--help`,
+`--session` …) are refused too. Everything else is passed through as written.
+
+Axis values are typed as in TOML: `false` leaves the flag out, `true` passes it alone, an integer,
+a float or a string passes it with that value, rendered exactly (`0.1` stays `0.1`). This module
+is pure (no device, no harness state): results/ renders the same flags from a run's config.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+FlagValue = bool | int | float | str
+
+_FLAG = re.compile(r"^(-[A-Za-z]|--[A-Za-z][A-Za-z0-9_-]*)$")
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+# flags the harness writes itself -> where a campaign sets what they mean
+RESERVED: dict[str, str] = {
+    "-m": "use [models]", "--model": "use [models]",
+    "-p": "use run.prompt", "--prompt": "use run.prompt",
+    "-n": "use run.n_predict", "--n-predict": "use run.n_predict",
+    "--csv": "it writes the metrics CSV itself",
+    "--route-trace": "use run.route_trace",
+    "--moe-stream": "use axes.cache_mb (\"mmap\" and \"resident\" run without it)",
+    "--cache-mb": "use axes.cache_mb",
+    "--force-cache": "use axes.cache_mb (the harness adds it for budgets of 1..1499 MiB)",
+    "--no-mmap": "use axes.cache_mb (\"resident\")",
+    "--cache-floor-mb": "use axes.cache_floor_mb",
+    "--cache-ceil-mb": "use axes.cache_ceil_mb",
+    "--no-odirect": "use run.o_direct",
+    "--dense-odirect": "use axes.dense_weights (a deprecated alias of --dense-weights anon)",
+    "--no-warm-dense": "use axes.dense_weights (a deprecated alias of --dense-weights mmap)",
+}
+# flags that map onto an axis the campaign already has (the axis name in Axes)
+MAPPED: dict[str, str] = {
+    "-t": "threads", "--threads": "threads", "--n-expert-used": "n_expert_used",
+    "--io-threads": "io_threads", "--dense-weights": "dense_weights",
+}
+# flags after which the engine makes no measurement run
+NOT_A_RUN = ("-h", "--help", "--version", "--list-archs", "--session")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be an `[axes.flags]` key (None when it can; mapped flags can)."""
+    if not isinstance(name, str) or not _FLAG.match(name):
+        return (f"{_show(name)} is not a flag: write it as the engine takes it, e.g. \"--prefetch\" or \"-c\" "
+                "(its values go in the list)")
+    if name in RESERVED:
+        return f"{name} is set by the harness: {RESERVED[name]}"
+    if name in NOT_A_RUN:
+        return f"{name} makes no measurement run"
+    return None
+
+
+def arg_problem(arg: str) -> str | None:
+    """Why one `run.engine_args` element is refused (None when it is passed through)."""
+    if not arg:
+        return "is empty"
+    if "\0" in arg:
+        return "holds a NUL character"
+    if arg in RESERVED:
+        return f"{arg} is set by the harness: {RESERVED[arg]}"
+    if arg in MAPPED:
+        axis = MAPPED[arg]
+        where = "run.threads or [axes.flags] \"-t\"" if axis == "threads" else f"axes.{axis}"
+        return f"{arg} is set by the harness: use {where}"
+    if arg in NOT_A_RUN:
+        return f"{arg} makes no measurement run"
+    return None
+
+
+def value_problem(value: Any) -> str | None:
+    """Why one flag-axis value is refused (None when it renders into argv)."""
+    if isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} is not a number an engine can take"
+    if isinstance(value, str):
+        if not value:
+            return "is empty (write false to leave the flag out, true to pass it alone)"
+        return "holds a NUL character" if "\0" in value else None
+    return f"expected true, false, a number or a string, got {type(value).__name__}"
+
+
+def unique_values(values: Iterable[FlagValue]) -> tuple[FlagValue, ...]:
+    """Values in order, repeats dropped by type and value (Python's 1 == True == 1.0 must not merge them)."""
+    seen: dict[tuple[str, Any], FlagValue] = {}
+    for v in values:
+        seen.setdefault((type(v).__name__, v), v)
+    return tuple(seen.values())
+
+
+def render_value(value: FlagValue) -> str:
+    """One value as the engine reads it: integers and strings as written, floats by repr (0.1 -> "0.1")."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def flag_argv(flags: Mapping[str, FlagValue] | Sequence[tuple[str, FlagValue]]) -> list[str]:
+    """argv of flag settings: false -> absent, true -> the flag alone, else the flag and its value."""
+    items = flags.items() if isinstance(flags, Mapping) else flags
+    out: list[str] = []
+    for name, value in items:
+        if value is False:
+            continue
+        out.append(name)
+        if value is not True:
+            out.append(render_value(value))
+    return out
+
+
+def flags_text(flags: Mapping[str, FlagValue] | None) -> str:
+    """The flags a run had, as one canonical string (sorted by name, absent ones dropped): two
+    runs with the same text ran the same command line, whatever order their campaigns listed them."""
+    return shlex.join(flag_argv(sorted((flags or {}).items())))
+
+
+def flags_label(flags: Mapping[str, FlagValue] | None) -> str:
+    """Human form for progress lines and the dry run: `--prefetch 2, no --no-think`."""
+    parts = [f"no {n}" if v is False else n if v is True else f"{n} {render_value(v)}"
+             for n, v in (flags or {}).items()]
+    return ", ".join(parts)
+
+
+def parse_option(text: str) -> tuple[str, list[FlagValue]]:
+    """`NAME=V1,V2` (the sweep's --flag) as a flag and typed values: true/false, integers, floats,
+    anything else a string. Raises ValueError with the problem."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ValueError(f"expected NAME=V1,V2 (e.g. --prefetch=0,2), got {text!r}")
+    values = [_typed(part.strip()) for part in raw.split(",")]
+    if any(v == "" for v in values):
+        raise ValueError(f"{text!r}: an empty value (write false to leave the flag out)")
+    return name, values
+
+
+def _typed(text: str) -> FlagValue:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    return text
+
+
+def _show(name: Any) -> str:
+    return f'"{name}"' if isinstance(name, str) else repr(name)
