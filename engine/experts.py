@@ -3,8 +3,9 @@
 The forward pass routes a whole batch at one layer first, then asks its source ONCE for the
 experts the batch routed to (in routing order). A source answers with each expert's raw slices (the
 bytes `ExpertLayer.slices(e)` names, in `ExpertLayer.tensors` order); the forward pass
-dequantizes them itself. So a streaming source (engine/stream.py: O_DIRECT reads into a
-byte-budgeted LRU) and the resident source below are interchangeable and produce the same bits.
+multiplies them as stored (`expert_weights`, engine.kernels). So a streaming source
+(engine/stream.py: O_DIRECT reads into a byte-budgeted LRU) and the resident source below are
+interchangeable and produce the same bits.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .errors import ModelError
+from .kernels import RawMatrix, dequantize, raw_matrix
 from .model import ExpertLayer, ModelShape
-from .weights import dequantize_bytes
 
 
 class ExpertSource(Protocol):
@@ -67,6 +68,16 @@ def _read_whole(path: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class ExpertWeights:
+    """One expert's FFN as stored: gate [n_ff, n_embd], up [n_ff, n_embd], down [n_embd, n_ff]
+    rows of GGUF blocks (views of the source's bytes), for engine.kernels."""
+
+    gate: RawMatrix
+    up: RawMatrix
+    down: RawMatrix
+
+
+@dataclass(frozen=True)
 class ExpertMatrices:
     """One expert's FFN as float32 numpy matrices, with the storage types that decide how
     ggml rounds the activation each one multiplies (see forward.mul_mat)."""
@@ -84,15 +95,15 @@ def _kind(name: str) -> str:
     return name.split(".")[2][len("ffn_"):-len("_exps")]
 
 
-def dequantize_expert(layer: ExpertLayer, raw: Sequence[np.ndarray]) -> ExpertMatrices:
-    """Turn one expert's raw slices (ExpertLayer.tensors order) into its (gate, up, down) matrices.
+def expert_weights(layer: ExpertLayer, raw: Sequence[np.ndarray]) -> ExpertWeights:
+    """One expert's raw slices (ExpertLayer.tensors order) as its (gate, up, down) matrices, as stored.
 
     Handles split gate/up/down and fused `ffn_gate_up_exps` (gate rows first, then up rows,
     as build_moe_ffn views them). Each slice is shaped by its tensor's ne[:-1] and qtype.
     """
     if len(raw) != len(layer.tensors):
         raise ModelError(f"layer {layer.layer}: expected {len(layer.tensors)} expert slices, got {len(raw)}")
-    mats: dict[str, tuple[np.ndarray, GGMLQuantizationType]] = {}
+    mats: dict[str, RawMatrix] = {}
     for info, data in zip(layer.tensors, raw):
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = np.frombuffer(data, dtype=np.uint8)
@@ -102,16 +113,22 @@ def dequantize_expert(layer: ExpertLayer, raw: Sequence[np.ndarray]) -> ExpertMa
         want = info.nbytes // layer.n_expert
         if data.ndim != 1 or data.size != want:
             raise ModelError(f"{info.name}: one expert's slice is {want} bytes, source gave {data.size}")
-        mats[_kind(info.name)] = (dequantize_bytes(data, info, info.ne[:-1]), info.qtype)
+        mats[_kind(info.name)] = raw_matrix(data, info.qtype, info.ne[0], info.ne[1], info.name)
     if "gate_up" in mats:
-        both, qtype = mats.pop("gate_up")
-        n_ff = both.shape[0] // 2
-        mats["gate"] = (both[:n_ff], qtype)
-        mats["up"] = (both[n_ff:], qtype)
+        both = mats.pop("gate_up")
+        n_ff = both.m // 2
+        mats["gate"], mats["up"] = both.rows(0, n_ff), both.rows(n_ff, both.m)
     missing = {"gate", "up", "down"} - set(mats)
     if missing:
         raise ModelError(f"layer {layer.layer}: expert tensors lack {sorted(missing)} (have {sorted(mats)})")
+    return ExpertWeights(mats["gate"], mats["up"], mats["down"])
+
+
+def dequantize_expert(layer: ExpertLayer, raw: Sequence[np.ndarray]) -> ExpertMatrices:
+    """One expert's (gate, up, down) as float32 matrices (references and tests; the forward pass
+    multiplies the stored blocks, `expert_weights`)."""
+    w = expert_weights(layer, raw)
     return ExpertMatrices(
-        gate=mats["gate"][0], up=mats["up"][0], down=mats["down"][0],
-        gate_qtype=mats["gate"][1], up_qtype=mats["up"][1], down_qtype=mats["down"][1],
+        gate=dequantize(w.gate), up=dequantize(w.up), down=dequantize(w.down),
+        gate_qtype=w.gate.qtype, up_qtype=w.up.qtype, down_qtype=w.down.qtype,
     )

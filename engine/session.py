@@ -166,7 +166,8 @@ class Session:
         # (with bmoe-cli's margin) in generate().
         kv_ctx = -(-cfg.n_ctx // KV_CTX_PAD) * KV_CTX_PAD
         self.model = Model(self.shape, source, weights=weights, n_ctx=kv_ctx,
-                           on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads)
+                           on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads,
+                           threads=cfg.n_threads)
         if self.top_k != self.model.hp.n_expert_used:
             from dataclasses import replace
 
@@ -292,8 +293,10 @@ class Session:
             raise SessionError(f"prompt + n_predict exceeds the session n_ctx ({cfg.n_ctx}); open the session with a "
                                "larger n_ctx")
         seed = None if cfg.seed == SEED_RANDOM else cfg.seed
-        # bmoe-cli's chain when sampling: top-k -> top-p -> temp -> dist (no min-p stage).
-        sampler = Sampler(temp=cfg.temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p, min_p=0.0)
+        # bmoe-cli's chain when sampling: top-k -> top-p -> temp -> dist (no min-p stage). It samples
+        # only when `temp > 0` holds in C, so `--temp nan` is greedy there and here.
+        temp = cfg.temp if cfg.temp > 0 else 0.0
+        sampler = Sampler(temp=temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p, min_p=0.0)
         self.model.reset()
         self._n_prompt = len(prompt)
         t_prefill = time.perf_counter()

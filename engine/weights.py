@@ -1,9 +1,12 @@
-"""Dense (non-expert) tensors by name, dequantized to float32 once and kept.
+"""Dense (non-expert) tensors by name.
 
-Each shard is memory-mapped read-only; a tensor's bytes are handed to `gguf.quants.dequantize`
-and the float32 result is shaped numpy-style (ggml's `ne` reversed, so a weight stored as
-ne=(n_in, n_out) reads as W[n_out, n_in] and `x @ W.T` is ggml_mul_mat). F32 tensors stay views
-of the map: no copy, and the page cache holds them once however many Models share a file.
+Each shard is memory-mapped read-only. Matrices the forward pass multiplies are handed out as
+they are stored (`matrix()`: a RawMatrix of the tensor's blocks, for engine.kernels), so a
+quantized output head is never expanded. `get()` gives a tensor's values float32-shaped
+numpy-style (ggml's `ne` reversed, so a weight stored as ne=(n_in, n_out) reads as W[n_out, n_in]
+and `x @ W.T` is ggml_mul_mat): F16/F32 tensors as views of their bytes (no copy, and the page
+cache holds them once however many Models share a file), other types dequantized once and kept
+(norms, biases, sinks; matrices only in tests).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from .errors import ModelError
 from .gguf_header import TensorInfo
 from .io import PAGE_BYTES, resident_pages
+from .kernels import RawMatrix, raw_matrix
 from .model import ModelShape
 
 # Probes per residency sample, spread evenly over the dense bytes (one page each).
@@ -64,6 +68,7 @@ class DenseWeights:
         self._buffers = dict(buffers or {})
         self._maps: dict[str, np.memmap] = {}
         self._cache: dict[str, np.ndarray] = {}
+        self._matrices: dict[str, RawMatrix] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self._infos
@@ -97,6 +102,16 @@ class DenseWeights:
         out.flags.writeable = False
         self._cache[name] = out
         return out
+
+    def matrix(self, name: str) -> RawMatrix:
+        """A 2-D tensor as stored: rows of ne[0] values in its own blocks (no conversion)."""
+        got = self._matrices.get(name)
+        if got is None:
+            info = self.info(name)
+            if len(info.ne) != 2:
+                raise ModelError(f"{name}: a matrix needs a 2-D tensor, this one has ne={info.ne}")
+            got = self._matrices[name] = raw_matrix(self._raw(info), info.qtype, info.ne[0], info.ne[1], name)
+        return got
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of a 2-D tensor (ggml_get_rows), dequantizing only those rows unless the

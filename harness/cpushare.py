@@ -16,8 +16,8 @@ the harness records for every run what it saw and results flag it (`oversubscrib
 - **Engines counted**: the campaign's own runs on devices of one kernel, and on this host's
   kernel any other engine process on this host (`bmoe-cli`, `bmoe-py` by process name: another
   campaign, a user's own run), polled every POLL_S while a run of this host's kernel lives.
-- **Threads of an engine**: bmoe-cli's `-t` (its default, 4, when absent); bmoe-py counts 1: it
-  computes on one BLAS thread whatever `-t` says (docs/decisions.md).
+- **Threads of an engine**: its `-t` (the default, 4, when absent), bmoe-cli's and bmoe-py's alike:
+  bmoe-py's quantized kernels compute on `-t` threads (docs/decisions.md "Quantized kernels").
 
 A run is **oversubscribed** when, at some moment while it ran, the threads of the engines sharing
 its cores summed to more than its cores.
@@ -104,10 +104,8 @@ def local_cpu() -> CpuSeen:
 
 
 def engine_threads(name: str, argv: Sequence[str]) -> int:
-    """The compute threads an engine process runs: bmoe-py 1 (one BLAS thread, whatever -t says);
-    bmoe-cli its -t/--threads, CLI_DEFAULT_THREADS without one."""
-    if name == PYTHON_ENGINE_NAME:
-        return 1
+    """The compute threads an engine process runs: its -t/--threads, CLI_DEFAULT_THREADS without one
+    (bmoe-py's kernels run on -t threads too, and its default is bmoe-cli's)."""
     args = list(argv)
     for i, arg in enumerate(args[:-1]):
         if arg in ("-t", "--threads") and args[i + 1].isdigit():

@@ -210,7 +210,8 @@ def test_cpu_lists_and_engine_threads_are_read_as_the_kernel_and_the_engines_mea
     assert engine_threads("bmoe-cli", ["bmoe-cli", "-m", "x", "-t", "3"]) == 3
     assert engine_threads("bmoe-cli", ["/py", "/x/bmoe-cli", "--threads", "6"]) == 6
     assert engine_threads("bmoe-cli", ["bmoe-cli", "-m", "x"]) == 4          # bmoe-cli's default
-    assert engine_threads("bmoe-py", ["bmoe-py", "-t", "8"]) == 1              # one BLAS thread, whatever -t says
+    assert engine_threads("bmoe-py", ["bmoe-py", "-t", "8"]) == 8              # its kernels run on -t threads
+    assert engine_threads("bmoe-py", ["/py", "/x/bmoe-py", "-m", "x"]) == 4    # the same default
     seen = local_cpu()
     assert seen.boot_id == host_boot_id() and seen.cores == len(os.sched_getaffinity(0)) >= 1
     assert seen.cores_online == count_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
@@ -297,7 +298,7 @@ def test_an_engine_started_outside_the_campaign_is_counted(tmp_path, tiny_model,
         idle.wait()
         idle.stdin.close()
     (r,) = runs(tmp_path / "out")
-    assert r["outcome"] == "ok" and r["cpu"]["threads"] == 1          # bmoe-py: one compute thread
+    assert r["outcome"] == "ok" and r["cpu"]["threads"] == r["config"]["threads"]   # bmoe-py: its -t
     (seen,) = [e for e in r["cpu"]["engines"] if e.get("pid") == idle.pid]
     assert seen == {"pid": idle.pid, "name": "bmoe-cli", "threads": threads, "outside": True,
                     "command": shlex.join([str(bmoe_cli), "-m", str(TINY_UPSTREAM), "-t", str(threads), "--session"])}
