@@ -13,6 +13,11 @@ need_debian_packages() {
     "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
     # The test suite opens the rendered site in a real headless browser.
     if [ "${1:-}" = test ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
+    # A virtual phone's shell is mksh and its toolbox toybox, as on Android (the tests, and the
+    # demo as root, start virtual phones).
+    if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then
+        for tool in mksh toybox; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             echo "run.sh: installing ${missing[*]}" >&2

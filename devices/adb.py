@@ -8,10 +8,12 @@ and the wrapper's line is the cross-check.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -19,7 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import adbutils
-from adbutils import AdbClient, AdbConnection, AdbDevice, AdbError
+from adbutils import AdbClient, AdbConnection, AdbDevice, AdbError, AdbTimeout
+from adbutils.errors import AdbConnectionError
 
 from devices.base import (
     RANGE_ALIGN, CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceLost, DeviceState, OutputFn, PressureSample,
@@ -27,12 +30,18 @@ from devices.base import (
 )
 from devices.lmk import LmkEvent, parse_log
 from devices.local import file_sha256
+from engine.safetext import one_line
 
 DEFAULT_ADB_PORT = 5037
 WORK_DIR = "/data/local/tmp/bmoe"
 _MARK = "@@BMOE"
 _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT = 1, 2, 3
 SYNC_DATA_MAX = 64 * 1024
+# What adbutils lets out when the link to a phone fails: its own errors (a FAIL answer, a
+# timeout), socket errors (reset, refused: the adb server gone), EOFError from read_exact on a
+# stream cut short ("Expected 5 bytes, got 0" when the phone's adbd dies), struct.error from a
+# short sync reply, ValueError from a garbled length. Every call into adbutils catches all of them.
+TRANSPORT_ERRORS = (AdbError, OSError, EOFError, struct.error, ValueError)
 
 
 @dataclass(frozen=True)
@@ -52,9 +61,10 @@ class AdbServer:
 
 
 class _Connection(AdbConnection):
-    """adbutils' server connection, closed at once when the server answers FAIL. adbutils 2.12
-    raises from check_okay() and leaves the socket to the garbage collector (openatx/adbutils
-    PR #178), so every call to a lost phone would leak one until then."""
+    """adbutils' server connection, closed at once when the server answers FAIL (adbutils 2.12
+    raises from check_okay() and leaves the socket to the garbage collector, openatx/adbutils
+    PR #178, so every call to a lost phone would leak one until then), and never starting a
+    server of its own when none answers."""
 
     def check_okay(self) -> None:
         try:
@@ -63,11 +73,41 @@ class _Connection(AdbConnection):
             self.close()
             raise
 
+    def _safe_connect(self) -> socket.socket:
+        # adbutils answers a refused connection by running `adb start-server` (on
+        # ANDROID_ADB_SERVER_PORT or 5037) and trying again, so a lab's server that went away would
+        # be answered by a new local one; servers are started on purpose only (ensure_server). Its
+        # _create_socket also leaves the refused socket open. Same socket options as adbutils'.
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPCNT", 3), ("TCP_KEEPINTVL", 10)):
+                if hasattr(socket, option):
+                    s.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            s.settimeout(3)
+            s.connect((self._AdbConnection__host, self._AdbConnection__port))  # set by AdbConnection
+            s.settimeout(None)
+            return s
+        except socket.timeout:
+            s.close()
+            raise AdbTimeout("connect to adb server timeout") from None
+        except OSError as e:
+            s.close()
+            raise AdbConnectionError(f"connect to adb server failed: {e}") from None
+
 
 class _Client(AdbClient):
+    def __init__(self, host: str, port: int, socket_timeout: float):
+        super().__init__(host=host, port=port, socket_timeout=socket_timeout)
+        self._timeout_s = socket_timeout
+
     def make_connection(self, timeout: float | None = None) -> AdbConnection:
-        conn = super().make_connection(timeout)
-        conn.__class__ = _Connection          # same state, one method more careful
+        try:
+            conn = _Connection(self.host, self.port)
+        except TimeoutError:
+            raise AdbTimeout("connect to adb server timeout") from None
+        if timeout or self._timeout_s:
+            conn.conn.settimeout(timeout or self._timeout_s)
         return conn
 
 
@@ -81,7 +121,7 @@ def ensure_server(server: AdbServer) -> None:
     try:
         server.client().server_version()
         return
-    except (AdbError, OSError):
+    except TRANSPORT_ERRORS:
         pass
     if server.host not in ("127.0.0.1", "localhost"):
         raise DeviceError(f"no adb server answers at {server.host}:{server.port}")
@@ -89,6 +129,17 @@ def ensure_server(server: AdbServer) -> None:
                           timeout=60)
     if done.returncode != 0:
         raise DeviceError(f"cannot start adb server on port {server.port}: {done.stderr.strip()}")
+
+
+def read_range_command(remote_path: str, offset: int, nbytes: int) -> str:
+    """One shell line printing `nbytes` of a file from `offset` (a multiple of RANGE_ALIGN): `dd`
+    where the phone has it (toolbox or toybox: every Android release), else toybox `xxd`, which
+    seeks to the offset, with `xxd -r` turning its hex back into bytes (a toybox built without dd,
+    as Debian's is on a virtual phone). pipefail keeps the first xxd's failure (a missing file)."""
+    q = shlex.quote(remote_path)
+    return (f"if command -v dd >/dev/null; then dd if={q} bs={RANGE_ALIGN} skip={offset // RANGE_ALIGN} "
+            f"count={nbytes // RANGE_ALIGN} 2>/dev/null; "
+            f"else set -o pipefail; xxd -s {offset} -l {nbytes} -p {q} | xxd -r -p; fi")
 
 
 def _q(args: Sequence[str]) -> str:
@@ -106,7 +157,10 @@ class _ChunkedReader:
         self.progress = progress
 
     def read(self, _n: int = -1) -> bytes:
-        chunk = self.fh.read(SYNC_DATA_MAX)
+        try:
+            chunk = self.fh.read(SYNC_DATA_MAX)
+        except OSError as e:    # this host's file, not the phone: not a lost device
+            raise DeviceError(f"push: cannot read {self.fh.name}: {e.strerror or e}") from None
         self.done += len(chunk)
         if self.progress and chunk:
             self.progress(self.done, self.total)
@@ -116,15 +170,21 @@ class _ChunkedReader:
         self.fh.close()
 
 
-def _lost_or_error(device: AdbDevice, server: AdbServer, what: str, e: Exception) -> DeviceError:
+def _lost_or_error(device: AdbDevice, server: AdbServer, what: str, e: BaseException) -> DeviceError:
+    """A FAIL answer from a phone the server still lists is that phone refusing one request
+    (DeviceError: a missing file to pull …). Anything else — the stream cut, a reset, a timeout, a
+    garbled reply, the server gone, or a phone no longer listed — is DeviceLost, which the runner
+    retries and records as `device_lost`: the link failed, not the phone's answer."""
     serial = device.serial
-    try:
-        present = any(d.serial == serial and d.state == "device" for d in server.client().list())
-    except (AdbError, OSError):
-        present = False
-    if not present:
-        return DeviceLost(f"{serial}: device lost during {what} ({e})")
-    return DeviceError(f"{serial}: {what} failed: {e}")
+    reason = one_line(str(e) or type(e).__name__, 200)
+    if isinstance(e, AdbError) and not isinstance(e, AdbTimeout):
+        try:
+            present = any(d.serial == serial and d.state == "device" for d in server.client().list())
+        except TRANSPORT_ERRORS:
+            present = False
+        if present:
+            return DeviceError(f"{serial}: {what} failed: {reason}")
+    return DeviceLost(f"{serial}: device lost during {what} ({reason})")
 
 
 class AdbPhone:
@@ -143,7 +203,7 @@ class AdbPhone:
         """Run one shell command line (already quoted by the caller) and return (status, out, err)."""
         try:
             r = self._device.shell2(command, timeout=timeout_s, encoding=None, v2=True)
-        except (AdbError, OSError) as e:
+        except TRANSPORT_ERRORS as e:
             raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
         return r.returncode, r.stdout if r.stdout is not None else r.output, r.stderr or b""
 
@@ -163,7 +223,7 @@ class AdbPhone:
             serial=self.serial, backend="adb", model=props.get("ro.product.model", "unknown"),
             manufacturer=props.get("ro.product.manufacturer", "unknown"), soc=soc,
             abi=props.get("ro.product.cpu.abi", "unknown"),
-            android_release=props.get("ro.build.version.release", ""), sdk=int(sdk) if sdk.isdigit() else None,
+            android_release=props.get("ro.build.version.release", ""), sdk=_int_or_none(sdk),
             ram_total_kb=mem.get("MemTotal", 0), swap_total_kb=mem.get("SwapTotal", 0),
             kernel=self._text("uname -r").strip(),
             # a virtual phone (devices/virtual/phone.py) runs this host's binaries
@@ -189,7 +249,7 @@ class AdbPhone:
         thermal: dict[str, int] = {}
         for line in sections.get("THERMAL", "").splitlines():
             kind, _, temp = line.partition("=")
-            if temp.strip().lstrip("-").isdigit():
+            if re.fullmatch(r"-?[0-9]{1,12}", temp.strip()):
                 key, n = kind, 1
                 while key in thermal:
                     n += 1
@@ -199,8 +259,7 @@ class AdbPhone:
         for line in sections.get("CPUFREQ", "").splitlines():
             name, _, freqs = line.partition("=")
             scaling, _, cpuinfo = freqs.partition(",")
-            policies.append(CpuFreqPolicy(name, int(scaling) if scaling.isdigit() else None,
-                                          int(cpuinfo) if cpuinfo.isdigit() else None))
+            policies.append(CpuFreqPolicy(name, _int_or_none(scaling), _int_or_none(cpuinfo)))
         return DeviceState(taken_at_s=time.time(), mem_available_kb=mem.get("MemAvailable"),
                            mem_free_kb=mem.get("MemFree"), swap_free_kb=mem.get("SwapFree"), thermal_mc=thermal,
                            battery_temp_dc=parse_battery_temp_dc(sections.get("BATTERY", "")),
@@ -227,7 +286,7 @@ class AdbPhone:
         size = os.path.getsize(local_path)
         try:
             remote = self._device.sync.stat(remote_path)
-        except (AdbError, OSError) as e:
+        except TRANSPORT_ERRORS as e:
             raise _lost_or_error(self._device, self.server, "stat", e) from None
         if remote.size == size and remote.mode and self.remote_sha256(remote_path) == self._local_sha(local_path):
             return False
@@ -237,7 +296,7 @@ class AdbPhone:
         reader = _ChunkedReader(local_path, progress)
         try:
             self._device.sync.push(reader, partial, mode=0o644)
-        except (AdbError, OSError) as e:
+        except TRANSPORT_ERRORS as e:
             raise _lost_or_error(self._device, self.server, f"push of {local_path}", e) from None
         finally:
             reader.close()
@@ -247,20 +306,35 @@ class AdbPhone:
         return True
 
     def pull(self, remote_path: str, local_path: str) -> None:
+        """Stream a phone's file into local_path (whole or not at all). The phone's errors and this
+        host's are told apart: a write that fails here (a full disk) raises OSError as it is."""
         tmp = local_path + ".partial"
+        chunks = self._device.sync.iter_content(remote_path)
         try:
-            self._device.sync.pull(remote_path, tmp)
-        except (AdbError, OSError) as e:
-            if os.path.exists(tmp):
+            with open(tmp, "wb") as fh:
+                while True:
+                    try:
+                        chunk = next(chunks, None)
+                    except TRANSPORT_ERRORS as e:
+                        raise _lost_or_error(self._device, self.server, f"pull of {remote_path}", e) from None
+                    if chunk is None:
+                        break
+                    try:
+                        fh.write(chunk)
+                    except OSError as e:     # this host's disk (full?): said as such, naming the file
+                        raise OSError(e.errno, e.strerror, tmp) from None
+        except BaseException:
+            chunks.close()
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise _lost_or_error(self._device, self.server, f"pull of {remote_path}", e) from None
+            raise
         os.replace(tmp, local_path)
 
     def file_size(self, remote_path: str) -> int | None:
         # stat, not sync's STAT: that reply's size field is 32 bits, and models pass 4 GiB
         status, out, _ = self.shell(f"stat -L -c %s {shlex.quote(remote_path)} 2>/dev/null")
-        text = out.decode("ascii", "replace").strip()
-        return int(text) if status == 0 and text.isdigit() else None
+        size = _int_or_none(out.decode("ascii", "replace").strip())
+        return size if status == 0 else None
 
     def read_range(self, remote_path: str, offset: int, nbytes: int) -> bytes:
         if offset % RANGE_ALIGN or offset < 0 or nbytes < 0:
@@ -269,10 +343,9 @@ class AdbPhone:
             return b""
         blocks = -(-nbytes // RANGE_ALIGN)
         # the shell protocol keeps stdout binary-clean (no pty, no CRLF)
-        status, out, err = self.shell(f"dd if={shlex.quote(remote_path)} bs={RANGE_ALIGN} skip={offset // RANGE_ALIGN} "
-                                      f"count={blocks} 2>/dev/null", timeout_s=300)
+        status, out, err = self.shell(read_range_command(remote_path, offset, blocks * RANGE_ALIGN), timeout_s=300)
         if status != 0:
-            raise DeviceError(f"{self.serial}: cannot read {remote_path} (dd exit status {status}): "
+            raise DeviceError(f"{self.serial}: cannot read {remote_path} (exit status {status}): "
                               f"{err.decode('utf-8', 'replace').strip()[:200]}")
         return out[:nbytes]
 
@@ -302,7 +375,7 @@ class AdbPhone:
             conn = self._device.open_transport(timeout=30)
             conn.send_command(f"shell,v2,raw:{command}")
             conn.check_okay()
-        except (AdbError, OSError, EOFError) as e:
+        except TRANSPORT_ERRORS as e:
             if conn is not None:
                 conn.close()
             raise _lost_or_error(self._device, self.server, "run", e) from None
@@ -321,10 +394,9 @@ class AdbPhone:
                 line, _, rest = bytes(err_tail).partition(b"\n")
                 err_tail = bytearray(rest)
                 text = line.decode("utf-8", "replace")
-                if text.startswith(_MARK + "PID "):
-                    pid_box["pid"] = int(text.split()[1])
-                elif text.startswith(_MARK + "EXIT "):
-                    pid_box["exit"] = int(text.split()[1])
+                mark = re.fullmatch(_MARK + r"(PID|EXIT) ([0-9]{1,10})", text.strip())
+                if mark:
+                    pid_box["pid" if mark[1] == "PID" else "exit"] = int(mark[2])
                 else:
                     err.extend(line + b"\n")
                     if on_stderr:
@@ -371,9 +443,12 @@ class AdbPhone:
                 elif kind == _SHELL_EXIT:
                     exit_status = data[0] if data else None
                     break
-        except (AdbError, OSError, EOFError) as e:  # EOFError: adbutils' read_exact on a closed stream
+        except TRANSPORT_ERRORS as e:
+            # the shell stream died before its exit packet: whatever the server lists, the run's
+            # status is unknown and the link failed (adbd killed, USB pulled, server gone)
             stop.set()
-            raise _lost_or_error(self._device, self.server, f"run of {argv[0]}", e) from None
+            raise DeviceLost(f"{self.serial}: device lost during run of {argv[0]} "
+                             f"({one_line(str(e) or type(e).__name__, 200)})") from None
         finally:
             stop.set()
             conn.close()
@@ -403,7 +478,8 @@ class AdbPhone:
         """Phone clock minus host clock (seconds), measured once."""
         if self._clock_offset_s is None:
             before = time.time()
-            phone = float(self._text("date +%s").strip() or before)
+            text = self._text("date +%s").strip()
+            phone = float(text) if re.fullmatch(r"[0-9]{1,12}", text) else before  # no clock said: none
             self._clock_offset_s = phone - (before + time.time()) / 2
         return self._clock_offset_s
 
@@ -428,14 +504,31 @@ class AdbPhone:
         return events
 
     def stop_strays(self, names: Sequence[str]) -> int:
-        killed = 0
-        for name in names:
-            status, out, _ = self.shell(f"pidof {shlex.quote(name)}")
-            pids = [p for p in out.decode().split() if p.isdigit()]
-            if status == 0 and pids:
-                self.shell("kill -9 " + " ".join(pids))
-                killed += len(pids)
-        return killed
+        """Kill leftover engine processes (by process name) that share this shell's mount
+        namespace: on a phone every process adb started, on a virtual phone only its own (virtual
+        phones share this host's /proc and all run as the shell user, so `pidof NAME` would name
+        the engine another phone is measuring). Returns how many were killed."""
+        status, out, _ = self.shell(f"sh -c {shlex.quote(_STRAYS_SH)} {shlex.quote(' '.join(names))}", timeout_s=60)
+        text = out.decode("utf-8", "replace").strip().splitlines()
+        return int(text[-1]) if status == 0 and text and text[-1].isdigit() else 0
+
+
+def _int_or_none(text: str) -> int | None:
+    """A device's decimal number (ASCII digits only: str.isdigit() also takes '²', which int() refuses)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
+
+
+# $0: the engine names. mksh and toybox only; a process is ours when its comm is a name AND its
+# mount namespace is this shell's (readlink fails on other users' processes: not ours either).
+_STRAYS_SH = (
+    'me=$(readlink /proc/self/ns/mnt); n=0; '
+    'for d in /proc/[0-9]*; do '
+    'c=; read -r c 2>/dev/null < "$d/comm" || continue; '
+    'case " $0 " in *" $c "*) ;; *) continue;; esac; '
+    '[ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$me" ] || continue; '
+    'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
+    'done; echo "$n"'
+)
 
 
 def _at(timestamp: str | None, base_s: float) -> float | None:
@@ -464,8 +557,8 @@ def connect(server: AdbServer, address: str) -> str:
     """`adb connect` an endpoint (a device farm's or a virtual phone's); returns its serial."""
     try:
         msg = server.client().connect(address, timeout=10)
-    except (AdbError, OSError, socket.timeout) as e:
-        raise DeviceError(f"adb connect {address} failed: {e}") from None
+    except TRANSPORT_ERRORS as e:
+        raise DeviceError(f"adb connect {address} failed: {one_line(str(e), 200)}") from None
     if "connected" not in msg:
         raise DeviceError(f"adb connect {address}: {msg}")
     return address
@@ -478,6 +571,6 @@ def list_phones(servers: Sequence[AdbServer]) -> list[AdbPhone]:
             for d in server.client().list():
                 if d.state == "device":
                     phones.append(AdbPhone(d.serial, server))
-        except (AdbError, OSError) as e:
-            raise DeviceError(f"adb server {server.host}:{server.port}: {e}") from None
+        except TRANSPORT_ERRORS as e:
+            raise DeviceError(f"adb server {server.host}:{server.port}: {one_line(str(e), 200)}") from None
     return phones

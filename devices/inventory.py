@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from devices.adb import AdbServer, ensure_server, list_phones
 from devices.base import DeviceError, DeviceIdentity, DeviceState
 from devices.local import LocalDevice
+from engine.safetext import one_line
+
+LINE_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -21,13 +24,17 @@ class DeviceReport:
                 "error": self.error}
 
     def line(self) -> str:
+        """One terminal line. Every string in it came from the device (getprop, uname): shown
+        escaped and cut short, so a model name cannot act on the terminal."""
         i, s = self.identity, self.state
         ram = f"{i.ram_total_kb / 1024 / 1024:.1f} GiB RAM"
         what = f"Android {i.android_release}" if i.android_release else i.kernel
-        state = "state unavailable" if s is None else (
+        mem = "MemAvailable unknown" if s is None or s.mem_available_kb is None else \
             f"MemAvailable {s.mem_available_kb / 1024:,.0f} MiB"
-            + (f", CPU {s.cpu_temp_mc / 1000:.1f} °C" if s.cpu_temp_mc is not None else ""))
-        return f"{i.serial:22s} {i.model} ({i.manufacturer}, {i.soc}, {i.abi}), {what}, {ram}; {state}"
+        state = "state unavailable" if s is None else (
+            mem + (f", CPU {s.cpu_temp_mc / 1000:.1f} °C" if s.cpu_temp_mc is not None else ""))
+        text = f"{i.serial:22s} {i.model} ({i.manufacturer}, {i.soc}, {i.abi}), {what}, {ram}; {state}"
+        return one_line(text, LINE_CHARS)
 
 
 def inventory(servers: Sequence[AdbServer], start_local_server: bool = True) -> list[DeviceReport]:

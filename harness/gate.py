@@ -86,28 +86,15 @@ def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: 
 
 # ── stray engines, scoped to the device ────────────────────────────────────────────────────────
 
-# Kill processes whose name (comm) is one of the engine names AND that share this shell's mount
-# namespace: on a phone that is every process adb started; on a virtual phone, only its own.
-_STRAYS_SH = (
-    'me=$(readlink /proc/self/ns/mnt); n=0; '
-    'for d in /proc/[0-9]*; do '
-    'c=; read -r c 2>/dev/null < "$d/comm" || continue; '
-    'case " $0 " in *" $c "*) ;; *) continue;; esac; '
-    '[ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$me" ] || continue; '
-    'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
-    'done; echo "$n"'
-)
-
 
 def stop_strays(device: Device, names: Sequence[str]) -> int:
-    """Kill leftover engine processes on the device; returns how many were killed."""
+    """Kill leftover engine processes on the device; returns how many were killed. A phone
+    (devices.adb.AdbPhone.stop_strays) kills only the processes of its own mount namespace."""
     from devices.local import LocalDevice
 
     if isinstance(device, LocalDevice):
         return _stop_local_strays(names)
-    outcome = device.run(["sh", "-c", _STRAYS_SH, " ".join(names)], timeout_s=60)
-    text = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
-    return int(text[-1]) if text and text[-1].isdigit() else 0
+    return device.stop_strays(names)
 
 
 def _stop_local_strays(names: Sequence[str]) -> int:

@@ -145,13 +145,21 @@ def running_adb_server(user_home: Path):
         try:
             yield port, env
         finally:
-            subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-            deadline = _time.monotonic() + 5
-            while adb_server_pids(port) and _time.monotonic() < deadline:
-                _time.sleep(0.1)
-            for pid in adb_server_pids(port):
-                os.kill(pid, signal.SIGKILL)
+            stop_adb_server(port, env)
+
+
+def stop_adb_server(port: int, env: dict) -> None:
+    """`adb kill-server` on `port`, then SIGKILL whatever server process is still there."""
+    import adbutils
+
+    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
+    subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
+                   stdin=subprocess.DEVNULL)
+    deadline = _time.monotonic() + 5
+    while adb_server_pids(port) and _time.monotonic() < deadline:
+        _time.sleep(0.1)
+    for pid in adb_server_pids(port):
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ oom_kill counter (v1 memory.oom_control, v2 memory.events) and from /dev/kmsg's 
 PID (comm) ... anon-rss:NkB, file-rss:NkB, shmem-rss:NkB" line when readable (exact RSS). Without
 a cgroup this module is the killer: a watchdog that SIGKILLs the largest process once the phone's
 summed RSS passes its RAM. Either way the victim's name is its cmdline's first word (lmkd.cpp
-proc_get_name) and the last ~10 Hz sample fills in what the kernel did not say.
+proc_get_name; for a `#!` script, the script: see process_name) and the last ~10 Hz sample fills
+in what the kernel did not say.
 
 Formats (lmkd.cpp; event.logtags tag 10195355):
   Android 12-14  Kill 'NAME' (PID), uid UID, oom_score_adj ADJ to free NkB rss, NkB swap; reason: TEXT
@@ -71,10 +72,26 @@ def sample(pid: int, now: float) -> Optional[ProcSample]:
     except (OSError, ValueError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    name = cmdline.split(b"\0", 1)[0].split(b" ", 1)[0].decode("utf-8", "replace") or \
-        fields.get("Name", "?").strip()
+    name = process_name(cmdline, fields.get("Name", "?").strip())
     kb = lambda key: int(fields.get(key, "0 kB").split()[0])  # noqa: E731
     return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now)
+
+
+def process_name(cmdline: bytes, comm: str) -> str:
+    """The name lmkd logs: its proc_get_name() takes the cmdline's first word. A `#!` script is
+    the exception here: the kernel starts it as `INTERPRETER [ARG] SCRIPT ...` and names the
+    process (comm) after the script, so the argument comm names is logged, as the path the
+    shell ran; that is what the engine would be called were it native (bmoe-py, not python3).
+    comm is at most 15 characters, so names compare by that prefix."""
+    args = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
+    if not args:
+        return comm or "?"
+    first = args[0].split(" ", 1)[0]
+    if comm and os.path.basename(first)[:15] != comm:
+        for arg in args[1:3]:       # the script follows the interpreter and at most one option
+            if os.path.basename(arg)[:15] == comm:
+                return arg
+    return first
 
 
 class KernelLog:

@@ -28,7 +28,7 @@ from typing import Optional
 from engine.errors import BmoeError
 
 from . import cgroup as cgroups
-from .phone import INTERNAL, PhoneSpec, default_home
+from .phone import INTERNAL, PhoneSpec, UserlandMissing, default_home, host_userland
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_RAM_BYTES = 32 << 20
@@ -54,6 +54,7 @@ class PhoneInfo:
     namespace: bool
     cgroup_path: Optional[str]
     warnings: tuple[str, ...]
+    mount_namespace: Optional[str] = None   # e.g. "mnt:[4026532179]", what /proc/PID/ns/mnt of its processes reads
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
@@ -96,7 +97,8 @@ def info(name: str, home: Optional[os.PathLike | str] = None) -> PhoneInfo:
                      port=state.get("port") if running else None, serial=state.get("serial") if running else None,
                      ram_bytes=spec.ram_bytes, model=spec.model, soc=spec.soc, android=spec.android,
                      namespace=bool(state.get("namespace")), cgroup_path=cg.get("path"),
-                     warnings=tuple(state.get("warnings") or ()))
+                     warnings=tuple(state.get("warnings") or ()),
+                     mount_namespace=state.get("mount_namespace") if running else None)
 
 
 def list_phones(home: Optional[os.PathLike | str] = None) -> builtins.list[PhoneInfo]:
@@ -125,17 +127,23 @@ def _server_listening(adb_host: Optional[str], adb_port: Optional[int]) -> bool:
 def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", android: int = 14,
        port: Optional[int] = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
        home: Optional[os.PathLike | str] = None, adb_host: Optional[str] = None,
-       adb_port: Optional[int] = None, timeout_s: float = 20.0, isolated: bool = True) -> str:
+       adb_port: Optional[int] = None, timeout_s: float = 20.0, isolated: bool = True,
+       record_commands: bool = False) -> str:
     """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
 
     isolated=False skips the memory cgroup and the mount namespace (what happens anyway where
-    they are unavailable): an RSS watchdog enforces the RAM and commands see the host's files."""
+    they are unavailable): an RSS watchdog enforces the RAM and commands see the host's files.
+    record_commands=True keeps every shell/exec command line the phone is sent (recorded_commands)."""
     if not _NAME.match(name):
         raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
     if ram_bytes < MIN_RAM_BYTES:
         raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES >> 20} MiB)")
     if port is not None and not 0 < port < 65536:
         raise VirtualPhoneError(f"bad port {port}")
+    try:
+        host_userland()
+    except UserlandMissing as e:
+        raise VirtualPhoneError(str(e)) from None
     root = _home(home) / name
     internal = root / INTERNAL
     state = _read_json(internal / "state.json") or {}
@@ -143,9 +151,10 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         raise VirtualPhoneError(f"virtual phone {name!r} is already up as {state.get('serial')}")
     internal.mkdir(parents=True, exist_ok=True)
     spec = PhoneSpec(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc,
-                     android=android, abi=abi, isolated=isolated)
+                     android=android, abi=abi, isolated=isolated, record_commands=record_commands)
     (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     (internal / "state.json").unlink(missing_ok=True)
+    (internal / "commands.jsonl").unlink(missing_ok=True)   # a recording is of this run of the phone
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "devices.virtual.run", "--root", str(root), "--port", str(port or 0)]
@@ -169,6 +178,17 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         _stop(root, state)
         raise VirtualPhoneError(f"virtual phone {name!r} started but adb could not connect: {e}") from None
     return serial
+
+
+def recorded_commands(name: str, home: Optional[os.PathLike | str] = None) -> builtins.list[str]:
+    """The command lines a phone started with record_commands=True was sent, in order (an
+    interactive shell is the empty string)."""
+    path = _home(home) / name / INTERNAL / "commands.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line)["command"] or "" for line in lines if line.strip()]
 
 
 def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:

@@ -1,11 +1,24 @@
-"""The phone's own view of the filesystem: a private mount namespace for its daemon and commands.
+"""The phone's own view of the filesystem: a private mount namespace whose `/` is the phone's.
 
-Called once, single-threaded, at daemon start; every command the daemon spawns inherits it. The
-host's root is never written to: a small tmpfs becomes the new `/`, each top-level host folder
-is bind-mounted (recursively) into it, the phone's `data` and `system` folders appear as /data
-and /system (so /data/local/tmp and /system/bin/sh exist as on Android), then pivot_root. On top,
-the phone's generated /proc/meminfo, /sys/class/thermal and /sys/devices/system/cpu/cpufreq are
-bind-mounted over the host's. Mount propagation is made private first so nothing leaks back.
+Built once, single-threaded, at daemon start; the daemon itself then returns to the host's
+namespace (it needs the phone's folder, its cgroup and /dev/kmsg at their host paths) and keeps a
+file descriptor of the phone's, which every command it spawns enters (setns) before it drops to
+the shell user. The host's root is never written to.
+
+The phone's `/` is a small tmpfs (read-only once built) holding what an Android root holds:
+  /system   the phone's system folder, read-only (mksh, toybox and its applets, getprop, logcat,
+            dumpsys in /system/bin; passwd/group in /system/etc), with /bin and /etc symlinks to it
+  /data     the phone's data folder (nosuid, nodev): /data/local/tmp is the shell user's
+  /sdcard   the phone's sdcard folder (nosuid, nodev, noexec)
+  /vendor/bin, /product/bin, /system_ext/bin, /odm/bin   empty, as on a phone with nothing there
+  /proc, /sys   the host's (one kernel), with the phone's meminfo, thermal zones and cpufreq
+            policies bind-mounted over the host's
+  /dev      a tmpfs with the character devices a shell uses (null, zero, random, tty, ptmx, pts, ...)
+plus, read-only, nosuid and nodev, the few host paths an engine needs (HostPaths): the C library
+and friends (/usr/lib, /lib*) for a host-built bmoe-cli and the Python interpreter, its standard
+library and the venv for bmoe-py. Nothing else of the host is there: no /usr/bin, /tmp, /home,
+/root (beyond the interpreter's own folder), /etc of the host.
+Mount propagation is made private first so nothing leaks back to the host.
 """
 
 from __future__ import annotations
@@ -14,14 +27,24 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import sys
+import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
-MS_RDONLY, MS_BIND, MS_REC, MS_PRIVATE = 0x1, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MNT_DETACH = 0x2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "i686": 217, "armv7l": 218}
-PHONE_TOP_DIRS = ("data", "system")
+PHONE_TOP_DIRS = ("data", "system", "sdcard")
+EMPTY_BIN_DIRS = ("vendor/bin", "product/bin", "system_ext/bin", "odm/bin")
+ROOT_LINKS = {"bin": "/system/bin", "etc": "/system/etc"}   # as on Android 10+
 OVERLAYS = ("proc/meminfo", "sys/class/thermal", "sys/devices/system/cpu/cpufreq")
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx", "kmsg")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+HOST_LIB_DIRS = ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -42,39 +65,132 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str 
     _check(rc, f"mount {src or fstype} on {dst}")
 
 
-def enter(root: Path, staging: Path) -> list[str]:
-    """Move this (single-threaded) process into the phone's mount namespace.
+def setns(fd: int) -> None:
+    """Enter the mount namespace `fd` (os.setns arrived in Python 3.12). Safe between fork and exec."""
+    if _libc.setns(fd, CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "setns(CLONE_NEWNS)")
 
-    Returns the overlays that could not be placed (their host target is missing); raises
-    NamespaceUnavailable when there is no namespace at all (not root, no CAP_SYS_ADMIN)."""
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Host paths the phone sees read-only at the same place: folders, files, and symlinks
+    (recreated, so an interpreter reached through a chain of links resolves as on the host)."""
+    dirs: tuple[str, ...]
+    files: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]      # (path, target)
+
+    @classmethod
+    def for_engines(cls, python: str = sys.executable) -> "HostPaths":
+        """The C runtime and the interpreter that runs bmoe-py (and the phone's own tools)."""
+        dirs: list[str] = []
+        links: list[tuple[str, str]] = []
+        files: list[str] = []
+        for d in HOST_LIB_DIRS:
+            if os.path.islink(d):
+                links.append((d, os.readlink(d)))
+            elif os.path.isdir(d):
+                dirs.append(d)
+        paths = sysconfig.get_paths()
+        for d in (sys.prefix, paths.get("stdlib"), paths.get("platstdlib"), sysconfig.get_config_var("LIBDIR")):
+            if d and os.path.isdir(d):
+                dirs.append(os.path.abspath(d))
+        # the interpreter through its chain of links (venv/bin/python -> .../bin/python3.11)
+        path = os.path.abspath(python)
+        for _ in range(40):
+            if os.path.islink(path):
+                target = os.readlink(path)
+                links.append((path, target))
+                path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+            else:
+                if os.path.isfile(path):
+                    files.append(path)
+                break
+        dirs = _outermost(dirs)
+        covered = lambda p: any(p == d or p.startswith(d.rstrip("/") + "/") for d in dirs)  # noqa: E731
+        return cls(tuple(dirs), tuple(dict.fromkeys(f for f in files if not covered(f))),
+                   tuple(dict.fromkeys((p, t) for p, t in links if not covered(p))))
+
+
+def _outermost(dirs: list[str]) -> list[str]:
+    out: list[str] = []
+    for d in sorted(set(dirs), key=len):
+        if not any(d == o or d.startswith(o.rstrip("/") + "/") for o in out):
+            out.append(d)
+    return out
+
+
+def _parents(new: str, path: str) -> str:
+    """Create `path`'s parent folders in the new root (0755, so the shell user can walk them)."""
+    dst = os.path.join(new, path.lstrip("/"))
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    return dst
+
+
+def _bind(src: str, dst: str, flags: int, recursive: bool = False) -> None:
+    _mount(src, dst, None, MS_BIND | (MS_REC if recursive else 0))
+    if flags:
+        # a bind mount takes its own flags only on a remount
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | flags)
+
+
+def enter(root: Path, staging: Path, host: HostPaths) -> tuple[int, list[str]]:
+    """Build the phone's mount namespace and return (a file descriptor of it, overlays that could
+    not be placed). The calling (single-threaded) process ends up back in its own namespace.
+    Raises NamespaceUnavailable when there is no namespace at all (not root, no CAP_SYS_ADMIN)."""
     root = Path(root).resolve()
-    if len(root.parts) > 1 and root.parts[1] in PHONE_TOP_DIRS:
-        # the phone's /data and /system replace the host's, which would hide the phone's own folder
-        raise NamespaceUnavailable(f"the phone's folder {root} is under /{root.parts[1]}")
     nr = platform.machine()
     if nr not in SYS_PIVOT_ROOT:
         raise NamespaceUnavailable(f"pivot_root syscall number unknown on {nr}")
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    host_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    cwd = os.getcwd()
+    try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        try:
+            missing = _build(root, Path(staging).resolve(), host, nr)
+            phone_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            setns(host_ns)
+            os.chdir(cwd)
+    finally:
+        os.close(host_ns)
+    return phone_ns, missing
+
+
+def _build(root: Path, staging: Path, host: HostPaths, nr: str) -> list[str]:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    staging = Path(staging).resolve()
     staging.mkdir(parents=True, exist_ok=True)
     new = str(staging)
-    _mount("tmpfs", new, "tmpfs", 0, "mode=0755,size=16m")
-    for entry in sorted(os.listdir("/")):
-        src, dst = "/" + entry, os.path.join(new, entry)
-        if entry in PHONE_TOP_DIRS:
-            continue
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), dst)
-        elif os.path.isdir(src):
-            os.mkdir(dst)
-            _mount(src, dst, None, MS_BIND | MS_REC)
-        elif os.path.isfile(src):
-            open(dst, "w").close()
-            _mount(src, dst, None, MS_BIND)
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    # the phone's own folders
+    phone_flags = {"system": MS_RDONLY | MS_NODEV, "data": MS_NOSUID | MS_NODEV,
+                   "sdcard": MS_NOSUID | MS_NODEV | MS_NOEXEC}
     for top in PHONE_TOP_DIRS:
-        os.mkdir(os.path.join(new, top))
-        _mount(str(root / top), os.path.join(new, top), None, MS_BIND | MS_REC)
+        os.mkdir(os.path.join(new, top), 0o755)
+        _bind(str(root / top), os.path.join(new, top), phone_flags[top])
+    for rel in EMPTY_BIN_DIRS:
+        os.makedirs(os.path.join(new, rel), mode=0o755)
+    for name, target in ROOT_LINKS.items():
+        os.symlink(target, os.path.join(new, name))
+    # one kernel: the host's /proc and /sys
+    for top in ("proc", "sys"):
+        os.mkdir(os.path.join(new, top), 0o555)
+        _mount("/" + top, os.path.join(new, top), None, MS_BIND | MS_REC)
+    _dev(new)
+    # what engines need from the host, read-only
+    ro = MS_RDONLY | MS_NOSUID | MS_NODEV
+    for d in host.dirs:
+        dst = _parents(new, d)
+        os.makedirs(dst, mode=0o755, exist_ok=True)
+        _bind(d, dst, ro)
+    for path, target in host.links:
+        dst = _parents(new, path)
+        if not os.path.lexists(dst):
+            os.symlink(target, dst)
+    for f in host.files:
+        dst = _parents(new, f)
+        open(dst, "w").close()
+        _bind(f, dst, ro)
     missing = []
     for rel in OVERLAYS:
         src, dst = root / rel, os.path.join(new, rel)
@@ -88,8 +204,24 @@ def enter(root: Path, staging: Path) -> list[str]:
     os.chdir("/")
     _check(_libc.umount2(b"/.oldroot", MNT_DETACH), "umount old root")
     os.rmdir("/.oldroot")
-    # The recursive bind of the folder holding the staging mount copied the new root into
-    # itself once; detach that copy so the phone's tree has no loop.
-    if os.path.ismount(new):
-        _libc.umount2(new.encode(), MNT_DETACH)
+    # a phone's root file system is read-only
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     return missing
+
+
+def _dev(new: str) -> None:
+    dev = os.path.join(new, "dev")
+    os.mkdir(dev, 0o755)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for node in DEV_NODES:
+        src, dst = "/dev/" + node, os.path.join(dev, node)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif os.path.exists(src):
+            open(dst, "w").close()
+            _mount(src, dst, None, MS_BIND)
+    if os.path.isdir("/dev/pts"):
+        os.mkdir(os.path.join(dev, "pts"), 0o755)
+        _mount("/dev/pts", os.path.join(dev, "pts"), None, MS_BIND | MS_REC)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, os.path.join(dev, name))

@@ -1,16 +1,20 @@
 """A virtual phone: its identity, its folder, and how its commands run.
 
 Folder (default ~/.bmoe-fleet/virtual/NAME/, the phone's `/` for sync):
-  data/local/tmp/          what the phone sees as /data/local/tmp
+  data/local/tmp/          the shell user's /data/local/tmp (uid 2000, mode 0771)
   data/misc/logd/*.log     logcat buffers main, system, events, crash, kernel (logbuf.py)
+  system/bin/              mksh (sh -> mksh), toybox and its applets as symlinks, getprop, logcat, dumpsys
+  system/etc/              passwd, group (Android's ids), system/lib/bmoe-vphone/ the tools' Python
   system/build.prop        the getprop table
-  system/bin/              getprop, logcat, dumpsys (+ sh -> /bin/sh), first on the phone's PATH
+  bin -> system/bin, etc -> system/etc   as on Android 10+
   proc/meminfo, sys/class/thermal/, sys/devices/system/cpu/cpufreq/   generated each second
   .vphone/                 spec.json, state.json, daemon.log, the namespace's staging mount
 
-Commands run as `/bin/sh -c CMD` on the host inside the phone's mount namespace (namespace.py),
-after the wrapper shell has moved itself into the phone's memory cgroup (so every descendant is
-counted and OOM-killed there, and the daemon never is).
+Commands run as Android's adbd runs them: `/system/bin/sh -c CMD` (mksh), as uid/gid 2000 (shell)
+with adbd's supplementary groups, in the phone's mount namespace (namespace.py: the phone's own
+`/`), after the child has moved itself into the phone's memory cgroup (so every descendant is
+counted and OOM-killed there, and the daemon never is). Without the namespace (the fallback) they
+run as the daemon's user with the phone's /system/bin as their PATH.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import json
 import os
 import platform
 import shlex
+import shutil
+import subprocess
 import sys
 import termios
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from . import logbuf, thermal
+from . import logbuf, namespace, thermal
 from .cgroup import MemoryCgroup, MemStat
 from .meminfo import MEMINFO_PATH, MemInfo, compute, write_in_place
 
@@ -36,8 +42,44 @@ SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36
 INTERNAL = ".vphone"
 HOST_ABI = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a",
             "armv7l": "armeabi-v7a", "i686": "x86", "riscv64": "riscv64"}
-PHONE_PATH = "/system/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Android's PATH as `adb shell` gets it (issue 13's list); a phone keeps the folders it has.
+ANDROID_PATH = ("/product/bin:/apex/com.android.runtime/bin:/apex/com.android.art/bin:/system_ext/bin:"
+                "/system/bin:/system/xbin:/odm/bin:/vendor/bin:/vendor/xbin")
+PHONE_BIN_DIRS = ("/system/bin",) + tuple("/" + d for d in namespace.EMPTY_BIN_DIRS)
 PASSTHROUGH_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "LANG", "TZ")
+PHONE_TOOLS = ("getprop", "logcat", "dumpsys")
+TOOL_MODULES = ("tools.py", "logbuf.py", "thermal.py")
+
+# Android's ids (system/core/libcutils/include/private/android_filesystem_config.h)
+SHELL_UID = SHELL_GID = 2000
+ANDROID_IDS = {"root": 0, "system": 1000, "input": 1004, "log": 1007, "adb": 1011, "sdcard_rw": 1015,
+               "sdcard_r": 1028, "ext_data_rw": 1078, "ext_obb_rw": 1079, "shell": 2000, "net_bt_admin": 3001,
+               "net_bt": 3002, "inet": 3003, "net_bw_stats": 3006, "readproc": 3009, "uhid": 3011,
+               "readtracefs": 3012, "nobody": 9999}
+# adbd's drop_privileges() (packages/modules/adb daemon/main.cpp): the shell user's extra groups
+SHELL_GROUPS = tuple(ANDROID_IDS[g] for g in ("input", "log", "adb", "sdcard_rw", "sdcard_r", "ext_data_rw",
+                                                "ext_obb_rw", "net_bt_admin", "net_bt", "inet", "net_bw_stats",
+                                                "readproc", "uhid", "readtracefs"))
+# The applets Android links to toybox in /system/bin (external/toybox Android.bp `symlinks`, plus
+# grep/egrep/fgrep, which newer releases also take from toybox). A phone gets those that this
+# host's toybox build has.
+ANDROID_TOYBOX_APPLETS = frozenset("""
+acpi base64 basename bc blockdev cal cat chcon chgrp chmod chown chroot chrt cksum clear comm cmp cp
+cpio cut date dd devmem df diff dirname dmesg dos2unix du echo egrep env expand expr fallocate false
+fgrep file find flock fmt free fsync getconf getenforce grep groups gunzip gzip head hostname hwclock
+i2cdetect i2cdump i2cget i2cset iconv id ifconfig inotifyd insmod install ionice iorenice kill
+killall load_policy ln log logname losetup ls lsmod lsof lspci lsusb md5sum mkdir mkfifo mknod mkswap
+mktemp microcom modinfo modprobe more mount mountpoint mv nc netcat netstat nice nl nohup nproc
+nsenter od paste patch pgrep pidof pkill pmap printenv printf ps pwd readlink realpath renice
+restorecon rm rmdir rmmod runcon sed sendevent seq setenforce setprop setsid sha1sum sha224sum
+sha256sum sha384sum sha512sum sleep sort split start stat stop strings stty swapoff swapon sync sysctl
+tac tail tar taskset tee time timeout top touch tr true truncate tty ulimit umount uname uniq unix2dos
+unlink unshare uptime usleep uudecode uuencode uuidgen vmstat watch wc which whoami xargs xxd yes zcat
+""".split())
+
+
+class UserlandMissing(Exception):
+    """mksh or toybox is not installed on this host (Debian: apt-get install mksh toybox)."""
 
 
 def default_home() -> Path:
@@ -56,6 +98,7 @@ class PhoneSpec:
     host_abi: str = field(default_factory=lambda: HOST_ABI.get(platform.machine(), platform.machine()))
     ambient_c: float = 25.0
     isolated: bool = True  # False: no cgroup, no namespace (the fallback, on purpose)
+    record_commands: bool = False  # every shell/exec command line to .vphone/commands.jsonl (tests)
 
     @property
     def sdk(self) -> int:
@@ -112,6 +155,10 @@ class Layout:
         return self.internal / "daemon.log"
 
     @property
+    def commands_log(self) -> Path:
+        return self.internal / "commands.jsonl"
+
+    @property
     def staging(self) -> Path:
         return self.internal / "nsroot"
 
@@ -123,78 +170,222 @@ class Layout:
     def system_bin(self) -> Path:
         return self.root / "system/bin"
 
+    @property
+    def system_etc(self) -> Path:
+        return self.root / "system/etc"
+
+    @property
+    def tools_dir(self) -> Path:
+        return self.root / "system/lib/bmoe-vphone"
+
+
+def _chown(path: Path, uid: int, gid: int, mode: int) -> None:
+    """Ownership and mode as on a phone; only root can give files away (else: mode only)."""
+    try:
+        os.chown(path, uid, gid, follow_symlinks=False)
+    except PermissionError:
+        pass
+    os.chmod(path, mode)
+
+
+def _install_file(src: str, dst: Path) -> None:
+    """Copy unless the same size and mtime are there; by rename, so a running copy is never
+    rewritten in place (text file busy)."""
+    st = os.stat(src)
+    try:
+        have = os.stat(dst, follow_symlinks=False)
+        if have.st_size == st.st_size and int(have.st_mtime) == int(st.st_mtime) and not dst.is_symlink():
+            return
+    except FileNotFoundError:
+        pass
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.copy2(src, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, dst)
+
+
+def _link(path: Path, target: str) -> None:
+    if path.is_symlink() and os.readlink(path) == target:
+        return
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(target)
+
+
+def host_userland() -> tuple[str, str]:
+    """This host's mksh and toybox (what Android's /system/bin/sh and toolbox are)."""
+    found = [shutil.which(name) or next((p for p in (f"/bin/{name}", f"/usr/bin/{name}") if os.path.isfile(p)), None)
+             for name in ("mksh", "toybox")]
+    missing = [name for name, path in zip(("mksh", "toybox"), found) if path is None]
+    if missing:
+        raise UserlandMissing(f"{' and '.join(missing)} not installed: a virtual phone's shell is mksh and its "
+                              "toolbox is toybox, as on Android (Debian: apt-get install mksh toybox; run.sh "
+                              "installs them)")
+    return os.path.realpath(found[0]), os.path.realpath(found[1])
+
+
+def toybox_applets(toybox: str) -> set[str]:
+    out = subprocess.run([toybox], capture_output=True, text=True, timeout=30).stdout
+    return set(out.split())
+
+
+def _userland(layout: Layout) -> None:
+    """mksh as /system/bin/sh, toybox's applets as symlinks to it, like Android's /system/bin."""
+    mksh, toybox = host_userland()
+    _install_file(mksh, layout.system_bin / "mksh")
+    _install_file(toybox, layout.system_bin / "toybox")
+    _link(layout.system_bin / "sh", "mksh")
+    for applet in sorted(ANDROID_TOYBOX_APPLETS & toybox_applets(toybox)):
+        if applet not in PHONE_TOOLS:
+            _link(layout.system_bin / applet, "toybox")
+    layout.system_etc.mkdir(parents=True, exist_ok=True)
+    users = "".join(f"{name}:x:{uid}:{uid}::/:/system/bin/sh\n" for name, uid in ANDROID_IDS.items())
+    groups = "".join(f"{name}:x:{gid}:{'shell' if gid in SHELL_GROUPS else ''}\n" for name, gid in ANDROID_IDS.items())
+    (layout.system_etc / "passwd").write_text(users)
+    (layout.system_etc / "group").write_text(groups)
+    (layout.system_etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\n")
+    for name, target in (("bin", "system/bin"), ("etc", "system/etc")):
+        _link(layout.root / name, target)
+
 
 def prepare(spec: PhoneSpec, root: Path) -> Layout:
     """Create (or refresh) the phone's folder. Idempotent: files in data/ survive restarts."""
     layout = Layout(Path(root).resolve())
     for d in (layout.internal, layout.data_tmp, layout.root / logbuf.LOGD_DIR, layout.system_bin,
-              layout.root / "proc", layout.staging, layout.root / "sdcard"):
+              layout.tools_dir, layout.root / "proc", layout.staging, layout.root / "sdcard"):
         d.mkdir(parents=True, exist_ok=True)
     layout.spec_file.write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     props = spec.props()
     (layout.root / "system/build.prop").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     for buffer in logbuf.BUFFERS:
-        logbuf.buffer_path(layout.root, buffer).touch()
-    tools_py = Path(__file__).with_name("tools.py").resolve()
-    for tool in ("getprop", "logcat", "dumpsys"):
-        script = (f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(tools_py))} "
-                  f"{shlex.quote(str(layout.root))} {tool} \"$@\"\n")
-        path = layout.system_bin / tool
-        path.write_text(script)
-        path.chmod(0o755)
-    sh = layout.system_bin / "sh"
-    if not sh.is_symlink():
-        sh.symlink_to("/bin/sh")
+        path = logbuf.buffer_path(layout.root, buffer)
+        path.touch()
+        _chown(path, 0, ANDROID_IDS["log"], 0o660)   # logcat runs as shell, a member of `log`
+    _userland(layout)
+    here = Path(__file__).resolve().parent
+    for module in TOOL_MODULES:
+        shutil.copyfile(here / module, layout.tools_dir / module)
+    # Android's modes: /data and /data/local are walk-only for shell; /data/local/tmp is shell's
+    for rel, uid, gid, mode in (("data", 0, 0, 0o771), ("data/local", 0, 0, 0o751),
+                                ("data/local/tmp", SHELL_UID, SHELL_GID, 0o771), ("data/misc", 0, 0, 0o771),
+                                (str(logbuf.LOGD_DIR), 0, ANDROID_IDS["log"], 0o750),
+                                # shell's, so sync (file access as uid 2000, without groups) can push there
+                                ("sdcard", SHELL_UID, ANDROID_IDS["sdcard_rw"], 0o770)):
+        _chown(layout.root / rel, uid, gid, mode)
     thermal.ThermalModel(spec.soc, spec.ambient_c).write(layout.root)
     write_in_place(layout.root / MEMINFO_PATH, compute(spec.ram_bytes, MemStat(usage_bytes=0)).text())
     return layout
 
 
+def install_tools(layout: Layout, in_namespace: bool) -> None:
+    """getprop, logcat, dumpsys: shell scripts that run tools.py on this host's interpreter. In the
+    namespace they name phone paths; without it (the fallback) host paths of the phone's folder."""
+    if in_namespace:
+        sh, tools, root = "/system/bin/sh", "/system/lib/bmoe-vphone/tools.py", "/"
+    else:
+        sh, tools, root = str(layout.system_bin / "sh"), str(layout.tools_dir / "tools.py"), str(layout.root)
+    for tool in PHONE_TOOLS:
+        script = (f"#!{sh}\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(tools)} "
+                  f"{shlex.quote(root)} {tool} \"$@\"\n")
+        path = layout.system_bin / tool
+        if path.is_symlink():
+            path.unlink()
+        tmp = path.with_name(f".{tool}.tmp")
+        tmp.write_text(script)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+
+
 class VirtualPhone:
     """The running phone inside its daemon: spawns commands, keeps its generated files fresh."""
 
-    def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup], in_namespace: bool):
+    def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup],
+                 namespace_fd: Optional[int]):
         self.spec = spec
         self.layout = layout
         self.cgroup = cgroup
-        self.in_namespace = in_namespace
+        self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
         self.thermal = thermal.ThermalModel(spec.soc, spec.ambient_c)
         self._last_cpu_ns: Optional[int] = None
         self._last_tick = time.monotonic()
         self._proc_cpu: dict[int, float] = {}
 
+    @property
+    def in_namespace(self) -> bool:
+        return self.namespace_fd is not None
+
     # -- commands ---------------------------------------------------------------------------
+    def shell_path(self) -> str:
+        return "/system/bin/sh" if self.in_namespace else str(self.layout.system_bin / "sh")
+
     def argv(self, command: Optional[str]) -> list[str]:
-        join = []
-        if self.cgroup is not None:
-            join = [f"echo 0 >{shlex.quote(str(p))} || {{ echo 'vphone: cannot join the memory cgroup' >&2; "
-                    f"exit 125; }}" for p in self.cgroup.procs_files()]
-        run = 'exec /bin/sh -c "$0"' if command is not None else "exec /bin/sh -i"
-        argv = ["/bin/sh", "-c", "; ".join(join + [run])]
-        return argv + [command] if command is not None else argv
+        """adbd's exec: `sh -c CMD`, or a login shell (argv[0] `-/system/bin/sh`) for none."""
+        sh = self.shell_path()
+        return [sh, "-c", command] if command is not None else ["-" + sh]
 
     def env(self, term: str) -> dict[str, str]:
-        path = PHONE_PATH if self.in_namespace else f"{self.layout.system_bin}:{PHONE_PATH.split(':', 1)[1]}"
+        if self.in_namespace:
+            path = ":".join(d for d in ANDROID_PATH.split(":") if d in PHONE_BIN_DIRS)
+        else:
+            path = str(self.layout.system_bin)
         env = {"PATH": path, "HOME": "/" if self.in_namespace else str(self.layout.data_tmp),
                "TMPDIR": "/data/local/tmp" if self.in_namespace else str(self.layout.data_tmp),
                "ANDROID_DATA": "/data", "ANDROID_ROOT": "/system", "EXTERNAL_STORAGE": "/sdcard",
                "USER": "shell", "LOGNAME": "shell", "HOSTNAME": self.spec.device, "SHELL": "/system/bin/sh",
-               "TERM": term, "PS1": f"{self.spec.device}:/ $ ", "BMOE_VPHONE": self.spec.name,
-               "BMOE_VPHONE_ROOT": str(self.layout.root)}
+               "TERM": term, "PS1": f"{self.spec.device}:/ $ "}
         env.update({k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ})
         return env
+
+    def child_setup(self, pty: bool) -> Callable[[], None]:
+        """What the child does between fork and exec, in this order: join the phone's memory
+        cgroup (host paths, as root), enter the phone's mount namespace, take the pty, drop to the
+        shell user. Any failure ends the child with 125 and one line on its stderr."""
+        procs = [str(p) for p in self.cgroup.procs_files()] if self.cgroup is not None else []
+        ns_fd = self.namespace_fd
+
+        def setup() -> None:
+            step = "join the memory cgroup"
+            try:
+                for path in procs:
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        os.write(fd, b"0")
+                    finally:
+                        os.close(fd)
+                if ns_fd is not None:
+                    step = "enter the phone's namespace"
+                    namespace.setns(ns_fd)
+                    os.chdir("/")
+                if pty:
+                    step = "take the terminal"
+                    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+                if ns_fd is not None:
+                    step = "become the shell user"
+                    os.setgroups(list(SHELL_GROUPS))
+                    os.setresgid(SHELL_GID, SHELL_GID, SHELL_GID)
+                    os.setresuid(SHELL_UID, SHELL_UID, SHELL_UID)
+            except BaseException as e:  # noqa: BLE001 - the child must exit, never return to asyncio
+                os.write(2, f"vphone: cannot {step}: {e}\n".encode())
+                os._exit(125)
+
+        return setup
 
     async def spawn(self, command: Optional[str], *, pty_slave: Optional[int], merge_stderr: bool,
                     term: str) -> asyncio.subprocess.Process:
         self.refresh_meminfo()  # a command reading /proc/meminfo first thing sees the present
-        cwd = "/" if self.in_namespace else str(self.layout.data_tmp)
         if pty_slave is not None:
-            io = dict(stdin=pty_slave, stdout=pty_slave, stderr=pty_slave, preexec_fn=_take_ctty)
+            if self.in_namespace:
+                os.fchown(pty_slave, SHELL_UID, SHELL_GID)   # adbd (shell) opened it: the shell's tty
+            io = dict(stdin=pty_slave, stdout=pty_slave, stderr=pty_slave)
         else:
             io = dict(stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                       stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE)
-        return await asyncio.create_subprocess_exec(*self.argv(command), cwd=cwd, env=self.env(term),
-                                                    start_new_session=True, **io)
+        argv = self.argv(command)
+        # in the namespace the child changes to the phone's `/` itself, after setns
+        cwd = None if self.in_namespace else str(self.layout.data_tmp)
+        return await asyncio.create_subprocess_exec(*argv, executable=self.shell_path(), cwd=cwd,
+                                                    env=self.env(term), start_new_session=True,
+                                                    preexec_fn=self.child_setup(pty_slave is not None), **io)
 
     # -- generated files --------------------------------------------------------------------
     def mem_stat(self) -> MemStat:
@@ -249,11 +440,6 @@ class VirtualPhone:
         self._last_tick = now
         self.thermal.step(dt, self._busy_cores(dt))
         self.thermal.write(self.layout.root)
-
-
-def _take_ctty() -> None:
-    """In the child, after setsid: make the pty (its stdin) the controlling terminal."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -24,7 +24,7 @@ from . import logbuf, namespace, shellsvc, syncsvc
 from .adbd import Banner, Connection, Daemon, Service, Stream
 from .cgroup import CgroupUnavailable, MemoryCgroup
 from .lmkd import Lmkd
-from .phone import Layout, PhoneSpec, VirtualPhone, prepare
+from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
 
 log = logging.getLogger("bmoe.vphone")
 LMKD_POLL_S = 0.1
@@ -32,12 +32,18 @@ TICK_S = 1.0
 
 
 def make_router(phone: VirtualPhone):
+    sync_root = syncsvc.root_handle(phone.layout.root)
+
     def route(name: str, conn: Connection) -> Optional[Service]:
         request = shellsvc.parse_service(name)
         if request is not None:
+            if phone.spec.record_commands:
+                _record(phone.layout.commands_log, name.split(":", 1)[0], request.command)
             return lambda stream: shellsvc.serve_shell(stream, request, phone)
         if name == "sync:":
-            return lambda stream: syncsvc.serve_sync(stream, phone.layout.root)
+            # adbd serves sync as the shell user too (without the namespace: as the daemon)
+            as_user = (SHELL_UID, SHELL_GID) if phone.in_namespace else None
+            return lambda stream: syncsvc.serve_sync(stream, sync_root, as_user)
         if name == "reconnect":
             async def reconnect(stream: Stream) -> None:
                 # adbd answers "done" and kicks the transport; the server then reconnects.
@@ -49,38 +55,49 @@ def make_router(phone: VirtualPhone):
     return route
 
 
+def _record(path: Path, service: str, command: Optional[str]) -> None:
+    """One JSON line per command, one write(2) on an O_APPEND file (streams open concurrently)."""
+    line = json.dumps({"t": time.time(), "service": service, "command": command}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8", "surrogateescape"))
+    finally:
+        os.close(fd)
+
+
 def _warn_once(warnings: list[str], text: str) -> None:
     warnings.append(text)
     print(f"vphone: {text}", file=sys.stderr, flush=True)
 
 
-def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[Optional[MemoryCgroup], bool]:
+def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[Optional[MemoryCgroup], Optional[int]]:
+    """The memory cgroup and the phone's mount namespace (a file descriptor of it), each None
+    where unavailable (said once on stderr)."""
     cgroup = None
     if not spec.isolated:
         _warn_once(warnings, "isolation off: no memory cgroup (an RSS watchdog SIGKILLs above "
-                             f"{spec.ram_bytes} bytes) and no mount namespace (commands see the host's "
-                             f"filesystem; the phone's /data/local/tmp is {layout.data_tmp})")
-        return None, False
+                             f"{spec.ram_bytes} bytes) and no mount namespace (commands run as this user and "
+                             f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp})")
+        return None, None
     try:
         cgroup = MemoryCgroup.create(spec.name, layout.root, spec.ram_bytes)
     except CgroupUnavailable as e:
         _warn_once(warnings, f"{e}; falling back to an RSS watchdog that SIGKILLs above "
                              f"{spec.ram_bytes} bytes (still logged as lmkd kills)")
-    in_ns = False
+    ns_fd = None
     try:
-        missing = namespace.enter(layout.root, layout.staging)
-        in_ns = True
+        ns_fd, missing = namespace.enter(layout.root, layout.staging, namespace.HostPaths.for_engines())
         if missing:
             _warn_once(warnings, "not overlaid (missing on this host): " + ", ".join(missing))
     except (namespace.NamespaceUnavailable, OSError) as e:
-        _warn_once(warnings, f"mount namespace unavailable ({e}); commands see the host's filesystem "
-                             f"and the phone's /data/local/tmp is {layout.data_tmp}")
-    return cgroup, in_ns
+        _warn_once(warnings, f"mount namespace unavailable ({e}); commands run as this user, see the host's "
+                             f"filesystem and the phone's /data/local/tmp is {layout.data_tmp}")
+    return cgroup, ns_fd
 
 
-async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup], in_ns: bool,
+async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup], ns_fd: Optional[int],
                 port: int, warnings: list[str]) -> None:
-    phone = VirtualPhone(spec, layout, cgroup, in_ns)
+    phone = VirtualPhone(spec, layout, cgroup, ns_fd)
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
     daemon = Daemon(banner, make_router(phone), port=port)
     actual_port = await daemon.start()
@@ -91,7 +108,10 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup],
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
     logbuf.append(layout.root, "system", "ActivityManager", "System now ready")
     state = {"name": spec.name, "pid": os.getpid(), "port": actual_port, "serial": f"127.0.0.1:{actual_port}",
-             "started_at": time.time(), "namespace": in_ns, "warnings": warnings,
+             "started_at": time.time(), "namespace": ns_fd is not None,
+             # the phone's mount namespace as /proc/PID/ns/mnt names it: how the host tells its processes
+             "mount_namespace": os.readlink(f"/proc/self/fd/{ns_fd}") if ns_fd is not None else None,
+             "warnings": warnings,
              "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
                                                     "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None}}
     tmp = layout.state_file.with_suffix(".tmp")
@@ -137,11 +157,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     root = Path(args.root).resolve()
     spec = PhoneSpec.from_json(json.loads(Path(root, ".vphone/spec.json").read_text()))
-    layout = prepare(spec, root)
-    warnings: list[str] = []
-    cgroup, in_ns = setup(spec, layout, warnings)
     try:
-        asyncio.run(serve(spec, layout, cgroup, in_ns, args.port, warnings))
+        layout = prepare(spec, root)
+    except UserlandMissing as e:
+        print(f"vphone: {e}", file=sys.stderr)
+        return 1
+    warnings: list[str] = []
+    cgroup, ns_fd = setup(spec, layout, warnings)
+    install_tools(layout, ns_fd is not None)
+    try:
+        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings))
     except OSError as e:
         print(f"vphone: {e}", file=sys.stderr)
         if cgroup is not None:

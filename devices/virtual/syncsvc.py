@@ -1,4 +1,4 @@
-"""The `sync:` service (adb push/pull/ls/stat), with every path kept inside the phone's root.
+"""The `sync:` service (adb push/pull/ls/stat) on the phone's folder as its `/`, as the shell user.
 
 Wire format (AOSP file_sync_protocol.h, daemon/file_sync_service.cpp): requests are
 {u32 id, u32 path_length <= 1024, path}. STAT -> {STAT, mode, size, mtime} (zeros when missing);
@@ -6,16 +6,26 @@ STA2/LST2 -> sync_stat_v2 (errno in `error`); LIST/LIS2 -> DENT/DNT2 entries the
 with id DONE; SEND "path,mode" -> DATA {u32 size <= 64 KiB, bytes}... DONE {mtime} -> OKAY/FAIL;
 RECV -> DATA... DONE; QUIT ends the session. A request arrives split across WRTE payloads however
 the server likes, so this reads a byte stream, not packets. Any FAIL ends the session, as in adbd.
+
+Refusals are adbd's: paths are walked with the phone's folder as `/` (`..` stops there, absolute
+symlinks restart there), files are touched as the shell user (setfsuid), and what that user may not
+do fails the way it fails on a phone: STAT/STA2/LST2 answer zeros or the errno, LIST answers no
+entries, only RECV and SEND answer FAIL ("open failed: …", "couldn't create file: …"). A FAIL to a
+stat request is a protocol fault to the adb client (it aborts), so none is ever sent there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import errno
 import logging
 import os
 import stat as statmod
 import struct
 from pathlib import Path
+from typing import Optional
 
 from .adbd import Stream
 
@@ -31,32 +41,63 @@ DENT_V2 = struct.Struct("<4sIQQIIIIQqqqI")
 DATA = struct.Struct("<4sI")
 
 
-class PathEscape(Exception):
-    """A sync path that would leave the phone's root (`..` above it, or a symlink out of it)."""
+MAX_SYMLINKS = 40          # the kernel's limit (ELOOP)
+HIDDEN_TOP = ".vphone"     # the daemon's own folder inside the phone's: not part of the phone
 
 
 class SyncEnd(Exception):
     """The session is over (QUIT, a FAIL sent, or the peer closed the stream)."""
 
 
-def resolve(root: Path, remote: str) -> Path:
-    """Map an absolute phone path to the host path under `root`, refusing escapes."""
+def resolve(root: Path, remote: str, follow_last: bool = True) -> Path:
+    """The host path of a phone path, walked as the kernel walks it with the phone's folder `root`
+    as `/` (a /proc/self/fd/N path of the folder, so the host folders above it need not be
+    searchable by the shell user):
+    `..` at `/` stays at `/`, and a symlink's absolute target starts again at the phone's `/`, so
+    no path leaves the folder (as no path leaves a chroot). Raises OSError (ELOOP, ENOENT)."""
+    root_real = str(root)
+    todo = [c for c in reversed(remote.split("/")) if c not in ("", ".")]
     parts: list[str] = []
-    for comp in remote.split("/"):
-        if comp in ("", "."):
-            continue
+    links = 0
+    while todo:
+        comp = todo.pop()
         if comp == "..":
-            if not parts:
-                raise PathEscape(remote)
-            parts.pop()
-        else:
-            parts.append(comp)
-    host = Path(root, *parts)
-    root_real = os.path.realpath(root)
-    real = os.path.realpath(host)
-    if real != root_real and not real.startswith(root_real + os.sep):
-        raise PathEscape(remote)
-    return Path(real)
+            if parts:
+                parts.pop()
+            continue
+        if not parts and comp == HIDDEN_TOP:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), remote)
+        candidate = os.path.join(root_real, *parts, comp)
+        if (todo or follow_last) and os.path.islink(candidate):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), remote)
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                parts = []
+            todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
+            continue
+        parts.append(comp)
+    return Path(root_real, *parts)
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+@contextlib.contextmanager
+def filesystem_user(uid: Optional[int], gid: Optional[int]):
+    """File access as `uid`/`gid` (setfsuid: this thread only, and root's file capabilities drop
+    while it lasts), the way adbd (running as shell) touches files; None: as the daemon."""
+    if uid is None:
+        yield
+        return
+    _libc.setfsgid(gid)
+    _libc.setfsuid(uid)
+    try:
+        yield
+    finally:
+        _libc.setfsuid(os.geteuid())
+        _libc.setfsgid(os.getegid())
 
 
 class _Input:
@@ -84,19 +125,31 @@ class _Input:
 
 
 def _parse_mode(text: str) -> int:
+    """A SEND mode as adbd reads it (an unsigned 32-bit mode_t); anything else is ValueError."""
     text = text.strip()
     if text.lower().startswith("0x"):
-        return int(text, 16)
-    if text.startswith("0") and len(text) > 1:
-        return int(text, 8)
-    return int(text)
+        mode = int(text, 16)
+    elif text.startswith("0") and len(text) > 1:
+        mode = int(text, 8)
+    else:
+        mode = int(text)
+    if not 0 <= mode <= 0xFFFFFFFF:
+        raise ValueError(f"mode {text} out of range")
+    return mode
 
 
 class SyncSession:
-    def __init__(self, stream: Stream, root: Path):
+    """One sync: stream. `as_user` (uid, gid): every file is touched as that user (the phone's
+    shell, as adbd does on a user build); None: as the daemon (the fallback without a namespace)."""
+
+    def __init__(self, stream: Stream, root: Path, as_user: Optional[tuple[int, int]] = None):
         self.stream = stream
         self.root = Path(root)
         self.inp = _Input(stream)
+        self.uid, self.gid = as_user if as_user is not None else (None, None)
+
+    def fs(self):
+        return filesystem_user(self.uid, self.gid)
 
     async def fail(self, reason: str) -> None:
         msg = reason.encode("utf-8", "replace")
@@ -114,7 +167,8 @@ class SyncSession:
         ident, length = REQUEST.unpack(await self.inp.exactly(REQUEST.size))
         if length > MAX_PATH:
             await self.fail("path too long")
-        path = (await self.inp.exactly(length)).decode("utf-8", "surrogateescape")
+        # adbd hands the path to the kernel as a C string: it ends at the first NUL
+        path = (await self.inp.exactly(length)).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         if ident == b"QUIT":
             raise SyncEnd("quit")
         handler = {b"STAT": self.stat_v1, b"STA2": self.stat_v2, b"LST2": self.stat_v2,
@@ -124,28 +178,22 @@ class SyncSession:
             await self.fail(f"unknown command {ident.hex()}")
         await handler(ident, path)
 
-    async def host_path(self, remote: str, remote_for_message: str | None = None) -> Path:
-        try:
-            return resolve(self.root, remote)
-        except PathEscape:
-            log.warning("refused path escaping the phone's root: %r", remote)
-            await self.fail(f"'{remote_for_message or remote}': path escapes the device root")
-            raise  # not reached: fail() raises
-
-    # -- stat / list ------------------------------------------------------------------------
+    # -- stat / list: never FAIL (the adb client aborts on a FAIL here); errors are in the reply
     async def stat_v1(self, ident: bytes, path: str) -> None:
-        host = await self.host_path(path)
         try:
-            st = os.lstat(host)
+            with self.fs():
+                st = os.lstat(resolve(self.root, path, follow_last=False))
             reply = STAT_V1.pack(b"STAT", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime))
         except OSError:
             reply = STAT_V1.pack(b"STAT", 0, 0, 0)
         await self.stream.write(reply)
 
     async def stat_v2(self, ident: bytes, path: str) -> None:
-        host = await self.host_path(path)
+        follow = ident == b"STA2"
         try:
-            st = os.stat(host) if ident == b"STA2" else os.lstat(host)
+            with self.fs():
+                host = resolve(self.root, path, follow_last=follow)
+                st = os.stat(host) if follow else os.lstat(host)
             reply = STAT_V2.pack(ident, 0, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid,
                                  st.st_gid, st.st_size, int(st.st_atime), int(st.st_mtime), int(st.st_ctime))
         except OSError as e:
@@ -159,26 +207,29 @@ class SyncSession:
         await self._list(path, v2=True)
 
     async def _list(self, path: str, v2: bool) -> None:
-        host = await self.host_path(path)
         out = bytearray()
-        try:
-            names = [".", ".."] + sorted(os.listdir(host))
-        except OSError:
-            names = []
-        for name in names:
-            raw = name.encode("utf-8", "surrogateescape")
+        with self.fs():
             try:
-                st = os.lstat(host / name)
-            except OSError as e:
+                host = resolve(self.root, path)
+                names = [".", ".."] + sorted(os.listdir(host))
+            except OSError:
+                names = []   # adbd: an unreadable folder lists nothing, then DONE
+            for name in names:
+                raw = name.encode("utf-8", "surrogateescape")
+                try:
+                    st = os.lstat(host / name)
+                except OSError as e:
+                    if v2:
+                        out += DENT_V2.pack(b"DNT2", e.errno or errno.EIO, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            len(raw)) + raw
+                    continue
                 if v2:
-                    out += DENT_V2.pack(b"DNT2", e.errno or errno.EIO, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, len(raw)) + raw
-                continue
-            if v2:
-                out += DENT_V2.pack(b"DNT2", 0, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid,
-                                    st.st_gid, st.st_size, int(st.st_atime), int(st.st_mtime),
-                                    int(st.st_ctime), len(raw)) + raw
-            else:
-                out += DENT_V1.pack(b"DENT", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime), len(raw)) + raw
+                    out += DENT_V2.pack(b"DNT2", 0, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid,
+                                        st.st_gid, st.st_size, int(st.st_atime), int(st.st_mtime),
+                                        int(st.st_ctime), len(raw)) + raw
+                else:
+                    out += DENT_V1.pack(b"DENT", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime),
+                                        len(raw)) + raw
         out += (DENT_V2.pack(b"DONE", *([0] * 12)) if v2 else DENT_V1.pack(b"DONE", 0, 0, 0, 0))
         await self.stream.write(out)
 
@@ -191,19 +242,20 @@ class SyncSession:
             mode = _parse_mode(mode_text)
         except ValueError:
             await self.fail("bad mode")
-        host = await self.host_path(path)
         if statmod.S_ISLNK(mode):
-            await self._send_link(host)
+            await self._send_link(path)
             return
         # adbd copies the user's permission bits to group and other.
         perm = mode & 0o777
         perm |= ((perm >> 3) & 0o070) | ((perm >> 3) & 0o007)
         try:
-            if host.is_symlink() or host.is_file():
-                host.unlink()
-            host.parent.mkdir(parents=True, exist_ok=True)  # fixed_push_mkdir
-            host = await self.host_path(path)  # re-check: a parent may be a fresh symlink
-            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, perm)
+            with self.fs():
+                host = resolve(self.root, path, follow_last=False)
+                if host.is_symlink() or host.is_file():
+                    host.unlink()
+                host.parent.mkdir(parents=True, exist_ok=True)  # fixed_push_mkdir
+                host = resolve(self.root, path, follow_last=False)  # a parent may be a fresh symlink
+                fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, perm)
         except OSError as e:
             await self._drain_data()
             await self.fail(f"couldn't create file: {e.strerror}")
@@ -211,17 +263,13 @@ class SyncSession:
             mtime = await self._receive_data(fd)
         except BaseException:
             os.close(fd)
-            try:
+            with contextlib.suppress(OSError), self.fs():
                 host.unlink()
-            except OSError:
-                pass
             raise
         os.fchmod(fd, perm)
+        with contextlib.suppress(OSError):
+            os.utime(fd, (mtime, mtime))
         os.close(fd)
-        try:
-            os.utime(host, (mtime, mtime), follow_symlinks=False)
-        except OSError:
-            pass
         await self.stream.write(DATA.pack(b"OKAY", 0))
 
     async def _receive_data(self, fd: int) -> int:
@@ -248,7 +296,7 @@ class SyncSession:
                 return
             await self.inp.exactly(size)
 
-    async def _send_link(self, host: Path) -> None:
+    async def _send_link(self, path: str) -> None:
         ident, size = DATA.unpack(await self.inp.exactly(DATA.size))
         if ident != b"DATA" or size > SYNC_DATA_MAX:
             await self.fail("invalid data message: expected ID_DATA")
@@ -257,19 +305,21 @@ class SyncSession:
         if ident != b"DONE":
             await self.fail("invalid data message: expected ID_DONE")
         try:
-            if host.is_symlink() or host.exists():
-                host.unlink()
-            host.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(target, host)
+            with self.fs():
+                host = resolve(self.root, path, follow_last=False)
+                if host.is_symlink() or host.exists():
+                    host.unlink()
+                host.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(target, host)
         except OSError as e:
             await self.fail(f"symlink failed: {e.strerror}")
         await self.stream.write(DATA.pack(b"OKAY", 0))
 
     # -- pull -------------------------------------------------------------------------------
     async def recv(self, ident: bytes, path: str) -> None:
-        host = await self.host_path(path)
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC)
+            with self.fs():
+                fd = os.open(resolve(self.root, path), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             await self.fail(f"open failed: {e.strerror}")
         try:
@@ -298,5 +348,12 @@ class SyncSession:
             os.close(fd)
 
 
-async def serve_sync(stream: Stream, root: Path) -> None:
-    await SyncSession(stream, root).run()
+def root_handle(root: Path) -> Path:
+    """A path to the phone's folder that the shell user can walk: /proc/self/fd/N of a descriptor
+    the daemon opened as root (its ancestors, e.g. a 0700 home, are never searched again)."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return Path(f"/proc/self/fd/{fd}")
+
+
+async def serve_sync(stream: Stream, root: Path, as_user: Optional[tuple[int, int]] = None) -> None:
+    await SyncSession(stream, root, as_user).run()

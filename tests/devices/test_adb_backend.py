@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -16,7 +17,9 @@ from devices.base import Device, DeviceLost, pressure_metrics
 from devices.virtual import manager
 from harness.cli import main
 
-ALLOC = ("import time; b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); "
+# the pause lets the phone's lmkd (10 Hz) see the process before the kernel kills it: a process it
+# never saw is named by its comm ("python"), as the kernel's line names it
+ALLOC = ("import time; time.sleep(0.3); b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); "
          "print('held', flush=True); time.sleep({hold_s})")
 
 
@@ -72,7 +75,7 @@ def test_timeout_kills_the_process(phone):
 
 def test_pressure_is_sampled(phone):
     before = phone.state()
-    out = phone.run(["python3", "-c", ALLOC.format(mib=64, hold_s=2.5)], sample_period_s=0.5)
+    out = phone.run([sys.executable, "-c", ALLOC.format(mib=64, hold_s=2.5)], sample_period_s=0.5)
     after = phone.state()
     assert out.exit_status == 0 and out.samples
     m = pressure_metrics(before, out.samples, after)
@@ -99,13 +102,15 @@ def test_push_skips_what_is_there_and_resends_what_changed(phone, tmp_path):
 def test_a_process_past_the_phones_ram_is_killed_and_lmkd_says_so(phones, server):
     small = AdbPhone(phones["c"].serial, server)  # 256 MiB
     since = time.time()
-    out = small.run(["python3", "-c", ALLOC.format(mib=700, hold_s=5)])
+    out = small.run([sys.executable, "-c", ALLOC.format(mib=700, hold_s=5)])
     assert out.exit_status == 137 and b"held" not in out.stdout
     events = [e for e in small.lmk_events(since) if e.pid == out.pid]
     sources = {e.source for e in events}
     assert "lmkd" in sources and "killinfo" in sources
     lmkd = next(e for e in events if e.source == "lmkd")
-    assert lmkd.fmt == "android12+" and lmkd.name == "python3" and lmkd.rss_kb > 100 * 1024
+    # lmkd names a process by its command line's first word: here the interpreter (a phone has no
+    # python3 on its PATH; the host interpreter is reachable for bmoe-py)
+    assert lmkd.fmt == "android12+" and lmkd.name == sys.executable and lmkd.rss_kb > 100 * 1024
     # an earlier kill is not reported as this one's
     assert all(e.pid != out.pid for e in small.lmk_events(time.time() + 60))
 

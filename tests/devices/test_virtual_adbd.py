@@ -1,6 +1,7 @@
 """Virtual phones through the REAL adb server and CLI (from the adbutils wheel) and adbutils.
 
-Phones run real commands in a real memory cgroup; the OOM test gets a real kernel OOM kill.
+Phones run real commands in a real memory cgroup; the OOM test gets a real kernel OOM kill. The
+commands run as Android runs them: mksh and toybox, as the shell user, in the phone's own `/`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shlex
 import socket
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from engine.errors import BmoeError
 from harness.cli_virtual import virtual
 
 MIB = 1 << 20
+PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py's interpreter is reachable
 
 
 def sh(server, phone, command: str, **kw):
@@ -93,7 +96,7 @@ def test_meminfo_available_drops_while_the_phone_holds_memory(adb_server, phones
     script = ("import time; b = bytearray(160 << 20); b[::4096] = b'x' * (len(b) // 4096); time.sleep(0.3); "
               "print([l for l in open('/proc/meminfo') if l.startswith('MemAvailable')][0].split()[1])")
     before = int(re.search(r"MemAvailable:\s+(\d+)", sh(adb_server, a, "cat /proc/meminfo").stdout.decode())[1])
-    during = int(sh(adb_server, a, f"python3 -c {shlex.quote(script)}").stdout.decode())
+    during = int(sh(adb_server, a, f"{PY} -c {shlex.quote(script)}").stdout.decode())
     assert before - during >= 150 * 1024, (before, during)
 
 
@@ -196,7 +199,7 @@ def test_cpu_work_heats_the_cpu_zones(adb_server, phones):
 
     before = cpu_temp_mc()
     spin = "import time\nt = time.time() + 2.5\nwhile time.time() < t: pass"
-    burn = sh(adb_server, b, "python3 -c " + shlex.quote(spin))
+    burn = sh(adb_server, b, f"{PY} -c " + shlex.quote(spin))
     assert burn.returncode == 0
     assert wait_for(lambda: cpu_temp_mc() - before > 300, timeout_s=3), (before, cpu_temp_mc())
 
@@ -223,15 +226,28 @@ def test_adbutils_shell2_and_sync(adb_server, phones, tmp_path):
 
 # -- memory: real OOM kills logged like lmkd -----------------------------------------------------
 
-ALLOC = ("import os, sys; print(os.getpid(), flush=True); mib = int(sys.argv[1]); "
+# the pause lets the phone's lmkd (10 Hz) sample the process before the kernel kills it
+# waits 1 s before allocating: the phone's lmkd learns a process's cmdline (the name it logs) from
+# its ~10 Hz samples, and a loaded host can stretch those (an engine's load takes seconds anyway)
+ALLOC = ("import os, sys, time; print(os.getpid(), flush=True); mib = int(sys.argv[1]); time.sleep(1.0); "
          "b = bytearray(mib << 20); b[::4096] = b'x' * (len(b) // 4096); print('survived', flush=True)")
+
+
+def alloc_engine(phone, name: str) -> str:
+    """ALLOC as an executable `#!` script in the phone's /data/local/tmp, staged the way bmoe-py is
+    (a file whose #! line is the host interpreter); returns its path on the phone."""
+    path = phone.root / "data/local/tmp" / name
+    path.write_text(f"#!{sys.executable}\n{ALLOC}\n")
+    path.chmod(0o755)
+    return f"/data/local/tmp/{name}"
 
 
 def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
     c = phones["c"]  # 256 MiB
-    ok = sh(adb_server, c, f"python3 -c {shlex.quote(ALLOC)} 64")
+    engine = alloc_engine(c, "alloc")
+    ok = sh(adb_server, c, f"{engine} 64")
     assert ok.returncode == 0 and b"survived" in ok.stdout
-    r = sh(adb_server, c, f"python3 -c {shlex.quote(ALLOC)} 1024")
+    r = sh(adb_server, c, f"{engine} 1024")
     assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
     assert b"survived" not in r.stdout
     pid = int(r.stdout.split()[0])
@@ -243,7 +259,8 @@ def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
     lines = wait_for(lambda: len(lmkd_lines()) >= 2 and lmkd_lines(), timeout_s=5)
     assert lines, "no lmkd lines for the killed process"
     kill = next(l for l in lines if "lowmemorykiller" in l)
-    m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill 'python3' "
+    # named as Android names a native engine: the path the shell ran, never the interpreter
+    m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill '/data/local/tmp/alloc' "
                  rf"\({pid}\), uid 2000, oom_score_adj 0 to free (\d+)kB rss, 0kB swap; reason: .+$", kill)
     assert m, kill
     # what the process held when the kernel killed it: its anon pages fill the 256 MiB, its
@@ -375,11 +392,11 @@ def test_other_users_cannot_connect(phones):
     assert int(as_root.stdout) >= 24  # the same probe as root gets the CNXN answer
 
 
-# -- sync path confinement -----------------------------------------------------------------------
+# -- sync: the phone's folder is its `/`, refusals are adbd's -----------------------------------
 
 class RawSync:
     """A sync: session through the adb server's host protocol (what adbutils does, minus its
-    asserts), so FAIL replies can be checked as they are."""
+    asserts), so replies can be checked as they are."""
 
     def __init__(self, server, serial: str):
         self.s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
@@ -392,33 +409,110 @@ class RawSync:
         self.s.sendall(ident + struct.pack("<I", len(raw)) + raw)
 
     def reply(self) -> tuple[bytes, bytes]:
-        ident, length = struct.unpack("<4sI", _recv_exact(self.s, 8))
-        if ident == b"FAIL":
-            return ident, _recv_exact(self.s, length)
-        return ident, b""
+        """(id, body): FAIL's message, STAT's 12 bytes, STA2/LST2's 64, DATA's bytes, DONE's word."""
+        ident, first = struct.unpack("<4sI", _recv_exact(self.s, 8))
+        if ident in (b"FAIL", b"DATA"):
+            return ident, _recv_exact(self.s, first)
+        if ident == b"STAT":
+            return ident, struct.pack("<I", first) + _recv_exact(self.s, 8)
+        if ident in (b"STA2", b"LST2"):
+            return ident, struct.pack("<I", first) + _recv_exact(self.s, 64)
+        return ident, struct.pack("<I", first)
+
+    def recv_file(self, path: str) -> tuple[bytes, bytes]:
+        """RECV: (b"DATA", the file) or (b"FAIL", the message)."""
+        self.request(b"RECV", path)
+        data = b""
+        while True:
+            ident, body = self.reply()
+            if ident == b"FAIL":
+                return ident, body
+            if ident == b"DONE":
+                return b"DATA", data
+            data += body
 
     def close(self) -> None:
         self.s.close()
 
 
-@pytest.mark.parametrize("ident,path", [
-    (b"STAT", "/data/local/tmp/../../../../etc/passwd"),
-    (b"STA2", "/../etc/hostname"),
-    (b"LST2", "/data/../../etc"),
-    (b"LIST", "/.."),
-    (b"RECV", "/data/local/tmp/../../../../../etc/passwd"),
-])
-def test_sync_refuses_paths_escaping_the_root(adb_server, phones, ident, path):
-    sync = RawSync(adb_server, phones["b"].serial)
-    try:
-        sync.request(ident, path)
-        reply, message = sync.reply()
-        assert reply == b"FAIL" and b"escapes the device root" in message
-    finally:
+@pytest.fixture
+def raw_sync(adb_server, phones):
+    opened = []
+
+    def open_sync() -> RawSync:
+        opened.append(RawSync(adb_server, phones["b"].serial))
+        return opened[-1]
+
+    yield open_sync
+    for sync in opened:
         sync.close()
 
 
-def test_sync_refuses_push_outside_and_symlink_escapes(adb_server, phones, tmp_path):
+def test_sync_walks_the_phones_root_like_the_kernel(raw_sync, phones):
+    """`..` above `/` stays at `/` and symlinks resolve inside the phone: every path lands in the
+    phone's own files (its /etc is /system/etc), never the host's."""
+    b = phones["b"]
+    phone_passwd = (b.root / "system/etc/passwd").read_bytes()
+    assert b"shell:x:2000:" in phone_passwd
+    sync = raw_sync()
+    sync.request(b"STAT", "/data/local/tmp/../../../../etc/passwd")
+    ident, body = sync.reply()
+    mode, size, _mtime = struct.unpack("<III", body)
+    assert ident == b"STAT" and mode & 0o170000 == 0o100000 and size == len(phone_passwd)
+    assert sync.recv_file("/data/local/tmp/../../../../../etc/passwd") == (b"DATA", phone_passwd)
+    sync.request(b"STA2", "/../etc/shadow")           # a phone has none: ENOENT, not a FAIL
+    ident, body = sync.reply()
+    assert ident == b"STA2" and struct.unpack_from("<I", body)[0] == 2
+    sync.request(b"STAT", "/.vphone/state.json")      # the daemon's folder is not the phone's
+    assert sync.reply() == (b"STAT", bytes(12))
+
+
+def test_sync_refuses_what_the_shell_user_may_not(raw_sync, phones):
+    """As adbd on a user build, sync runs as shell: stat and list answer with errno / nothing, only
+    RECV and SEND answer FAIL, each the way adbd words it."""
+    sync = raw_sync()
+    sync.request(b"LST2", "/data/misc/logd/main.log")  # logd's folder is not searchable by shell here
+    ident, body = sync.reply()
+    assert ident == b"LST2" and struct.unpack_from("<I", body)[0] == 13   # EACCES
+    sync.request(b"LIST", "/data")                      # /data is 0771: shell may not list it
+    assert _recv_exact(sync.s, 20) == b"DONE" + bytes(16)   # no entries, just the closing one
+    ident, message = sync.recv_file("/data/misc/logd/main.log")
+    assert (ident, message) == (b"FAIL", b"open failed: Permission denied")
+    sync = raw_sync()                                    # a FAIL ends the session, as in adbd
+    sync.request(b"SEND", "/system/bin/evil,33261")
+    data = b"should not land"
+    sync.s.sendall(b"DATA" + struct.pack("<I", len(data)) + data + b"DONE" + struct.pack("<I", 0))
+    ident, message = sync.reply()
+    assert ident == b"FAIL" and message.startswith(b"couldn't create file: ")
+    assert not (phones["b"].root / "system/bin/evil").exists()
+
+
+def test_the_real_adb_client_reports_refused_paths_and_never_aborts(adb_server, phones, tmp_path):
+    """The adb client aborts (SIGABRT, `protocol fault`) when a stat is answered with FAIL: every
+    refusal must come back as the client's own error line and exit status 1."""
+    b = phones["b"]
+    cases = [("pull", "/data/misc/logd/main.log", str(tmp_path / "main.log"), "Permission denied"),
+             ("pull", "/../../etc/shadow", str(tmp_path / "shadow"), "No such file or directory"),
+             ("pull", "/data/local/tmp/../../../../root/.ssh/id_rsa", str(tmp_path / "key"), "No such file")]
+    for verb, remote, local, words in cases:
+        r = adb_server.run("-s", b.serial, verb, remote, local)
+        assert r.returncode == 1, (remote, r.returncode, r.stderr)
+        assert words in r.stderr.decode() and not Path(local).exists(), (remote, r.stderr)
+    src = tmp_path / "evil"
+    src.write_bytes(b"#!/system/bin/sh\n")
+    for remote in ("/system/bin/evil", "/../../usr/lib/evil", "/data/evil"):
+        r = adb_server.run("-s", b.serial, "push", str(src), remote)
+        assert r.returncode == 1 and b"failed to copy" in r.stderr, (remote, r.returncode, r.stderr)
+    assert not (b.root / "system/bin/evil").exists() and not (b.root / "data/evil").exists()
+    ls = adb_server.run("-s", b.serial, "ls", "/data")
+    assert ls.returncode == 0                         # an empty listing, as adbd answers
+    for fine in ("/data/local/tmp/fine", "/sdcard/fine"):      # where the shell user may write
+        ok = adb_server.run("-s", b.serial, "push", str(src), fine)
+        assert ok.returncode == 0, (fine, ok.stderr)
+    assert sh(adb_server, b, "stat -c %u:%g /data/local/tmp/fine").stdout == b"2000:2000\n"  # pushed as shell
+
+
+def test_push_and_symlinks_stay_inside_the_phone(adb_server, phones, tmp_path):
     b = phones["b"]
     outside = tmp_path / "escaped.txt"
     sync = RawSync(adb_server, b.serial)
@@ -427,27 +521,65 @@ def test_sync_refuses_push_outside_and_symlink_escapes(adb_server, phones, tmp_p
         sync.request(b"SEND", f"/data/local/tmp{depth}{outside},33188")
         data = b"should not land"
         sync.s.sendall(b"DATA" + struct.pack("<I", len(data)) + data + b"DONE" + struct.pack("<I", 0))
-        assert sync.reply()[0] == b"FAIL"
+        assert sync.reply()[0] == b"FAIL"   # it names a folder of the phone's root: not the shell's to create
     finally:
         sync.close()
     assert not outside.exists()
     assert sh(adb_server, b, "ln -sf /etc /data/local/tmp/etc-link").returncode == 0
-    pulled = tmp_path / "hostname"
-    r = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/etc-link/hostname", str(pulled))
-    assert r.returncode != 0 and not pulled.exists()
-    sync = RawSync(adb_server, b.serial)
-    try:
-        sync.request(b"RECV", "/data/local/tmp/etc-link/hostname")
-        assert sync.reply()[0] == b"FAIL"
-    finally:
-        sync.close()
+    pulled = tmp_path / "passwd"
+    r = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/etc-link/passwd", str(pulled))
+    assert r.returncode == 0 and pulled.read_bytes() == (b.root / "system/etc/passwd").read_bytes()
+    r = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/etc-link/hostname", str(tmp_path / "hostname"))
+    assert r.returncode != 0 and not (tmp_path / "hostname").exists()
     # `..` that stays inside the root is an ordinary path
     sync = RawSync(adb_server, b.serial)
     try:
         sync.request(b"STAT", "/data/local/tmp/../tmp")
-        assert sync.reply()[0] == b"STAT"
+        ident, body = sync.reply()
+        assert ident == b"STAT" and struct.unpack_from("<I", body)[0] & 0o170000 == 0o040000
     finally:
         sync.close()
+
+
+# -- Android's userland and permissions ----------------------------------------------------------
+
+def test_the_shell_is_mksh_and_toybox_as_the_shell_user(adb_server, phones):
+    a = phones["a"]
+    ident = sh(adb_server, a, "id").stdout.decode()
+    assert ident.startswith("uid=2000(shell) gid=2000(shell) groups=2000(shell),1004(input),1007(log),1011(adb),")
+    assert "3009(readproc)" in ident
+    assert sh(adb_server, a, "readlink /system/bin/sh").stdout == b"mksh\n"
+    assert sh(adb_server, a, "echo $KSH_VERSION").stdout.startswith(b"@(#)MIRBSD KSH")
+    applets = set(sh(adb_server, a, "ls /system/bin/").stdout.decode().split())
+    assert {"toybox", "mksh", "sh", "ls", "cat", "sha256sum", "stat", "pidof", "nproc", "getprop", "logcat",
+            "dumpsys"} <= applets
+    assert sh(adb_server, a, "readlink /system/bin/sha256sum").stdout == b"toybox\n"
+    path = sh(adb_server, a, "echo $PATH").stdout.decode().strip()
+    assert path == "/product/bin:/system_ext/bin:/system/bin:/odm/bin:/vendor/bin"
+    assert sh(adb_server, a, "command -v python3 || command -v bash || command -v gawk").returncode != 0
+
+
+def test_the_phone_sees_its_own_root_not_the_hosts(adb_server, phones):
+    a = phones["a"]
+    probe = Path(f"/tmp/vphone-probe-{os.getpid()}")
+    w = sh(adb_server, a, f"echo x > {probe}")
+    assert w.returncode != 0 and not probe.exists()
+    shadow = sh(adb_server, a, "cat /etc/shadow")
+    assert shadow.returncode != 0 and shadow.stdout == b""
+    assert sh(adb_server, a, "ls /data").returncode != 0                      # 0771: walk, not list
+    assert sh(adb_server, a, "touch /data/local/tmp/mine && stat -c %u:%g:%a /data/local/tmp").stdout == \
+        b"2000:2000:771\n"
+    top = set(sh(adb_server, a, "ls /").stdout.decode().split())
+    assert {"system", "data", "proc", "sys", "dev", "vendor", "sdcard"} <= top
+    assert not top & {"tmp", "home", "var", "opt", "srv", "mnt", "boot"}
+    assert sh(adb_server, a, "readlink /etc /bin").stdout == b"/system/etc\n/system/bin\n"
+    # what engines need from the host is there, read-only
+    assert sh(adb_server, a, f"{PY} -c 'import numpy'").returncode == 0
+    assert sh(adb_server, a, f"touch {PY}").returncode != 0
+    assert sh(adb_server, a, "echo x > /system/bin/x").returncode != 0
+    # a phone refuses to drop caches to the shell user: the harness must not depend on it
+    drop = sh(adb_server, a, "echo 3 > /proc/sys/vm/drop_caches")
+    assert drop.returncode != 0 and b"denied" in drop.stderr
 
 
 # -- the CLI ------------------------------------------------------------------------------------
@@ -482,10 +614,10 @@ def test_without_isolation_a_watchdog_enforces_ram(adb_server, make_phone, capfd
     assert err.count("isolation off") == 1 and "RSS watchdog" in err  # said once, on stderr
     assert phone.cgroup_path is None
     hold = ALLOC.replace("print('survived'", "__import__('time').sleep(5); print('survived'")
-    r = sh(adb_server, phone, f"python3 -c {shlex.quote(hold)} 400")
+    r = sh(adb_server, phone, f"{PY} -c {shlex.quote(hold)} 400")
     assert r.returncode == 137 and b"survived" not in r.stdout
     pid = int(r.stdout.split()[0])
-    assert wait_for(lambda: f"Kill 'python3' ({pid}), uid 2000" in
+    assert wait_for(lambda: f"Kill '{sys.executable}' ({pid}), uid 2000" in
                     adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode())
     mem = sh(adb_server, phone, "cat /proc/meminfo").stdout.decode()
     assert "MemTotal:" in mem and f"{(160 << 20) // 1024} kB" not in mem.splitlines()[0]  # the host's file
@@ -494,8 +626,8 @@ def test_without_isolation_a_watchdog_enforces_ram(adb_server, make_phone, capfd
 
 def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
     phone = make_phone(f"old{os.getpid()}", 128 << 20, android=11)
-    r = sh(adb_server, phone, f"python3 -c {shlex.quote(ALLOC)} 512")
+    r = sh(adb_server, phone, f"{alloc_engine(phone, 'alloc11')} 512")
     assert r.returncode == 137
     pid = int(r.stdout.split()[0])
-    pattern = rf"lowmemorykiller: Kill 'python3' \({pid}\), uid 2000, oom_adj 0 to free \d+kB; reason: "
+    pattern = rf"lowmemorykiller: Kill '/data/local/tmp/alloc11' \({pid}\), uid 2000, oom_adj 0 to free \d+kB; reason: "
     assert wait_for(lambda: re.search(pattern, adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()))
