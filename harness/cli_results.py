@@ -2,7 +2,8 @@
 
 Registered into the main group by harness/cli.py, whose group turns library errors (BmoeError,
 here results.errors.ResultsError) into one-line `Error: …` messages with exit status 1.
-Everything is recomputed from campaign directories; no command talks to a device.
+Everything is recomputed from campaign directories; no command talks to a device, except
+`recommend --verify`, which runs each recommended command line once on its device.
 """
 
 from __future__ import annotations
@@ -16,44 +17,81 @@ _MODEL_FILE = click.option(
     "--model-file", "model_files", multiple=True, metavar="NAME=PATH",
     help="The GGUF of a model the runs name (repeatable): its token cycle is priced from the header when a "
          "CSV predates the cache_cycle_mb key (imported upstream runs, for instance).")
+_FORMATS = ("text", "csv", "json", "jsonl", "md")
+
+
+def _format(extra: tuple[str, ...] = ()):
+    return click.option("--format", "fmt", type=click.Choice(_FORMATS + extra),
+                        help="Output format (md: a GitHub table). Default: from -o's suffix, else text.")
+
+
+def _out(what: str):
+    return click.option("-o", "--out", "out", default="-", show_default=True, type=click.Path(dir_okay=False),
+                        help=f"Write {what} to this file (atomically); - for stdout.")
 
 
 @click.command("table")
 @_DIRS
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="runs.csv, or runs.parquet (parquet needs pyarrow).")
+@_out("the run table")
+@_format(("parquet",))
 @_MODEL_FILE
-def table_command(dirs: tuple[str, ...], out: str, model_files: tuple[str, ...]) -> None:
-    """Write the tidy run table (one row per run) of campaign directories DIRS."""
+def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files: tuple[str, ...]) -> None:
+    """Write the tidy run table (one row per run) of campaign directories DIRS.
+
+    text and md show the columns a person reads; csv, json, jsonl and parquet carry every column
+    (parquet needs pyarrow: pip install 'bmoe-fleet[parquet]')."""
     from results.table import parse_model_files, write_table
 
-    click.echo(write_table(list(dirs), out, parse_model_files(model_files)))
+    click.echo(write_table(list(dirs), out, parse_model_files(model_files), fmt), nl=out != "-")
 
 
 @click.command("recommend")
 @_DIRS
-@click.option("--json", "as_json", is_flag=True, help="Print recommendations.json (versioned) instead of text.")
+@_out("the recommendations")
+@_format()
+@click.option("--json", "as_json", is_flag=True, help="Print recommendations.json (version 2), as --format json.")
+@click.option("--verify", is_flag=True,
+              help="Run every recommended command line once (-n 1) on its device with the campaign's engine, and "
+                   "record whether the engine accepted or refused it, with the engine's line.")
 @_MODEL_FILE
-def recommend_command(dirs: tuple[str, ...], as_json: bool, model_files: tuple[str, ...]) -> None:
-    """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model."""
-    from results.recommend import recommend
+def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json: bool, verify: bool,
+                      model_files: tuple[str, ...]) -> None:
+    """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
+    as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
+    from results.recommend import recommend_command as run
     from results.table import parse_model_files
 
-    recs = recommend(list(dirs), parse_model_files(model_files))
-    click.echo(recs.to_json().rstrip("\n") if as_json else recs.text())
+    printed = run(list(dirs), "json" if as_json else fmt, out, parse_model_files(model_files), verify,
+                  echo=lambda line: click.echo(line, err=True))
+    click.echo(printed, nl=out != "-")
 
 
 @click.command("report")
 @_DIRS
-@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Site folder (created, or replaced when it holds a previous report).")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@click.option("-o", "--out", "out", type=click.Path(),
+              help="Site folder (created, or replaced when it holds a previous report); with --format community, "
+                   "a file (default: stdout).")
+@click.option("--format", "fmt", type=click.Choice(["site", "community"]), default="site", show_default=True,
+              help="site: the static benchmark site; community: one Markdown row per device in the column order "
+                   "of upstream's docs/community-benchmarks.md, ready to paste.")
+@click.option("--by", "by", default="bmoe-fleet", show_default=True, help="The community table's `By` column.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written (or the rows) as JSON.")
 @_MODEL_FILE
-def report_command(dirs: tuple[str, ...], out: str, as_json: bool, model_files: tuple[str, ...]) -> None:
-    """Render the static benchmark site (works offline from file://) for campaign directories DIRS."""
-    from results.report import build_site
+def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as_json: bool,
+                   model_files: tuple[str, ...]) -> None:
+    """Render the static benchmark site (works offline from file://), or upstream's community rows."""
     from results.table import parse_model_files
 
+    if fmt == "community":
+        from results.community import community_command
+
+        printed = community_command(list(dirs), out, by, as_json, parse_model_files(model_files))
+        click.echo(printed, nl=bool(out) and out != "-")
+        return
+    from results.report import build_site
+
+    if not out:
+        raise click.UsageError("report --format site needs -o SITE_FOLDER")
     site = build_site(list(dirs), out, parse_model_files(model_files))
     click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
 
@@ -63,16 +101,28 @@ def report_command(dirs: tuple[str, ...], out: str, as_json: bool, model_files: 
 @click.argument("b", type=click.Path(exists=True, file_okay=False))
 @click.option("--engine-a", help="Only A's runs of this engine version (compare two engines of one directory).")
 @click.option("--engine-b", help="Only B's runs of this engine version.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@_out("the comparison")
+@_format()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON, as --format json.")
+@click.option("--threshold", "threshold_pct", type=float, default=0.0, show_default=True, metavar="PCT",
+              help="Count a change beyond noise as a regression or improvement only past PCT %.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit with status 4 when a cell regressed past noise and threshold, or newly fails (for CI).")
 @_MODEL_FILE
-def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, as_json: bool,
+def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, out: str, fmt: str | None,
+                    as_json: bool, threshold_pct: float, fail_on_regression: bool,
                     model_files: tuple[str, ...]) -> None:
-    """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures."""
-    from results.compare import compare
+    """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
+
+    Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
+    from results.compare import FAIL_EXIT_STATUS, compare_command as run
     from results.table import parse_model_files
 
-    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files))
-    click.echo(result.to_json() if as_json else result.text())
+    result = run(a, b, "json" if as_json else fmt, out, threshold_pct, engine_a, engine_b,
+                 parse_model_files(model_files))
+    click.echo(result.printed, nl=out != "-")
+    if fail_on_regression and result.failed:
+        click.get_current_context().exit(FAIL_EXIT_STATUS)
 
 
 COMMANDS = (table_command, recommend_command, report_command, compare_command)

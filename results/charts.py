@@ -55,9 +55,14 @@ def _vline(x: float, color: str, dash: str, label: str, y_top: float = 1.0) -> t
     return shape, note
 
 
-def budget_figure(g: GroupAnalysis) -> dict[str, Any]:
+RECOMMENDED = "#00695c"
+
+
+def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
     """Hit % (top) and tok/s (bottom) against the budget, per series, with the token cycle, the LMK
-    boundary, killed runs, and the replayed LRU curve as the predicted hit % line."""
+    boundary, killed runs (an `auto` run at the budget it was sized to; one whose budget is not known
+    at all marked along the axis's right end), the replayed LRU curve as the predicted hit % line,
+    and the recommendation (results.recommend.Recommendation): its ceiling and its fixed budget."""
     data: list[dict[str, Any]] = []
     series = g.series()
     for i, name in enumerate(series):
@@ -82,8 +87,18 @@ def budget_figure(g: GroupAnalysis) -> dict[str, Any]:
         data.append({"type": "scatter", "mode": "markers", "name": "killed (LMK)",
                      "x": [p.budget_mib for p in killed for _ in range(p.killed)],
                      "y": [0 for p in killed for _ in range(p.killed)],
-                     "text": [rid for p in killed for rid in p.killed_run_ids],
+                     "text": [f"{rid} ({p.label})" for p in killed for rid in p.killed_run_ids],
                      "marker": {"color": KILL, "size": 13, "symbol": "x"}, "xaxis": "x", "yaxis": "y2"})
+    lost = [p for p in g.points if p.killed and math.isnan(p.budget_mib)]
+    if lost:
+        # killed before it printed the budget it was sized to: marked along the axis, at its right end
+        known = [p.budget_mib for p in g.points if not math.isnan(p.budget_mib)]
+        edge = max(known + [g.cycle_mib if not math.isnan(g.cycle_mib) else 0.0, 1.0]) * 1.05
+        data.append({"type": "scatter", "mode": "markers", "name": "killed, budget unknown",
+                     "x": [edge for p in lost for _ in range(p.killed)], "y": [0 for p in lost for _ in range(p.killed)],
+                     "text": [f"{rid} ({p.label}): killed before it reported its budget" for p in lost
+                              for rid in p.killed_run_ids],
+                     "marker": {"color": KILL, "size": 13, "symbol": "x-open"}, "xaxis": "x", "yaxis": "y2"})
     if g.replay is not None:
         r = g.replay
         data.append({"type": "scatter", "mode": "lines", "name": "replayed LRU (predicted hit %)",
@@ -103,6 +118,15 @@ def budget_figure(g: GroupAnalysis) -> dict[str, Any]:
         notes.append(n)
     if b.largest_safe_mib is not None:
         s, n = _vline(b.largest_safe_mib, SAFE, "dot", f"always survived {b.largest_safe_mib:g} MiB", 0.86)
+        shapes.append(s)
+        notes.append(n)
+    if rec is not None and rec.auto is not None:
+        s, n = _vline(rec.auto.cache_ceil_mb, RECOMMENDED, "dashdot",
+                      f"recommended ceiling {rec.auto.cache_ceil_mb} MiB", 0.79)
+        shapes.append(s)
+        notes.append(n)
+    if rec is not None and rec.fixed is not None:
+        s, n = _vline(rec.fixed.cache_mb, RECOMMENDED, "solid", f"recommended --cache-mb {rec.fixed.cache_mb}", 0.72)
         shapes.append(s)
         notes.append(n)
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"

@@ -7,7 +7,12 @@ median ratio B/A is judged against a noise threshold from the repeats' spread
 (results.analyze.differs: the ranges must not overlap and the ratio must clear
 max(10 %, 3 x the larger coefficient of variation); cells without repeats use the tables' typical
 variation). tok/s and hit % are better higher, flash MiB per token better lower. A cell that
-finished in A but fails in B is called out as newly failing.
+finished in A but fails in B is called out as newly failing, and always counts as a regression.
+
+`threshold_pct` (`--threshold PCT`) raises the bar: a change beyond noise is a regression or an
+improvement only when it also exceeds PCT % (as max(r, 1/r) - 1 of the median ratio r, like the
+noise rule). `--fail-on-regression` makes the command exit with FAIL_EXIT_STATUS when anything
+regressed, for CI; `--format md` prints the comparison as a GitHub table.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from results.table import build_table
 
 FORMAT = "bmoe-fleet.compare"
 FORMAT_VERSION = 1
+FAIL_EXIT_STATUS = 4     # compare --fail-on-regression: 1 is an error, 2 a usage error, 3 run/sweep's "incomplete"
 # metric column, label, +1 when higher is better / -1 when lower is
 METRICS = (("tok_s", "tok/s", 1), ("cache_hit_pct", "hit %", 1), ("read_mib_per_tok", "flash MiB/token", -1))
 
@@ -71,10 +77,17 @@ class Comparison:
     a: str
     b: str
     cells: tuple[CellComparison, ...]
+    threshold_pct: float = 0.0
 
     @property
     def regressions(self) -> list[CellComparison]:
-        return [c for c in self.cells if c.regressions]
+        """Cells that got worse: a metric regressed past noise and threshold, or newly failing."""
+        return [c for c in self.cells if c.regressions or c.status == "newly_failing"]
+
+    @property
+    def failed(self) -> bool:
+        """What `--fail-on-regression` fails on."""
+        return bool(self.regressions)
 
     @property
     def improvements(self) -> list[CellComparison]:
@@ -96,6 +109,7 @@ class Comparison:
 
         return clean({"format": FORMAT, "version": FORMAT_VERSION, "a": self.a, "b": self.b,
                       "noise": {"min": NOISE_MIN, "cv_factor": NOISE_CV_FACTOR, "default": NOISE_DEFAULT},
+                      "threshold_pct": self.threshold_pct,
                       "summary": {"cells": len(self.cells), "regressions": len(self.regressions),
                                   "improvements": len(self.improvements), "newly_failing": len(self.newly_failing),
                                   "only_a": sum(c.status == "only_a" for c in self.cells),
@@ -108,7 +122,8 @@ class Comparison:
     def text(self) -> str:
         lines = [f"A = {self.a}", f"B = {self.b}",
                  f"{len(self.cells)} cells: {len(self.regressions)} regressed, {len(self.improvements)} improved, "
-                 f"{len(self.newly_failing)} newly failing"]
+                 f"{len(self.newly_failing)} newly failing"
+                 + (f" (threshold {self.threshold_pct:g} % over noise)" if self.threshold_pct else "")]
         for c in self.cells:
             if c.status == "newly_failing":
                 lines.append(f"  NEWLY FAILING  {c.label}: ok in A ({c.a_ok}/{c.a_runs}), {c.b_ok}/{c.b_runs} ok in B")
@@ -150,15 +165,20 @@ def _fallback(frames: Sequence[pd.DataFrame]) -> float:
     return max(NOISE_MIN, NOISE_CV_FACTOR * float(np.median(cvs))) if cvs else NOISE_DEFAULT
 
 
-def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: float) -> MetricChange | None:
+def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: float,
+            threshold_pct: float = 0.0) -> MetricChange | None:
     if not a or not b:
         return None
     ma, mb = float(np.median(a)), float(np.median(b))
     if ma == 0 and mb == 0:
-        return MetricChange(metric, ma, mb, 1.0, NOISE_MIN, "same")
+        return MetricChange(metric, ma, mb, 1.0, max(NOISE_MIN, threshold_pct / 100), "same")
     moved, ratio, threshold = differs(a, b, fallback)
     if ma == 0:                                  # from nothing to something: the ratio is undefined
         ratio, moved = math.inf, max(a) < min(b)
+    elif moved and threshold_pct > 0:
+        # past the noise, and past the threshold asked for (measured the way the noise rule is)
+        moved = max(ratio, 1 / ratio) - 1 > threshold_pct / 100 if ratio > 0 else moved
+    threshold = max(threshold, threshold_pct / 100) if not math.isnan(threshold) else threshold
     verdict = "same"
     if moved:
         better = (ratio > 1) == (sign > 0)
@@ -166,7 +186,8 @@ def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: fl
     return MetricChange(metric, ma, mb, ratio, threshold, verdict)
 
 
-def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label: str = "B") -> Comparison:
+def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label: str = "B",
+                   threshold_pct: float = 0.0) -> Comparison:
     """Match cells of two run tables and judge every metric's change against its noise."""
     frames = []
     for t in (a, b):
@@ -193,18 +214,20 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
         changes = []
         if len(oka) and len(okb):
             for column, name, sign in METRICS:
-                change = _change(name, sign, _values(oka, column), _values(okb, column), fallback)
+                change = _change(name, sign, _values(oka, column), _values(okb, column), fallback, threshold_pct)
                 if change is not None:
                     changes.append(change)
         cells.append(CellComparison(_label(row), key, len(ra), len(rb), len(oka), len(okb), status, tuple(changes),
                                     tuple(ra["run_id"]), tuple(rb["run_id"])))
-    return Comparison(a_label, b_label, tuple(cells))
+    return Comparison(a_label, b_label, tuple(cells), threshold_pct)
 
 
 def compare(a: str | Path, b: str | Path, engine_a: str | None = None, engine_b: str | None = None,
-            model_files: Mapping[str, str] | None = None) -> Comparison:
+            model_files: Mapping[str, str] | None = None, threshold_pct: float = 0.0) -> Comparison:
     """`bmoe-fleet compare`: campaign directory A against B; with engine_a/engine_b, only the runs of
     those engine versions on each side (A and B may then be the same directory)."""
+    if not (threshold_pct >= 0 and math.isfinite(threshold_pct)):
+        raise ResultsError(f"--threshold {threshold_pct:g}: give a percentage of 0 or more")
     ta, tb = build_table([a], model_files), build_table([b], model_files)
     for side, t, engine in (("A", ta, engine_a), ("B", tb, engine_b)):
         if engine is not None and not (t["engine"] == engine).any():
@@ -216,4 +239,75 @@ def compare(a: str | Path, b: str | Path, engine_a: str | None = None, engine_b:
         tb = tb[tb["engine"] == engine_b]
     label_a = f"{a}" + (f" (engine {engine_a})" if engine_a else "")
     label_b = f"{b}" + (f" (engine {engine_b})" if engine_b else "")
-    return compare_tables(ta, tb, label_a, label_b)
+    return compare_tables(ta, tb, label_a, label_b, threshold_pct)
+
+
+# ── output ───────────────────────────────────────────────────────────────────────────────────
+
+ROW_COLUMNS = ("device", "model", "top_k", "budget", "settings", "status", "metric", "a", "b", "change_pct",
+               "noise_pct", "verdict")
+_ROW_HEADERS = ("device", "model", "k", "budget", "settings", "status", "metric", "A", "B", "change %",
+                "noise %", "verdict")
+_NUMERIC = ("top_k", "a", "b", "change_pct", "noise_pct")
+
+
+def comparison_rows(c: Comparison) -> list[dict[str, Any]]:
+    """One row per cell and metric (a cell with nothing to compare gets one row for its status)."""
+    rows = []
+    for cell in c.cells:
+        key = dict(zip(CELL_KEYS, cell.key))
+        budget = key["budget_asked"]
+        base = {"device": key["device"], "model": key["model"], "top_k": key["n_expert_used"],
+                "budget": "cache 0" if budget == "0" else budget if budget in ("auto", "mmap", "resident")
+                else f"{budget} MiB", "settings": " ".join(x for x in (
+                    f"dense={key['dense_weights']}" if key["dense_weights"] else "", key["engine_args"],
+                    key["engine_flags"]) if x),
+                "status": "newly failing" if cell.status == "newly_failing" else cell.status.replace("_", " ")}
+        if not cell.changes:
+            rows.append({**base, "metric": "", "a": f"{cell.a_ok}/{cell.a_runs} ok", "b": f"{cell.b_ok}/{cell.b_runs} ok",
+                         "verdict": "regression" if cell.status == "newly_failing" else ""})
+        for m in cell.changes:
+            change = (m.ratio - 1) * 100 if m.ratio and math.isfinite(m.ratio) else math.nan
+            rows.append({**base, "metric": m.metric, "a": m.a_median, "b": m.b_median, "change_pct": change,
+                         "noise_pct": m.threshold * 100, "verdict": m.verdict})
+    return rows
+
+
+def render(c: Comparison, fmt: str) -> str:
+    from results import formats
+
+    if fmt == "json":
+        return c.to_json() + "\n"
+    if fmt == "jsonl":
+        return formats.to_jsonl(c.to_dict()["cells"])
+    rows = comparison_rows(c)
+    if fmt == "csv":
+        return formats.to_csv(rows, ROW_COLUMNS)
+    if fmt == "md":
+        head = (f"**{len(c.cells)} cells: {len(c.regressions)} regressed, {len(c.improvements)} improved, "
+                f"{len(c.newly_failing)} newly failing**"
+                + (f" (threshold {c.threshold_pct:g} % over noise)" if c.threshold_pct else "")
+                + f" — A = `{c.a}`, B = `{c.b}`\n\n")
+        return head + formats.to_md(rows, ROW_COLUMNS, _ROW_HEADERS, _NUMERIC)
+    return c.text() + "\n"
+
+
+@dataclass(frozen=True)
+class CompareOutput:
+    comparison: Comparison
+    printed: str | None              # what to print: the comparison, or where it was written
+
+    @property
+    def failed(self) -> bool:
+        return self.comparison.failed
+
+
+def compare_command(a: str | Path, b: str | Path, fmt: str | None = None, out: str | None = None,
+                    threshold_pct: float = 0.0, engine_a: str | None = None, engine_b: str | None = None,
+                    model_files: Mapping[str, str] | None = None) -> CompareOutput:
+    """`bmoe-fleet compare`: the comparison rendered in `fmt`, written to `out` (or stdout)."""
+    from results import formats
+
+    fmt = formats.choose_format(fmt, out)
+    result = compare(a, b, engine_a, engine_b, model_files, threshold_pct)
+    return CompareOutput(result, formats.emit(render(result, fmt), out, "the comparison"))

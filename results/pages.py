@@ -34,23 +34,38 @@ class RecRow:
     model: Link
     top_k: str
     cycle: str
-    fixed: str                       # "--cache-mb 39"
-    auto: str                        # "--cache-mb auto --cache-ceil-mb 39" or "—"
+    fixed: str                       # the measured command line of the fixed budget, or "—"
+    auto: str                        # "--moe-stream --cache-mb auto … --cache-ceil-mb 39 …" or "—"
     dense: str
     confidence: str
+    summary: str                     # the why in one short clause (the full reason is one click away)
     reason: str
     cache_off: bool
     replay: str                      # "replay: 36.4 % hit predicted at 39 MiB; knee 30 MiB" or ""
     evidence: str                    # "6 runs, 2 repeats at 39 MiB, spread 12 %"
+    verified: str = ""               # "fixed accepted; auto accepted" after `recommend --verify`
 
 
 @dataclass(frozen=True)
 class CampaignRow:
     label: str
-    folder: str
     runs: int
     outcomes: str                    # "ok 6, lmk_killed 6"
     imported: bool
+    engines: str                     # "bmoe-py 0.1.0, 0.19.0"
+    dates: str                       # "2026-08-01 10:02 – 10:40" (local time of the site's build)
+
+
+@dataclass(frozen=True)
+class DeviceCard:
+    """A device on the index: what it is, what to ship on it, and its recommendations (a stacked
+    card on a phone-width screen)."""
+
+    device: Link
+    identity: str                    # "Google Pixel 8 · gs301 · 7,823 MiB RAM"
+    default: str                     # the default's command line
+    notes: tuple[str, ...]
+    recommendations: tuple[RecRow, ...]
 
 
 @dataclass(frozen=True)
@@ -60,10 +75,12 @@ class IndexPage:
     campaigns: tuple[CampaignRow, ...]
     devices: tuple[Link, ...]
     models: tuple[Link, ...]
-    recommendations: tuple[RecRow, ...]
-    defaults: tuple[Link, ...]       # per device: its default ceiling (text) linking to the device page
+    cards: tuple[DeviceCard, ...]    # per device: identity, default, recommendations
+    rule: str                        # the rule for phones never measured, in words ("" when there is none)
+    engines: str                     # every engine version the runs used
     tells: tuple[Link, ...]          # contamination tells, linking to a run
     runs: int
+    needs_plotly: bool = False       # the index draws nothing
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,7 @@ class PointRow:
     floor: str
     note: str                        # "under the cycle: cache 0 is strictly better here"
     run_links: tuple[Link, ...]
+    publish: str = ""                # "below the publish bar: 8 tokens < 256, …" or "" when it meets it
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,10 @@ class DevicePage:
     groups: tuple[GroupView, ...]
     recommendations: tuple[RecRow, ...]
 
+    @property
+    def needs_plotly(self) -> bool:
+        return any(g.chart is not None for g in self.groups)
+
 
 @dataclass(frozen=True)
 class ModelPage:
@@ -120,6 +142,10 @@ class ModelPage:
     runs: tuple[Link, ...]
     # per device (and top-k): measured hit % and tok/s against the budget, with the replayed LRU curve
     budget_charts: tuple[Chart, ...] = ()
+
+    @property
+    def needs_plotly(self) -> bool:
+        return self.chart is not None or bool(self.budget_charts)
 
 
 @dataclass(frozen=True)
@@ -144,3 +170,8 @@ class RunPage:
     files: tuple[str, ...] = field(default=())
     # the cores the run had and the engines that shared them (harness.cpushare); () when not recorded
     cpu: tuple[tuple[str, str], ...] = field(default=())
+    when: str = ""                   # started, local time
+
+    @property
+    def needs_plotly(self) -> bool:
+        return bool(self.charts)

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field, fields as dataclass_fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from results.parse_config import config_from_command, config_from_tag
 from results.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
@@ -373,8 +373,9 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         elif "warnings" in values:
             warnings.append(values["warnings"])
         elif "generation" in values and "generation" in fields:
-            raise ParseError(f"{where(index)}: holds more than one run's end-of-run lines; "
-                             f"split it with read_console_runs")
+            # read_console_runs splits a capture of several runs; a stdout/stderr pair cannot be split
+            raise ParseError(f"{where(index)}: holds a second run's end-of-run lines; import its folder: "
+                             "a capture of several runs imports as that many runs")
         else:
             fields.update(values)
     if "dense_dropped_mib" in fields:
@@ -491,11 +492,60 @@ def _where(paths: tuple[str, ...], tag: str | None) -> str:
 
 
 def read_console_runs(path: str | Path) -> list[ConsoleRun]:
-    """Split a capture of several runs (upstream drivers print `==== TAG ====` before each) into
-    one ConsoleRun per run, each carrying the config its separator and command lines declare.
-    A capture without separators is one run."""
+    """Split a capture of several runs into one ConsoleRun per run, each carrying the config its
+    separator and command lines declare. Upstream drivers print `==== TAG ====` before each run;
+    A/B drivers just print one run after the other, so runs are also split where a run's end-of-run
+    block is followed by the next run's first line (see run_starts). A run that is not the only one
+    of its section is tagged `TAG#N` (`STEM#N` without a separator, STEM the file's name)."""
     lines, _ = read_lines(path)
     return split_runs(lines, str(path))
+
+
+_LOADER_START = "llama_model_loader: loaded meta data"
+
+
+def _line_kind(line: str) -> str:
+    """'generation', 'end' (the rest of an end-of-run block), 'start' (a line only the beginning of
+    a run prints: the engine's load lines, a --progress event, a cooling gate's entry state, an
+    echoed command, an error), or '' for anything else (text, llama.cpp's log)."""
+    if line.startswith("generation:"):
+        return "generation"
+    if line.startswith(PERF_PREFIXES) or line == "=== perf ===" or _PRESSURE_RE.match(line):
+        return "end"
+    if line == "=== answer ===" or line.startswith(_LOADER_START) or _ENTRY_RE.match(line) or _EVENT_RE.match(line):
+        return "start"
+    if "bmoe:" in line and any(p.search(line) for p, _ in _STDERR):
+        return "start"
+    if re.match(r"^(config error: |unknown arg: |missing value for |error: )", line):
+        return "start"
+    try:
+        if config_from_command(line):
+            return "start"
+    except NumberError:
+        return "start"
+    return ""
+
+
+def run_starts(body: Sequence[str]) -> list[int]:
+    """Where each run of a capture without separators begins. A run ends with its end-of-run
+    block (`generation:` … `moe-cache:`, a bench driver's pressure lines); the next begins right
+    after that block, once a line only a run's beginning prints, or a second `generation:`, shows
+    that another run followed. Text after the last run's block stays with it."""
+    starts = [0]
+    finished = False          # the current run printed its generation line
+    last_end = -1
+    for index, line in enumerate(body):
+        kind = _line_kind(line)
+        if finished and kind in ("start", "generation"):
+            starts.append(last_end + 1)
+            finished = kind == "generation"
+            last_end = index
+            continue
+        if kind == "generation":
+            finished, last_end = True, index
+        elif finished and kind == "end":
+            last_end = index
+    return starts
 
 
 def split_runs(lines: list[str], path: str = "") -> list[ConsoleRun]:
@@ -506,8 +556,17 @@ def split_runs(lines: list[str], path: str = "") -> list[ConsoleRun]:
             sections.append((None if m[1] in END_TAGS else m[1], index + 1, []))
         else:
             sections[-1][2].append(line)
-    runs = []
+    stem = Path(path).name.split(".")[0] if path else "run"
+    split: list[tuple[str | None, int, list[str]]] = []
     for tag, first, body in sections:
+        starts = run_starts(body)
+        if len(starts) == 1:
+            split.append((tag, first, body))
+            continue
+        for n, (a, b) in enumerate(zip(starts, starts[1:] + [len(body)]), start=1):
+            split.append((f"{tag or stem}#{n}", first + a, body[a:b]))
+    runs = []
+    for tag, first, body in split:
         if tag is None and len(sections) > 1 and not any(_match(line) for line in body):
             continue  # text before the first separator or after a DONE marker
 

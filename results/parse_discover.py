@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from results.parse_config import run_stem
-from results.parse_console import SEPARATOR_RE, END_TAGS, read_console_runs
+from results.parse_console import END_TAGS, SEPARATOR_RE, read_console_runs, run_starts
 from results.parse_csv import looks_like_metrics_csv
 from results.parse_text import ParseError, read_lines
 
@@ -105,7 +105,10 @@ def _kind(path: Path) -> str | None:
 
 
 def _is_multi_run(path: Path) -> bool:
-    return any((m := SEPARATOR_RE.match(line)) and m[1] not in END_TAGS for line in read_lines(path)[0])
+    """Separators, or several runs printed one after the other (results.parse_console.run_starts)."""
+    lines = read_lines(path)[0]
+    return any((m := SEPARATOR_RE.match(line)) and m[1] not in END_TAGS for line in lines) or \
+        len(run_starts(lines)) > 1
 
 
 def _owner(groups: dict[tuple[Path, str], RunFiles], folder: Path, tag: str) -> tuple[Path, str]:

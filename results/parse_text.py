@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from engine.errors import BmoeError
+from engine.safetext import excerpt, printable  # noqa: F401  (one escaping for every package; re-exported)
 
 BOM = "\ufeff"
 # printf's %f spellings of a number, including the nan/inf a division by zero can print
@@ -26,15 +27,7 @@ _KV_RE = re.compile(r"(\S+?)=(\S*)")
 # by an engine: the file is damaged (and Python refuses int() past 4,300 digits anyway).
 MAX_NUMBER_CHARS = 40
 NUMBER_LIMIT = 2 ** 64
-EXCERPT_CHARS = 80
 MESSAGE_CHARS = 1000
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (ESC, BEL, CR, bidi overrides …) shown as an escape, so
-    text from a file or a device can reach a terminal without acting on it."""
-    return _CONTROL_RE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 def safe_message(message: str) -> str:
@@ -110,11 +103,6 @@ def out_of_range(key: str, text: str) -> NumberError:
     digits = sum(c.isdigit() for c in text)
     shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
     return NumberError(f"{shown} ({digits} digits): no engine prints a number this large")
-
-
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """At most `limit` characters of untrusted text, control characters escaped, `…` when cut."""
-    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 def located(error: NumberError, where: str) -> NumberError:

@@ -38,11 +38,16 @@ from results import charts
 from results.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay, analyze
 from results.errors import ResultsError
 from results.pages import (
-    CampaignRow, Chart, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
+    CampaignRow, Chart, DeviceCard, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
 )
-from results.recommend import Recommendation, Recommendations, recommendations_from
+from results.publish import Redactor
+from results.recommend import Recommendation, Recommendations, recommendations_for
 from results.rundir import CampaignData, RunFolder, read_campaigns
 from results.table import build_table
+from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+
+# run-table columns a published runs.csv leaves out: where the campaign lived on this host
+HOST_COLUMNS = ("run_dir", "campaign_dir")
 
 SITE_MARKER = ".bmoe-fleet-site"
 
@@ -88,6 +93,62 @@ def fmt_kb(x: Any) -> str:
 
 def fmt_pct(x: Any) -> str:
     return "—" if _nan(x) else f"{float(x):.1f} %"
+
+
+def fmt_time(epoch: Any) -> str:
+    """Epoch seconds as local time (the zone of the machine that built the site, named)."""
+    if _nan(epoch) or not isinstance(epoch, (int, float)):
+        return "—"
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(float(epoch)))
+
+
+def fmt_celsius(x: Any, per_degree: int) -> str:
+    """A temperature kept in milli- (1000) or deci-degrees (10) as °C."""
+    if _nan(x) or isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "—"
+    return f"{float(x) / per_degree:.1f} °C"
+
+
+_UNITS = (("_mc", lambda x: fmt_celsius(x, 1000)), ("_mC", lambda x: fmt_celsius(x, 1000)),
+          ("_dc", lambda x: fmt_celsius(x, 10)), ("_dC", lambda x: fmt_celsius(x, 10)), ("_kb", lambda x: fmt_kb(x)),
+          ("_khz", lambda x: _ghz(x)))
+_TIMES = ("taken_at_s", "started_at", "ended_at", "first_seen_at", "since")
+
+
+def _human(key: str, value: Any) -> tuple[str, str]:
+    """A recorded key and value as a person reads them: m°C and d°C as °C, kB as MiB, epoch
+    seconds as local time, kHz as GHz, per-zone temperatures one phrase each; the unit leaves
+    the key's name once the value carries it."""
+    k = key
+    if k == "cpufreq" and isinstance(value, list):
+        return "CPU frequency cap", ", ".join(
+            f"{v.get('name')} {_ghz(v.get('scaling_max_khz'))} of {_ghz(v.get('cpuinfo_max_khz'))}"
+            + (" (capped)" if v.get("capped") else "") for v in value if isinstance(v, Mapping)) or "none reported"
+    if isinstance(value, Mapping) and (k.endswith("_mc") or k.endswith("_c")):
+        scale = 1000 if k.endswith("_mc") else 1
+        return k.removesuffix("_mc").removesuffix("_c").replace("_", " "), ", ".join(
+            f"{zone} {fmt_celsius(v, scale)}" for zone, v in value.items()) or "none"
+    for suffix, fn in _UNITS:
+        if k.endswith(suffix):
+            label = k[: -len(suffix)].replace("_", " ")
+            return label, fn(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
+    if k in _TIMES or k.endswith("_at"):
+        return k.removesuffix("_s").replace("_", " "), fmt_time(value)
+    if isinstance(value, bool) or value is None:
+        return k.replace("_", " "), "—" if value is None else ("yes" if value else "no")
+    if isinstance(value, (int, float)):
+        if k.endswith("_s"):
+            return k[:-2].replace("_", " "), f"{fmt_num(float(value))} s"
+        return k.replace("_", " "), fmt_num(value) if isinstance(value, float) else str(value)
+    if isinstance(value, (dict, list)):
+        return k.replace("_", " "), json.dumps(value, ensure_ascii=False)
+    return k.replace("_", " "), str(value)
+
+
+def _ghz(khz: Any) -> str:
+    return "—" if _nan(khz) or not isinstance(khz, (int, float)) else f"{float(khz) / 1e6:.2f} GHz"
 
 
 def slug(text: str) -> str:
@@ -149,13 +210,34 @@ def _rec_row(r: Recommendation, root: str) -> RecRow:
     evidence = (f"{ev['runs']} runs; {ev['repeats_at_largest_safe']} at the largest safe budget, spread "
                 f"{ev['spread_pct_at_largest_safe']:.0f} %" + (f"; not higher: {'; '.join(r.confidence_reasons)}"
                                                               if r.confidence_reasons else ""))
+    verified = "; ".join(f"{name} {v['status']}" + (f" ({v['line']})" if v.get("line") else "")
+                         for name, v in (r.verification or {}).items())
     return RecRow(
         device=Link(r.device, root + Urls.device(r.device)), model=Link(r.model, root + Urls.model(r.model)),
         top_k=str(r.top_k) if r.top_k is not None else "default", cycle=fmt_mib(r.cycle_mib) + (
             f" ({r.cycle_source})" if r.cycle_source else ""),
-        fixed=" ".join(r.fixed.argv), auto=" ".join(r.auto.argv) if r.auto else "—",
-        dense=f"--dense-weights {r.dense_mode}" if r.dense_mode else "—", confidence=r.confidence, reason=r.reason,
-        cache_off=r.cache_off, replay=replay, evidence=evidence)
+        fixed=shlex.join(r.fixed.argv) if r.fixed else "—", auto=shlex.join(r.auto.argv) if r.auto else "—",
+        dense=f"--dense-weights {r.dense_mode}" if r.dense_mode else "—", confidence=r.confidence,
+        summary=r.summary, reason=r.reason, cache_off=r.cache_off, replay=replay, evidence=evidence,
+        verified=verified)
+
+
+def publish_shortfall(run_ids: Sequence[str], table: pd.DataFrame) -> str:
+    """Why the runs of one budget point fall short of `sweep --preset publish` (method rules 5
+    and 8: >= 256 tokens, >= 3 repeats, a reverse pass), or "" when they meet it."""
+    mine = table[table["run_id"].isin(list(run_ids))]
+    if not len(mine):
+        return ""
+    missing = []
+    tokens = pd.to_numeric(mine["tokens"], errors="coerce")
+    ok_tokens = tokens[mine["outcome"] == "ok"]
+    if len(ok_tokens) and ok_tokens.min() < PUBLISHED_MIN_TOKENS:
+        missing.append(f"{ok_tokens.min():.0f} tokens < {PUBLISHED_MIN_TOKENS}")
+    if len(mine) < PUBLISH_MIN_REPEATS:
+        missing.append(f"{len(mine)} run{'s' if len(mine) != 1 else ''} < {PUBLISH_MIN_REPEATS}")
+    if "pass" in mine.columns and mine["pass"].nunique() < 2:
+        missing.append("no reverse pass")
+    return ("below the publish bar: " + ", ".join(missing)) if missing else ""
 
 
 def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
@@ -166,7 +248,7 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
     links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
                   for i, rid in enumerate(p.run_ids))
     return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
-                    f"under the cycle: {p.advice}" if p.under_cycle else "", links)
+                    f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table))
 
 
 def _drawable(figure: Mapping[str, Any]) -> bool:
@@ -183,12 +265,13 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: 
     root = "../"
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
     replay = _replay_text(g.replay) if g.replay is not None else ""
-    figure = charts.budget_figure(g)
+    figure = charts.budget_figure(g, rec)
     return GroupView(
         heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
         chart=Chart(ids.next(), figure,
-                    "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets; the shaded "
-                    "band is under the token cycle, where --cache-mb 0 is strictly better")
+                    "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets (a killed "
+                    "auto run sits at the budget it was sized to); the shaded band is under the token cycle, where "
+                    "--cache-mb 0 is strictly better; the recommended ceiling and fixed budget are marked")
         if _drawable(figure) else None,
         points=tuple(_point_row(p, root, table) for p in g.points),
         baselines=tuple(_point_row(p, root, table) for p in g.baselines),
@@ -200,6 +283,8 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: 
 def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> tuple[tuple[str, str], ...]:
     rec: Mapping[str, Any] = next((c.devices[name] for c in camps if name in c.devices), {})
     rows = [("device", name), ("kind", str(rec.get("kind") or "—"))]
+    if rec.get("first_seen_at"):
+        rows.append(("first seen", fmt_time(rec.get("first_seen_at"))))
     for key, label in (("serial", "serial"), ("manufacturer", "manufacturer"), ("model", "model"), ("soc", "SoC"),
                        ("abi", "ABI"), ("android_release", "Android"), ("sdk", "SDK"), ("kernel", "kernel")):
         if rec.get(key) not in (None, ""):
@@ -214,19 +299,25 @@ def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> 
     return tuple(rows)
 
 
-def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
+def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = (), redactor: Redactor | None = None,
+        human: bool = False) -> tuple[tuple[str, str], ...]:
     if not mapping:
         return ()
     out = []
     for k, v in mapping.items():
         if k in skip:
             continue
-        out.append((str(k), json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else fmt_num(v)
-                    if isinstance(v, float) else str(v)))
+        if human:
+            key, text = _human(str(k), v)
+        else:
+            key, text = str(k), (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else fmt_num(v)
+                                 if isinstance(v, float) else str(v))
+        out.append((key, redactor.text(text) if redactor is not None else text))
     return tuple(out)
 
 
-def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _Ids) -> RunPage:
+def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _Ids,
+              redactor: Redactor | None = None) -> RunPage:
     from results.parse import ParseError, read_metrics_csv
 
     rec = run.record
@@ -250,7 +341,8 @@ def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _
     fig = charts.memory_figure(samples, rows)
     if fig:
         chart_list.append(Chart(ids.next(), fig, "MemAvailable and RSS while the engine ran"))
-    argv = list(rec.get("argv") or ())
+    redactor = redactor or Redactor()
+    argv = redactor.argv(list(rec.get("argv") or ()), row.get("device_kind") == "local")
     distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
         ("tokens", "tokens"), ("mean_tok_s", "mean tok/s (tokens / Σ wall)"), ("median_tok_s", "median tok/s"),
         ("p5_tok_s", "p5 tok/s"), ("p95_tok_s", "p95 tok/s"), ("min_tok_s", "min tok/s (slowest token)"),
@@ -259,20 +351,23 @@ def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _
     pressure = tuple((label, fn(row.get(key))) for key, label, fn in (
         ("peak_rss_kb", "peak RSS", fmt_kb), ("mem_avail_before_kb", "MemAvailable before", fmt_kb),
         ("mem_avail_floor_kb", "MemAvailable floor", fmt_kb), ("mem_avail_after_kb", "MemAvailable after", fmt_kb),
-        ("cpu_temp_max_mc", "CPU temperature max (m°C)", fmt_num), ("batt_temp_max_dc", "battery max (d°C)", fmt_num)))
+        ("cpu_temp_max_mc", "CPU temperature max", lambda x: fmt_celsius(x, 1000)),
+        ("batt_temp_max_dc", "battery temperature max", lambda x: fmt_celsius(x, 10))))
     return RunPage(
         title=f"run {row['run_id']}", root=root, run_id=row["run_id"],
         device=Link(row["device"], root + Urls.device(row["device"])),
         model=Link(row["model"], root + Urls.model(row["model"])), outcome=row["outcome"],
-        evidence=tuple(str(e) for e in rec.get("evidence") or ()),
+        evidence=tuple(redactor.text(str(e)) for e in rec.get("evidence") or ()),
         argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
         flags=tuple(f for f in str(row.get("flags") or "").split(",") if f),
         tells=tuple(t.message for t in analysis.tells_of(row["run_id"])),
-        summary=_kv(rec.get("summary")), distribution=distribution, config=_kv(rec.get("config")),
-        entry_state=_kv(rec.get("entry_state")), exit_state=_kv(rec.get("exit_state")),
-        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"))),
+        summary=_kv(rec.get("summary"), redactor=redactor), distribution=distribution,
+        config=_kv(rec.get("config"), redactor=redactor),
+        entry_state=_kv(rec.get("entry_state"), redactor=redactor, human=True),
+        exit_state=_kv(rec.get("exit_state"), redactor=redactor, human=True),
+        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"), redactor=redactor, human=True)),
         charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
-        cpu=_cpu_rows(rec.get("cpu"), row))
+        cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")))
 
 
 def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -290,7 +385,8 @@ def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tu
 
 
 def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, analysis: Analysis,
-                ids: _Ids) -> ModelPage:
+                ids: _Ids, recs: Mapping[tuple, Recommendation] | None = None,
+                redactor: Redactor | None = None) -> ModelPage:
     root = "../"
     rec: Mapping[str, Any] = next((c.models[name] for c in camps if name in c.models), {})
     mine = table[table["model"] == name]
@@ -309,7 +405,8 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
     if rec.get("sha256"):
         shape.append(("sha256", str(rec["sha256"])))
     if rec.get("path"):
-        shape.append(("path", str(rec["path"])))
+        shape.append(("file", (redactor or Redactor()).text(str(rec["path"])) if str(rec["path"]).startswith("device:")
+                      else os.path.basename(str(rec["path"]))))
     prices = {int(p["top_k"]): float(p["cycle_mib"]) for p in rec.get("prices") or ()}
     for g in analysis.groups:
         if g.model == name and g.top_k is not None and not _nan(g.cycle_mib) and g.cycle_source != "token_demand":
@@ -325,7 +422,8 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
                     for d in sorted(set(mine["device"])))
     runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
                  for r in mine.to_dict("records"))
-    figures = [(g, charts.budget_figure(g)) for g in analysis.groups if g.model == name and g.points]
+    figures = [(g, charts.budget_figure(g, (recs or {}).get(g.key))) for g in analysis.groups
+               if g.model == name and g.points]
     budget_charts = tuple(
         Chart(ids.next(), f, f"on {g.device}" + (f" (top-k {g.top_k})" if g.top_k else "")
               + (f": {_replay_text(g.replay)}" if g.replay is not None else ": no route trace to replay"))
@@ -381,12 +479,14 @@ def _swap_in(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None) -> SiteReport:
-    """Render the site for these campaign directories into `out`."""
+def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None,
+               recommendations: Recommendations | None = None) -> SiteReport:
+    """Render the site for these campaign directories into `out` (with `recommendations` made of
+    the same directories, e.g. verified ones, instead of computing them again)."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files)
     analysis = analyze(table)
-    recs = recommendations_from(analysis, [{"label": c.label, "dir": str(c.root)} for c in camps])
+    recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
     out = Path(out).resolve()
     tmp = _prepare_out(out)
     try:
@@ -403,9 +503,23 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
+    """The run table as the site publishes it: no host folders, host paths in its text replaced,
+    and this host's command lines with file names only."""
+    out = table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
+    local = out["device_kind"] == "local" if "device_kind" in out.columns else pd.Series(False, index=out.index)
+    out["argv"] = [json.dumps(redactor.argv(json.loads(a or "[]"), bool(is_local)))
+                   for a, is_local in zip(out["argv"], local)]
+    for column in out.columns:
+        if out[column].dtype == object and column != "argv":
+            out[column] = [redactor.text(v) if isinstance(v, str) else v for v in out[column]]
+    return out
+
+
 def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations) -> int:
     env = make_environment()
     table = analysis.table
+    redactor = Redactor(camps)
     ids = _Ids()
     (site / "assets").mkdir()
     shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
@@ -413,7 +527,7 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         shutil.copyfile(templates_dir() / name, site / "assets" / name)
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / "recommendations.json", recs.to_json())
-    table.to_csv(site / "runs.csv", index=False)
+    published_runs(table, redactor).to_csv(site / "runs.csv", index=False)
     pages = 0
 
     rec_by_key = {(r.device, r.model, r.top_k): r for r in recs.all()}
@@ -423,40 +537,83 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         groups = [g for g in analysis.groups if g.device == device]
         dev_recs = next((d for d in recs.devices if d.device == device), None)
         page = DevicePage(
-            title=f"device {device}", root="../", device=device, identity=_identity(device, camps, table),
-            default=dev_recs.default.text if dev_recs else "no streamed runs: nothing to recommend",
+            title=f"device {device}", root="../", device=device,
+            identity=tuple((k, redactor.text(v)) for k, v in _identity(device, camps, table)),
+            default=shlex.join(dev_recs.default.argv) if dev_recs else "no streamed runs: nothing to recommend",
             default_notes=dev_recs.default.notes if dev_recs else (),
             groups=tuple(_group_view(g, rec_by_key.get(g.key), ids, table) for g in groups if g.points),
             recommendations=tuple(_rec_row(r, "../") for r in (dev_recs.recommendations if dev_recs else ())))
-        _write(site / Urls.device(device), env.get_template("device.html").render(page=page))
+        _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
     for model in models:
-        page = _model_page(model, camps, table, analysis, ids)
-        _write(site / Urls.model(model), env.get_template("model.html").render(page=page))
+        page = _model_page(model, camps, table, analysis, ids, rec_by_key, redactor)
+        _write(site / Urls.model(model), _page(env, "model.html", page))
         pages += 1
     rows = {r["run_id"]: r for r in table.to_dict("records")}
     for camp in camps:
         for run in camp.runs:
-            page = _run_page(run, rows[run.run_id], analysis, ids)
-            _write(site / Urls.run(run.run_id), env.get_template("run.html").render(page=page))
+            page = _run_page(run, rows[run.run_id], analysis, ids, redactor)
+            _write(site / Urls.run(run.run_id), _page(env, "run.html", page))
             pages += 1
 
-    outcomes = []
-    for camp in camps:
-        mine = table[table["campaign"] == camp.label]
-        counts = mine["outcome"].value_counts()
-        outcomes.append(CampaignRow(camp.label, str(camp.root), len(mine),
-                                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), camp.imported))
     index = IndexPage(
-        title="Expert-cache benchmarks", root="", campaigns=tuple(outcomes),
+        title="Expert-cache benchmarks", root="", campaigns=tuple(_campaign_rows(recs)),
         devices=tuple(Link(d, Urls.device(d), _device_note(d, table)) for d in devices),
         models=tuple(Link(m, Urls.model(m), f"{(table['model'] == m).sum()} runs") for m in models),
-        recommendations=tuple(_rec_row(r, "") for r in recs.all()),
-        defaults=tuple(Link(d.device, Urls.device(d.device), " ".join(d.default.argv)) for d in recs.devices),
+        cards=tuple(DeviceCard(Link(d.device, Urls.device(d.device)), _identity_line(d.identity),
+                               shlex.join(d.default.argv), d.default.notes,
+                               tuple(_rec_row(r, "") for r in d.recommendations)) for d in recs.devices),
+        rule=_rule_text(recs.rules), engines=", ".join(sorted({str(e) for e in table["engine"] if e})),
         tells=tuple(Link(t.run_ids[0], Urls.run(t.run_ids[0]), f"{t.kind}: {t.message}") for t in analysis.tells),
         runs=len(table))
-    _write(site / "index.html", env.get_template("index.html").render(page=index))
+    _write(site / "index.html", _page(env, "index.html", index))
     return pages + 1
+
+
+def _page(env: Environment, template: str, page: Any) -> str:
+    return env.get_template(template).render(page=page)
+
+
+def _campaign_rows(recs: Recommendations) -> list[CampaignRow]:
+    out = []
+    for c in recs.campaigns:
+        first, last = c.get("first_run"), c.get("last_run")
+        out.append(CampaignRow(c["label"], c["runs"], ", ".join(f"{k} {v}" for k, v in c["outcomes"].items()),
+                               c["imported"], ", ".join(c["engines"]) or "—", _dates(first, last)))
+    return out
+
+
+def _dates(first: str | None, last: str | None) -> str:
+    """Two ISO UTC stamps as a local span: "2026-08-01 10:02 – 10:40 UTC" (the date once on one day)."""
+    import calendar
+    import time
+
+    if not first:
+        return "—"
+    a, b = (time.localtime(calendar.timegm(time.strptime(x, "%Y-%m-%dT%H:%M:%SZ"))) for x in (first, last or first))
+    start, zone = time.strftime("%Y-%m-%d %H:%M", a), time.strftime("%Z", b)
+    end = time.strftime("%H:%M" if a[:3] == b[:3] else "%Y-%m-%d %H:%M", b)
+    return f"{start} {zone}" if end == time.strftime("%H:%M", a) else f"{start} – {end} {zone}"
+
+
+def _identity_line(identity: Mapping[str, Any]) -> str:
+    parts = [" ".join(str(x) for x in (identity.get("manufacturer"), identity.get("model")) if x),
+             str(identity.get("soc") or ""),
+             f"{identity['mem_total_kb'] / 1024:,.0f} MiB RAM" if identity.get("mem_total_kb") else "",
+             str(identity.get("kind") or "")]
+    return " · ".join(p for p in parts if p)
+
+
+def _rule_text(rules: Mapping[str, Any]) -> str:
+    rule = rules.get("unmeasured") or {}
+    if not rule.get("knots_mib"):
+        return ""
+    knots = ", ".join(f"{m:,.0f} MiB RAM → {c:,.0f}" for m, c in rule["knots_mib"][1:])
+    text = (f"--cache-mb auto --cache-ceil-mb N, N from MemTotal: linear through {knots} (resting on "
+            f"{', '.join(rule['rests_on'])}), +{rule['slope_after']:.3f} MiB per MiB past the last")
+    if rule.get("min_ram_mib") is not None:
+        text += f"; --cache-mb 0 under {rule['min_ram_mib']:,} MiB of RAM"
+    return text
 
 
 def _device_note(device: str, table: pd.DataFrame) -> str:

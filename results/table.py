@@ -15,6 +15,7 @@ last from the summary's measured `token_demand_MiB`. `cycle_source` says which.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -231,7 +232,10 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
         last_budget = _num(rows["cache_budget_mib"].iloc[-1])
     fixed = math.nan if auto else _first(pre.get("cache_mb"), config.get("cache_mb"))
-    budget = _first(summary.get("cache_budget_MiB"), result.get("budget_mib"), last_budget, fixed)
+    # an auto run killed before its first token has no per-token budget: its stderr said what it sized
+    sized = _auto_sized_mib(run) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
+                                                               result.get("budget_mib"), last_budget)) else math.nan
+    budget = _first(summary.get("cache_budget_MiB"), result.get("budget_mib"), last_budget, sized, fixed)
     if stream is False:
         budget = math.nan                      # no streaming: there is no expert cache at all
     hit = _first(summary.get("cache_hit_pct"), result.get("cache_hit_pct"))
@@ -358,6 +362,22 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     return row
 
 
+def _auto_sized_mib(run: RunFolder) -> float:
+    """The budget an `auto` run was sized to, from its stderr's `bmoe: cache auto — … → B MiB
+    budget` line (both engines print it at load, before anything can be killed)."""
+    from results.parse_console import parse_console
+    from results.parse_text import ParseError, read_lines
+
+    path = run.file("stderr.txt")
+    if path is None:
+        return math.nan
+    try:
+        found = parse_console(read_lines(path)[0]).cache_auto
+    except (ParseError, ValueError, OSError):
+        return math.nan
+    return _num(found.budget_mib) if found is not None else math.nan
+
+
 def _cpu(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
     """The cores a run had and the engines that shared them (harness.cpushare); unknown for runs
     recorded before the harness kept them, and for imports."""
@@ -420,32 +440,47 @@ def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
 
 
-def write_table(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None) -> str:
-    """`bmoe-fleet table`: write the run table as CSV, or parquet when pyarrow is importable."""
-    out = Path(out)
-    suffix = out.suffix.lower()
-    if suffix not in (".csv", ".parquet"):
-        raise ResultsError(f"{out}: write .csv or .parquet")
-    if suffix == ".parquet":
+# the columns a person reads (text, md); csv, json, jsonl and parquet carry every column
+SHORT_COLUMNS = ("device", "model", "engine", "budget_label", "dense_weights", "n_expert_used", "repeat", "pass",
+                 "outcome", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb", "flags")
+_SHORT_HEADERS = ("device", "model", "engine", "cache", "dense", "k", "repeat", "pass", "outcome", "tokens",
+                  "tok/s", "hit %", "cycle MiB", "flags")
+_NUMERIC = ("n_expert_used", "repeat", "pass", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb")
+TABLE_FORMAT = "bmoe-fleet.table"
+
+
+def write_table(dirs: Sequence[str | Path], out: str | None = None, model_files: Mapping[str, str] | None = None,
+                fmt: str | None = None) -> str:
+    """`bmoe-fleet table`: the run table as text, csv, json, jsonl, md or parquet, to a file
+    (atomically) or stdout (`-`). Returns what to print."""
+    from results import formats
+
+    fmt = formats.choose_format(fmt, out, formats.FORMATS + ("parquet",))
+    if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise ResultsError(f"{out}: writing parquet needs pyarrow, which is not installed "
-                               "(pip install pyarrow), or write .csv instead") from None
+            raise ResultsError(f"{out}: {formats.PARQUET_HINT}, or write .csv instead") from None
     frame = build_table(dirs, model_files)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        if suffix == ".csv":
-            frame.to_csv(tmp, index=False)
-        else:
-            frame.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     n_camps = frame["campaign"].nunique()
-    return f"wrote {len(frame)} runs of {n_camps} campaign{'s' if n_camps != 1 else ''} to {out}"
+    what = f"{len(frame)} runs of {n_camps} campaign{'s' if n_camps != 1 else ''}"
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        return formats.emit(buf.getvalue(), out, what)
+    records = frame.to_dict("records")
+    if fmt == "csv":
+        data = frame.to_csv(index=False)
+    elif fmt == "json":
+        data = formats.to_json({"format": TABLE_FORMAT, "version": 1, "columns": list(frame.columns),
+                                "runs": records})
+    elif fmt == "jsonl":
+        data = formats.to_jsonl(records)
+    elif fmt == "md":
+        data = formats.to_md(records, SHORT_COLUMNS, _SHORT_HEADERS, _NUMERIC)
+    else:
+        data = formats.to_text(records, SHORT_COLUMNS, _SHORT_HEADERS, _NUMERIC)
+    return formats.emit(data, out, what)
 
 
 def parse_model_files(items: Sequence[str]) -> dict[str, str]:

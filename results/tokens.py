@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 PUBLISHED_MIN_TOKENS = 256
+PUBLISH_MIN_REPEATS = 3      # a published number reports a distribution (method rule 7; sweep --preset publish)
 STEADY_MIN_TOKENS = 16
 STEADY_TOLERANCE = 0.25
 

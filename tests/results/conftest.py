@@ -5,17 +5,23 @@ hand), plus headless Chromium driven over the DevTools protocol on a pipe.
   token cycle, `auto`, two dense modes, two repeats, route traces.
 - `vphone_campaign`: bmoe-py on a small virtual phone (its memory cgroup does the killing, its
   lmkd logs the kill), reached through a real adb server. The phone's RAM is sized from a probe
-  run of the engine itself (its RSS with no cache, plus VPHONE_CACHE_ROOM_MIB), so a 102 MiB cache
-  fits and a 256 MiB one is killed whatever the engine's own footprint is today. At top-k 2 (cycle
-  51 MiB) 256 MiB is killed; at top-k 8 (cycle 204 MiB) every budget that survives is under the
-  cycle. The phone reports the getprop model `<script>alert(1)</script>`.
+  campaign of the engine itself on a roomy phone: VPHONE_KILL_MARGIN_MIB under the anonymous RSS
+  of its 256 MiB-cache runs (anonymous memory cannot be reclaimed, so those are killed), which must
+  be VPHONE_KILL_GAP_MIB over its 102 MiB-cache runs' (the room those keep for page cache), so a
+  102 MiB cache fits and a 256 MiB one is killed whatever the engine's own footprint is today.
+  At top-k 2 (cycle 51 MiB) 256 MiB is killed; at top-k 8 (cycle 204 MiB) every budget that
+  survives is under the cycle. The phone reports the getprop model `<script>alert(1)</script>`.
 - `imported`: `bmoe-fleet import` of the upstream fixtures (the device label is a script tag too).
 - Wrapper engines (`write_engine`): a campaign may run `engine.kind = "native"` with a small Python
   script as bmoe-cli. It runs the real bmoe-py in-process and, on the conditions baked into it,
   makes every decode step SLOW_FACTOR (5) times as long plus a fixed delay (a slowed engine / a
-  throttled device: in proportion, so a loaded host cannot blur the effect) or pages the model's
+  throttled device: in proportion, so a loaded host cannot blur the effect), pages the model's
   mapping out from a thread while the engine runs (MADV_PAGEOUT: someone else taking the page
-  cache). `--version` prints `bmoe-py 0.1.0 (LABEL)`. These are documented in docs/results.md.
+  cache), or sends itself SIGKILL after the load, before its first token (a kill during prefill).
+  `--version` prints `bmoe-py 0.1.0 (LABEL)`. These are documented in docs/results.md.
+- `native_campaign`: the real bmoe-cli (BMOE_CLI, -t 1) on this host, at a top-k whose token
+  cycle is 204 MiB, budgets at the cycle and auto: the fixed recommendation must be 204 MiB,
+  never the 200 a rounded step would give.
 
 Everything started here is stopped here, pass or fail.
 """
@@ -47,7 +53,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream"
 UPSTREAM_FOLDERS = ("2026-07-12", "2026-07-13", "2026-07-14", "2026-07-15-route-trace", "2026-07-17", "host-v2-0.19.0")
 SCRIPT_TAG = "<script>alert(1)</script>"
-VPHONE_CACHE_ROOM_MIB = 125      # RAM over the engine's cache-less RSS: 102 MiB of cache fits, 170+ does not
+VPHONE_KILL_GAP_MIB = 30         # the probe must find a 256 MiB cache's run this much larger than a 102 MiB one's
+VPHONE_KILL_MARGIN_MIB = 8       # the phone's RAM sits this far under the 256 MiB run's anonymous RSS
 PROMPT = "Every token visits its experts; the cache keeps them."
 
 
@@ -148,12 +155,23 @@ def wanted(condition):
     kind, _, arg = condition.partition(":")
     return (kind == "always" or (kind == "cache0" and flag("--cache-mb") == "0")
             or (kind == "topk" and flag("--n-expert-used") == arg) or (kind == "after" and call > int(arg))
+            or (kind == "auto" and flag("--cache-mb") == "auto")
             or (kind == "call" and call == int(arg)))
 
 
 if wanted({fail_when!r}):
     print("error: this engine was told to fail here", file=sys.stderr)
     sys.exit(1)
+if wanted({kill_when!r}):
+    import signal
+    import engine.forward as forward
+
+    def killed(self, *args, **kwargs):
+        # as a low-memory killer takes an engine during prefill: after the load, before any token
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    forward.Model.decode = killed
 SLOW_FACTOR = 5
 if wanted({slow_when!r}):
     import engine.forward as forward
@@ -193,7 +211,7 @@ main()
 
 
 def write_engine(folder: Path, label: str, slow_when: str = "never", slow_ms: float = 0.0,
-                 squeeze_when: str = "never", fail_when: str = "never") -> dict:
+                 squeeze_when: str = "never", fail_when: str = "never", kill_when: str = "never") -> dict:
     """A wrapper engine script and the campaign `engine` table that runs it as native bmoe-cli."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bmoe-cli-{label}"
@@ -201,7 +219,7 @@ def write_engine(folder: Path, label: str, slow_when: str = "never", slow_ms: fl
     counter.write_text("")
     path.write_text(_WRAPPER.format(python=sys.executable, project=str(PROJECT), label=label, counter=str(counter),
                                     slow_when=slow_when, slow_ms=slow_ms, squeeze_when=squeeze_when,
-                                    fail_when=fail_when))
+                                    fail_when=fail_when, kill_when=kill_when))
     path.chmod(0o755)
     return {"kind": "native", "native": {os.uname().machine: {"cli": str(path)}}}
 
@@ -229,6 +247,27 @@ def failing_twin(tmp_path_factory, small_model) -> Path:
         engine=write_engine(root / "engines", "failing", fail_when="cache0")))
 
 
+@pytest.fixture(scope="session")
+def native_campaign(tmp_path_factory, alpha_model, bmoe_cli) -> Path:
+    """bmoe-cli on this host (-t 1: ggml's pool spins past the free cores), alpha at top-k 8 (a
+    204 MiB cycle), budgets at the cycle and auto, two repeats."""
+    out = tmp_path_factory.mktemp("native") / "native"
+    return run_local(out, local_campaign_data(
+        "native", alpha_model, {"cache_mb": ["cycle*1.0", "auto"], "n_expert_used": [8]},
+        run={"repeats": 2, "n_predict": 2, "threads": 1},
+        engine={"kind": "native", "native": {"host": {"cli": str(bmoe_cli)}}}))
+
+
+@pytest.fixture(scope="session")
+def killed_auto_campaign(tmp_path_factory, small_model) -> Path:
+    """`auto` killed during prefill (the wrapper engine's SIGKILL after the load): its CSV has no
+    token, only its stderr says what budget it was sized to."""
+    root = tmp_path_factory.mktemp("killed-auto")
+    return run_local(root / "killed-auto", local_campaign_data(
+        "killed-auto", small_model, {"cache_mb": ["cycle*1.5", "auto"]},
+        engine=write_engine(root / "engines", "killer", kill_when="auto")))
+
+
 # ── adb server and the virtual phone ─────────────────────────────────────────────────────────
 
 
@@ -254,16 +293,23 @@ def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -
                               source=f"{name}.toml")
 
     try:
-        # the probe: the engine's own RSS without a cache, at the widest top-k, on a roomy phone
+        # the probe, on a roomy phone: the anonymous RSS of the largest budget that must survive
+        # (102 MiB) and of the smallest that must be killed (256 MiB), at both top-ks
         manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
-        run_campaign(campaign("probe", {"cache_mb": [0], "n_expert_used": [8]}, {}), root / "probe",
+        run_campaign(campaign("probe", {"cache_mb": [102, 256], "n_expert_used": [2, 8]}, {}), root / "probe",
                      progress_stream=io.StringIO())
         from results.parse import read_metrics_csv
 
-        (probe_csv,) = (root / "probe").glob("runs/*/1/metrics.csv")
-        base_mib = float(read_metrics_csv(probe_csv).rows["rss_mib"].max())
+        anon_mib: dict[int, list[float]] = {102: [], 256: []}
+        for run_json in (root / "probe").glob("runs/*/1/run.json"):
+            budget = int(json.loads(run_json.read_text())["config"]["cache_mb"])
+            anon_mib[budget].append(float(read_metrics_csv(run_json.parent / "metrics.csv").rows["rss_anon_mib"].max()))
+        survives, killed = max(anon_mib[102]), min(anon_mib[256])
+        assert killed - survives >= VPHONE_KILL_GAP_MIB, (
+            f"the engine's anonymous RSS no longer separates a 102 MiB cache ({survives:.0f} MiB) from a 256 MiB "
+            f"one ({killed:.0f} MiB): the vphone campaign cannot size its phone")
         manager.down("tight", home=phone_home, adb_host="127.0.0.1", adb_port=port)
-        ram_mib = int(base_mib + VPHONE_CACHE_ROOM_MIB)
+        ram_mib = int(killed - VPHONE_KILL_MARGIN_MIB)
         manager.up("tight", ram_mib << 20, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
         run_campaign(campaign("vphone-lmk", {"cache_mb": ["cycle*0.5", "cycle*2", 256], "n_expert_used": [2, 8]},
                               {"repeats": 2, "route_trace": True}), out, progress_stream=io.StringIO())

@@ -7,6 +7,7 @@ warning, errors) are derived from the real files or written from the engine's pr
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -644,11 +645,48 @@ def test_lenient_shapes_and_unknown_lines():
     assert run.moe_stream is None
 
 
-def test_two_runs_in_one_capture_without_separators_is_an_error(tmp_path):
-    raw = (UPSTREAM / "2026-07-17/gpt_k2.out").read_bytes()
+def test_runs_one_after_another_without_separators_split_into_runs(tmp_path):
+    """An A/B driver's log: one run's output after the other, no `==== TAG ====` between them."""
+    gpt = (UPSTREAM / "2026-07-17/gpt_k2.out").read_bytes()
+    qwen = (UPSTREAM / "2026-07-17/qwen_k6.out").read_bytes()
+    a = b"+ ./bmoe-cli -m /m/gpt-oss.gguf -n 256 --moe-stream --cache-mb 2000 --n-expert-used 2 --io-threads 4\n"
+    b = b"+ ./bmoe-cli -m /m/qwen.gguf -n 256 --moe-stream --cache-mb auto --n-expert-used 6 --io-threads 8\n"
+    path = write_bytes(tmp_path, "ab.log", a + gpt + b + qwen)
+    first, second = read_console_runs(path)
+    assert (first.tag, second.tag) == ("ab#1", "ab#2")
+    assert first.declared_config["top_k"] == 2 and first.declared_config["cache_mib"] == 2000
+    assert second.declared_config["top_k"] == 6 and second.declared_config["cache_auto"] is True
+    assert (first.generation, second.generation) == (read_console(UPSTREAM / "2026-07-17/gpt_k2.out").generation,
+                                                     read_console(UPSTREAM / "2026-07-17/qwen_k6.out").generation)
+    # without the echoed commands the second run starts right after the first run's end-of-run block
+    plain = read_console_runs(write_bytes(tmp_path, "twice.out", gpt + gpt))
+    assert [r.tag for r in plain] == ["twice#1", "twice#2"] and plain[0].lines == plain[1].lines
+    # a stdout/stderr pair read as one run cannot be split: the refusal says what to do, in user terms
     with pytest.raises(ParseError) as exc:
-        read_console(write_bytes(tmp_path, "twice.out", raw + raw))
-    assert_one_line_error(exc, "more than one run", "read_console_runs")
+        read_console(path)
+    assert_one_line_error(exc, "second run", "import its folder")
+    assert "read_console" not in str(exc.value) and "split_runs" not in str(exc.value)
+
+
+def test_a_capture_of_several_runs_imports_as_that_many_runs(tmp_path, cli):
+    from click.testing import CliRunner
+
+    src = tmp_path / "ab"
+    src.mkdir()
+    gpt = (UPSTREAM / "2026-07-17/gpt_k2.out").read_bytes()
+    qwen = (UPSTREAM / "2026-07-17/qwen_k6.out").read_bytes()
+    (src / "ab.log").write_bytes(b"+ ./bmoe-cli -m /m/gpt-oss.gguf --n-expert-used 2 --cache-mb 2000\n" + gpt +
+                                 b"+ ./bmoe-cli -m /m/qwen.gguf --n-expert-used 6 --cache-mb auto\n" + qwen)
+    result = CliRunner().invoke(cli, ["import", str(src), "-o", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["added"] == 2
+    records = sorted((json.loads(p.read_text()) for p in (tmp_path / "out").glob("runs/*/1/run.json")),
+                     key=lambda r: r["config"]["source"])
+    assert [r["config"]["source"] for r in records] == ["ab/ab#1", "ab/ab#2"]
+    assert [r["config"]["n_expert_used"] for r in records] == [2, 6]
+    assert [r["result"]["tok_per_s"] for r in records] == [1.79, read_console(UPSTREAM / "2026-07-17/qwen_k6.out")
+                                                           .generation.tok_per_s]
+    assert all(r["outcome"] == "ok" for r in records)
 
 
 def test_warm_only_separators_and_command_lines():

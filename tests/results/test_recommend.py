@@ -10,7 +10,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from results.recommend import FORMAT, FORMAT_VERSION, RESERVE_FRACTION, recommend, round_down
+from results.recommend import FORMAT, FORMAT_VERSION, RESERVE_FRACTION, flag_value, recommend, round_down
 
 from .conftest import UPSTREAM
 
@@ -29,7 +29,8 @@ def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle
     n = k2["auto"]["cache_ceil_mb"]
     assert k2["cycle_mib"] == 51 < n < k2["lmk"]["smallest_killed_mib"] == 256
     assert n <= k2["lmk"]["largest_safe_mib"] == 102
-    assert k2["auto"]["argv"] == ["--cache-mb", "auto", "--cache-ceil-mb", str(n)]
+    assert flag_value(k2["auto"]["argv"], "--cache-mb") == "auto" and flag_value(k2["auto"]["argv"], "--cache-ceil-mb") == str(n)
+    assert flag_value(k2["auto"]["argv"], "--n-expert-used") == "2" and "--moe-stream" in k2["auto"]["argv"]
     # the margin rule: the floor reached at 102 MiB against a reserve of 10 % of the phone's RAM
     floor, reserve = k2["auto"]["floor_mib"], k2["auto"]["reserve_mib"]
     assert math.isclose(reserve, RESERVE_FRACTION * ram_mib, abs_tol=1e-3) and 0 < floor < ram_mib
@@ -42,18 +43,21 @@ def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle
     assert k2["under_cycle_budgets_mib"] == [25]
 
     k8 = recs[8]
-    assert k8["cache_off"] and k8["auto"] is None and k8["fixed"]["argv"] == ["--cache-mb", "0"]
+    assert k8["cache_off"] and k8["auto"] is None and flag_value(k8["fixed"]["argv"], "--cache-mb") == "0"
+    assert "--force-cache" not in k8["fixed"]["argv"] and flag_value(k8["fixed"]["argv"], "--n-expert-used") == "8"
+    assert not k8["fixed"]["measured"]            # no cache-0 cell was run: the measured flags with budget 0
     assert "no budget that survived every repeat clears the 204 MiB token cycle" in k8["reason"]
     assert "largest, 102 MiB, is under it" in k8["reason"] and "strictly better" in k8["reason"]
     assert k8["lmk"]["largest_safe_mib"] == 102 and k8["under_cycle_budgets_mib"] == [102]
 
     # what an app would ship on this phone: the lowest safe ceiling, and which model needs cache 0
     assert device["default"]["cache_ceil_mb"] == n
-    assert device["default"]["argv"] == ["--cache-mb", "auto", "--cache-ceil-mb", str(n)]
+    assert device["default"]["argv"] == ["--moe-stream", "--cache-mb", "auto", "--cache-floor-mb", "1536",
+                                         "--cache-ceil-mb", str(n)]
     assert any(note.startswith("alpha at top-k 8: ship --cache-mb 0") for note in device["default"]["notes"])
 
     text = CliRunner().invoke(cli, ["recommend", str(vphone_campaign)]).output
-    assert f"default --cache-mb auto --cache-ceil-mb {n}" in text and "--cache-mb 0 | no auto ceiling" in text
+    assert f"default --cache-mb auto --cache-ceil-mb {n}" in text and "no auto ceiling" in text
 
 
 def test_a_route_trace_makes_the_recommendation_cite_the_replayed_curve(local_campaign):
@@ -65,7 +69,7 @@ def test_a_route_trace_makes_the_recommendation_cite_the_replayed_curve(local_ca
     assert r.auto.cache_ceil_mb >= r.cycle_mib and r.lmk["smallest_killed_mib"] is None
     assert any("no kill observed" in reason for reason in r.confidence_reasons)
     c = r.replay
-    assert c is not None and c.trace.endswith("route.csv") and math.isclose(c.cycle_mib, r.cycle_mib, abs_tol=1e-3)
+    assert c is not None and c.run_id.startswith("local-sweep/") and math.isclose(c.cycle_mib, r.cycle_mib, abs_tol=1e-3)
     assert c.knee_mib is not None and c.predicted_hit_pct_at_ceiling is not None
     if r.fixed.cache_mb > 0:
         # the measured hit at the recommended fixed budget lies on the replayed curve

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def test_the_upstream_gpt_oss_trace_shows_the_cliff(site):
 
 def test_the_site_carries_the_versioned_recommendations_and_refuses_other_folders(site, cli, local_campaign, tmp_path):
     recs = json.loads((site / "recommendations.json").read_text())
-    assert recs["format"] == "bmoe-fleet.recommendations" and recs["version"] == 1
+    assert recs["format"] == "bmoe-fleet.recommendations" and recs["version"] == 2
     assert {d["device"] for d in recs["devices"]} == {"local", "virtual:tight", SCRIPT_TAG}
     taken = tmp_path / "taken"
     taken.mkdir()
@@ -245,3 +246,130 @@ def test_the_site_carries_the_versioned_recommendations_and_refuses_other_folder
     assert fresh.exit_code == 0 and json.loads(fresh.output)["runs"] == 20
     again = CliRunner().invoke(cli, ["report", str(local_campaign), "-o", str(tmp_path / "s")])
     assert again.exit_code == 0 and "wrote 23 pages" in again.output      # a previous site is replaced
+
+
+# ── issue 12: the site where it hurt ─────────────────────────────────────────────────────────
+
+
+def test_budget_charts_draw_the_recommended_ceiling_and_fixed_budget(site):
+    recs = json.loads((site / "recommendations.json").read_text())
+    checked = 0
+    for d in recs["devices"]:
+        figures = {f["layout"]["title"]["text"]: f for path in site.glob("devices/*.html") for f in page(path).figures()}
+        for r in d["recommendations"]:
+            k = f"top-k {r['top_k']}" if r["top_k"] is not None else "default top-k"
+            fig = figures.get(f"{r['model']} ({k}) on {d['device']}: hit % and tok/s against the cache budget")
+            if fig is None:
+                continue                                   # nothing to draw (no run finished at a budget)
+            notes = [a["text"] for a in fig["layout"]["annotations"]]
+            lines = {a["text"]: a["x"] for a in fig["layout"]["annotations"]}
+            if r["auto"]:
+                assert lines[f"recommended ceiling {r['auto']['cache_ceil_mb']} MiB"] == r["auto"]["cache_ceil_mb"]
+            if r["fixed"]:
+                assert lines[f"recommended --cache-mb {r['fixed']['cache_mb']}"] == r["fixed"]["cache_mb"], notes
+            checked += 1
+    assert checked >= 3
+
+
+def test_a_killed_auto_run_sits_at_the_budget_it_was_sized_to(killed_auto_campaign, tmp_path):
+    from results.report import build_site
+    from results.table import build_table
+
+    table = build_table([killed_auto_campaign])
+    (killed,) = table[table["cache_auto"]].to_dict("records")
+    assert killed["outcome"] == "killed" and killed["exit_status"] == 137 and killed["tokens"] != killed["tokens"]
+    stderr = (killed_auto_campaign / "runs" / killed["cell_id"] / "1" / "stderr.txt").read_text()
+    sized = float(re.search(r"→ (\d+) MiB budget", stderr)[1])
+    assert killed["cache_mb"] == sized > 0                 # from the engine's load line: no token was written
+    out = build_site([killed_auto_campaign], tmp_path / "site")
+    (fig,) = page(next(Path(out.out_dir).glob("devices/local-*.html"))).figures()
+    marks = next(t for t in fig["data"] if t["name"] == "killed (LMK)")
+    assert marks["x"] == [sized] and "auto" in marks["text"][0]
+    assert f"killed at {sized:g} MiB" in [a["text"] for a in fig["layout"]["annotations"]]
+
+
+def test_plotly_is_loaded_only_by_pages_that_draw(site):
+    index = page(site / "index.html")
+    assert not any("plotly" in s["attrs"].get("src", "") for s in index.scripts)
+    assert not index.figures()
+    for path in [next(site.glob("devices/local-*.html")), next(site.glob("runs/local-sweep-*/*.html"))]:
+        p = page(path)
+        assert p.figures() and any(s["attrs"].get("src", "").endswith("assets/plotly.min.js") for s in p.scripts)
+    quiet = [path for path in site.rglob("*.html") if not page(path).figures()]
+    assert quiet and all("plotly" not in path.read_text() for path in quiet)
+
+
+def test_the_site_holds_no_host_path(site, local_campaign, vphone_campaign, imported, small_model, fleet_home):
+    forbidden = [str(p) for p in (local_campaign, vphone_campaign, imported, small_model.parent, fleet_home,
+                                  PROJECT, Path.home())]
+    hits = []
+    for path in site.rglob("*"):
+        if path.is_file() and path.suffix in (".html", ".json", ".csv"):
+            text = path.read_text(encoding="utf-8")
+            hits += [(path.relative_to(site), f) for f in forbidden if f in text]
+    assert not hits, hits[:5]
+    runs = pd.read_csv(site / "runs.csv")
+    assert "run_dir" not in runs.columns and "campaign_dir" not in runs.columns
+    local = runs[runs["device"] == "local"].iloc[0]
+    argv = json.loads(local["argv"])
+    assert argv[0] == "bmoe-py" and argv[argv.index("-m") + 1] == "small.gguf"
+    phone = runs[runs["device"] == "virtual:tight"].iloc[0]       # a phone's paths are the phone's
+    assert json.loads(phone["argv"])[0] == "/data/local/tmp/bmoe/bmoe-py"
+
+
+def test_run_pages_speak_celsius_local_time_and_mib(site):
+    # a run that ran to the end (a killed run's evidence quotes lmkd's lines verbatim, epoch stamps and all)
+    p = page(next(f for f in sorted(site.glob("runs/vphone-lmk-*/*.html")) if "outcome-ok" in f.read_text()))
+    text = " ".join(p.text)
+    assert "m°C" not in text and "d°C" not in text and re.search(r"\d+\.\d °C", text)
+    assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text)
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", p.kv("taken at"))
+    assert p.kv("mem available").endswith(" MiB") and not re.search(r"\b1[6-9]\d{8}\b", text)   # no epoch seconds
+
+
+def test_the_index_names_engines_and_dates_and_keeps_the_why_short(site):
+    p = page(site / "index.html")
+    text = " ".join(p.text)
+    assert "engines: " in text and "bmoe-py 0.1.0" in text
+    campaigns = {r[0].split()[0]: r for r in p.rows if len(r) == 5 and r[0] != "campaign"}
+    assert set(campaigns) == {"local-sweep", "vphone-lmk", "upstream"}
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d", r[1]) for r in campaigns.values())
+    assert "bmoe-py 0.1.0" in campaigns["local-sweep"][2]
+    html = (site / "index.html").read_text()
+    whys = re.findall(r'<td data-label="why">(.*?)<details>', html, re.S)
+    assert whys and all(len(re.sub(r"<[^>]+>|\s+", " ", w).strip()) <= 200 for w in whys)
+    assert html.count("<summary>evidence</summary>") == len(whys)
+
+
+@pytest.mark.parametrize("width", [1400, 412])
+def test_index_device_and_run_pages_fit_the_screen(site, browser, width):
+    pages = [site / "index.html", next(site.glob("devices/virtual-tight-*.html")), next(site.glob("runs/local-sweep-*/*.html"))]
+    browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+                                                        "mobile": width < 600})
+    try:
+        for path in pages:
+            info, errors = browser.visit(path.as_uri())
+            assert not errors and info["drawn"] == info["charts"]
+            assert browser.evaluate("document.documentElement.scrollWidth") <= width, path.name
+        browser.visit((site / "index.html").as_uri())
+        cards = browser.evaluate("[...document.querySelectorAll('article.card')].map(c => c.getBoundingClientRect().width)")
+        assert len(cards) == 3 and all(0 < w <= width for w in cards)
+        display = browser.evaluate("getComputedStyle(document.querySelector('table.recs td')).display")
+        assert display == ("block" if width < 600 else "table-cell")   # a stacked card on a phone
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride")
+
+
+def test_no_tells_is_not_shown_as_an_alarm(browser, tmp_path):
+    from results.pages import IndexPage
+    from results.report import make_environment, templates_dir
+
+    (tmp_path / "assets").mkdir()
+    for name in ("site.css", "site.js"):
+        (tmp_path / "assets" / name).write_bytes((templates_dir() / name).read_bytes())
+    index = IndexPage(title="t", root="", campaigns=(), devices=(), models=(), cards=(), rule="", engines="",
+                      tells=(), runs=0)
+    (tmp_path / "index.html").write_text(make_environment().get_template("index.html").render(page=index))
+    browser.visit((tmp_path / "index.html").as_uri())
+    color = browser.evaluate("getComputedStyle(document.querySelector('p.none')).color")
+    assert color == "rgb(46, 125, 50)"                        # green, not the red of a tell

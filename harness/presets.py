@@ -1,0 +1,314 @@
+"""`bmoe-fleet sweep --preset quick|publish|community`: sweeps whose settings come with a purpose.
+
+- quick: a first look — 32 tokens, one run per config, no reverse pass (the sweep's defaults).
+- publish: what the method asks of a published number (method rules 5 and 8): at least 256
+  tokens, at least 3 repeats, and a reverse pass; -n or --repeats under that are refused. The
+  site marks budget points whose runs do not meet it.
+- community: BigMoeOnEdge's community-benchmark protocol (its docs/community-benchmarks.md and
+  scripts/bench-report.sh), run on every attached phone and this host: 256 greedy tokens of its
+  reference prompt, `--cache-mb auto`, 4 read lanes, `--dense-weights anon`, `--ubatch 512`,
+  `--chatml`, `--overlap` where the engine has it, threads "auto" (the device's cores, at most 4:
+  the protocol's 4 on a phone; `-t N` overrides), run twice (the report takes the second). The
+  protocol flags are checked against the engine first: one it does not know, or refuses at load
+  (bmoe-cli 0.19.0 lists `--overlap` but its build lacks the hook), is left out and named in
+  COMMUNITY_FILE. After the runs, each device's storage is probed as upstream probes it: O_DIRECT
+  reads of 512 KiB from the model file itself, from a quarter into it (past a freshly copied
+  head), up to 1 GiB; the rate is kept in `storage/<device>.json`. `report --format community`
+  prints the rows (results/community.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import BmoeError
+from harness.campaign import (
+    LOCAL, PYTHON_ENGINE, Campaign, CampaignError, campaign_from_options, default_adb_server, remote_model_path, safe_id,
+)
+from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+
+PRESETS = ("quick", "publish", "community")
+QUICK = {"n_predict": 32, "repeats": 1}
+COMMUNITY_PROMPT = ("Write a long detailed essay about the history of computing including its origins its key "
+                    "milestones the people involved and the future directions of the field")
+COMMUNITY_TOKENS = 256
+COMMUNITY_RUNS = 2
+COMMUNITY_LANES = 4
+# in the order bench-report.sh passes them; each is kept only where the engine has it
+COMMUNITY_FLAGS = (("--chatml",), ("--ubatch", "512"), ("--overlap",))
+# sweep options the protocol fixes: given with --preset community, they are refused
+PROTOCOL_OPTIONS = {"cache_mb": "--cache-mb", "cache_ceil_mb": "--cache-ceil-mb", "dense_weights": "--dense-weights",
+                    "n_expert_used": "--n-expert-used", "io_threads": "--io-threads", "repeats": "--repeats",
+                    "n_predict": "-n", "reverse_pass": "--reverse-pass", "engine_args": "--engine-arg",
+                    "flags": "--flag"}
+COMMUNITY_FILE = "community.json"
+STORAGE_DIR = "storage"
+STORAGE_FORMAT = "bmoe-fleet.storage"
+PROBE_BLOCK = 512 * 1024
+PROBE_BLOCKS = 2048                    # 1 GiB, as bench-report.sh reads
+PROBE_MAX_MIB_S = 30720                # faster than any drive: O_DIRECT was ignored (bench-report.sh's bound)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What `sweep` will run: the campaign, its preset, and notes on the protocol (community)."""
+
+    campaign: Campaign
+    preset: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def sweep_campaign(preset: str | None, explicit: set[str], options: Mapping[str, Any]) -> Sweep:
+    """The campaign `sweep` means: its options as given, with a preset's settings where the user
+    gave none (`explicit` names the options given on the command line)."""
+    opts = dict(options)
+    if not opts.get("devices") and preset != "community":
+        raise CampaignError("--device: name at least one device (local, an adb serial, virtual:NAME, HOST:PORT)")
+    if preset is None:
+        return Sweep(campaign_from_options(**opts))
+    if preset not in PRESETS:
+        raise CampaignError(f"--preset {preset}: choose one of {', '.join(PRESETS)}")
+    if preset == "quick":
+        for key, value in QUICK.items():
+            if key not in explicit:
+                opts[key] = value
+        return Sweep(campaign_from_options(**opts), preset)
+    if preset == "publish":
+        if "n_predict" not in explicit:
+            opts["n_predict"] = PUBLISHED_MIN_TOKENS
+        if "repeats" not in explicit:
+            opts["repeats"] = PUBLISH_MIN_REPEATS
+        if opts["n_predict"] < PUBLISHED_MIN_TOKENS:
+            raise CampaignError(f"--preset publish: -n {opts['n_predict']} is under the {PUBLISHED_MIN_TOKENS} tokens a "
+                                "published number needs (the cache must reach steady state); leave -n out or raise it")
+        if opts["repeats"] < PUBLISH_MIN_REPEATS:
+            raise CampaignError(f"--preset publish: --repeats {opts['repeats']} is under {PUBLISH_MIN_REPEATS}; a "
+                                "published number reports a distribution")
+        opts["reverse_pass"] = True
+        return Sweep(campaign_from_options(**opts), preset)
+    return community_campaign(explicit, opts)
+
+
+def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
+    given = [flag for key, flag in PROTOCOL_OPTIONS.items() if key in explicit]
+    if given:
+        raise CampaignError(f"--preset community fixes {', '.join(given)} (upstream's protocol); leave "
+                            f"{'them' if len(given) > 1 else 'it'} out")
+    if len(opts.get("models") or ()) != 1:
+        raise CampaignError("--preset community: give one --model (a row is one model on one machine)")
+    devices = list(opts.get("devices") or ()) or attached_devices(opts.get("adb") or ())
+    engine = opts.get("engine") or PYTHON_ENGINE
+    model = opts["models"][0]
+    flags, notes = protocol_flags(engine, None if str(model).startswith("device:") else str(model))
+    extra = dict(opts.get("extra") or {})
+    extra["run"] = {**extra.get("run", {}), "prompt": COMMUNITY_PROMPT}
+    opts.update(devices=devices, cache_mb=["auto"], cache_ceil_mb=[0], dense_weights=["anon"], n_expert_used=[0],
+                io_threads=[COMMUNITY_LANES], repeats=COMMUNITY_RUNS, n_predict=COMMUNITY_TOKENS, reverse_pass=False,
+                engine_args=[" ".join(f) for f in flags], flags=(), extra=extra)
+    if not opts.get("name") or opts["name"] == "sweep":
+        opts["name"] = "community"
+    return Sweep(campaign_from_options(**opts), "community", tuple(notes))
+
+
+def attached_devices(adb: Sequence[str]) -> list[str]:
+    """This host and every phone attached to the adb servers (ready to run commands)."""
+    from devices import adb as adbmod
+    from devices.adb import AdbServer
+
+    servers = []
+    for text in adb:
+        try:
+            servers.append(AdbServer.parse(text))
+        except BmoeError as e:
+            raise CampaignError(f"--adb: {e}") from None
+    found = [LOCAL]
+    for server in servers or [default_adb_server()]:
+        try:
+            adbmod.ensure_server(server)
+            found += sorted(d.serial for d in server.client().list() if d.state == "device")
+        except (BmoeError, OSError, adbmod.AdbError) as e:
+            raise CampaignError(f"--preset community: adb server {server.host}:{server.port} does not answer ({e}); "
+                                "name the devices with --device") from None
+    return list(dict.fromkeys(found))
+
+
+def _engine_command(engine: str) -> tuple[list[str], dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BMOE_")}
+    if engine == PYTHON_ENGINE:
+        return [sys.executable, "-m", "engine"], env
+    path = os.path.abspath(engine)
+    env["LD_LIBRARY_PATH"] = os.path.dirname(path)
+    return [path], env
+
+
+_UNKNOWN_RE = re.compile(r"(unknown arg: .*|config error: .*|error: .*)")
+
+
+def protocol_flags(engine: str, model_path: str | None) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The protocol flags this engine takes (run on this host), and a note for each it does not.
+    A flag is asked for with `--version` after it (parsed, nothing loaded); `--overlap`, which a
+    build can list and still refuse at load, is also tried on the model with one token."""
+    argv0, env = _engine_command(engine)
+    kept: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for flag in COMMUNITY_FLAGS:
+        answer = _run(argv0 + list(flag) + ["--version"], env)
+        if answer is None:
+            raise CampaignError(f"--engine {engine}: cannot be run on this host to check the protocol's flags")
+        if answer[0] != 0:
+            notes.append(f"{flag[0]} left out: the engine does not take it ({_line(answer[1], flag[0])})")
+            continue
+        kept.append(flag)
+    if ("--overlap",) in kept and model_path and os.path.isfile(model_path):
+        answer = _run(argv0 + ["-m", model_path, "-p", "x", "-n", "1", "-t", "1", "--moe-stream", "--cache-mb", "0",
+                               "--overlap"], env, timeout_s=600)
+        if answer is not None and answer[0] != 0 and "overlap" in answer[1]:
+            kept.remove(("--overlap",))
+            notes.append(f"--overlap left out: the engine refuses it at load ({_line(answer[1], 'overlap')})")
+    return kept, notes
+
+
+def _run(argv: list[str], env: Mapping[str, str], timeout_s: float = 60) -> tuple[int, str] | None:
+    try:
+        done = subprocess.run(argv, env=dict(env), capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.returncode, (done.stderr + done.stdout).decode("utf-8", "replace")
+
+
+def _line(text: str, needle: str) -> str:
+    from engine.safetext import excerpt
+
+    lines = [line.strip() for line in text.splitlines() if needle in line and _UNKNOWN_RE.search(line)]
+    lines = lines or [line.strip() for line in text.splitlines() if _UNKNOWN_RE.search(line)]
+    return excerpt(lines[0] if lines else "no reason given", 160)
+
+
+# ── after the runs: the storage probe ─────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class StorageProbe:
+    device: str
+    model: str
+    offset_bytes: int
+    bytes_read: int
+    seconds: float | None
+    mib_per_s: float | None          # None: not measured (see note)
+    o_direct: bool
+    note: str
+    taken_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": STORAGE_FORMAT, "version": 1, **asdict(self)}
+
+
+def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = False, prepared=None):
+    """Run a sweep (harness.runner.run_to_end); a community sweep then probes each device's
+    storage. Returns how the run ended (status.RunEnd)."""
+    from harness.runner import run_to_end, write_json
+
+    campaign, notes = sweep.campaign, sweep.notes
+    root = Path(out_dir).resolve()
+    end = run_to_end(campaign, root, rerun_failed, prepared)
+    if sweep.preset != "community" or end.interrupted or not (root / "plan.json").exists():
+        return end
+    write_json(root / COMMUNITY_FILE, {"format": "bmoe-fleet.community", "version": 1,
+                                       "prompt": COMMUNITY_PROMPT, "tokens": COMMUNITY_TOKENS, "runs": COMMUNITY_RUNS,
+                                       "engine_args": list(campaign.run.engine_args), "notes": list(notes)})
+    devices = prepared.devices if prepared is not None else None
+    if devices is None:
+        from harness.campaign import resolve_devices
+
+        devices = resolve_devices(campaign)
+    model = campaign.models[0]
+    for ref in devices:
+        try:
+            probe = probe_storage(ref, remote_model_path(ref.spec, model), model.name)
+        except BmoeError as e:
+            probe = StorageProbe(ref.spec, model.name, 0, 0, None, None, False, f"not measured: {e}", time.time())
+        write_json(root / STORAGE_DIR / f"{safe_id(ref.spec.replace(':', '-'))}.json", probe.to_dict())
+    return end
+
+
+# One reader for every device that can run this host's Python: this host, and virtual phones (they
+# execute host programs). It prints dd's summary shape, so both answers parse alike.
+PROBE_PY = """
+import mmap, os, sys, time
+path, skip, blocks, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+buf = mmap.mmap(-1, size)
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+done, began = 0, time.perf_counter()
+for i in range(blocks):
+    n = os.preadv(fd, [buf], (skip + i) * size)
+    done += n
+    if n < size:
+        break
+print(f"{done} bytes copied, {time.perf_counter() - began:.6f} s")
+"""
+_DD_RE = re.compile(r"(\d+) bytes.*?copied,\s*([\d.]+)\s*s")
+
+
+def probe_storage(ref, path: str, model: str) -> StorageProbe:
+    """O_DIRECT reads of 512 KiB from `path` on the device, from a quarter into the file, up to
+    1 GiB or its end: the rate the expert stream can see at its own request size. This host and
+    virtual phones read with PROBE_PY; a phone with `dd iflag=direct` (GNU or busybox dd) with dd.
+    Android's toybox dd has no iflag=direct: such a phone says so instead of a number."""
+    import shlex
+
+    device = ref.open()
+    out = device.run(["stat", "-c", "%s", path], timeout_s=60)
+    text = out.stdout.decode("utf-8", "replace").strip()
+    if out.exit_status != 0 or not text.isdigit():
+        return StorageProbe(ref.spec, model, 0, 0, None, None, False, f"not measured: no size for {path}", time.time())
+    skip = int(text) // 4 // PROBE_BLOCK
+    if ref.kind in ("local", "virtual"):
+        argv = [sys.executable, "-c", PROBE_PY, path, str(skip), str(PROBE_BLOCKS), str(PROBE_BLOCK)]
+    else:
+        argv = ["sh", "-c", f"dd if={shlex.quote(path)} of=/dev/null bs={PROBE_BLOCK} skip={skip} "
+                            f"count={PROBE_BLOCKS} iflag=direct 2>&1"]
+    out = device.run(argv, timeout_s=600)
+    said = (out.stdout + out.stderr).decode("utf-8", "replace")
+    m = _DD_RE.search(said)
+    if out.exit_status != 0 or not m:
+        from engine.safetext import excerpt
+
+        why = excerpt(said.strip().splitlines()[-1] if said.strip() else "no output", 120)
+        hint = " (Android's toybox dd reads no O_DIRECT: run the probe by hand)" if "iflag" in said else ""
+        return StorageProbe(ref.spec, model, skip * PROBE_BLOCK, 0, None, None, False,
+                            f"not measured: the O_DIRECT read failed ({why}){hint}", time.time())
+    return _probe_result(ref.spec, model, skip * PROBE_BLOCK, int(m[1]), float(m[2]))
+
+
+def _probe_result(device: str, model: str, offset: int, done: int, seconds: float) -> StorageProbe:
+    if done <= 0 or seconds <= 0:
+        return StorageProbe(device, model, offset, done, seconds, None, True,
+                            "not measured: nothing read past the first quarter", time.time())
+    rate = done / (1 << 20) / seconds
+    if rate > PROBE_MAX_MIB_S:
+        return StorageProbe(device, model, offset, done, seconds, None, False,
+                            f"not measured: {rate:.0f} MiB/s is no drive's rate: O_DIRECT was ignored", time.time())
+    return StorageProbe(device, model, offset, done, seconds, round(rate, 1), True, "", time.time())
+
+
+def read_storage(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The storage probes of a community campaign directory, by device."""
+    out = {}
+    folder = Path(root) / STORAGE_DIR
+    for p in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if data.get("format") == STORAGE_FORMAT and int(data.get("version", 0)) <= 1:
+            out[str(data.get("device"))] = data
+    return out

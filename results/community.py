@@ -1,0 +1,224 @@
+"""`bmoe-fleet report --format community`: upstream's community-benchmark rows, ready to paste.
+
+BigMoeOnEdge's docs/community-benchmarks.md collects one Markdown row per machine, in this column
+order: Hardware | Storage (512 KiB rate) | Model, quant | k | Cache | Decode tok/s | Prefill tok/s
+| Stall s/tok | Flash/token | Cache hit | Engine | By. One row here per (device, model, top-k),
+from the campaign directories given (a `sweep --preset community` run is the protocol itself):
+
+- the run reported is the second of the protocol's two (upstream: "run twice, report the
+  second"); a note says when the two differ by more than DIFFER_PCT;
+- Hardware names a phone by its class (RAM, SoC family), never its model: upstream publishes no
+  identifying name; this host by architecture, cores and RAM;
+- Storage is the device's storage probe (`storage/<device>.json`, harness.presets), else n/a;
+- o_direct and the engine's mode are checked: a run whose expert reads fell back to buffered I/O
+  is marked, and one that did not stream (no `bmoe: expert streaming ON` line: mmap) is labelled
+  a baseline in the Cache column;
+- protocol deviations (fewer than 256 tokens, a fixed cache, other lanes or dense mode, flags the
+  engine lacked) are listed under the table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from results.analyze import _f
+from results.errors import ResultsError
+
+COLUMNS = ("Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
+           "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")
+NUMERIC = ("k", "Cache", "Decode tok/s", "Prefill tok/s", "Stall s/tok", "Flash/token", "Cache hit")
+DIFFER_PCT = 5.0
+PHONE_SIZES_GIB = (1, 1.5, 2, 3, 4, 6, 8, 10, 12, 16, 18, 20, 24, 32)
+_SOC_FAMILIES = (("snapdragon", "Snapdragon"), ("qcom", "Snapdragon"), ("sm", "Snapdragon"), ("sdm", "Snapdragon"),
+                 ("msm", "Snapdragon"), ("dimensity", "Dimensity"), ("mediatek", "Dimensity"), ("mt", "Dimensity"),
+                 ("tensor", "Tensor"), ("gs", "Tensor"), ("zuma", "Tensor"), ("exynos", "Exynos"), ("s5e", "Exynos"),
+                 ("kirin", "Kirin"), ("unisoc", "Unisoc"), ("ums", "Unisoc"), ("sc9", "Unisoc"))
+
+
+@dataclass(frozen=True)
+class CommunityRow:
+    device: str                          # ours, for the notes; never printed in the row
+    cells: Mapping[str, str]             # column -> text, in COLUMNS order
+    run_id: str
+    notes: tuple[str, ...]
+
+
+def soc_family(soc: str, abi: str = "") -> str:
+    s = (soc or "").lower()
+    for prefix, family in _SOC_FAMILIES:
+        if s.startswith(prefix) or prefix in s.split():
+            return family
+    return "ARM" if abi.startswith("arm") else (abi or "unknown")
+
+
+def _phone_ram(mem_kb: float | None) -> str:
+    if not mem_kb:
+        return "RAM unknown"
+    gib = mem_kb / (1 << 20)
+    if gib < 1:
+        return f"{mem_kb / 1024:,.0f} MiB RAM"
+    size = next((s for s in PHONE_SIZES_GIB if s >= gib - 0.01), math.ceil(gib))
+    return f"{size:g} GB RAM"
+
+
+def hardware_class(identity: Mapping[str, Any], cores: float | None) -> str:
+    """A phone by class ("Phone, 12 GB RAM, Snapdragon class"), never by model; this host by
+    architecture, cores and RAM."""
+    kind = str(identity.get("kind") or "")
+    mem = identity.get("ram_total_kb")
+    if kind in ("adb", "virtual"):
+        what = "Virtual phone" if kind == "virtual" else "Phone"
+        return f"{what}, {_phone_ram(mem)}, {soc_family(str(identity.get('soc') or ''), str(identity.get('abi') or ''))} class"
+    if kind == "local":
+        arch = str(identity.get("abi") or identity.get("host_abi") or "host")
+        core = f" {int(cores)} cores" if cores and not math.isnan(cores) else ""
+        ram = f", {mem / (1 << 20):.0f} GB RAM" if mem else ""
+        return f"Linux host, {arch}{core}{ram}"
+    return "unknown hardware"
+
+
+def _num(x: Any, fmt: str, suffix: str = "") -> str:
+    v = _f(x)
+    return "n/a" if math.isnan(v) else f"{v:{fmt}}{suffix}"
+
+
+def _streamed(run_dir: str) -> bool | None:
+    """The engine's own word on its mode: its `bmoe: expert streaming ON` stderr line."""
+    path = Path(run_dir) / "stderr.txt"
+    if not path.is_file():
+        return None
+    return "bmoe: expert streaming ON" in path.read_text(encoding="utf-8", errors="replace")
+
+
+def _quant(record: Mapping[str, Any] | None) -> str:
+    types = ((record or {}).get("quant_types") or {}).get("expert") or {}
+    return max(types, key=types.get) if types else ""
+
+
+def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
+                   model_files: Mapping[str, str] | None = None) -> list[CommunityRow]:
+    from harness.presets import COMMUNITY_FILE, COMMUNITY_LANES, COMMUNITY_TOKENS, read_storage
+    from results.rundir import read_campaigns
+    from results.table import build_table
+
+    camps = read_campaigns(list(dirs))
+    table = build_table(camps, model_files)
+    table = table[(table["latest"]) & (~table["probe"].astype(bool))]
+    storage: dict[str, dict[str, Any]] = {}
+    protocol_notes: list[str] = []
+    identities: dict[str, Mapping[str, Any]] = {}
+    models: dict[str, Mapping[str, Any]] = {}
+    for c in camps:
+        storage.update(read_storage(c.root))
+        for name, rec in c.devices.items():
+            identities.setdefault(name, rec)
+        for name, rec in c.models.items():
+            models.setdefault(name, rec)
+        meta = c.root / COMMUNITY_FILE
+        if meta.is_file():
+            try:
+                protocol_notes += list(json.loads(meta.read_text(encoding="utf-8")).get("notes") or ())
+            except (OSError, ValueError):
+                pass
+    rows = []
+    keys = table.assign(_k=[_f(k) for k in table["n_expert_used"]])
+    for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
+        runs = runs.sort_values(["pass", "repeat", "order"])
+        done = runs[runs["outcome"] == "ok"]
+        pick = done.iloc[1] if len(done) > 1 else (done.iloc[0] if len(done) else runs.iloc[-1])
+        notes = list(dict.fromkeys(protocol_notes))
+        if len(done) < 2:
+            notes.append(f"{len(done)} finished run(s), not the protocol's two: this row is "
+                         + ("its only run" if len(done) == 1 else f"a {pick['outcome']} run"))
+        elif len(done) >= 2:
+            a, b = _f(done.iloc[0]["tok_s_summary"]), _f(done.iloc[1]["tok_s_summary"])
+            if a and b and not math.isnan(a) and not math.isnan(b) and abs(b / a - 1) * 100 > DIFFER_PCT:
+                notes.append(f"the two runs differ by {abs(b / a - 1) * 100:.0f}% in decode tok/s "
+                             f"({a:.1f} then {b:.1f}): the device was not in the same state")
+        if pick["outcome"] != "ok":
+            notes.append(f"the reported run ended {pick['outcome']}")
+        streamed = _streamed(pick["run_dir"])
+        stream_flag = pick["moe_stream"]
+        mode_mmap = (stream_flag is not None and stream_flag == stream_flag and not bool(stream_flag)) \
+            or streamed is False
+        if _f(pick["o_direct"]) != 1 and not mode_mmap:
+            notes.append("o_direct is not 1: the expert reads went through the page cache, not comparable")
+        tokens = _f(pick["tokens"])
+        if not math.isnan(tokens) and tokens < COMMUNITY_TOKENS:
+            notes.append(f"{tokens:.0f} tokens, under the protocol's {COMMUNITY_TOKENS}")
+        if not pick["cache_auto"] and not mode_mmap:
+            notes.append("a fixed cache budget, not the protocol's --cache-mb auto")
+        if str(pick["dense_weights"]) not in ("anon", ""):
+            notes.append(f"--dense-weights {pick['dense_weights']}, not the protocol's anon")
+        io = _f(pick.get("io_threads"))
+        if not math.isnan(io) and io and io != COMMUNITY_LANES and not mode_mmap:
+            notes.append(f"{io:.0f} read lanes, not the protocol's {COMMUNITY_LANES}")
+        budget = _f(pick["cache_mb"])
+        if mode_mmap:
+            cache = "mmap (baseline)"
+        elif pick["cache_auto"]:
+            ceil = _f(pick["cache_ceil_mb"])
+            cache = "auto" + (f", cap {ceil:.0f}" if ceil and not math.isnan(ceil) else "") + \
+                (f" ({budget:g} MiB)" if not math.isnan(budget) else "")
+        else:
+            cache = f"{budget:g} MiB" if not math.isnan(budget) else "n/a"
+        probe = storage.get(str(device)) or {}
+        rate = probe.get("mib_per_s")
+        store = f"~{rate:,.0f} MiB/s" if rate else "n/a"
+        if not rate and probe.get("note"):
+            notes.append(f"storage probe {probe['note']}")
+        prefill = _f(pick["n_prompt"]) / _f(pick["prefill_s"]) if _f(pick["prefill_s"]) > 0 else math.nan
+        flash = _f(pick["read_mib_per_tok"])
+        model_rec = models.get(str(model))
+        quant = _quant(model_rec)
+        hit = _f(pick["cache_hit_pct"])
+        engine = str(pick["engine"] or "")
+        cells = {
+            "Hardware": hardware_class({**dict(identities.get(str(device)) or {}), "kind": pick["device_kind"]},
+                                       _f(pick.get("cores"))),
+            "Storage (512 KiB rate)": store,
+            "Model, quant": f"{model} {quant}".strip(),
+            "k": "n/a" if math.isnan(_f(k)) else f"{_f(k):.0f}",
+            "Cache": cache,
+            "Decode tok/s": _num(pick["tok_s_summary"] if not math.isnan(_f(pick["tok_s_summary"])) else pick["tok_s"],
+                                 ".1f"),
+            "Prefill tok/s": _num(prefill, ".1f"),
+            "Stall s/tok": _num(pick["stall_s_per_tok"], ".3f"),
+            "Flash/token": "n/a" if math.isnan(flash) else (f"{flash:.0f} MiB" if flash >= 10 else f"{flash:.2f} MiB"),
+            "Cache hit": "n/a" if math.isnan(hit) else f"{hit:.0f}%",
+            "Engine": engine.removeprefix("bmoe-cli ") or "n/a",
+            "By": by,
+        }
+        rows.append(CommunityRow(str(device), cells, str(pick["run_id"]), tuple(dict.fromkeys(notes))))
+    if not rows:
+        raise ResultsError("no runs to report")
+    return rows
+
+
+def community_markdown(rows: Sequence[CommunityRow]) -> str:
+    from results.formats import to_md
+
+    text = to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC)
+    notes = [f"- row {i + 1} ({r.device}, run {r.run_id}): {n}" for i, r in enumerate(rows) for n in r.notes]
+    return text + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "")
+
+
+def community_command(dirs: Sequence[str | Path], out: str | None = None, by: str = "bmoe-fleet",
+                      as_json: bool = False, model_files: Mapping[str, str] | None = None) -> str:
+    """`report --format community`: the rows as Markdown (or JSON), to `out` or stdout."""
+    from results import formats
+    from results.publish import Redactor
+
+    rows = community_rows(dirs, by, model_files)
+    redactor = Redactor()
+    if as_json:
+        data = formats.to_json({"format": "bmoe-fleet.community-rows", "version": 1, "columns": list(COLUMNS),
+                                "rows": [redactor.value(asdict(r)) for r in rows]})
+    else:
+        data = redactor.text(community_markdown(rows))
+    return formats.emit(data, out if out not in (None, "") else None, "the community rows")

@@ -1,0 +1,143 @@
+"""Output formats of `table`, `recommend` and `compare`, and where the output goes.
+
+`--format text|csv|json|jsonl|md` (md: a GitHub table, as llama-bench's `-o md`, ready for an issue
+or a pull request); `-o -` (the default) writes to stdout, `-o FILE` writes the file atomically
+(temporary file + rename: a reader sees the old file or the new one). Without `--format`, a
+file's suffix chooses (`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
+Parquet (the run table only) needs pyarrow: `pip install 'bmoe-fleet[parquet]'`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from results.errors import ResultsError
+
+FORMATS = ("text", "csv", "json", "jsonl", "md")
+STDOUT = "-"
+_BY_SUFFIX = {".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".md": "md", ".parquet": "parquet"}
+PARQUET_HINT = "writing parquet needs pyarrow: pip install 'bmoe-fleet[parquet]' (or pip install pyarrow)"
+
+
+def choose_format(fmt: str | None, out: str | None, allowed: Sequence[str] = FORMATS) -> str:
+    """The format asked for, else the one the output file's suffix names, else text."""
+    if fmt is None and out and out != STDOUT:
+        suffix = Path(out).suffix.lower()
+        if suffix not in _BY_SUFFIX and suffix != ".txt":
+            names = ", ".join(s for s, f in _BY_SUFFIX.items() if f in allowed)
+            raise ResultsError(f"{out}: write {names} or .txt, or say which with --format")
+        fmt = _BY_SUFFIX.get(suffix, "text")
+    fmt = fmt or "text"
+    if fmt not in allowed:
+        raise ResultsError(f"--format {fmt}: this command writes {', '.join(allowed)}"
+                           + (f" (a {Path(out).suffix} file)" if out and out != STDOUT and fmt == _BY_SUFFIX.get(
+                               Path(out).suffix.lower()) else ""))
+    if fmt == "parquet" and (out is None or out == STDOUT):
+        raise ResultsError("--format parquet is binary: give -o FILE.parquet")
+    return fmt
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null; numpy scalars plain numbers."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def cell_text(value: Any, digits: int = 4) -> str:
+    """A value as a table shows it: empty for missing, numbers to a few significant digits."""
+    value = clean(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.{digits}g}"
+    if isinstance(value, (list, tuple)):
+        return " ".join(cell_text(v) for v in value)
+    return str(value)
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(clean(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def to_jsonl(records: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(clean(r), ensure_ascii=False, allow_nan=False) + "\n" for r in records)
+
+
+def to_csv(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in records:
+        w.writerow([cell_text(r.get(c), 10) for c in columns])
+    return buf.getvalue()
+
+
+def _md_cell(text: str) -> str:
+    # a pipe ends a cell and a newline ends the row in GitHub's tables
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+
+
+def to_md(records: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
+          numeric: Sequence[str] = ()) -> str:
+    """A GitHub table: numbers right-aligned, as llama-bench prints them."""
+    heads = list(headers or columns)
+    lines = ["| " + " | ".join(_md_cell(h) for h in heads) + " |",
+             "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|"]
+    for r in records:
+        lines.append("| " + " | ".join(_md_cell(cell_text(r.get(c))) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_text(records: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
+            numeric: Sequence[str] = ()) -> str:
+    """Aligned columns for a terminal."""
+    heads = list(headers or columns)
+    cells = [[cell_text(r.get(c)) for c in columns] for r in records]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if c in numeric else v.ljust(w)
+                         for v, w, c in zip(values, widths, columns)).rstrip()
+
+    return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(row) for row in cells]) + "\n"
+
+
+def emit(data: str | bytes, out: str | None, what: str = "") -> str | None:
+    """Write `data` to `out` (atomically) and return the line to print; for stdout (`-`, or no
+    `-o`), return the data itself."""
+    if out is None or out == STDOUT:
+        return data.decode("utf-8") if isinstance(data, bytes) else data
+    path = Path(out)
+    if path.is_dir():
+        raise ResultsError(f"{out}: is a folder; give a file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return f"wrote {what + ' to ' if what else ''}{out}"

@@ -1,0 +1,92 @@
+"""What a published file may say about where things lived: no host paths (issue 12).
+
+recommendations.json, the site's pages and its runs.csv travel: into an app, a pull request, a
+web server. A host path in them says nothing to a reader elsewhere and tells everyone the layout
+of the machine that made them (a home folder, a user name, a temp folder). `Redactor` replaces
+them with names that mean something anywhere:
+
+- a campaign directory -> `<campaign LABEL>`;
+- this fleet's home (staged engines, virtual phones) -> `~/.bmoe-fleet`; the user's home -> `~`;
+- a model file on this host -> its file name;
+- on runs of this host (`local`), every absolute path in the command line -> its file name (the
+  staged engine, the model, the CSV): a phone's paths (`/data/local/tmp/…`) are the phone's, and
+  say where the model sat (O_DIRECT needs a real filesystem), so they stay.
+
+It works on strings, so every published field goes through `text()`; `argv()` knows which argv
+elements are paths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# flags whose value is a file on the device the engine ran on
+PATH_FLAGS = frozenset({"-m", "--model", "--csv", "--route-trace", "--compute-trace", "--compute-trace-layers",
+                        "--io-trace"})
+
+
+def _fleet_home() -> Path:
+    return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
+
+
+class Redactor:
+    """Replaces this host's paths in published text (see the module doc)."""
+
+    def __init__(self, campaigns: Iterable[Any] = (), model_paths: Iterable[str] = ()):
+        pairs: dict[str, str] = {}
+        for camp in campaigns:
+            pairs[str(Path(camp.root).resolve())] = f"<campaign {camp.label}>"
+            for record in camp.models.values():
+                for p in [record.get("path"), *(record.get("paths") or ())]:
+                    if isinstance(p, str) and os.path.isabs(p) and not p.startswith("device:"):
+                        pairs[p] = os.path.basename(p)
+        for p in model_paths:
+            if p and os.path.isabs(p):
+                pairs[p] = os.path.basename(p)
+        home = _fleet_home()
+        pairs[str(home)] = "~/.bmoe-fleet"
+        with_resolved = dict(pairs)
+        for prefix, name in pairs.items():      # /tmp may be a symlink: both spellings
+            real = os.path.realpath(prefix)
+            with_resolved.setdefault(real, name)
+        user_home = str(Path.home())
+        # longest first, so a campaign inside the home folder is named as a campaign
+        self._pairs = sorted(((k, v) for k, v in with_resolved.items() if len(k) > 1), key=lambda kv: -len(kv[0]))
+        self._home = user_home if len(user_home) > 1 else None
+        pattern = "|".join(re.escape(k) for k, _ in self._pairs)
+        self._re = re.compile(f"(?:{pattern})(?=/|\\b|$)") if pattern else None
+        self._names = dict(self._pairs)
+
+    def text(self, value: str) -> str:
+        """A string with every known host path replaced."""
+        if not value:
+            return value
+        out = self._re.sub(lambda m: self._names[m[0]], value) if self._re is not None else value
+        if self._home and self._home in out:
+            out = re.sub(re.escape(self._home) + r"(?=/|\b|$)", "~", out)
+        return out
+
+    def argv(self, argv: Sequence[str], local: bool) -> list[str]:
+        """A command line fit to publish: on this host's runs, the engine and every path argument
+        by file name; everywhere, known host paths replaced."""
+        out = []
+        for i, arg in enumerate(argv):
+            arg = str(arg)
+            if local and os.path.isabs(arg) and (i == 0 or argv[i - 1] in PATH_FLAGS):
+                arg = os.path.basename(arg)
+            out.append(self.text(arg))
+        return out
+
+    def value(self, value: Any) -> Any:
+        """Any JSON-like value with every string in it redacted."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(v) for v in value]
+        return value

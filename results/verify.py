@@ -1,0 +1,86 @@
+"""`bmoe-fleet recommend --verify`: run every recommended command line once, on its own device.
+
+A recommendation is only as good as the engine's willingness to take it: issue 12 found
+`--cache-mb 137` printed without `--force-cache`, which both engines refuse. Each command line of
+each recommendation (the fixed budget's and the auto ceiling's) runs once, `-n 1`, on the device
+whose runs it was measured from, with that campaign's engine — staged as the campaign stages it
+(harness.runner.DeviceSession: same bytes not pushed again, a native build's libraries along) —
+its model and its prompt. The answer is recorded on the recommendation: `accepted` (exit 0, with
+the engine's `bmoe: expert streaming ON … cache=N MiB` line), `refused` (the engine's own
+`config error:` / `unknown arg:` line), or `failed` (any other end, with its line). Imported
+campaigns name no engine and no reachable device: theirs are `not run`, saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from results.errors import ResultsError
+from results.recommend import Recommendation, Recommendations
+
+VERIFY_TOKENS = 1
+
+
+def _campaign_of(r: Recommendation, name: str) -> str | None:
+    choice = r.fixed if name == "fixed" else r.auto
+    ids = choice.run_ids if choice is not None else ()
+    if ids:
+        return ids[0].rsplit("/", 2)[0]
+    campaigns = r.evidence.get("campaigns") or []
+    return campaigns[0] if campaigns else None
+
+
+def verify(recs: Recommendations, camps: Sequence[Any], redact: Callable[[str], str] = str,
+           echo: Callable[[str], None] | None = None, n_predict: int = VERIFY_TOKENS) -> Recommendations:
+    """Every recommendation with `verification`: per command line, how its engine answered."""
+    from harness.campaign import load_campaign
+    from harness.runner import DeviceSession
+
+    by_label = {c.label: c for c in camps}
+    jobs: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    results: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for di, d in enumerate(recs.devices):
+        for ri, r in enumerate(d.recommendations):
+            results[(di, ri)] = {}
+            for name in r.argvs():
+                label = _campaign_of(r, name)
+                camp = by_label.get(label) if label else None
+                if camp is None or camp.imported or not (camp.root / "campaign.toml").is_file():
+                    why = "imported runs name no engine and no device to run on" if camp is not None and \
+                        camp.imported else "no campaign file to take the engine and device from"
+                    results[(di, ri)][name] = {"status": "not run", "line": why, "exit_status": None,
+                                               "engine": None, "campaign": label, "n_predict": n_predict}
+                    continue
+                jobs.setdefault((label, r.device), []).append((di, ri, name))
+    for (label, device), todo in jobs.items():
+        camp = by_label[label]
+        campaign = load_campaign(camp.root / "campaign.toml")
+        if echo:
+            echo(f"verifying {len(todo)} command line(s) on {device} ({campaign.engine.kind} engine of {label})")
+        try:
+            with DeviceSession(campaign, device) as session:
+                for di, ri, name in todo:
+                    r = recs.devices[di].recommendations[ri]
+                    run = session.run(r.model, r.argvs()[name], n_predict=n_predict)
+                    results[(di, ri)][name] = {"status": run.status, "line": redact(run.line),
+                                               "exit_status": run.exit_status, "engine": run.engine,
+                                               "campaign": label, "n_predict": n_predict}
+                    if echo:
+                        echo(f"  {r.model} {name}: {run.status} — {redact(run.line)}")
+        except ResultsError:
+            raise
+        except Exception as e:                # a device that is gone: say so on each, keep the others
+            from engine.errors import BmoeError
+
+            if not isinstance(e, BmoeError):
+                raise
+            for di, ri, name in todo:
+                results[(di, ri)][name] = {"status": "not run", "line": redact(str(e)), "exit_status": None,
+                                           "engine": None, "campaign": label, "n_predict": n_predict}
+    devices = []
+    for di, d in enumerate(recs.devices):
+        out = [replace(r, verification=results[(di, ri)]) for ri, r in enumerate(d.recommendations)]
+        devices.append(replace(d, recommendations=tuple(out)))
+    return replace(recs, devices=tuple(devices))

@@ -1,0 +1,92 @@
+"""Outputs for people and CI (issue 12): `table`, `recommend` and `compare` in text, csv, json, jsonl and
+md (a GitHub table), to stdout with `-o -` or to a file written atomically; `compare --threshold` and
+`--fail-on-regression` (exit 4), with newly failing cells always counted as regressions."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from click.testing import CliRunner
+
+from results.compare import FAIL_EXIT_STATUS, comparison_rows, compare
+
+
+def md_table(text: str) -> list[list[str]]:
+    """The rows of the first GitHub table in `text` (header first), its separator checked."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(lines) >= 2 and set(lines[1].replace("|", "").replace(":", "")) == {"-"}, lines[:2]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in [lines[0]] + lines[2:]]
+
+
+def test_the_run_table_in_every_format_to_stdout_or_a_file(local_campaign, cli, tmp_path):
+    runner = CliRunner()
+    jsonl = runner.invoke(cli, ["table", str(local_campaign), "--format", "jsonl"], catch_exceptions=False)
+    assert jsonl.exit_code == 0
+    records = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert len(records) == 20 and all(r["device"] == "local" for r in records)
+    assert all(r["tok_s"] > 0 and r["cache_cycle_mb"] > 3 for r in records)
+    md = runner.invoke(cli, ["table", str(local_campaign), "--format", "md", "-o", "-"])
+    rows = md_table(md.stdout)
+    assert rows[0][:5] == ["device", "model", "engine", "cache", "dense"] and len(rows) == 21
+    assert {r[8] for r in rows[1:]} == {"ok"} and {r[3] for r in rows[1:]} >= {"off", "auto"}
+    text = runner.invoke(cli, ["table", str(local_campaign)]).stdout       # the default: text on stdout
+    assert text.splitlines()[0].split()[:3] == ["device", "model", "engine"] and len(text.splitlines()) == 22
+    out = tmp_path / "deep" / "runs.json"
+    wrote = runner.invoke(cli, ["table", str(local_campaign), "-o", str(out)])
+    assert wrote.exit_code == 0 and wrote.stdout.strip() == f"wrote 20 runs of 1 campaign to {out}"
+    data = json.loads(out.read_text())
+    assert (data["format"], data["version"], len(data["runs"])) == ("bmoe-fleet.table", 1, 20)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["runs.json"]       # no temporary file left
+
+
+def test_recommendations_as_csv_md_and_jsonl(local_campaign, cli, tmp_path):
+    runner = CliRunner()
+    rows = md_table(runner.invoke(cli, ["recommend", str(local_campaign), "--format", "md"]).stdout)
+    assert rows[0] == ["device", "phone", "RAM MiB", "model", "k", "cycle MiB", "fixed", "auto", "dense",
+                       "confidence", "why", "verified"]
+    (row,) = rows[1:]
+    assert row[0] == "local" and row[3] == "small" and "--cache-mb auto" in row[7] and "--cache-ceil-mb" in row[7]
+    out = tmp_path / "recs.csv"
+    assert runner.invoke(cli, ["recommend", str(local_campaign), "-o", str(out)]).exit_code == 0
+    (parsed,) = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert parsed["fixed"] == row[6] and parsed["auto"] == row[7] and parsed["confidence"] in ("low", "medium", "high")
+    (line,) = runner.invoke(cli, ["recommend", str(local_campaign), "--format", "jsonl"]).stdout.splitlines()
+    rec = json.loads(line)
+    assert rec["identity"]["kind"] == "local" and rec["auto"]["argv"] == parsed["auto"].split()
+
+
+def test_compare_prints_a_github_table_and_fails_ci_on_a_regression(compare_pair, cli):
+    a, b = compare_pair
+    runner = CliRunner()
+    result = runner.invoke(cli, ["compare", str(a), str(b), "--format", "md", "--fail-on-regression"])
+    assert result.exit_code == FAIL_EXIT_STATUS == 4, result.output
+    assert result.stdout.startswith("**2 cells: ")
+    rows = md_table(result.stdout)
+    assert rows[0][:7] == ["device", "model", "k", "budget", "settings", "status", "metric"]
+    slowed = [r for r in rows[1:] if r[3] == "cache 0" and r[6] == "tok/s"]
+    assert len(slowed) == 1 and slowed[0][-1] == "regression" and float(slowed[0][9]) < -50   # change %
+    # without the flag the same comparison exits 0; with a threshold past the slowdown nothing regressed
+    assert runner.invoke(cli, ["compare", str(a), str(b), "--format", "md"]).exit_code == 0
+    lenient = runner.invoke(cli, ["compare", str(a), str(b), "--threshold", "1000", "--fail-on-regression"])
+    assert lenient.exit_code == 0, lenient.output
+    assert "0 regressed" in lenient.stdout and "threshold 1000 % over noise" in lenient.stdout
+    assert compare(a, b, threshold_pct=1000).regressions == []
+    bad = runner.invoke(cli, ["compare", str(a), str(b), "--threshold", "-5"])
+    assert bad.exit_code == 1 and "--threshold -5: give a percentage of 0 or more" in bad.output
+
+
+def test_a_newly_failing_cell_is_a_regression_whatever_the_threshold(compare_pair, failing_twin, cli):
+    a, _ = compare_pair
+    result = CliRunner().invoke(cli, ["compare", str(a), str(failing_twin), "--threshold", "1000",
+                                      "--fail-on-regression", "--format", "csv"])
+    assert result.exit_code == 4, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    (failing,) = [r for r in rows if r["status"] == "newly failing"]
+    assert failing["budget"] == "cache 0" and failing["verdict"] == "regression"
+    assert (failing["a"], failing["b"]) == ("3/3 ok", "0/3 ok")
+    report = compare(a, failing_twin, threshold_pct=1000)
+    assert [c.status for c in report.regressions] == ["newly_failing"]
+    assert json.loads(report.to_json())["summary"]["regressions"] == 1
+    assert [r["verdict"] for r in comparison_rows(report) if r["status"] == "newly failing"] == ["regression"]
