@@ -4,6 +4,7 @@ the run engine.session's; this module only wires them to the process's streams a
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -14,6 +15,7 @@ from . import __version__
 from .budget import ConfigError
 from .config import UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
+from .safetext import printable
 from .session import Session
 from .telemetry import CsvSink, RouteTraceSink, csv_preamble, progress_lines
 
@@ -31,7 +33,9 @@ def _out(data: bytes) -> None:
 
 
 def _g4(value: float) -> str:
-    """printf's %.4g of a float32, as bmoe-cli writes temp and top_p."""
+    """printf's %.4g of a float32, as bmoe-cli writes temp and top_p (glibc keeps a nan's sign)."""
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
     return "%.4g" % float(np.float32(value))
 
 
@@ -119,7 +123,7 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
         _err(f"config error: {e}")
         return 1
     except BmoeError as e:
-        _err(f"\nerror: {e}")
+        _err(f"\nerror: {printable(str(e))}")   # it may quote the model file's own strings
         return 1
     finally:
         if session is not None:

@@ -12,6 +12,7 @@ lists every flag.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -140,21 +141,63 @@ _ENV_INT = {"--cache-mb": "BMOE_CACHE_MB", "--io-threads": "BMOE_IO_THREADS", "-
             "--n-expert-used": "BMOE_N_EXPERT_USED"}
 
 
+# C's isspace() in the "C" locale, and its digits: Python's \s and \d also take Unicode ones
+_C_SPACE = " \t\n\v\f\r"
+_C_INT_RE = re.compile(f"[{_C_SPACE}]*([+-]?)0*([0-9]+)")
+_LONG_MAX = (1 << 63) - 1
+_ULONG_MAX = (1 << 64) - 1
+# strtod's decimal and hex spellings, infinity and nan (what follows the prefix is ignored)
+_C_FLOAT_RE = re.compile(
+    f"[{_C_SPACE}]*([+-]?(?:0x(?:[0-9a-f]+\\.?[0-9a-f]*|\\.[0-9a-f]+)(?:p[+-]?[0-9]+)?"
+    "|(?:[0-9]+\\.?[0-9]*|\\.[0-9]+)(?:e[+-]?[0-9]+)?|inf(?:inity)?|nan))", re.IGNORECASE)
+_FLT_OVERFLOW = 2.0 ** 128 - 2.0 ** 103   # FLT_MAX + half an ulp: rounds to infinity
+
+
+def _strtol(text: str) -> int:
+    """glibc's strtol(text, NULL, 10) on a 64-bit long: leading space and sign, then digits;
+    0 when unreadable; an overflow saturates at LONG_MIN / LONG_MAX."""
+    m = _C_INT_RE.match(text)
+    if not m:
+        return 0
+    # past 20 digits it overflows anyway (and int() refuses 4,300)
+    magnitude = int(m[2]) if len(m[2]) <= 20 else _ULONG_MAX + 1
+    value = -magnitude if m[1] == "-" else magnitude
+    return max(-_LONG_MAX - 1, min(_LONG_MAX, value))
+
+
 def _atoi(text: str) -> int:
-    """C's atoi: optional space and sign, then digits; 0 when unreadable (the engine does not
-    reject junk, so neither do we)."""
-    m = re.match(r"\s*([+-]?\d+)", text)
-    return int(m[1]) if m else 0
+    """C's atoi as glibc does it, `(int) strtol(text, NULL, 10)`: junk reads 0, the engine does
+    not reject it (so neither do we), and a value past int's range wraps to its low 32 bits, so
+    `-n 99999999999999999999` is -1 (bmoe-cli: `n_predict must be positive`) and `-n 1e23` is 1."""
+    low = _strtol(text) & 0xFFFFFFFF
+    return low - (1 << 32) if low >= 1 << 31 else low
+
+
+def _strtoul32(text: str) -> int:
+    """`(uint32_t) strtoul(text, NULL, 10)`, as bmoe-cli reads --seed: a minus sign negates
+    modulo 2^64, an overflow saturates at ULONG_MAX, then the low 32 bits."""
+    m = _C_INT_RE.match(text)
+    if not m:
+        return 0
+    magnitude = int(m[2]) if len(m[2]) <= 20 else _ULONG_MAX + 1
+    value = _ULONG_MAX if magnitude > _ULONG_MAX else (-magnitude if m[1] == "-" else magnitude) & _ULONG_MAX
+    return value & 0xFFFFFFFF
 
 
 def _atof(text: str) -> float:
     """C's atof narrowed to a float32, as bmoe-cli stores --temp / --top-p: the longest numeric
-    prefix counts, junk reads 0, and the range checks see the float32 value."""
-    m = re.match(r"\s*([+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))", text,
-                 re.IGNORECASE)
+    prefix counts, junk reads 0, and the range checks see the float32 value (past FLT_MAX an
+    infinity, a nan keeps its sign: printf writes `-nan` for one)."""
+    m = _C_FLOAT_RE.match(text)
     if not m:
         return 0.0
-    return float(np.float32(float(m[1])))
+    try:
+        value = float.fromhex(m[1]) if "x" in m[1].lower() else float(m[1])
+    except OverflowError:               # 0x1p99999: strtod gives HUGE_VAL
+        value = math.copysign(math.inf, -1.0 if m[1].startswith("-") else 1.0)
+    if math.isfinite(value) and abs(value) >= _FLT_OVERFLOW:
+        return math.copysign(math.inf, value)  # what the cast gives; numpy would also warn on stderr
+    return float(np.float32(value))
 
 
 def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
@@ -182,7 +225,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
             field, value = _BOOL_FLAGS[a]
             values[field] = value
         elif a == "--seed":
-            values["seed"] = _atoi(next_value(a)) & 0xFFFFFFFF
+            values["seed"] = _strtoul32(next_value(a))
         elif a == "--prompt-tokens":
             raw = next_value(a)
             try:

@@ -15,9 +15,14 @@ from typing import Any, BinaryIO
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import ModelError
+from .safetext import one_line
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+# Arrays of arrays nest this deep at most (llama.cpp writes one level); deeper is damage, and
+# an unbounded depth would exhaust Python's stack before the bytes run out.
+MAX_ARRAY_DEPTH = 4
+NAME_CHARS = 60      # a key or tensor name quoted in an error: a damaged length can make it 54 KB
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B",
@@ -100,7 +105,7 @@ class _Cursor:
         raw = self.read(n, what)
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         try:
             vt = GGUFValueType(vtype)
         except ValueError:
@@ -108,22 +113,30 @@ class _Cursor:
         if vt == GGUFValueType.STRING:
             return self.string(what)
         if vt == GGUFValueType.ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise ModelError(f"{self.path}: corrupt GGUF header: {what} nests arrays more than "
+                                 f"{MAX_ARRAY_DEPTH} deep at byte {self.pos}")
             item_type = self.scalar("<I", what + " item type")
             count = self.scalar("<Q", what + " item count")
             if item_type in _SCALAR_FORMATS:
                 fmt = _SCALAR_FORMATS[GGUFValueType(item_type)]
                 size = struct.calcsize(fmt)
                 raw = self.read(size * count, what)
-                return list(struct.unpack("<" + fmt[1] * count, raw)) if count else []
-            return [self.value(item_type, what) for _ in range(count)]
+                return list(struct.unpack(f"<{count}{fmt[1]}", raw)) if count else []
+            return [self.value(item_type, what, depth + 1) for _ in range(count)]
         return self.scalar(_SCALAR_FORMATS[vt], what)
+
+
+def _name(text: str) -> str:
+    """A key or tensor name as an error quotes it: short, control characters escaped."""
+    return one_line(text, NAME_CHARS)
 
 
 def _ggml_nbytes(name: str, ne: tuple[int, ...], qtype: GGMLQuantizationType, path: str) -> int:
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     if ne and ne[0] % block_elems:
         raise ModelError(
-            f"{path}: corrupt GGUF header: tensor {name} row of {ne[0]} elements is not a multiple of "
+            f"{path}: corrupt GGUF header: tensor {_name(name)} row of {ne[0]} elements is not a multiple of "
             f"{qtype.name}'s block of {block_elems}"
         )
     n = 1
@@ -154,24 +167,27 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
-            vtype = cur.scalar("<I", f"type of {key}")
-            metadata[key] = cur.value(vtype, key)
-        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise ModelError(f"{path}: corrupt GGUF header: general.alignment={alignment} is not a power of two")
+            vtype = cur.scalar("<I", f"type of {_name(key)}")
+            metadata[key] = cur.value(vtype, _name(key))
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
+                or alignment & (alignment - 1):
+            raise ModelError(f"{path}: corrupt GGUF header: general.alignment={one_line(str(alignment))} is not a "
+                             "power of two")
         raw_infos = []
         for i in range(n_tensors):
             name = cur.string(f"tensor name #{i}")
-            n_dims = cur.scalar("<I", f"dims of {name}")
+            shown = _name(name)
+            n_dims = cur.scalar("<I", f"dims of {shown}")
             if n_dims > 8:
-                raise ModelError(f"{path}: corrupt GGUF header: tensor {name} has {n_dims} dimensions")
-            ne = tuple(cur.scalar("<Q", f"shape of {name}") for _ in range(n_dims))
-            qtype_raw = cur.scalar("<I", f"type of {name}")
+                raise ModelError(f"{path}: corrupt GGUF header: tensor {shown} has {n_dims} dimensions")
+            ne = tuple(cur.scalar("<Q", f"shape of {shown}") for _ in range(n_dims))
+            qtype_raw = cur.scalar("<I", f"type of {shown}")
             try:
                 qtype = GGMLQuantizationType(qtype_raw)
             except ValueError:
-                raise ModelError(f"{path}: corrupt GGUF header: tensor {name} has unknown type {qtype_raw}") from None
-            rel = cur.scalar("<Q", f"offset of {name}")
+                raise ModelError(f"{path}: corrupt GGUF header: tensor {shown} has unknown type {qtype_raw}") from None
+            rel = cur.scalar("<Q", f"offset of {shown}")
             raw_infos.append((name, ne, qtype, rel))
         data_offset = (cur.pos + alignment - 1) // alignment * alignment
         tensors = []
@@ -180,7 +196,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             offset = data_offset + rel
             if offset + nbytes > file_bytes:
                 raise ModelError(
-                    f"{path}: truncated GGUF: tensor {name} ends at byte {offset + nbytes} "
+                    f"{path}: truncated GGUF: tensor {_name(name)} ends at byte {offset + nbytes} "
                     f"but the file is {file_bytes} bytes"
                 )
             tensors.append(TensorInfo(name, ne, qtype, path, offset, nbytes))

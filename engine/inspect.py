@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .model import MIB, ModelShape, load_model_shape
+from .safetext import one_line
 from .units import format_bytes
+
+TEXT_NAME_CHARS = 120   # the model's name and arch are the file's strings: shown escaped and cut
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ def inspect_model(path: str, top_ks: list[int] | None = None) -> ModelReport:
     quants = shape.quant_types()
     n_files = len(shape.paths)
     lines = [
-        f"model     {shape.name} ({shape.arch}), {n_files} file{'s' if n_files > 1 else ''}, "
+        f"model     {one_line(shape.name, TEXT_NAME_CHARS)} ({one_line(shape.arch, TEXT_NAME_CHARS)}), "
+        f"{n_files} file{'s' if n_files > 1 else ''}, "
         f"{format_bytes(shape.file_bytes)}",
         f"layers    {shape.n_layer} ({len(shape.moe_layers)} MoE), {shape.n_expert} experts, "
         f"top-k {shape.top_k if shape.top_k is not None else 'unset'}",

@@ -15,6 +15,7 @@ from typing import Any
 
 
 from .errors import ModelError
+from .safetext import one_line
 from .gguf_header import GGUFHeader, TensorInfo, read_header
 
 MIB = 1 << 20
@@ -233,24 +234,34 @@ def _meta(metadata: dict[str, Any], arch: str, key: str) -> Any:
     return metadata.get(f"{arch}.{key}")
 
 
+def _count(value: Any, key: str, path: str) -> int | None:
+    """A metadata count as an int (None when absent); anything else is a damaged header."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelError(f"{path}: corrupt GGUF header: {one_line(key, 60)}={one_line(str(value), 40)} is not a "
+                         "count")
+    return value
+
+
 def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
     """Read every shard's header and price the model. Raises ModelError with a one-line reason."""
     paths = split_paths(os.fspath(path))
     headers: list[GGUFHeader] = [read_header(p) for p in paths]
     metadata = dict(headers[0].metadata)
-    declared = metadata.get("split.count")
-    if declared is not None and int(declared) != len(paths):
+    declared = _count(metadata.get("split.count"), "split.count", paths[0])
+    if declared is not None and declared != len(paths):
         raise ModelError(f"{paths[0]}: header says split.count={declared} but {len(paths)} shard(s) were found")
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelError(f"{paths[0]}: GGUF has no general.architecture")
     tensors = [t for h in headers for t in h.tensors]
-    n_layer = _meta(metadata, arch, "block_count")
+    n_layer = _count(_meta(metadata, arch, "block_count"), f"{arch}.block_count", paths[0])
     if n_layer is None:
-        raise ModelError(f"{paths[0]}: GGUF has no {arch}.block_count")
-    n_layer = int(n_layer)
+        raise ModelError(f"{paths[0]}: GGUF has no {one_line(arch, 60)}.block_count")
     # Trailing next-token-prediction blocks name expert tensors but are never bound by the engine.
-    n_bound = n_layer - int(_meta(metadata, arch, "nextn_predict_layers") or 0)
+    n_bound = n_layer - (_count(_meta(metadata, arch, "nextn_predict_layers"), f"{arch}.nextn_predict_layers",
+                                paths[0]) or 0)
 
     by_layer: dict[int, list[TensorInfo]] = {}
     dense: list[TensorInfo] = []
@@ -261,9 +272,9 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
         else:
             dense.append(t)
     if not by_layer:
-        raise ModelError(f"{paths[0]}: not a MoE model: no ffn_*_exps expert tensors (arch {arch})")
+        raise ModelError(f"{paths[0]}: not a MoE model: no ffn_*_exps expert tensors (arch {one_line(arch, 60)})")
 
-    n_expert_meta = _meta(metadata, arch, "expert_count")
+    n_expert_meta = _count(_meta(metadata, arch, "expert_count"), f"{arch}.expert_count", paths[0])
     moe_layers = []
     n_expert = None
     for layer in sorted(by_layer):
@@ -272,10 +283,11 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
         if len(counts) != 1 or any(len(t.ne) < 3 for t in layer_tensors):
             raise ModelError(f"{paths[0]}: layer {layer} expert tensors disagree on the expert count: {sorted(counts)}")
         layer_n_expert = counts.pop()
-        if n_expert_meta is not None and layer_n_expert != int(n_expert_meta):
-            raise ModelError(
-                f"{paths[0]}: layer {layer} has {layer_n_expert} experts but {arch}.expert_count={n_expert_meta}"
-            )
+        if layer_n_expert < 1:
+            raise ModelError(f"{paths[0]}: corrupt GGUF header: layer {layer} expert tensors hold 0 experts")
+        if n_expert_meta is not None and layer_n_expert != n_expert_meta:
+            raise ModelError(f"{paths[0]}: layer {layer} has {layer_n_expert} experts but "
+                             f"{one_line(arch, 60)}.expert_count={n_expert_meta}")
         n_expert = layer_n_expert if n_expert is None else max(n_expert, layer_n_expert)
         moe_layers.append(ExpertLayer(layer, layer_n_expert, layer_tensors))
 
@@ -288,7 +300,7 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
         else:
             global_dense += t.nbytes
 
-    top_k = _meta(metadata, arch, "expert_used_count")
+    top_k = _count(_meta(metadata, arch, "expert_used_count"), f"{arch}.expert_used_count", paths[0])
     name = metadata.get("general.name") or os.path.basename(paths[0])
     return ModelShape(
         paths=paths,

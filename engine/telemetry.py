@@ -170,26 +170,44 @@ def csv_preamble(engine_version: str, model: dict[str, Any], stream: dict[str, A
     return "\n".join(lines) + "\n"
 
 
-class CsvSink:
-    """The `--csv` file. Truncated at open (before load), flushed per row, like the engine."""
+class _CFile:
+    """A telemetry file written the way the engine's C stream writes it: opening can fail (the
+    caller warns), but once open a failed write (a full disk, /dev/full, a procfs file) only puts
+    the stream in error; later writes do nothing and the run goes on (bmoe-cli exits 0 and says
+    nothing). Bytes the argv carried that are not UTF-8 are written back as they came."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        self._fh: IO[str] = open(path, "w", encoding="utf-8", newline="\n")
+        self._fh: IO[str] = open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n")
+        self.failed = False
 
-    def preamble(self, text: str) -> None:
-        self._fh.write(text)
-        self._fh.flush()
-
-    def token(self, row: TokenRow) -> None:
-        self._fh.write(row.csv_line() + "\n")
-        self._fh.flush()
-
-    def summary(self, summary: RunSummary) -> None:
-        self._fh.write(summary.csv_line() + "\n")
-        self._fh.flush()
+    def _write(self, text: str, flush: bool = True) -> None:
+        if self.failed:
+            return
+        try:
+            self._fh.write(text)
+            if flush:
+                self._fh.flush()
+        except OSError:
+            self.failed = True
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError:
+            self.failed = True
+
+
+class CsvSink(_CFile):
+    """The `--csv` file. Truncated at open (before load), flushed per row, like the engine."""
+
+    def preamble(self, text: str) -> None:
+        self._write(text)
+
+    def token(self, row: TokenRow) -> None:
+        self._write(row.csv_line() + "\n")
+
+    def summary(self, summary: RunSummary) -> None:
+        self._write(summary.csv_line() + "\n")
 
 
 _JSON_ESCAPES = {ord('"'): b'\\"', ord("\\"): b"\\\\", ord("\n"): b"\\n", ord("\r"): b"\\r", ord("\t"): b"\\t"}
@@ -228,7 +246,7 @@ def progress_lines(row: TokenRow, delta_text: bytes) -> list[bytes]:
     return out
 
 
-class RouteTraceSink:
+class RouteTraceSink(_CFile):
     """`--route-trace` v1: one row per routed (token, layer, slot); expert_bytes only on reads.
 
     Opened (and truncated) before the model loads, as bmoe-cli opens it, so an unwritable path is
@@ -237,29 +255,22 @@ class RouteTraceSink:
 
     HEADER = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped"
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self._fh: IO[str] = open(path, "w", encoding="utf-8", newline="\n")
-
     def write_static(self, model_path: str, arch: str, n_layer: int, n_expert: int, n_expert_used: int,
                      layer_bytes: list[tuple[int, int, int]]) -> None:
         """`model_path` as the user gave it to -m; one `# layer=` line per layer, dense ones too
         (expert_bytes=0), as upstream writes them."""
-        self._fh.write(f"{ROUTE_TRACE_VERSION_LINE}\n# model={model_path} arch={arch} n_layer={n_layer} "
-                       f"n_expert={n_expert} n_expert_used={n_expert_used}\n")
-        for layer, expert_bytes, dense_bytes in layer_bytes:
-            self._fh.write(f"# layer={layer} expert_bytes={expert_bytes} dense_bytes={dense_bytes}\n")
-        self._fh.write(self.HEADER + "\n")
-        self._fh.flush()
+        lines = [f"{ROUTE_TRACE_VERSION_LINE}\n# model={model_path} arch={arch} n_layer={n_layer} "
+                 f"n_expert={n_expert} n_expert_used={n_expert_used}\n"]
+        lines += [f"# layer={layer} expert_bytes={expert_bytes} dense_bytes={dense_bytes}\n"
+                  for layer, expert_bytes, dense_bytes in layer_bytes]
+        self._write("".join(lines) + self.HEADER + "\n")
 
     def row(self, turn: int, phase: int, step: int, layer: int, slot: int, expert: int, weight: float,
             residency: int, expert_bytes: int) -> None:
         # printf's %.6g of the float32 weight: "0.5", "0.0123457", "nan" for a weight never exposed.
-        self._fh.write(f"{turn},{phase},{step},{layer},{slot},{expert},{'%.6g' % weight},{residency},"
-                       f"{expert_bytes},0\n")
+        self._write(f"{turn},{phase},{step},{layer},{slot},{expert},{'%.6g' % weight},{residency},"
+                    f"{expert_bytes},0\n", flush=False)
 
     def flush(self) -> None:
         """Once per forward pass (upstream flushes once per decode, not per row)."""
-        self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.close()
+        self._write("")

@@ -31,6 +31,7 @@ from devices.adb import DEFAULT_ADB_PORT, WORK_DIR as ADB_WORK_DIR, AdbServer
 from devices.base import DeviceIdentity
 from engine.budget import CACHE_MIN_MB, IO_THREADS_MAX
 from engine.errors import BmoeError
+from engine.safetext import one_line
 from harness import flags as flag_rules
 
 FORMAT_VERSION = 1
@@ -51,11 +52,31 @@ PROBE_TOKENS_MAX = 64       # the default knee probe is short even when the swee
 # LRU curve replayed from a route-traced probe run on the device (harness.probe)
 _RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
 _PHONE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# Bounds every numeric setting is checked against when the file is read (docs/campaigns.md).
+# A plan is bounded before it is expanded: 10,000 runs are weeks of phone time, and a larger
+# matrix only costs memory and minutes to refuse later.
+MAX_CELLS = 10_000
+INT_MAX = 2 ** 31 - 1           # the engine reads its integer flags with atoi into an int
+MAX_SECONDS = 30 * 24 * 3600    # timeouts and waits: 30 days
+MAX_RETRIES = 20                # the backoff doubles per retry
+MAX_BACKOFF_S = 3600.0
+MAX_FACTOR = 1000.0             # cycle*F, knee*F
+MAX_EXPERTS = 65536             # as route traces are read (docs/decisions.md)
+MAX_THREADS = 1024
+CPU_TEMP_RANGE_C = (-50.0, 200.0)
+MAX_MEM_MB = 2 ** 30            # 1 PiB of MemAvailable
+MESSAGE_CHARS = 500
 _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
 
 class CampaignError(BmoeError):
-    """A campaign file (or sweep) is wrong: one line naming the key and what is wrong with it."""
+    """A campaign file (or sweep) is wrong: one line naming the key and what is wrong with it.
+
+    Keys and values come from the file: the message is made one terminal-safe line here, once
+    for every complaint (control characters escaped, at most MESSAGE_CHARS)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(one_line(str(message), MESSAGE_CHARS))
 
 
 def fleet_home() -> Path:
@@ -294,9 +315,15 @@ class _Reader:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
         if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > 2 ** 1000:           # float() would overflow: no setting is that large
+                raise self.fail(full, f"must be a finite number, got {_num(value)}")
             value, ok = float(value), True
         if not ok:
             raise self.fail(full, f"expected {what or _kind_name(kinds)}, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(full, f"must be a finite number, got {value}")
+        if isinstance(value, str) and "\0" in value:   # no path, name or argument can hold one
+            raise self.fail(full, "holds a NUL character")
         if check is not None:
             problem = check(value)
             if problem:
@@ -324,8 +351,12 @@ class _Reader:
         if not p.is_absolute():
             p = self.base_dir / p
         p = Path(os.path.abspath(p))
-        if must_exist and not p.is_file():
-            raise self.fail(key, f"no such file {p}")
+        try:
+            exists = p.is_file()
+        except OSError as e:                     # a name too long, a loop of links …
+            raise self.fail(key, f"{(e.strerror or str(e)).lower()}: {one_line(str(p), 120)}") from None
+        if must_exist and not exists:
+            raise self.fail(key, f"no such file {one_line(str(p), 240)}")
         return str(p)
 
 
@@ -342,11 +373,11 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean ({str(value).lower()})"
     if isinstance(value, int):
-        return f"an integer ({value})"
+        return f"an integer ({_num(value)})"
     if isinstance(value, float):
         return f"a number ({value:g})"
     if isinstance(value, str):
-        return f"a string ({json.dumps(value)})"
+        return f"a string ({json.dumps(value[:60] + ('…' if len(value) > 60 else ''))})"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -354,12 +385,30 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _at_least(n: float):
-    return lambda v: None if v >= n else f"must be at least {n:g}, got {v:g}"
+def _at_least(n: float, most: float | None = None):
+    """A number >= n (and <= most when given): every numeric key has an upper bound too."""
+    def check(v: float) -> str | None:
+        if v < n:
+            return f"must be at least {_num(n)}, got {_num(v)}"
+        if most is not None and v > most:
+            return f"must be at most {_num(most)}, got {_num(v)}"
+        return None
+    return check
+
+
+def _above(n: float, most: float):
+    return lambda v: f"must be above {_num(n)}, got {_num(v)}" if not v > n else (
+        f"must be at most {_num(most)}, got {_num(v)}" if v > most else None)
+
+
+def _num(v: float) -> str:
+    """A number for a message: a 400-digit integer is shown by its size, not its digits."""
+    text = f"{v:g}" if isinstance(v, float) else str(v) if abs(v) < 10 ** 30 else f"a {len(str(abs(v)))}-digit number"
+    return text
 
 
 def _in_range(lo: int, hi: int):
-    return lambda v: None if lo <= v <= hi else f"must be in {lo}..{hi}, got {v}"
+    return lambda v: None if lo <= v <= hi else f"must be in {lo}..{hi}, got {_num(v)}"
 
 
 def parse_cache_value(value: int | str) -> int | str:
@@ -370,7 +419,9 @@ def parse_cache_value(value: int | str) -> int | str:
                          f"got {_describe(value)}")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"a budget cannot be negative, got {value}")
+            raise ValueError(f"a budget cannot be negative, got {_num(value)}")
+        if value > INT_MAX:
+            raise ValueError(f"a budget is at most {INT_MAX} MiB (the engine's int), got {_num(value)}")
         return value
     if isinstance(value, float):
         raise ValueError(f"budgets are whole MiB, got {value:g}; write an integer or \"cycle*F\"")
@@ -382,15 +433,17 @@ def parse_cache_value(value: int | str) -> int | str:
                          "write \"auto\" (with cache_ceil_mb for a cap) or the number alone")
     if text == "auto" or text in NO_STREAM_MODES:
         return text
-    if text.isdigit():
-        return int(text)
-    m = _RELATIVE_RE.match(text)
+    if re.fullmatch(r"[0-9]{1,12}", text):
+        return parse_cache_value(int(text))
+    m = _RELATIVE_RE.match(text) if len(text) <= 40 else None
     if m:
         factor = float(m[2]) if m[2] else 1.0
+        if factor > MAX_FACTOR:
+            raise ValueError(f"{json.dumps(value)}: the factor is at most {MAX_FACTOR:g}")
         if m[1] == "knee" and factor == 0:
             raise ValueError(f"{json.dumps(value)}: a knee budget needs a factor above 0 (write 0 for no cache)")
         return f"{m[1]}*{format(factor, '.12g')}"
-    raise ValueError(f"{json.dumps(value)} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
+    raise ValueError(f"{json.dumps(value[:40] + ('…' if len(value) > 40 else ''))} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
                      "(F times the model's token cycle), \"knee*F\" (F times the knee of the replayed LRU "
                      "curve), \"mmap\" or \"resident\"")
 
@@ -432,9 +485,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         raise rd.fail("version", f"missing (write version = {FORMAT_VERSION} at the top)")
     version = rd.scalar(top, "version", "", int, None)
     if version > FORMAT_VERSION:
-        raise rd.fail("version", f"{version} is newer than this bmoe-fleet reads ({FORMAT_VERSION}); upgrade it")
+        raise rd.fail("version", f"{_num(version)} is newer than this bmoe-fleet reads ({FORMAT_VERSION}); upgrade it")
     if version < 1:
-        raise rd.fail("version", f"must be {FORMAT_VERSION}, got {version}")
+        raise rd.fail("version", f"must be {FORMAT_VERSION}, got {_num(version)}")
     name = rd.scalar(top, "name", "", str, default_name,
                      check=lambda v: None if v.strip() else "is empty")
 
@@ -535,8 +588,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     axes = Axes(
         cache_mb=tuple(dict.fromkeys(cache_values)),
         cache_ceil_mb=tuple(dict.fromkeys(rd.list_of(ax, "cache_ceil_mb", "axes", int, Axes.cache_ceil_mb,
-                                                     check=_at_least(0)))),
-        cache_floor_mb=rd.scalar(ax, "cache_floor_mb", "axes", int, Axes.cache_floor_mb, check=_at_least(0)),
+                                                     check=_at_least(0, INT_MAX)))),
+        cache_floor_mb=rd.scalar(ax, "cache_floor_mb", "axes", int, Axes.cache_floor_mb,
+                                 check=_at_least(0, INT_MAX)),
         dense_weights=axis("dense_weights", str, Axes.dense_weights, _dense_problem),
         n_expert_used=axis("n_expert_used", int, Axes.n_expert_used, _AXIS_CHECKS["n_expert_used"][1]),
         io_threads=axis("io_threads", int, Axes.io_threads, _AXIS_CHECKS["io_threads"][1]),
@@ -547,21 +601,21 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     r = rd.table(top.get("run"), "run", "run")
     d = RunSettings()
     run = RunSettings(
-        n_predict=rd.scalar(r, "n_predict", "run", int, d.n_predict, check=_at_least(1)),
+        n_predict=rd.scalar(r, "n_predict", "run", int, d.n_predict, check=_at_least(1, INT_MAX)),
         prompt=rd.scalar(r, "prompt", "run", str, d.prompt, check=lambda v: None if v else "is empty"),
         threads=_threads_value(rd.scalar(r, "threads", "run", (int, str), d.threads, check=_threads_problem)),
         engine_args=rd.list_of(r, "engine_args", "run", str, (), check=flag_rules.arg_problem, allow_scalar=False,
                                allow_empty=True),
-        repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1)),
+        repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1, MAX_CELLS)),
         reverse_pass=rd.scalar(r, "reverse_pass", "run", bool, d.reverse_pass),
         route_trace=rd.scalar(r, "route_trace", "run", bool, d.route_trace),
-        probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(0)),
+        probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(0, INT_MAX)),
         o_direct=rd.scalar(r, "o_direct", "run", bool, d.o_direct),
-        timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s,
-                            check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),
-        retries=rd.scalar(r, "retries", "run", int, d.retries, check=_at_least(0)),
-        retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s, check=_at_least(0)),
-        lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0)),
+        timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s, check=_above(0, MAX_SECONDS)),
+        retries=rd.scalar(r, "retries", "run", int, d.retries, check=_at_least(0, MAX_RETRIES)),
+        retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s,
+                                  check=_at_least(0, MAX_BACKOFF_S)),
+        lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0, MAX_SECONDS)),
     )
     for flag, _values in flags:
         if flag in run.engine_args:
@@ -569,16 +623,40 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     g = rd.table(top.get("gate"), "gate", "gate")
     dg = GateSettings()
     gate = GateSettings(
-        cpu_temp_max_c=rd.scalar(g, "cpu_temp_max_c", "gate", float, dg.cpu_temp_max_c),
+        cpu_temp_max_c=rd.scalar(g, "cpu_temp_max_c", "gate", float, dg.cpu_temp_max_c,
+                                 check=_at_least(*CPU_TEMP_RANGE_C)),
         mem_available_min_mb=rd.scalar(g, "mem_available_min_mb", "gate", int, dg.mem_available_min_mb,
-                                       check=_at_least(0)),
-        max_wait_s=rd.scalar(g, "max_wait_s", "gate", float, dg.max_wait_s, check=_at_least(0)),
-        poll_s=rd.scalar(g, "poll_s", "gate", float, dg.poll_s,
-                         check=lambda v: None if v > 0 else f"must be above 0, got {v:g}"),
+                                       check=_at_least(0, MAX_MEM_MB)),
+        max_wait_s=rd.scalar(g, "max_wait_s", "gate", float, dg.max_wait_s, check=_at_least(0, MAX_SECONDS)),
+        poll_s=rd.scalar(g, "poll_s", "gate", float, dg.poll_s, check=_above(0, MAX_BACKOFF_S)),
     )
-    return Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
-                    run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
-                    virtual_home=virtual_home, source=source)
+    campaign = Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
+                        run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
+                        virtual_home=virtual_home, source=source)
+    check_cell_bound(campaign)
+    return campaign
+
+
+def cell_bound(campaign: Campaign) -> tuple[int, str]:
+    """How many cells the campaign's matrix can make (an upper bound: equal configs merge when
+    planned), counted without expanding it, and the product that gives it."""
+    a, r = campaign.axes, campaign.run
+    factors = [("devices", len(campaign.devices)), ("models", len(campaign.models)),
+               ("budgets", sum(len(a.cache_ceil_mb) if v == "auto" else 1 for v in a.cache_mb)),
+               ("dense modes", len(a.dense_weights)), ("top-k", len(a.n_expert_used)),
+               ("io-threads", len(a.io_threads)), ("-t", max(1, len(a.threads)))]
+    factors += [(name, len(values)) for name, values in a.flags]
+    factors += [("run.repeats", r.repeats), ("passes", 2 if r.reverse_pass else 1)]
+    total = math.prod(n for _, n in factors)
+    return total, " x ".join(f"{n:,} {name}" for name, n in factors if n != 1)
+
+
+def check_cell_bound(campaign: Campaign) -> None:
+    """A CampaignError (one line, before anything is planned) above MAX_CELLS cells."""
+    total, product = cell_bound(campaign)
+    if total > MAX_CELLS:
+        raise CampaignError(f"{_src(campaign)}the campaign makes up to {total:,} cells ({product}); a campaign "
+                            f"holds at most {MAX_CELLS:,}: split it, or reduce run.repeats or an axis")
 
 
 def _engine_binary(text: str) -> str:
@@ -615,7 +693,7 @@ def _threads_problem(value: int | str) -> str | None:
     if isinstance(value, str):
         return None if value.strip().lower() == THREADS_AUTO else \
             f"expected an integer or \"{THREADS_AUTO}\" (the device's cores), got {json.dumps(value)}"
-    return _at_least(1)(value)
+    return _at_least(1, MAX_THREADS)(value)
 
 
 def _threads_value(value: int | str) -> int | str:
@@ -629,7 +707,7 @@ def _dense_problem(value: str) -> str | None:
 # the axes a flag can map onto (harness.flags.MAPPED): value type and check, as the axis itself reads them
 _AXIS_CHECKS = {
     "threads": ((int, str), _threads_problem),
-    "n_expert_used": (int, _at_least(0)),
+    "n_expert_used": (int, _at_least(0, MAX_EXPERTS)),
     "io_threads": (int, _in_range(1, IO_THREADS_MAX)),
     "dense_weights": (str, _dense_problem),
 }
@@ -675,7 +753,7 @@ def _flag_axes(rd: _Reader, ax: Mapping[str, Any]) -> tuple[dict[str, tuple], tu
 
 
 def _device_problem(text: str) -> str | None:
-    if not text.strip() or text != text.strip() or any(c.isspace() for c in text):
+    if not text.strip() or text != text.strip() or any(c.isspace() or not c.isprintable() for c in text):
         return f"{json.dumps(text)} is not a device (local, a serial, virtual:NAME or HOST:PORT)"
     if text.startswith(VIRTUAL_PREFIX) and not _PHONE_NAME.match(text[len(VIRTUAL_PREFIX):]):
         return f"{json.dumps(text)}: a virtual phone name uses letters, digits, '_', '.', '-'"
@@ -695,6 +773,10 @@ def load_campaign(path: str | os.PathLike) -> Campaign:
         raise CampaignError(f"{p}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise CampaignError(f"{p}: not valid TOML: {e}") from None
+    except ValueError as e:     # tomllib lets int()'s own refusal of a 4,300-digit integer out
+        raise CampaignError(f"{p}: not a campaign: {str(e)[:120]}") from None
+    except RecursionError:      # [[[[…]]]] nested past Python's stack
+        raise CampaignError(f"{p}: not a campaign: arrays or tables nested too deep") from None
     stem = p.stem if p.stem != "campaign" else p.resolve().parent.name
     return parse_campaign(data, source=str(p), base_dir=p.resolve().parent, default_name=stem or "campaign")
 
@@ -918,7 +1000,7 @@ def resolve_devices(campaign: Campaign) -> list[DeviceRef]:
             try:
                 adbmod.ensure_server(server)
                 listings[server] = {d.serial: d.state for d in server.client().list()}
-            except (BmoeError, OSError, adbmod.AdbError) as e:
+            except (BmoeError, *adbmod.TRANSPORT_ERRORS) as e:
                 raise CampaignError(f"{_src(campaign)}{key}: unknown device {json.dumps(spec)}: adb server "
                                     f"{server.host}:{server.port} does not answer ({e})") from None
         return listings[server]

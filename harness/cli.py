@@ -6,20 +6,42 @@ here, in one place; click's own usage errors exit 2.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
 import click
 
 from engine.errors import BmoeError
+from engine.safetext import printable
+
+
+MESSAGE_CHARS = 2000   # an error is one line or a few: never a file's worth of quoted bytes
 
 
 class _Group(click.Group):
+    """Every command's errors, in one place: a library error is one `Error: …` line, exit 1; a
+    write that failed on this host (a full disk) names the file, exit 1; Ctrl-C is `interrupted`,
+    exit 130 (never click's `Aborted!`). Messages may quote files and devices: control characters
+    are shown escaped."""
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except BmoeError as e:
-            raise click.ClickException(str(e)) from None
+            raise click.ClickException(_safe(str(e))) from None
+        except OSError as e:
+            what = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            path = e.filename2 or e.filename          # a failed copy names its source first
+            raise click.ClickException(_safe(f"{path}: {what}" if path else what)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+def _safe(message: str) -> str:
+    text = printable(message)
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "…"
 
 
 def _emit_json(obj) -> None:

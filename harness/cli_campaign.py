@@ -27,6 +27,12 @@ def _echo_plan(plan, as_json: bool) -> None:
     click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else plan.text())
 
 
+def _finish(end, as_json: bool) -> None:
+    """Print how a run ended and exit with its status (0 complete, 3 incomplete, 130 interrupted)."""
+    click.echo(end.to_json() if as_json else end.text())
+    click.get_current_context().exit(end.exit_status)
+
+
 @click.command("run")
 @click.argument("campaign_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False),
@@ -36,23 +42,29 @@ def _echo_plan(plan, as_json: bool) -> None:
 @click.option("--rerun-failed", is_flag=True, help="Also run again the cells whose latest outcome is not ok.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan or the final status as JSON.")
 def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_failed: bool, as_json: bool) -> None:
-    """Run (or resume) the campaign in CAMPAIGN_FILE: every cell not yet done, devices in parallel."""
+    """Run (or resume) the campaign in CAMPAIGN_FILE: every cell not yet done, devices in parallel.
+
+    Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
     from harness.campaign import load_campaign
-    from harness.runner import default_out_dir, prepare, run_campaign
+    from harness.runner import default_out_dir, prepare, run_to_end
 
     campaign = load_campaign(campaign_file)
     prepared = prepare(campaign)
     if dry_run:
         _echo_plan(prepared.plan, as_json)
         return
-    status = run_campaign(campaign, out_dir or default_out_dir(campaign_file, campaign), rerun_failed,
-                          prepared=prepared)
-    click.echo(status.to_json() if as_json else status.text())
+    _finish(run_to_end(campaign, out_dir or default_out_dir(campaign_file, campaign), rerun_failed, prepared),
+            as_json)
 
 
 @click.command("sweep")
-@click.option("--device", "devices", multiple=True, required=True,
-              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated).")
+@click.option("--device", "devices", multiple=True,
+              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated); with "
+                   "--preset community, default: this host and every phone attached to the adb servers.")
+@click.option("--preset", type=click.Choice(["quick", "publish", "community"]),
+              help="quick: 32 tokens, one run per config; publish: at least 256 tokens, 3 repeats and a reverse "
+                   "pass (what a published number needs); community: upstream's community-benchmark protocol "
+                   "(docs/results.md), then each device's storage probe; `report --format community` prints the rows.")
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
                    "(nothing pushed; on local, a path on this host). Repeatable.")
@@ -93,21 +105,26 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
                   adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool, rerun_failed: bool,
                   as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
-                  flags: tuple[str, ...]) -> None:
-    """Sweep cache budgets and dense modes across devices without writing a campaign file."""
-    from harness.campaign import campaign_from_options
-    from harness.runner import prepare, run_campaign
+                  flags: tuple[str, ...], preset: str | None) -> None:
+    """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
-    campaign = campaign_from_options(
-        _split(devices), list(models), _split(cache_mb), _split(dense_weights), n_expert_used or [0],
-        io_threads or [4], cache_ceil_mb or [0], repeats, n_predict, _split(adb), reverse_pass, name, timeout_s,
-        engine=engine, threads=threads, engine_args=engine_args, flags=flags)
-    prepared = prepare(campaign)
+    Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
+    from harness.presets import run_sweep, sweep_campaign
+    from harness.runner import prepare
+
+    ctx = click.get_current_context()
+    explicit = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
+    sweep = sweep_campaign(preset, explicit, dict(
+        devices=_split(devices), models=list(models), cache_mb=_split(cache_mb),
+        dense_weights=_split(dense_weights), n_expert_used=n_expert_used or [0], io_threads=io_threads or [4],
+        cache_ceil_mb=cache_ceil_mb or [0], repeats=repeats, n_predict=n_predict, adb=_split(adb),
+        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine, threads=threads,
+        engine_args=engine_args, flags=flags))
+    prepared = prepare(sweep.campaign)
     if dry_run:
         _echo_plan(prepared.plan, as_json)
         return
-    status = run_campaign(campaign, out_dir, rerun_failed, prepared=prepared)
-    click.echo(status.to_json() if as_json else status.text())
+    _finish(run_sweep(sweep, out_dir, rerun_failed, prepared), as_json)
 
 
 @click.command("status")

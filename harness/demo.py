@@ -5,7 +5,9 @@
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle, at the knee of the LRU curve replayed
    from a route-traced probe on each device, and past the small phone's RAM.
-4. Render the site, print the recommendations and the path of index.html.
+4. Run every recommended command line once on its phone (`recommend --verify`), while the phones
+   are still up.
+5. Render the site, print the recommendations and the path of index.html.
 
 Everything it starts it stops; the campaign directory and the site stay in --out.
 """
@@ -114,6 +116,8 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
             shutil.rmtree(campaign_dir)
         status = run_campaign(campaign, campaign_dir)
         echo(status.text())
+        # while the phones are up: every recommended command line, once, on its own device
+        recs = recommend([campaign_dir], verify=True, echo=echo)
     finally:
         if phones:
             from devices.adb import adb_binary
@@ -121,9 +125,9 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
 
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
             subprocess.run([adb_binary(), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=60)
-    site = build_site([campaign_dir], out / "site")
+    site = build_site([campaign_dir], out / "site", recommendations=recs)
     echo("")
-    echo(recommend([campaign_dir]).text())
+    echo(recs.text())
     echo("")
     echo(site.text())
     return DemoResult(str(out), str(campaign_dir), str(Path(site.out_dir) / "index.html"), tuple(devices))

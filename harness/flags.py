@@ -84,8 +84,10 @@ def arg_problem(arg: str) -> str | None:
 
 def value_problem(value: Any) -> str | None:
     """Why one flag-axis value is refused (None when it renders into argv)."""
-    if isinstance(value, bool | int):
+    if isinstance(value, bool):
         return None
+    if isinstance(value, int):   # TOML's integers are 64-bit; tomllib reads longer ones
+        return None if -2 ** 63 <= value < 2 ** 63 else "is not a 64-bit integer: no engine flag takes it"
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value} is not a number an engine can take"
     if isinstance(value, str):

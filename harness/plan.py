@@ -23,8 +23,8 @@ from typing import Any
 from engine.errors import ModelError
 from engine.model import ModelShape, load_model_shape
 from harness.campaign import (
-    THREADS_AUTO, THREADS_AUTO_MAX, Campaign, CampaignError, ModelSpec, budget_from_cycle, cycle_factor,
-    device_work_dir, is_knee, needs_force, remote_model_path,
+    THREADS_AUTO, THREADS_AUTO_MAX, Campaign, CampaignError, ModelSpec, budget_from_cycle, check_cell_bound,
+    cycle_factor, device_work_dir, is_knee, needs_force, remote_model_path,
 )
 from harness.flags import flag_argv, flags_label
 
@@ -301,7 +301,9 @@ def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_pat
 
 
 def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None) -> Plan:
-    """The cells of a campaign. Reads model headers only; writes nothing."""
+    """The cells of a campaign. Reads model headers only; writes nothing. A matrix over MAX_CELLS
+    is refused before anything is expanded (a Campaign made in code skips parse_campaign's check)."""
+    check_cell_bound(campaign)
     shapes = dict(shapes) if shapes is not None else load_shapes(campaign)
     per_model = {m.name: configs_for(campaign, m, shapes[m.name]) for m in campaign.models}
     top_ks = {name: tuple(sorted({c["n_expert_used"] for c in cs})) for name, cs in per_model.items()}

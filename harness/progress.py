@@ -14,6 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from engine.safetext import one_line
+
+LINE_CHARS = 1000
+
 
 @dataclass
 class _DeviceLine:
@@ -112,7 +116,8 @@ class Progress:
             eta = line.eta_s()
             tail = f" [{line.done}/{line.total}{' ' + counts if counts else ''}" \
                    f"{' ETA ' + _duration(eta) if eta is not None else ''}]"
-            self.stream.write(f"{time.strftime('%H:%M:%S')} {device}: {event}{tail}\n")
+            # device names, notes and errors carry the devices' own text: escaped, on one line
+            self.stream.write(f"{time.strftime('%H:%M:%S')} {one_line(f'{device}: {event}', LINE_CHARS)}{tail}\n")
             self.stream.flush()
 
     def _redraw(self) -> None:
@@ -120,7 +125,7 @@ class Progress:
         if self.drawn:
             out.append(f"\x1b[{self.drawn}F")  # to the start of the first device line
         for line in self.lines.values():
-            out.append("\x1b[2K" + line.text()[:200] + "\n")
+            out.append("\x1b[2K" + one_line(line.text(), 200) + "\n")
         self.drawn = len(self.lines)
         self.stream.write("".join(out))
         self.stream.flush()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import io
@@ -42,6 +43,7 @@ from devices.base import (
 from devices.lmk import LmkEvent, kills_of
 from engine.errors import BmoeError
 from engine.model import split_paths
+from engine.safetext import printable
 from engine.units import parse_number
 from harness.campaign import (
     Campaign, CampaignError, DeviceRef, ModelSpec, fleet_home, is_knee, load_campaign, remote_model_path,
@@ -78,11 +80,37 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with naming(path), open(tmp, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):   # a full disk leaves no half file behind
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError inside names the file written: `path` (a failed write() or fsync() names no
+    file by itself), or a copy's target (a copy names its source first)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None or e.filename2 is not None:
+            raise OSError(e.errno, e.strerror, str(e.filename2 or path)) from None
+        raise
+
+
+def disk_error(e: OSError, where: str | os.PathLike | None = None) -> RunnerError:
+    """One line for a write that failed on this host (a full disk above all): the file, what went
+    wrong, and that nothing half-written is kept, so a rerun resumes."""
+    path = e.filename or where or "the campaign directory"
+    what = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
+    return RunnerError(f"{printable(str(path))}: {what}; nothing half-written was kept: free space (or fix it) "
+                       "and rerun to resume")
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -134,7 +162,7 @@ class Ledger:
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(dict(record), ensure_ascii=False, separators=(",", ":")) + "\n"
-        with self.lock:
+        with self.lock, naming(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -145,7 +173,9 @@ class Ledger:
                     tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
                     cut = tail.rfind(b"\n")
                     os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else 0)
-                os.write(fd, line.encode("utf-8"))
+                data = line.encode("utf-8")
+                while data:     # a short write on a nearly full disk: the rest, or the error
+                    data = data[os.write(fd, data):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -211,9 +241,13 @@ class CampaignDir:
     def commit_attempt(self, tmp: Path, record: Mapping[str, Any]) -> None:
         """run.json last, the folder renamed whole, then the ledger line: a crash between the
         rename and the append is repaired by reconcile()."""
-        write_json(tmp / "run.json", record)
         final = self.run_dir(record["cell_id"], record["attempt"])
-        os.rename(tmp, final)
+        try:
+            write_json(tmp / "run.json", record)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)   # never a run folder without its run.json
+            raise
         self.ledger.append(ledger_line(record))
 
     def reconcile(self) -> int:
@@ -258,7 +292,13 @@ def locks_dir() -> Path:
 
 
 class FileLock:
-    """An exclusive flock on a file; the holder writes who it is into it for the next one."""
+    """An exclusive flock on a file; the holder writes who it is into it for the next one, and
+    removes the file when it releases it.
+
+    Removing a lock file is safe only with a check on the other side: a process that opened the
+    file before the holder removed it gets its flock on the removed inode. So after locking, the
+    path must still name the inode that is locked; if not (removed, or already made anew by a
+    third process), that lock guards nothing and the acquirer opens the path again."""
 
     def __init__(self, path: Path, what: str):
         self.path = path
@@ -267,13 +307,12 @@ class FileLock:
 
     def acquire(self, wait_s: float, owner: Mapping[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         # at least a moment: `status` probes a directory lock with a brief shared flock
         deadline = time.monotonic() + max(wait_s, 0.5)
         while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     holder = _read_holder(fd)
@@ -281,18 +320,34 @@ class FileLock:
                     waited = f" after waiting {wait_s:g} s" if wait_s else ""
                     raise RunnerError(f"{self.what} is in use by another campaign ({holder}){waited}; wait for "
                                       "it to finish, or set run.lock_wait_s to wait") from None
+                os.close(fd)
                 time.sleep(min(0.2, max(0.01, deadline - time.monotonic())))
+                continue
+            if _names_inode(self.path, fd):
+                break
+            os.close(fd)          # locked a file its holder had removed: try the path again
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(dict(owner)) + "\n").encode(), 0)
         self.fd = fd
 
     def release(self) -> None:
         if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
+            # removed while still locked: whoever waits on this inode sees it gone and reopens
+            if _names_inode(self.path, self.fd):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def _names_inode(path: Path, fd: int) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(fd: int) -> str:
@@ -504,6 +559,11 @@ class _Worker(threading.Thread):
     def run(self) -> None:
         try:
             self._loop()
+        except OSError as e:
+            # this host could not write (a full disk): every device would hit it next, so all stop
+            self.error = disk_error(e)
+            self.ctx.stop.set()
+            self.ctx.progress.finish_device(self.ref.spec, f"stopped: {self.error}")
         except BaseException as e:  # surfaced by run_campaign after the other devices finish
             self.error = e
             self.ctx.progress.finish_device(self.ref.spec, f"stopped by an error: {e}")
@@ -720,11 +780,12 @@ class _Worker(threading.Thread):
         except DeviceError as e:
             return "device_lost", (f"device error after the run (exit status {outcome.exit_status}): {e}",)
 
-        (tmp / "stdout.txt").write_bytes(outcome.stdout)
-        (tmp / "stderr.txt").write_bytes(outcome.stderr)
-        (tmp / "samples.csv").write_text(samples_csv(outcome.samples))
         pressure = pressure_metrics(gate.entry_state, outcome.samples, exit_state)
-        (tmp / "run.metrics").write_text("".join(f"{k}={v}\n" for k, v in pressure.items()))
+        for name, data in (("stdout.txt", outcome.stdout), ("stderr.txt", outcome.stderr),
+                           ("samples.csv", samples_csv(outcome.samples)),
+                           ("run.metrics", "".join(f"{k}={v}\n" for k, v in pressure.items()))):
+            with naming(tmp / name):
+                (tmp / name).write_bytes(data.encode() if isinstance(data, str) else data)
         metrics, parse_problem = None, None
         if pulled:
             from results.parse import ParseError, read_metrics_csv
@@ -848,7 +909,8 @@ class _Worker(threading.Thread):
         if self.ref.kind == "local":
             if not os.path.isfile(remote):
                 return False
-            shutil.copyfile(remote, local)
+            with naming(local):
+                shutil.copyfile(remote, local)
             return True
         try:
             device.pull(remote, str(local))
@@ -912,18 +974,27 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
                         f"campaign directory {root}")
     locks = [dir_lock] + [device_lock(r) for r in refs]
     with holding(locks, campaign.run.lock_wait_s, owner):
-        identities = prepared.identities or _identities(refs, campaign)
-        root.mkdir(parents=True, exist_ok=True)
-        atomic_write(root / "campaign.toml", campaign.to_toml())
-        if cdir.read_plan() != plan:
-            cdir.write_plan(plan)
-        device_models = prepared.device_models
-        if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
-            device_models = price_device_models(campaign, refs)
-        _write_models(cdir, campaign, plan, device_models)
-        for ref in refs:
-            cdir.write_device(ref, identities[ref.spec])
-        cdir.reconcile()
+        toml_text = campaign.to_toml()      # a campaign that cannot be written makes no folder
+        created = not root.exists()
+        try:
+            identities = prepared.identities or _identities(refs, campaign)
+            root.mkdir(parents=True, exist_ok=True)
+            atomic_write(root / "campaign.toml", toml_text)
+            if cdir.read_plan() != plan:
+                cdir.write_plan(plan)
+            device_models = prepared.device_models
+            if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
+                device_models = price_device_models(campaign, refs)
+            _write_models(cdir, campaign, plan, device_models)
+            for ref in refs:
+                cdir.write_device(ref, identities[ref.spec])
+            cdir.reconcile()
+        except BaseException as e:
+            if created:                     # nothing ran yet: leave no folder behind
+                shutil.rmtree(root, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise disk_error(e, root) from None
+            raise
         records = cdir.ledger.read()
         latest = latest_by_cell(records)
         todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
@@ -1046,8 +1117,112 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def run_to_end(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: bool = False,
+               prepared: Prepared | None = None, progress_stream=None):
+    """`run` and `sweep`: run the campaign and say how it ended (status.RunEnd: the summary and the
+    exit status, 0 complete, 3 cells pending, 130 interrupted). Ctrl-C and SIGTERM end it as
+    interrupted, never as an error: what finished is kept and a rerun resumes."""
+    from harness.status import RunEnd, campaign_status
+
+    root = Path(out_dir).resolve()
+    try:
+        status = run_campaign(campaign, root, rerun_failed, progress_stream, prepared=prepared)
+    except KeyboardInterrupt:
+        try:
+            status = campaign_status(root) if CampaignDir(root).plan_path.exists() else None
+        except RunnerError:
+            status = None
+        return RunEnd(str(root), status, interrupted=True)
+    return RunEnd(str(root), status)
+
+
 def run_campaign_file(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, rerun_failed: bool = False,
                       progress_stream=None):
     """Load a campaign file and run it (into its default folder unless out_dir is given)."""
     campaign = load_campaign(path)
     return run_campaign(campaign, out_dir or default_out_dir(path, campaign), rerun_failed, progress_stream)
+
+
+# ── one command line outside a campaign's records (`recommend --verify`) ───────────────────────
+
+
+@dataclass(frozen=True)
+class SingleRun:
+    """How the engine answered one command line run outside the campaign's records."""
+
+    argv: tuple[str, ...]
+    status: str                  # "accepted" (exit 0), "refused" (its config/argument error), "failed"
+    exit_status: int | None
+    line: str                    # the engine's own line that says so
+    engine: str                  # the first line of its --version
+
+
+_ACCEPTED_RE = re.compile(r"bmoe: expert streaming ON.*|^generation: .*", re.M)
+
+
+def judge_single_run(outcome: RunOutcome) -> tuple[str, str]:
+    """(status, the engine's line) of one run: refused is the engine's own configuration refusal
+    (the `config_error` of a campaign), accepted an exit 0, anything else failed."""
+    err = outcome.stderr.decode("utf-8", "replace")
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    if outcome.exit_status == 0 and not outcome.killed_by_sigkill:
+        seen = _ACCEPTED_RE.findall(err + "\n" + outcome.stdout.decode("utf-8", "replace"))
+        return "accepted", (seen[0].strip() if seen else "exit status 0")
+    refused = [line for line in lines if _CONFIG_ERROR_RE.search(line)]
+    if outcome.exit_status in (1, 2) and refused:
+        return "refused", refused[0]
+    if outcome.timed_out:
+        return "failed", f"no exit within the timeout ({outcome.wall_s:.0f} s)"
+    errors = [line for line in lines if line.startswith("error")] or lines[-1:]
+    return "failed", f"exit status {outcome.exit_status}" + (f": {errors[0]}" if errors else "")
+
+
+class DeviceSession:
+    """A campaign's engine staged on one of its devices exactly as its runs stage it (bytes the
+    device already holds are not pushed again; a native build's libraries and LD_LIBRARY_PATH go
+    along), under the device's lock, for single command lines: `recommend --verify` runs each
+    recommended argv once here. Use as a context manager."""
+
+    def __init__(self, campaign: Campaign, device: str, progress_stream=None):
+        self.campaign = dataclasses.replace(campaign, devices=(device,))
+        self.spec = device
+        self._stream = progress_stream if progress_stream is not None else io.StringIO()
+        self._worker: _Worker | None = None
+        self._locks: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> DeviceSession:
+        (ref,) = resolve_devices(self.campaign)
+        ctx = _Context(self.campaign, Plan(self.campaign.name, ()), CampaignDir(fleet_home() / "verify"),
+                       Progress({ref.spec: 0}, self._stream), False)
+        self._locks = contextlib.ExitStack()
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": "recommend --verify", "since": time.time()}
+        self._locks.enter_context(holding([device_lock(ref)], self.campaign.run.lock_wait_s, owner))
+        self._worker = _Worker(ctx, ref, [], [])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._locks is not None:
+            self._locks.close()
+
+    def run(self, model: str, settings: Sequence[str], n_predict: int = 1,
+            timeout_s: float | None = None) -> SingleRun:
+        """The engine on `model` with these settings (every flag but model, prompt and length),
+        the campaign's prompt, `n_predict` tokens."""
+        from types import MappingProxyType
+
+        w = self._worker
+        cell = Cell("verify", self.spec, model, self.campaign.engine.kind, MappingProxyType({}), 0, 0, 0, ())
+        try:
+            device = w._open()
+            w._stage(device, cell)
+        except (DeviceError, OSError) as e:
+            raise RunnerError(f"{self.spec}: cannot stage the engine or {model}: {e}") from None
+        argv = (engine_path(self.campaign, self.spec), "-m", remote_model_path(self.spec, self.campaign.model(model)),
+                "-p", self.campaign.run.prompt, "-n", str(n_predict), *settings)
+        try:
+            outcome = device.run(list(argv), env=engine_env(device, w.engine.env),
+                                 timeout_s=timeout_s or self.campaign.run.timeout_s, sample_period_s=60.0)
+        except DeviceError as e:
+            raise RunnerError(f"{self.spec}: the engine could not start: {e}") from None
+        status, line = judge_single_run(outcome)
+        return SingleRun(argv, status, outcome.exit_status, line, w.engine.version)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.safetext import printable
 from harness.runner import INFRA, OUTCOMES, CampaignDir, RunnerError, latest_by_cell, locks_dir
 
 STATUS_FORMAT = "bmoe-fleet.status"
@@ -72,7 +73,52 @@ class CampaignStatus:
         for d in self.devices:
             counts = ", ".join(f"{k} {v}" for k, v in _ordered(d.outcomes)) or "nothing yet"
             lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts})")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)   # names come from files and devices
+
+
+EXIT_COMPLETE, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 3, 130
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a `run` or `sweep` ended: the campaign's status after it (None when it was interrupted
+    before its directory held a plan) and the exit status it means (README, "Exit statuses"):
+    0 every planned cell has a result; 3 cells are pending (a device lost, a push that kept
+    failing) and a rerun resumes them; 130 interrupted (Ctrl-C, SIGTERM), a rerun resumes. An
+    error (exit 1) never gets here: it is raised."""
+
+    root: str
+    status: CampaignStatus | None
+    interrupted: bool = False
+
+    @property
+    def exit_status(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_COMPLETE if self.status is not None and self.status.complete else EXIT_INCOMPLETE
+
+    def verdict(self) -> str:
+        pending = self.status.pending if self.status is not None else None
+        if self.interrupted:
+            left = f" ({pending} cells pending)" if pending is not None else ""
+            return f"interrupted{left}: rerun the same command to resume; finished runs are kept"
+        if self.exit_status == EXIT_COMPLETE:
+            return "complete: every planned cell has a result"
+        infra = {k: v for k, v in self.status.outcomes.items() if k in INFRA}
+        why = ", ".join(f"{k} {v}" for k, v in _ordered(infra))
+        return (f"incomplete: {pending} cells pending{f' ({why})' if why else ''}; rerun the same command to "
+                "resume (devices lost or unreachable: bring them back first)")
+
+    def text(self) -> str:
+        return "\n".join(([self.status.text()] if self.status is not None else []) + [self.verdict()])
+
+    def to_dict(self) -> dict[str, Any]:
+        base = self.status.to_dict() if self.status is not None else {"format": STATUS_FORMAT, "version": 1,
+                                                                        "dir": self.root}
+        return {**base, "exit_status": self.exit_status, "interrupted": self.interrupted, "verdict": self.verdict()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
 
 
 def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:

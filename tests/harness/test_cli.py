@@ -133,3 +133,16 @@ def test_demo_writes_and_prices_a_model(tmp_path):
         assert recs_by_device[device].replay.knee_mib == knee_of_trace(trace).knee_mib
     index = (tmp_path / "demo" / "site" / "index.html").read_text()
     assert len(re.findall(r"knee \d+ MiB", index)) >= 2
+    # issue 12: every recommended command line ran once on its phone and was accepted; none is under the cycle
+    published = json.loads((tmp_path / "demo" / "site" / "recommendations.json").read_text())
+    verified = 0
+    for d in published["devices"]:
+        for r in d["recommendations"]:
+            for name in ("fixed", "auto"):
+                if r[name] is None:
+                    continue
+                assert r["verification"][name]["status"] == "accepted", (d["device"], name, r["verification"])
+                budget = r[name]["cache_mb"] if name == "fixed" else r[name]["cache_ceil_mb"]
+                assert budget == 0 or budget >= r["cycle_mib"], (d["device"], name, budget, r["cycle_mib"])
+                verified += 1
+    assert verified >= 3 and "verify fixed: accepted" in result.output

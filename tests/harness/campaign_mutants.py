@@ -1,0 +1,156 @@
+"""Damaged campaign files, and the reader they are fed to (harness.campaign.load_campaign, then the
+plan a dry run prints).
+
+Shared by the fuzz test (tests/harness/test_fuzz_campaign.py, hypothesis draws the choices) and the
+fuzz benchmark (benchmarks/fuzz_readers.py, random.Random draws them): every choice is `pick(n)`.
+
+A seed is a valid campaign file (a small one, and one using every section); a mutant has one to
+three operations applied: a value replaced by nan, inf, a 400- or 5,000-digit integer, 2^63 - 1,
+a negative, a huge repeat count, an empty list, a string where a number goes, an escape
+sequence; a line dropped or duplicated (a key twice); and the byte-level operations of
+tests/results/mutants.py. "Parsed, or one clean error": the file loads into a campaign that
+writes back to the same TOML, plans within the cell bound with every number finite, or it is
+refused with one CampaignError line that is terminal-safe and short.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.errors import BmoeError
+from engine.safetext import printable
+from harness.campaign import MAX_CELLS, load_campaign, parse_campaign
+from harness.plan import make_plan
+from tests.results.mutants import OPERATIONS as BYTE_OPERATIONS
+
+Pick = Callable[[int], int]
+MESSAGE_CHARS = 600
+_VALUES = (b"nan", b"inf", b"-inf", b"+nan", b"9" * 400, b"1" * 5000, b"9223372036854775807", b"-9223372036854775808",
+           b"-1", b"0", b"100000", b"1e308", b"1.5", b"\"x\"", b"\"\"", b"[]", b"[0, 0]", b"true", b"{}",
+           b"\"\\u001b]0;pwned\\u0007\"", b"\"a\\u0000b\"", b"\"cycle*99999999999\"", b"\"knee*0\"", b"2147483648")
+_KEY_LINE = re.compile(rb"^([A-Za-z_\"][^=\n]*?)\s*=\s*(.+)$", re.MULTILINE)
+
+
+def seed_texts(model: Path) -> list[bytes]:
+    """Two valid campaign files on one model."""
+    small = f"""version = 1
+name = "fz"
+[fleet]
+devices = ["local"]
+[models]
+m = "{model}"
+[axes]
+cache_mb = [0, "auto", "cycle*1.2"]
+[run]
+n_predict = 8
+repeats = 2
+""".encode()
+    full = f"""version = 1
+name = "full"
+[fleet]
+devices = ["local", "R58XYZ"]
+connect = ["127.0.0.1:5555"]
+virtual_home = "phones"
+[[fleet.adb]]
+host = "127.0.0.1"
+port = 5037
+[models]
+m = "{model}"
+[engine]
+kind = "python"
+[axes]
+cache_mb = [0, "auto", "cycle*0.9", "knee*1.5", 1600, "mmap", "resident"]
+cache_ceil_mb = [0, 3000]
+cache_floor_mb = 1536
+dense_weights = ["anon", "warm"]
+n_expert_used = [0, 1]
+io_threads = [4]
+[axes.flags]
+"--temp" = [0.0, 0.7]
+[run]
+n_predict = 64
+prompt = "The capital of Japan is"
+threads = "auto"
+engine_args = ["--seed", "3"]
+repeats = 1
+reverse_pass = true
+route_trace = false
+probe_tokens = 16
+o_direct = true
+timeout_s = 600.0
+retries = 2
+retry_backoff_s = 1.5
+lock_wait_s = 0.0
+[gate]
+cpu_temp_max_c = 45.0
+mem_available_min_mb = 100
+max_wait_s = 30.0
+poll_s = 1.0
+""".encode()
+    return [small, full]
+
+
+def set_value(data: bytes, pick: Pick) -> bytes:
+    lines = list(_KEY_LINE.finditer(data))
+    if not lines:
+        return data
+    m = lines[pick(len(lines))]
+    return data[:m.start(2)] + _VALUES[pick(len(_VALUES))] + data[m.end(2):]
+
+
+def set_list_item(data: bytes, pick: Pick) -> bytes:
+    """One element of a list value replaced (a list of budgets with a nan among them …)."""
+    items = list(re.finditer(rb"(?<=[\[,] )[^,\]\n]+|(?<=\[)[^,\]\n]+", data))
+    if not items:
+        return data
+    m = items[pick(len(items))]
+    return data[:m.start()] + _VALUES[pick(len(_VALUES))] + data[m.end():]
+
+
+OPERATIONS = (set_value, set_value, set_list_item) + BYTE_OPERATIONS
+
+
+def mutate(data: bytes, pick: Pick, n_ops: int) -> bytes:
+    for _ in range(n_ops):
+        data = OPERATIONS[pick(len(OPERATIONS))](data, pick)
+    return data
+
+
+def _finite(obj) -> None:
+    if isinstance(obj, float):
+        assert math.isfinite(obj), obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _finite(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _finite(v)
+
+
+def load_mutant(mutant: bytes, folder: Path) -> str:
+    """Load (and plan) one mutant: "accepted" or "refused"; anything else fails the property."""
+    path = folder / "fz.toml"
+    path.write_bytes(mutant)
+    try:
+        campaign = load_campaign(path)
+        plan = make_plan(campaign)
+    except BmoeError as e:
+        message = str(e)
+        assert "\n" not in message and printable(message) == message, message[:300]
+        assert len(message) <= MESSAGE_CHARS, f"{len(message)} characters: {message[:200]}…"
+        return "refused"
+    assert 0 < len(plan.cells) <= MAX_CELLS
+    data = campaign.to_dict()
+    _finite(data)
+    again = parse_campaign(load_toml(campaign.to_toml()), source="again", base_dir=folder)
+    assert again.to_dict() == data            # what a campaign directory keeps reads back the same
+    return "accepted"
+
+
+def load_toml(text: str):
+    import tomllib
+
+    return tomllib.loads(text)

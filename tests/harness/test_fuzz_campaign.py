@@ -1,0 +1,24 @@
+"""Property-based fuzzing of the campaign file reader (harness.campaign) and the plan a dry run
+prints (harness.plan): damaged campaign files (tests/harness/campaign_mutants.py) load into a
+campaign that writes back to the same TOML and plans within the cell bound with every number
+finite, or are refused with one short terminal-safe CampaignError; never an uncaught exception.
+
+Derandomized, no example database, a fixed number of examples; benchmarks/fuzz_readers.py runs the
+same mutators 10,000 times.
+"""
+
+from __future__ import annotations
+
+from tests.fuzzing import fuzz
+from tests.harness import campaign_mutants as cm
+
+
+def test_campaign_files_load_or_are_refused_cleanly(tiny_model, tmp_path):
+    seeds = cm.seed_texts(tiny_model)
+    for seed in seeds:                                    # the seeds themselves are good campaigns
+        assert cm.load_mutant(seed, tmp_path) == "accepted"
+
+    def one(pick, n_ops: int) -> str:
+        return cm.load_mutant(cm.mutate(seeds[pick(len(seeds))], pick, n_ops), tmp_path)
+
+    assert fuzz(one, 300) == {"accepted", "refused"}
