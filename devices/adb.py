@@ -8,7 +8,6 @@ and the wrapper's line is the cross-check.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -30,6 +29,7 @@ from devices.base import (
 )
 from devices.lmk import LmkEvent, parse_log
 from devices.local import file_sha256
+from engine.fsutil import replacing
 from engine.safetext import one_line
 
 DEFAULT_ADB_PORT = 5037
@@ -311,7 +311,7 @@ class AdbPhone:
         tmp = local_path + ".partial"
         chunks = self._device.sync.iter_content(remote_path)
         try:
-            with open(tmp, "wb") as fh:
+            with replacing(local_path, tmp=tmp) as fh:
                 while True:
                     try:
                         chunk = next(chunks, None)
@@ -325,10 +325,7 @@ class AdbPhone:
                         raise OSError(e.errno, e.strerror, tmp) from None
         except BaseException:
             chunks.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise
-        os.replace(tmp, local_path)
 
     def file_size(self, remote_path: str) -> int | None:
         # stat, not sync's STAT: that reply's size field is 32 bits, and models pass 4 GiB

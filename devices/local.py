@@ -20,6 +20,7 @@ from devices.base import (
     parse_status_kb,
 )
 from devices.lmk import LmkEvent, parse_line
+from engine.fsutil import replacing
 
 LOCAL_SERIAL = "local"
 
@@ -146,17 +147,16 @@ class LocalDevice:
                 and file_sha256(remote_path) == file_sha256(local_path)):
             return False
         os.makedirs(os.path.dirname(remote_path) or ".", exist_ok=True)
-        tmp = remote_path + ".partial"
         total = os.path.getsize(local_path)
         done = 0
-        with open(local_path, "rb") as src, open(tmp, "wb") as dst:
+        with open(local_path, "rb") as src, replacing(remote_path, tmp=remote_path + ".partial") as dst:
             while chunk := src.read(8 << 20):
                 dst.write(chunk)
                 done += len(chunk)
                 if progress:
                     progress(done, total)
-        shutil.copystat(local_path, tmp)
-        os.replace(tmp, remote_path)
+            dst.flush()                          # every byte down before the times are copied
+            shutil.copystat(local_path, dst.name)
         return True
 
     def pull(self, remote_path: str, local_path: str) -> None:

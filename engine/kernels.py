@@ -47,6 +47,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from .errors import ModelError
+from .fsutil import atomic_write
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 GROUP = 32                      # the decoded group: one Q8_0 activation block, 1/8 of a Q8_K one
@@ -485,10 +486,7 @@ def _load_jit() -> ModuleType:
     path = os.path.join(cache, name + ".py")
     try:
         if not os.path.isfile(path):
-            tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-            with open(tmp, "wb") as fh:
-                fh.write(source)
-            os.replace(tmp, path)
+            atomic_write(path, source)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

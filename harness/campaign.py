@@ -33,13 +33,13 @@ from engine.budget import CACHE_MIN_MB, IO_THREADS_MAX
 from engine.errors import BmoeError
 from engine.safetext import one_line
 from harness import flags as flag_rules
+from harness.defaults import PYTHON_ENGINE, SWEEP
 
 FORMAT_VERSION = 1
 LOCAL = "local"
 VIRTUAL_PREFIX = "virtual:"
 DEVICE_PREFIX = "device:"   # a model already on the devices (at that path on each)
 HOST_BUILD = "host"         # the engine.native entry for this host and virtual phones
-PYTHON_ENGINE = "bmoe-py"   # `sweep --engine` value for this project's engine
 DENSE_MODES = ("mmap", "warm", "anon", "ahwb")  # ahwb: Android only; elsewhere both engines fail at load
 ENGINE_KINDS = ("python", "native")
 # cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
@@ -159,12 +159,12 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Axes:
-    cache_mb: tuple[int | str, ...] = (0, "auto")
-    cache_ceil_mb: tuple[int, ...] = (0,)        # applies to `auto` values only
+    cache_mb: tuple[int | str, ...] = SWEEP.cache_mb
+    cache_ceil_mb: tuple[int, ...] = SWEEP.cache_ceil_mb   # applies to `auto` values only
     cache_floor_mb: int = 1536
-    dense_weights: tuple[str, ...] = ("anon",)
-    n_expert_used: tuple[int, ...] = (0,)        # 0 = the model's own top-k
-    io_threads: tuple[int, ...] = (4,)
+    dense_weights: tuple[str, ...] = SWEEP.dense_weights
+    n_expert_used: tuple[int, ...] = SWEEP.n_expert_used   # 0 = the model's own top-k
+    io_threads: tuple[int, ...] = SWEEP.io_threads
     # `-t` as an axis ([axes.flags] "-t" = [1, 2]); empty: every cell takes run.threads
     threads: tuple[int | str, ...] = ()
     # any other engine flag as an axis, in file order: (flag, values); harness.flags renders them
@@ -177,13 +177,13 @@ class Axes:
 
 @dataclass(frozen=True)
 class RunSettings:
-    n_predict: int = 32
+    n_predict: int = SWEEP.n_predict
     prompt: str = "The capital of Japan is"
     # -t: an integer, or "auto" = the device's online cores (at most THREADS_AUTO_MAX), read on
     # the device right before each run (harness.cpushare) and recorded; the plan keeps "auto"
-    threads: int | str = "auto"
+    threads: int | str = SWEEP.threads
     engine_args: tuple[str, ...] = ()            # passed through to every cell (harness.flags)
-    repeats: int = 1
+    repeats: int = SWEEP.repeats
     reverse_pass: bool = False
     route_trace: bool = False
     probe_tokens: int = 0                        # the knee probe's tokens; 0: n_predict, at most 64
@@ -195,7 +195,7 @@ class RunSettings:
         trace and the replayed hit % at a run's budget is the hit % that run measures."""
         return self.probe_tokens or min(self.n_predict, PROBE_TOKENS_MAX)
     o_direct: bool = True
-    timeout_s: float = 1800.0
+    timeout_s: float = SWEEP.timeout_s
     retries: int = 3
     retry_backoff_s: float = 2.0
     lock_wait_s: float = 0.0
@@ -782,12 +782,14 @@ def load_campaign(path: str | os.PathLike) -> Campaign:
 
 
 def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_mb: Sequence[str],
-                          dense_weights: Sequence[str] = ("anon",), n_expert_used: Sequence[int] = (0,),
-                          io_threads: Sequence[int] = (4,), cache_ceil_mb: Sequence[int] = (0,),
-                          repeats: int = 1, n_predict: int = 32, adb: Sequence[str] = (),
-                          reverse_pass: bool = False, name: str = "sweep", timeout_s: float | None = None,
+                          dense_weights: Sequence[str] = SWEEP.dense_weights,
+                          n_expert_used: Sequence[int] = SWEEP.n_expert_used,
+                          io_threads: Sequence[int] = SWEEP.io_threads,
+                          cache_ceil_mb: Sequence[int] = SWEEP.cache_ceil_mb,
+                          repeats: int = SWEEP.repeats, n_predict: int = SWEEP.n_predict, adb: Sequence[str] = (),
+                          reverse_pass: bool = False, name: str = SWEEP.name, timeout_s: float | None = None,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
-                          engine: str = PYTHON_ENGINE, threads: str | None = None, engine_args: Sequence[str] = (),
+                          engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
                           flags: Sequence[str] = ()) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
     bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
@@ -824,9 +826,9 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     if engine != PYTHON_ENGINE:
         data["engine"] = {"kind": "native", "native": {HOST_BUILD: {"cli": _engine_binary(engine)}}}
     _sweep_threads_and_flags(data, threads, engine_args, flags,
-                             {"dense_weights": tuple(dense_weights) == Axes.dense_weights,
-                              "n_expert_used": tuple(n_expert_used) == Axes.n_expert_used,
-                              "io_threads": tuple(io_threads) == Axes.io_threads})
+                             {"dense_weights": tuple(dense_weights) == SWEEP.dense_weights,
+                              "n_expert_used": tuple(n_expert_used) == SWEEP.n_expert_used,
+                              "io_threads": tuple(io_threads) == SWEEP.io_threads})
     for section, values in (extra or {}).items():
         data.setdefault(section, {}).update(values)
     if not servers:

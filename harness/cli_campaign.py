@@ -10,6 +10,8 @@ import json
 
 import click
 
+from harness.defaults import SWEEP
+
 
 def _split(values: tuple[str, ...]) -> list[str]:
     """Comma-separated and/or repeated option values, in order."""
@@ -21,6 +23,10 @@ def _ints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
         return [int(v) for v in _split(values)]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {','.join(values)!r}") from None
+
+
+def _listed(values: tuple) -> str:
+    return ",".join(map(str, values))
 
 
 def _echo_plan(plan, as_json: bool) -> None:
@@ -68,33 +74,36 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
                    "(nothing pushed; on local, a path on this host). Repeatable.")
-@click.option("--engine", default="bmoe-py", show_default=True,
+@click.option("--engine", default=SWEEP.engine, show_default=True,
               help="bmoe-py, or the path of a bmoe-cli binary (the lib*.so* beside it go along) for this host "
                    "and virtual phones.")
-@click.option("--cache-mb", "cache_mb", multiple=True, default=("0", "auto"), show_default=True,
+@click.option("--cache-mb", "cache_mb", multiple=True, default=tuple(map(str, SWEEP.cache_mb)), show_default=True,
               help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, mmap, resident.")
-@click.option("--cache-ceil-mb", multiple=True, callback=_ints, help="Caps for the auto budgets (default 0: none).")
-@click.option("--dense-weights", multiple=True, default=("anon",), show_default=True,
+@click.option("--cache-ceil-mb", multiple=True, callback=_ints,
+              help=f"Caps for the auto budgets (default {_listed(SWEEP.cache_ceil_mb)}: none).")
+@click.option("--dense-weights", multiple=True, default=SWEEP.dense_weights, show_default=True,
               help="Dense-weight policies: mmap, warm, anon (ahwb on Android bmoe-cli).")
 @click.option("--n-expert-used", multiple=True, callback=_ints, help="Top-k values (default: the model's own).")
-@click.option("--io-threads", multiple=True, callback=_ints, help="Expert-read lanes (default 4).")
+@click.option("--io-threads", multiple=True, callback=_ints,
+              help=f"Expert-read lanes (default {_listed(SWEEP.io_threads)}).")
 @click.option("-t", "--threads", "threads", metavar="N|auto",
-              help="Compute threads (-t) of every run; auto (the default): each device's online cores, at most 4.")
+              help=f"Compute threads (-t) of every run; {SWEEP.threads} (the default): each device's online cores, "
+                   "at most 4.")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="ARGS",
               help="Engine arguments passed to every run, split like a shell line (repeatable): "
                    "--engine-arg '--ubatch 512' --engine-arg --no-think.")
 @click.option("--flag", "flags", multiple=True, metavar="NAME=V1,V2",
               help="An engine flag as an axis (repeatable): --flag --prefetch=0,2; true passes the flag alone, "
                    "false leaves it out; -t, --n-expert-used, --io-threads, --dense-weights become that axis.")
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=SWEEP.repeats, show_default=True,
               help="Runs of every config, interleaved across configs.")
 @click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=1), default=SWEEP.n_predict, show_default=True,
               help="Tokens to generate per run (256 or more for a published number).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-              help="Seconds before a run is killed and recorded as a timeout (default 1800).")
+              help=f"Seconds before a run is killed and recorded as a timeout (default {SWEEP.timeout_s:g}).")
 @click.option("--adb", "adb", multiple=True, help="adb server HOST:PORT (repeatable; default 127.0.0.1:5037).")
-@click.option("--name", default="sweep", show_default=True, help="Campaign name.")
+@click.option("--name", default=SWEEP.name, show_default=True, help="Campaign name.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Campaign directory; the equivalent campaign file is written into it as campaign.toml.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every cell's exact engine command line) and stop.")
@@ -116,8 +125,9 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
     explicit = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
     sweep = sweep_campaign(preset, explicit, dict(
         devices=_split(devices), models=list(models), cache_mb=_split(cache_mb),
-        dense_weights=_split(dense_weights), n_expert_used=n_expert_used or [0], io_threads=io_threads or [4],
-        cache_ceil_mb=cache_ceil_mb or [0], repeats=repeats, n_predict=n_predict, adb=_split(adb),
+        dense_weights=_split(dense_weights), n_expert_used=n_expert_used or list(SWEEP.n_expert_used),
+        io_threads=io_threads or list(SWEEP.io_threads), cache_ceil_mb=cache_ceil_mb or list(SWEEP.cache_ceil_mb),
+        repeats=repeats, n_predict=n_predict, adb=_split(adb),
         reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine, threads=threads,
         engine_args=engine_args, flags=flags))
     prepared = prepare(sweep.campaign)

@@ -43,10 +43,10 @@ from typing import Any
 from engine.units import parse_number
 from harness.campaign import CampaignError, dumps_toml, safe_id
 from harness.plan import Cell, Plan, cell_id_of
-from harness.runner import (
-    DEVICE_FORMAT, FORMAT_VERSION, RUN_FORMAT, CampaignDir, FileLock, atomic_write, holding, latest_by_cell,
-    locks_dir, result_of, write_json,
+from harness.campaign_dir import (
+    DEVICE_FORMAT, FORMAT_VERSION, RUN_FORMAT, CampaignDir, atomic_write, latest_by_cell, locks_dir, write_json,
 )
+from harness.runner import FileLock, holding, result_of
 from results.parse import (
     ConsoleRun, RunFiles, config_from_log, config_from_name, discover, read_console, read_console_runs,
     read_metrics_csv, read_sidecar, read_state,

@@ -34,10 +34,11 @@ from engine.errors import BmoeError
 from harness.campaign import (
     LOCAL, PYTHON_ENGINE, Campaign, CampaignError, campaign_from_options, default_adb_server, remote_model_path, safe_id,
 )
+from harness.defaults import SWEEP
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 
 PRESETS = ("quick", "publish", "community")
-QUICK = {"n_predict": 32, "repeats": 1}
+QUICK = {"n_predict": SWEEP.n_predict, "repeats": SWEEP.repeats}   # the sweep's own defaults
 COMMUNITY_PROMPT = ("Write a long detailed essay about the history of computing including its origins its key "
                     "milestones the people involved and the future directions of the field")
 COMMUNITY_TOKENS = 256
@@ -114,7 +115,7 @@ def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     opts.update(devices=devices, cache_mb=["auto"], cache_ceil_mb=[0], dense_weights=["anon"], n_expert_used=[0],
                 io_threads=[COMMUNITY_LANES], repeats=COMMUNITY_RUNS, n_predict=COMMUNITY_TOKENS, reverse_pass=False,
                 engine_args=[" ".join(f) for f in flags], flags=(), extra=extra)
-    if not opts.get("name") or opts["name"] == "sweep":
+    if not opts.get("name") or opts["name"] == SWEEP.name:
         opts["name"] = "community"
     return Sweep(campaign_from_options(**opts), "community", tuple(notes))
 

@@ -41,7 +41,8 @@ from devices.base import (
     Device, DeviceError, DeviceLost, PressureSample, RunOutcome, pressure_metrics,
 )
 from devices.lmk import LmkEvent, kills_of
-from engine.errors import BmoeError
+from engine import fsutil
+from engine.fsutil import naming
 from engine.model import split_paths
 from engine.safetext import printable
 from engine.units import parse_number
@@ -49,59 +50,25 @@ from harness.campaign import (
     Campaign, CampaignError, DeviceRef, ModelSpec, fleet_home, is_knee, load_campaign, remote_model_path,
     resolve_devices, safe_id,
 )
+from harness.campaign_dir import (
+    FORMAT_VERSION, INFRA, RUN_FORMAT, CampaignDir, RunnerError, atomic_write, is_done, latest_by_cell, ledger_line,
+    locks_dir, read_versioned_json, write_json,
+)
 from harness.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
 from harness.device_models import DeviceModel, price_device_models
 from harness.gate import GateResult, cool, stop_strays
 from harness.plan import (
-    Cell, Plan, engine_path, load_shapes, make_plan, out_paths, plan_from_dict, resolve_knee, resolve_threads,
+    Cell, Plan, engine_path, load_shapes, make_plan, out_paths, resolve_knee, resolve_threads,
 )
 from harness.probe import Knee, ProbeError, knee_of_trace
 from harness.progress import Progress
 
-RUN_FORMAT, LEDGER_FORMAT, DEVICE_FORMAT = "bmoe-fleet.run", "bmoe-fleet.ledger", "bmoe-fleet.device"
-FORMAT_VERSION = 1
-RESULTS = ("ok", "lmk_killed", "killed", "config_error", "engine_error", "timeout", "invalid")
-INFRA = ("device_lost", "push_failed")
-OUTCOMES = RESULTS + INFRA
 SAMPLE_COLUMNS = ("t_s", "mem_available_kb", "vm_hwm_kb", "vm_rss_kb", "cpu_temp_mc", "battery_temp_dc")
 EVIDENCE_WAIT_S = 3.0
 _CONFIG_ERROR_RE = re.compile(r"config error:|unknown arg:|missing value for|expects ")
 
 
-class RunnerError(BmoeError):
-    """A campaign cannot run (device in use, output folder holds another campaign …)."""
-
-
 # ── files ──────────────────────────────────────────────────────────────────────────────────────
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write via a temporary file in the same folder and os.replace: readers see old or new."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with naming(path), open(tmp, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):   # a full disk leaves no half file behind
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def naming(path: str | os.PathLike) -> Iterator[None]:
-    """An OSError inside names the file written: `path` (a failed write() or fsync() names no
-    file by itself), or a copy's target (a copy names its source first)."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is None or e.filename2 is not None:
-            raise OSError(e.errno, e.strerror, str(e.filename2 or path)) from None
-        raise
 
 
 def disk_error(e: OSError, where: str | os.PathLike | None = None) -> RunnerError:
@@ -113,182 +80,7 @@ def disk_error(e: OSError, where: str | os.PathLike | None = None) -> RunnerErro
                        "and rerun to resume")
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
-def read_versioned_json(path: str | os.PathLike, fmt: str) -> dict:
-    """A JSON file of this format at version <= ours; a newer one is refused by name."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RunnerError(f"{path}: cannot read: {e}") from None
-    if data.get("format") != fmt:
-        raise RunnerError(f"{path}: not a {fmt} file")
-    if int(data.get("version", 0)) > FORMAT_VERSION:
-        raise RunnerError(f"{path}: version {data['version']} is newer than this bmoe-fleet reads "
-                          f"({FORMAT_VERSION}); upgrade it")
-    return data
-
-
-class Ledger:
-    """ledger.jsonl: one line per attempt, append-only; a torn last line is ignored."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.lock = threading.Lock()
-
-    def read(self) -> list[dict]:
-        try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return []
-        lines = text.split("\n")
-        records = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                if number == len(lines):  # torn by a crash mid-append: the attempt never happened
-                    continue
-                raise RunnerError(f"{self.path}:{number}: not a ledger line") from None
-            if int(record.get("version", 0)) > FORMAT_VERSION:
-                raise RunnerError(f"{self.path}:{number}: ledger version {record['version']} is newer than this "
-                                  f"bmoe-fleet reads ({FORMAT_VERSION}); upgrade it")
-            records.append(record)
-        return records
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps(dict(record), ensure_ascii=False, separators=(",", ":")) + "\n"
-        with self.lock, naming(self.path):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    # a line torn by a crash mid-append: it never was a record; drop it so it
-                    # cannot glue onto this one (the only write that is not an append)
-                    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-                    cut = tail.rfind(b"\n")
-                    os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else 0)
-                data = line.encode("utf-8")
-                while data:     # a short write on a nearly full disk: the rest, or the error
-                    data = data[os.write(fd, data):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """Each cell's latest attempt (highest attempt number)."""
-    latest: dict[str, Mapping[str, Any]] = {}
-    for r in records:
-        cur = latest.get(r["cell_id"])
-        if cur is None or int(r["attempt"]) >= int(cur["attempt"]):
-            latest[r["cell_id"]] = r
-    return latest
-
-
-def is_done(record: Mapping[str, Any] | None, rerun_failed: bool = False) -> bool:
-    if record is None or record["outcome"] in INFRA:
-        return False
-    return record["outcome"] == "ok" or not rerun_failed
-
-
-class CampaignDir:
-    """Reading and writing one campaign directory (format version 1)."""
-
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-        self.ledger = Ledger(self.root / "ledger.jsonl")
-
-    @property
-    def plan_path(self) -> Path:
-        return self.root / "plan.json"
-
-    def read_plan(self) -> Plan | None:
-        if not self.plan_path.exists():
-            return None
-        try:
-            data = json.loads(self.plan_path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise RunnerError(f"{self.plan_path}: not JSON: {e}") from None
-        return plan_from_dict(data, str(self.plan_path))
-
-    def write_plan(self, plan: Plan) -> None:
-        write_json(self.plan_path, plan.to_dict())
-
-    def run_dir(self, cell_id: str, attempt: int) -> Path:
-        return self.root / "runs" / cell_id / str(attempt)
-
-    def next_attempt(self, cell_id: str, records: Sequence[Mapping[str, Any]]) -> int:
-        used = [int(r["attempt"]) for r in records if r["cell_id"] == cell_id]
-        folder = self.root / "runs" / cell_id
-        if folder.is_dir():
-            used += [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
-        return max(used, default=0) + 1
-
-    def start_attempt(self, cell_id: str, attempt: int) -> Path:
-        folder = self.root / "runs" / cell_id
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".tmp-{attempt}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        return tmp
-
-    def commit_attempt(self, tmp: Path, record: Mapping[str, Any]) -> None:
-        """run.json last, the folder renamed whole, then the ledger line: a crash between the
-        rename and the append is repaired by reconcile()."""
-        final = self.run_dir(record["cell_id"], record["attempt"])
-        try:
-            write_json(tmp / "run.json", record)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)   # never a run folder without its run.json
-            raise
-        self.ledger.append(ledger_line(record))
-
-    def reconcile(self) -> int:
-        """Remove half-written attempts; give every complete run folder its ledger line."""
-        runs = self.root / "runs"
-        if not runs.is_dir():
-            return 0
-        known = {(r["cell_id"], int(r["attempt"])) for r in self.ledger.read()}
-        repaired = 0
-        for cell_dir in sorted(runs.iterdir()):
-            if not cell_dir.is_dir():
-                continue
-            for sub in sorted(cell_dir.iterdir()):
-                if sub.name.startswith(".tmp-"):
-                    shutil.rmtree(sub, ignore_errors=True)
-                elif sub.name.isdigit() and (cell_dir.name, int(sub.name)) not in known:
-                    run_json = sub / "run.json"
-                    if run_json.is_file():
-                        self.ledger.append(ledger_line(read_versioned_json(run_json, RUN_FORMAT)))
-                        repaired += 1
-        return repaired
-
-    def write_device(self, ref: DeviceRef, identity: Mapping[str, Any]) -> None:
-        path = self.root / "devices" / f"{ref.device_id}.json"
-        if not path.exists():
-            write_json(path, {"format": DEVICE_FORMAT, "version": FORMAT_VERSION, "device": ref.spec,
-                              "kind": ref.kind, "first_seen_at": time.time(), **identity})
-
-
-def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {"format": LEDGER_FORMAT, "version": FORMAT_VERSION, "cell_id": record["cell_id"],
-            "attempt": record["attempt"], "run_dir": f"runs/{record['cell_id']}/{record['attempt']}",
-            "outcome": record["outcome"], "started_at": record["started_at"], "ended_at": record["ended_at"],
-            "host": record.get("host", socket.gethostname()), "attempted": record.get("attempted", True)}
-
-
 # ── locks ──────────────────────────────────────────────────────────────────────────────────────
-
-
-def locks_dir() -> Path:
-    return fleet_home() / "locks"
 
 
 class FileLock:
@@ -403,10 +195,7 @@ def build_bmoe_py(python: str) -> Path:
     path = fleet_home() / "engines" / digest / "bmoe-py"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".bmoe-py.tmp-{os.getpid()}-{threading.get_ident()}")
-        tmp.write_bytes(payload)
-        tmp.chmod(0o755)
-        os.replace(tmp, path)
+        fsutil.atomic_write(path, payload, mode=0o755)
     return path
 
 

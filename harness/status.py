@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.safetext import printable
-from harness.runner import INFRA, OUTCOMES, CampaignDir, RunnerError, latest_by_cell, locks_dir
+from harness.campaign_dir import INFRA, OUTCOMES, CampaignDir, RunnerError, latest_by_cell, locks_dir
 
 STATUS_FORMAT = "bmoe-fleet.status"
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from results.numbers import is_missing, to_float
+
 NOISE_MIN = 0.10
 NOISE_CV_FACTOR = 3.0
 NOISE_DEFAULT = 0.15
@@ -52,16 +54,8 @@ _SERIES_NAMES = {"dense_weights": "dense", "io_threads": "io", "overlap": "overl
 # ── small helpers ────────────────────────────────────────────────────────────────────────────
 
 
-def _f(value: Any) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return x
-
-
 def _text(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if is_missing(value):
         return ""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -120,8 +114,8 @@ def budget_asked(row: Mapping[str, Any]) -> str:
         return "resident" if row.get("no_mmap") is True else "mmap"
     if row.get("cache_auto"):
         return "auto"
-    asked = _f(row.get("cache_mb_config"))
-    return _text(asked if not math.isnan(asked) else _f(row.get("cache_mb")))
+    asked = to_float(row.get("cache_mb_config"))
+    return _text(asked if not math.isnan(asked) else to_float(row.get("cache_mb")))
 
 
 def cell_key(row: Mapping[str, Any]) -> tuple[str, ...]:
@@ -140,7 +134,7 @@ def series_label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
 
 
 def top_k_key(value: Any) -> int | None:
-    x = _f(value)
+    x = to_float(value)
     return None if math.isnan(x) else int(x)
 
 
@@ -346,11 +340,11 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
             # auto is sized per run: a point per sized budget (a killed run may not know its own)
             for budget, part in sub.groupby(_values(sub, "cache_mb"), dropna=False, sort=True):
                 b = float(budget)
-                ceil = _f(part["cache_ceil_mb"].iloc[0])
+                ceil = to_float(part["cache_ceil_mb"].iloc[0])
                 label = "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "") + (f" → {b:g} MiB" if not math.isnan(b) else "")
                 streamed.append(_point(part, series, b, cycle, True, label))
             continue
-        b = _f(asked)
+        b = to_float(asked)
         budgets = _values(sub, "cache_mb")
         if np.isfinite(budgets).any():
             b = float(np.nanmedian(budgets))
@@ -567,7 +561,7 @@ def analyze(table: pd.DataFrame) -> Analysis:
     groups = []
     keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]], _probe=is_probe)
     for (device, model), sub in keys.groupby(["device", "model"], sort=True):
-        ks = {None if k is None or (isinstance(k, float) and math.isnan(k)) else int(k) for k in sub["_k"]}
+        ks = {None if is_missing(k) else int(k) for k in sub["_k"]}
         for k in sorted(ks, key=lambda v: (v is None, v or 0)):
             part = sub[sub["_k"].isna()] if k is None else sub[sub["_k"] == k]
             runs, probes = part[~part["_probe"]], part[part["_probe"]]

@@ -8,35 +8,19 @@ from file://. Every number is JSON-safe (NaN becomes null, which plotly draws as
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from results.analyze import GroupAnalysis
+from results.numbers import json_safe
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 KILL = "#d62728"
 CYCLE = "#ff7f0e"
 SAFE = "#2ca02c"
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
-
-
-def clean(value: Any) -> Any:
-    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
-    if isinstance(value, (float, np.floating)):
-        x = float(value)
-        return x if math.isfinite(x) else None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, Mapping):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray, pd.Series)):
-        return [clean(v) for v in value]
-    return value
 
 
 def _layout(title: str, **extra) -> dict[str, Any]:
@@ -135,7 +119,7 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
                      yaxis={"title": {"text": "hit %"}, "domain": [0.55, 1.0], "range": [0, 100]},
                      yaxis2={"title": {"text": "tok/s"}, "domain": [0.0, 0.45], "rangemode": "tozero"},
                      shapes=shapes, annotations=notes, height=520)
-    return clean({"data": data, "layout": layout})
+    return json_safe({"data": data, "layout": layout})
 
 
 def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any] | None:
@@ -165,7 +149,7 @@ def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any
                      yaxis2={"title": {"text": "hit %"}, "overlaying": "y", "side": "right", "range": [0, 100]},
                      shapes=shapes, annotations=notes, height=380,
                      margin={"l": 60, "r": 60, "t": 50, "b": 50})
-    return clean({"data": data, "layout": layout})
+    return json_safe({"data": data, "layout": layout})
 
 
 def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> dict[str, Any] | None:
@@ -196,7 +180,7 @@ def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> di
                      xaxis2={"title": {"text": "decode step (engine)"}, "domain": [0.53, 1.0], "anchor": "y2"},
                      yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
                      yaxis2={"anchor": "x2", "rangemode": "tozero"}, height=360)
-    return clean({"data": data, "layout": layout})
+    return json_safe({"data": data, "layout": layout})
 
 
 def cycle_figure(model: str, prices: Sequence[tuple[int, float]],
@@ -214,4 +198,4 @@ def cycle_figure(model: str, prices: Sequence[tuple[int, float]],
                      "marker": {"color": "#222222", "size": 10, "symbol": "diamond"}})
     layout = _layout(f"{model}: token cycle per top-k", xaxis={"title": {"text": "top-k"}, "dtick": 1},
                      yaxis={"title": {"text": "MiB per token"}, "rangemode": "tozero"}, height=360)
-    return clean({"data": data, "layout": layout})
+    return json_safe({"data": data, "layout": layout})

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from results.analyze import _f
 from results.errors import ResultsError
+from results.numbers import to_float
 
 COLUMNS = ("Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
            "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")
@@ -83,7 +83,7 @@ def hardware_class(identity: Mapping[str, Any], cores: float | None) -> str:
 
 
 def _num(x: Any, fmt: str, suffix: str = "") -> str:
-    v = _f(x)
+    v = to_float(x)
     return "n/a" if math.isnan(v) else f"{v:{fmt}}{suffix}"
 
 
@@ -126,7 +126,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             except (OSError, ValueError):
                 pass
     rows = []
-    keys = table.assign(_k=[_f(k) for k in table["n_expert_used"]])
+    keys = table.assign(_k=[to_float(k) for k in table["n_expert_used"]])
     for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
         runs = runs.sort_values(["pass", "repeat", "order"])
         done = runs[runs["outcome"] == "ok"]
@@ -136,7 +136,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             notes.append(f"{len(done)} finished run(s), not the protocol's two: this row is "
                          + ("its only run" if len(done) == 1 else f"a {pick['outcome']} run"))
         elif len(done) >= 2:
-            a, b = _f(done.iloc[0]["tok_s_summary"]), _f(done.iloc[1]["tok_s_summary"])
+            a, b = to_float(done.iloc[0]["tok_s_summary"]), to_float(done.iloc[1]["tok_s_summary"])
             if a and b and not math.isnan(a) and not math.isnan(b) and abs(b / a - 1) * 100 > DIFFER_PCT:
                 notes.append(f"the two runs differ by {abs(b / a - 1) * 100:.0f}% in decode tok/s "
                              f"({a:.1f} then {b:.1f}): the device was not in the same state")
@@ -146,23 +146,23 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
         stream_flag = pick["moe_stream"]
         mode_mmap = (stream_flag is not None and stream_flag == stream_flag and not bool(stream_flag)) \
             or streamed is False
-        if _f(pick["o_direct"]) != 1 and not mode_mmap:
+        if to_float(pick["o_direct"]) != 1 and not mode_mmap:
             notes.append("o_direct is not 1: the expert reads went through the page cache, not comparable")
-        tokens = _f(pick["tokens"])
+        tokens = to_float(pick["tokens"])
         if not math.isnan(tokens) and tokens < COMMUNITY_TOKENS:
             notes.append(f"{tokens:.0f} tokens, under the protocol's {COMMUNITY_TOKENS}")
         if not pick["cache_auto"] and not mode_mmap:
             notes.append("a fixed cache budget, not the protocol's --cache-mb auto")
         if str(pick["dense_weights"]) not in ("anon", ""):
             notes.append(f"--dense-weights {pick['dense_weights']}, not the protocol's anon")
-        io = _f(pick.get("io_threads"))
+        io = to_float(pick.get("io_threads"))
         if not math.isnan(io) and io and io != COMMUNITY_LANES and not mode_mmap:
             notes.append(f"{io:.0f} read lanes, not the protocol's {COMMUNITY_LANES}")
-        budget = _f(pick["cache_mb"])
+        budget = to_float(pick["cache_mb"])
         if mode_mmap:
             cache = "mmap (baseline)"
         elif pick["cache_auto"]:
-            ceil = _f(pick["cache_ceil_mb"])
+            ceil = to_float(pick["cache_ceil_mb"])
             cache = "auto" + (f", cap {ceil:.0f}" if ceil and not math.isnan(ceil) else "") + \
                 (f" ({budget:g} MiB)" if not math.isnan(budget) else "")
         else:
@@ -172,21 +172,22 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
         store = f"~{rate:,.0f} MiB/s" if rate else "n/a"
         if not rate and probe.get("note"):
             notes.append(f"storage probe {probe['note']}")
-        prefill = _f(pick["n_prompt"]) / _f(pick["prefill_s"]) if _f(pick["prefill_s"]) > 0 else math.nan
-        flash = _f(pick["read_mib_per_tok"])
+        prefill_s = to_float(pick["prefill_s"])
+        prefill = to_float(pick["n_prompt"]) / prefill_s if prefill_s > 0 else math.nan
+        flash = to_float(pick["read_mib_per_tok"])
         model_rec = models.get(str(model))
         quant = _quant(model_rec)
-        hit = _f(pick["cache_hit_pct"])
+        hit = to_float(pick["cache_hit_pct"])
         engine = str(pick["engine"] or "")
         cells = {
             "Hardware": hardware_class({**dict(identities.get(str(device)) or {}), "kind": pick["device_kind"]},
-                                       _f(pick.get("cores"))),
+                                       to_float(pick.get("cores"))),
             "Storage (512 KiB rate)": store,
             "Model, quant": f"{model} {quant}".strip(),
-            "k": "n/a" if math.isnan(_f(k)) else f"{_f(k):.0f}",
+            "k": "n/a" if math.isnan(to_float(k)) else f"{to_float(k):.0f}",
             "Cache": cache,
-            "Decode tok/s": _num(pick["tok_s_summary"] if not math.isnan(_f(pick["tok_s_summary"])) else pick["tok_s"],
-                                 ".1f"),
+            "Decode tok/s": _num(pick["tok_s_summary"] if not math.isnan(to_float(pick["tok_s_summary"]))
+                                 else pick["tok_s"], ".1f"),
             "Prefill tok/s": _num(prefill, ".1f"),
             "Stall s/tok": _num(pick["stall_s_per_tok"], ".3f"),
             "Flash/token": "n/a" if math.isnan(flash) else (f"{flash:.0f} MiB" if flash >= 10 else f"{flash:.2f} MiB"),

@@ -31,6 +31,7 @@ from results.analyze import (
     CELL_KEYS, NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, RESULT_OUTCOMES, cell_key, cv, differs,
 )
 from results.errors import ResultsError
+from results.numbers import json_safe
 from results.table import build_table
 
 FORMAT = "bmoe-fleet.compare"
@@ -98,26 +99,17 @@ class Comparison:
         return [c for c in self.cells if c.status == "newly_failing"]
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(v: Any) -> Any:
-            if isinstance(v, float):
-                return None if math.isnan(v) else round(v, 4)
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [clean(x) for x in v]
-            return v
-
-        return clean({"format": FORMAT, "version": FORMAT_VERSION, "a": self.a, "b": self.b,
-                      "noise": {"min": NOISE_MIN, "cv_factor": NOISE_CV_FACTOR, "default": NOISE_DEFAULT},
-                      "threshold_pct": self.threshold_pct,
-                      "summary": {"cells": len(self.cells), "regressions": len(self.regressions),
-                                  "improvements": len(self.improvements), "newly_failing": len(self.newly_failing),
-                                  "only_a": sum(c.status == "only_a" for c in self.cells),
-                                  "only_b": sum(c.status == "only_b" for c in self.cells)},
-                      "cells": [dict(asdict(c), key=dict(zip(CELL_KEYS, c.key))) for c in self.cells]})
+        return json_safe({"format": FORMAT, "version": FORMAT_VERSION, "a": self.a, "b": self.b,
+                          "noise": {"min": NOISE_MIN, "cv_factor": NOISE_CV_FACTOR, "default": NOISE_DEFAULT},
+                          "threshold_pct": self.threshold_pct,
+                          "summary": {"cells": len(self.cells), "regressions": len(self.regressions),
+                                      "improvements": len(self.improvements), "newly_failing": len(self.newly_failing),
+                                      "only_a": sum(c.status == "only_a" for c in self.cells),
+                                      "only_b": sum(c.status == "only_b" for c in self.cells)},
+                          "cells": [dict(asdict(c), key=dict(zip(CELL_KEYS, c.key))) for c in self.cells]}, 4)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
 
     def text(self) -> str:
         lines = [f"A = {self.a}", f"B = {self.b}",

@@ -12,13 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.fsutil import atomic_write
 from results.errors import ResultsError
+from results.numbers import json_safe
 
 FORMATS = ("text", "csv", "json", "jsonl", "md")
 STDOUT = "-"
@@ -44,25 +44,9 @@ def choose_format(fmt: str | None, out: str | None, allowed: Sequence[str] = FOR
     return fmt
 
 
-def clean(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null; numpy scalars plain numbers."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
-
-
 def cell_text(value: Any, digits: int = 4) -> str:
     """A value as a table shows it: empty for missing, numbers to a few significant digits."""
-    value = clean(value)
+    value = json_safe(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -75,11 +59,11 @@ def cell_text(value: Any, digits: int = 4) -> str:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(clean(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return json.dumps(json_safe(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def to_jsonl(records: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(json.dumps(clean(r), ensure_ascii=False, allow_nan=False) + "\n" for r in records)
+    return "".join(json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n" for r in records)
 
 
 def to_csv(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
@@ -129,15 +113,8 @@ def emit(data: str | bytes, out: str | None, what: str = "") -> str | None:
     path = Path(out)
     if path.is_dir():
         raise ResultsError(f"{out}: is a folder; give a file name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data if isinstance(data, bytes) else data.encode("utf-8"))
-        os.replace(tmp, path)
+        atomic_write(path, data, mkdir=True)
     except OSError as e:
         raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return f"wrote {what + ' to ' if what else ''}{out}"

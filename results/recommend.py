@@ -43,6 +43,7 @@ from typing import Any
 
 from engine.budget import CACHE_MIN_MB
 from results.analyze import Analysis, BudgetPoint, GroupAnalysis, _text, analyze, differs
+from results.numbers import json_safe
 from results.tokens import PUBLISHED_MIN_TOKENS
 
 FORMAT = "bmoe-fleet.recommendations"
@@ -67,28 +68,6 @@ def round_down(mib: float) -> int:
 def needs_force(cache_mb: float) -> bool:
     """Both engines refuse a fixed budget in 1..CACHE_MIN_MB-1 without --force-cache."""
     return 0 < cache_mb < CACHE_MIN_MB
-
-
-def _exact(value: Any) -> Any:
-    """JSON-safe without rounding (the rule's ratio and headroom are already rounded the safe way)."""
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, Mapping):
-        return {k: _exact(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_exact(v) for v in value]
-    return value
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN becomes null, tuples lists, floats rounded for reading."""
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else round(value, 3)
-    if isinstance(value, Mapping):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 
 
 # ── command lines ────────────────────────────────────────────────────────────────────────────
@@ -274,7 +253,7 @@ class Recommendation:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["verification"] = dict(self.verification) if self.verification is not None else None
-        return _clean(d)
+        return json_safe(d, 3)
 
 
 @dataclass(frozen=True)
@@ -299,11 +278,11 @@ class DeviceRecommendations:
         return str(self.identity.get("kind") or "")
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({"device": self.device, "identity": dict(self.identity), "ram_total_kb": self.ram_total_kb,
-                       "default": {"cache_ceil_mb": self.default.cache_ceil_mb, "argv": list(self.default.argv),
-                                   "text": self.default.text, "notes": list(self.default.notes),
-                                   "cache_off_models": list(self.default.cache_off_models)},
-                       "recommendations": [r.to_dict() for r in self.recommendations]})
+        return json_safe({"device": self.device, "identity": dict(self.identity), "ram_total_kb": self.ram_total_kb,
+                          "default": {"cache_ceil_mb": self.default.cache_ceil_mb, "argv": list(self.default.argv),
+                                      "text": self.default.text, "notes": list(self.default.notes),
+                                      "cache_off_models": list(self.default.cache_off_models)},
+                          "recommendations": [r.to_dict() for r in self.recommendations]}, 3)
 
 
 @dataclass(frozen=True)
@@ -317,8 +296,8 @@ class Recommendations:
                 "method": {"reserve_fraction_of_ram": RESERVE_FRACTION, "published_min_tokens": PUBLISHED_MIN_TOKENS,
                            "high_spread_pct": HIGH_SPREAD_PCT, "medium_spread_pct": MEDIUM_SPREAD_PCT,
                            "same_phone_ram_fraction": SAME_PHONE_RAM_FRACTION},
-                "rules": _exact(dict(self.rules)),
-                "campaigns": [_clean(c) for c in self.campaigns], "devices": [d.to_dict() for d in self.devices]}
+                "rules": json_safe(dict(self.rules)),   # exact: already rounded the safe way
+                "campaigns": [json_safe(c, 3) for c in self.campaigns], "devices": [d.to_dict() for d in self.devices]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"

@@ -25,7 +25,6 @@ import heapq
 import json
 import math
 import os
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from engine.errors import BmoeError
+from engine.fsutil import atomic_write
 from engine.units import MIB
 
 from .parse_text import printable, safe_message
@@ -637,14 +637,7 @@ def write_curve_csv(t: TraceReplay, path: str | Path) -> None:
         f"{_csv_number(p.budget_mib, 1)},{p.policy},{p.hit_pct_cum:.3f},{p.hit_pct_decode:.3f},{p.read_mib:.1f}"
         for p in t.points
     ]
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="\n") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, "\n".join(lines) + "\n")
 
 
 def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | None = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shlex
@@ -37,6 +36,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from results import charts
 from results.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay, analyze
 from results.errors import ResultsError
+from results.numbers import is_missing
 from results.pages import (
     CampaignRow, Chart, DeviceCard, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
 )
@@ -71,12 +71,8 @@ def make_environment() -> Environment:
 # ── formatting (strings the pages show) ──────────────────────────────────────────────────────
 
 
-def _nan(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
 def fmt_num(x: Any, digits: int = 3) -> str:
-    if _nan(x):
+    if is_missing(x):
         return "—"
     if isinstance(x, float):
         return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
@@ -84,20 +80,20 @@ def fmt_num(x: Any, digits: int = 3) -> str:
 
 
 def fmt_mib(x: Any) -> str:
-    return "—" if _nan(x) else f"{float(x):g} MiB"
+    return "—" if is_missing(x) else f"{float(x):g} MiB"
 
 
 def fmt_kb(x: Any) -> str:
-    return "—" if _nan(x) else f"{float(x) / 1024:,.0f} MiB"
+    return "—" if is_missing(x) else f"{float(x) / 1024:,.0f} MiB"
 
 
 def fmt_pct(x: Any) -> str:
-    return "—" if _nan(x) else f"{float(x):.1f} %"
+    return "—" if is_missing(x) else f"{float(x):.1f} %"
 
 
 def fmt_time(epoch: Any) -> str:
     """Epoch seconds as local time (the zone of the machine that built the site, named)."""
-    if _nan(epoch) or not isinstance(epoch, (int, float)):
+    if is_missing(epoch) or not isinstance(epoch, (int, float)):
         return "—"
     import time
 
@@ -106,7 +102,7 @@ def fmt_time(epoch: Any) -> str:
 
 def fmt_celsius(x: Any, per_degree: int) -> str:
     """A temperature kept in milli- (1000) or deci-degrees (10) as °C."""
-    if _nan(x) or isinstance(x, bool) or not isinstance(x, (int, float)):
+    if is_missing(x) or isinstance(x, bool) or not isinstance(x, (int, float)):
         return "—"
     return f"{float(x) / per_degree:.1f} °C"
 
@@ -148,7 +144,7 @@ def _human(key: str, value: Any) -> tuple[str, str]:
 
 
 def _ghz(khz: Any) -> str:
-    return "—" if _nan(khz) or not isinstance(khz, (int, float)) else f"{float(khz) / 1e6:.2f} GHz"
+    return "—" if is_missing(khz) or not isinstance(khz, (int, float)) else f"{float(khz) / 1e6:.2f} GHz"
 
 
 def slug(text: str) -> str:
@@ -242,7 +238,7 @@ def publish_shortfall(run_ids: Sequence[str], table: pd.DataFrame) -> str:
 
 def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
     runs = f"{p.ok}/{p.runs} ok" + (f", {p.killed} killed" if p.killed else "")
-    tok = "—" if _nan(p.tok_s) else (f"{fmt_num(p.tok_s)} ({fmt_num(p.tok_s_min)}–{fmt_num(p.tok_s_max)})"
+    tok = "—" if is_missing(p.tok_s) else (f"{fmt_num(p.tok_s)} ({fmt_num(p.tok_s_min)}–{fmt_num(p.tok_s_max)})"
                                      if p.ok > 1 else fmt_num(p.tok_s))
     outcome = dict(zip(table["run_id"], table["outcome"]))
     links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
@@ -395,7 +391,7 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
                        ("top_k", "top-k (own)")):
         v = rec.get(key)
         if v in (None, "") and key in mine.columns:
-            vals = [x for x in mine[key] if not _nan(x) and x != ""]
+            vals = [x for x in mine[key] if not is_missing(x) and x != ""]
             v = vals[0] if vals else None
         if v not in (None, ""):
             shape.append((label, fmt_num(v)))
@@ -409,11 +405,11 @@ def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, a
                       else os.path.basename(str(rec["path"]))))
     prices = {int(p["top_k"]): float(p["cycle_mib"]) for p in rec.get("prices") or ()}
     for g in analysis.groups:
-        if g.model == name and g.top_k is not None and not _nan(g.cycle_mib) and g.cycle_source != "token_demand":
+        if g.model == name and g.top_k is not None and not is_missing(g.cycle_mib) and g.cycle_source != "token_demand":
             prices.setdefault(g.top_k, g.cycle_mib)
     measured: dict[int, float] = {}
     for k, demand in zip(mine["n_expert_used"], mine["token_demand_mib"]):
-        if not _nan(k) and not _nan(demand):
+        if not is_missing(k) and not is_missing(demand):
             measured[int(k)] = float(demand)
     ks = sorted(set(prices) | set(measured))
     cycles = tuple((str(k), fmt_mib(prices.get(k)), fmt_mib(measured.get(k))) for k in ks)
@@ -621,7 +617,7 @@ def _device_note(device: str, table: pd.DataFrame) -> str:
     kinds = sorted({k for k in mine["device_kind"] if k})
     ram = mine["ram_total_kb"].max()
     parts = [", ".join(kinds)] if kinds else []
-    if not _nan(ram):
+    if not is_missing(ram):
         parts.append(f"{ram / 1024:,.0f} MiB RAM")
     parts.append(f"{len(mine)} runs")
     return " · ".join(parts)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from harness.flags import flags_text
 from results.errors import ResultsError
+from results.numbers import to_float
 from results.rundir import INFRA_OUTCOMES, CampaignData, RunFolder, read_campaigns
 from results.tokens import PUBLISHED_MIN_TOKENS, token_stats
 
@@ -77,19 +78,9 @@ class ShapeCache:
         return None
 
 
-def _num(value: Any) -> float:
-    """A float from anything the files hold ("", None, "12.5", 3) — NaN when it is not a number."""
-    if value is None or isinstance(value, bool):
-        return math.nan if value is None else float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _first(*values: Any) -> float:
     for v in values:
-        x = _num(v)
+        x = to_float(v)
         if not math.isnan(x):
             return x
     return math.nan
@@ -137,14 +128,14 @@ def _samples(run: RunFolder) -> pd.DataFrame | None:
 
 
 def _top_k(config: Mapping[str, Any], pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
-    k = _num(pre.get("n_expert_used"))
+    k = to_float(pre.get("n_expert_used"))
     if not math.isnan(k) and k > 0:
         return k
-    k = _num(config.get("n_expert_used"))
+    k = to_float(config.get("n_expert_used"))
     if not math.isnan(k) and k > 0:
         return k
     for v in ((model_rec or {}).get("top_k"), shape.top_k if shape is not None else None):
-        k = _num(v)
+        k = to_float(v)
         if not math.isnan(k) and k > 0:
             return k
     return math.nan
@@ -152,14 +143,14 @@ def _top_k(config: Mapping[str, Any], pre: Mapping[str, str], model_rec: Mapping
 
 def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: Mapping[str, Any],
            model_rec: Mapping[str, Any] | None, shape, k: float) -> tuple[float, str]:
-    v = _num(pre.get("cache_cycle_mb"))
+    v = to_float(pre.get("cache_cycle_mb"))
     if not math.isnan(v):
         # the engine prints one decimal; the plan priced the same quantity to three
-        planned = _num(config.get("cycle_mb"))
+        planned = to_float(config.get("cycle_mb"))
         return (planned if not math.isnan(planned) and abs(planned - v) <= 0.051 else v), "csv"
     if shape is not None and not math.isnan(k) and 1 <= k:
         return round(shape.cycle_mib(min(int(k), shape.n_expert)), 3), "gguf"
-    v = _num(config.get("cycle_mb"))
+    v = to_float(config.get("cycle_mb"))
     if not math.isnan(v) and v > 0:
         return v, "plan"
     for price in (model_rec or {}).get("prices") or ():
@@ -170,7 +161,7 @@ def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: Mapping[s
         n_expert = int((model_rec or {}).get("n_expert") or k)
         return round(sum(int(x["expert_bytes"]) for x in layers) * min(int(k), n_expert) / (1 << 20), 3), \
             "models-json"
-    v = _num(summary.get("token_demand_MiB"))
+    v = to_float(summary.get("token_demand_MiB"))
     if not math.isnan(v) and v > 0:
         return v, "token_demand"
     return math.nan, ""
@@ -180,10 +171,10 @@ def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> d
     """Entry-state fields from the runner's DeviceState or an imported driver's ENTRY STATE."""
     e = dict(entry or {})
     g = dict(gate or {})
-    cpu = _num(e.get("cpu_temp_mc"))
+    cpu = to_float(e.get("cpu_temp_mc"))
     if math.isnan(cpu):
-        temps = [_num(v) for v in (e.get("temperatures_c") or {}).values()]
-        temps += [_num(v) / 1000 for v in (e.get("thermal_mc") or {}).values()]
+        temps = [to_float(v) for v in (e.get("temperatures_c") or {}).values()]
+        temps += [to_float(v) / 1000 for v in (e.get("thermal_mc") or {}).values()]
         temps = [t for t in temps if not math.isnan(t)]
         cpu = max(temps) * 1000 if temps else math.nan
     capped = None
@@ -191,12 +182,12 @@ def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> d
     if isinstance(policies, list) and policies:
         capped = any(bool(p.get("capped")) for p in policies)
     elif isinstance(e.get("cpufreq_khz"), dict) and e["cpufreq_khz"]:
-        capped = any(_num(p.get("scaling_max")) < _num(p.get("hw_max")) for p in e["cpufreq_khz"].values())
+        capped = any(to_float(p.get("scaling_max")) < to_float(p.get("hw_max")) for p in e["cpufreq_khz"].values())
     return {
-        "entry_mem_available_kb": _num(e.get("mem_available_kb")),
+        "entry_mem_available_kb": to_float(e.get("mem_available_kb")),
         "entry_cpu_temp_mc": cpu,
         "entry_battery_temp_dc": _first(e.get("battery_temp_dc"), e.get("batt_temp_dC")),
-        "entry_thermal_status": _num(e.get("thermal_status")),
+        "entry_thermal_status": to_float(e.get("thermal_status")),
         "entry_freq_capped": capped,
         "gate_waited_s": _first(g.get("waited_s"), e.get("waited_s")),
         "gate_gave_up": bool(g.get("gave_up")) if g else False,
@@ -230,7 +221,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         auto = _bool(pre.get("cache_auto"))
     last_budget = math.nan
     if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
-        last_budget = _num(rows["cache_budget_mib"].iloc[-1])
+        last_budget = to_float(rows["cache_budget_mib"].iloc[-1])
     fixed = math.nan if auto else _first(pre.get("cache_mb"), config.get("cache_mb"))
     # an auto run killed before its first token has no per-token budget: its stderr said what it sized
     sized = _auto_sized_mib(run) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
@@ -249,9 +240,9 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     sample_floor = sample_hwm = math.nan
     if samples is not None:
         if "mem_available_kb" in samples.columns:
-            sample_floor = _num(samples["mem_available_kb"].min())
+            sample_floor = to_float(samples["mem_available_kb"].min())
         if "vm_hwm_kb" in samples.columns:
-            sample_hwm = _num(samples["vm_hwm_kb"].max())
+            sample_hwm = to_float(samples["vm_hwm_kb"].max())
     csv_floor_kb = stats.mem_available_min_mib * 1024 if stats else math.nan
     csv_rss_kb = stats.rss_max_mib * 1024 if stats else math.nan
     engine = dict(rec.get("engine") or {})
@@ -266,7 +257,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "engine": engine_version or str(engine.get("kind") or ""),
         "cache_mb": budget,
         "cache_auto": bool(auto),
-        "cache_ceil_mb": _num(config.get("cache_ceil_mb", pre.get("cache_ceil_mb"))),
+        "cache_ceil_mb": to_float(config.get("cache_ceil_mb", pre.get("cache_ceil_mb"))),
         "dense_weights": str(config.get("dense_weights") or pre.get("dense_weights") or ""),
         "n_expert_used": k,
         "repeat": int(rec.get("repeat", 0) or 0),
@@ -276,8 +267,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "cache_hit_pct": hit,
         "cache_cycle_mb": cycle,
         "under_cycle": under,
-        "mem_avail_floor_kb": _min(_num(pressure.get("mem_avail_floor_kb")), sample_floor, csv_floor_kb),
-        "peak_rss_kb": _max(_num(pressure.get("peak_rss_kb")), sample_hwm, csv_rss_kb),
+        "mem_avail_floor_kb": _min(to_float(pressure.get("mem_avail_floor_kb")), sample_floor, csv_floor_kb),
+        "peak_rss_kb": _max(to_float(pressure.get("peak_rss_kb")), sample_hwm, csv_rss_kb),
         # identity
         "campaign": camp.label,
         "campaign_dir": str(camp.root),
@@ -293,7 +284,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "device_manufacturer": str(identity.get("manufacturer") or ""),
         "device_soc": str(identity.get("soc") or ""),
         "android_release": str(identity.get("android_release") or ""),
-        "ram_total_kb": _num(identity.get("ram_total_kb")),
+        "ram_total_kb": to_float(identity.get("ram_total_kb")),
         "engine_kind": str(engine.get("kind") or ""),
         "engine_sha256": str(engine.get("sha256") or ""),
         # model shape
@@ -310,13 +301,13 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "pass": int(rec.get("pass", 0) or 0),
         "order": int(rec.get("order", 0) or 0),
         "evidence": " | ".join(str(e) for e in rec.get("evidence") or ()),
-        "exit_status": _num(rec.get("exit_status")),
+        "exit_status": to_float(rec.get("exit_status")),
         "timed_out": bool(rec.get("timed_out")),
-        "wall_s": _num(rec.get("wall_s")),
+        "wall_s": to_float(rec.get("wall_s")),
         "killed": outcome in ("lmk_killed", "killed"),
         "infra": outcome in INFRA_OUTCOMES,
-        "started_at": _num(rec.get("started_at")),
-        "o_direct": _num(rec.get("o_direct")),
+        "started_at": to_float(rec.get("started_at")),
+        "o_direct": to_float(rec.get("o_direct")),
         "has_route_trace": run.file("route.csv") is not None,
         "probe": bool(rec.get("probe") or config.get("probe")),   # a knee probe: its trace, not a sweep point
         "argv": json.dumps(list(rec.get("argv") or ())),
@@ -325,7 +316,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),
     }
     for key, column in _SUMMARY.items():
-        row[column] = _num(summary.get(key))
+        row[column] = to_float(summary.get(key))
     row["read_mib_per_tok"] = row["read_mib"] / tokens if tokens and not math.isnan(tokens) and tokens > 0 \
         else math.nan
     row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
@@ -341,11 +332,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         row["compute_s_per_tok"] = stats.compute_ms_mean / 1000
     # pressure and entry state
     row.update({
-        "mem_avail_before_kb": _num(pressure.get("mem_avail_before_kb")),
-        "mem_avail_after_kb": _num(pressure.get("mem_avail_after_kb")),
-        "cpu_temp_before_mc": _num(pressure.get("cpu_temp_before_mC")),
-        "cpu_temp_max_mc": _num(pressure.get("cpu_temp_max_mC")),
-        "batt_temp_max_dc": _num(pressure.get("batt_temp_max_dC")),
+        "mem_avail_before_kb": to_float(pressure.get("mem_avail_before_kb")),
+        "mem_avail_after_kb": to_float(pressure.get("mem_avail_after_kb")),
+        "cpu_temp_before_mc": to_float(pressure.get("cpu_temp_before_mC")),
+        "cpu_temp_max_mc": to_float(pressure.get("cpu_temp_max_mC")),
+        "batt_temp_max_dc": to_float(pressure.get("batt_temp_max_dC")),
     })
     row.update(_entry(rec.get("entry_state"), rec.get("gate")))
     # every configuration key (those with a column of their own under another name are renamed)
@@ -375,15 +366,15 @@ def _auto_sized_mib(run: RunFolder) -> float:
         found = parse_console(read_lines(path)[0]).cache_auto
     except (ParseError, ValueError, OSError):
         return math.nan
-    return _num(found.budget_mib) if found is not None else math.nan
+    return to_float(found.budget_mib) if found is not None else math.nan
 
 
 def _cpu(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
     """The cores a run had and the engines that shared them (harness.cpushare); unknown for runs
     recorded before the harness kept them, and for imports."""
     c = dict(cpu or {})
-    return {"cores": _num(c.get("cores")), "cpu_threads": _num(c.get("threads")),
-            "threads_sum": _num(c.get("threads_sum")), "oversubscribed": c.get("oversubscribed") is True,
+    return {"cores": to_float(c.get("cores")), "cpu_threads": to_float(c.get("threads")),
+            "threads_sum": to_float(c.get("threads_sum")), "oversubscribed": c.get("oversubscribed") is True,
             "cpu_engines": engines_text(c.get("engines"))}
 
 
@@ -403,7 +394,7 @@ def _budget_label(stream: bool | None, auto: bool | None, budget: float, config:
     if stream is False:
         return "resident" if config.get("no_mmap") else "mmap"
     if auto:
-        ceil = _num(config.get("cache_ceil_mb"))
+        ceil = to_float(config.get("cache_ceil_mb"))
         return "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "")
     return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
 

@@ -152,7 +152,7 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     internal.mkdir(parents=True, exist_ok=True)
     spec = PhoneSpec(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc,
                      android=android, abi=abi, isolated=isolated, record_commands=record_commands)
-    (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     (internal / "state.json").unlink(missing_ok=True)
     (internal / "commands.jsonl").unlink(missing_ok=True)   # a recording is of this run of the phone
     env = dict(os.environ)

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from engine.fsutil import atomic_write, replacing
+
 from . import logbuf, namespace, thermal
 from .cgroup import MemoryCgroup, MemStat
 from .meminfo import MEMINFO_PATH, MemInfo, compute, write_in_place
@@ -198,10 +200,10 @@ def _install_file(src: str, dst: Path) -> None:
             return
     except FileNotFoundError:
         pass
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.copy2(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dst)
+    with open(src, "rb") as fh, replacing(dst, mode=0o755) as out:
+        shutil.copyfileobj(fh, out)
+        out.flush()                              # every byte down before the times are copied
+        shutil.copystat(src, out.name)
 
 
 def _link(path: Path, target: str) -> None:
@@ -254,7 +256,7 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
     for d in (layout.internal, layout.data_tmp, layout.root / logbuf.LOGD_DIR, layout.system_bin,
               layout.tools_dir, layout.root / "proc", layout.staging, layout.root / "sdcard"):
         d.mkdir(parents=True, exist_ok=True)
-    layout.spec_file.write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    layout.spec_file.write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     props = spec.props()
     (layout.root / "system/build.prop").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     for buffer in logbuf.BUFFERS:
@@ -290,10 +292,7 @@ def install_tools(layout: Layout, in_namespace: bool) -> None:
         path = layout.system_bin / tool
         if path.is_symlink():
             path.unlink()
-        tmp = path.with_name(f".{tool}.tmp")
-        tmp.write_text(script)
-        tmp.chmod(0o755)
-        os.replace(tmp, path)
+        atomic_write(path, script, mode=0o755)
 
 
 class VirtualPhone:

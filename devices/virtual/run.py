@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from engine.fsutil import atomic_write
+
 from . import logbuf, namespace, shellsvc, syncsvc
 from .adbd import Banner, Connection, Daemon, Service, Stream
 from .cgroup import CgroupUnavailable, MemoryCgroup
@@ -114,9 +116,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup],
              "warnings": warnings,
              "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
                                                     "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None}}
-    tmp = layout.state_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, layout.state_file)
+    atomic_write(layout.state_file, json.dumps(state, indent=2, allow_nan=False) + "\n")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,35 @@
+"""results.numbers: the NaN-safe float, the missing-value test and the one JSON cleaner."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from results.numbers import is_missing, json_safe, to_float
+
+
+def test_to_float_reads_what_files_hold_and_nan_for_the_rest():
+    assert [to_float(v) for v in ("12.5", 3, True, " 7 ")] == [12.5, 3.0, 1.0, 7.0]
+    assert all(math.isnan(to_float(v)) for v in (None, "", "n/a", [1], float("nan")))
+
+
+def test_is_missing_is_none_or_nan_only():
+    assert is_missing(None) and is_missing(math.nan) and is_missing(np.float64("nan"))
+    assert not is_missing(0) and not is_missing("") and not is_missing("nan")
+
+
+def test_json_safe_gives_strict_json():
+    value = {"a": np.float32(1.5), "b": (math.nan, np.int64(3), np.bool_(True)), "c": np.array([1.0, np.inf]),
+             "d": pd.Series([1, 2]), 4: -math.inf, "e": "NaN"}
+    clean = json_safe(value)
+    assert clean == {"a": 1.5, "b": [None, 3, True], "c": [1.0, None], "d": [1, 2], "4": None, "e": "NaN"}
+    assert type(clean["b"][1]) is int and type(clean["b"][2]) is bool
+    json.dumps(clean, allow_nan=False)                      # raises on anything not strict JSON
+
+
+def test_json_safe_rounds_only_when_asked():
+    assert json_safe([1 / 3, 2], 3) == [0.333, 2]
+    assert json_safe([1 / 3]) == [1 / 3]
