@@ -127,13 +127,18 @@ def adb_server_pids(port: int) -> list[int]:
     return pids
 
 
+def adb_server_binary() -> Path:
+    """The real adb binary the tests run: the one inside the adbutils wheel."""
+    import adbutils
+
+    return Path(adbutils.__file__).parent / "binaries" / "adb"
+
+
 @contextlib.contextmanager
 def running_adb_server(user_home: Path):
     """Start the real adb server on a free port (its keys in `user_home`, no mDNS), point this
     process's environment at it, and stop it afterwards, pass or fail. Yields (port, env)."""
-    import adbutils
-
-    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
+    adb = adb_server_binary()
     port = free_port()
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(user_home))
     started = subprocess.run([str(adb), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
@@ -150,9 +155,7 @@ def running_adb_server(user_home: Path):
 
 def stop_adb_server(port: int, env: dict) -> None:
     """`adb kill-server` on `port`, then SIGKILL whatever server process is still there."""
-    import adbutils
-
-    adb = Path(adbutils.__file__).parent / "binaries" / "adb"
+    adb = adb_server_binary()
     subprocess.run([str(adb), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30,
                    stdin=subprocess.DEVNULL)
     deadline = _time.monotonic() + 5

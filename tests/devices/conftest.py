@@ -15,9 +15,9 @@ import adbutils
 import pytest
 
 from devices.virtual import manager
-from tests.conftest import running_adb_server
+from tests.conftest import adb_server_binary, running_adb_server
 
-ADB = Path(adbutils.__file__).parent / "binaries" / "adb"
+ADB = adb_server_binary()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from devices.virtual import manager
+from devices.virtual.phone import Layout
 from tests.devices import sync_mutants as sm
 from tests.devices.conftest import start_phone
 from tests.fuzzing import fuzz
@@ -35,7 +36,7 @@ def test_the_daemon_answers_fail_or_closes_on_damaged_traffic(fuzz_phone, kind, 
 
     assert fuzz(one, examples) == {"accepted", "refused"}     # both sides reached: the fuzzer tests something
     # and no service raised on the way (a NUL in a path, a negative SEND mode did: answered now)
-    assert sm.service_exceptions(fuzz_phone.root / ".vphone" / "daemon.log") == []
+    assert sm.service_exceptions(Layout(fuzz_phone.root).daemon_log) == []
 
 
 def test_every_seed_is_served_whole(fuzz_phone):

@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from devices.virtual import manager, wire
+from devices.virtual.phone import Layout
 from engine.errors import BmoeError
 from harness.cli_virtual import virtual
 
@@ -642,7 +643,7 @@ def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
                       timeout_s=20)
     if not logged:
         lines = adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode().splitlines()
-        daemon_log = (phone.root / ".vphone" / "daemon.log")
+        daemon_log = Layout(phone.root).daemon_log
         tail = daemon_log.read_text(errors="replace").splitlines()[-15:] if daemon_log.exists() else []
         pytest.fail(f"no lmkd line for pid {pid}; lmkd/kernel lines: "
                     f"{[l for l in lines if 'lowmemorykiller' in l or 'Killed process' in l][-5:]}; daemon log: {tail}")
