@@ -25,12 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_io import raw_pass  # noqa: E402
+from bench_io import raw_pass
 
-from engine.io import drop_page_cache  # noqa: E402
-from engine.model import MIB, load_model_shape  # noqa: E402
-from engine.synth import synth_options, write_model  # noqa: E402
-from results.parse import read_metrics_csv  # noqa: E402
+from engine.io import drop_page_cache
+from engine.model import MIB, load_model_shape
+from engine.synth import synth_options, write_model
+from results.parse import read_metrics_csv
 
 
 def decode_read_batches(route_csv: str) -> list[tuple[int, list[int]]]:

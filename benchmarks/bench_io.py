@@ -32,10 +32,10 @@ from gguf import GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.cache import ExpertCache  # noqa: E402
-from engine.io import O_DIRECT, drop_page_cache, memory_filesystem, read_alignment_bytes  # noqa: E402
-from engine.model import ModelShape, load_model_shape  # noqa: E402
-from engine.stream import StreamingExpertSource  # noqa: E402
+from engine.cache import ExpertCache
+from engine.io import O_DIRECT, drop_page_cache, memory_filesystem, read_alignment_bytes
+from engine.model import ModelShape, load_model_shape
+from engine.stream import StreamingExpertSource
 
 MIB = 1 << 20
 ROWS, COLS = 1031, 1024  # F16: 2,111,488 B per expert (2.01 MiB), not a multiple of 4096

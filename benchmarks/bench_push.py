@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import AdbPhone, AdbServer, adb_binary  # noqa: E402
-from devices.virtual import manager  # noqa: E402
-from engine.synth import synth_options, write_model  # noqa: E402
-from engine.units import parse_bytes  # noqa: E402
+from devices.adb import AdbPhone, AdbServer, adb_binary
+from devices.virtual import manager
+from engine.synth import synth_options, write_model
+from engine.units import parse_bytes
 
 MIB = 1 << 20
 

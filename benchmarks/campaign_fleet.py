@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import adb_binary  # noqa: E402
+from devices.adb import adb_binary
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}

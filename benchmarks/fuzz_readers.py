@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.results.mutants import IMPORT_SEEDS, READERS, import_mutant, mutate, read_mutant  # noqa: E402
+from tests.results.mutants import IMPORT_SEEDS, READERS, import_mutant, mutate, read_mutant
 
 MAX_OPS = 3
 MORE = ("campaign-toml", "gguf-header", "adb-sync", "adb-wire")   # readers outside results/
@@ -130,7 +130,7 @@ def fuzz_reader(name: str, n: int, rng: random.Random, folder: Path,
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 outcome, _ = run()
-        except Exception as e:  # noqa: BLE001 - a crash is what this counts
+        except Exception as e:
             outcome = "crashed"
             if len(crashes) < 5:
                 path = folder / f"crash-{name}-{i}-{seed.name}"

@@ -24,8 +24,19 @@ from adbutils import AdbClient, AdbConnection, AdbDevice, AdbError, AdbTimeout
 from adbutils.errors import AdbConnectionError
 
 from devices.base import (
-    RANGE_ALIGN, CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceLost, DeviceState, OutputFn, PressureSample,
-    RunOutcome, parse_battery_temp_dc, parse_getprop, parse_meminfo_kb, parse_thermal_status,
+    RANGE_ALIGN,
+    CpuFreqPolicy,
+    DeviceError,
+    DeviceIdentity,
+    DeviceLost,
+    DeviceState,
+    OutputFn,
+    PressureSample,
+    RunOutcome,
+    parse_battery_temp_dc,
+    parse_getprop,
+    parse_meminfo_kb,
+    parse_thermal_status,
 )
 from devices.lmk import LmkEvent, parse_log
 from devices.local import file_sha256
@@ -88,7 +99,7 @@ class _Connection(AdbConnection):
             s.connect((self._AdbConnection__host, self._AdbConnection__port))  # set by AdbConnection
             s.settimeout(None)
             return s
-        except socket.timeout:
+        except TimeoutError:
             s.close()
             raise AdbTimeout("connect to adb server timeout") from None
         except OSError as e:

@@ -15,7 +15,6 @@ from devices.lmk import LmkEvent
 from engine.errors import BmoeError
 from engine.procfs import parse_kb_fields
 
-
 # read_range offsets are multiples of this: a phone reads them with dd's block skip (toybox dd
 # has no byte-granular skip), and a GGUF header is read in whole pieces of it anyway.
 RANGE_ALIGN = 64 * 1024

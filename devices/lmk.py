@@ -160,8 +160,6 @@ def kills_of(events: Iterable[LmkEvent], pids: Iterable[int] = (), names: Iterab
     name_list = [n for n in names if n]
     out = []
     for e in events:
-        if e.pid in pid_set:
-            out.append(e)
-        elif e.name and any(e.name.startswith(n[:15]) or n.startswith(e.name) for n in name_list):
+        if e.pid in pid_set or (e.name and any(e.name.startswith(n[:15]) or n.startswith(e.name) for n in name_list)):
             out.append(e)
     return out

@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 import psutil
 
 from devices.base import (
-    CpuFreqPolicy, DeviceError, DeviceIdentity, DeviceState, OutputFn, PressureSample, RunOutcome,
+    CpuFreqPolicy,
+    DeviceError,
+    DeviceIdentity,
+    DeviceState,
+    OutputFn,
+    PressureSample,
+    RunOutcome,
     parse_status_kb,
 )
 from devices.lmk import LmkEvent, parse_line

@@ -69,7 +69,7 @@ class CacheStats:
 
 
 class _Entry:
-    __slots__ = ("nbytes", "value", "speculative")
+    __slots__ = ("nbytes", "speculative", "value")
 
     def __init__(self, nbytes: int, value: Any, speculative: bool) -> None:
         self.nbytes = nbytes

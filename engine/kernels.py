@@ -466,7 +466,7 @@ def _load_jit() -> ModuleType:
         os.environ.pop("NUMBA_CACHE_DIR", None)
     else:
         os.environ["NUMBA_CACHE_DIR"] = cache
-    import numba  # noqa: F401  (reads NUMBA_CACHE_DIR)
+    import numba
 
     numba.config.CACHE_DIR = cache or ""
     if cache is None or _zip_container() is None:

@@ -13,10 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from .errors import ModelError
-from .safetext import one_line
 from .gguf_header import GGUFHeader, TensorInfo, read_header
+from .safetext import one_line
 
 MIB = 1 << 20
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.adb import DEFAULT_ADB_PORT, WORK_DIR as ADB_WORK_DIR, AdbServer
+from devices.adb import DEFAULT_ADB_PORT, AdbServer
+from devices.adb import WORK_DIR as ADB_WORK_DIR
 from devices.base import DeviceIdentity
 from engine.budget import CACHE_MIN_MB, IO_THREADS_MAX
 from engine.errors import BmoeError

@@ -15,7 +15,6 @@ import click
 from engine.errors import BmoeError
 from engine.safetext import printable
 
-
 MESSAGE_CHARS = 2000   # an error is one line or a few: never a file's worth of quoted bytes
 
 

@@ -115,7 +115,8 @@ def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, 
     """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
 
     Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
-    from results.compare import FAIL_EXIT_STATUS, compare_command as run
+    from results.compare import FAIL_EXIT_STATUS
+    from results.compare import compare_command as run
     from results.table import parse_model_files
 
     result = run(a, b, "json" if as_json else fmt, out, threshold_pct, engine_a, engine_b,

@@ -42,14 +42,29 @@ from typing import Any
 
 from engine.units import parse_number
 from harness.campaign import CampaignError, dumps_toml, safe_id
-from harness.plan import Cell, Plan, cell_id_of
 from harness.campaign_dir import (
-    DEVICE_FORMAT, FORMAT_VERSION, RUN_FORMAT, CampaignDir, atomic_write, latest_by_cell, locks_dir, write_json,
+    DEVICE_FORMAT,
+    FORMAT_VERSION,
+    RUN_FORMAT,
+    CampaignDir,
+    atomic_write,
+    latest_by_cell,
+    locks_dir,
+    write_json,
 )
+from harness.plan import Cell, Plan, cell_id_of
 from harness.runner import FileLock, holding, result_of
 from results.parse import (
-    ConsoleRun, RunFiles, config_from_log, config_from_name, discover, read_console, read_console_runs,
-    read_metrics_csv, read_sidecar, read_state,
+    ConsoleRun,
+    RunFiles,
+    config_from_log,
+    config_from_name,
+    discover,
+    read_console,
+    read_console_runs,
+    read_metrics_csv,
+    read_sidecar,
+    read_state,
 )
 from results.parse_config import MODEL_ALIASES
 from results.parse_discover import campaign_dirs, is_campaign_dir

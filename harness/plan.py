@@ -23,8 +23,18 @@ from typing import Any
 from engine.errors import ModelError
 from engine.model import ModelShape, load_model_shape
 from harness.campaign import (
-    THREADS_AUTO, THREADS_AUTO_MAX, Campaign, CampaignError, ModelSpec, budget_from_cycle, check_cell_bound,
-    cycle_factor, device_work_dir, is_knee, needs_force, remote_model_path,
+    THREADS_AUTO,
+    THREADS_AUTO_MAX,
+    Campaign,
+    CampaignError,
+    ModelSpec,
+    budget_from_cycle,
+    check_cell_bound,
+    cycle_factor,
+    device_work_dir,
+    is_knee,
+    needs_force,
+    remote_model_path,
 )
 from harness.flags import flag_argv, flags_label
 

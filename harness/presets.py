@@ -32,7 +32,14 @@ from typing import Any
 
 from engine.errors import BmoeError
 from harness.campaign import (
-    LOCAL, PYTHON_ENGINE, Campaign, CampaignError, campaign_from_options, default_adb_server, remote_model_path, safe_id,
+    LOCAL,
+    PYTHON_ENGINE,
+    Campaign,
+    CampaignError,
+    campaign_from_options,
+    default_adb_server,
+    remote_model_path,
+    safe_id,
 )
 from harness.defaults import SWEEP
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS

@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from devices.base import (
-    Device, DeviceError, DeviceLost, PressureSample, RunOutcome, pressure_metrics,
+    Device,
+    DeviceError,
+    DeviceLost,
+    PressureSample,
+    RunOutcome,
+    pressure_metrics,
 )
 from devices.lmk import LmkEvent, kills_of
 from engine import fsutil
@@ -47,18 +52,43 @@ from engine.model import split_paths
 from engine.safetext import printable
 from engine.units import parse_number
 from harness.campaign import (
-    Campaign, CampaignError, DeviceRef, ModelSpec, fleet_home, is_knee, load_campaign, remote_model_path,
-    resolve_devices, safe_id,
+    Campaign,
+    CampaignError,
+    DeviceRef,
+    ModelSpec,
+    fleet_home,
+    is_knee,
+    load_campaign,
+    remote_model_path,
+    resolve_devices,
+    safe_id,
 )
 from harness.campaign_dir import (
-    FORMAT_VERSION, INFRA, RUN_FORMAT, CampaignDir, RunnerError, atomic_write, is_done, latest_by_cell, ledger_line,
-    locks_dir, read_versioned_json, write_json,
+    FORMAT_VERSION,
+    INFRA,
+    RUN_FORMAT,
+    CampaignDir,
+    RunnerError,
+    atomic_write,
+    is_done,
+    latest_by_cell,
+    ledger_line,
+    locks_dir,
+    read_versioned_json,
+    write_json,
 )
 from harness.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
 from harness.device_models import DeviceModel, price_device_models
 from harness.gate import GateResult, cool, stop_strays
 from harness.plan import (
-    Cell, Plan, engine_path, load_shapes, make_plan, out_paths, resolve_knee, resolve_threads,
+    Cell,
+    Plan,
+    engine_path,
+    load_shapes,
+    make_plan,
+    out_paths,
+    resolve_knee,
+    resolve_threads,
 )
 from harness.probe import Knee, ProbeError, knee_of_trace
 from harness.progress import Progress

@@ -402,8 +402,15 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
 
 
 def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: Sequence[float]) -> Replay | None:
-    from results.replay import (ReplayError, access_sequence, default_budgets_mib, first_decode_hit_mib, knee_mib,
-                                lru_curve, stack_distances)
+    from results.replay import (
+        ReplayError,
+        access_sequence,
+        default_budgets_mib,
+        first_decode_hit_mib,
+        knee_mib,
+        lru_curve,
+        stack_distances,
+    )
     from results.route_trace import TraceError, read_route_trace
 
     candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == "ok")]

@@ -28,7 +28,14 @@ import numpy as np
 import pandas as pd
 
 from results.analyze import (
-    CELL_KEYS, NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, RESULT_OUTCOMES, cell_key, cv, differs,
+    CELL_KEYS,
+    NOISE_CV_FACTOR,
+    NOISE_DEFAULT,
+    NOISE_MIN,
+    RESULT_OUTCOMES,
+    cell_key,
+    cv,
+    differs,
 )
 from results.errors import ResultsError
 from results.numbers import json_safe

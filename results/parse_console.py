@@ -23,10 +23,11 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from dataclasses import dataclass, field, fields as dataclass_fields, is_dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, is_dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Mapping, Sequence
 
 from results.parse_config import config_from_command, config_from_tag
 from results.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number

@@ -20,17 +20,26 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
 from results.parse_text import (
-    MAX_NUMBER_CHARS, NUMBER_LIMIT, NumberError, ParseError, excerpt, located, one_line, parse_kv, read_lines,
-    to_number)
+    MAX_NUMBER_CHARS,
+    NUMBER_LIMIT,
+    NumberError,
+    ParseError,
+    excerpt,
+    located,
+    one_line,
+    parse_kv,
+    read_lines,
+    to_number,
+)
 from results.parse_values import bad_in_column, checked, note, problem
 
 HEADER_START = "step,"

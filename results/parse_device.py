@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from results.parse_console import ConsoleRun, read_console_runs
 from results.parse_csv import looks_like_metrics_csv
 from results.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from engine.errors import BmoeError
-from engine.safetext import excerpt, printable  # noqa: F401  (one escaping for every package; re-exported)
+from engine.safetext import excerpt, printable
 
 BOM = "\ufeff"
 # printf's %f spellings of a number, including the nan/inf a division by zero can print

@@ -755,7 +755,7 @@ def campaign_summaries(table) -> list[dict[str, Any]]:
     for label, mine in table.groupby("campaign", sort=True):
         starts = [x for x in mine["started_at"] if isinstance(x, (int, float)) and not math.isnan(x)]
         out.append({"label": str(label), "imported": bool(mine["imported"].any()),
-                    "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": int(len(mine)),
+                    "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": len(mine),
                     "first_run": _iso(min(starts)) if starts else None,
                     "last_run": _iso(max(starts)) if starts else None,
                     "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())}})

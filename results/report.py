@@ -38,7 +38,17 @@ from results.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay, analyz
 from results.errors import ResultsError
 from results.numbers import is_missing
 from results.pages import (
-    CampaignRow, Chart, DeviceCard, DevicePage, GroupView, IndexPage, Link, ModelPage, PointRow, RecRow, RunPage,
+    CampaignRow,
+    Chart,
+    DeviceCard,
+    DevicePage,
+    GroupView,
+    IndexPage,
+    Link,
+    ModelPage,
+    PointRow,
+    RecRow,
+    RunPage,
 )
 from results.publish import Redactor
 from results.recommend import Recommendation, Recommendations, recommendations_for

@@ -148,7 +148,7 @@ def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: Mapping[s
         # the engine prints one decimal; the plan priced the same quantity to three
         planned = to_float(config.get("cycle_mb"))
         return (planned if not math.isnan(planned) and abs(planned - v) <= 0.051 else v), "csv"
-    if shape is not None and not math.isnan(k) and 1 <= k:
+    if shape is not None and not math.isnan(k) and k >= 1:
         return round(shape.cycle_mib(min(int(k), shape.n_expert)), 3), "gguf"
     v = to_float(config.get("cycle_mb"))
     if not math.isnan(v) and v > 0:

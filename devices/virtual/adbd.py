@@ -20,15 +20,15 @@ import asyncio
 import logging
 import os
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional
 
 from . import wire
 
 log = logging.getLogger("bmoe.vphone.adbd")
 
 Service = Callable[["Stream"], Awaitable[None]]
-Router = Callable[[str, "Connection"], Optional[Service]]
+Router = Callable[[str, "Connection"], Service | None]
 
 FEATURES = ("shell_v2", "cmd", "stat_v2", "ls_v2", "fixed_push_mkdir")
 MAX_QUEUED_WRITES = 16  # a peer that ignores flow control this badly is dropped
@@ -58,7 +58,7 @@ class Stream:
     """One OPENed service: payloads in (with OKAY sent when the service takes them), writes out
     chunked at the connection's max payload, each waiting for the peer's OKAY."""
 
-    def __init__(self, conn: "Connection", local_id: int, remote_id: int, service_name: str):
+    def __init__(self, conn: Connection, local_id: int, remote_id: int, service_name: str):
         self.conn = conn
         self.local_id = local_id
         self.remote_id = remote_id
@@ -69,7 +69,7 @@ class Stream:
         self._can_send = asyncio.Event()
         self._can_send.set()
         self._write_lock = asyncio.Lock()  # a multi-chunk write must not interleave with another
-        self.task: Optional[asyncio.Task] = None
+        self.task: asyncio.Task | None = None
 
     # -- incoming ---------------------------------------------------------------------------
     def _feed(self, payload: bytes) -> None:
@@ -121,7 +121,7 @@ class Stream:
 
 
 class Connection:
-    def __init__(self, daemon: "Daemon", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, daemon: Daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.daemon = daemon
         self.reader = reader
         self.writer = writer
@@ -131,7 +131,7 @@ class Connection:
         self.peer_banner = ""
         self.streams: dict[int, Stream] = {}
         self._next_id = 1
-        self.task: Optional[asyncio.Task] = None
+        self.task: asyncio.Task | None = None
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
@@ -269,7 +269,7 @@ class Connection:
                     self.send(wire.A_CLSE, stream.local_id, stream.remote_id)
 
 
-def peer_uid(peer_port: int, our_port: int) -> Optional[int]:
+def peer_uid(peer_port: int, our_port: int) -> int | None:
     """The uid owning the loopback client socket 127.0.0.1:peer_port -> :our_port (/proc/net/tcp),
     None when it cannot be told."""
     try:
@@ -295,7 +295,7 @@ class Daemon:
         self.port = port
         self.connections: set[Connection] = set()
         self.allowed_uids = {0, os.getuid()}
-        self._server: Optional[asyncio.base_events.Server] = None
+        self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._accept, self.host, self.port)

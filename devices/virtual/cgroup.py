@@ -21,7 +21,6 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 PREFIX = "bmoe-vphone-"
 
@@ -75,7 +74,7 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
     return out
 
 
-def _own_path(controller: Optional[str]) -> str:
+def _own_path(controller: str | None) -> str:
     """Our cgroup path in the v1 hierarchy holding `controller` (None: the v2 hierarchy)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _hid, controllers, path = line.split(":", 2)
@@ -104,14 +103,14 @@ def _keyed(path: Path) -> dict[str, int]:
 
 
 class MemoryCgroup:
-    def __init__(self, version: int, path: Path, cpu_path: Optional[Path]):
+    def __init__(self, version: int, path: Path, cpu_path: Path | None):
         self.version = version
         self.path = path
         self.cpu_path = cpu_path
 
     # -- creation ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, root: os.PathLike | str, ram_bytes: int) -> "MemoryCgroup":
+    def create(cls, name: str, root: os.PathLike | str, ram_bytes: int) -> MemoryCgroup:
         leaf = leaf_name(name, root)
         mounts = _mounts()
         v1_memory = next((m for m in mounts if m[1] == "cgroup" and "memory" in m[2]), None)
@@ -130,7 +129,7 @@ class MemoryCgroup:
             raise CgroupUnavailable(f"memory cgroup not usable: {e}") from None
 
     @classmethod
-    def _create_v1(cls, mount: str, leaf: str, mounts) -> "MemoryCgroup":
+    def _create_v1(cls, mount: str, leaf: str, mounts) -> MemoryCgroup:
         path = Path(mount + _own_path("memory").rstrip("/"), leaf)
         path.mkdir(exist_ok=True)
         cpu_path = None
@@ -144,7 +143,7 @@ class MemoryCgroup:
         return cls(1, path, cpu_path)
 
     @classmethod
-    def _create_v2(cls, mount: Path, leaf: str) -> "MemoryCgroup":
+    def _create_v2(cls, mount: Path, leaf: str) -> MemoryCgroup:
         own = Path(str(mount) + _own_path(None).rstrip("/"))
         for parent in (own, mount):
             enabled = Path(parent, "cgroup.subtree_control").read_text().split()
@@ -200,7 +199,7 @@ class MemoryCgroup:
             return _keyed(self.path / "memory.oom_control").get("oom_kill", 0)
         return _keyed(self.path / "memory.events").get("oom_kill", 0)
 
-    def cpu_usage_ns(self) -> Optional[int]:
+    def cpu_usage_ns(self) -> int | None:
         try:
             if self.version == 1:
                 return _read_int(self.cpu_path / "cpuacct.usage") if self.cpu_path else None

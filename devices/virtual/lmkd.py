@@ -24,9 +24,9 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from . import logbuf
 from .meminfo import MemInfo
@@ -63,7 +63,7 @@ class Kill:
     source: str  # "kmsg", "cgroup" or "watchdog"
 
 
-def sample(pid: int, now: float) -> Optional[ProcSample]:
+def sample(pid: int, now: float) -> ProcSample | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
@@ -98,7 +98,7 @@ class KernelLog:
     """New /dev/kmsg records, non-blocking; unavailable (not root) means None from open()."""
 
     def __init__(self) -> None:
-        self.fd: Optional[int] = None
+        self.fd: int | None = None
         try:
             self.fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             os.lseek(self.fd, 0, os.SEEK_END)
@@ -130,7 +130,7 @@ class KernelLog:
 
 class Lmkd:
     def __init__(self, root: Path, android_release: int, ram_bytes: int,
-                 pids: Callable[[], list[int]], oom_kills: Optional[Callable[[], int]],
+                 pids: Callable[[], list[int]], oom_kills: Callable[[], int] | None,
                  meminfo: Callable[[], MemInfo], memcg_leaf: str = ""):
         self.root = Path(root)
         self.memcg_leaf = memcg_leaf

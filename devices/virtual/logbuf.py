@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
 
 BUFFERS = ("main", "system", "radio", "events", "crash", "kernel")
 DEFAULT_BUFFERS = ("main", "system", "crash")
@@ -37,7 +37,7 @@ def buffer_path(root: Path, buffer: str) -> Path:
 
 
 def append(root: Path, buffer: str, tag: str, message: str, priority: str = "I",
-           pid: Optional[int] = None, tid: Optional[int] = None, time_s: Optional[float] = None) -> None:
+           pid: int | None = None, tid: int | None = None, time_s: float | None = None) -> None:
     """One write(2) per entry on an O_APPEND file: concurrent writers never interleave lines."""
     pid = os.getpid() if pid is None else pid
     line = json.dumps([time.time() if time_s is None else time_s, pid, pid if tid is None else tid,
@@ -57,7 +57,7 @@ def clear(root: Path, buffers: Iterable[str]) -> None:
             os.truncate(path, 0)
 
 
-def _parse(line: str, buffer: str) -> Optional[Entry]:
+def _parse(line: str, buffer: str) -> Entry | None:
     try:
         t, pid, tid, prio, tag, msg = json.loads(line)
         return Entry(float(t), int(pid), int(tid), str(prio), str(tag), str(msg), buffer)
@@ -65,7 +65,7 @@ def _parse(line: str, buffer: str) -> Optional[Entry]:
         return None
 
 
-def read(root: Path, buffers: Iterable[str], offsets: Optional[dict[str, int]] = None) -> list[Entry]:
+def read(root: Path, buffers: Iterable[str], offsets: dict[str, int] | None = None) -> list[Entry]:
     """Entries of the buffers merged by time; `offsets` (per buffer byte offsets) is advanced so
     a follower reads only what is new."""
     entries: list[Entry] = []

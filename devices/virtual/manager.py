@@ -23,7 +23,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from engine.errors import BmoeError
 
@@ -44,17 +43,17 @@ class PhoneInfo:
     name: str
     root: Path
     running: bool
-    pid: Optional[int]
-    port: Optional[int]
-    serial: Optional[str]
+    pid: int | None
+    port: int | None
+    serial: str | None
     ram_bytes: int
     model: str
     soc: str
     android: int
     namespace: bool
-    cgroup_path: Optional[str]
+    cgroup_path: str | None
     warnings: tuple[str, ...]
-    mount_namespace: Optional[str] = None   # e.g. "mnt:[4026532179]", what /proc/PID/ns/mnt of its processes reads
+    mount_namespace: str | None = None   # e.g. "mnt:[4026532179]", what /proc/PID/ns/mnt of its processes reads
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
@@ -63,11 +62,11 @@ class PhoneInfo:
         return d
 
 
-def _home(home: Optional[os.PathLike | str]) -> Path:
+def _home(home: os.PathLike | str | None) -> Path:
     return Path(home) if home is not None else default_home()
 
 
-def _is_daemon(pid: Optional[int]) -> bool:
+def _is_daemon(pid: int | None) -> bool:
     if not pid:
         return False
     try:
@@ -77,14 +76,14 @@ def _is_daemon(pid: Optional[int]) -> bool:
     return b"devices.virtual.run" in cmdline
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def info(name: str, home: Optional[os.PathLike | str] = None) -> PhoneInfo:
+def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
     root = _home(home) / name
     spec_data = _read_json(root / INTERNAL / "spec.json")
     if spec_data is None:
@@ -101,19 +100,19 @@ def info(name: str, home: Optional[os.PathLike | str] = None) -> PhoneInfo:
                      mount_namespace=state.get("mount_namespace") if running else None)
 
 
-def list_phones(home: Optional[os.PathLike | str] = None) -> builtins.list[PhoneInfo]:
+def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInfo]:
     base = _home(home)
     if not base.is_dir():
         return []
     return [info(d.name, base) for d in sorted(base.iterdir()) if (d / INTERNAL / "spec.json").is_file()]
 
 
-def _adb(adb_host: Optional[str], adb_port: Optional[int]):
+def _adb(adb_host: str | None, adb_port: int | None):
     import adbutils  # a heavy import, only for up/down
     return adbutils.AdbClient(host=adb_host, port=adb_port, socket_timeout=10)
 
 
-def _server_listening(adb_host: Optional[str], adb_port: Optional[int]) -> bool:
+def _server_listening(adb_host: str | None, adb_port: int | None) -> bool:
     """Is an adb server there? (adbutils would start one just to be told to disconnect.)"""
     host = adb_host or os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
     port = adb_port or int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
@@ -125,9 +124,9 @@ def _server_listening(adb_host: Optional[str], adb_port: Optional[int]) -> bool:
 
 
 def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", android: int = 14,
-       port: Optional[int] = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
-       home: Optional[os.PathLike | str] = None, adb_host: Optional[str] = None,
-       adb_port: Optional[int] = None, timeout_s: float = 20.0, isolated: bool = True,
+       port: int | None = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
+       home: os.PathLike | str | None = None, adb_host: str | None = None,
+       adb_port: int | None = None, timeout_s: float = 20.0, isolated: bool = True,
        record_commands: bool = False) -> str:
     """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
 
@@ -180,7 +179,7 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     return serial
 
 
-def recorded_commands(name: str, home: Optional[os.PathLike | str] = None) -> builtins.list[str]:
+def recorded_commands(name: str, home: os.PathLike | str | None = None) -> builtins.list[str]:
     """The command lines a phone started with record_commands=True was sent, in order (an
     interactive shell is the empty string)."""
     path = _home(home) / name / INTERNAL / "commands.jsonl"
@@ -206,7 +205,7 @@ def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:
     raise VirtualPhoneError("virtual phone daemon did not start: " + (" | ".join(tail) or "no output"))
 
 
-def _connect(serial: str, adb_host: Optional[str], adb_port: Optional[int], timeout_s: float) -> None:
+def _connect(serial: str, adb_host: str | None, adb_port: int | None, timeout_s: float) -> None:
     client = _adb(adb_host, adb_port)
     answer = client.connect(serial, timeout=timeout_s)
     if "connected to" not in answer:
@@ -221,9 +220,9 @@ def _connect(serial: str, adb_host: Optional[str], adb_port: Optional[int], time
     raise VirtualPhoneError(f"{serial} stayed {state!r}")
 
 
-def down(name: Optional[str] = None, *, all_phones: bool = False, purge: bool = False,
-         home: Optional[os.PathLike | str] = None, adb_host: Optional[str] = None,
-         adb_port: Optional[int] = None) -> builtins.list[str]:
+def down(name: str | None = None, *, all_phones: bool = False, purge: bool = False,
+         home: os.PathLike | str | None = None, adb_host: str | None = None,
+         adb_port: int | None = None) -> builtins.list[str]:
     """Stop NAME (or every phone with all_phones=True); returns the names stopped."""
     if (name is None) == (not all_phones):
         raise VirtualPhoneError("give either a phone's name or --all" if name is None else
@@ -261,4 +260,4 @@ def _stop(root: Path, state: dict) -> None:
     (root / INTERNAL / "state.json").unlink(missing_ok=True)
 
 
-list = list_phones  # noqa: A001  (the brief's name; module code uses builtins.list)
+list = list_phones

@@ -80,7 +80,7 @@ class HostPaths:
     links: tuple[tuple[str, str], ...]      # (path, target)
 
     @classmethod
-    def for_engines(cls, python: str = sys.executable) -> "HostPaths":
+    def for_engines(cls, python: str = sys.executable) -> HostPaths:
         """The C runtime and the interpreter that runs bmoe-py (and the phone's own tools)."""
         dirs: list[str] = []
         links: list[tuple[str, str]] = []

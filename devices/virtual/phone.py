@@ -30,9 +30,9 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from engine.fsutil import atomic_write, replacing
 
@@ -65,19 +65,7 @@ SHELL_GROUPS = tuple(ANDROID_IDS[g] for g in ("input", "log", "adb", "sdcard_rw"
 # The applets Android links to toybox in /system/bin (external/toybox Android.bp `symlinks`, plus
 # grep/egrep/fgrep, which newer releases also take from toybox). A phone gets those that this
 # host's toybox build has.
-ANDROID_TOYBOX_APPLETS = frozenset("""
-acpi base64 basename bc blockdev cal cat chcon chgrp chmod chown chroot chrt cksum clear comm cmp cp
-cpio cut date dd devmem df diff dirname dmesg dos2unix du echo egrep env expand expr fallocate false
-fgrep file find flock fmt free fsync getconf getenforce grep groups gunzip gzip head hostname hwclock
-i2cdetect i2cdump i2cget i2cset iconv id ifconfig inotifyd insmod install ionice iorenice kill
-killall load_policy ln log logname losetup ls lsmod lsof lspci lsusb md5sum mkdir mkfifo mknod mkswap
-mktemp microcom modinfo modprobe more mount mountpoint mv nc netcat netstat nice nl nohup nproc
-nsenter od paste patch pgrep pidof pkill pmap printenv printf ps pwd readlink realpath renice
-restorecon rm rmdir rmmod runcon sed sendevent seq setenforce setprop setsid sha1sum sha224sum
-sha256sum sha384sum sha512sum sleep sort split start stat stop strings stty swapoff swapon sync sysctl
-tac tail tar taskset tee time timeout top touch tr true truncate tty ulimit umount uname uniq unix2dos
-unlink unshare uptime usleep uudecode uuencode uuidgen vmstat watch wc which whoami xargs xxd yes zcat
-""".split())
+ANDROID_TOYBOX_APPLETS = frozenset(["acpi", "base64", "basename", "bc", "blockdev", "cal", "cat", "chcon", "chgrp", "chmod", "chown", "chroot", "chrt", "cksum", "clear", "comm", "cmp", "cp", "cpio", "cut", "date", "dd", "devmem", "df", "diff", "dirname", "dmesg", "dos2unix", "du", "echo", "egrep", "env", "expand", "expr", "fallocate", "false", "fgrep", "file", "find", "flock", "fmt", "free", "fsync", "getconf", "getenforce", "grep", "groups", "gunzip", "gzip", "head", "hostname", "hwclock", "i2cdetect", "i2cdump", "i2cget", "i2cset", "iconv", "id", "ifconfig", "inotifyd", "insmod", "install", "ionice", "iorenice", "kill", "killall", "load_policy", "ln", "log", "logname", "losetup", "ls", "lsmod", "lsof", "lspci", "lsusb", "md5sum", "mkdir", "mkfifo", "mknod", "mkswap", "mktemp", "microcom", "modinfo", "modprobe", "more", "mount", "mountpoint", "mv", "nc", "netcat", "netstat", "nice", "nl", "nohup", "nproc", "nsenter", "od", "paste", "patch", "pgrep", "pidof", "pkill", "pmap", "printenv", "printf", "ps", "pwd", "readlink", "realpath", "renice", "restorecon", "rm", "rmdir", "rmmod", "runcon", "sed", "sendevent", "seq", "setenforce", "setprop", "setsid", "sha1sum", "sha224sum", "sha256sum", "sha384sum", "sha512sum", "sleep", "sort", "split", "start", "stat", "stop", "strings", "stty", "swapoff", "swapon", "sync", "sysctl", "tac", "tail", "tar", "taskset", "tee", "time", "timeout", "top", "touch", "tr", "true", "truncate", "tty", "ulimit", "umount", "uname", "uniq", "unix2dos", "unlink", "unshare", "uptime", "usleep", "uudecode", "uuencode", "uuidgen", "vmstat", "watch", "wc", "which", "whoami", "xargs", "xxd", "yes", "zcat"])
 
 
 class UserlandMissing(Exception):
@@ -132,7 +120,7 @@ class PhoneSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "PhoneSpec":
+    def from_json(cls, data: dict) -> PhoneSpec:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
@@ -298,14 +286,14 @@ def install_tools(layout: Layout, in_namespace: bool) -> None:
 class VirtualPhone:
     """The running phone inside its daemon: spawns commands, keeps its generated files fresh."""
 
-    def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup],
-                 namespace_fd: Optional[int]):
+    def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None,
+                 namespace_fd: int | None):
         self.spec = spec
         self.layout = layout
         self.cgroup = cgroup
         self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
         self.thermal = thermal.ThermalModel(spec.soc, spec.ambient_c)
-        self._last_cpu_ns: Optional[int] = None
+        self._last_cpu_ns: int | None = None
         self._last_tick = time.monotonic()
         self._proc_cpu: dict[int, float] = {}
 
@@ -317,7 +305,7 @@ class VirtualPhone:
     def shell_path(self) -> str:
         return "/system/bin/sh" if self.in_namespace else str(self.layout.system_bin / "sh")
 
-    def argv(self, command: Optional[str]) -> list[str]:
+    def argv(self, command: str | None) -> list[str]:
         """adbd's exec: `sh -c CMD`, or a login shell (argv[0] `-/system/bin/sh`) for none."""
         sh = self.shell_path()
         return [sh, "-c", command] if command is not None else ["-" + sh]
@@ -363,13 +351,13 @@ class VirtualPhone:
                     os.setgroups(list(SHELL_GROUPS))
                     os.setresgid(SHELL_GID, SHELL_GID, SHELL_GID)
                     os.setresuid(SHELL_UID, SHELL_UID, SHELL_UID)
-            except BaseException as e:  # noqa: BLE001 - the child must exit, never return to asyncio
+            except BaseException as e:
                 os.write(2, f"vphone: cannot {step}: {e}\n".encode())
                 os._exit(125)
 
         return setup
 
-    async def spawn(self, command: Optional[str], *, pty_slave: Optional[int], merge_stderr: bool,
+    async def spawn(self, command: str | None, *, pty_slave: int | None, merge_stderr: bool,
                     term: str) -> asyncio.subprocess.Process:
         self.refresh_meminfo()  # a command reading /proc/meminfo first thing sees the present
         if pty_slave is not None:

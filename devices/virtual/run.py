@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from engine.fsutil import atomic_write
 
@@ -36,7 +35,7 @@ TICK_S = 1.0
 def make_router(phone: VirtualPhone):
     sync_root = syncsvc.root_handle(phone.layout.root)
 
-    def route(name: str, conn: Connection) -> Optional[Service]:
+    def route(name: str, conn: Connection) -> Service | None:
         request = shellsvc.parse_service(name)
         if request is not None:
             if phone.spec.record_commands:
@@ -57,7 +56,7 @@ def make_router(phone: VirtualPhone):
     return route
 
 
-def _record(path: Path, service: str, command: Optional[str]) -> None:
+def _record(path: Path, service: str, command: str | None) -> None:
     """One JSON line per command, one write(2) on an O_APPEND file (streams open concurrently)."""
     line = json.dumps({"t": time.time(), "service": service, "command": command}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -72,7 +71,7 @@ def _warn_once(warnings: list[str], text: str) -> None:
     print(f"vphone: {text}", file=sys.stderr, flush=True)
 
 
-def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[Optional[MemoryCgroup], Optional[int]]:
+def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryCgroup | None, int | None]:
     """The memory cgroup and the phone's mount namespace (a file descriptor of it), each None
     where unavailable (said once on stderr)."""
     cgroup = None
@@ -97,7 +96,7 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[Optiona
     return cgroup, ns_fd
 
 
-async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup], ns_fd: Optional[int],
+async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns_fd: int | None,
                 port: int, warnings: list[str]) -> None:
     phone = VirtualPhone(spec, layout, cgroup, ns_fd)
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
@@ -148,7 +147,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: Optional[MemoryCgroup],
             cgroup.remove()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="devices.virtual.run")
     p.add_argument("--root", required=True, help="the phone's folder (holds .vphone/spec.json)")
     p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")

@@ -18,7 +18,7 @@ import signal
 import struct
 import termios
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Protocol
 
 from .adbd import Stream, StreamClosed
 
@@ -32,13 +32,13 @@ KILL_GRACE_S = 1.0
 
 @dataclass(frozen=True)
 class ShellRequest:
-    command: Optional[str]  # None: interactive shell
+    command: str | None  # None: interactive shell
     protocol_v2: bool
     pty: bool
     term: str = "dumb"
 
 
-def parse_service(name: str) -> Optional[ShellRequest]:
+def parse_service(name: str) -> ShellRequest | None:
     if name.startswith("exec:"):
         return ShellRequest(command=name[5:], protocol_v2=False, pty=False)
     if not name.startswith("shell") or ":" not in name:
@@ -67,7 +67,7 @@ def shell_packet(packet_id: int, data: bytes) -> bytes:
 
 
 class Launcher(Protocol):
-    async def spawn(self, command: Optional[str], *, pty_slave: Optional[int], merge_stderr: bool,
+    async def spawn(self, command: str | None, *, pty_slave: int | None, merge_stderr: bool,
                     term: str) -> asyncio.subprocess.Process: ...
 
 
@@ -113,7 +113,7 @@ def _kill_tree(proc: asyncio.subprocess.Process) -> None:
     async def reap() -> None:
         try:
             await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -149,7 +149,7 @@ async def serve_shell(stream: Stream, request: ShellRequest, launcher: Launcher)
 
 
 async def _run(stream: Stream, request: ShellRequest, proc: asyncio.subprocess.Process,
-               master: Optional[int]) -> None:
+               master: int | None) -> None:
     v2 = request.protocol_v2
 
     async def pump(reader, packet_id: int) -> None:
@@ -172,7 +172,7 @@ async def _run(stream: Stream, request: ShellRequest, proc: asyncio.subprocess.P
         stdin_task.cancel()
 
 
-async def _feed_stdin(stream: Stream, proc: asyncio.subprocess.Process, master: Optional[int],
+async def _feed_stdin(stream: Stream, proc: asyncio.subprocess.Process, master: int | None,
                       v2: bool) -> None:
     pending = bytearray()
     stdin_open = True

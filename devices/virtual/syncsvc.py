@@ -25,7 +25,6 @@ import os
 import stat as statmod
 import struct
 from pathlib import Path
-from typing import Optional
 
 from .adbd import Stream
 
@@ -85,7 +84,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 
 @contextlib.contextmanager
-def filesystem_user(uid: Optional[int], gid: Optional[int]):
+def filesystem_user(uid: int | None, gid: int | None):
     """File access as `uid`/`gid` (setfsuid: this thread only, and root's file capabilities drop
     while it lasts), the way adbd (running as shell) touches files; None: as the daemon."""
     if uid is None:
@@ -142,7 +141,7 @@ class SyncSession:
     """One sync: stream. `as_user` (uid, gid): every file is touched as that user (the phone's
     shell, as adbd does on a user build); None: as the daemon (the fallback without a namespace)."""
 
-    def __init__(self, stream: Stream, root: Path, as_user: Optional[tuple[int, int]] = None):
+    def __init__(self, stream: Stream, root: Path, as_user: tuple[int, int] | None = None):
         self.stream = stream
         self.root = Path(root)
         self.inp = _Input(stream)
@@ -355,5 +354,5 @@ def root_handle(root: Path) -> Path:
     return Path(f"/proc/self/fd/{fd}")
 
 
-async def serve_sync(stream: Stream, root: Path, as_user: Optional[tuple[int, int]] = None) -> None:
+async def serve_sync(stream: Stream, root: Path, as_user: tuple[int, int] | None = None) -> None:
     await SyncSession(stream, root, as_user).run()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import logbuf  # noqa: E402  (standalone sibling, loaded by path)
-import thermal  # noqa: E402
+import logbuf
+import thermal
 
 BUILD_PROP = Path("system/build.prop")
 

@@ -310,7 +310,7 @@ def _closed_by_peer(s: socket.socket) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

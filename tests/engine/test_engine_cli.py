@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from gguf import GGUFWriter
 import pytest
+from gguf import GGUFWriter
 
 from engine.config import parse_args
 from engine.session import Session, SessionError

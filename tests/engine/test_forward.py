@@ -15,11 +15,20 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 
+from engine.errors import ModelError
 from engine.experts import ResidentExpertSource, dequantize_expert
 from engine.forward import (
-    FA_TILE_Q, ForwardError, Hparams, Model, Sampler, attend, attention_mask, mul_mat, rope_cos_sin, swiglu_oai,
+    FA_TILE_Q,
+    ForwardError,
+    Hparams,
+    Model,
+    Sampler,
+    attend,
+    attention_mask,
+    mul_mat,
+    rope_cos_sin,
+    swiglu_oai,
 )
-from engine.errors import ModelError
 from engine.gguf_header import TensorInfo
 from engine.model import ExpertLayer, load_model_shape
 from engine.tokenizer import load_tokenizer

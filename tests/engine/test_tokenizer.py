@@ -8,8 +8,15 @@ import pytest
 
 from engine.model import load_model_shape
 from engine.tokenizer import (
-    TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER_DEFINED,
-    SpmTokenizer, TokenizerError, eog_ids_from_metadata, load_tokenizer,
+    TYPE_BYTE,
+    TYPE_CONTROL,
+    TYPE_NORMAL,
+    TYPE_UNKNOWN,
+    TYPE_USER_DEFINED,
+    SpmTokenizer,
+    TokenizerError,
+    eog_ids_from_metadata,
+    load_tokenizer,
 )
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "host-v2-0.19.0"

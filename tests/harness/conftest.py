@@ -15,7 +15,6 @@ from engine.synth import synth_options, write_model
 from tests.conftest import running_adb_server
 
 
-
 @pytest.fixture(scope="session")
 def harness_models(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("harness-models")

@@ -10,8 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from harness.campaign import (
-    Campaign, CampaignError, budget_from_cycle, campaign_from_options, dumps_toml, load_campaign, needs_force,
-    parse_cache_value, parse_campaign,
+    Campaign,
+    CampaignError,
+    budget_from_cycle,
+    campaign_from_options,
+    dumps_toml,
+    load_campaign,
+    needs_force,
+    parse_cache_value,
+    parse_campaign,
 )
 from harness.cli_campaign import COMMANDS
 

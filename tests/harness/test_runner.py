@@ -76,7 +76,7 @@ def test_a_local_campaign_writes_the_directory_format(tmp_path, tiny_model, monk
     records = runs(out)
     assert len(records) == 4 and len(ledger(out)) == 4
     for key, rec in records.items():
-        assert RUN_KEYS <= set(rec), RUN_KEYS - set(rec)
+        assert set(rec) >= RUN_KEYS, RUN_KEYS - set(rec)
         assert rec["format"] == "bmoe-fleet.run" and rec["version"] == 1 and key == f"{rec['cell_id']}/1"
         assert rec["engine"]["kind"] == "python" and rec["engine"]["version"] == "bmoe-py 0.1.0"
         # the plan's "-t <auto>" is the cores this host has, at most 4, resolved right before the run

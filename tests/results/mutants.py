@@ -196,8 +196,8 @@ def _check_trace(trace) -> None:
     assert all(0 <= il < trace.n_layer and b > 0 for il, b in trace.expert_bytes_by_layer.items())
     r = trace.rows
     if len(r):
-        assert 0 <= r.layer.min() and r.layer.max() < trace.n_layer
-        assert 0 <= r.expert.min() and r.expert.max() < trace.n_expert
+        assert r.layer.min() >= 0 and r.layer.max() < trace.n_layer
+        assert r.expert.min() >= 0 and r.expert.max() < trace.n_expert
 
 
 def _replay(path: Path):

@@ -10,7 +10,7 @@ import json
 
 from click.testing import CliRunner
 
-from results.compare import FAIL_EXIT_STATUS, comparison_rows, compare
+from results.compare import FAIL_EXIT_STATUS, compare, comparison_rows
 
 
 def md_table(text: str) -> list[list[str]]:

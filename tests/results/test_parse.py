@@ -19,9 +19,23 @@ import pytest
 
 from engine.errors import BmoeError
 from results.parse import (
-    ConsoleRun, ParseError, config_from_command, config_from_log, config_from_name, discover, entry_exit,
-    parse_console, read_console, read_console_runs, read_driver_log, read_metrics_csv, read_sidecar, read_state,
-    run_stem, split_runs)
+    ConsoleRun,
+    ParseError,
+    config_from_command,
+    config_from_log,
+    config_from_name,
+    discover,
+    entry_exit,
+    parse_console,
+    read_console,
+    read_console_runs,
+    read_driver_log,
+    read_metrics_csv,
+    read_sidecar,
+    read_state,
+    run_stem,
+    split_runs,
+)
 
 UPSTREAM = Path(__file__).parent.parent / "fixtures" / "upstream"
 SIDECAR_KEYS = {"peak_rss_kb", "mem_avail_before_kb", "mem_avail_floor_kb", "mem_avail_after_kb",

@@ -17,7 +17,13 @@ from click.testing import CliRunner
 from harness.campaign import load_campaign
 from harness.runner import DeviceSession
 from results.recommend import (
-    CACHE_MIN_MB, FORMAT, FORMAT_VERSION, flag_value, recommend, rule_ceiling, settings_of,
+    CACHE_MIN_MB,
+    FORMAT,
+    FORMAT_VERSION,
+    flag_value,
+    recommend,
+    rule_ceiling,
+    settings_of,
 )
 from results.rundir import read_campaigns
 
