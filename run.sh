@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything bmoe-fleet needs (a virtualenv in .venv) and run one of:
 #   ./run.sh demo   the main job on the embedded default (see README)
-#   ./run.sh test   the whole test suite
+#   ./run.sh test   lint (ruff, mypy), then the whole test suite; extra arguments go to pytest
+#   ./run.sh lint   ruff and mypy only
 # Works on a fresh Debian machine with Python >= 3.11; as root it installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -41,8 +42,35 @@ setup() {
     fi
 }
 
+# Each step runs even when one before it failed, so one run reports everything; the last line
+# names the steps that failed. Exit status: pytest's own when it failed, else 1 when lint failed.
+failed=()
+lint() {
+    echo "run.sh: ruff check ." >&2
+    "$VENV/bin/ruff" check . || failed+=("ruff check")
+    echo "run.sh: mypy" >&2
+    "$VENV/bin/mypy" || failed+=(mypy)
+}
+
+verdict() {
+    local pytest_status="${1:-0}"
+    if [ ${#failed[@]} -gt 0 ]; then
+        echo "run.sh: FAILED: ${failed[*]}" >&2
+        [ "$pytest_status" -ne 0 ] && exit "$pytest_status"
+        exit 1
+    fi
+    echo "run.sh: all steps passed" >&2
+}
+
 case "${1:-}" in
     demo) setup demo; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
-    test) setup test; shift; exec "$VENV/bin/python" -m pytest -q "$@" ;;
-    *) echo "usage: ./run.sh demo|test [args...]" >&2; exit 2 ;;
+    test)
+        setup test; shift
+        lint
+        echo "run.sh: pytest" >&2
+        status=0
+        "$VENV/bin/python" -m pytest -q "$@" || { status=$?; failed+=(pytest); }
+        verdict "$status" ;;
+    lint) setup test; lint; verdict ;;
+    *) echo "usage: ./run.sh demo|test|lint [args...]" >&2; exit 2 ;;
 esac

@@ -33,8 +33,9 @@ from gguf import GGUFWriter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.cache import ExpertCache
-from engine.io import O_DIRECT, drop_page_cache, memory_filesystem, read_alignment_bytes
+from engine.io import O_DIRECT, memory_filesystem, read_alignment_bytes
 from engine.model import ModelShape, load_model_shape
+from engine.pagecache import drop_page_cache
 from engine.stream import StreamingExpertSource
 
 MIB = 1 << 20

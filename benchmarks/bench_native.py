@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from devices.adb import adb_binary  # noqa: E402
 from devices.virtual import manager  # noqa: E402
-from harness.campaign import parse_campaign  # noqa: E402
+from harness.campaign_file import parse_campaign  # noqa: E402
 from harness.runner import run_campaign  # noqa: E402
 from results.parse import read_metrics_csv  # noqa: E402
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from results.replay import access_sequence, lru_curve, mib_to_bytes, simulate, stack_distances
+from results.lru_replay import access_sequence, lru_curve, mib_to_bytes, stack_distances
+from results.policy_replay import simulate
 from results.route_trace import RouteTrace, TraceRows, read_route_trace
 
 TRACE = Path(__file__).resolve().parent.parent / "tests/fixtures/upstream/2026-07-15-route-trace/gptoss.route.csv"

@@ -46,7 +46,7 @@ def fleet(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProc
 def campaign_toml(path: Path, model: Path, devices: list[str], port: int, home: Path, cache_mb: list[str],
                   repeats: int, n_predict: int) -> None:
     """Write the campaign file, built the way `bmoe-fleet sweep` builds one."""
-    from harness.campaign import campaign_from_options
+    from harness.campaign_options import campaign_from_options
 
     campaign = campaign_from_options(
         devices, [str(model)], cache_mb, dense_weights=["anon", "warm"], repeats=repeats, n_predict=n_predict,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import random
 import shutil
@@ -119,13 +120,13 @@ def fuzz_reader(name: str, n: int, rng: random.Random, folder: Path,
         elif reader is not None:
             seed = reader.seeds[rng.randrange(len(reader.seeds))]
             mutant = mutate(seed.read_bytes(), rng.randrange, rng.randrange(MAX_OPS) + 1)
-            run = lambda: read_mutant(reader, seed, mutant, folder)  # noqa: E731
+            run = functools.partial(read_mutant, reader, seed, mutant, folder)
         else:
             files = IMPORT_SEEDS[rng.randrange(len(IMPORT_SEEDS))]
             index = rng.randrange(len(files))
             seed = files[index]
             mutant = mutate(seed.read_bytes(), rng.randrange, rng.randrange(MAX_OPS) + 1)
-            run = lambda: import_mutant(files, index, mutant)  # noqa: E731
+            run = functools.partial(import_mutant, files, index, mutant)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")

@@ -64,7 +64,7 @@ class CpuFreqPolicy:
 
 @dataclass(frozen=True)
 class DeviceState:
-    """A snapshot of the conditions a measurement depends on (method.md rules 1-2)."""
+    """A snapshot of the conditions a measurement depends on (docs/method.md rules 1-2)."""
 
     taken_at_s: float            # epoch seconds on the host
     mem_available_kb: int | None
@@ -161,15 +161,21 @@ OutputFn = Callable[[bytes], None]
 class Device(Protocol):
     serial: str
 
-    def identity(self) -> DeviceIdentity: ...
+    def identity(self) -> DeviceIdentity:
+        """Who the device is: serial, model, SoC, ABI, Android release, RAM."""
+        ...
 
-    def state(self) -> DeviceState: ...
+    def state(self) -> DeviceState:
+        """A fresh snapshot of what a measurement depends on (docs/method.md rule 2)."""
+        ...
 
     def push(self, local_path: str, remote_path: str, progress: Callable[[int, int], None] | None = None) -> bool:
         """Copy a file to the device; False when it was already there (same size and sha256)."""
         ...
 
-    def pull(self, remote_path: str, local_path: str) -> None: ...
+    def pull(self, remote_path: str, local_path: str) -> None:
+        """Copy a device file here; the local file appears whole or not at all."""
+        ...
 
     def file_size(self, remote_path: str) -> int | None:
         """A file's size in bytes on the device; None when there is no such file."""
@@ -182,9 +188,13 @@ class Device(Protocol):
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
-            sample_period_s: float = 1.0) -> RunOutcome: ...
+            sample_period_s: float = 1.0) -> RunOutcome:
+        """Run `argv` to its end (or the timeout), streaming its output and sampling its pressure."""
+        ...
 
-    def lmk_events(self, since_s: float) -> list[LmkEvent]: ...
+    def lmk_events(self, since_s: float) -> list[LmkEvent]:
+        """The low-memory kills the device logged since `since_s` (epoch seconds on the host)."""
+        ...
 
     def stop_strays(self, names: Sequence[str]) -> int:
         """Kill leftover engine processes by name; returns how many were killed."""

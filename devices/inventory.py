@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from devices.adb import AdbServer, ensure_server, list_phones
+from devices.adb import AdbServer, default_server, ensure_server
+from devices.adb_phone import list_phones
 from devices.base import DeviceError, DeviceIdentity, DeviceState
 from devices.local import LocalDevice
 from engine.safetext import one_line
@@ -15,11 +16,14 @@ LINE_CHARS = 400
 
 @dataclass(frozen=True)
 class DeviceReport:
+    """One device as `bmoe-fleet devices` shows it: identity, state (or why there is none)."""
+
     identity: DeviceIdentity
     state: DeviceState | None
     error: str | None = None
 
     def to_dict(self) -> dict:
+        """As `devices --json` prints it."""
         return {"identity": self.identity.to_dict(), "state": self.state.to_dict() if self.state else None,
                 "error": self.error}
 
@@ -37,9 +41,11 @@ class DeviceReport:
         return one_line(text, LINE_CHARS)
 
 
-def inventory(servers: Sequence[AdbServer], start_local_server: bool = True) -> list[DeviceReport]:
+def inventory(servers: Sequence[AdbServer] | None = None, start_local_server: bool = True) -> list[DeviceReport]:
+    """This host and every phone on the servers (default: the one adb's environment names,
+    devices.adb.default_server), each with its state; a local server is started where none answers."""
     reports = [DeviceReport(LocalDevice().identity(), LocalDevice().state())]
-    for server in servers:
+    for server in servers if servers is not None else [default_server()]:
         if start_local_server:
             ensure_server(server)
         for phone in list_phones([server]):

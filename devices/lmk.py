@@ -90,7 +90,7 @@ def _prefix(line: str) -> tuple[str | None, str | None, str]:
 def parse_line(line: str) -> LmkEvent | None:
     """The kill a log line records, or None for any other line."""
     line = line.rstrip("\r\n")
-    ts, tag, body = _prefix(line)
+    ts, _tag, body = _prefix(line)
     if m := _KILLINFO.search(line):
         values = [int(v) for v in m["fields"].replace(" ", "").split(",") if v]
         if len(values) < 6:
@@ -144,9 +144,9 @@ def parse_log(lines: Iterable[str] | str) -> list[LmkEvent]:
         event = parse_line(line)
         if event is not None:
             events.append(event)
-        elif events and events[-1].rss_kb is None and events[-1].fmt in ("android9", "kernel-lmk"):
-            if free := _TO_FREE.search(line):
-                events[-1] = dataclasses.replace(events[-1], rss_kb=int(free[1]), line=events[-1].line + "\n" + line)
+        elif (events and events[-1].rss_kb is None and events[-1].fmt in ("android9", "kernel-lmk")
+              and (free := _TO_FREE.search(line))):
+            events[-1] = dataclasses.replace(events[-1], rss_kb=int(free[1]), line=events[-1].line + "\n" + line)
     return events
 
 

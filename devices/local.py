@@ -217,8 +217,9 @@ class LocalDevice:
             sampler.join()
             for p in pumps:
                 p.join()
-            proc.stdout.close()
-            proc.stderr.close()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:          # both are pipes (Popen above)
+                    stream.close()
         rc = proc.returncode
         # A shell reports death by signal N as 128+N; so do adb's shell protocol and our reports.
         status = 128 - rc if rc < 0 else rc

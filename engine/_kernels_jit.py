@@ -17,29 +17,46 @@ are split across threads (each row is one sequence of operations).
 
 `matvec_rows` serves the K-quants; `matvec_q8_0_rows` (Q8_0, Q4_0, MXFP4) and
 `matvec_float_rows` (F16, BF16, F32) compute the same a block at a time in vector registers
-(`_block_fma`, `_float_block`: numba intrinsics in generic LLVM vector IR), 2-4x faster. `dequant_rows` (K-quants) and `dequant_q8_0_rows`
-give the float64 weight values (wsc * wint - dmin * min), exact, for the batched (prefill) path,
-whose products a BLAS sums (engine.kernels converts F16/BF16/F32 with numpy).
+(`_row_dot`, `_float_block`: numba intrinsics in LLVM vector IR, generic but for the int8
+block products on an AVX2 host, which take ggml's own x86 instructions; the same numbers).
+`dequant_rows` (K-quants) and `dequant_q8_0_rows` give the float64 weight values (wsc * wint -
+dmin * min), exact, for the batched (prefill) path, whose products a BLAS sums (engine.kernels
+converts F16/BF16/F32 with numpy). `run_*_batch[_lanes]` run many products in one call.
+
+One module past ~500 lines on purpose: numba caches compiled code per source file, and a zipapp
+(bmoe-py staged on a phone) writes exactly this file beside its cache to load it from there
+(engine.jit_loader); split, the pieces would import each other from a zip numba cannot cache.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict, cast
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 # engine.kernels sets NUMBA_CACHE_DIR to a writable folder before importing numba, or leaves it
 # empty when there is none: then nothing is cached and every run compiles (the fallback).
-_CACHE = bool(numba.config.CACHE_DIR) and os.path.isfile(__file__)
+_CACHE = bool(numba.config.CACHE_DIR) and os.path.isfile(__file__)  # type: ignore[attr-defined]  # made at import
 # Reassociation only reorders float64 sums of exact terms (and float32 sums of integers).
 _FAST = {"reassoc", "nsz", "contract"}
-_opts = dict(cache=_CACHE, nogil=True, boundscheck=False, error_model="numpy")
+
+
+class _JitOptions(TypedDict):
+    cache: bool
+    nogil: bool
+    boundscheck: bool
+    error_model: Literal["python", "numpy"]
+
+
+_opts: _JitOptions = {"cache": _CACHE, "nogil": True, "boundscheck": False, "error_model": "numpy"}
 
 # storage type ids (engine.kernels maps GGMLQuantizationType onto these)
 T_F32, T_F16, T_BF16, T_Q8_0, T_Q4_0, T_MXFP4, T_Q4_K, T_Q6_K = range(8)
@@ -48,6 +65,8 @@ G = 32
 
 # ggml_e8m0_to_fp32_half: 2^(e - 128), a power of two (float32 reaches 2^-149)
 _E8M0_HALF = np.ldexp(1.0, np.arange(256) - 128).astype(np.float32)
+# kvalues_mxfp4: an e2m1 code's doubled value (bit 3 the sign)
+_MXFP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 @njit(**_opts, inline="always")
@@ -111,17 +130,17 @@ def decode_row(qtype, row, k, wint, wsc, wmin, wminsc, lut):
                 qh = o + 128 + 32 * half
                 scb = 8 * half
                 yb = sb * 256 + 128 * half
-                for l in range(32):
-                    s = l // 16
-                    lo0 = np.int32(row[ql + l])
-                    lo1 = np.int32(row[ql + l + 32])
-                    hi = np.int32(row[qh + l])
-                    wint[yb + l] = np.float32(np.int32(scales[scb + s]) * (((lo0 & 15) | ((hi & 3) << 4)) - 32))
-                    wint[yb + l + 32] = np.float32(np.int32(scales[scb + s + 2])
+                for lane in range(32):
+                    s = lane // 16
+                    lo0 = np.int32(row[ql + lane])
+                    lo1 = np.int32(row[ql + lane + 32])
+                    hi = np.int32(row[qh + lane])
+                    wint[yb + lane] = np.float32(np.int32(scales[scb + s]) * (((lo0 & 15) | ((hi & 3) << 4)) - 32))
+                    wint[yb + lane + 32] = np.float32(np.int32(scales[scb + s + 2])
                                                    * (((lo1 & 15) | (((hi >> 2) & 3) << 4)) - 32))
-                    wint[yb + l + 64] = np.float32(np.int32(scales[scb + s + 4])
+                    wint[yb + lane + 64] = np.float32(np.int32(scales[scb + s + 4])
                                                    * (((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32))
-                    wint[yb + l + 96] = np.float32(np.int32(scales[scb + s + 6])
+                    wint[yb + lane + 96] = np.float32(np.int32(scales[scb + s + 6])
                                                    * (((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32))
         return False
     return False
@@ -189,7 +208,7 @@ def _e2m1_bits(c) -> np.uint32:
 
 
 @intrinsic
-def _float_block(typingctx, qtype, acc, raw, offset, x, x_offset):
+def _float_block_ir(typingctx, qtype, acc, raw, offset, x, x_offset):
     """acc[0:8] += the 32 products of one row's F16 / BF16 / F32 values at raw[offset:] (bytes)
     by x[x_offset:+32] (float32), each exact (halves in float32, F32 in float64), summed 4 to a
     lane in float64. Generic vector IR: an F16 row widens with the target's half conversion
@@ -205,7 +224,7 @@ def _float_block(typingctx, qtype, acc, raw, offset, x, x_offset):
         acc_ptr = context.make_array(signature.args[1])(context, builder, acc_v).data
         data = context.make_array(signature.args[2])(context, builder, raw_v).data
         wptr = builder.gep(data, [off_v])
-        _prefetch(context, builder, signature.args[2], raw_v, off_v)
+        _prefetch(builder, builder.gep(data, [builder.add(off_v, ir.Constant(off_v.type, PREFETCH_BYTES))]))
         xdata = context.make_array(signature.args[4])(context, builder, x_v).data
         xv = builder.load(builder.bitcast(builder.gep(xdata, [xoff_v]), ir.VectorType(f32, 32).as_pointer()), align=4)
         if kind == T_F32:
@@ -226,6 +245,11 @@ def _float_block(typingctx, qtype, acc, raw, offset, x, x_offset):
         builder.store(builder.fadd(builder.load(pacc, align=8), lanes), pacc, align=8)
         return context.get_dummy_value()
     return sig, codegen
+
+
+# numba's @intrinsic takes the typing context first, so its decorator hides the call signature:
+# the name compiled code calls, typed as it calls it (qtype, acc, raw, offset, x, x_offset).
+_float_block = cast("Callable[[int, np.ndarray, np.ndarray, int, np.ndarray, int], None]", _float_block_ir)
 
 
 @njit(**_opts, fastmath=_FAST)
@@ -283,18 +307,50 @@ def _wide_row(qtype, row, u32, out):
         out[i] = f[i]
 
 
+def _host_avx2() -> bool:
+    """Whether numba compiles for this host and it has AVX2: then the block products use x86's
+    psignb/pmaddubsw/pmaddwd (and pshufb for MXFP4 codes), as ggml's own AVX2 kernels do."""
+    if numba.config.CPU_NAME or numba.config.CPU_FEATURES:   # type: ignore[attr-defined]  # made at import
+        return False                      # compiling for another CPU (a portable cache): generic IR
+    try:
+        from llvmlite import binding
+
+        return bool(binding.get_host_cpu_features().get("avx2"))
+    except (ImportError, RuntimeError):
+        return False
+
+
+_AVX2 = _host_avx2()
+
+
+def _x86(builder, name, ret, *args):
+    """IR: call the x86 intrinsic llvm.x86.<name>."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), "llvm.x86." + name)
+    return builder.call(fn, list(args))
+
+
+def _block_lanes(builder, w, x):
+    """IR: the 32 exact products w*x of two <32 x i8> vectors, summed 4 to a lane: lane j holds
+    products 4j..4j+3, an exact integer (<8 x i32>). With AVX2 ggml's sequence: |w| times x
+    with w's sign (psignb), adjacent pairs summed in 16 bits (pmaddubsw: at most 2*128*127, no
+    saturation), then pairs of those (pmaddwd); elsewhere the same sums in generic vector IR."""
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    if _AVX2:
+        v32 = ir.VectorType(i8, 32)
+        pairs = _x86(builder, "avx2.pmadd.ub.sw", ir.VectorType(i16, 16), _x86(builder, "avx2.psign.b", v32, w, w),
+                     _x86(builder, "avx2.psign.b", v32, x, w))
+        return _x86(builder, "avx2.pmadd.wd", ir.VectorType(i32, 8), pairs, ir.Constant(ir.VectorType(i16, 16), [1] * 16))
+    p = builder.mul(builder.sext(w, ir.VectorType(i32, 32)), builder.sext(x, ir.VectorType(i32, 32)))
+    quarters = [builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(i32, 8), list(range(j, 32, 4)))) for j in range(4)]
+    return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
+
+
 def _int8_block_fma(builder, acc_ptr, w, x, dd):
-    """IR: acc[0:8] += dd * (the 32 exact products w*x of two <32 x i8> vectors, summed 4 to a
-    lane). Generic LLVM vector IR (no target intrinsics): x86 gets pmovsx/pmullw and 8-wide
-    adds, other targets their own; every lane holds an exact integer, scaled exactly in float64.
-    (Lanes kept in a numba tuple instead of this array measured 2x slower.)"""
-    i16, i32, f64 = ir.IntType(16), ir.IntType(32), ir.DoubleType()
-    p = builder.sext(builder.mul(builder.sext(w, ir.VectorType(i16, 32)), builder.sext(x, ir.VectorType(i16, 32))),
-                     ir.VectorType(i32, 32))
-    quarters = [builder.shuffle_vector(p, p, ir.Constant(ir.VectorType(i32, 8), list(range(8 * j, 8 * j + 8))))
-                for j in range(4)]
-    lanes = builder.sitofp(builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3])),
-                           ir.VectorType(f64, 8))
+    """IR: acc[0:8] += dd * `_block_lanes(w, x)`, each lane's integer exact in float64 and its
+    product by dd (a float32) exact too. (Lanes kept in a numba tuple instead of this array
+    measured 2x slower.)"""
+    i32, f64 = ir.IntType(32), ir.DoubleType()
+    lanes = builder.sitofp(_block_lanes(builder, w, x), ir.VectorType(f64, 8))
     splat = builder.insert_element(ir.Constant(ir.VectorType(f64, 8), ir.Undefined), dd, ir.Constant(i32, 0))
     splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
     pacc = builder.bitcast(acc_ptr, ir.VectorType(f64, 8).as_pointer())
@@ -304,91 +360,112 @@ def _int8_block_fma(builder, acc_ptr, w, x, dd):
 PREFETCH_BYTES = 1024     # how far ahead in a weight row the next blocks are asked for
 
 
-def _prefetch(context, builder, arrty, arr, offset):
-    """IR: llvm.prefetch (read, keep) of the bytes PREFETCH_BYTES past `offset`: a streamed
-    expert is cold, and a row's next blocks then arrive while this one is multiplied."""
-    data = context.make_array(arrty)(context, builder, arr).data
-    ptr = builder.gep(data, [builder.add(offset, ir.Constant(offset.type, PREFETCH_BYTES))])
+def _prefetch(builder, ptr):
+    """IR: llvm.prefetch (read, keep) of the byte at `ptr`: a streamed expert is cold, and a row's
+    next blocks then arrive while this one is multiplied."""
     i32 = ir.IntType(32)
     fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
     builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
-def _load_bytes(context, builder, arrty, arr, offset, n):
-    """IR: the n bytes of a uint8/int8 array from `offset`, as an <n x i8> vector."""
-    data = context.make_array(arrty)(context, builder, arr).data
-    vt = ir.VectorType(ir.IntType(8), n)
-    return builder.load(builder.bitcast(builder.gep(data, [offset]), vt.as_pointer()), align=1)
+def _block_ints(builder, kind, ptr):
+    """IR: one weight block's 32 integers as <32 x i8>, from its payload at `ptr` (after the
+    scale). Q8_0 its 32 int8; Q4_0 its 16 bytes' low then high nibbles minus 8; MXFP4 those
+    nibbles as e2m1 codes, doubled values 0 1 2 3 4 6 8 12 (bit 3 the sign), made by vector
+    arithmetic: m + max(m-4, 0) + 2 max(m-6, 0)."""
+    i8 = ir.IntType(8)
+    if kind == T_Q8_0:
+        return builder.load(builder.bitcast(ptr, ir.VectorType(i8, 32).as_pointer()), align=1)
+    v = builder.load(builder.bitcast(ptr, ir.VectorType(i8, 16).as_pointer()), align=1)
+    c16 = lambda n: ir.Constant(ir.VectorType(i8, 16), [n] * 16)  # noqa: E731
+    lo, hi = builder.and_(v, c16(15)), builder.lshr(v, c16(4))
+    codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+    c32 = lambda n: ir.Constant(ir.VectorType(i8, 32), [n] * 32)  # noqa: E731
+    if kind == T_Q4_0:
+        return builder.sub(codes, c32(8))
+    if _AVX2:   # a table lookup per byte (pshufb looks up within each 16-byte half)
+        table = ir.Constant(ir.VectorType(i8, 32), [int(v) for v in _MXFP4_DOUBLED] * 2)
+        return _x86(builder, "avx2.pshuf.b", ir.VectorType(i8, 32), table, codes)
+    m = builder.and_(codes, c32(7))
+    over4 = builder.select(builder.icmp_signed(">", m, c32(4)), builder.sub(m, c32(4)), c32(0))
+    over6 = builder.select(builder.icmp_signed(">", m, c32(6)), builder.sub(m, c32(6)), c32(0))
+    mag = builder.add(builder.add(m, over4), builder.shl(over6, c32(1)))
+    neg = builder.icmp_unsigned("!=", builder.and_(codes, c32(8)), c32(0))
+    return builder.select(neg, builder.neg(mag), mag)
+
+
+_BLOCK_BYTES = {T_Q8_0: 34, T_Q4_0: 18, T_MXFP4: 17}
 
 
 @intrinsic
-def _block_fma(typingctx, qtype, acc, raw, offset, x8, x_offset, dd):
-    """acc[0:8] += dd * (32 products of one weight block at raw[offset:] by x8[x_offset:+32]).
-    The block's integers: Q8_0 its 32 int8; Q4_0 its 16 bytes' low then high nibbles minus 8;
-    MXFP4 those nibbles as e2m1 codes, doubled values 0 1 2 3 4 6 8 12 (bit 3 the sign), made
-    by vector arithmetic: m + max(m-4, 0) + 2 max(m-6, 0)."""
+def _row_dot_ir(typingctx, qtype, row, x8, xd, lut, e8m0, nb):
+    """One output of a Q8_0 / Q4_0 / MXFP4 product: sum over the row's `nb` blocks of
+    fp32(d_w * xd[b]) * (the block's 32 integers times x8's), in float64. Each block's 32 exact
+    integer products are summed 4 to a lane (`_int8_block_fma`) and scaled into 8 float64 lanes
+    kept in registers through the whole row (an accumulator in memory cost a store-to-load
+    round trip per block), then the lanes are added pairwise. The scale: Q8_0 / Q4_0 an f16
+    (`lut`), MXFP4 an e8m0 exponent (`e8m0`). Each block also asks llvm.prefetch for the row's
+    bytes PREFETCH_BYTES ahead: a streamed expert is cold."""
     if not isinstance(qtype, types.IntegerLiteral):
         return None
     kind = qtype.literal_value
-    sig = types.void(qtype, acc, raw, offset, x8, x_offset, dd)
+    sig = types.float64(qtype, row, x8, xd, lut, e8m0, types.intp)
 
     def codegen(context, builder, signature, args):
-        _, acc_v, raw_v, off_v, x_v, xoff_v, dd_v = args
-        i8 = ir.IntType(8)
-        acc_ptr = context.make_array(signature.args[1])(context, builder, acc_v).data
-        _prefetch(context, builder, signature.args[2], raw_v, off_v)
-        x = _load_bytes(context, builder, signature.args[4], x_v, xoff_v, 32)
-        if kind == T_Q8_0:
-            w = _load_bytes(context, builder, signature.args[2], raw_v, off_v, 32)
-        else:
-            v = _load_bytes(context, builder, signature.args[2], raw_v, off_v, 16)
-            c16 = lambda n: ir.Constant(ir.VectorType(i8, 16), [n] * 16)  # noqa: E731
-            lo, hi = builder.and_(v, c16(15)), builder.lshr(v, c16(4))
-            codes = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-            c32 = lambda n: ir.Constant(ir.VectorType(i8, 32), [n] * 32)  # noqa: E731
-            if kind == T_Q4_0:
-                w = builder.sub(codes, c32(8))
+        nb_v = args[6]
+        i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        rowp, xp, xdp, lutp, e8p = (context.make_array(ty)(context, builder, v).data
+                                    for ty, v in zip(signature.args[1:6], args[1:6]))
+        lanes8 = ir.VectorType(f64, 8)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(lanes8, [0.0] * 8))
+        with cgutils.for_range(builder, nb_v) as loop:
+            b = loop.index
+            o = builder.mul(b, ir.Constant(b.type, _BLOCK_BYTES[kind]))
+            _prefetch(builder, builder.gep(rowp, [builder.add(o, ir.Constant(o.type, PREFETCH_BYTES))]))
+            if kind == T_MXFP4:
+                dw = builder.load(builder.gep(e8p, [builder.zext(builder.load(builder.gep(rowp, [o])), i64)]))
+                payload = builder.add(o, ir.Constant(o.type, 1))
             else:
-                m = builder.and_(codes, c32(7))
-                over4 = builder.select(builder.icmp_signed(">", m, c32(4)), builder.sub(m, c32(4)), c32(0))
-                over6 = builder.select(builder.icmp_signed(">", m, c32(6)), builder.sub(m, c32(6)), c32(0))
-                mag = builder.add(builder.add(m, over4), builder.shl(over6, c32(1)))
-                neg = builder.icmp_unsigned("!=", builder.and_(codes, c32(8)), c32(0))
-                w = builder.select(neg, builder.neg(mag), mag)
-        _int8_block_fma(builder, acc_ptr, w, x, dd_v)
-        return context.get_dummy_value()
+                lo = builder.zext(builder.load(builder.gep(rowp, [o])), i64)
+                hi = builder.zext(builder.load(builder.gep(rowp, [builder.add(o, ir.Constant(o.type, 1))])), i64)
+                dw = builder.load(builder.gep(lutp, [builder.or_(lo, builder.shl(hi, ir.Constant(i64, 8)))]))
+                payload = builder.add(o, ir.Constant(o.type, 2))
+            # fp32(d_w * d_x) as ggml rounds it, then exact in float64
+            dd = builder.fpext(builder.fmul(dw, builder.load(builder.gep(xdp, [b]))), f64)
+            x = builder.load(builder.bitcast(builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 32))]),
+                                             ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1)
+            _int8_block_fma(builder, acc, _block_ints(builder, kind, builder.gep(rowp, [payload])), x, dd)
+        v = builder.load(acc)
+        lane = [builder.extract_element(v, ir.Constant(i32, j)) for j in range(8)]
+        pair = [builder.fadd(lane[2 * j], lane[2 * j + 1]) for j in range(4)]
+        return builder.fadd(builder.fadd(pair[0], pair[1]), builder.fadd(pair[2], pair[3]))
     return sig, codegen
+
+
+# numba's @intrinsic hides the call signature (the typing context comes first): the name
+# compiled code calls, typed as it calls it (qtype, row, x8, xd, lut, e8m0, nb)
+_row_dot = cast("Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], float]",
+                _row_dot_ir)
 
 
 @njit(**_opts)
 def matvec_q8_0_rows(qtype, raw, k, r0, r1, x8, xd, out, lut):
     """matvec_rows for Q8_0, Q4_0 and MXFP4 weights (32-value blocks, Q8_0 activation x8 as int8):
     for every token and block fp32(d_w * d_x) * (q_w * q_x), the products exact integers summed
-    4 to a lane in vector registers, the lanes in float64 (`_block_fma`)."""
+    4 to a lane in vector registers, the lanes in float64 (`_row_dot`)."""
     n = x8.shape[0]
     nb = k // 32
-    acc = np.empty(8, np.float64)
     for r in range(r0, r1):
         row = raw[r]
         for t in range(n):
-            xt = x8[t]
-            acc[:] = 0.0
             if qtype == T_Q8_0:
-                for b in range(nb):
-                    o = b * 34
-                    dw = lut[np.int32(row[o]) | (np.int32(row[o + 1]) << 8)]
-                    _block_fma(T_Q8_0, acc, row, o + 2, xt, b * 32, np.float64(dw * xd[t, b]))
+                total = _row_dot(T_Q8_0, row, x8[t], xd[t], lut, _E8M0_HALF, nb)
             elif qtype == T_Q4_0:
-                for b in range(nb):
-                    o = b * 18
-                    dw = lut[np.int32(row[o]) | (np.int32(row[o + 1]) << 8)]
-                    _block_fma(T_Q4_0, acc, row, o + 2, xt, b * 32, np.float64(dw * xd[t, b]))
+                total = _row_dot(T_Q4_0, row, x8[t], xd[t], lut, _E8M0_HALF, nb)
             else:
-                for b in range(nb):
-                    o = b * 17
-                    _block_fma(T_MXFP4, acc, row, o + 1, xt, b * 32, np.float64(_E8M0_HALF[row[o]] * xd[t, b]))
-            out[t, r] = np.float32(_lanes_sum(acc))
+                total = _row_dot(T_MXFP4, row, x8[t], xd[t], lut, _E8M0_HALF, nb)
+            out[t, r] = np.float32(total)
 
 
 @njit(**_opts, inline="always")
@@ -429,27 +506,55 @@ def dequant_q8_0_rows(qtype, raw, k, r0, r1, out, lut):
 
 
 
-@njit(**_opts)
+@intrinsic
+def _f32_bits_ir(typingctx, x):
+    """A float32's bits as a uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32_ir(typingctx, u):
+    """The float32 whose bits are the low 32 of an integer (numba widens uint32 arithmetic)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = args[0] if args[0].type.width == 32 else builder.trunc(args[0], ir.IntType(32))
+        return builder.bitcast(low, ir.FloatType())
+    return types.float32(u), codegen
+
+
+# typed as compiled code calls them, as _float_block
+_f32_bits = cast("Callable[[np.float32], np.uint32]", _f32_bits_ir)
+_bits_f32 = cast("Callable[[np.unsignedinteger[Any]], np.float32]", _bits_f32_ir)
+
+
+@njit(**_opts, inline="always")
 def _round_f16(x):
     """A float32 rounded to the nearest half (ties to even), as a float32 — numpy's
-    astype(float16): subnormal halves keep their 2^-24 quantum, 65520 and beyond overflow."""
-    v = np.float64(x)
-    a = abs(v)
-    if not a < np.inf:
-        return np.float32(v)                                  # inf, nan
-    if a >= 65520.0:
-        return np.float32(np.inf) if v > 0 else np.float32(-np.inf)
-    if a < 6.103515625e-05:                                   # 2^-14: the subnormal halves
-        return np.float32(np.rint(v * 16777216.0) / 16777216.0)
-    _, e = math.frexp(v)                                      # v = m 2^e, 0.5 <= |m| < 1
-    quantum = math.ldexp(1.0, e - 11)                         # 11 significant bits
-    return np.float32(np.rint(v / quantum) * quantum)
+    astype(float16): subnormal halves keep their 2^-24 quantum, 65520 and beyond overflow.
+    Branch-free, so a row of them vectorises: a normal half keeps the top 10 of the float32's
+    23 fraction bits, rounded to even on its bits; a subnormal one is a multiple of 2^-24 (x
+    scaled by 2^24 is exact, so rint rounds it once)."""
+    x = np.float32(x)
+    a = abs(x)
+    b = _f32_bits(x)
+    normal = _bits_f32((b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    sub = np.float32(np.rint(x * np.float32(16777216.0)) * np.float32(5.9604644775390625e-08))
+    r = sub if a < np.float32(6.103515625e-05) else normal
+    r = np.float32(math.copysign(np.inf, x)) if a >= np.float32(65520.0) else r
+    return r if a < np.float32(np.inf) else x                 # inf, nan as they are
 
 
 @njit(**_opts)
 def f16acc_cells(s, active, rows_kv, v64, M, S, acc):
     """ggml's one-chunk flash attention over KV cells in order, for R = tokens*heads rows
-    (forward._f16acc_chunk): online softmax with float32 max M and sum S, V*softmax accumulated
+    (attention._f16acc_chunk): online softmax with float32 max M and sum S, V*softmax accumulated
     in an f16 buffer `acc` (float32 holding half values), rounded to f16 after every cell.
     s[R, cells] the scaled scores, active[R, cells] the mask, rows_kv[R] each row's KV head,
     v64[Hkv, cells, Dv] the values. Updates M, S, acc in place."""
@@ -496,3 +601,124 @@ def quantize_q8_0(x, xq, x8, d, sums):
                 total += q
             d[t, b] = _round_f16(amax / np.float32(127.0))
             sums[t, b] = total
+
+
+# ---- batches: the rows of many matrices in one call, shared out among threads -------------------
+
+# A batch is an int64 table, one row per (weight, activation) product: the weight's storage type,
+# the address of its first row, its row stride in bytes and its row count, the product's first
+# activation row and token count, and where its output [tokens, m] starts in the flat output.
+IT_QTYPE, IT_ADDR, IT_STRIDE, IT_M, IT_X0, IT_NTOK, IT_OUT = range(7)
+ITEM_FIELDS = 7
+
+
+@intrinsic
+def _u8_at_ir(typingctx, addr):
+    """The uint8 pointer at an integer address (a weight's bytes the caller keeps alive)."""
+    if not isinstance(addr, types.Integer):
+        return None
+    sig = types.CPointer(types.uint8)(addr)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return sig, codegen
+
+
+@intrinsic
+def _fetch_add_ir(typingctx, counters, index, value):
+    """Atomically counters[index] += value (int64, sequentially consistent); the old value."""
+    if not (isinstance(counters, types.Array) and counters.dtype == types.int64):
+        return None
+    sig = types.int64(counters, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        arr_v, idx_v, val_v = args
+        data = context.make_array(signature.args[0])(context, builder, arr_v).data
+        return builder.atomic_rmw("add", builder.gep(data, [idx_v]), val_v, "seq_cst")
+    return sig, codegen
+
+
+# numba's @intrinsic takes the typing context first, so its decorator hides the call signature:
+# these names are what compiled code calls, typed as it calls them.
+_u8_at = cast("Callable[[int], Any]", _u8_at_ir)
+_fetch_add = cast("Callable[[np.ndarray, int, int], int]", _fetch_add_ir)
+
+
+
+@njit(**_opts)
+def _chunk_starts(items, chunk_rows):
+    """The first chunk index of each product and, last, the number of chunks."""
+    n = items.shape[0]
+    starts = np.empty(n + 1, np.int64)
+    starts[0] = 0
+    for i in range(n):
+        starts[i + 1] = starts[i] + (items[i, IT_M] + chunk_rows - 1) // chunk_rows
+    return starts
+
+
+@njit(**_opts)
+def _claim(counters, starts, items, chunk_rows):
+    """The next unclaimed chunk as (product, first row, end row), or (-1, 0, 0) when none is left."""
+    c = _fetch_add(counters, 0, 1)
+    if c >= starts[-1]:
+        return -1, 0, 0
+    i = np.searchsorted(starts, c, side="right") - 1
+    r0 = (c - starts[i]) * chunk_rows
+    return i, r0, min(items[i, IT_M], r0 + chunk_rows)
+
+
+def _family_rows(qtype, raw, k, r0, r1, x8, xq, xd, xsum, x0, n, dest, lut):
+    """Rows r0..r1-1 of one product (activation rows x0..x0+n-1) by its family's kernel: the
+    activation forms a batch passes (None for those its family does not read) choose it."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_family_rows)
+def _family_rows_impl(qtype, raw, k, r0, r1, x8, xq, xd, xsum, x0, n, dest, lut):
+    """_family_rows typed: only the kernel a batch's arguments select is compiled into it."""
+    if not isinstance(x8, types.NoneType):          # Q8_0 / Q4_0 / MXFP4: int8 integers and scales
+        def q8_0(qtype, raw, k, r0, r1, x8, xq, xd, xsum, x0, n, dest, lut):
+            matvec_q8_0_rows(qtype, raw, k, r0, r1, x8[x0:x0 + n], xd[x0:x0 + n], dest, lut)
+        return q8_0
+    if not isinstance(xsum, types.NoneType):        # K-quants: integers, scales and group sums
+        def q8_k(qtype, raw, k, r0, r1, x8, xq, xd, xsum, x0, n, dest, lut):
+            matvec_rows(qtype, raw, k, r0, r1, xq[x0:x0 + n], xd[x0:x0 + n], xsum[x0:x0 + n], dest, lut)
+        return q8_k
+
+    def plain(qtype, raw, k, r0, r1, x8, xq, xd, xsum, x0, n, dest, lut):   # F16 / BF16 / F32: values
+        matvec_float_rows(qtype, raw, k, r0, r1, xq[x0:x0 + n], dest)
+    return plain
+
+
+@njit(**_opts)
+def _chunks(items, k, x8, xq, xd, xsum, out, lut, chunk_rows, counters, starts):
+    """Chunks of a batch's products until none is left (`_family_rows`)."""
+    while True:
+        i, r0, r1 = _claim(counters, starts, items, chunk_rows)
+        if i < 0:
+            return
+        m, n, o = items[i, IT_M], items[i, IT_NTOK], items[i, IT_OUT]
+        raw = numba.carray(_u8_at(items[i, IT_ADDR]), (m, items[i, IT_STRIDE]))
+        _family_rows(items[i, IT_QTYPE], raw, k, r0, r1, x8, xq, xd, xsum, items[i, IT_X0], n,
+                     out[o:o + n * m].reshape((n, m)), lut)
+
+
+# A batch runs on the calling thread (`run_batch`) or on `lanes` threads of numba's threading
+# layer (`run_batch_lanes`; engine.jit_loader chooses the layer; the caller sets
+# numba.set_num_threads(lanes) first, out here because the compiled call would hold a pointer
+# into the threading layer and never be cached),
+# every lane taking chunks until none is left, so a lane that starts late or is preempted leaves
+# its share to the others.
+
+@njit(**_opts)
+def run_batch(items, k, x8, xq, xd, xsum, out, lut, chunk_rows):
+    """A batch of products of one kernel family (see _family_rows) on this thread."""
+    _chunks(items, k, x8, xq, xd, xsum, out, lut, chunk_rows, np.zeros(1, np.int64), _chunk_starts(items, chunk_rows))
+
+
+@njit(**_opts, parallel=True)
+def run_batch_lanes(items, k, x8, xq, xd, xsum, out, lut, chunk_rows, lanes):
+    """run_batch on `lanes` threads."""
+    counters, starts = np.zeros(1, np.int64), _chunk_starts(items, chunk_rows)
+    for _ in numba.prange(lanes):
+        _chunks(items, k, x8, xq, xd, xsum, out, lut, chunk_rows, counters, starts)

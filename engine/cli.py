@@ -36,7 +36,7 @@ def _g4(value: float) -> str:
     """printf's %.4g of a float32, as bmoe-cli writes temp and top_p (glibc keeps a nan's sign)."""
     if math.isnan(value):
         return "-nan" if math.copysign(1.0, value) < 0 else "nan"
-    return "%.4g" % float(np.float32(value))
+    return f"{float(np.float32(value)):.4g}"
 
 
 def _preamble(session: Session) -> str:

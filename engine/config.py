@@ -34,7 +34,7 @@ NOT_IMPLEMENTED = (
 # Env overrides bmoe-cli honours for features bmoe-py lacks: refused at validation, never ignored.
 _ENV_NOT_IMPLEMENTED = {"BMOE_OVERLAP": "moe.overlap", "BMOE_PREDICT_LOG": "moe.predict_log",
                         "BMOE_PREDICT_PREFETCH": "moe.predict_prefetch"}
-# The architectures bmoe-py's forward pass runs (engine/forward.py SUPPORTED_ARCHS).
+# The architectures bmoe-py's forward pass runs (engine/hparams.py SUPPORTED_ARCHS).
 LIST_ARCHS = ("qwen3moe", "gpt-oss")
 
 

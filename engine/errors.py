@@ -15,3 +15,7 @@ class ModelError(BmoeError):
 
 class SynthError(BmoeError):
     """A synthetic model cannot be written with the options given."""
+
+
+class ForwardError(BmoeError):
+    """The model cannot be run by the reference forward pass (arch, shape, context)."""

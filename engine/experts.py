@@ -41,7 +41,7 @@ class ResidentExpertSource:
         --no-mmap) — a model larger than RAM then does not fit, as on a phone."""
         self.shape = shape
         self._layers = {layer.layer: layer for layer in shape.moe_layers}
-        self._maps = {path: np.memmap(path, dtype=np.uint8, mode="r") for path in shape.paths}
+        self._maps: dict[str, np.ndarray] = {path: np.memmap(path, dtype=np.uint8, mode="r") for path in shape.paths}
         if anonymous:
             self._maps = {path: _read_whole(path) for path in shape.paths}
 
@@ -58,7 +58,7 @@ class ResidentExpertSource:
 def _read_whole(path: str) -> np.ndarray:
     out = np.empty(os.path.getsize(path), dtype=np.uint8)
     with open(path, "rb", buffering=0) as fh:
-        view, done = memoryview(out), 0
+        view, done = out.data, 0
         while done < out.size:
             n = fh.readinto(view[done:done + (64 << 20)])
             if not n:
@@ -80,7 +80,7 @@ class ExpertWeights:
 @dataclass(frozen=True)
 class ExpertMatrices:
     """One expert's FFN as float32 numpy matrices, with the storage types that decide how
-    ggml rounds the activation each one multiplies (see forward.mul_mat)."""
+    ggml rounds the activation each one multiplies (see ops.mul_mat)."""
 
     gate: np.ndarray   # [n_ff, n_embd]
     up: np.ndarray     # [n_ff, n_embd]

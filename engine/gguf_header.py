@@ -150,7 +150,8 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     path = os.fspath(path)
     try:
         file_bytes = os.path.getsize(path)
-        fh = open(path, "rb", buffering=1 << 20)
+        # opened here, used in the `with` below: only the open's OSError gets the "cannot open" line
+        fh = open(path, "rb", buffering=1 << 20)  # noqa: SIM115
     except OSError as e:
         raise ModelError(f"{path}: cannot open model: {e.strerror}") from None
     with fh:

@@ -48,7 +48,7 @@ _AT_FDCWD = -100
 _STATX_DIOALIGN = 0x2000
 _STATX_DIO_OFFSET = 152  # offset of stx_dio_mem_align in struct statx (then stx_dio_offset_align)
 # The verify read must not itself leave model bytes in the page cache.
-_POSIX_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 4)
+POSIX_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 4)
 
 WRONG_DATA_MESSAGE = "bmoe: O_DIRECT returns wrong data on this storage — using buffered I/O"
 
@@ -60,11 +60,14 @@ class IoError(BmoeError):
 
 
 class SliceLike(Protocol):
-    """What a read needs: engine.model.ExpertSlice satisfies it."""
+    """What a read needs: engine.model.ExpertSlice satisfies it (read-only attributes)."""
 
-    path: str
-    offset: int
-    nbytes: int
+    @property
+    def path(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ class ReusedBuffers:
 
 def _direct_preadv(fd: int, view: np.ndarray, offset: int) -> int:
     """One direct read. A module function so tests can stand in for storage that misbehaves."""
-    return os.preadv(fd, [view], offset)
+    return os.preadv(fd, [view.data], offset)
 
 
 class _File:
@@ -244,7 +247,7 @@ class _File:
         bytes would silently corrupt every expert. Upstream checks the middle block at open.
         """
         align = self.align_bytes
-        if self.size_bytes < align:
+        if self.size_bytes < align or self.direct_fd is None:
             return
         offset = (self.size_bytes // 2) // align * align
         direct = aligned_empty(align, max(align, PAGE_BYTES))
@@ -256,7 +259,7 @@ class _File:
             self._fall_back("O_DIRECT refused at read (EINVAL)")
             return
         buffered = os.pread(self.buffered_fd, align, offset)
-        os.posix_fadvise(self.buffered_fd, offset, align, _POSIX_FADV_DONTNEED)
+        os.posix_fadvise(self.buffered_fd, offset, align, POSIX_FADV_DONTNEED)
         if got != align or len(buffered) != align or direct.tobytes() != buffered:
             self._fall_back("O_DIRECT returned wrong data")
 
@@ -296,7 +299,7 @@ class _File:
             if pos % align:
                 # A short read stopped mid-block (only at EOF): the direct fd would refuse an
                 # unaligned offset, so the sub-block tail comes from the buffered fd.
-                tail = os.preadv(self.buffered_fd, [window[pos - a0 :]], pos)
+                tail = os.preadv(self.buffered_fd, [window[pos - a0 :].data], pos)
                 if tail <= 0:
                     break
                 pos += tail
@@ -314,7 +317,7 @@ class _File:
         pos = 0
         while pos < nbytes:
             try:
-                got = os.preadv(self.buffered_fd, [out[pos:]], offset + pos)
+                got = os.preadv(self.buffered_fd, [out[pos:].data], offset + pos)
             except OSError as e:
                 raise IoError(f"{self.path}: read at {offset + pos} failed: {e.strerror}") from e
             if got <= 0:
@@ -455,70 +458,3 @@ class DirectReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---- page-cache residency (tests and benchmarks) --------------------------------------------
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-@dataclass(frozen=True)
-class PageCacheResidency:
-    resident_pages: int
-    total_pages: int
-
-    @property
-    def fraction(self) -> float:
-        return self.resident_pages / self.total_pages if self.total_pages else 0.0
-
-
-def resident_pages(addr: int, nbytes: int) -> PageCacheResidency:
-    """mincore over this process's memory [addr, addr+nbytes), widened to whole pages: how many
-    are in RAM. Works for anonymous memory (a numpy buffer) and file mappings alike."""
-    if nbytes <= 0:
-        return PageCacheResidency(0, 0)
-    start = addr // PAGE_BYTES * PAGE_BYTES
-    length = addr + nbytes - start
-    n_pages = -(-length // PAGE_BYTES)
-    vec = (ctypes.c_ubyte * n_pages)()
-    if _libc.mincore(ctypes.c_void_p(start), length, vec) != 0:
-        err = ctypes.get_errno()
-        raise IoError(f"mincore failed: {os.strerror(err)}")
-    return PageCacheResidency(sum(b & 1 for b in vec), n_pages)
-
-
-def page_cache_residency(path: str, offset: int, nbytes: int) -> PageCacheResidency:
-    """How many pages of [offset, offset+nbytes) of `path` sit in the page cache (mincore).
-
-    Mapping the file without touching it faults nothing in, so the probe does not disturb what
-    it measures.
-    """
-    if nbytes <= 0:
-        return PageCacheResidency(0, 0)
-    start = offset // PAGE_BYTES * PAGE_BYTES
-    length = offset + nbytes - start
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
-        if addr == _MAP_FAILED:
-            err = ctypes.get_errno()
-            raise IoError(f"{path}: mmap for mincore failed: {os.strerror(err)}")
-        try:
-            return resident_pages(addr, length)
-        finally:
-            _libc.munmap(addr, length)
-    finally:
-        os.close(fd)
-
-
-def drop_page_cache(path: str) -> None:
-    """Write back and drop this file's cached pages, so the next read really goes to storage."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)  # dirty pages are not dropped by DONTNEED
-        os.posix_fadvise(fd, 0, 0, _POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)

@@ -2,84 +2,62 @@
 
 `matmul(act, w)` multiplies an activation by a weight kept in its GGUF blocks (`RawMatrix`: the
 rows' bytes, never a float32 copy of the matrix). The activation is first converted to the
-weight's `vec_dot_type`, as ggml_compute_forward_mul_mat does: Q8_0 blocks for Q8_0/Q4_0/MXFP4
-weights, Q8_K blocks for K-quants, F16/BF16 values for F16/BF16 weights (`Activation`, one
-conversion per activation and type, reused by every weight that multiplies it). Then:
+weight's vec_dot_type (engine.activation, once per activation and type). Then:
 
-* few tokens (decode): the compiled `_kernels_jit.matvec_*_rows`, per row and token ggml's
-  vec_dot (integer block sums times ggml's float32 scale products), exact terms summed in
-  float64 lanes;
+* few tokens (decode; `direct_max_tokens` per type): the compiled `_kernels_jit.matvec_*_rows`,
+  per row and token ggml's vec_dot (integer block sums times ggml's float32 scale products),
+  exact terms summed in float64 lanes. Every product of a step (q, k and v; every routed
+  expert's gate and up; every down) is one batch, one compiled call: with `threads` > 1 a numba
+  parallel loop (GNU OpenMP with passive waits, this thread one of its lanes; else numba's
+  workqueue) whose lanes take chunks of rows of all the products until none is left, so `-t`
+  threads share a step's work without a hand-off per matrix;
 * many tokens (prefill), or a matrix under COMPILED_MIN_WEIGHTS: tiles of rows are dequantized
   to float64 (exact values) and a BLAS multiplies them by the activation's exact values: the same
-  products summed in another order. For K-quants this path does not round the scale product
-  fp32(d_w * d_x) as ggml's vec_dot does (ggml's own batched kernels do not either); the
-  difference is a float32 ulp.
+  products summed in another order, `threads` row ranges on this thread and a pool. For
+  K-quants this path does not round the scale product fp32(d_w * d_x) as ggml's vec_dot does
+  (ggml's own batched kernels do not either); the difference is a float32 ulp.
 
 Either way a float64 sum of exact products is the value ggml's float32 SIMD lanes approximate,
-so results do not depend on the split: `threads` output-row ranges run on `threads` threads
-(this one and a pool), each row computed identically whichever thread takes it.
-
-The loops are compiled by numba (`_kernels_jit`, each 32-value block an `@intrinsic` in generic
-LLVM vector IR), once per machine: compiled code is cached in
-the first writable of $NUMBA_CACHE_DIR, a folder beside the engine (`engine/__pycache__/numba`
-in a source tree; `.bmoe-py-cache/` next to a zipapp, e.g. the one staged in /data/local/tmp),
-and `$TMPDIR/bmoe-py-cache-UID` (a folder this user owns); with none writable it compiles every
-run (docs/decisions.md "Quantized kernels"). numba is imported on first use, so a refused
-command line or `--help` never pays for it.
+so results do not depend on the split: each row is computed identically whichever thread takes
+it. docs/decisions.md "Quantized kernels" and "One compiled call per step" say why and measure.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import functools
+import itertools
 import os
-import stat
-import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from types import ModuleType
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
+from .activation import Activation, vec_dot_type
 from .errors import ModelError
-from .fsutil import atomic_write
+from .jit_loader import compiled_loops, load
 
 F16, F32, F64 = np.float16, np.float32, np.float64
-GROUP = 32                      # the decoded group: one Q8_0 activation block, 1/8 of a Q8_K one
-# Up to this many tokens per product the vec_dot kernel runs; above, dequantized tiles and a BLAS
-# (one thread, this host: the tiles win from 3 tokens on for MXFP4, 5 for Q8_0, 6 for F16).
-DIRECT_MAX_TOKENS = 4
+# Up to this many tokens per product the vec_dot kernel runs; above, dequantized tiles and a BLAS.
+# Measured (CPU time, one thread, four 1408-row matrices, this host): the tiles catch up at 16
+# tokens for Q8_0 and Q4_0, 12 for MXFP4, 8 for F16, 16 for BF16, 8 for Q4_K and Q6_K.
+_DIRECT_MAX_TOKENS = {Q.Q8_0: 12, Q.Q4_0: 12, Q.MXFP4: 8, Q.F16: 6, Q.BF16: 8, Q.F32: 6, Q.Q4_K: 6, Q.Q6_K: 6}
 TILE_BYTES = 2 << 20            # float64 tile of rows per thread on the batched path
 PARALLEL_MIN_MACS = 1 << 17     # smaller products run on the calling thread alone
+CHUNK_BYTES = 64 << 10          # weight bytes a thread takes at a time from a batch of products
 # Smaller matrices take numpy's path (gguf's dequantizers and a BLAS), never the compiled loops:
 # a model made only of them (upstream's tiny model, the tests' synthetic ones) never imports numba,
 # whose start-up (~0.5 CPU s and ~110 MiB warm, seconds to compile cold) would outweigh their whole
 # compute. The numbers are the same either way for every type whose block scales multiply exactly.
 COMPILED_MIN_WEIGHTS = 1 << 19
 
-# storage type -> (kernel type id, vec_dot_type of the activation)
-_KERNEL_TYPES = {Q.F32: (0, "f32"), Q.F16: (1, "f16"), Q.BF16: (2, "bf16"), Q.Q8_0: (3, "q8_0"),
-                 Q.Q4_0: (4, "q8_0"), Q.MXFP4: (5, "q8_0"), Q.Q4_K: (6, "q8_k"), Q.Q6_K: (7, "q8_k")}
-# Types without a kernel still multiply correctly: gguf dequantizes their tiles (slow path).
-_Q8_0_DOT = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q8_1, Q.MXFP4, Q.IQ4_NL}
-_Q8_K_DOT = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
-             Q.IQ1_S, Q.IQ1_M, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0}
-
-
-def vec_dot_type(qtype: Q) -> str:
-    """The form ggml converts an activation to before multiplying a `qtype` weight."""
-    if qtype in _KERNEL_TYPES:
-        return _KERNEL_TYPES[qtype][1]
-    if qtype in _Q8_0_DOT:
-        return "q8_0"
-    if qtype in _Q8_K_DOT:
-        return "q8_k"
-    return "f16" if qtype == Q.F16 else "f32"
+# storage types with a compiled kernel -> their id in _kernels_jit (T_F32 ... T_Q6_K)
+_KERNEL_IDS = {Q.F32: 0, Q.F16: 1, Q.BF16: 2, Q.Q8_0: 3, Q.Q4_0: 4, Q.MXFP4: 5, Q.Q4_K: 6, Q.Q6_K: 7}
+# types whose scale products fp32(d_w * d_x) are exact: both paths give the same numbers
+_EXACT_SCALES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,24 +72,36 @@ class RawMatrix:
     raw: np.ndarray        # uint8 [m, row_bytes], read-only
     qtype: Q
     k: int
+    m: int = field(init=False, compare=False)              # output rows
+    # where row 0 starts and the bytes from a row to the next: a batch of compiled products
+    # reads each weight's rows by address (the caller keeps `raw` alive meanwhile)
+    addr: int = field(init=False, compare=False, repr=False)
+    stride: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.raw.dtype != np.uint8 or self.raw.ndim != 2:
+            raise ModelError(f"a weight's rows are 2-D bytes (uint8), not {self.raw.ndim}-D {self.raw.dtype}")
+        # a row's bytes must be contiguous (they are in every GGUF tensor; a test's strided
+        # view is copied)
+        if self.raw.strides[1] != 1:
+            object.__setattr__(self, "raw", np.ascontiguousarray(self.raw))
         # One array type for the compiled loops (a memory map is read-only, an I/O buffer is not:
         # two types would compile everything twice), and no kernel can write a weight.
         if self.raw.flags.writeable:
             view = self.raw.view()
             view.flags.writeable = False
             object.__setattr__(self, "raw", view)
-
-    @property
-    def m(self) -> int:
-        return self.raw.shape[0]
+        object.__setattr__(self, "m", int(self.raw.shape[0]))
+        object.__setattr__(self, "addr", int(self.raw.ctypes.data))
+        object.__setattr__(self, "stride", int(self.raw.strides[0]))
 
     def rows(self, lo: int, hi: int) -> RawMatrix:
+        """Rows lo..hi-1, as stored (a view)."""
         return RawMatrix(self.raw[lo:hi], self.qtype, self.k)
 
 
 def row_bytes(qtype: Q, k: int) -> int:
+    """Bytes of one row of k `qtype` values."""
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     if k % block_elems:
         raise ModelError(f"a {qtype.name} row of {k} values is not whole {block_elems}-value blocks")
@@ -143,8 +133,8 @@ def _dequant_tile(w: RawMatrix, r0: int, r1: int, compiled: bool = True) -> np.n
     """Rows r0..r1-1 as float64 values: numpy's conversions for F16/BF16/F32, the compiled
     decoders for the other kernel types (`compiled`), else gguf's numpy dequantizers (their
     float32 values are exact for every type but the K-quants, which they round once)."""
-    kind = _KERNEL_TYPES.get(w.qtype)
-    if kind is None or (not compiled and w.qtype not in (Q.F32, Q.F16, Q.BF16)):
+    kid = _KERNEL_IDS.get(w.qtype)
+    if kid is None or (not compiled and w.qtype not in (Q.F32, Q.F16, Q.BF16)):
         from gguf import quants
 
         try:
@@ -159,10 +149,10 @@ def _dequant_tile(w: RawMatrix, r0: int, r1: int, compiled: bool = True) -> np.n
     if w.qtype == Q.BF16:
         return (rows.view(np.uint16).astype(np.uint32) << 16).view(F32).astype(F64)
     out = np.empty((r1 - r0, w.k), dtype=F64)
-    if kind[1] == "q8_0":
-        _jit().dequant_q8_0_rows(kind[0], w.raw, w.k, r0, r1, out, _f16_table())
+    if vec_dot_type(w.qtype) == "q8_0":
+        load().dequant_q8_0_rows(kid, w.raw, w.k, r0, r1, out, _f16_table())
     else:
-        _jit().dequant_rows(kind[0], w.raw, w.k, r0, r1, out, _f16_table())
+        load().dequant_rows(kid, w.raw, w.k, r0, r1, out, _f16_table())
     return out
 
 
@@ -175,133 +165,6 @@ def _f16_table() -> np.ndarray:
     if _F16_TABLE is None:
         _F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(F16).astype(F32)
     return _F16_TABLE
-
-
-# ------------------------------------------------------------------------------------------------
-# activations in each vec_dot_type
-# ------------------------------------------------------------------------------------------------
-
-class Activation:
-    """An activation x[n, k] (float32) and its conversions to the vec_dot_types, each made once.
-
-    A form is (xq[n, k], xd[n, ng], xsum[n, ng]) float32, ng = ceil(k / 32): the integers (or, for
-    f16/bf16/f32, the values) each weight value multiplies, the scale of each 32-value group and
-    the sum of its integers. `exact=True` skips every conversion (numerics="float32")."""
-
-    def __init__(self, x: np.ndarray, exact: bool = False):
-        self.x = np.ascontiguousarray(x, dtype=F32)
-        if self.x.ndim != 2:
-            raise ValueError(f"an activation is [tokens, k], got shape {self.x.shape}")
-        self.exact = exact
-        self._forms: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._int8: dict[str, np.ndarray] = {}
-
-    @property
-    def n(self) -> int:
-        return self.x.shape[0]
-
-    def form(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        kind = "f32" if self.exact else kind
-        got = self._forms.get(kind)
-        if got is None:
-            if kind == "q8_0" and _jit_module is not None and self.x.shape[1] % 32 == 0:
-                # the same numbers, compiled (and its int8 copy made on the way), once a
-                # product has loaded the compiled loops: numpy's dozen passes cost more
-                n, k = self.x.shape
-                got = (np.empty((n, k), F32), np.empty((n, k // 32), F32), np.empty((n, k // 32), F32))
-                x8 = np.empty((n, k), np.int8)
-                _jit_module.quantize_q8_0(self.x, got[0], x8, got[1], got[2])
-                self._int8["q8_0:int8"] = x8
-            else:
-                got = _CONVERT[kind](self.x)
-            self._forms[kind] = got
-        return got
-
-    def int8(self, kind: str) -> np.ndarray:
-        """A quantized form's integers as int8 [n, k] (they lie in -127..127)."""
-        key = kind + ":int8"
-        got = self._int8.get(key)
-        if got is None:
-            got = self._int8[key] = self.form(kind)[0].astype(np.int8)
-        return got
-
-    def values(self, kind: str) -> np.ndarray:
-        """The activation's values as ggml multiplies them, float64 [n, k] (exact)."""
-        xq, xd, _ = self.form(kind)
-        n, k = xq.shape
-        scale = np.repeat(xd.astype(F64), GROUP, axis=1)[:, :k]
-        return xq.astype(F64) * scale
-
-    def take(self, rows: np.ndarray) -> Activation:
-        """The activation of some tokens (rows), its conversions carried along."""
-        out = Activation.__new__(Activation)
-        out.x, out.exact = self.x[rows], self.exact
-        out._forms = {kind: tuple(np.ascontiguousarray(a[rows]) for a in f) for kind, f in self._forms.items()}
-        out._int8 = {key: np.ascontiguousarray(a[rows]) for key, a in self._int8.items()}
-        return out
-
-
-def _groups(k: int) -> int:
-    return -(-k // GROUP)
-
-
-def _plain(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    n, k = values.shape
-    ones = np.ones((n, _groups(k)), dtype=F32)
-    return np.ascontiguousarray(values, dtype=F32), ones, np.zeros_like(ones)
-
-
-def _to_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return _plain(x.astype(F16).astype(F32))
-
-
-def _to_bf16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # ggml_fp32_to_bf16: round to nearest even on the upper 16 bits (NaN kept quiet)
-    bits = x.astype(F32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    rounded = np.where((bits & 0x7FFFFFFF) > 0x7F800000, (bits | 0x00400000) & 0xFFFF0000, rounded)
-    return _plain(rounded.astype(np.uint32).view(F32))
-
-
-def _to_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # quantize_row_q8_0 (x86): d = amax/127 stored as f16; q = round-half-even(x * 127/amax).
-    n, k = x.shape
-    if k % 32:
-        raise ModelError(f"a Q8_0 activation needs whole 32-value blocks, got {k} values")
-    blocks = x.reshape(n, k // 32, 32)
-    amax = np.abs(blocks).max(axis=-1)
-    d = (amax / F32(127.0)).astype(F32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, F32(127.0) / amax, F32(0.0)).astype(F32)
-    q = np.rint(blocks * inv[..., None]).astype(F32)
-    return q.reshape(n, k), d.astype(F16).astype(F32), q.sum(axis=-1)
-
-
-def _to_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # quantize_row_q8_K_ref: iscale = -127/max (max = the first value of largest magnitude),
-    # q = nearest_int(iscale*x) capped at 127, d = 1/iscale kept as float32.
-    n, k = x.shape
-    if k % 256:
-        raise ModelError(f"a Q8_K activation needs whole 256-value blocks, got {k} values")
-    blocks = x.reshape(n, k // 256, 256)
-    idx = np.abs(blocks).argmax(axis=-1)[..., None]
-    vmax = np.take_along_axis(blocks, idx, axis=-1)[..., 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = np.where(vmax != 0, F32(-127.0) / vmax, F32(0.0)).astype(F32)
-        d = np.where(vmax != 0, F32(1.0) / iscale, F32(0.0)).astype(F32)
-    q = np.minimum(np.rint(iscale[..., None] * blocks), 127).astype(F32).reshape(n, k)
-    return q, np.repeat(d, 256 // GROUP, axis=1), q.reshape(n, k // GROUP, GROUP).sum(axis=-1)
-
-
-_CONVERT: dict[str, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
-    "f32": _plain, "f16": _to_f16, "bf16": _to_bf16, "q8_0": _to_q8_0, "q8_k": _to_q8_k,
-}
-
-
-def round_activation(x: np.ndarray, qtype: Q) -> np.ndarray:
-    """The activation values ggml actually multiplies a `qtype` weight by (float32)."""
-    return Activation(np.atleast_2d(np.asarray(x, dtype=F32)).reshape(-1, np.shape(x)[-1])) \
-        .values(vec_dot_type(qtype)).astype(F32).reshape(np.shape(x))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -321,38 +184,111 @@ def matmul_many(act: Activation, weights: Sequence[RawMatrix], threads: int = 1)
 def matmul_pairs(pairs: Sequence[tuple[Activation, RawMatrix]], threads: int = 1) -> list[np.ndarray]:
     """Each activation times its weight (every routed expert's gate and up), as one parallel step:
     the rows of all of them are shared out among the threads at once."""
-    outs, tasks = [], []
+    outs: list[np.ndarray | None] = []
+    batches: dict[tuple[str, int], list[tuple[int, Activation, RawMatrix]]] = {}
+    tasks: list[Callable[[], None]] = []
     for act, w in pairs:
-        if act.x.shape[1] != w.k:
-            raise ModelError(f"activation has {act.x.shape[1]} values per token, the weight {w.k}")
-        out = np.empty((act.n, w.m), dtype=F32)
+        n, m, k = act.n, w.m, w.k
+        if act.x.shape[1] != k:
+            raise ModelError(f"activation has {act.x.shape[1]} values per token, the weight {k}")
+        if n and m and _direct(act, w):
+            batches.setdefault((vec_dot_type(w.qtype), k), []).append((len(outs), act, w))
+            outs.append(None)
+            continue
+        out = np.empty((n, m), dtype=F32)
         outs.append(out)
-        tasks += _tasks(act, w, out, threads)
+        if n and m:
+            tasks += _tile_tasks(act, w, out, threads)
+    for (kind, k), batch in batches.items():
+        for (index, _, _), out in zip(batch, _run_batch(kind, k, batch, threads)):
+            outs[index] = out
     _run(tasks, threads)
-    return outs
+    return [out for out in outs if out is not None]
 
 
-def _tasks(act: Activation, w: RawMatrix, out: np.ndarray, threads: int) -> list[Callable[[], None]]:
+def direct_max_tokens(qtype: Q) -> int:
+    """The most tokens a product of a `qtype` weight computes with the vec_dot kernel (0: none)."""
+    return _DIRECT_MAX_TOKENS.get(qtype, 0)
+
+
+def _direct(act: Activation, w: RawMatrix) -> bool:
+    """Whether a product takes the compiled vec_dot kernel (else dequantized tiles and a BLAS):
+    a big enough matrix, or any matrix of a type whose numbers are the same either way once a
+    product has loaded the compiled loops (a model's small k and v projections then cost no
+    float64 copy per token)."""
+    if act.n > direct_max_tokens(w.qtype) or act.exact:
+        return False
+    return w.m * w.k >= COMPILED_MIN_WEIGHTS or (w.qtype in _EXACT_SCALES and compiled_loops() is not None)
+
+
+def _run_batch(kind: str, k: int, batch: list[tuple[int, Activation, RawMatrix]], threads: int) -> list[np.ndarray]:
+    """One batch of compiled products sharing a vec_dot_type and k: their outputs [n, m]."""
+    # the activations (the bases of row views), each once, stacked: a product reads rows
+    # x0..x0+n-1 of the stack
+    first_row: dict[int, int] = {}
+    acts: list[Activation] = []
+    rows = 0
+    table, shapes = [], []
+    at = macs = 0
+    stride = 1
+    for _, act, w in batch:
+        base = act.base
+        x0 = first_row.get(id(base))
+        if x0 is None:
+            x0 = first_row[id(base)] = rows
+            rows += base.n
+            acts.append(base)
+        x0 += act.base_row
+        n, m = act.n, w.m
+        table.append((_KERNEL_IDS[w.qtype], w.addr, w.stride, m, x0, n, at))
+        shapes.append((at, n, m))
+        at += n * m
+        macs += n * m
+        stride = max(stride, w.stride)
+    items = np.array(table, dtype=np.int64)
+    out = np.empty(at, dtype=F32)
+    chunk_rows = max(1, CHUNK_BYTES // stride)
+    jit = load()
+    # the stacked activation in the forms its kernel reads (None for the others: that choice is
+    # made when the batch compiles, one kernel per signature)
+    x8 = xq = xd = xsum = None
+    if kind == "q8_0":
+        x8, xd = _stack([a.int8(kind) for a in acts]), _stack([a.form(kind)[1] for a in acts])
+    elif kind == "q8_k":
+        forms = [a.form(kind) for a in acts]
+        xq, xd, xsum = (_stack([f[i] for f in forms]) for i in range(3))
+    else:
+        xq = _stack([a.form(kind)[0] for a in acts])
+    args = (items, k, x8, xq, xd, xsum, out, _f16_table(), chunk_rows)
+    lanes = min(threads, _max_lanes()) if macs * k >= PARALLEL_MIN_MACS else 1
+    if lanes <= 1:
+        jit.run_batch(*args)
+    else:
+        global _lanes_ran
+        # one parallel loop at a time: numba's workqueue layer aborts the process when two
+        # threads launch at once
+        with _lanes_lock:
+            _lanes_ran = True
+            if getattr(_thread_lanes, "n", 0) != lanes:
+                import numba
+
+                numba.set_num_threads(lanes)    # per calling thread; the loop's lanes use it
+                _thread_lanes.n = lanes
+            jit.run_batch_lanes(*args, lanes)
+    return [out[o:o + n * m].reshape(n, m) for o, n, m in shapes]
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _tile_tasks(act: Activation, w: RawMatrix, out: np.ndarray, threads: int) -> list[Callable[[], None]]:
+    """The batched path (also every product of numerics="float32", whose activations are not
+    converted): `threads` ranges of rows, each dequantized a tile at a time and multiplied."""
     n, m, k = act.n, w.m, w.k
-    if n == 0 or m == 0:
-        return []
-    kind = _KERNEL_TYPES.get(w.qtype)
-    compiled = kind is not None and m * k >= COMPILED_MIN_WEIGHTS
+    compiled = w.qtype in _KERNEL_IDS and m * k >= COMPILED_MIN_WEIGHTS
     parts = threads if n * m * k >= PARALLEL_MIN_MACS else 1
     bounds = [m * i // parts for i in range(parts + 1)]
-    if compiled and n <= DIRECT_MAX_TOKENS and not act.exact:
-        xq, xd, xsum = act.form(kind[1])
-        jit, lut = _jit(), _f16_table()
-        if kind[1] == "q8_0":
-            x8 = act.int8(kind[1])
-            return [lambda a=a, b=b: jit.matvec_q8_0_rows(kind[0], w.raw, k, a, b, x8, xd, out, lut)
-                    for a, b in zip(bounds, bounds[1:]) if b > a]
-        if kind[1] == "q8_k":
-            return [lambda a=a, b=b: jit.matvec_rows(kind[0], w.raw, k, a, b, xq, xd, xsum, out, lut)
-                    for a, b in zip(bounds, bounds[1:]) if b > a]
-        return [lambda a=a, b=b: jit.matvec_float_rows(kind[0], w.raw, k, a, b, xq, out)
-                for a, b in zip(bounds, bounds[1:]) if b > a]
-    # the batched path; also every product of numerics="float32" (unconverted activations)
     xv = act.values(vec_dot_type(w.qtype))
     rows = max(1, TILE_BYTES // (8 * k))
 
@@ -360,25 +296,59 @@ def _tasks(act: Activation, w: RawMatrix, out: np.ndarray, threads: int) -> list
         for r0 in range(a, b, rows):
             r1 = min(b, r0 + rows)
             out[:, r0:r1] = xv @ _dequant_tile(w, r0, r1, compiled).T
-    return [lambda a=a, b=b: tiles(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [functools.partial(tiles, a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
+
+# ------------------------------------------------------------------------------------------------
+# threads
+# ------------------------------------------------------------------------------------------------
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
+_lanes_lock = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """threads-1 workers kept for the process; they wait on a queue, so an idle engine spins nothing."""
+    with _pool_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(threads - 1, thread_name_prefix="bmoe-compute")
+    return pool
+
+
+def _max_lanes() -> int:
+    """numba's thread count (this machine's CPUs unless NUMBA_NUM_THREADS says otherwise): a
+    larger -t runs that many lanes; results do not depend on it. 1 in a child forked from a
+    process whose lanes ran: GNU OpenMP's threads do not survive a fork (a child would hang)."""
+    if _forked_after_lanes:
+        return 1
+    import numba
+
+    return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]  # made from the environment
+
+
+_lanes_ran = False
+_forked_after_lanes = False
+_thread_lanes = threading.local()   # the numba.set_num_threads this thread made last
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_lanes
+    _forked_after_lanes = _forked_after_lanes or _lanes_ran
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run(tasks: list[Callable[[], None]], threads: int) -> None:
-    """Run the tasks on `threads` threads: this one and threads-1 pool workers (kept for the
-    process; they wait on a queue, so an idle engine spins nothing)."""
+    """Run the tasks on `threads` threads: this one and threads-1 pool workers."""
     if threads <= 1 or len(tasks) <= 1:
         for task in tasks:
             task()
         return
     groups = [tasks[i::threads] for i in range(threads)]
-    with _pool_lock:
-        pool = _pools.get(threads)
-        if pool is None:
-            pool = _pools[threads] = ThreadPoolExecutor(threads - 1, thread_name_prefix="bmoe-compute")
+    pool = _pool(threads)
     futures = [pool.submit(_run_all, g) for g in groups[1:] if g]
     try:
         _run_all(groups[0])
@@ -390,112 +360,3 @@ def _run(tasks: list[Callable[[], None]], threads: int) -> None:
 def _run_all(tasks: list[Callable[[], None]]) -> None:
     for task in tasks:
         task()
-
-
-# ------------------------------------------------------------------------------------------------
-# the compiled module and its cache
-# ------------------------------------------------------------------------------------------------
-
-_jit_module: ModuleType | None = None
-_jit_lock = threading.Lock()
-CACHE_SUBDIR = ".bmoe-py-cache"
-
-
-def _jit() -> ModuleType:
-    global _jit_module
-    if _jit_module is None:
-        with _jit_lock:
-            if _jit_module is None:
-                _jit_module = _load_jit()
-    return _jit_module
-
-
-def compiled_loops() -> ModuleType | None:
-    """The compiled module if a product has loaded it already, else None (never loads it)."""
-    return _jit_module
-
-
-def cache_dir() -> str | None:
-    """Where compiled kernels are cached, or None (compiled each run); see the module docstring."""
-    candidates = []
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        candidates.append(os.environ["NUMBA_CACHE_DIR"])
-    container = _zip_container()
-    if container is not None:
-        candidates.append(os.path.join(os.path.dirname(container), CACHE_SUBDIR))
-    else:
-        candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", "numba"))
-    tmp = os.environ.get("TMPDIR") or "/tmp"
-    candidates.append(os.path.join(tmp, f"bmoe-py-cache-{os.getuid()}"))
-    for path in candidates:
-        if _usable_dir(path):
-            return path
-    return None
-
-
-def _usable_dir(path: str) -> bool:
-    """A folder this user owns (created 0700 if missing), not writable by others, that takes a file:
-    compiled code loaded from a folder someone else can write would run their code."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return False
-        tempfile.TemporaryFile(dir=path).close()
-        return True
-    except OSError:
-        return False
-
-
-def _zip_container() -> str | None:
-    """The zipapp this package was imported from (bmoe-py staged as one file), else None."""
-    here = os.path.abspath(__file__)
-    if os.path.isfile(here):
-        return None
-    path = here
-    while path and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-def _load_jit() -> ModuleType:
-    cache = cache_dir()
-    if cache is None:
-        os.environ.pop("NUMBA_CACHE_DIR", None)
-    else:
-        os.environ["NUMBA_CACHE_DIR"] = cache
-    import numba
-
-    numba.config.CACHE_DIR = cache or ""
-    if cache is None or _zip_container() is None:
-        from . import _kernels_jit
-
-        return _kernels_jit
-    # Inside a zipapp numba cannot cache (its locators need the source as a file): the module's
-    # source is written beside the cache, named by its hash, and loaded from there.
-    import pkgutil
-
-    source = pkgutil.get_data(__package__, "_kernels_jit.py")
-    if source is None:
-        from . import _kernels_jit
-
-        return _kernels_jit
-    name = "bmoe_kernels_" + hashlib.sha256(source).hexdigest()[:16]
-    path = os.path.join(cache, name + ".py")
-    try:
-        if not os.path.isfile(path):
-            atomic_write(path, source)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    except OSError:
-        sys.modules.pop(name, None)
-        numba.config.CACHE_DIR = ""
-        os.environ.pop("NUMBA_CACHE_DIR", None)
-        from . import _kernels_jit
-
-        return _kernels_jit

@@ -18,6 +18,8 @@ from .gguf_header import GGUFHeader, TensorInfo, read_header
 from .safetext import one_line
 
 MIB = 1 << 20
+# the shape record's format (`model inspect --json`, and a campaign directory's models/*.json)
+SHAPE_FORMAT, SHAPE_VERSION = "bmoe-fleet.model-shape", 1
 
 # Streamed expert weights: split gate/up/down, or gate+up fused. Biases and scales stay dense.
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
@@ -169,8 +171,8 @@ class ModelShape:
 
     def to_dict(self, top_ks: list[int]) -> dict[str, Any]:
         return {
-            "format": "bmoe-fleet.model-shape",
-            "version": 1,
+            "format": SHAPE_FORMAT,
+            "version": SHAPE_VERSION,
             "paths": list(self.paths),
             "name": self.name,
             "arch": self.arch,
@@ -275,7 +277,7 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
 
     n_expert_meta = _count(_meta(metadata, arch, "expert_count"), f"{arch}.expert_count", paths[0])
     moe_layers = []
-    n_expert = None
+    n_expert = 0
     for layer in sorted(by_layer):
         layer_tensors = tuple(by_layer[layer])
         counts = {t.ne[-1] for t in layer_tensors if len(t.ne) >= 3}
@@ -287,7 +289,7 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
         if n_expert_meta is not None and layer_n_expert != n_expert_meta:
             raise ModelError(f"{paths[0]}: layer {layer} has {layer_n_expert} experts but "
                              f"{one_line(arch, 60)}.expert_count={n_expert_meta}")
-        n_expert = layer_n_expert if n_expert is None else max(n_expert, layer_n_expert)
+        n_expert = max(n_expert, layer_n_expert)
         moe_layers.append(ExpertLayer(layer, layer_n_expert, layer_tensors))
 
     layer_dense: dict[int, int] = {}
@@ -306,7 +308,7 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
         name=str(name),
         arch=arch,
         n_layer=n_layer,
-        n_expert=int(n_expert),
+        n_expert=n_expert,
         top_k=int(top_k) if top_k is not None else None,
         moe_layers=tuple(moe_layers),
         layer_dense_bytes=layer_dense,

@@ -23,13 +23,13 @@ from .budget import CacheBudget, resolve_budget
 from .config import RunConfig, cache_flags
 from .errors import BmoeError, ModelError
 from .experts import ResidentExpertSource
-from .forward import Model, Sampler, eog_ids_from_metadata
+from .forward import Model, Sampler
 from .io import DirectReader, Slice
 from .model import MIB, ModelShape, load_model_shape
 from .procfs import read_kb_fields
 from .stream import Residency, StreamingExpertSource
 from .telemetry import RouteTraceSink, RunSummary, TokenRow
-from .tokenizer import SpmTokenizer
+from .tokenizer import SpmTokenizer, eog_ids_from_metadata
 
 SEED_RANDOM = 0xFFFFFFFF
 WARM_CHUNK_BYTES = 8 * MIB

@@ -10,6 +10,11 @@ chunks of at most `CHUNK_BYTES`, never a whole tensor at once. `shape_only` writ
 and extends the file sparsely to its full size, so a real model's shape can be priced without
 its weights. Output is written under a temporary name and renamed at the end: a crash or Ctrl-C
 never leaves a half-written file under the requested name.
+
+One job, kept in one module past ~500 lines: options in, file out. Its sections (options and
+presets, the tensor plan, size fitting, values, writing) all read `SynthOptions` and `TensorSpec`,
+and callers import only `synth_options` and `write_model`; split, the plan and the values would
+import the options back from the writer's module (a cycle) or move them to a third one.
 """
 
 from __future__ import annotations
@@ -337,7 +342,7 @@ def _random_block_rows(qtype: GGMLQuantizationType, rng: np.random.Generator, n_
     n_blocks = n_rows * row_len // 32
     if qtype == GGMLQuantizationType.MXFP4:
         # [e8m0 scale][16 nibble bytes]; values 2^(e-128)*k, the doubled e2m1 table's k has RMS 5.85.
-        e_center = int(round(128 + math.log2(std / 5.85)))
+        e_center = round(128 + math.log2(std / 5.85))
         scale = (e_center + rng.integers(-1, 2, size=(n_blocks, 1))).astype(np.uint8)
         payload = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
     elif qtype == GGMLQuantizationType.Q8_0:
@@ -498,6 +503,7 @@ def write_model(out: str | os.PathLike[str], o: SynthOptions, progress: Progress
         writer.write_ti_data_to_file()
         total = sum(s.nbytes for s in specs)
         done = 0
+        assert writer.fout is not None      # write_header_to_file opened every shard
         for fout, shard in zip(writer.fout, shard_specs):
             writer.write_padding(fout, fout.tell())
             if o.shape_only:

@@ -177,7 +177,8 @@ class _CFile:
     nothing). Bytes the argv carried that are not UTF-8 are written back as they came."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        self._fh: IO[str] = open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n")
+        # open for the sink's life (one run), closed by close()
+        self._fh: IO[str] = open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n")  # noqa: SIM115
         self.failed = False
 
     def _write(self, text: str, flush: bool = True) -> None:
@@ -268,7 +269,7 @@ class RouteTraceSink(_CFile):
     def row(self, turn: int, phase: int, step: int, layer: int, slot: int, expert: int, weight: float,
             residency: int, expert_bytes: int) -> None:
         # printf's %.6g of the float32 weight: "0.5", "0.0123457", "nan" for a weight never exposed.
-        self._write(f"{turn},{phase},{step},{layer},{slot},{expert},{'%.6g' % weight},{residency},"
+        self._write(f"{turn},{phase},{step},{layer},{slot},{expert},{weight:.6g},{residency},"
                     f"{expert_bytes},0\n", flush=False)
 
     def flush(self) -> None:

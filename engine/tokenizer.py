@@ -62,7 +62,7 @@ class SpmTokenizer:
         add_bos: bool = True,
         add_eos: bool = False,
         add_space_prefix: bool = True,
-        extra_eog_ids: Iterable[int] = (),
+        extra_eog_ids: Iterable[int | None] = (),
     ):
         self.n_vocab = len(pieces)
         self._text = [p.encode() if p else f"[EMPTY_{i}]".encode() for i, p in enumerate(pieces)]
@@ -134,7 +134,7 @@ class SpmTokenizer:
         """Token ids for `text`, BOS first when the model asks for it (llama_tokenize)."""
         raw = text.encode() if isinstance(text, str) else bytes(text)
         out: list[int] = []
-        if add_special and self.add_bos:
+        if add_special and self.add_bos and self.bos_id is not None:   # add_bos needs a bos_id (__init__)
             out.append(self.bos_id)
         prev_special = True  # the prompt's first fragment gets the space prefix too
         for fragment in self._partition(raw, parse_special):
@@ -146,7 +146,7 @@ class SpmTokenizer:
                 fragment = b" " + fragment
             self._encode_fragment(fragment.replace(b" ", SPACE_MARK), out)
             prev_special = False
-        if add_special and self.add_eos:
+        if add_special and self.add_eos and self.eos_id is not None:
             out.append(self.eos_id)
         return out
 

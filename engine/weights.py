@@ -18,9 +18,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from .errors import ModelError
 from .gguf_header import TensorInfo
-from .io import PAGE_BYTES, resident_pages
+from .io import PAGE_BYTES
 from .kernels import RawMatrix, raw_matrix
 from .model import ModelShape
+from .pagecache import resident_pages
 
 # Probes per residency sample, spread evenly over the dense bytes (one page each).
 DENSE_SAMPLE_PAGES = 64

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from engine.errors import BmoeError
-from engine.safetext import printable
+from engine.safetext import one_line, printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MESSAGE_CHARS = 2000   # an error is one line or a few: never a file's worth of quoted bytes
 
@@ -115,11 +118,15 @@ def model_synth(out: str, preset: str, size_text: str | None, split_count: int, 
 
 
 class _ProgressLine:
-    """A single self-overwriting progress line on a terminal, a few plain lines otherwise."""
+    """A single self-overwriting progress line on a terminal, fitted to its width by rich; a few
+    plain lines otherwise (a pipe, a log). `console` (tests) replaces the one on stderr."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, console: Console | None = None):
+        from rich.console import Console
+
         self.label = label
-        self.tty = sys.stderr.isatty()
+        self.console = console if console is not None else Console(stderr=True, highlight=False)
+        self.tty = self.console.is_terminal
         self.last_pct = -1
 
     def __call__(self, done_bytes: int, total_bytes: int) -> None:
@@ -128,25 +135,41 @@ class _ProgressLine:
         if pct // step == self.last_pct // step:
             return
         self.last_pct = pct
-        msg = f"{self.label}: {done_bytes / (1 << 20):,.0f} / {total_bytes / (1 << 20):,.0f} MiB ({pct}%)"
-        click.echo(("\r" + msg) if self.tty else msg, err=True, nl=not self.tty)
+        counts = f"{done_bytes / (1 << 20):,.0f} / {total_bytes / (1 << 20):,.0f} MiB ({pct}%)"
+        if not self.tty:
+            print(one_line(f"{self.label}: {counts}", MESSAGE_CHARS), file=self.console.file, flush=True)
+            return
+        from rich.control import Control
+        from rich.segment import ControlType
+
+        from harness.progress import fitted
+
+        # back to the line's start and clear it; the line stays off the last column, so the
+        # terminal never wraps it before the next carriage return
+        self.console.control(Control((ControlType.CARRIAGE_RETURN,), (ControlType.ERASE_IN_LINE, 2)))
+        self.console.print(fitted(self.label + ":", done_bytes, total_bytes, counts, self.console.width - 1),
+                           end="")
 
     def done(self) -> None:
+        """End the line (a terminal's cursor moves below it)."""
         if self.tty and self.last_pct >= 0:
-            click.echo("", err=True)
+            self.console.print()
 
 
 @main.command("devices")
 @click.option("--adb", "adb_servers", multiple=True, metavar="HOST:PORT",
-              help="An adb server to ask (repeatable). Default: the local one on port 5037.")
+              help="An adb server to ask (repeatable). Default: the one adb's environment names "
+                   "($ADB_SERVER_SOCKET, else $ANDROID_ADB_SERVER_ADDRESS and $ANDROID_ADB_SERVER_PORT), else "
+                   "127.0.0.1:5037; a local one is started there when none answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def devices_cmd(adb_servers: tuple[str, ...], as_json: bool) -> None:
-    """List every reachable device (this host and phones) with identity and state."""
+    """List every reachable device (this host and phones) with identity and state.
+
+    Like `adb devices`, every attached phone is listed, $ANDROID_SERIAL or not."""
     from devices.adb import AdbServer
     from devices.inventory import inventory
 
-    servers = [AdbServer.parse(s) for s in adb_servers] or [AdbServer()]
-    reports = inventory(servers)
+    reports = inventory([AdbServer.parse(s) for s in adb_servers] or None)
     if as_json:
         _emit_json({"format": "bmoe-fleet.devices", "version": 1, "devices": [r.to_dict() for r in reports]})
     else:

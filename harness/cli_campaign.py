@@ -51,7 +51,7 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
     """Run (or resume) the campaign in CAMPAIGN_FILE: every cell not yet done, devices in parallel.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
-    from harness.campaign import load_campaign
+    from harness.campaign_file import load_campaign
     from harness.runner import default_out_dir, prepare, run_to_end
 
     campaign = load_campaign(campaign_file)
@@ -65,8 +65,9 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 
 @click.command("sweep")
 @click.option("--device", "devices", multiple=True,
-              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated); with "
-                   "--preset community, default: this host and every phone attached to the adb servers.")
+              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated). Default: "
+                   "$ANDROID_SERIAL; with --preset community, this host and $ANDROID_SERIAL, else this host and "
+                   "every phone attached to the adb servers.")
 @click.option("--preset", type=click.Choice(["quick", "publish", "community"]),
               help="quick: 32 tokens, one run per config; publish: at least 256 tokens, 3 repeats and a reverse "
                    "pass (what a published number needs); community: upstream's community-benchmark protocol "
@@ -102,7 +103,9 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="Tokens to generate per run (256 or more for a published number).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
               help=f"Seconds before a run is killed and recorded as a timeout (default {SWEEP.timeout_s:g}).")
-@click.option("--adb", "adb", multiple=True, help="adb server HOST:PORT (repeatable; default 127.0.0.1:5037).")
+@click.option("--adb", "adb", multiple=True,
+              help="adb server HOST:PORT (repeatable). Default: $ADB_SERVER_SOCKET, else $ANDROID_ADB_SERVER_ADDRESS "
+                   "and $ANDROID_ADB_SERVER_PORT, else 127.0.0.1:5037.")
 @click.option("--name", default=SWEEP.name, show_default=True, help="Campaign name.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Campaign directory; the equivalent campaign file is written into it as campaign.toml.")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-from results.replay import PHASES, POLICIES, replay_traces
+from results.lru_replay import POLICIES
+from results.replay import PHASES, replay_traces
 
 
 def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:

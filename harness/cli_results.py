@@ -58,11 +58,12 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
                       model_files: tuple[str, ...]) -> None:
     """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
     as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
+    from harness.verify import verifier
     from results.recommend import recommend_command as run
     from results.table import parse_model_files
 
-    printed = run(list(dirs), "json" if as_json else fmt, out, parse_model_files(model_files), verify,
-                  echo=lambda line: click.echo(line, err=True))
+    printed = run(list(dirs), "json" if as_json else fmt, out, parse_model_files(model_files),
+                  verifier(lambda line: click.echo(line, err=True)) if verify else None)
     click.echo(printed, nl=out != "-")
 
 

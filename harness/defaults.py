@@ -1,5 +1,5 @@
 """The sweep's defaults, in one table: what a campaign gets for an axis or run setting it does not
-name. The campaign model (harness.campaign: Axes, RunSettings, campaign_from_options) and the
+name. The campaign model (harness.campaign: Axes, RunSettings; harness.campaign_options) and the
 `sweep` command's options both read them from here, so the CLI's help and the file's meaning
 cannot drift apart. No imports beyond the standard library: the CLI loads it to build its help.
 """

@@ -25,6 +25,7 @@ from pathlib import Path
 from engine.errors import BmoeError
 from engine.inspect import inspect_model
 from engine.synth import synth_options, write_model
+from store.campaign_dir import CampaignDir
 
 Echo = Callable[[str], None]
 
@@ -37,6 +38,8 @@ PROMPT = ("In the early morning the fishermen of the northern coast pushed their
 
 @dataclass(frozen=True)
 class DemoResult:
+    """Where the demo left its campaign directory and site."""
+
     out_dir: str
     campaign_dir: str
     index_html: str
@@ -80,7 +83,7 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
 
 def _campaign(model: Path, devices: list[str], port: int, home: Path):
     """The demo's sweep, built the way `bmoe-fleet sweep` builds one."""
-    from harness.campaign import campaign_from_options
+    from harness.campaign_options import campaign_from_options
 
     return campaign_from_options(
         devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "knee", "auto", "1400"],
@@ -90,7 +93,9 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
 
 
 def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
+    """The whole demo (module doc), into out_dir."""
     from harness.runner import run_campaign
+    from harness.verify import verifier
     from results.recommend import recommend
     from results.report import build_site
 
@@ -112,12 +117,12 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
         campaign = _campaign(model, devices, port, home)
         (out / "demo.toml").write_text(campaign.to_toml())  # to rerun or edit by hand
         campaign_dir = out / "campaign"
-        if campaign_dir.exists() and not (campaign_dir / "plan.json").exists():
+        if campaign_dir.exists() and not CampaignDir(campaign_dir).has_plan():
             shutil.rmtree(campaign_dir)
         status = run_campaign(campaign, campaign_dir)
         echo(status.text())
         # while the phones are up: every recommended command line, once, on its own device
-        recs = recommend([campaign_dir], verify=True, echo=echo)
+        recs = recommend([campaign_dir], verify=verifier(echo))
     finally:
         if phones:
             from devices.adb import adb_binary

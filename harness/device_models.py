@@ -33,7 +33,8 @@ from devices.base import RANGE_ALIGN, Device, DeviceError
 from engine.errors import ModelError
 from engine.gguf_header import GGUF_MAGIC, read_header
 from engine.model import ModelShape, load_model_shape
-from harness.campaign import Campaign, CampaignError, DeviceRef, ModelSpec
+from harness.campaign import Campaign, CampaignError, ModelSpec
+from harness.device_resolution import DeviceRef
 
 FIRST_PIECE_BYTES = 4 * RANGE_ALIGN       # 256 KiB: most headers; a large vocabulary takes a few doublings
 # Ten times the largest real header (a 150k-token vocabulary with its merges is ~6 MiB): a corrupt

@@ -8,20 +8,18 @@ campaign already has (`-t`/`--threads`, `--n-expert-used`, `--io-threads`, `--de
 as an `[axes.flags]` key they become that axis. Flags that make no measurement run (`--help`,
 `--session` …) are refused too. Everything else is passed through as written.
 
-Axis values are typed as in TOML: `false` leaves the flag out, `true` passes it alone, an integer,
-a float or a string passes it with that value, rendered exactly (`0.1` stays `0.1`). This module
-is pure (no device, no harness state): results/ renders the same flags from a run's config.
+Axis values are typed as in TOML (engine.flags renders them into argv; results/ renders the same
+flags from a run's config with it). This module is pure (no device, no harness state).
 """
 
 from __future__ import annotations
 
 import math
 import re
-import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-FlagValue = bool | int | float | str
+from engine.flags import FlagValue
 
 _FLAG = re.compile(r"^(-[A-Za-z]|--[A-Za-z][A-Za-z0-9_-]*)$")
 _INT = re.compile(r"^[+-]?\d+$")
@@ -103,37 +101,6 @@ def unique_values(values: Iterable[FlagValue]) -> tuple[FlagValue, ...]:
     for v in values:
         seen.setdefault((type(v).__name__, v), v)
     return tuple(seen.values())
-
-
-def render_value(value: FlagValue) -> str:
-    """One value as the engine reads it: integers and strings as written, floats by repr (0.1 -> "0.1")."""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def flag_argv(flags: Mapping[str, FlagValue] | Sequence[tuple[str, FlagValue]]) -> list[str]:
-    """argv of flag settings: false -> absent, true -> the flag alone, else the flag and its value."""
-    items = flags.items() if isinstance(flags, Mapping) else flags
-    out: list[str] = []
-    for name, value in items:
-        if value is False:
-            continue
-        out.append(name)
-        if value is not True:
-            out.append(render_value(value))
-    return out
-
-
-def flags_text(flags: Mapping[str, FlagValue] | None) -> str:
-    """The flags a run had, as one canonical string (sorted by name, absent ones dropped): two
-    runs with the same text ran the same command line, whatever order their campaigns listed them."""
-    return shlex.join(flag_argv(sorted((flags or {}).items())))
-
-
-def flags_label(flags: Mapping[str, FlagValue] | None) -> str:
-    """Human form for progress lines and the dry run: `--prefetch 2, no --no-think`."""
-    parts = [f"no {n}" if v is False else n if v is True else f"{n} {render_value(v)}"
-             for n, v in (flags or {}).items()]
-    return ", ".join(parts)
 
 
 def parse_option(text: str) -> tuple[str, list[FlagValue]]:

@@ -1,4 +1,4 @@
-"""Cool on a condition, not a timer (method.md rule 1).
+"""Cool on a condition, not a timer (docs/method.md rule 1).
 
 Before each cell: stop stray engine processes, `sync`, then poll the device's state until the CPU
 temperature is under the threshold AND MemAvailable is over the threshold, or the bounded wait

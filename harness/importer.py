@@ -26,34 +26,23 @@ folder, is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+import tomli_w
+
 from engine.units import parse_number
-from harness.campaign import CampaignError, dumps_toml, safe_id
-from harness.campaign_dir import (
-    DEVICE_FORMAT,
-    FORMAT_VERSION,
-    RUN_FORMAT,
-    CampaignDir,
-    atomic_write,
-    latest_by_cell,
-    locks_dir,
-    write_json,
-)
-from harness.plan import Cell, Plan, cell_id_of
-from harness.runner import FileLock, holding, result_of
+from harness.campaign import FORMAT_VERSION, CampaignError, fleet_home, safe_id
+from harness.classify import result_of
+from harness.plan import Cell, Plan, cell_id_of, read_plan, write_plan
 from results.parse import (
     ConsoleRun,
     RunFiles,
@@ -67,10 +56,14 @@ from results.parse import (
     read_state,
 )
 from results.parse_config import MODEL_ALIASES
-from results.parse_discover import campaign_dirs, is_campaign_dir
+from results.parse_discover import campaign_dirs
 from results.parse_text import NumberError, excerpt, located, printable
 from results.parse_values import checked
-from results.rundir import campaign_toml
+from store import names, outcomes, versioned
+from store.campaign_dir import CampaignDir
+from store.cells import CellConfig
+from store.ledger import latest_by_cell
+from store.locks import dir_lock, holding
 
 IMPORT_ENGINE = "native"
 _RENAME = {"cache_mib": "cache_mb", "top_k": "n_expert_used", "cache_ceil_mib": "cache_ceil_mb",
@@ -85,6 +78,8 @@ _PREAMBLE_KEYS = ("model", "arch", "n_layer", "n_expert", "n_expert_used", "thre
 
 @dataclass(frozen=True)
 class ImportReport:
+    """What an import found, added and skipped."""
+
     out_dir: str
     found: int
     added: int
@@ -95,12 +90,14 @@ class ImportReport:
     notes: tuple[str, ...] = ()                   # values stored as missing, over the runs added
 
     def to_dict(self) -> dict[str, Any]:
+        """`import --json`."""
         return {"format": "bmoe-fleet.import", "version": 1, "dir": self.out_dir, "found": self.found,
                 "added": self.added, "skipped": self.skipped, "outcomes": dict(self.outcomes),
                 "per_source": dict(self.per_source), "skipped_dirs": list(self.skipped_dirs),
                 "notes": list(self.notes)}
 
     def text(self) -> str:
+        """`import`: a summary line, then one per source, skipped folder and note."""
         lines = [f"imported {self.added} of {self.found} runs into {printable(self.out_dir)}"
                  + (f" ({self.skipped} were already there)" if self.skipped else "")]
         for src, n in self.per_source.items():
@@ -121,7 +118,7 @@ class ImportReport:
 class _Imported:
     cell: Cell
     record: dict[str, Any]
-    files: dict[str, Path | bytes]               # run-folder file name -> source file or content
+    files: dict[str, Path | bytes]               # run-folder file name (store.names) -> source file or content
 
 
 def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -140,7 +137,7 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         if folder == root or root in folder.parents:
             raise CampaignError(f"import: {shown}: is inside the output folder {printable(str(root))}; its runs are "
                                 f"already this campaign's")
-        if is_campaign_dir(folder):
+        if names.is_campaign_dir(folder):
             raise CampaignError(f"import: {shown}: is a bmoe-fleet campaign directory, not upstream bench data")
         folders.append(folder)
     old_plan = _check_out_dir(root)
@@ -156,9 +153,7 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
 
     cdir = CampaignDir(root)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
-    dir_lock = FileLock(locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock",
-                        f"campaign directory {root}")
-    with holding([dir_lock], 0.0, owner):
+    with holding([dir_lock(fleet_home(), root)], 0.0, owner):
         root.mkdir(parents=True, exist_ok=True)
         cdir.reconcile()
         latest = latest_by_cell(cdir.ledger.read())
@@ -168,39 +163,33 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         order0 = len(base_cells)
         new_cells = [Cell(c.cell_id, c.device, c.model, c.engine, c.config, c.repeat, c.pass_no, order0 + i, c.argv)
                      for i, c in enumerate(new_cells)]
-        if not (root / "campaign.toml").exists():
-            atomic_write(root / "campaign.toml", dumps_toml({
+        if not cdir.campaign_toml_path.exists():
+            cdir.write_campaign_toml(tomli_w.dumps({
                 "version": FORMAT_VERSION, "name": root.name,
                 "import": {"sources": [str(f) for f in folders], "device": device}}))
         if new_cells or old_plan is None:
-            cdir.write_plan(Plan(old_plan.campaign if old_plan else root.name, base_cells + tuple(new_cells)))
-        device_json = root / "devices" / f"{safe_id(device)}.json"
-        if not device_json.exists():
-            write_json(device_json, {"format": DEVICE_FORMAT, "version": FORMAT_VERSION, "device": device,
-                                     "kind": "imported", "serial": device, "first_seen_at": time.time()})
+            write_plan(cdir, Plan(old_plan.campaign if old_plan else root.name, base_cells + tuple(new_cells)))
+        cdir.write_device(safe_id(device), {"device": device, "kind": "imported", "serial": device}, {})
         added = 0
         notes: list[str] = []
-        outcomes: Counter = Counter()
+        counts: Counter[str] = Counter()
         orders = {c.cell_id: c.order for c in new_cells}
         for imp in found:
-            outcomes[imp.record["outcome"]] += 1
+            counts[imp.record["outcome"]] += 1
             cid = imp.cell.cell_id
             if cid in latest:
                 continue
-            _write_model(root, imp.record)
+            _write_model(cdir, imp.record)
             record = dict(imp.record, order=orders.get(cid, imp.record["order"]))
             tmp = cdir.start_attempt(cid, 1)
             for name, content in imp.files.items():
-                if isinstance(content, bytes):
-                    (tmp / name).write_bytes(content)
-                else:
-                    shutil.copyfile(content, tmp / name)
+                CampaignDir.put(tmp, name, content)
             cdir.commit_attempt(tmp, record)
             latest[cid] = record
             notes += record["notes"]
             added += 1
-    return ImportReport(str(root), len(found), added, len(found) - added, dict(outcomes), per_source,
-                        tuple(skipped_dirs), notes)
+    return ImportReport(str(root), len(found), added, len(found) - added, dict(counts), per_source,
+                        tuple(skipped_dirs), tuple(notes))
 
 
 def _check_out_dir(root: Path) -> Plan | None:
@@ -213,24 +202,25 @@ def _check_out_dir(root: Path) -> Plan | None:
         raise CampaignError(f"import: {shown}: not a folder")
     if not any(root.iterdir()):
         return None
-    doc = campaign_toml(root)
+    cdir = CampaignDir(root)
+    doc = cdir.read_campaign_toml()
     if doc is not None and "import" not in doc:
         raise CampaignError(f"import: {shown}: is a sweep's campaign directory; runs imported into it would stop the "
                             f"sweep resuming: import into a new folder")
-    plan = CampaignDir(root).read_plan()
+    plan = read_plan(cdir)
     if plan is None or doc is None:
         raise CampaignError(f"import: {shown}: is not empty and holds no imported campaign (no plan.json and "
                             f"campaign.toml with [import])")
     return plan
 
 
-def _write_model(root: Path, record: Mapping[str, Any]) -> None:
-    path = root / "models" / f"{record['model_id']}.json"
-    if path.exists():
+def _write_model(cdir: CampaignDir, record: Mapping[str, Any]) -> None:
+    """models/<id>.json of an imported model: only what the files told."""
+    if cdir.read_model(record["model_id"]) is not None:
         return
     c = record["config"]
-    write_json(path, {"format": "bmoe-fleet.model-shape", "version": 1, "name": record["model"], "imported": True,
-                      **{k: c[k] for k in ("arch", "n_layer", "n_expert") if k in c}})
+    cdir.write_model(record["model_id"], {**versioned.MODEL.stamp(), "name": record["model"], "imported": True,
+                                          **{k: c[k] for k in ("arch", "n_layer", "n_expert") if k in c}})
 
 
 # ── one group ──────────────────────────────────────────────────────────────────────────────────
@@ -252,9 +242,11 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Im
     config = {k: _text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
     model = _text(_model_name(config, group, metrics))
     config.update(model=model, budget_spec="imported", source=where)
-    cell_config = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
+    # free-form keys as the files state them (sorted, as imports always stored them)
+    stated = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
+    cell_config = CellConfig.from_dict(stated)
     cid = cell_id_of(device, model, IMPORT_ENGINE, cell_config, 0, 0)
-    outcome, evidence = _outcome(console, section, metrics, cell_config)
+    outcome, evidence = _outcome(console, section, metrics, stated)
     result = result_of(metrics, cell_config)
     _fill_result(result, console or section, config)
     times = [p.stat().st_mtime for p in _paths(group)]
@@ -263,12 +255,13 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Im
     entry = (console.entry_state if console and console.entry_state else None) or \
             (section.entry_state if section and section.entry_state else None) or state.get("entry")
     sidecar = read_sidecar(group.sidecar, notes) if group.sidecar else None
-    pressure = dict(sidecar) if sidecar else dict((console or section).pressure or {}) if (console or section) else {}
+    told = console or section
+    pressure = dict(sidecar) if sidecar else dict(told.pressure or {}) if told is not None else {}
     record: dict[str, Any] = {
-        "format": RUN_FORMAT, "version": FORMAT_VERSION, "cell_id": cid, "attempt": 1, "device": device,
+        **versioned.RUN.stamp(), "cell_id": cid, "attempt": 1, "device": device,
         "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
         "engine": {"kind": IMPORT_ENGINE, "version": _text(str(metrics.preamble.get("engine", "")) if metrics else "")},
-        "config": cell_config, "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
+        "config": cell_config.to_dict(), "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
         "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
         "timeout_s": None, "gate": None, "entry_state": dict(entry) if entry else None,
         "exit_state": dict(state["exit"]) if state.get("exit") else None, "pressure": pressure, "lmk_events": [],
@@ -284,20 +277,19 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Im
         raise CampaignError(f"import: {where}: a value is not strict JSON ({e})") from None
     files: dict[str, Path | bytes] = {}
     if group.csv:
-        files["metrics.csv"] = group.csv
+        files[names.METRICS_CSV] = group.csv
     if group.route_trace:
-        files["route.csv"] = group.route_trace
+        files[names.ROUTE_CSV] = group.route_trace
     if group.sidecar:
-        files["run.metrics"] = group.sidecar
+        files[names.RUN_METRICS] = group.sidecar
     stdout = group.out or group.log
     if stdout:
-        files["stdout.txt"] = stdout
+        files[names.STDOUT_TXT] = stdout
     elif section is not None:
-        files["stdout.txt"] = ("\n".join(section.lines) + "\n").encode("utf-8")
+        files[names.STDOUT_TXT] = ("\n".join(section.lines) + "\n").encode("utf-8")
     if group.err:
-        files["stderr.txt"] = group.err
-    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, MappingProxyType(cell_config), 0, 0, index, ()),
-                     record, files)
+        files[names.STDERR_TXT] = group.err
+    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record, files)
 
 
 def _paths(group: RunFiles) -> list[Path]:
@@ -362,17 +354,17 @@ def _outcome(console: ConsoleRun | None, section: ConsoleRun | None, metrics,
     runs = [r for r in (console, section) if r is not None]
     for r in runs:
         if r.config_error or r.arg_error:
-            return "config_error", ("the engine refused its flags: " + (r.config_error or r.arg_error),)
+            return outcomes.CONFIG_ERROR, ("the engine refused its flags: " + (r.config_error or r.arg_error or ""),)
     for r in runs:
         if r.runtime_error:
-            return "engine_error", (r.runtime_error,)
+            return outcomes.ENGINE_ERROR, (r.runtime_error,)
     finished = (metrics is not None and metrics.summary is not None) or any(r.finished for r in runs)
     if not finished:
-        return "invalid", ("no summary line and no end-of-run lines: killed or cut short (upstream kept no exit "
+        return outcomes.INVALID, ("no summary line and no end-of-run lines: killed or cut short (upstream kept no exit "
                            "status)",)
     if config.get("moe_stream") and config.get("o_direct_reported") == 0 and config.get("o_direct", True):
-        return "invalid", ("o_direct=0: the engine fell back to buffered expert reads",)
-    return "ok", ()
+        return outcomes.INVALID, ("o_direct=0: the engine fell back to buffered expert reads",)
+    return outcomes.OK, ()
 
 
 def _fill_result(result: dict[str, Any], console: ConsoleRun | None, config: Mapping[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 A cell is one engine run: (device, model, engine, config, repeat, pass). Its `cell_id` hashes
 exactly those, so planning the same campaign again gives the same ids and a re-run finds what is
-done. Run order is a variable (method.md rule 5): on each device every config runs its repeat r
+done. Run order is a variable (docs/method.md rule 5): on each device every config runs its repeat r
 before any config runs repeat r+1, and an optional second pass runs the whole first pass again in
 reverse. Budgets written relative to the model's token cycle (`cycle*1.2`) are priced from the
 GGUF header at the top-k the cell applies; a budget in the engine's pathological band (1..1499
@@ -17,79 +17,82 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any
 
 from engine.errors import ModelError
+from engine.flags import flag_argv, flags_label, needs_force
 from engine.model import ModelShape, load_model_shape
+from harness.budgets import budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
     THREADS_AUTO,
     THREADS_AUTO_MAX,
     Campaign,
     CampaignError,
     ModelSpec,
-    budget_from_cycle,
     check_cell_bound,
-    cycle_factor,
     device_work_dir,
-    is_knee,
-    needs_force,
     remote_model_path,
 )
-from harness.flags import flag_argv, flags_label
+from store import versioned
+from store.campaign_dir import CampaignDir
+from store.cells import CellConfig
 
-PLAN_FORMAT = "bmoe-fleet.plan"
-PLAN_VERSION = 1
 CELL_KEYS = ("cell_id", "device", "model", "engine", "config", "repeat", "pass", "order", "argv")
 
 
 @dataclass(frozen=True)
 class Cell:
+    """One engine run to make (docs/campaign-dir.md, "Cell")."""
+
     cell_id: str
     device: str
     model: str
     engine: str
-    config: Mapping[str, Any]
+    config: CellConfig
     repeat: int
     pass_no: int
     order: int                       # position in its device's run sequence
     argv: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The cell as plan.json holds it."""
         return {"cell_id": self.cell_id, "device": self.device, "model": self.model, "engine": self.engine,
-                "config": dict(self.config), "repeat": self.repeat, "pass": self.pass_no, "order": self.order,
+                "config": self.config.to_dict(), "repeat": self.repeat, "pass": self.pass_no, "order": self.order,
                 "argv": list(self.argv)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
-        return cls(d["cell_id"], d["device"], d["model"], d["engine"], MappingProxyType(dict(d["config"])),
+        """A cell from plan.json."""
+        return cls(d["cell_id"], d["device"], d["model"], d["engine"], CellConfig.from_dict(d["config"]),
                    int(d["repeat"]), int(d["pass"]), int(d["order"]), tuple(d["argv"]))
 
     def label(self) -> str:
         """A short human description of the config (progress lines, dry-run)."""
         c = self.config
-        if not c["moe_stream"]:
-            budget = "resident (no stream, --no-mmap)" if c.get("no_mmap") else "mmap (no stream)"
-        elif c["cache_auto"]:
-            budget = "auto" + (f" ceil {c['cache_ceil_mb']}" if c["cache_ceil_mb"] else "")
-        elif c.get("probe"):
-            budget = f"route-trace probe, cache 0, {c['n_predict']} tokens"
-        elif c["cache_mb"] is None:
-            budget = f"{c['budget_spec']} (MiB from the probe)"
+        if not c.moe_stream:
+            budget = "resident (no stream, --no-mmap)" if c.no_mmap else "mmap (no stream)"
+        elif c.cache_auto:
+            budget = "auto" + (f" ceil {c.cache_ceil_mb}" if c.cache_ceil_mb else "")
+        elif c.probe:
+            budget = f"route-trace probe, cache 0, {c.n_predict} tokens"
+        elif c.cache_mb is None:
+            budget = f"{c.budget_spec} (MiB from the probe)"
         else:
-            budget = f"{c['cache_mb']} MiB"
-            if c["budget_spec"].startswith(("cycle", "knee")):
-                budget += f" ({c['budget_spec']})"
-            if c.get("force_cache_auto"):
+            budget = f"{c.cache_mb} MiB"
+            if c.budget_spec.startswith(("cycle", "knee")):
+                budget += f" ({c.budget_spec})"
+            if c.force_cache_auto:
                 budget += " forced"
-        flags = flags_label(c.get("engine_flags"))
-        return (f"{self.model} {budget} dense={c['dense_weights']} k={c['n_expert_used']} t={c['threads']}"
-                + (f" io={c['io_threads']}" if c["moe_stream"] else "") + (f" [{flags}]" if flags else "")
+        flags = flags_label(c.engine_flags)
+        return (f"{self.model} {budget} dense={c.dense_weights} k={c.n_expert_used} t={c.threads}"
+                + (f" io={c.io_threads}" if c.moe_stream else "") + (f" [{flags}]" if flags else "")
                 + f" r{self.repeat} p{self.pass_no}")
 
 
 @dataclass(frozen=True)
 class Plan:
+    """A campaign's cells in run order, and the knee probes they need."""
+
     campaign: str
     cells: tuple[Cell, ...]
     models: Mapping[str, ModelShape] = field(default_factory=dict, compare=False)
@@ -98,27 +101,32 @@ class Plan:
     probes: tuple[Cell, ...] = ()
 
     def probe_for(self, cell: Cell) -> Cell:
-        return next(p for p in self.probes if (p.device, p.model, p.config["n_expert_used"]) ==
-                    (cell.device, cell.model, cell.config["n_expert_used"]))
+        """The route-trace probe behind a knee cell."""
+        return next(p for p in self.probes if (p.device, p.model, p.config.n_expert_used) ==
+                    (cell.device, cell.model, cell.config.n_expert_used))
 
     def for_device(self, device: str) -> list[Cell]:
+        """One device's cells, in their run order."""
         return sorted((c for c in self.cells if c.device == device), key=lambda c: c.order)
 
     @property
     def devices(self) -> list[str]:
+        """The devices the cells name, in plan order."""
         return list(dict.fromkeys(c.device for c in self.cells))
 
     def cell(self, cell_id: str) -> Cell:
+        """A cell by id."""
         return next(c for c in self.cells if c.cell_id == cell_id)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "campaign": self.campaign,
+        """plan.json."""
+        return {**versioned.PLAN.stamp(), "campaign": self.campaign,
                 "cells": [c.to_dict() for c in self.cells], "probes": [c.to_dict() for c in self.probes]}
 
     def text(self) -> str:
         """The dry-run listing: per device, each cell in run order with its exact command line."""
         lines = [f"campaign {self.campaign}: {len(self.cells)} cells on {len(self.devices)} device(s)"]
-        if any(c.config["threads"] == THREADS_AUTO for c in self.cells + self.probes):
+        if any(c.config.threads == THREADS_AUTO for c in self.cells + self.probes):
             lines.append(f"-t <{THREADS_AUTO}>: each device's online cores, at most {THREADS_AUTO_MAX}, read on the "
                          "device right before each run")
         for name, shape in self.models.items():
@@ -138,13 +146,15 @@ class Plan:
         return "\n".join(lines)
 
 
-def cell_id_of(device: str, model: str, engine: str, config: Mapping[str, Any], repeat: int, pass_no: int) -> str:
-    key = json.dumps({"device": device, "model": model, "engine": engine, "config": dict(config),
+def cell_id_of(device: str, model: str, engine: str, config: CellConfig, repeat: int, pass_no: int) -> str:
+    """A cell's stable id: a hash of what it runs (so a re-plan finds what is done)."""
+    key = json.dumps({"device": device, "model": model, "engine": engine, "config": config.to_dict(),
                       "repeat": repeat, "pass": pass_no}, sort_keys=True, separators=(",", ":"))
     return "c-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def load_shapes(campaign: Campaign) -> dict[str, ModelShape]:
+    """Each model's shape from its GGUF header (a model that is no MoE GGUF names its key)."""
     shapes = {}
     for m in campaign.models:
         try:
@@ -158,10 +168,10 @@ def _src(campaign: Campaign) -> str:
     return f"{campaign.source}: " if campaign.source else ""
 
 
-def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list[dict[str, Any]]:
+def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list[CellConfig]:
     """Every distinct engine configuration the axes give for one model, in axis order."""
     a = campaign.axes
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CellConfig] = {}
     for k_axis in a.n_expert_used:
         k = k_axis or shape.top_k or 0
         if k < 1:
@@ -175,13 +185,13 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
         for ceil in ceilings:
             for dense in a.dense_weights:
                 for k_axis in a.n_expert_used:
-                    k = k_axis or shape.top_k
+                    k = k_axis or shape.top_k or 0      # >= 1: checked above
                     cycle_mb = round(shape.cycle_mib(k), 3)
                     for io in a.io_threads:
                         for threads in a.threads or (campaign.run.threads,):
                             for flags in _flag_settings(campaign):
                                 c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
-                                out.setdefault(json.dumps(c, sort_keys=True), c)
+                                out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
     return list(out.values())
 
 
@@ -192,7 +202,7 @@ def _flag_settings(campaign: Campaign) -> list[dict[str, Any]]:
 
 
 def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: float,
-            campaign: Campaign, threads: int | str, flags: Mapping[str, Any]) -> dict[str, Any]:
+            campaign: Campaign, threads: int | str, flags: Mapping[str, Any]) -> CellConfig:
     stream = spec not in ("mmap", "resident")
     auto = spec == "auto"
     cache_mb: int | None
@@ -206,23 +216,16 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
         cache_mb = 0
     force = stream and cache_mb is not None and needs_force(cache_mb)
     r = campaign.run
-    config = {
-        "moe_stream": stream, "no_mmap": spec == "resident", "cache_mb": cache_mb, "cache_auto": auto,
-        "cache_ceil_mb": ceil if auto else 0, "cache_floor_mb": campaign.axes.cache_floor_mb,
-        "force_cache": force, "force_cache_auto": force, "dense_weights": dense, "n_expert_used": k,
-        "io_threads": io if stream else 0, "threads": threads, "n_predict": r.n_predict, "prompt": r.prompt,
-        "o_direct": r.o_direct, "route_trace": r.route_trace and stream, "budget_spec": str(spec),
-        "cycle_mb": cycle_mb,
-    }
-    # only when there are some: a campaign without them keeps the cell ids it always had
-    if r.engine_args:
-        config["engine_args"] = list(r.engine_args)
-    if flags:
-        config["engine_flags"] = dict(flags)
-    return config
+    return CellConfig.planned(
+        moe_stream=stream, no_mmap=spec == "resident", cache_mb=cache_mb, cache_auto=auto,
+        cache_ceil_mb=ceil if auto else 0, cache_floor_mb=campaign.axes.cache_floor_mb,
+        force_cache=force, force_cache_auto=force, dense_weights=dense, n_expert_used=k,
+        io_threads=io if stream else 0, threads=threads, n_predict=r.n_predict, prompt=r.prompt,
+        o_direct=r.o_direct, route_trace=r.route_trace and stream, budget_spec=str(spec), cycle_mb=cycle_mb,
+        engine_args=r.engine_args, engine_flags=flags)
 
 
-def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
+def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> CellConfig:
     """The probe behind "knee" budgets: a short streamed run with cache 0 (the least memory any
     streamed run needs) that writes a route trace. Routing does not depend on the cache, so its
     trace replays to every budget."""
@@ -231,25 +234,22 @@ def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> dict[str, Any]:
     # pass-through engine_args (a chat template …) shape the tokens, so the probe keeps them
     config = _config(0, 0, a.dense_weights[0], k, a.io_threads[0], cycle_mb, campaign,
                      (a.threads or (campaign.run.threads,))[0], {})
-    config.update(n_predict=campaign.run.probe_n_predict, route_trace=True, budget_spec="probe", probe=True)
-    return config
+    return config.with_(n_predict=campaign.run.probe_n_predict, route_trace=True, budget_spec="probe", probe=True)
 
 
 def resolve_knee(campaign: Campaign, cell: Cell, knee_mib: int, probe_cell_id: str) -> Cell:
     """A "knee*F" cell with its budget: F x the knee (rounded to its side, as cycle*F is), and
     --force-cache if that lands in the engine's pathological band; it records the probe."""
-    config = dict(cell.config)
-    cache_mb = budget_from_cycle(knee_mib, cycle_factor(config["budget_spec"]))
-    config.update(cache_mb=cache_mb, knee_mb=knee_mib, force_cache=needs_force(cache_mb),
-                  force_cache_auto=needs_force(cache_mb), probe_cell_id=probe_cell_id)
+    cache_mb = budget_from_cycle(knee_mib, cycle_factor(cell.config.budget_spec))
+    config = cell.config.with_(cache_mb=cache_mb, knee_mb=knee_mib, force_cache=needs_force(cache_mb),
+                               force_cache_auto=needs_force(cache_mb), probe_cell_id=probe_cell_id)
     return _with_config(campaign, cell, config)
 
 
-def _with_config(campaign: Campaign, cell: Cell, config: Mapping[str, Any]) -> Cell:
+def _with_config(campaign: Campaign, cell: Cell, config: CellConfig) -> Cell:
     """The cell with a config resolved on its device (same id), and the argv that config means."""
     model = next(m for m in campaign.models if m.name == cell.model)
-    return replace(cell, config=MappingProxyType(dict(config)),
-                   argv=cell_argv(campaign, cell.device, model, config, cell.cell_id))
+    return replace(cell, config=config, argv=cell_argv(campaign, cell.device, model, config, cell.cell_id))
 
 
 def auto_threads(cores: int | None) -> int:
@@ -260,12 +260,12 @@ def auto_threads(cores: int | None) -> int:
 
 def resolve_threads(campaign: Campaign, cell: Cell, cores: int | None) -> Cell:
     """A cell whose threads are "auto", with the device's count (recorded as `threads_auto`)."""
-    if cell.config["threads"] != THREADS_AUTO:
+    if cell.config.threads != THREADS_AUTO:
         return cell
-    return _with_config(campaign, cell, {**cell.config, "threads": auto_threads(cores), "threads_auto": True})
+    return _with_config(campaign, cell, cell.config.with_(threads=auto_threads(cores), threads_auto=True))
 
 
-def cell_argv(campaign: Campaign, device: str, model: ModelSpec, config: Mapping[str, Any],
+def cell_argv(campaign: Campaign, device: str, model: ModelSpec, config: CellConfig,
               cell_id: str) -> tuple[str, ...]:
     """The engine command line of one cell on one device, writing its outputs under the cell's id."""
     csv_path, route_path = out_paths(device, cell_id)
@@ -280,32 +280,33 @@ def out_paths(device: str, cell_id: str) -> tuple[str, str]:
 
 
 def engine_path(campaign: Campaign, device: str) -> str:
+    """Where a campaign's engine is staged on a device."""
     return f"{device_work_dir(device)}/{campaign.engine.staged_name}"
 
 
-def engine_argv(engine: str, model_path: str, config: Mapping[str, Any], csv_path: str,
+def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
                 route_path: str | None) -> list[str]:
     """The engine command line for one config (bmoe-cli's flags; bmoe-py takes the same)."""
     c = config
-    threads = f"<{THREADS_AUTO}>" if c["threads"] == THREADS_AUTO else str(c["threads"])
-    argv = [engine, "-m", model_path, "-p", c["prompt"], "-n", str(c["n_predict"]), "-t", threads,
-            "--n-expert-used", str(c["n_expert_used"])]
-    if c["moe_stream"]:
-        budget = "auto" if c["cache_auto"] else f"<{c['budget_spec']}>" if c["cache_mb"] is None else str(c["cache_mb"])
+    threads = f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)
+    argv = [engine, "-m", model_path, "-p", c.prompt, "-n", str(c.n_predict), "-t", threads,
+            "--n-expert-used", str(c.n_expert_used)]
+    if c.moe_stream:
+        budget = "auto" if c.cache_auto else f"<{c.budget_spec}>" if c.cache_mb is None else str(c.cache_mb)
         argv += ["--moe-stream", "--cache-mb", budget]
-        if c["cache_auto"]:
-            argv += ["--cache-floor-mb", str(c["cache_floor_mb"]), "--cache-ceil-mb", str(c["cache_ceil_mb"])]
-        if c["force_cache"]:
+        if c.cache_auto:
+            argv += ["--cache-floor-mb", str(c.cache_floor_mb), "--cache-ceil-mb", str(c.cache_ceil_mb)]
+        if c.force_cache:
             argv.append("--force-cache")
-        argv += ["--io-threads", str(c["io_threads"])]
-    elif c.get("no_mmap"):
+        argv += ["--io-threads", str(c.io_threads)]
+    elif c.no_mmap:
         argv.append("--no-mmap")
-    argv += ["--dense-weights", c["dense_weights"]]
-    if not c["o_direct"]:
+    argv += ["--dense-weights", c.dense_weights]
+    if not c.o_direct:
         argv.append("--no-odirect")
-    argv += list(c.get("engine_args") or ()) + flag_argv(c.get("engine_flags") or {})
+    argv += list(c.engine_args) + flag_argv(c.engine_flags)
     argv += ["--csv", csv_path]
-    if route_path and c["route_trace"]:
+    if route_path and c.route_trace:
         argv += ["--route-trace", route_path]
     return argv
 
@@ -316,7 +317,7 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
     check_cell_bound(campaign)
     shapes = dict(shapes) if shapes is not None else load_shapes(campaign)
     per_model = {m.name: configs_for(campaign, m, shapes[m.name]) for m in campaign.models}
-    top_ks = {name: tuple(sorted({c["n_expert_used"] for c in cs})) for name, cs in per_model.items()}
+    top_ks = {name: tuple(sorted({_top_k(c) for c in cs})) for name, cs in per_model.items()}
     engine = campaign.engine.kind
     cells: list[Cell] = []
     for device in campaign.devices:
@@ -327,7 +328,7 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
         for pass_no, sequence in passes:
             for model, config, repeat in sequence:
                 cid = cell_id_of(device, model.name, engine, config, repeat, pass_no)
-                cells.append(Cell(cid, device, model.name, engine, MappingProxyType(config), repeat, pass_no,
+                cells.append(Cell(cid, device, model.name, engine, config, repeat, pass_no,
                                   order, cell_argv(campaign, device, model, config, cid)))
                 order += 1
     return Plan(campaign.name, tuple(cells), shapes, top_ks, _probes(campaign, cells))
@@ -338,25 +339,45 @@ def _probes(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:
     models = {m.name: m for m in campaign.models}
     out: dict[tuple[str, str, int], Cell] = {}
     for cell in cells:
-        key = (cell.device, cell.model, cell.config["n_expert_used"])
-        if not is_knee(cell.config["budget_spec"]) or key in out:
+        key = (cell.device, cell.model, _top_k(cell.config))
+        if not is_knee(cell.config.budget_spec) or key in out:
             continue
-        config = probe_config(campaign, key[2], cell.config["cycle_mb"])
+        config = probe_config(campaign, key[2], _cycle_mb(cell.config))
         cid = "p" + cell_id_of(*key[:2], engine, config, 0, 0)[1:]
-        out[key] = Cell(cid, cell.device, cell.model, engine, MappingProxyType(config), 0, 0, -1,
+        out[key] = Cell(cid, cell.device, cell.model, engine, config, 0, 0, -1,
                         cell_argv(campaign, cell.device, models[cell.model], config, cid))
     return tuple(out.values())
 
 
-def plan_from_dict(data: Mapping[str, Any], where: str = "plan.json") -> Plan:
-    if data.get("format") != PLAN_FORMAT:
-        raise CampaignError(f"{where}: not a bmoe-fleet plan")
-    if int(data.get("version", 0)) > PLAN_VERSION:
-        raise CampaignError(f"{where}: plan version {data['version']} is newer than this bmoe-fleet reads "
-                            f"({PLAN_VERSION}); upgrade it")
+def _top_k(config: CellConfig) -> int:
+    if config.n_expert_used is None:           # the planner always sets it
+        raise CampaignError("a planned cell has no n_expert_used")
+    return config.n_expert_used
+
+
+def _cycle_mb(config: CellConfig) -> float:
+    if config.cycle_mb is None:                # the planner always sets it
+        raise CampaignError("a planned cell has no cycle_mb")
+    return config.cycle_mb
+
+
+def plan_from_dict(data: Mapping[str, Any]) -> Plan:
+    """A Plan from plan.json's object (already at the current version: store.versioned)."""
     return Plan(str(data.get("campaign", "")), tuple(Cell.from_dict(c) for c in data.get("cells", ())),
                 probes=tuple(Cell.from_dict(c) for c in data.get("probes", ())))
 
 
+def read_plan(cdir: CampaignDir) -> Plan | None:
+    """A campaign directory's plan (None when it has none)."""
+    doc = cdir.read_plan_doc()
+    return None if doc is None else plan_from_dict(doc)
+
+
+def write_plan(cdir: CampaignDir, plan: Plan) -> None:
+    """plan.json of a campaign directory."""
+    cdir.write_plan_doc(plan.to_dict())
+
+
 def cell_ids(cells: Sequence[Cell]) -> list[str]:
+    """The ids of some cells, in order."""
     return [c.cell_id for c in cells]

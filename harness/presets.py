@@ -1,7 +1,7 @@
 """`bmoe-fleet sweep --preset quick|publish|community`: sweeps whose settings come with a purpose.
 
 - quick: a first look — 32 tokens, one run per config, no reverse pass (the sweep's defaults).
-- publish: what the method asks of a published number (method rules 5 and 8): at least 256
+- publish: what the method asks of a published number (docs/method.md rules 5 and 8): at least 256
   tokens, at least 3 repeats, and a reverse pass; -n or --repeats under that are refused. The
   site marks budget points whose runs do not meet it.
 - community: BigMoeOnEdge's community-benchmark protocol (its docs/community-benchmarks.md and
@@ -11,7 +11,7 @@
   the protocol's 4 on a phone; `-t N` overrides), run twice (the report takes the second). The
   protocol flags are checked against the engine first: one it does not know, or refuses at load
   (bmoe-cli 0.19.0 lists `--overlap` but its build lacks the hook), is left out and named in
-  COMMUNITY_FILE. After the runs, each device's storage is probed as upstream probes it: O_DIRECT
+  community.json. After the runs, each device's storage is probed as upstream probes it: O_DIRECT
   reads of 512 KiB from the model file itself, from a quarter into it (past a freshly copied
   head), up to 1 GiB; the rate is kept in `storage/<device>.json`. `report --format community`
   prints the rows (results/community.py).
@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -30,37 +29,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.adb import ENV_SERIAL, default_serial
 from engine.errors import BmoeError
-from harness.campaign import (
-    LOCAL,
-    PYTHON_ENGINE,
-    Campaign,
-    CampaignError,
-    campaign_from_options,
-    default_adb_server,
-    remote_model_path,
-    safe_id,
-)
-from harness.defaults import SWEEP
+from harness.campaign import LOCAL, Campaign, CampaignError, remote_model_path, safe_id
+from harness.campaign_options import campaign_from_options
+from harness.defaults import PYTHON_ENGINE, SWEEP
+from results.community import COMMUNITY_FLAGS, COMMUNITY_LANES, COMMUNITY_PROMPT, COMMUNITY_RUNS, COMMUNITY_TOKENS
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+from store import names, versioned
 
 PRESETS = ("quick", "publish", "community")
 QUICK = {"n_predict": SWEEP.n_predict, "repeats": SWEEP.repeats}   # the sweep's own defaults
-COMMUNITY_PROMPT = ("Write a long detailed essay about the history of computing including its origins its key "
-                    "milestones the people involved and the future directions of the field")
-COMMUNITY_TOKENS = 256
-COMMUNITY_RUNS = 2
-COMMUNITY_LANES = 4
-# in the order bench-report.sh passes them; each is kept only where the engine has it
-COMMUNITY_FLAGS = (("--chatml",), ("--ubatch", "512"), ("--overlap",))
 # sweep options the protocol fixes: given with --preset community, they are refused
 PROTOCOL_OPTIONS = {"cache_mb": "--cache-mb", "cache_ceil_mb": "--cache-ceil-mb", "dense_weights": "--dense-weights",
                     "n_expert_used": "--n-expert-used", "io_threads": "--io-threads", "repeats": "--repeats",
                     "n_predict": "-n", "reverse_pass": "--reverse-pass", "engine_args": "--engine-arg",
                     "flags": "--flag"}
-COMMUNITY_FILE = "community.json"
-STORAGE_DIR = "storage"
-STORAGE_FORMAT = "bmoe-fleet.storage"
 PROBE_BLOCK = 512 * 1024
 PROBE_BLOCKS = 2048                    # 1 GiB, as bench-report.sh reads
 PROBE_MAX_MIB_S = 30720                # faster than any drive: O_DIRECT was ignored (bench-report.sh's bound)
@@ -79,8 +63,9 @@ def sweep_campaign(preset: str | None, explicit: set[str], options: Mapping[str,
     """The campaign `sweep` means: its options as given, with a preset's settings where the user
     gave none (`explicit` names the options given on the command line)."""
     opts = dict(options)
-    if not opts.get("devices") and preset != "community":
-        raise CampaignError("--device: name at least one device (local, an adb serial, virtual:NAME, HOST:PORT)")
+    if not opts.get("devices") and preset != "community" and default_serial() is None:
+        raise CampaignError(f"--device: name at least one device (local, an adb serial, virtual:NAME, HOST:PORT), "
+                            f"or set {ENV_SERIAL}")
     if preset is None:
         return Sweep(campaign_from_options(**opts))
     if preset not in PRESETS:
@@ -107,13 +92,15 @@ def sweep_campaign(preset: str | None, explicit: set[str], options: Mapping[str,
 
 
 def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
+    """The campaign of upstream's community-benchmark protocol (options it fixes are refused)."""
     given = [flag for key, flag in PROTOCOL_OPTIONS.items() if key in explicit]
     if given:
         raise CampaignError(f"--preset community fixes {', '.join(given)} (upstream's protocol); leave "
                             f"{'them' if len(given) > 1 else 'it'} out")
     if len(opts.get("models") or ()) != 1:
         raise CampaignError("--preset community: give one --model (a row is one model on one machine)")
-    devices = list(opts.get("devices") or ()) or attached_devices(opts.get("adb") or ())
+    serial = default_serial()
+    devices = list(opts.get("devices") or ()) or ([LOCAL, serial] if serial else attached_devices(opts.get("adb") or ()))
     engine = opts.get("engine") or PYTHON_ENGINE
     model = opts["models"][0]
     flags, notes = protocol_flags(engine, None if str(model).startswith("device:") else str(model))
@@ -128,22 +115,20 @@ def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
 
 
 def attached_devices(adb: Sequence[str]) -> list[str]:
-    """This host and every phone attached to the adb servers (ready to run commands)."""
+    """This host and every phone attached to the adb servers (ready to run commands): the --adb
+    ones, else the one adb's environment names."""
     from devices import adb as adbmod
-    from devices.adb import AdbServer
 
-    servers = []
-    for text in adb:
-        try:
-            servers.append(AdbServer.parse(text))
-        except BmoeError as e:
-            raise CampaignError(f"--adb: {e}") from None
+    try:
+        servers = [adbmod.AdbServer.parse(text) for text in adb] or [adbmod.default_server()]
+    except BmoeError as e:
+        raise CampaignError(f"--adb: {e}" if adb else str(e)) from None
     found = [LOCAL]
-    for server in servers or [default_adb_server()]:
+    for server in servers:
         try:
             adbmod.ensure_server(server)
             found += sorted(d.serial for d in server.client().list() if d.state == "device")
-        except (BmoeError, OSError, adbmod.AdbError) as e:
+        except (BmoeError, *adbmod.TRANSPORT_ERRORS) as e:
             raise CampaignError(f"--preset community: adb server {server.host}:{server.port} does not answer ({e}); "
                                 "name the devices with --device") from None
     return list(dict.fromkeys(found))
@@ -206,6 +191,8 @@ def _line(text: str, needle: str) -> str:
 
 @dataclass(frozen=True)
 class StorageProbe:
+    """One device's storage probe (storage/<device>.json): O_DIRECT MiB/s, or why not measured."""
+
     device: str
     model: str
     offset_bytes: int
@@ -217,25 +204,26 @@ class StorageProbe:
     taken_at: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": STORAGE_FORMAT, "version": 1, **asdict(self)}
+        """storage/<device>.json as the store writes it (format and version first)."""
+        return {**versioned.STORAGE.stamp(), **asdict(self)}
 
 
 def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = False, prepared=None):
     """Run a sweep (harness.runner.run_to_end); a community sweep then probes each device's
     storage. Returns how the run ended (status.RunEnd)."""
-    from harness.runner import run_to_end, write_json
+    from harness.runner import run_to_end
 
     campaign, notes = sweep.campaign, sweep.notes
     root = Path(out_dir).resolve()
     end = run_to_end(campaign, root, rerun_failed, prepared)
-    if sweep.preset != "community" or end.interrupted or not (root / "plan.json").exists():
+    if sweep.preset != "community" or end.interrupted or not (root / names.PLAN_JSON).exists():
         return end
-    write_json(root / COMMUNITY_FILE, {"format": "bmoe-fleet.community", "version": 1,
-                                       "prompt": COMMUNITY_PROMPT, "tokens": COMMUNITY_TOKENS, "runs": COMMUNITY_RUNS,
-                                       "engine_args": list(campaign.run.engine_args), "notes": list(notes)})
+    versioned.write_json(root / names.COMMUNITY_JSON,
+                         {**versioned.COMMUNITY.stamp(), "prompt": COMMUNITY_PROMPT, "tokens": COMMUNITY_TOKENS,
+                          "runs": COMMUNITY_RUNS, "engine_args": list(campaign.run.engine_args), "notes": list(notes)})
     devices = prepared.devices if prepared is not None else None
     if devices is None:
-        from harness.campaign import resolve_devices
+        from harness.device_resolution import resolve_devices
 
         devices = resolve_devices(campaign)
     model = campaign.models[0]
@@ -244,7 +232,7 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = Fal
             probe = probe_storage(ref, remote_model_path(ref.spec, model), model.name)
         except BmoeError as e:
             probe = StorageProbe(ref.spec, model.name, 0, 0, None, None, False, f"not measured: {e}", time.time())
-        write_json(root / STORAGE_DIR / f"{safe_id(ref.spec.replace(':', '-'))}.json", probe.to_dict())
+        versioned.write_json(names.storage_record(root, safe_id(ref.spec.replace(":", "-"))), probe.to_dict())
     return end
 
 
@@ -306,17 +294,3 @@ def _probe_result(device: str, model: str, offset: int, done: int, seconds: floa
         return StorageProbe(device, model, offset, done, seconds, None, False,
                             f"not measured: {rate:.0f} MiB/s is no drive's rate: O_DIRECT was ignored", time.time())
     return StorageProbe(device, model, offset, done, seconds, round(rate, 1), True, "", time.time())
-
-
-def read_storage(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The storage probes of a community campaign directory, by device."""
-    out = {}
-    folder = Path(root) / STORAGE_DIR
-    for p in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if data.get("format") == STORAGE_FORMAT and int(data.get("version", 0)) <= 1:
-            out[str(data.get("device"))] = data
-    return out

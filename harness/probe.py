@@ -27,7 +27,8 @@ class Knee:
 
 
 def knee_of_trace(path: str | Path) -> Knee:
-    from results.replay import ReplayError, access_sequence, first_decode_hit_mib, knee_mib, stack_distances
+    from results.errors import ReplayError
+    from results.lru_replay import access_sequence, first_decode_hit_mib, knee_mib, stack_distances
     from results.route_trace import TraceError, read_route_trace
 
     try:

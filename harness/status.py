@@ -7,8 +7,6 @@ were recorded). Whether a campaign is running right now is read from its directo
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 from collections import Counter
@@ -17,13 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from engine.safetext import printable
-from harness.campaign_dir import INFRA, OUTCOMES, CampaignDir, RunnerError, latest_by_cell, locks_dir
+from harness.campaign import fleet_home
+from harness.plan import read_plan
+from store import locks
+from store.campaign_dir import CampaignDir
+from store.errors import StoreError
+from store.ledger import latest_by_cell
+from store.outcomes import INFRA, OUTCOMES
 
 STATUS_FORMAT = "bmoe-fleet.status"
 
 
 @dataclass(frozen=True)
 class DeviceStatus:
+    """One device's share of a campaign."""
+
     device: str
     planned: int
     done: int                               # cells whose latest attempt is a result
@@ -32,12 +38,15 @@ class DeviceStatus:
     outcomes: dict[str, int] = field(default_factory=dict)   # latest outcome per cell
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON `status --json` gives per device."""
         return {"device": self.device, "planned": self.planned, "done": self.done, "pending": self.pending,
                 "attempts": self.attempts, "outcomes": dict(self.outcomes)}
 
 
 @dataclass(frozen=True)
 class CampaignStatus:
+    """How far a campaign directory is."""
+
     root: str
     campaign: str
     planned: int
@@ -52,9 +61,11 @@ class CampaignStatus:
 
     @property
     def complete(self) -> bool:
+        """Every planned cell has a result."""
         return self.planned > 0 and self.pending == 0
 
     def to_dict(self) -> dict[str, Any]:
+        """`status --json`."""
         return {"format": STATUS_FORMAT, "version": 1, "dir": self.root, "campaign": self.campaign,
                 "planned": self.planned, "done": self.done, "pending": self.pending, "attempts": self.attempts,
                 "complete": self.complete, "running": self.running, "last_activity_at": self.last_activity_at,
@@ -62,9 +73,11 @@ class CampaignStatus:
                 "cells": dict(self.cells)}
 
     def to_json(self) -> str:
+        """`status --json`, as text."""
         return json.dumps(self.to_dict(), indent=2)
 
     def text(self) -> str:
+        """`status`: a line for the campaign and one per device."""
         state = f"running ({self.running})" if self.running else ("complete" if self.complete else "stopped")
         lines = [f"campaign {self.campaign} in {self.root}: {self.done}/{self.planned} cells done, "
                  f"{self.pending} pending, {self.attempts} attempts — {state}"]
@@ -93,31 +106,37 @@ class RunEnd:
 
     @property
     def exit_status(self) -> int:
+        """0 complete, 3 cells pending, 130 interrupted."""
         if self.interrupted:
             return EXIT_INTERRUPTED
         return EXIT_COMPLETE if self.status is not None and self.status.complete else EXIT_INCOMPLETE
 
     def verdict(self) -> str:
+        """One line: how the run ended and what to do next."""
         pending = self.status.pending if self.status is not None else None
         if self.interrupted:
             left = f" ({pending} cells pending)" if pending is not None else ""
             return f"interrupted{left}: rerun the same command to resume; finished runs are kept"
         if self.exit_status == EXIT_COMPLETE:
             return "complete: every planned cell has a result"
-        infra = {k: v for k, v in self.status.outcomes.items() if k in INFRA}
+        seen = self.status.outcomes if self.status is not None else {}
+        infra = {k: v for k, v in seen.items() if k in INFRA}
         why = ", ".join(f"{k} {v}" for k, v in _ordered(infra))
         return (f"incomplete: {pending} cells pending{f' ({why})' if why else ''}; rerun the same command to "
                 "resume (devices lost or unreachable: bring them back first)")
 
     def text(self) -> str:
+        """The status, then the verdict."""
         return "\n".join(([self.status.text()] if self.status is not None else []) + [self.verdict()])
 
     def to_dict(self) -> dict[str, Any]:
+        """`run --json`: the status with the exit status and verdict."""
         base = self.status.to_dict() if self.status is not None else {"format": STATUS_FORMAT, "version": 1,
                                                                         "dir": self.root}
         return {**base, "exit_status": self.exit_status, "interrupted": self.interrupted, "verdict": self.verdict()}
 
     def to_json(self) -> str:
+        """`run --json`, as text."""
         return json.dumps(self.to_dict(), indent=2)
 
 
@@ -127,11 +146,12 @@ def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
 
 
 def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
+    """How far a campaign directory is (read-only, see the module doc)."""
     root = Path(out_dir).resolve()
     cdir = CampaignDir(root)
-    plan = cdir.read_plan()
+    plan = read_plan(cdir)
     if plan is None:
-        raise RunnerError(f"{root}: not a campaign directory (no plan.json)")
+        raise StoreError(f"{root}: not a campaign directory (no plan.json)")
     records = cdir.ledger.read()
     latest = latest_by_cell(records)
     attempts = Counter(r["cell_id"] for r in records if r.get("attempted", True))
@@ -153,34 +173,13 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
         pending = sum(1 for i in ids if cells[i] == "pending")
         devices.append(DeviceStatus(device, len(ids), len(ids) - pending, pending, sum(attempts[i] for i in ids),
                                     {k: v for k, v in states.items() if k != "pending"}))
-    outcomes = Counter()
+    outcomes: Counter[str] = Counter()
     for d in devices:
         outcomes.update(d.outcomes)
     pending = sum(d.pending for d in devices)
-    ends = [r.get("ended_at") for r in records if r.get("ended_at")]
+    ends = [float(r["ended_at"]) for r in records if r.get("ended_at")]
     return CampaignStatus(root=str(root), campaign=plan.campaign, planned=len(plan.cells),
                           done=len(plan.cells) - pending, pending=pending, attempts=sum(attempts.values()),
-                          outcomes=dict(outcomes), devices=tuple(devices), running=_running(root),
+                          outcomes=dict(outcomes), devices=tuple(devices), running=locks.running(fleet_home(), root),
                           last_activity_at=max(ends) if ends else None, cells=cells)
 
-
-def _running(root: Path) -> str | None:
-    """Who holds the directory's lock, or None (an flock probe: never blocks, never writes)."""
-    path = locks_dir() / f"dir-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-            except (OSError, ValueError):
-                info = {}
-            return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from results.analyze import GroupAnalysis
-from results.numbers import json_safe
+from store.versioned import json_safe
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 KILL = "#d62728"

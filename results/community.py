@@ -9,7 +9,8 @@ from the campaign directories given (a `sweep --preset community` run is the pro
   second"); a note says when the two differ by more than DIFFER_PCT;
 - Hardware names a phone by its class (RAM, SoC family), never its model: upstream publishes no
   identifying name; this host by architecture, cores and RAM;
-- Storage is the device's storage probe (`storage/<device>.json`, harness.presets), else n/a;
+- Storage is the device's storage probe (`storage/<device>.json`, written by harness.presets),
+  else n/a;
 - o_direct and the engine's mode are checked: a run whose expert reads fell back to buffered I/O
   is marked, and one that did not stream (no `bmoe: expert streaming ON` line: mmap) is labelled
   a baseline in the Cache column;
@@ -19,15 +20,34 @@ from the campaign directories given (a `sweep --preset community` run is the pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
+from results.publish import Redactor
+from results.rundir import read_campaigns
+from results.table import build_table
+from store.errors import StoreError
+from store.names import COMMUNITY_JSON, STDERR_TXT, STORAGE_DIR
+from store.versioned import STORAGE, read_json
+
+# ── the protocol (upstream's docs/community-benchmarks.md and scripts/bench-report.sh): the
+# sweep runs it (harness.presets), the rows say where a run departs from it ──────────────────
+COMMUNITY_PROMPT = ("Write a long detailed essay about the history of computing including its origins its key "
+                    "milestones the people involved and the future directions of the field")
+COMMUNITY_TOKENS = 256
+COMMUNITY_RUNS = 2
+COMMUNITY_LANES = 4
+# in the order bench-report.sh passes them; each is kept only where the engine has it
+COMMUNITY_FLAGS = (("--chatml",), ("--ubatch", "512"), ("--overlap",))
 
 COLUMNS = ("Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
            "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")
@@ -49,6 +69,7 @@ class CommunityRow:
 
 
 def soc_family(soc: str, abi: str = "") -> str:
+    """A SoC string as its family ("sm8650" -> Snapdragon); the ABI's when no family is known."""
     s = (soc or "").lower()
     for prefix, family in _SOC_FAMILIES:
         if s.startswith(prefix) or prefix in s.split():
@@ -89,23 +110,34 @@ def _num(x: Any, fmt: str, suffix: str = "") -> str:
 
 def _streamed(run_dir: str) -> bool | None:
     """The engine's own word on its mode: its `bmoe: expert streaming ON` stderr line."""
-    path = Path(run_dir) / "stderr.txt"
+    path = Path(run_dir) / STDERR_TXT
     if not path.is_file():
         return None
     return "bmoe: expert streaming ON" in path.read_text(encoding="utf-8", errors="replace")
 
 
 def _quant(record: Mapping[str, Any] | None) -> str:
-    types = ((record or {}).get("quant_types") or {}).get("expert") or {}
-    return max(types, key=types.get) if types else ""
+    types: Mapping[str, float] = ((record or {}).get("quant_types") or {}).get("expert") or {}
+    return max(types, key=lambda t: types[t]) if types else ""
+
+
+def read_storage(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The storage probes of a community campaign directory, by device (a file of another format
+    or a newer version is left out)."""
+    out = {}
+    folder = Path(root) / STORAGE_DIR
+    for p in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            data = read_json(p, STORAGE.name)
+        except StoreError:
+            continue
+        out[str(data.get("device"))] = data
+    return out
 
 
 def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
                    model_files: Mapping[str, str] | None = None) -> list[CommunityRow]:
-    from harness.presets import COMMUNITY_FILE, COMMUNITY_LANES, COMMUNITY_TOKENS, read_storage
-    from results.rundir import read_campaigns
-    from results.table import build_table
-
+    """One row per (device, model, top-k) of these campaign directories, with its notes."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files)
     table = table[(table["latest"]) & (~table["probe"].astype(bool))]
@@ -119,12 +151,10 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             identities.setdefault(name, rec)
         for name, rec in c.models.items():
             models.setdefault(name, rec)
-        meta = c.root / COMMUNITY_FILE
+        meta = c.root / COMMUNITY_JSON
         if meta.is_file():
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 protocol_notes += list(json.loads(meta.read_text(encoding="utf-8")).get("notes") or ())
-            except (OSError, ValueError):
-                pass
     rows = []
     keys = table.assign(_k=[to_float(k) for k in table["n_expert_used"]])
     for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
@@ -202,9 +232,8 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
 
 
 def community_markdown(rows: Sequence[CommunityRow]) -> str:
-    from results.formats import to_md
-
-    text = to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC)
+    """The rows as upstream's Markdown table, the notes listed under it."""
+    text = formats.to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC)
     notes = [f"- row {i + 1} ({r.device}, run {r.run_id}): {n}" for i, r in enumerate(rows) for n in r.notes]
     return text + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "")
 
@@ -212,9 +241,6 @@ def community_markdown(rows: Sequence[CommunityRow]) -> str:
 def community_command(dirs: Sequence[str | Path], out: str | None = None, by: str = "bmoe-fleet",
                       as_json: bool = False, model_files: Mapping[str, str] | None = None) -> str:
     """`report --format community`: the rows as Markdown (or JSON), to `out` or stdout."""
-    from results import formats
-    from results.publish import Redactor
-
     rows = community_rows(dirs, by, model_files)
     redactor = Redactor()
     if as_json:

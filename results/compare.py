@@ -1,10 +1,10 @@
 """`bmoe-fleet compare A B`: matching cells of two campaigns (or two engine versions), side by side.
 
-A cell is one configuration on one device (results.analyze.cell_key: device, model, top-k, budget
+A cell is one configuration on one device (results.run_keys.cell_key: device, model, top-k, budget
 asked, dense mode and the other knobs) — its repeats are pooled, so campaigns of the same plan
 match cell for cell even when their engines differ. For each cell present in both, each metric's
 median ratio B/A is judged against a noise threshold from the repeats' spread
-(results.analyze.differs: the ranges must not overlap and the ratio must clear
+(results.noise.differs: the ranges must not overlap and the ratio must clear
 max(10 %, 3 x the larger coefficient of variation); cells without repeats use the tables' typical
 variation). tok/s and hit % are better higher, flash MiB per token better lower. A cell that
 finished in A but fails in B is called out as newly failing, and always counts as a regression.
@@ -27,19 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from results.analyze import (
-    CELL_KEYS,
-    NOISE_CV_FACTOR,
-    NOISE_DEFAULT,
-    NOISE_MIN,
-    RESULT_OUTCOMES,
-    cell_key,
-    cv,
-    differs,
-)
 from results.errors import ResultsError
-from results.numbers import json_safe
+from results.noise import NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, cv, differs, typical_noise
+from results.run_keys import CELL_KEYS, cell_key
 from results.table import build_table
+from store.outcomes import RESULTS
+from store.versioned import json_safe
 
 FORMAT = "bmoe-fleet.compare"
 FORMAT_VERSION = 1
@@ -136,7 +129,8 @@ class Comparison:
 
 
 def _label(row: Mapping[str, Any]) -> str:
-    from results.analyze import _text, budget_asked
+    from results.run_keys import budget_asked
+    from results.run_keys import text_of as _text
 
     k = row.get("n_expert_used")
     k = f"k={int(k)}" if isinstance(k, float) and not math.isnan(k) else "k=?"
@@ -161,7 +155,7 @@ def _fallback(frames: Sequence[pd.DataFrame]) -> float:
                 c = cv(_values(sub, "tok_s"))
                 if not math.isnan(c):
                     cvs.append(c)
-    return max(NOISE_MIN, NOISE_CV_FACTOR * float(np.median(cvs))) if cvs else NOISE_DEFAULT
+    return typical_noise(cvs)
 
 
 def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: float,
@@ -190,7 +184,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     """Match cells of two run tables and judge every metric's change against its noise."""
     frames = []
     for t in (a, b):
-        t = t[t["outcome"].isin(RESULT_OUTCOMES)]
+        t = t[t["outcome"].isin(RESULTS)]
         frames.append(t.assign(_cell=[cell_key(r) for r in t.to_dict("records")]))
     a, b = frames
     fallback = _fallback(frames)
@@ -252,7 +246,7 @@ _NUMERIC = ("top_k", "a", "b", "change_pct", "noise_pct")
 
 def comparison_rows(c: Comparison) -> list[dict[str, Any]]:
     """One row per cell and metric (a cell with nothing to compare gets one row for its status)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cell in c.cells:
         key = dict(zip(CELL_KEYS, cell.key))
         budget = key["budget_asked"]

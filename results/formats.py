@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.fsutil import atomic_write
 from results.errors import ResultsError
-from results.numbers import json_safe
+from store.versioned import json_safe
 
 FORMATS = ("text", "csv", "json", "jsonl", "md")
 STDOUT = "-"
@@ -105,7 +105,7 @@ def to_text(records: Sequence[Mapping[str, Any]], columns: Sequence[str], header
     return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(row) for row in cells]) + "\n"
 
 
-def emit(data: str | bytes, out: str | None, what: str = "") -> str | None:
+def emit(data: str | bytes, out: str | None, what: str = "") -> str:
     """Write `data` to `out` (atomically) and return the line to print; for stdout (`-`, or no
     `-o`), return the data itself."""
     if out is None or out == STDOUT:

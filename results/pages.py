@@ -1,9 +1,9 @@
-"""What each page template receives: one small dataclass per page (style.md), field by field.
+"""What each page template receives: one small dataclass per page (docs/style.md), field by field.
 
 `root` is the relative path from the page back to the site's top folder ("" or "../../"), so
 every link works from file:// wherever the site is copied. `Chart` pairs a figure with the id of
 the JSON block that carries it. Strings here are data (device names come from getprop): the
-templates escape them, and file names derived from them go through report.slug().
+templates escape them, and file names derived from them go through site_format.slug().
 """
 
 from __future__ import annotations

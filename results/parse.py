@@ -4,7 +4,8 @@ One job per module, all re-exported here:
 
 - `parse_csv`: `--csv` metrics files, no preamble (7-12 columns), `# bmoe_metrics v1`, `v2`;
 - `parse_console`: `.log` / `.out` / `.err` captures (end-of-run lines, `bmoe:` load lines, errors,
-  `BMOE_*` JSON), multi-run captures split at their `==== TAG ====` separators;
+  `BMOE_*` JSON), multi-run captures split at their `==== TAG ====` separators, into the records
+  of `console_records`;
 - `parse_device`: `.metrics` pressure sidecars, `.state` snapshots, driver logs' `ENTRY STATE`;
 - `parse_config`: run configuration from file names, driver tags, echoed command lines, and the
   engine's own lines;
@@ -19,8 +20,7 @@ are stored as missing, with a note in the reader's `notes`. docs/formats.md list
 an example line each.
 """
 
-from results.parse_config import config_from_command, config_from_log, config_from_name, config_from_tag, run_stem
-from results.parse_console import (
+from results.console_records import (
     CacheAuto,
     CacheChurn,
     ComputeUse,
@@ -35,11 +35,9 @@ from results.parse_console import (
     Prefill,
     SpecGate,
     StreamingOn,
-    parse_console,
-    read_console,
-    read_console_runs,
-    split_runs,
 )
+from results.parse_config import config_from_command, config_from_log, config_from_name, config_from_tag, run_stem
+from results.parse_console import parse_console, read_console, read_console_runs, split_runs
 from results.parse_csv import NOT_MEASURED, REQUIRED_COLUMNS, MetricsFile, looks_like_metrics_csv, read_metrics_csv
 from results.parse_device import entry_exit, read_driver_log, read_sidecar, read_state
 from results.parse_discover import RunFiles, discover

@@ -34,12 +34,9 @@ import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from results.console_records import ConsoleRun
 from results.parse_text import to_number
-
-if TYPE_CHECKING:
-    from results.parse_console import ConsoleRun
 
 RUN_SUFFIXES = (".route.csv", ".csv", ".metrics", ".log", ".out", ".err", ".state")
 MODEL_ALIASES = {"qwen": "qwen", "gemma": "gemma", "gpt": "gpt-oss", "gptoss": "gpt-oss"}
@@ -71,7 +68,7 @@ _VALUE_FLAGS = {
     "-t": "threads", "--threads": "threads", "-n": "n_predict", "--n-predict": "n_predict",
     "-c": "n_ctx", "--ctx-size": "n_ctx", "-m": "model_path", "--model": "model_path", "--ubatch": "n_ubatch",
 }
-_BOOL_FLAGS = {
+_BOOL_FLAGS: dict[str, dict[str, object]] = {
     "--moe-stream": {"moe_stream": True}, "--overlap": {"overlap": True}, "--force-cache": {"force_cache": True},
     "--no-odirect": {"o_direct": False}, "--progress": {"progress": True}, "--spec-gate": {"spec_gate": True},
     "--no-warm-dense": {"dense_weights": "mmap"}, "--dense-odirect": {"dense_weights": "anon"},

@@ -24,11 +24,28 @@ import bisect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
+from dataclasses import is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, Literal
 
+from results.console_records import (
+    CacheAuto,
+    CacheChurn,
+    ComputeUse,
+    ConsoleRun,
+    CycleWarning,
+    DenseAnon,
+    DenseWarmup,
+    Generation,
+    MoeCache,
+    MoeStream,
+    Prefetch,
+    Prefill,
+    SpecGate,
+    StreamingOn,
+)
 from results.parse_config import config_from_command, config_from_tag
 from results.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
 from results.parse_values import checked, note, problem
@@ -41,235 +58,99 @@ END_TAGS = frozenset({"DONE", "ALL DONE", "MMAP DONE"})
 _TAG_PARAMS_RE = re.compile(r"^(\S+)\s+\((.*)\)$")
 PERF_PREFIXES = ("generation:", "compute:", "prefill:", "moe-")
 
-
-@dataclass(frozen=True)
-class Generation:
-    tokens: int
-    s_per_token: float
-    tok_per_s: float
-
-
-@dataclass(frozen=True)
-class ComputeUse:
-    cpu_occupancy_pct: float
-    cpu_s_per_token: float
-    threads: int
-    majflt_per_token: float
-
-
-@dataclass(frozen=True)
-class Prefill:
-    tokens: int
-    prefill_s: float
-    tok_per_s: float
-    load_s: float
-    ttft_s: float
-
-
-@dataclass(frozen=True)
-class MoeStream:
-    read_mib: float
-    read_mib_per_token: float
-    decode_s_per_token: float
-    compute_s_per_token: float
-    cache_mgmt_s_per_token: float | None  # absent before the 2026-07-13 builds
-    flash_io_s_per_token: float
-    flash_mib_per_s: float
-
-
-@dataclass(frozen=True)
-class MoeCache:
-    hit_pct: float
-    resident_mib: float
-    budget_mib: float | None  # printed only when the engine chose it (`--cache-mb auto`)
-    auto: bool
-    resized_count: int | None  # `resized N×`, printed by July 2026 builds only
-
-
-@dataclass(frozen=True)
-class CacheChurn:
-    evictions: int
-    rereads: int
-    rereads_per_token: float
-    note: str
-
-
-@dataclass(frozen=True)
-class Prefetch:
-    speculative_mib: float
-    useful_experts: int
-    experts: int
-    useful_pct: float
-    mode: str | None  # `route-ahead` / `stale-gate` in brackets, None for plain --prefetch
-
-
-@dataclass(frozen=True)
-class SpecGate:
-    recall_pct: float
-    auto_disabled_below_pct: float | None  # set when the gate switched itself off
-
-
-@dataclass(frozen=True)
-class CacheAuto:
-    available_mib: float
-    free_mib: float  # the floor left free (--cache-floor-mb)
-    budget_mib: float
-    cap_mib: float
-
-
-@dataclass(frozen=True)
-class DenseWarmup:
-    mib: float
-    seconds: float
-
-
-@dataclass(frozen=True)
-class DenseAnon:
-    mode: str
-    mib: float
-    buffers: int
-    dropped_mib: float | None  # the follow-up `dropped N MiB of now-unused mmap pages` line
-
-
-@dataclass(frozen=True)
-class StreamingOn:
-    n_expert: int
-    o_direct: bool
-    io_threads: int
-    cache_mib: int
-    shards: int | None  # absent before 0.19.0
-    extra: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class CycleWarning:
-    budget_mib: int
-    cycle_mib: int
-    top_k: int | None
-
-
-@dataclass(frozen=True, eq=False)
-class ConsoleRun:
-    """What one engine run printed. Fields are None (or empty) when their line is absent."""
-
-    paths: tuple[str, ...]
-    lines: tuple[str, ...]
-    tag: str | None = None  # the driver's separator tag, for a run split out of a multi-run capture
-    declared_config: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
-    generation: Generation | None = None
-    compute: ComputeUse | None = None
-    prefill: Prefill | None = None
-    moe_stream: MoeStream | None = None
-    moe_cache: MoeCache | None = None
-    cache_churn: CacheChurn | None = None
-    overlap_stall_s_per_token: float | None = None
-    prefetch: Prefetch | None = None
-    spec_gate: SpecGate | None = None
-    cache_auto: CacheAuto | None = None
-    cache_reserve_mib: float | None = None
-    dense_warmup: DenseWarmup | None = None
-    dense_anon: DenseAnon | None = None
-    streaming: StreamingOn | None = None
-    cycle_warning: CycleWarning | None = None
-    config_error: str | None = None
-    arg_error: str | None = None
-    runtime_error: str | None = None
-    warnings: tuple[str, ...] = ()
-    events: tuple[tuple[str, Mapping[str, object]], ...] = ()  # (`BMOE_` name, JSON payload), in order
-    answer: str | None = None  # between `=== answer ===` and `=== perf ===` (--progress)
-    pressure: Mapping[str, int | float | None] | None = None  # bench-run.sh sidecar lines
-    entry_state: Mapping[str, int | float | str] | None = None  # a cooling gate's `ENTRY STATE:` line
-    unparsed: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()  # values stored as missing (None): `path:line: key=value: why`
-
-    @property
-    def finished(self) -> bool:
-        """The end-of-run block was printed (a killed or refused run has none)."""
-        return self.generation is not None
-
-    @property
-    def load_events(self) -> tuple[Mapping[str, object], ...]:
-        return tuple(payload for name, payload in self.events if name == "LOAD")
-
-    @property
-    def progress(self) -> tuple[Mapping[str, object], ...]:
-        return tuple(payload for name, payload in self.events if name == "PROGRESS")
+# What one line says: ConsoleRun fields by name (values of several types, hence Any), the pressure
+# values of a sidecar line, or a `BMOE_*` event.
+Fields = dict[str, Any]
+Event = tuple[str, Mapping[str, object]]
+Found = tuple[Literal["event"], Event] | tuple[Literal["fields", "pressure"], Fields]
 
 
 # ── line shapes ────────────────────────────────────────────────────────────────────────────────
 # Each handler turns a match into ConsoleRun fields. Separators (— → ×) are matched loosely with
 # `.*?` so a capture that went through the wrong code page still parses.
 
-def _n(text: str | None) -> int | float | None:
-    """A matched numeral as a number (None when the optional group is absent). NumberError for one
-    no engine prints; ValueError when it is no numeral (the line then has another shape)."""
-    if text is None:
-        return None
+def _num(text: str) -> float:
+    """A matched numeral as a number (an int stays an int: the records' floats take both).
+    NumberError for one no engine prints; ValueError when it is no numeral (the line then has
+    another shape)."""
     value = to_number(text)
     if isinstance(value, str):
         raise ValueError(text)
     return value
 
 
-def _whole(text: str | None) -> int | float | None:
+def _opt(text: str | None) -> float | None:
+    """An optional group's numeral; None when the group is absent."""
+    return None if text is None else _num(text)
+
+
+def _count(text: str) -> int:
+    """A digits-only group's numeral."""
+    value = _num(text)
+    if not isinstance(value, int):
+        raise ValueError(text)
+    return value
+
+
+def _whole(text: str) -> int | float:
     """A whole MiB count printed as `1815` or `1815.0`; nan stays nan (stored as missing later)."""
-    value = _n(text)
+    value = _num(text)
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _generation(m: re.Match) -> dict:
-    return {"generation": Generation(_n(m[1]), _n(m[2]), _n(m[3]))}
+def _generation(m: re.Match[str]) -> Fields:
+    return {"generation": Generation(_count(m[1]), _num(m[2]), _num(m[3]))}
 
 
-def _compute(m: re.Match) -> dict:
-    return {"compute": ComputeUse(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]))}
+def _compute(m: re.Match[str]) -> Fields:
+    return {"compute": ComputeUse(_num(m[1]), _num(m[2]), _count(m[3]), _num(m[4]))}
 
 
-def _prefill(m: re.Match) -> dict:
-    return {"prefill": Prefill(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), _n(m[5]))}
+def _prefill(m: re.Match[str]) -> Fields:
+    return {"prefill": Prefill(_count(m[1]), _num(m[2]), _num(m[3]), _num(m[4]), _num(m[5]))}
 
 
-def _moe_stream(m: re.Match) -> dict:
-    return {"moe_stream": MoeStream(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), _n(m[5]), _n(m[6]),
-                                    _n(m[7]))}
+def _moe_stream(m: re.Match[str]) -> Fields:
+    return {"moe_stream": MoeStream(_num(m[1]), _num(m[2]), _num(m[3]), _num(m[4]), _opt(m[5]), _num(m[6]),
+                                    _num(m[7]))}
 
 
-def _moe_cache(m: re.Match) -> dict:
+def _moe_cache(m: re.Match[str]) -> Fields:
     detail = m[4] or ""
     resized = re.search(r"resized\s+(\d+)", detail)
-    return {"moe_cache": MoeCache(_n(m[1]), _n(m[2]), _n(m[3]), detail.startswith("auto"),
-                                  _n(resized[1]) if resized else None)}
+    return {"moe_cache": MoeCache(_num(m[1]), _num(m[2]), _opt(m[3]), detail.startswith("auto"),
+                                  _count(resized[1]) if resized else None)}
 
 
-def _churn(m: re.Match) -> dict:
-    return {"cache_churn": CacheChurn(_n(m[1]), _n(m[2]), _n(m[3]), m[4].strip().lstrip("—-– ").strip())}
+def _churn(m: re.Match[str]) -> Fields:
+    return {"cache_churn": CacheChurn(_count(m[1]), _count(m[2]), _num(m[3]), m[4].strip().lstrip("—-– ").strip())}
 
 
-def _prefetch(m: re.Match) -> dict:
-    return {"prefetch": Prefetch(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]), m[5])}
+def _prefetch(m: re.Match[str]) -> Fields:
+    return {"prefetch": Prefetch(_num(m[1]), _count(m[2]), _count(m[3]), _num(m[4]), m[5])}
 
 
-def _cycle_warning(m: re.Match) -> dict:
-    return {"cycle_warning": CycleWarning(_whole(m[1]), _whole(m[2]), _n(m[3]) if m[3] else None)}
+def _cycle_warning(m: re.Match[str]) -> Fields:
+    return {"cycle_warning": CycleWarning(_whole(m[1]), _whole(m[2]), _count(m[3]) if m[3] else None)}
 
 
-def _streaming(m: re.Match) -> dict:
+def _streaming(m: re.Match[str]) -> Fields:
     values = dict(re.findall(r"(\w+)=(\S+)", m[1]))
     try:
         return {"streaming": StreamingOn(
-            n_expert=_n(values.pop("n_expert")), o_direct=values.pop("o_direct") == "1",
-            io_threads=_n(values.pop("io_threads")), cache_mib=_n(values.pop("cache")),
-            shards=_n(values.pop("shards")) if "shards" in values else None,
+            n_expert=_num(values.pop("n_expert")), o_direct=values.pop("o_direct") == "1",
+            io_threads=_num(values.pop("io_threads")), cache_mib=_num(values.pop("cache")),
+            shards=_num(values.pop("shards")) if "shards" in values else None,
             extra=MappingProxyType(values))}
     except (KeyError, ValueError):
         return {}  # a different shape: the caller keeps the line in `unparsed`
 
 
-def _dense_anon(m: re.Match) -> dict:
-    return {"dense_anon": DenseAnon(m[1], _n(m[2]), _n(m[3]), None)}
+def _dense_anon(m: re.Match[str]) -> Fields:
+    return {"dense_anon": DenseAnon(m[1], _num(m[2]), _count(m[3]), None)}
 
 
-_STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
+_STDOUT: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
     (re.compile(rf"^generation: (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
     (re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
      _compute),
@@ -278,23 +159,23 @@ _STDOUT: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
                 rf"(?: \+ cache mgmt {N})? \+ flash I/O {N} s/token, {N} MiB/s\)"), _moe_stream),
     (re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
     (re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
-    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _n(m[1])}),
+    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _num(m[1])}),
     (re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
      _prefetch),
     (re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
-     lambda m: {"spec_gate": SpecGate(_n(m[1]), _n(m[2]))}),
+     lambda m: {"spec_gate": SpecGate(_num(m[1]), _opt(m[2]))}),
     (re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
     (re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
     (re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
     (re.compile(r"^warning: (.*)"), lambda m: {"warnings": m[1].strip()}),
 )
-_STDERR: tuple[tuple[re.Pattern, Callable[[re.Match], dict]], ...] = (
+_STDERR: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
     (re.compile(rf"bmoe: cache auto.*?{N} MiB available, leaving {N} MiB free.*?{N} MiB budget \(cap {N} MiB\)"),
-     lambda m: {"cache_auto": CacheAuto(_n(m[1]), _n(m[2]), _n(m[3]), _n(m[4]))}),
-    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": _n(m[1])}),
+     lambda m: {"cache_auto": CacheAuto(_num(m[1]), _num(m[2]), _num(m[3]), _num(m[4]))}),
+    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": _num(m[1])}),
     (re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
-     lambda m: {"dense_warmup": DenseWarmup(_n(m[1]), _n(m[2]))}),
-    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _n(m[1])}),
+     lambda m: {"dense_warmup": DenseWarmup(_num(m[1]), _num(m[2]))}),
+    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _num(m[1])}),
     (re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
     (re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
     (re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
@@ -340,23 +221,23 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
     if where is None:
         def where(index: int) -> str:
             return f"{_where(paths, tag)}:{index + 1}"
-    fields: dict[str, object] = {}
+    fields: Fields = {}
     warnings: list[str] = []
-    events: list[tuple[str, Mapping[str, object]]] = []
+    events: list[Event] = []
     pressure: dict[str, int | float | None] = {}
     unparsed: list[str] = []
     notes: list[str] = []
-    answer: list[str] | None = None
-    in_answer = False
+    answer: list[str] | None = None       # the `=== answer ===` section's lines, once seen
+    collecting: list[str] | None = None   # `answer` while inside that section
     for index, line in enumerate(lines):
         if line == "=== answer ===":
-            in_answer, answer = True, []
+            answer = collecting = []
             continue
         if line == "=== perf ===":
-            in_answer = False
+            collecting = None
             continue
-        if in_answer:
-            answer.append(line)
+        if collecting is not None:
+            collecting.append(line)
             continue
         try:
             found = _checked_match(lines, index, where, notes)
@@ -366,10 +247,11 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
             if line.startswith(PERF_PREFIXES) or "bmoe:" in line:
                 unparsed.append(line)
             continue
+        if found[0] == "event":
+            events.append(found[1])
+            continue
         kind, values = found
-        if kind == "event":
-            events.append(values)
-        elif kind == "pressure":
+        if kind == "pressure":
             pressure.update(values)
         elif "warnings" in values:
             warnings.append(values["warnings"])
@@ -391,32 +273,31 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         **fields)
 
 
-def _checked_match(lines: list[str], index: int, where: Callable[[int], str],
-                   notes: list[str]) -> tuple[str, object] | None:
+def _checked_match(lines: list[str], index: int, where: Callable[[int], str], notes: list[str]) -> Found | None:
     """_match of lines[index], its numbers range-checked, a wrapped cycle warning joined."""
     found = _match(lines[index])
     if found is None:
         return None
+    if found[0] == "event":
+        name, payload = found[1]
+        return "event", (name, MappingProxyType(checked(payload, where(index), notes)))
     kind, values = found
-    if kind == "event":
-        name, payload = values
-        return kind, (name, MappingProxyType(checked(payload, where(index), notes)))
     values = _plausible(values, where(index), notes)
     warning = values.get("cycle_warning")
-    if warning is not None and warning.top_k is None and index + 1 < len(lines):
-        # the warning is one line, but it has been wrapped before the `at top-k K` part
-        if more := _TOP_K_CONTINUATION_RE.match(lines[index + 1]):
-            values["cycle_warning"] = replace(warning, top_k=_n(more[1]))
+    # the warning is one line, but it may have been wrapped before the `at top-k K` part
+    if (warning is not None and warning.top_k is None and index + 1 < len(lines)
+            and (more := _TOP_K_CONTINUATION_RE.match(lines[index + 1]))):
+        values["cycle_warning"] = replace(warning, top_k=_count(more[1]))
     return kind, values
 
 
-def _plausible(values: Mapping[str, object], where: str, notes: list[str]) -> dict[str, object]:
+def _plausible(values: Fields, where: str, notes: list[str]) -> Fields:
     """A matched line's fields with every impossible number (nan, a negative time …) set to None and
     noted; a field of a record is judged by its own name (`tok_per_s`, `hit_pct`, `budget_mib`)."""
-    out: dict[str, object] = {}
+    out: Fields = {}
     for key, value in values.items():
-        if is_dataclass(value):
-            bad = {}
+        if is_dataclass(value) and not isinstance(value, type):
+            bad: dict[str, None] = {}
             for f in dataclass_fields(value):
                 reason = problem(f.name, getattr(value, f.name))
                 if reason is not None:
@@ -435,7 +316,7 @@ def _plausible(values: Mapping[str, object], where: str, notes: list[str]) -> di
     return out
 
 
-def _match(line: str) -> tuple[str, object] | None:
+def _match(line: str) -> Found | None:
     for pattern, handler in _STDOUT:
         if m := pattern.match(line):
             values = _handled(handler, m)
@@ -453,7 +334,7 @@ def _match(line: str) -> tuple[str, object] | None:
     return None
 
 
-def _handled(handler: Callable[[re.Match], dict], m: re.Match) -> dict:
+def _handled(handler: Callable[[re.Match[str]], Fields], m: re.Match[str]) -> Fields:
     try:
         return handler(m)
     except NumberError as e:
@@ -551,6 +432,7 @@ def run_starts(body: Sequence[str]) -> list[int]:
 
 def split_runs(lines: list[str], path: str = "") -> list[ConsoleRun]:
     # (tag, index of the section's first line in `lines`, its lines)
+    """The runs of a capture's lines: split at separators, then where one run's end-of-run block is followed by another's start."""
     sections: list[tuple[str | None, int, list[str]]] = [(None, 0, [])]
     for index, line in enumerate(lines):
         if m := SEPARATOR_RE.match(line):

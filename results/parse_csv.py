@@ -105,9 +105,8 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
         if not _MAGIC_RE.fullmatch(line):
             preamble.update(_preamble_values(f"{name}:{number}", line, notes))
     if header_at is None:
-        header_or_comment = cut is None or cut.startswith(("#", HEADER_START)) or HEADER_START.startswith(cut)
-        if not header_or_comment:
-            raise _not_a_csv(name, len(lines) + 1, cut)
+        if cut is not None and not (cut.startswith(("#", HEADER_START)) or HEADER_START.startswith(cut)):
+            raise _not_a_csv(name, len(lines) + 1, cut)     # a cut line that is no header and no comment
         # killed after the preamble, before the header was whole: no rows yet
         return _empty(name, version=version, preamble=preamble, empty=False, cut_line=cut is not None)
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from results.parse_console import ConsoleRun, read_console_runs
+from results.console_records import ConsoleRun
+from results.parse_console import read_console_runs
 from results.parse_csv import looks_like_metrics_csv
 from results.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
 from results.parse_values import checked
@@ -76,7 +77,10 @@ def read_state(path: str | Path, notes: list[str] | None = None) -> dict[str, di
                 raise located(e, where) from None
             for key, value in checked(values, where, notes if notes is not None else []).items():
                 if isinstance(value, dict):
-                    current.setdefault(key, {}).update(value)
+                    merged = current.get(key)
+                    if not isinstance(merged, dict):
+                        merged = current[key] = {}
+                    merged.update(value)
                 else:
                     current[key] = value
     if not states:
@@ -123,8 +127,8 @@ def entry_exit(run: ConsoleRun) -> dict[str, dict[str, object]]:
 
 def read_driver_log(path: str | Path) -> dict[str, dict[str, dict[str, object]]]:
     """{cell tag: {"entry": {...}, "exit": {...}}} for a driver log of tagged cells."""
-    runs = [run for run in read_console_runs(path) if run.tag is not None]
+    runs = [(run.tag, run) for run in read_console_runs(path) if run.tag is not None]
     if not runs:
         raise ParseError(f"{path}: no '==== TAG ====' cells: not a driver log")
-    return {run.tag: entry_exit(run) for run in runs}
+    return {tag: entry_exit(run) for tag, run in runs}
 

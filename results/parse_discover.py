@@ -11,9 +11,10 @@ are handled here rather than in every importer:
   stem is the tag (or ends with `_TAG`, as `gptoss_mmap_k2.csv` for section `mmap_k2`), or forms a
   group of its own when no file shares the tag.
 
-A bmoe-fleet campaign directory inside the folder (a `plan.json`, `ledger.jsonl` or
-`campaign.toml` beside its files: an import's own output, a sweep kept with the data) holds
-this project's runs, not upstream's: discover() skips it whole, and campaign_dirs() lists them.
+A bmoe-fleet campaign directory inside the folder (one of store.names.CAMPAIGN_MARKERS — its
+plan, ledger or campaign file — beside its files: an import's own output, a sweep kept with the
+data) holds this project's runs, not upstream's: discover() skips it whole, and campaign_dirs()
+lists them.
 """
 
 from __future__ import annotations
@@ -21,19 +22,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from results.parse_config import run_stem
 from results.parse_console import END_TAGS, SEPARATOR_RE, read_console_runs, run_starts
 from results.parse_csv import looks_like_metrics_csv
 from results.parse_text import ParseError, read_lines
+from store.names import CAMPAIGN_MARKERS, is_campaign_dir
 
-CAMPAIGN_MARKERS = ("plan.json", "ledger.jsonl", "campaign.toml")
 _KIND_BY_SUFFIX = ((".route.csv", "route_trace"), (".csv", "csv"), (".metrics", "metrics"), (".log", "log"),
                    (".out", "out"), (".err", "err"), (".state", "state"))
 
 
 @dataclass(frozen=True)
 class RunFiles:
+    """The files of one upstream engine run."""
+
     folder: Path
     stem: str
     csv: Path | None = None  # the per-token metrics CSV (whatever its suffix)
@@ -45,10 +49,6 @@ class RunFiles:
     state: Path | None = None
     capture: Path | None = None  # a multi-run capture holding this run's console output
     section: str | None = None  # the separator tag of that section in `capture`
-
-
-def is_campaign_dir(folder: Path) -> bool:
-    return any((folder / marker).is_file() for marker in CAMPAIGN_MARKERS)
 
 
 def campaign_dirs(folder: str | Path) -> list[Path]:
@@ -82,7 +82,8 @@ def discover(folder: str | Path, exclude: Iterable[str | Path] = ()) -> list[Run
         group = groups.get(key) or RunFiles(folder=path.parent, stem=key[1])
         if getattr(group, kind) is not None:
             raise ParseError(f"{path}: run {key[1]} already has a {kind} file ({getattr(group, kind).name})")
-        groups[key] = replace(group, **{kind: path})
+        found: dict[str, Any] = {kind: path}
+        groups[key] = replace(group, **found)
     for capture in captures:
         for run in read_console_runs(capture):
             if run.tag is None:

@@ -18,11 +18,8 @@ refused rather than overwritten.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,28 +30,16 @@ from typing import Any
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from results import charts
-from results.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay, analyze
+from results.analyze import Analysis, analyze
 from results.errors import ResultsError
-from results.numbers import is_missing
-from results.pages import (
-    CampaignRow,
-    Chart,
-    DeviceCard,
-    DevicePage,
-    GroupView,
-    IndexPage,
-    Link,
-    ModelPage,
-    PointRow,
-    RecRow,
-    RunPage,
-)
+from results.page_views import Ids, device_page, index_page, model_page, run_page
 from results.publish import Redactor
-from results.recommend import Recommendation, Recommendations, recommendations_for
-from results.rundir import CampaignData, RunFolder, read_campaigns
+from results.recommend import recommendations_for
+from results.recommend_records import Recommendations
+from results.rundir import CampaignData, read_campaigns
+from results.site_format import Urls, fmt_mib, fmt_num
 from results.table import build_table
-from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+from store import names
 
 # run-table columns a published runs.csv leaves out: where the campaign lived on this host
 HOST_COLUMNS = ("run_dir", "campaign_dir")
@@ -66,6 +51,7 @@ SITE_MARKER = ".bmoe-fleet-site"
 
 
 def templates_dir() -> Path:
+    """The installed templates/ folder."""
     return Path(str(resources.files("templates")))
 
 
@@ -78,372 +64,13 @@ def make_environment() -> Environment:
     return env
 
 
-# ── formatting (strings the pages show) ──────────────────────────────────────────────────────
-
-
-def fmt_num(x: Any, digits: int = 3) -> str:
-    if is_missing(x):
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
-    return str(x)
-
-
-def fmt_mib(x: Any) -> str:
-    return "—" if is_missing(x) else f"{float(x):g} MiB"
-
-
-def fmt_kb(x: Any) -> str:
-    return "—" if is_missing(x) else f"{float(x) / 1024:,.0f} MiB"
-
-
-def fmt_pct(x: Any) -> str:
-    return "—" if is_missing(x) else f"{float(x):.1f} %"
-
-
-def fmt_time(epoch: Any) -> str:
-    """Epoch seconds as local time (the zone of the machine that built the site, named)."""
-    if is_missing(epoch) or not isinstance(epoch, (int, float)):
-        return "—"
-    import time
-
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(float(epoch)))
-
-
-def fmt_celsius(x: Any, per_degree: int) -> str:
-    """A temperature kept in milli- (1000) or deci-degrees (10) as °C."""
-    if is_missing(x) or isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "—"
-    return f"{float(x) / per_degree:.1f} °C"
-
-
-_UNITS = (("_mc", lambda x: fmt_celsius(x, 1000)), ("_mC", lambda x: fmt_celsius(x, 1000)),
-          ("_dc", lambda x: fmt_celsius(x, 10)), ("_dC", lambda x: fmt_celsius(x, 10)), ("_kb", lambda x: fmt_kb(x)),
-          ("_khz", lambda x: _ghz(x)))
-_TIMES = ("taken_at_s", "started_at", "ended_at", "first_seen_at", "since")
-
-
-def _human(key: str, value: Any) -> tuple[str, str]:
-    """A recorded key and value as a person reads them: m°C and d°C as °C, kB as MiB, epoch
-    seconds as local time, kHz as GHz, per-zone temperatures one phrase each; the unit leaves
-    the key's name once the value carries it."""
-    k = key
-    if k == "cpufreq" and isinstance(value, list):
-        return "CPU frequency cap", ", ".join(
-            f"{v.get('name')} {_ghz(v.get('scaling_max_khz'))} of {_ghz(v.get('cpuinfo_max_khz'))}"
-            + (" (capped)" if v.get("capped") else "") for v in value if isinstance(v, Mapping)) or "none reported"
-    if isinstance(value, Mapping) and (k.endswith("_mc") or k.endswith("_c")):
-        scale = 1000 if k.endswith("_mc") else 1
-        return k.removesuffix("_mc").removesuffix("_c").replace("_", " "), ", ".join(
-            f"{zone} {fmt_celsius(v, scale)}" for zone, v in value.items()) or "none"
-    for suffix, fn in _UNITS:
-        if k.endswith(suffix):
-            label = k[: -len(suffix)].replace("_", " ")
-            return label, fn(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
-    if k in _TIMES or k.endswith("_at"):
-        return k.removesuffix("_s").replace("_", " "), fmt_time(value)
-    if isinstance(value, bool) or value is None:
-        return k.replace("_", " "), "—" if value is None else ("yes" if value else "no")
-    if isinstance(value, (int, float)):
-        if k.endswith("_s"):
-            return k[:-2].replace("_", " "), f"{fmt_num(float(value))} s"
-        return k.replace("_", " "), fmt_num(value) if isinstance(value, float) else str(value)
-    if isinstance(value, (dict, list)):
-        return k.replace("_", " "), json.dumps(value, ensure_ascii=False)
-    return k.replace("_", " "), str(value)
-
-
-def _ghz(khz: Any) -> str:
-    return "—" if is_missing(khz) or not isinstance(khz, (int, float)) else f"{float(khz) / 1e6:.2f} GHz"
-
-
-def slug(text: str) -> str:
-    """A file name for a device or model string: safe characters only, plus a hash of the whole
-    string so two strings that sanitise alike never share a page."""
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:60] or "x"
-    return f"{base}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
-
-
-# ── the site's addresses ─────────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True)
-class Urls:
-    """Page paths relative to the site's top folder."""
-
-    @staticmethod
-    def device(name: str) -> str:
-        return f"devices/{slug(name)}.html"
-
-    @staticmethod
-    def model(name: str) -> str:
-        return f"models/{slug(name)}.html"
-
-    @staticmethod
-    def run(run_id: str) -> str:
-        campaign, cell, attempt = run_id.rsplit("/", 2)
-        return f"runs/{slug(campaign)}/{slug(cell)}-{int(attempt)}.html"
-
-
-# ── building the page contexts ───────────────────────────────────────────────────────────────
-
-
-class _Ids:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def next(self) -> str:
-        self.n += 1
-        return f"fig-{self.n}"
-
-
-def _rec_row(r: Recommendation, root: str) -> RecRow:
-    replay = ""
-    if r.replay is not None:
-        c = r.replay
-        parts = []
-        if c.predicted_hit_pct_at_fixed is not None and r.fixed.cache_mb > 0:
-            measured = f" (measured {c.measured_hit_pct_at_fixed:.1f} %)" if c.measured_hit_pct_at_fixed is not None \
-                else ""
-            parts.append(f"replayed LRU predicts {c.predicted_hit_pct_at_fixed:.1f} % hit at {r.fixed.cache_mb} MiB"
-                         f"{measured}")
-        if c.predicted_hit_pct_at_ceiling is not None and r.auto is not None:
-            parts.append(f"{c.predicted_hit_pct_at_ceiling:.1f} % at the {r.auto.cache_ceil_mb} MiB ceiling")
-        if c.knee_mib is not None:
-            parts.append(f"knee {c.knee_mib:g} MiB")
-        replay = "; ".join(parts)
-    ev = r.evidence
-    evidence = (f"{ev['runs']} runs; {ev['repeats_at_largest_safe']} at the largest safe budget, spread "
-                f"{ev['spread_pct_at_largest_safe']:.0f} %" + (f"; not higher: {'; '.join(r.confidence_reasons)}"
-                                                              if r.confidence_reasons else ""))
-    verified = "; ".join(f"{name} {v['status']}" + (f" ({v['line']})" if v.get("line") else "")
-                         for name, v in (r.verification or {}).items())
-    return RecRow(
-        device=Link(r.device, root + Urls.device(r.device)), model=Link(r.model, root + Urls.model(r.model)),
-        top_k=str(r.top_k) if r.top_k is not None else "default", cycle=fmt_mib(r.cycle_mib) + (
-            f" ({r.cycle_source})" if r.cycle_source else ""),
-        fixed=shlex.join(r.fixed.argv) if r.fixed else "—", auto=shlex.join(r.auto.argv) if r.auto else "—",
-        dense=f"--dense-weights {r.dense_mode}" if r.dense_mode else "—", confidence=r.confidence,
-        summary=r.summary, reason=r.reason, cache_off=r.cache_off, replay=replay, evidence=evidence,
-        verified=verified)
-
-
-def publish_shortfall(run_ids: Sequence[str], table: pd.DataFrame) -> str:
-    """Why the runs of one budget point fall short of `sweep --preset publish` (method rules 5
-    and 8: >= 256 tokens, >= 3 repeats, a reverse pass), or "" when they meet it."""
-    mine = table[table["run_id"].isin(list(run_ids))]
-    if not len(mine):
-        return ""
-    missing = []
-    tokens = pd.to_numeric(mine["tokens"], errors="coerce")
-    ok_tokens = tokens[mine["outcome"] == "ok"]
-    if len(ok_tokens) and ok_tokens.min() < PUBLISHED_MIN_TOKENS:
-        missing.append(f"{ok_tokens.min():.0f} tokens < {PUBLISHED_MIN_TOKENS}")
-    if len(mine) < PUBLISH_MIN_REPEATS:
-        missing.append(f"{len(mine)} run{'s' if len(mine) != 1 else ''} < {PUBLISH_MIN_REPEATS}")
-    if "pass" in mine.columns and mine["pass"].nunique() < 2:
-        missing.append("no reverse pass")
-    return ("below the publish bar: " + ", ".join(missing)) if missing else ""
-
-
-def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
-    runs = f"{p.ok}/{p.runs} ok" + (f", {p.killed} killed" if p.killed else "")
-    tok = "—" if is_missing(p.tok_s) else (f"{fmt_num(p.tok_s)} ({fmt_num(p.tok_s_min)}–{fmt_num(p.tok_s_max)})"
-                                     if p.ok > 1 else fmt_num(p.tok_s))
-    outcome = dict(zip(table["run_id"], table["outcome"]))
-    links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
-                  for i, rid in enumerate(p.run_ids))
-    return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
-                    f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table))
-
-
-def _drawable(figure: Mapping[str, Any]) -> bool:
-    """A budget figure with at least one point: a group whose runs all failed has none."""
-    return any(t.get("x") for t in figure["data"])
-
-
-def _replay_text(r: Replay) -> str:
-    return (f"replayed LRU from run {r.run_id}: knee {fmt_mib(r.knee_mib)}, first decode hit at "
-            f"{fmt_mib(r.first_decode_hit_mib)}")
-
-
-def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: _Ids, table: pd.DataFrame) -> GroupView:
-    root = "../"
-    k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
-    replay = _replay_text(g.replay) if g.replay is not None else ""
-    figure = charts.budget_figure(g, rec)
-    return GroupView(
-        heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
-        chart=Chart(ids.next(), figure,
-                    "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets (a killed "
-                    "auto run sits at the budget it was sized to); the shaded band is under the token cycle, where "
-                    "--cache-mb 0 is strictly better; the recommended ceiling and fixed budget are marked")
-        if _drawable(figure) else None,
-        points=tuple(_point_row(p, root, table) for p in g.points),
-        baselines=tuple(_point_row(p, root, table) for p in g.baselines),
-        cycle=fmt_mib(g.cycle_mib) + (f" ({g.cycle_source})" if g.cycle_source else ""),
-        boundary=g.boundary.text(), dense=g.dense.text(), replay=replay, tells=tuple(t.message for t in g.tells),
-        recommendation=_rec_row(rec, root) if rec else None)
-
-
-def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> tuple[tuple[str, str], ...]:
-    rec: Mapping[str, Any] = next((c.devices[name] for c in camps if name in c.devices), {})
-    rows = [("device", name), ("kind", str(rec.get("kind") or "—"))]
-    if rec.get("first_seen_at"):
-        rows.append(("first seen", fmt_time(rec.get("first_seen_at"))))
-    for key, label in (("serial", "serial"), ("manufacturer", "manufacturer"), ("model", "model"), ("soc", "SoC"),
-                       ("abi", "ABI"), ("android_release", "Android"), ("sdk", "SDK"), ("kernel", "kernel")):
-        if rec.get(key) not in (None, ""):
-            rows.append((label, str(rec[key])))
-    if rec.get("ram_total_kb"):
-        rows.append(("RAM", f"{rec['ram_total_kb'] / 1024:,.0f} MiB ({rec['ram_total_kb'] / 1024 / 1024:.2f} GiB)"))
-    if rec.get("swap_total_kb") is not None:
-        rows.append(("swap", fmt_kb(rec.get("swap_total_kb"))))
-    mine = table[table["device"] == name]
-    rows.append(("runs", f"{len(mine)} in {mine['campaign'].nunique()} campaign(s)"))
-    rows.append(("engines", ", ".join(sorted(set(mine["engine"])))))
-    return tuple(rows)
-
-
-def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = (), redactor: Redactor | None = None,
-        human: bool = False) -> tuple[tuple[str, str], ...]:
-    if not mapping:
-        return ()
-    out = []
-    for k, v in mapping.items():
-        if k in skip:
-            continue
-        if human:
-            key, text = _human(str(k), v)
-        else:
-            key, text = str(k), (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else fmt_num(v)
-                                 if isinstance(v, float) else str(v))
-        out.append((key, redactor.text(text) if redactor is not None else text))
-    return tuple(out)
-
-
-def _run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: _Ids,
-              redactor: Redactor | None = None) -> RunPage:
-    from results.parse import ParseError, read_metrics_csv
-
-    rec = run.record
-    root = "../../"
-    rows = None
-    if run.file("metrics.csv") is not None:
-        try:
-            rows = read_metrics_csv(run.file("metrics.csv")).rows
-        except ParseError:
-            rows = None
-    samples = None
-    if run.file("samples.csv") is not None:
-        try:
-            samples = pd.read_csv(run.file("samples.csv"))
-        except (ValueError, OSError):
-            samples = None
-    chart_list = []
-    fig = charts.token_figure(rows, row.get("steady_from_step"))
-    if fig:
-        chart_list.append(Chart(ids.next(), fig, "per-token decode time split and cumulative hit %"))
-    fig = charts.memory_figure(samples, rows)
-    if fig:
-        chart_list.append(Chart(ids.next(), fig, "MemAvailable and RSS while the engine ran"))
-    redactor = redactor or Redactor()
-    argv = redactor.argv(list(rec.get("argv") or ()), row.get("device_kind") == "local")
-    distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
-        ("tokens", "tokens"), ("mean_tok_s", "mean tok/s (tokens / Σ wall)"), ("median_tok_s", "median tok/s"),
-        ("p5_tok_s", "p5 tok/s"), ("p95_tok_s", "p95 tok/s"), ("min_tok_s", "min tok/s (slowest token)"),
-        ("max_tok_s", "max tok/s (fastest token)"), ("steady_from_step", "steady state from step"),
-        ("steady_mean_tok_s", "steady-state mean tok/s")))
-    pressure = tuple((label, fn(row.get(key))) for key, label, fn in (
-        ("peak_rss_kb", "peak RSS", fmt_kb), ("mem_avail_before_kb", "MemAvailable before", fmt_kb),
-        ("mem_avail_floor_kb", "MemAvailable floor", fmt_kb), ("mem_avail_after_kb", "MemAvailable after", fmt_kb),
-        ("cpu_temp_max_mc", "CPU temperature max", lambda x: fmt_celsius(x, 1000)),
-        ("batt_temp_max_dc", "battery temperature max", lambda x: fmt_celsius(x, 10))))
-    return RunPage(
-        title=f"run {row['run_id']}", root=root, run_id=row["run_id"],
-        device=Link(row["device"], root + Urls.device(row["device"])),
-        model=Link(row["model"], root + Urls.model(row["model"])), outcome=row["outcome"],
-        evidence=tuple(redactor.text(str(e)) for e in rec.get("evidence") or ()),
-        argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
-        flags=tuple(f for f in str(row.get("flags") or "").split(",") if f),
-        tells=tuple(t.message for t in analysis.tells_of(row["run_id"])),
-        summary=_kv(rec.get("summary"), redactor=redactor), distribution=distribution,
-        config=_kv(rec.get("config"), redactor=redactor),
-        entry_state=_kv(rec.get("entry_state"), redactor=redactor, human=True),
-        exit_state=_kv(rec.get("exit_state"), redactor=redactor, human=True),
-        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"), redactor=redactor, human=True)),
-        charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
-        cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")))
-
-
-def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    if not cpu:
-        return ()
-    verdict = {True: "yes: more compute threads than cores", False: "no", None: "unknown (cores not reported)"}
-    return (("cores", fmt_num(cpu.get("cores"))),
-            ("cores online / usable", f"{fmt_num(cpu.get('cores_online'))} / {fmt_num(cpu.get('cores_usable'))}"),
-            ("this engine's compute threads", fmt_num(cpu.get("threads"))),
-            ("threads at once on these cores", fmt_num(cpu.get("threads_sum"))),
-            ("other engines on these cores", row.get("cpu_engines") or "none"),
-            ("kernel boot id", str(cpu.get("boot_id") or "unknown")
-             + (" (this host's)" if cpu.get("shares_host") else "")),
-            ("oversubscribed", verdict.get(cpu.get("oversubscribed"), "unknown")))
-
-
-def _model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, analysis: Analysis,
-                ids: _Ids, recs: Mapping[tuple, Recommendation] | None = None,
-                redactor: Redactor | None = None) -> ModelPage:
-    root = "../"
-    rec: Mapping[str, Any] = next((c.models[name] for c in camps if name in c.models), {})
-    mine = table[table["model"] == name]
-    shape = [("model", name)]
-    for key, label in (("arch", "architecture"), ("n_layer", "layers"), ("n_expert", "experts per layer"),
-                       ("top_k", "top-k (own)")):
-        v = rec.get(key)
-        if v in (None, "") and key in mine.columns:
-            vals = [x for x in mine[key] if not is_missing(x) and x != ""]
-            v = vals[0] if vals else None
-        if v not in (None, ""):
-            shape.append((label, fmt_num(v)))
-    for key, label in (("expert_bytes", "expert bank"), ("dense_bytes", "dense weights"), ("file_bytes", "file")):
-        if rec.get(key):
-            shape.append((label, f"{rec[key] / (1 << 20):,.1f} MiB"))
-    if rec.get("sha256"):
-        shape.append(("sha256", str(rec["sha256"])))
-    if rec.get("path"):
-        shape.append(("file", (redactor or Redactor()).text(str(rec["path"])) if str(rec["path"]).startswith("device:")
-                      else os.path.basename(str(rec["path"]))))
-    prices = {int(p["top_k"]): float(p["cycle_mib"]) for p in rec.get("prices") or ()}
-    for g in analysis.groups:
-        if g.model == name and g.top_k is not None and not is_missing(g.cycle_mib) and g.cycle_source != "token_demand":
-            prices.setdefault(g.top_k, g.cycle_mib)
-    measured: dict[int, float] = {}
-    for k, demand in zip(mine["n_expert_used"], mine["token_demand_mib"]):
-        if not is_missing(k) and not is_missing(demand):
-            measured[int(k)] = float(demand)
-    ks = sorted(set(prices) | set(measured))
-    cycles = tuple((str(k), fmt_mib(prices.get(k)), fmt_mib(measured.get(k))) for k in ks)
-    fig = charts.cycle_figure(name, sorted(prices.items()), sorted(measured.items()))
-    devices = tuple(Link(d, root + Urls.device(d), f"{(mine['device'] == d).sum()} runs")
-                    for d in sorted(set(mine["device"])))
-    runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
-                 for r in mine.to_dict("records"))
-    figures = [(g, charts.budget_figure(g, (recs or {}).get(g.key))) for g in analysis.groups
-               if g.model == name and g.points]
-    budget_charts = tuple(
-        Chart(ids.next(), f, f"on {g.device}" + (f" (top-k {g.top_k})" if g.top_k else "")
-              + (f": {_replay_text(g.replay)}" if g.replay is not None else ": no route trace to replay"))
-        for g, f in figures if _drawable(f))
-    return ModelPage(title=f"model {name}", root=root, model=name, shape=tuple(shape), cycles=cycles,
-                     chart=Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0")
-                     if fig else None, devices=devices, runs=runs, budget_charts=budget_charts)
-
-
 # ── writing ──────────────────────────────────────────────────────────────────────────────────
 
 
 @dataclass(frozen=True)
 class SiteReport:
+    """What `report` wrote: the folder and how many pages, runs, devices and models."""
+
     out_dir: str
     pages: int
     runs: int
@@ -451,10 +78,12 @@ class SiteReport:
     models: int
 
     def text(self) -> str:
+        """One line for the terminal."""
         return (f"wrote {self.pages} pages ({self.devices} devices, {self.models} models, {self.runs} runs) to "
                 f"{self.out_dir}/index.html")
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as `report --json` prints it."""
         return {"format": "bmoe-fleet.site", "version": 1, "dir": self.out_dir, "pages": self.pages,
                 "runs": self.runs, "devices": self.devices, "models": self.models}
 
@@ -526,108 +155,34 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     env = make_environment()
     table = analysis.table
     redactor = Redactor(camps)
-    ids = _Ids()
+    ids = Ids()
     (site / "assets").mkdir()
     shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
     for name in ("site.css", "site.js"):
         shutil.copyfile(templates_dir() / name, site / "assets" / name)
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
-    _write(site / "recommendations.json", recs.to_json())
-    published_runs(table, redactor).to_csv(site / "runs.csv", index=False)
+    _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
+    published_runs(table, redactor).to_csv(site / names.SITE_RUNS_CSV, index=False)
     pages = 0
-
+    # pages in this order: a chart's id (fig-N) counts up across the whole site
     rec_by_key = {(r.device, r.model, r.top_k): r for r in recs.all()}
-    devices = sorted(set(table["device"]))
-    models = sorted(set(table["model"]))
-    for device in devices:
-        groups = [g for g in analysis.groups if g.device == device]
-        dev_recs = next((d for d in recs.devices if d.device == device), None)
-        page = DevicePage(
-            title=f"device {device}", root="../", device=device,
-            identity=tuple((k, redactor.text(v)) for k, v in _identity(device, camps, table)),
-            default=shlex.join(dev_recs.default.argv) if dev_recs else "no streamed runs: nothing to recommend",
-            default_notes=dev_recs.default.notes if dev_recs else (),
-            groups=tuple(_group_view(g, rec_by_key.get(g.key), ids, table) for g in groups if g.points),
-            recommendations=tuple(_rec_row(r, "../") for r in (dev_recs.recommendations if dev_recs else ())))
+    for device in sorted(set(table["device"])):
+        page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor)
         _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
-    for model in models:
-        page = _model_page(model, camps, table, analysis, ids, rec_by_key, redactor)
-        _write(site / Urls.model(model), _page(env, "model.html", page))
+    for model in sorted(set(table["model"])):
+        _write(site / Urls.model(model),
+               _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor)))
         pages += 1
     rows = {r["run_id"]: r for r in table.to_dict("records")}
     for camp in camps:
         for run in camp.runs:
-            page = _run_page(run, rows[run.run_id], analysis, ids, redactor)
-            _write(site / Urls.run(run.run_id), _page(env, "run.html", page))
+            _write(site / Urls.run(run.run_id),
+                   _page(env, "run.html", run_page(run, rows[run.run_id], analysis, ids, redactor)))
             pages += 1
-
-    index = IndexPage(
-        title="Expert-cache benchmarks", root="", campaigns=tuple(_campaign_rows(recs)),
-        devices=tuple(Link(d, Urls.device(d), _device_note(d, table)) for d in devices),
-        models=tuple(Link(m, Urls.model(m), f"{(table['model'] == m).sum()} runs") for m in models),
-        cards=tuple(DeviceCard(Link(d.device, Urls.device(d.device)), _identity_line(d.identity),
-                               shlex.join(d.default.argv), d.default.notes,
-                               tuple(_rec_row(r, "") for r in d.recommendations)) for d in recs.devices),
-        rule=_rule_text(recs.rules), engines=", ".join(sorted({str(e) for e in table["engine"] if e})),
-        tells=tuple(Link(t.run_ids[0], Urls.run(t.run_ids[0]), f"{t.kind}: {t.message}") for t in analysis.tells),
-        runs=len(table))
-    _write(site / "index.html", _page(env, "index.html", index))
+    _write(site / "index.html", _page(env, "index.html", index_page(analysis, recs)))
     return pages + 1
 
 
 def _page(env: Environment, template: str, page: Any) -> str:
     return env.get_template(template).render(page=page)
-
-
-def _campaign_rows(recs: Recommendations) -> list[CampaignRow]:
-    out = []
-    for c in recs.campaigns:
-        first, last = c.get("first_run"), c.get("last_run")
-        out.append(CampaignRow(c["label"], c["runs"], ", ".join(f"{k} {v}" for k, v in c["outcomes"].items()),
-                               c["imported"], ", ".join(c["engines"]) or "—", _dates(first, last)))
-    return out
-
-
-def _dates(first: str | None, last: str | None) -> str:
-    """Two ISO UTC stamps as a local span: "2026-08-01 10:02 – 10:40 UTC" (the date once on one day)."""
-    import calendar
-    import time
-
-    if not first:
-        return "—"
-    a, b = (time.localtime(calendar.timegm(time.strptime(x, "%Y-%m-%dT%H:%M:%SZ"))) for x in (first, last or first))
-    start, zone = time.strftime("%Y-%m-%d %H:%M", a), time.strftime("%Z", b)
-    end = time.strftime("%H:%M" if a[:3] == b[:3] else "%Y-%m-%d %H:%M", b)
-    return f"{start} {zone}" if end == time.strftime("%H:%M", a) else f"{start} – {end} {zone}"
-
-
-def _identity_line(identity: Mapping[str, Any]) -> str:
-    parts = [" ".join(str(x) for x in (identity.get("manufacturer"), identity.get("model")) if x),
-             str(identity.get("soc") or ""),
-             f"{identity['mem_total_kb'] / 1024:,.0f} MiB RAM" if identity.get("mem_total_kb") else "",
-             str(identity.get("kind") or "")]
-    return " · ".join(p for p in parts if p)
-
-
-def _rule_text(rules: Mapping[str, Any]) -> str:
-    rule = rules.get("unmeasured") or {}
-    if not rule.get("knots_mib"):
-        return ""
-    knots = ", ".join(f"{m:,.0f} MiB RAM → {c:,.0f}" for m, c in rule["knots_mib"][1:])
-    text = (f"--cache-mb auto --cache-ceil-mb N, N from MemTotal: linear through {knots} (resting on "
-            f"{', '.join(rule['rests_on'])}), +{rule['slope_after']:.3f} MiB per MiB past the last")
-    if rule.get("min_ram_mib") is not None:
-        text += f"; --cache-mb 0 under {rule['min_ram_mib']:,} MiB of RAM"
-    return text
-
-
-def _device_note(device: str, table: pd.DataFrame) -> str:
-    mine = table[table["device"] == device]
-    kinds = sorted({k for k in mine["device_kind"] if k})
-    ram = mine["ram_total_kb"].max()
-    parts = [", ".join(kinds)] if kinds else []
-    if not is_missing(ram):
-        parts.append(f"{ram / 1024:,.0f} MiB RAM")
-    parts.append(f"{len(mine)} runs")
-    return " · ".join(parts)

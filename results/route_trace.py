@@ -15,6 +15,7 @@ that layer is not streamed, and its rows (if any) are not cache lookups.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from collections.abc import Mapping
@@ -147,7 +148,7 @@ def _read_preamble(path: str, f) -> tuple[int, list[tuple[int, dict[str, str]]],
     version = int(m[1])
     if version != SUPPORTED_VERSION:
         raise TraceError(f"{path}: route_trace v{version} is not supported (bmoe-fleet reads v{SUPPORTED_VERSION})")
-    comments: list[dict[str, str]] = []
+    comments: list[tuple[int, dict[str, str]]] = []      # (line number, its key=value pairs)
     n_lines = 1
     while True:
         raw = f.readline()
@@ -180,11 +181,11 @@ def _int_value(path: str, kv: Mapping[str, str], key: str, where: str, low: int,
 def read_route_trace(path: str | Path) -> RouteTrace:
     """Parse a route trace file; raises TraceError with a one-line reason if it is not usable."""
     path = str(path)
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise TraceError(f"{path}: cannot open route trace ({e.strerror or e})") from None
-    with f:
+    with contextlib.ExitStack() as stack:
+        try:
+            f = stack.enter_context(open(path, "rb"))
+        except OSError as e:                  # only the open: a read error below is the parser's
+            raise TraceError(f"{path}: cannot open route trace ({e.strerror or e})") from None
         version, comments, columns, n_consumed = _read_preamble(path, f)
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing:

@@ -26,11 +26,13 @@ from typing import Any
 
 import pandas as pd
 
-from harness.flags import flags_text
+from engine.flags import flags_text
 from results.errors import ResultsError
 from results.numbers import to_float
-from results.rundir import INFRA_OUTCOMES, CampaignData, RunFolder, read_campaigns
+from results.rundir import CampaignData, RunFolder, read_campaigns
 from results.tokens import PUBLISHED_MIN_TOKENS, token_stats
+from store import names, outcomes
+from store.cells import CellConfig
 
 # columns every table has, first, in this order (docs/results.md lists them all)
 KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
@@ -55,6 +57,7 @@ class ShapeCache:
         self._shapes: dict[str, Any] = {}
 
     def shape(self, path: str | None):
+        """The shape of a GGUF on this host (None when unreachable or not a MoE GGUF)."""
         if not path or not os.path.isfile(path):
             return None
         if path not in self._shapes:
@@ -68,6 +71,7 @@ class ShapeCache:
         return self._shapes[path]
 
     def for_model(self, name: str, record: Mapping[str, Any] | None):
+        """A model's shape from the first of its paths that reads."""
         paths = [self.model_files.get(name)]
         if record:
             paths += [record.get("path")] + list(record.get("paths") or ())
@@ -107,7 +111,7 @@ def _bool(value: Any) -> bool | None:
 def _read_metrics(run: RunFolder):
     from results.parse import ParseError, read_metrics_csv
 
-    path = run.file("metrics.csv")
+    path = run.file(names.METRICS_CSV)
     if path is None:
         return None, None
     try:
@@ -117,7 +121,7 @@ def _read_metrics(run: RunFolder):
 
 
 def _samples(run: RunFolder) -> pd.DataFrame | None:
-    path = run.file("samples.csv")
+    path = run.file(names.SAMPLES_CSV)
     if path is None:
         return None
     try:
@@ -127,11 +131,11 @@ def _samples(run: RunFolder) -> pd.DataFrame | None:
     return frame if len(frame) else None
 
 
-def _top_k(config: Mapping[str, Any], pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
+def _top_k(config: CellConfig, pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
     k = to_float(pre.get("n_expert_used"))
     if not math.isnan(k) and k > 0:
         return k
-    k = to_float(config.get("n_expert_used"))
+    k = to_float(config.n_expert_used)
     if not math.isnan(k) and k > 0:
         return k
     for v in ((model_rec or {}).get("top_k"), shape.top_k if shape is not None else None):
@@ -141,16 +145,16 @@ def _top_k(config: Mapping[str, Any], pre: Mapping[str, str], model_rec: Mapping
     return math.nan
 
 
-def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: Mapping[str, Any],
+def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: CellConfig,
            model_rec: Mapping[str, Any] | None, shape, k: float) -> tuple[float, str]:
     v = to_float(pre.get("cache_cycle_mb"))
     if not math.isnan(v):
         # the engine prints one decimal; the plan priced the same quantity to three
-        planned = to_float(config.get("cycle_mb"))
+        planned = to_float(config.cycle_mb)
         return (planned if not math.isnan(planned) and abs(planned - v) <= 0.051 else v), "csv"
     if shape is not None and not math.isnan(k) and k >= 1:
         return round(shape.cycle_mib(min(int(k), shape.n_expert)), 3), "gguf"
-    v = to_float(config.get("cycle_mb"))
+    v = to_float(config.cycle_mb)
     if not math.isnan(v) and v > 0:
         return v, "plan"
     for price in (model_rec or {}).get("prices") or ():
@@ -198,7 +202,7 @@ def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> d
 def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str, Any]:
     """One table row for one attempt."""
     rec = run.record
-    config = dict(rec.get("config") or {})
+    config = CellConfig.from_dict(rec.get("config") or {})
     device = str(rec.get("device", ""))
     model = str(rec.get("model", ""))
     identity = camp.devices.get(device) or {}
@@ -213,16 +217,16 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     rows = metrics.rows if metrics is not None else None
     stats = token_stats(rows) if rows is not None and len(rows) else None
 
-    stream = _bool(config.get("moe_stream"))
+    stream = _bool(config.moe_stream)
     if stream is None and pre.get("moe_stream") is not None:
         stream = _bool(pre.get("moe_stream"))
-    auto = _bool(config.get("cache_auto"))
+    auto = _bool(config.cache_auto)
     if auto is None and pre.get("cache_auto") is not None:
         auto = _bool(pre.get("cache_auto"))
     last_budget = math.nan
     if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
         last_budget = to_float(rows["cache_budget_mib"].iloc[-1])
-    fixed = math.nan if auto else _first(pre.get("cache_mb"), config.get("cache_mb"))
+    fixed = math.nan if auto else _first(pre.get("cache_mb"), config.cache_mb)
     # an auto run killed before its first token has no per-token budget: its stderr said what it sized
     sized = _auto_sized_mib(run) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
                                                                result.get("budget_mib"), last_budget)) else math.nan
@@ -257,8 +261,9 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "engine": engine_version or str(engine.get("kind") or ""),
         "cache_mb": budget,
         "cache_auto": bool(auto),
-        "cache_ceil_mb": to_float(config.get("cache_ceil_mb", pre.get("cache_ceil_mb"))),
-        "dense_weights": str(config.get("dense_weights") or pre.get("dense_weights") or ""),
+        "cache_ceil_mb": to_float(config.cache_ceil_mb if config.cache_ceil_mb is not None
+                                  else pre.get("cache_ceil_mb")),
+        "dense_weights": str(config.dense_weights or pre.get("dense_weights") or ""),
         "n_expert_used": k,
         "repeat": int(rec.get("repeat", 0) or 0),
         "outcome": outcome,
@@ -288,11 +293,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "engine_kind": str(engine.get("kind") or ""),
         "engine_sha256": str(engine.get("sha256") or ""),
         # model shape
-        "arch": str(pre.get("arch") or config.get("arch") or (shape.arch if shape else "") or
+        "arch": str(pre.get("arch") or config.extra.get("arch") or (shape.arch if shape else "") or
                     (model_rec or {}).get("arch") or ""),
-        "n_layer": _first(pre.get("n_layer"), config.get("n_layer"), shape.n_layer if shape else None,
+        "n_layer": _first(pre.get("n_layer"), config.extra.get("n_layer"), shape.n_layer if shape else None,
                           (model_rec or {}).get("n_layer")),
-        "n_expert": _first(pre.get("n_expert"), config.get("n_expert"), shape.n_expert if shape else None,
+        "n_expert": _first(pre.get("n_expert"), config.extra.get("n_expert"), shape.n_expert if shape else None,
                            (model_rec or {}).get("n_expert")),
         "cycle_source": cycle_source,
         "moe_stream": stream,
@@ -304,12 +309,12 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "exit_status": to_float(rec.get("exit_status")),
         "timed_out": bool(rec.get("timed_out")),
         "wall_s": to_float(rec.get("wall_s")),
-        "killed": outcome in ("lmk_killed", "killed"),
-        "infra": outcome in INFRA_OUTCOMES,
+        "killed": outcome in outcomes.KILLS,
+        "infra": outcome in outcomes.INFRA,
         "started_at": to_float(rec.get("started_at")),
         "o_direct": to_float(rec.get("o_direct")),
-        "has_route_trace": run.file("route.csv") is not None,
-        "probe": bool(rec.get("probe") or config.get("probe")),   # a knee probe: its trace, not a sweep point
+        "has_route_trace": run.file(names.ROUTE_CSV) is not None,
+        "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
         "argv": json.dumps(list(rec.get("argv") or ())),
         "csv_problem": parse_problem or "",
         # summary
@@ -340,14 +345,14 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     })
     row.update(_entry(rec.get("entry_state"), rec.get("gate")))
     # every configuration key (those with a column of their own under another name are renamed)
-    for key, value in sorted(config.items()):
+    for key, value in sorted(config.to_dict().items()):
         column = _CONFIG_RENAMES.get(key, key)
         if column in row:
             column = f"config_{key}"
         row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
     # the pass-through flags as the command line had them: runs with equal text ran the same flags
-    row["engine_flags"] = flags_text(config.get("engine_flags"))
-    row["engine_args"] = shlex.join(str(a) for a in config.get("engine_args") or ())
+    row["engine_flags"] = flags_text(config.engine_flags)
+    row["engine_args"] = shlex.join(str(a) for a in config.engine_args)
     row.update(_cpu(rec.get("cpu")))
     row["flags"] = ",".join(_flags(row))
     return row
@@ -359,7 +364,7 @@ def _auto_sized_mib(run: RunFolder) -> float:
     from results.parse_console import parse_console
     from results.parse_text import ParseError, read_lines
 
-    path = run.file("stderr.txt")
+    path = run.file(names.STDERR_TXT)
     if path is None:
         return math.nan
     try:
@@ -390,11 +395,11 @@ def engines_text(engines: Sequence[Mapping[str, Any]] | None) -> str:
     return "; ".join(parts)
 
 
-def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: Mapping[str, Any]) -> str:
+def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: CellConfig) -> str:
     if stream is False:
-        return "resident" if config.get("no_mmap") else "mmap"
+        return "resident" if config.no_mmap else "mmap"
     if auto:
-        ceil = to_float(config.get("cache_ceil_mb"))
+        ceil = to_float(config.cache_ceil_mb)
         return "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "")
     return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
 
@@ -420,7 +425,9 @@ def _flags(row: Mapping[str, Any]) -> list[str]:
 def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
                 model_files: Mapping[str, str] | None = None) -> pd.DataFrame:
     """The run table of campaign directories (paths, or CampaignData already read)."""
-    camps = list(dirs) if dirs and all(isinstance(d, CampaignData) for d in dirs) else read_campaigns(list(dirs))
+    camps = [d for d in dirs if isinstance(d, CampaignData)]
+    if not dirs or len(camps) < len(dirs):
+        camps = read_campaigns([d for d in dirs if not isinstance(d, CampaignData)])
     shapes = ShapeCache(model_files)
     rows = [run_row(c, r, shapes) for c in camps for r in c.runs]
     if not rows:

@@ -1,4 +1,4 @@
-"""Per-token distributions of one run (method.md rule 7): report distributions, not means.
+"""Per-token distributions of one run (docs/method.md rule 7): report distributions, not means.
 
 From the metrics CSV's per-token `wall_ms` (one decode step each), as upstream's
 `scripts/bench-analyze.py` computes them, so the published tables reproduce:
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 PUBLISHED_MIN_TOKENS = 256
-PUBLISH_MIN_REPEATS = 3      # a published number reports a distribution (method rule 7; sweep --preset publish)
+PUBLISH_MIN_REPEATS = 3      # a published number reports a distribution (docs/method.md rule 7; sweep --preset publish)
 STEADY_MIN_TOKENS = 16
 STEADY_TOLERANCE = 0.25
 

@@ -17,11 +17,13 @@ the daemon's own user or root (the socket owner, read from /proc/net/tcp).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import wire
 
@@ -152,6 +154,7 @@ class Connection:
 
     # -- receiving ----------------------------------------------------------------------------
     async def run(self) -> None:
+        """Serve this connection until the adb server closes it or breaks the protocol."""
         log.info("connection from %s", self.peer)
         try:
             while True:
@@ -168,10 +171,8 @@ class Connection:
         finally:
             self._close_all_streams()
             self.writer.close()
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await self.writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
 
     def _close_all_streams(self) -> None:
         for stream in list(self.streams.values()):
@@ -273,7 +274,7 @@ def peer_uid(peer_port: int, our_port: int) -> int | None:
     """The uid owning the loopback client socket 127.0.0.1:peer_port -> :our_port (/proc/net/tcp),
     None when it cannot be told."""
     try:
-        lines = open("/proc/net/tcp").read().splitlines()[1:]
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:
         return None
     for line in lines:

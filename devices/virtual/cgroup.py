@@ -14,6 +14,7 @@ left in its cgroup, so two phones must never share one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -158,6 +159,7 @@ class MemoryCgroup:
         raise CgroupUnavailable("cannot enable the memory controller for a child cgroup")
 
     def set_limit(self, ram_bytes: int) -> None:
+        """The phone's RAM: the group's memory limit, with swap and the OOM killer as a phone has them."""
         if self.version == 1:
             memsw = self.path / "memory.memsw.limit_in_bytes"
             # memsw must stay >= the plain limit: raise it first when growing, lower it last.
@@ -167,10 +169,8 @@ class MemoryCgroup:
             if memsw.exists():
                 _write(memsw, str(ram_bytes))
             for knob, value in (("memory.swappiness", "0"), ("memory.oom_control", "0")):
-                try:
+                with contextlib.suppress(OSError):
                     _write(self.path / knob, value)
-                except OSError:
-                    pass
         else:
             _write(self.path / "memory.max", str(ram_bytes))
             for knob, value in (("memory.swap.max", "0"), ("memory.oom.group", "0")):
@@ -215,21 +215,21 @@ class MemoryCgroup:
 
     # -- teardown ---------------------------------------------------------------------------
     def kill_all(self, timeout_s: float = 3.0) -> None:
+        """SIGKILL every process in the group until none is left or the timeout passes."""
         deadline = time.monotonic() + timeout_s
         while True:
             pids = self.pids()
             if not pids or time.monotonic() > deadline:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
 
     def remove(self) -> None:
+        """Kill what is left and remove the group's folders (retrying while the kernel still holds them)."""
         self.kill_all()
-        for path in {self.path, self.cpu_path} - {None}:
+        for path in {self.path} | ({self.cpu_path} if self.cpu_path is not None else set()):
             for _ in range(40):
                 try:
                     path.rmdir()

@@ -11,6 +11,7 @@ purge=True. list() reads the folders under the home (~/.bmoe-fleet/virtual by de
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import re
@@ -23,11 +24,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from engine.errors import BmoeError
 
 from . import cgroup as cgroups
-from .phone import INTERNAL, PhoneSpec, UserlandMissing, default_home, host_userland
+from .phone import INTERNAL, NotLinux, PhoneSpec, UserlandMissing, default_home, host_userland, require_linux
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_RAM_BYTES = 32 << 20
@@ -66,7 +68,7 @@ def _home(home: os.PathLike | str | None) -> Path:
     return Path(home) if home is not None else default_home()
 
 
-def _is_daemon(pid: int | None) -> bool:
+def _is_daemon(pid: int | None) -> TypeGuard[int]:
     if not pid:
         return False
     try:
@@ -84,6 +86,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
+    """What the phone NAME is and whether its daemon runs (from its folder's spec and state)."""
     root = _home(home) / name
     spec_data = _read_json(root / INTERNAL / "spec.json")
     if spec_data is None:
@@ -101,23 +104,34 @@ def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
 
 
 def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInfo]:
+    """Every phone with a folder under the home, by name."""
     base = _home(home)
     if not base.is_dir():
         return []
     return [info(d.name, base) for d in sorted(base.iterdir()) if (d / INTERNAL / "spec.json").is_file()]
 
 
-def _adb(adb_host: str | None, adb_port: int | None):
-    import adbutils  # a heavy import, only for up/down
-    return adbutils.AdbClient(host=adb_host, port=adb_port, socket_timeout=10)
+def _adb(adb_host: str | None, adb_port: int | None, start: bool = False):
+    """A client of the adb server given, or of the one adb's environment names (devices.adb, the
+    one place that reads it); start=True starts a local server there when none answers."""
+    from devices import adb  # a heavy import (adbutils), only for up/down
+
+    server = adb.server_at(adb_host, adb_port)
+    if start:
+        adb.ensure_server(server)
+    return server.client()
 
 
 def _server_listening(adb_host: str | None, adb_port: int | None) -> bool:
-    """Is an adb server there? (adbutils would start one just to be told to disconnect.)"""
-    host = adb_host or os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
-    port = adb_port or int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+    """Is an adb server there? (Asking one that is not would start it just to be told to disconnect.)"""
+    from devices.adb import server_at
+
     try:
-        with socket.create_connection((host, port), timeout=2):
+        server = server_at(adb_host, adb_port)
+    except BmoeError:     # adb's environment is malformed: nothing to disconnect from, still stop the phone
+        return False
+    try:
+        with socket.create_connection((server.host, server.port), timeout=2):
             return True
     except OSError:
         return False
@@ -140,8 +154,9 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     if port is not None and not 0 < port < 65536:
         raise VirtualPhoneError(f"bad port {port}")
     try:
+        require_linux()
         host_userland()
-    except UserlandMissing as e:
+    except (NotLinux, UserlandMissing) as e:
         raise VirtualPhoneError(str(e)) from None
     root = _home(home) / name
     internal = root / INTERNAL
@@ -206,7 +221,7 @@ def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:
 
 
 def _connect(serial: str, adb_host: str | None, adb_port: int | None, timeout_s: float) -> None:
-    client = _adb(adb_host, adb_port)
+    client = _adb(adb_host, adb_port, start=True)
     answer = client.connect(serial, timeout=timeout_s)
     if "connected to" not in answer:
         raise VirtualPhoneError(answer.strip())
@@ -227,15 +242,14 @@ def down(name: str | None = None, *, all_phones: bool = False, purge: bool = Fal
     if (name is None) == (not all_phones):
         raise VirtualPhoneError("give either a phone's name or --all" if name is None else
                                 "give a phone's name or --all, not both")
-    targets = [p.name for p in list_phones(home)] if all_phones else [info(name, home).name]
+    targets = [p.name for p in list_phones(home)] if name is None else [info(name, home).name]
     for target in targets:
         root = _home(home) / target
         state = _read_json(root / INTERNAL / "state.json") or {}
         if state.get("serial") and _server_listening(adb_host, adb_port):
-            try:
+            # the server may be going away; the daemon still has to stop
+            with contextlib.suppress(Exception):
                 _adb(adb_host, adb_port).disconnect(state["serial"])
-            except Exception:  # the server may be going away; the daemon still has to stop
-                pass
         _stop(root, state)
         if purge:
             shutil.rmtree(root, ignore_errors=True)

@@ -91,9 +91,9 @@ class HostPaths:
             elif os.path.isdir(d):
                 dirs.append(d)
         paths = sysconfig.get_paths()
-        for d in (sys.prefix, paths.get("stdlib"), paths.get("platstdlib"), sysconfig.get_config_var("LIBDIR")):
-            if d and os.path.isdir(d):
-                dirs.append(os.path.abspath(d))
+        for where in (sys.prefix, paths.get("stdlib"), paths.get("platstdlib"), sysconfig.get_config_var("LIBDIR")):
+            if where and os.path.isdir(where):
+                dirs.append(os.path.abspath(where))
         # the interpreter through its chain of links (venv/bin/python -> .../bin/python3.11)
         path = os.path.abspath(python)
         for _ in range(40):

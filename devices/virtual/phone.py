@@ -20,7 +20,7 @@ run as the daemon's user with the phone's /system/bin as their PATH.
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import contextlib
 import json
 import os
 import platform
@@ -28,7 +28,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -72,7 +71,26 @@ class UserlandMissing(Exception):
     """mksh or toybox is not installed on this host (Debian: apt-get install mksh toybox)."""
 
 
+class NotLinux(Exception):
+    """This Python is not on Linux: a virtual phone needs its memory cgroups, mount namespaces and
+    ptys (fcntl, termios)."""
+
+
+def require_linux() -> None:
+    """Raise NotLinux unless virtual phones can run here. They are Linux-only by nature; the rest of
+    the package imports anywhere, so the POSIX-only modules are imported where a phone uses them."""
+    try:
+        import fcntl  # noqa: F401
+        import termios  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise NotLinux(f"virtual phones need Linux (memory cgroups, mount namespaces, ptys): this Python has "
+                       f"no {e.name} module ({sys.platform}); on Windows, run bmoe-fleet in WSL") from None
+    if not sys.platform.startswith("linux"):
+        raise NotLinux(f"virtual phones need Linux (memory cgroups, mount namespaces), not {sys.platform}")
+
+
 def default_home() -> Path:
+    """Where virtual phones live: $BMOE_FLEET_HOME/virtual, else ~/.bmoe-fleet/virtual."""
     return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet")) / "virtual"
 
 
@@ -171,10 +189,8 @@ class Layout:
 
 def _chown(path: Path, uid: int, gid: int, mode: int) -> None:
     """Ownership and mode as on a phone; only root can give files away (else: mode only)."""
-    try:
+    with contextlib.suppress(PermissionError):
         os.chown(path, uid, gid, follow_symlinks=False)
-    except PermissionError:
-        pass
     os.chmod(path, mode)
 
 
@@ -206,15 +222,17 @@ def host_userland() -> tuple[str, str]:
     """This host's mksh and toybox (what Android's /system/bin/sh and toolbox are)."""
     found = [shutil.which(name) or next((p for p in (f"/bin/{name}", f"/usr/bin/{name}") if os.path.isfile(p)), None)
              for name in ("mksh", "toybox")]
-    missing = [name for name, path in zip(("mksh", "toybox"), found) if path is None]
-    if missing:
+    mksh, toybox = found
+    if mksh is None or toybox is None:
+        missing = [name for name, path in zip(("mksh", "toybox"), found) if path is None]
         raise UserlandMissing(f"{' and '.join(missing)} not installed: a virtual phone's shell is mksh and its "
                               "toolbox is toybox, as on Android (Debian: apt-get install mksh toybox; run.sh "
                               "installs them)")
-    return os.path.realpath(found[0]), os.path.realpath(found[1])
+    return os.path.realpath(mksh), os.path.realpath(toybox)
 
 
 def toybox_applets(toybox: str) -> set[str]:
+    """The applets this toybox build has (it lists them when run without arguments)."""
     out = subprocess.run([toybox], capture_output=True, text=True, timeout=30).stdout
     return set(out.split())
 
@@ -329,6 +347,10 @@ class VirtualPhone:
         shell user. Any failure ends the child with 125 and one line on its stderr."""
         procs = [str(p) for p in self.cgroup.procs_files()] if self.cgroup is not None else []
         ns_fd = self.namespace_fd
+        # POSIX-only, imported here (before the fork: never import between fork and exec) so the
+        # package itself imports on any Python; require_linux() says why a phone cannot start.
+        import fcntl
+        import termios
 
         def setup() -> None:
             step = "join the memory cgroup"
@@ -359,23 +381,26 @@ class VirtualPhone:
 
     async def spawn(self, command: str | None, *, pty_slave: int | None, merge_stderr: bool,
                     term: str) -> asyncio.subprocess.Process:
+        """Start `command` (None: a login shell) as adbd would, on a pty or on pipes."""
         self.refresh_meminfo()  # a command reading /proc/meminfo first thing sees the present
         if pty_slave is not None:
             if self.in_namespace:
                 os.fchown(pty_slave, SHELL_UID, SHELL_GID)   # adbd (shell) opened it: the shell's tty
-            io = dict(stdin=pty_slave, stdout=pty_slave, stderr=pty_slave)
+            stdin = stdout = stderr = pty_slave
         else:
-            io = dict(stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                      stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE)
+            stdin = stdout = asyncio.subprocess.PIPE
+            stderr = asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE
         argv = self.argv(command)
         # in the namespace the child changes to the phone's `/` itself, after setns
         cwd = None if self.in_namespace else str(self.layout.data_tmp)
         return await asyncio.create_subprocess_exec(*argv, executable=self.shell_path(), cwd=cwd,
                                                     env=self.env(term), start_new_session=True,
-                                                    preexec_fn=self.child_setup(pty_slave is not None), **io)
+                                                    preexec_fn=self.child_setup(pty_slave is not None),
+                                                    stdin=stdin, stdout=stdout, stderr=stderr)
 
     # -- generated files --------------------------------------------------------------------
     def mem_stat(self) -> MemStat:
+        """The phone's memory use: its cgroup's counters, else its processes' RSS."""
         if self.cgroup is not None:
             try:
                 return self.cgroup.mem_stat()
@@ -385,7 +410,7 @@ class VirtualPhone:
         for pid in self.pids():
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
-                rss += next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmRSS:")) * 1024
+                rss += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) * 1024
             except (OSError, StopIteration, ValueError):
                 pass
         return MemStat(usage_bytes=rss, anon_bytes=rss, active_anon_bytes=rss)

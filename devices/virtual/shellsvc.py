@@ -11,12 +11,11 @@ exit status. A process killed by signal N reports 128+N, as adbd does.
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import contextlib
 import logging
 import os
 import signal
 import struct
-import termios
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -88,14 +87,19 @@ class _PtyReader:
             try:
                 return os.read(self.fd, n)
             except BlockingIOError:
-                fut = loop.create_future()
-                loop.add_reader(self.fd, lambda: fut.done() or fut.set_result(None))
+                fut: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(self.fd, _wake, fut)
                 try:
                     await fut
                 finally:
                     loop.remove_reader(self.fd)
             except OSError:  # EIO once the child side is gone
                 return b""
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 _reapers: set[asyncio.Task] = set()
@@ -114,10 +118,8 @@ def _kill_tree(proc: asyncio.subprocess.Process) -> None:
         try:
             await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
         except TimeoutError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             await proc.wait()
 
     task = asyncio.get_running_loop().create_task(reap())
@@ -184,7 +186,7 @@ async def _feed_stdin(stream: Stream, proc: asyncio.subprocess.Process, master: 
         try:
             if master is not None:
                 await _write_all(master, data)
-            else:
+            elif proc.stdin is not None:
                 proc.stdin.write(data)
                 await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -196,10 +198,8 @@ async def _feed_stdin(stream: Stream, proc: asyncio.subprocess.Process, master: 
         if master is None and proc.stdin is not None:
             proc.stdin.close()
         elif master is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(master, b"\x04")  # a pty has no half-close: send EOF (^D)
-            except OSError:
-                pass
 
     try:
         while True:
@@ -237,6 +237,10 @@ async def _write_all(fd: int, data: bytes) -> None:
 
 
 def _set_window_size(fd: int, body: bytes) -> None:
+    # POSIX-only modules, imported here so the package imports anywhere (virtual phones run on Linux)
+    import fcntl
+    import termios
+
     try:
         rows_cols, _, pixels = body.decode("ascii").partition(",")
         rows, cols = (int(x) for x in rows_cols.split("x"))

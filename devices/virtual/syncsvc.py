@@ -25,6 +25,7 @@ import os
 import stat as statmod
 import struct
 from pathlib import Path
+from typing import NoReturn
 
 from .adbd import Stream
 
@@ -145,12 +146,14 @@ class SyncSession:
         self.stream = stream
         self.root = Path(root)
         self.inp = _Input(stream)
-        self.uid, self.gid = as_user if as_user is not None else (None, None)
+        self.uid: int | None = as_user[0] if as_user is not None else None
+        self.gid: int | None = as_user[1] if as_user is not None else None
 
     def fs(self):
         return filesystem_user(self.uid, self.gid)
 
-    async def fail(self, reason: str) -> None:
+    async def fail(self, reason: str) -> NoReturn:
+        """Answer FAIL with `reason` and end the session."""
         msg = reason.encode("utf-8", "replace")
         await self.stream.write(DATA.pack(b"FAIL", len(msg)) + msg)
         raise SyncEnd(reason)

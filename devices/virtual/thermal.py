@@ -93,12 +93,13 @@ class ThermalModel:
 
     # -- files ------------------------------------------------------------------------------
     def write(self, root: Path) -> None:
+        """The thermal zones and cpufreq policies as the phone's /sys files, each replaced atomically."""
         base = Path(root) / THERMAL_DIR
         for i, (z, t) in enumerate(zip(self.zones, self.temps_c)):
             zone = base / f"thermal_zone{i}"
             zone.mkdir(parents=True, exist_ok=True)
             _replace(zone / "type", z.type_name + "\n")
-            _replace(zone / "temp", f"{int(round(t * 1000))}\n")
+            _replace(zone / "temp", f"{round(t * 1000)}\n")
             _replace(zone / "mode", "enabled\n")
             _replace(zone / "policy", "step_wise\n")
         for p in self.policies:
@@ -128,7 +129,7 @@ def _replace(path: Path, text: str) -> None:
 
 def read_zones(root: Path) -> list[tuple[str, float]]:
     """(type, °C) of every zone as the phone's files hold them."""
-    out = []
+    out: list[tuple[str, float]] = []
     base = Path(root) / THERMAL_DIR
     if not base.is_dir():
         return out

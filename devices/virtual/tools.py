@@ -12,17 +12,22 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import logbuf
-import thermal
+if TYPE_CHECKING:   # the same files, as the package names them (on the phone they sit beside this one)
+    from devices.virtual import logbuf, thermal
+else:
+    import logbuf
+    import thermal
 
 BUILD_PROP = Path("system/build.prop")
 
 
 def read_props(root: Path) -> dict[str, str]:
-    props = {}
+    """The phone's getprop table (system/build.prop)."""
+    props: dict[str, str] = {}
     try:
         text = (root / BUILD_PROP).read_text()
     except OSError:
@@ -35,6 +40,7 @@ def read_props(root: Path) -> dict[str, str]:
 
 
 def getprop(root: Path, args: list[str]) -> int:
+    """`getprop [KEY [DEFAULT]]`: one property, or every one as `[key]: [value]`."""
     props = read_props(root)
     if not args:
         for key in sorted(props):
@@ -120,6 +126,7 @@ def logcat(root: Path, args: list[str]) -> int:
 
 
 def dumpsys(root: Path, args: list[str]) -> int:
+    """`dumpsys battery|thermalservice`: the phone's battery and thermal state as Android prints them."""
     zones = thermal.read_zones(root)
     battery_c = next((t for name, t in zones if name == "battery"), 25.0)
     cpu = [t for name, t in zones if name.startswith("cpu-")]
@@ -131,7 +138,7 @@ def dumpsys(root: Path, args: list[str]) -> int:
               "  Wireless powered: false\n  Dock powered: false\n  Max charging current: 500000\n"
               "  Max charging voltage: 5000000\n  Charge counter: 3500000\n  status: 2\n  health: 2\n"
               f"  present: true\n  level: {level}\n  scale: 100\n  voltage: 4123\n"
-              f"  temperature: {int(round(battery_c * 10))}\n  technology: Li-ion")
+              f"  temperature: {round(battery_c * 10)}\n  technology: Li-ion")
         return 0
     if service == "thermalservice":
         kinds = {z.type_name: z.kind for z in thermal.zone_specs(read_props(root).get("ro.soc.model", "generic"))}

@@ -12,7 +12,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from devices.adb import AdbPhone, AdbServer
+from devices.adb import AdbServer
+from devices.adb_phone import AdbPhone
 from devices.base import Device, DeviceLost, pressure_metrics
 from devices.virtual import manager
 from harness.cli import main

@@ -47,7 +47,7 @@ def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.1):
 def test_adb_devices_lists_every_phone_with_its_model(adb_server, phones):
     out = adb_server.run("devices", "-l").stdout.decode()
     for phone in phones.values():
-        line = next((l for l in out.splitlines() if l.startswith(phone.serial + " ")), None)
+        line = next((ln for ln in out.splitlines() if ln.startswith(phone.serial + " ")), None)
         assert line is not None, out
         assert " device " in line
         assert f"model:{phone.model.replace(' ', '_')}" in line
@@ -86,7 +86,7 @@ def test_getprop_prints_the_model_and_the_android_listing(adb_server, phones):
 def test_meminfo_shows_each_phones_ram(adb_server, phones):
     for phone in phones.values():
         text = sh(adb_server, phone, "cat /proc/meminfo").stdout.decode()
-        fields = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in text.splitlines())}
+        fields = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines())}
         assert fields["MemTotal"] == phone.ram_bytes // 1024
         assert 0 < fields["MemAvailable"] <= fields["MemTotal"]
         assert fields["SwapTotal"] == 0
@@ -135,11 +135,11 @@ def test_logcat_dump_shows_the_phones_log(adb_server, phones):
     c = phones["c"]
     out = adb_server.run("-s", c.serial, "logcat", "-d").stdout.decode()
     assert "--------- beginning of main" in out
-    line = next(l for l in out.splitlines() if " vphone  : " in l)
+    line = next(ln for ln in out.splitlines() if " vphone  : " in ln)
     assert re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +\d+ +\d+ I vphone  : Redmi Note 12 ", line)
     brief = adb_server.run("-s", c.serial, "logcat", "-d", "-v", "brief", "-s", "vphone").stdout.decode()
-    assert [l for l in brief.splitlines() if not l.startswith("-")] and \
-        all(l.startswith("I/vphone  (") for l in brief.splitlines() if not l.startswith("-"))
+    assert [ln for ln in brief.splitlines() if not ln.startswith("-")] and \
+        all(ln.startswith("I/vphone  (") for ln in brief.splitlines() if not ln.startswith("-"))
 
 
 def test_pty_shell(adb_server, phones):
@@ -255,11 +255,11 @@ def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
 
     def lmkd_lines() -> list[str]:
         out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main,events", "-v", "threadtime").stdout
-        return [l for l in out.decode().splitlines() if f"({pid})" in l or f"[{pid}," in l]
+        return [ln for ln in out.decode().splitlines() if f"({pid})" in ln or f"[{pid}," in ln]
 
     lines = wait_for(lambda: len(lmkd_lines()) >= 2 and lmkd_lines(), timeout_s=5)
     assert lines, "no lmkd lines for the killed process"
-    kill = next(l for l in lines if "lowmemorykiller" in l)
+    kill = next(ln for ln in lines if "lowmemorykiller" in ln)
     # named as Android names a native engine: the path the shell ran, never the interpreter
     m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill '/data/local/tmp/alloc' "
                  rf"\({pid}\), uid 2000, oom_score_adj 0 to free (\d+)kB rss, 0kB swap; reason: .+$", kill)
@@ -267,7 +267,7 @@ def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
     # what the process held when the kernel killed it: its anon pages fill the 256 MiB, its
     # file-backed pages (the interpreter, libraries) are counted in RSS on top
     assert 200 * 1024 < int(m[2]) <= (256 + 64) * 1024
-    info = next(l for l in lines if " killinfo: " in l)
+    info = next(ln for ln in lines if " killinfo: " in ln)
     values = [int(v) for v in info.split(" killinfo: ", 1)[1].strip("[]").split(",")]
     assert values[:4] == [pid, 2000, 0, 0] and values[4] == int(m[2]) and len(values) >= 25
     # the other phones did not notice
@@ -646,4 +646,4 @@ def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
         daemon_log = Layout(phone.root).daemon_log
         tail = daemon_log.read_text(errors="replace").splitlines()[-15:] if daemon_log.exists() else []
         pytest.fail(f"no lmkd line for pid {pid}; lmkd/kernel lines: "
-                    f"{[l for l in lines if 'lowmemorykiller' in l or 'Killed process' in l][-5:]}; daemon log: {tail}")
+                    f"{[ln for ln in lines if 'lowmemorykiller' in ln or 'Killed process' in ln][-5:]}; daemon log: {tail}")

@@ -320,7 +320,7 @@ def _seconds_per_lookup(n_resident: int) -> float:
     next_expert = n_resident
     for _ in range(5):
         t0 = time.perf_counter()
-        for i in range(2000):
+        for _i in range(2000):
             # every lookup a miss that evicts the LRU entry, plus a hit: a list pays O(n) for both
             cache.lookup_batch(0, [next_expert, next_expert - 1], 1)
             next_expert += 1

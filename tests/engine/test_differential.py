@@ -481,7 +481,7 @@ def compare(case: Case, cli: Run, py: Run) -> list[str]:
                 same = [cr[i] for i in cols] == [pr[i] for i in cols]
                 cw, pw = float(cr[6]), float(pr[6])
                 close = abs(cw - pw) <= case.weight_rel * (1.0 if case.model == "tiny" else max(abs(cw), 1e-9))
-                fmt = pr[6] == "%.6g" % pw
+                fmt = pr[6] == f"{pw:.6g}"
                 if not (same and close and fmt):
                     want(False, f"trace row {cr} vs {pr}")
                     break

@@ -15,22 +15,14 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 
-from engine.errors import ModelError
+from engine.attention import FA_TILE_Q, attend, attention_mask
+from engine.errors import ForwardError, ModelError
 from engine.experts import ResidentExpertSource, dequantize_expert
-from engine.forward import (
-    FA_TILE_Q,
-    ForwardError,
-    Hparams,
-    Model,
-    Sampler,
-    attend,
-    attention_mask,
-    mul_mat,
-    rope_cos_sin,
-    swiglu_oai,
-)
+from engine.forward import Model, Sampler
 from engine.gguf_header import TensorInfo
+from engine.hparams import Hparams
 from engine.model import ExpertLayer, load_model_shape
+from engine.ops import mul_mat, rope_cos_sin, swiglu_oai
 from engine.tokenizer import load_tokenizer
 from engine.weights import DenseWeights
 
@@ -293,7 +285,7 @@ def test_results_do_not_depend_on_blas_threads():
     # Big enough that OpenBLAS splits the products across threads when it may.
     script = (
         "import hashlib, numpy as np\n"
-        "from engine.forward import mul_mat, attend, attention_mask\n"
+        "from engine.ops import mul_mat\nfrom engine.attention import attend, attention_mask\n"
         "from engine.model import load_model_shape\n"
         "from engine.forward import Model\n"
         "rng = np.random.default_rng(0)\n"

@@ -52,7 +52,7 @@ def test_strings_from_the_header_reach_the_terminal_escaped(seeds, tmp_path):
 def test_an_error_quotes_a_short_excerpt_never_the_header(seeds, tmp_path):
     """Issue 14 item 9: a 54 KB key cut short used to be quoted whole in the error."""
     seed = seeds[0]
-    at, n = seed.strings[0]
+    at, _ = seed.strings[0]
     key = b"\x1bk" * 27_000
     path = tmp_path / "long-key.gguf"          # the file ends where the key's type should be
     path.write_bytes(seed.header[:at] + len(key).to_bytes(8, "little") + key)

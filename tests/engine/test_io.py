@@ -19,11 +19,10 @@ from engine.io import (
     IoError,
     Slice,
     dio_alignment_bytes,
-    drop_page_cache,
     memory_filesystem,
-    page_cache_residency,
 )
 from engine.model import load_model_shape
+from engine.pagecache import drop_page_cache, page_cache_residency
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "upstream" / "host-v2-0.19.0" / "tiny-qwen3moe.gguf"
 FILE_BYTES = 3 * (1 << 20) + 12345  # not a multiple of any alignment: the last block is partial

@@ -16,6 +16,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
+from engine import activation as A
+from engine import jit_loader as J
 from engine import kernels as K
 from engine.forward import Model
 from engine.model import load_model_shape
@@ -96,7 +98,7 @@ def ggml_vec_dot_k(qtype: Q, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_q4_K_q8_K / q6_K_q8_K for every row and token: per super-block
     fp32(d_w * d_x) * (integer sum) [- fp32(dmin * d_x) * sum(min * bsums)], summed in float64."""
     m, n, k = raw.shape[0], x.shape[0], x.shape[1]
-    xq, xd, _ = K.Activation(x).form("q8_k")
+    xq, xd, _ = A.Activation(x).form("q8_k")
     yq = xq.astype(np.int64).reshape(n, k // 256, 256)
     yd = xd[:, ::8]                                            # one Q8_K scale per 256 values
     out = np.empty((n, m), dtype=np.float32)
@@ -129,17 +131,18 @@ def test_blocks_decode_exactly_as_gguf_decodes_them(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("n", [1, 3, 11])
+@pytest.mark.parametrize("n", [1, 3, 11, 17])
 def test_products_are_ggmls_vec_dot(qtype, n):
-    """1-4 tokens take the vec_dot kernel, more the dequantized tiles: both give ggml's value."""
+    """Few tokens take the vec_dot kernel, more the dequantized tiles (17 always): both give
+    ggml's value."""
     m, k = 72, 512
     raw = random_blocks(qtype, m, k, seed=n)
     x = np.random.default_rng(100 + n).standard_normal((n, k)).astype(np.float32)
-    got = K.matmul(K.Activation(x), K.RawMatrix(raw, qtype, k))
+    got = K.matmul(A.Activation(x), K.RawMatrix(raw, qtype, k))
     assert got.dtype == np.float32 and got.shape == (n, m)
     if qtype in (Q.Q4_K, Q.Q6_K):
         want = ggml_vec_dot_k(qtype, raw, x)
-        if n > K.DIRECT_MAX_TOKENS:   # the batched path does not round fp32(d_w * d_x): an ulp
+        if n > K.direct_max_tokens(qtype):   # the batched path does not round fp32(d_w * d_x): an ulp
             np.testing.assert_allclose(got, want, rtol=3e-7, atol=3e-7 * np.abs(want).max())
             return
         np.testing.assert_array_equal(got, want)
@@ -163,7 +166,7 @@ def test_products_are_ggmls_vec_dot(qtype, n):
 @pytest.mark.parametrize("n", [1, 11])
 def test_small_matrices_take_numpys_path_with_the_same_numbers(monkeypatch, n):
     m, k = 64, 512
-    x = K.Activation(np.random.default_rng(n).standard_normal((n, k)).astype(np.float32))
+    x = A.Activation(np.random.default_rng(n).standard_normal((n, k)).astype(np.float32))
     for qtype in TYPES:
         w = K.RawMatrix(random_blocks(qtype, m, k, seed=3), qtype, k)
         compiled = K.matmul(x, w)
@@ -183,27 +186,27 @@ def test_an_exact_activation_is_not_converted():
     for qtype in TYPES:
         raw = random_blocks(qtype, m, k, seed=5)
         w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(m, k)
-        got = K.matmul(K.Activation(x, exact=True), K.RawMatrix(raw, qtype, k))
+        got = K.matmul(A.Activation(x, exact=True), K.RawMatrix(raw, qtype, k))
         np.testing.assert_allclose(got, x.astype(np.float64) @ w.T, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("T", [1, 7])
 def test_compiled_flash_attention_cells_equal_the_numpy_loop(monkeypatch, T):
-    """forward._f16acc_chunk's compiled loop (used once a product has loaded the compiled code)
+    """attention._f16acc_chunk's compiled loop (used once a product has loaded the compiled code)
     is the numpy loop bit for bit: the f16 accumulator's roundings included."""
-    from engine import forward
+    from engine import attention
 
     rng = np.random.default_rng(T)
     H, Hkv, N, D = 8, 2, 40, 64
     q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
     k = rng.standard_normal((Hkv, N, D)).astype(np.float16)
     v = (rng.standard_normal((Hkv, N, D)) * np.logspace(-7, 4, D)).astype(np.float16)  # subnormal..large
-    allowed = forward.attention_mask(np.arange(N - T, N), np.arange(N), 12 if T > 1 else 0)
-    K._jit()
-    compiled = forward._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
-    assert K._jit().f16acc_cells.signatures          # the compiled loop did run
-    monkeypatch.setattr(forward, "compiled_loops", lambda: None)
-    plain = forward._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
+    allowed = attention.attention_mask(np.arange(N - T, N), np.arange(N), 12 if T > 1 else 0)
+    J.load()
+    compiled = attention._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
+    assert J.load().f16acc_cells.signatures          # the compiled loop did run
+    monkeypatch.setattr(attention, "compiled_loops", lambda: None)
+    plain = attention._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
     for a, b in zip(compiled, plain):
         np.testing.assert_array_equal(a, b)
     assert np.isfinite(plain[0]).all() and (plain[1] > 0).all()
@@ -215,8 +218,8 @@ def test_float_rows_of_any_length(qtype):
     m, k = 24, 72
     raw = random_blocks(qtype, m, k, seed=2)
     x = np.random.default_rng(6).standard_normal((2, k)).astype(np.float32)
-    got = K.matmul(K.Activation(x), K.RawMatrix(raw, qtype, k))
-    xv = K.round_activation(x, qtype).astype(np.float64)
+    got = K.matmul(A.Activation(x), K.RawMatrix(raw, qtype, k))
+    xv = A.round_activation(x, qtype).astype(np.float64)
     want = (xv @ gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(m, k).T).astype(np.float32)
     np.testing.assert_array_equal(got, want)
 
@@ -226,9 +229,9 @@ def test_compiled_q8_0_quantizer_equals_numpys():
     x[1, :32] = 0.0                                          # an all-zero block
     x[2, 40] = 1e-30                                         # a tiny amax
     x[3, 64:96] = np.float32(2.5) * np.arange(32) / 31       # ties at .5 steps
-    plain = K._to_q8_0(x)
-    K._jit()
-    act = K.Activation(x)
+    plain = A._to_q8_0(x)
+    J.load()
+    act = A.Activation(x)
     compiled = act.form("q8_0")
     assert act._int8["q8_0:int8"].dtype == np.int8
     for a, b in zip(compiled, plain):
@@ -239,7 +242,7 @@ def test_compiled_q8_0_quantizer_equals_numpys():
 def test_q8_k_activation_is_ggmls_reference_quantizer():
     x = np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
     x[1, 300] = -9.0                          # the block's largest magnitude, negative
-    xq, xd, xsum = K.Activation(x).form("q8_k")
+    xq, xd, xsum = A.Activation(x).form("q8_k")
     assert xq.min() >= -128 and xq.max() <= 127 and np.array_equal(xq, np.rint(xq))
     assert xq[1, 300] == -127 and xd.shape == (3, 16)
     err = np.abs(xq * np.repeat(xd, 32, axis=1) - x)
@@ -252,9 +255,139 @@ def test_results_do_not_depend_on_compute_threads():
     for qtype in (Q.Q8_0, Q.F16, Q.Q6_K):
         w = K.RawMatrix(random_blocks(qtype, m, k), qtype, k)
         for n in (1, 9):
-            x = K.Activation(np.random.default_rng(n).standard_normal((n, k)).astype(np.float32))
+            x = A.Activation(np.random.default_rng(n).standard_normal((n, k)).astype(np.float32))
             outs = [K.matmul(x, w, threads=t) for t in (1, 2, 3)]
             assert all(np.array_equal(outs[0], o) for o in outs[1:]), (qtype, n)
+
+
+def test_a_batch_of_products_is_each_product_alone():
+    """One step's products (shared and own activations, three kernel families, several row
+    counts) in one batch, on 1 and 2 threads: each equals the same product made alone."""
+    k = 512
+    rng = np.random.default_rng(21)
+    shared = A.Activation(rng.standard_normal((1, k)).astype(np.float32))
+    pairs = []
+    for i, (qtype, m) in enumerate([(Q.Q8_0, 96), (Q.MXFP4, 40), (Q.Q8_0, 7), (Q.F16, 64), (Q.Q4_K, 33),
+                                    (Q.Q4_0, 128), (Q.BF16, 5)]):
+        w = K.RawMatrix(random_blocks(qtype, m, k, seed=i), qtype, k)
+        own = A.Activation(rng.standard_normal((1 + i % 3, k)).astype(np.float32))
+        pairs += [(shared, w), (own, w)]
+    alone = [K.matmul(A.Activation(x.x), w) for x, w in pairs]
+    for threads in (1, 2):
+        together = K.matmul_pairs(pairs, threads)
+        assert len(together) == len(alone)
+        for got, want in zip(together, alone):
+            np.testing.assert_array_equal(got, want)
+
+
+_TWO_CALLERS = """
+import threading, numpy as np, sys
+sys.path.insert(0, "tests/engine")
+import engine.kernels as K, engine.activation as A
+from gguf import GGMLQuantizationType as Q
+from test_kernels import random_blocks
+K.COMPILED_MIN_WEIGHTS = 0
+w = K.RawMatrix(random_blocks(Q.Q8_0, 2048, 1024), Q.Q8_0, 1024)
+x = A.Activation(np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32))
+want = K.matmul(x, w)
+bad = []
+def work():
+    for _ in range(200):
+        if not np.array_equal(K.matmul(x, w, threads=2), want):
+            bad.append(1)
+callers = [threading.Thread(target=work) for _ in range(3)]
+for c in callers: c.start()
+for c in callers: c.join()
+print("ok" if not bad else "wrong")
+"""
+
+
+def test_parallel_products_from_several_threads_at_once():
+    """numba's workqueue layer aborts the process when two threads launch parallel loops at once:
+    three Python threads multiplying with 2 threads each still get their numbers (a child
+    process, so an abort fails this test instead of the whole run)."""
+    r = subprocess.run([sys.executable, "-c", _TWO_CALLERS], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+_BLOCK_PRODUCTS = """
+import sys, hashlib, numpy as np
+sys.path.insert(0, "tests/engine")
+import engine.kernels as K, engine.activation as A
+from gguf import GGMLQuantizationType as Q
+from test_kernels import random_blocks
+K.COMPILED_MIN_WEIGHTS = 0
+h = hashlib.sha256()
+for qtype in (Q.Q8_0, Q.Q4_0, Q.MXFP4):
+    for n in (1, 3):
+        w = K.RawMatrix(random_blocks(qtype, 96, 1024, seed=n), qtype, 1024)
+        x = A.Activation((np.random.default_rng(n).standard_normal((n, 1024)) * 4).astype(np.float32))
+        h.update(K.matmul(x, w, threads=2).tobytes())
+print(K.load()._AVX2, h.hexdigest())
+"""
+
+
+def test_block_products_are_the_same_with_and_without_x86_instructions(tmp_path):
+    """On an AVX2 host the blocks' products use x86's psignb/pmaddubsw/pmaddwd/pshufb; compiled
+    for a generic CPU (NUMBA_CPU_NAME) they are generic vector IR summing the same four products
+    per lane: the same numbers either way."""
+    # the host's code from the usual cache; the generic CPU's compiled into a folder of its own
+    runs = [subprocess.run([sys.executable, "-c", _BLOCK_PRODUCTS], cwd=REPO, capture_output=True, text=True,
+                           timeout=600, env=_env(**extra))
+            for extra in ({}, {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "generic")})]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-1500:] for r in runs]
+    (_, host), (generic_avx2, generic) = (r.stdout.split() for r in runs)
+    assert generic_avx2 == "False" and host == generic
+
+
+_FORK = """
+import os, sys, numpy as np
+sys.path.insert(0, "tests/engine")
+import engine.kernels as K, engine.activation as A
+from gguf import GGMLQuantizationType as Q
+from test_kernels import random_blocks
+w = K.RawMatrix(random_blocks(Q.Q8_0, 2048, 1024), Q.Q8_0, 1024)
+x = A.Activation(np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32))
+want = K.matmul(x, w, threads=2)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.array_equal(K.matmul(x, w, threads=2), want) else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_still_multiplies():
+    """GNU OpenMP's threads do not survive a fork (a child that used them would hang): a child
+    forked after parallel products computes its own on one thread, with the same numbers."""
+    r = subprocess.run([sys.executable, "-c", _FORK], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr[-1500:])
+
+
+def test_compiled_f16_rounding_is_numpys():
+    """The branch-free f16 rounding of the compiled attention and quantizer equals numpy's
+    astype(float16) on every kind of float32: the edges of each half range, ties, specials, and
+    a million random bit patterns (the whole 2^32 were checked once, docs/decisions.md)."""
+    from numba import njit
+
+    round_f16 = J.load()._round_f16
+
+    @njit
+    def apply(f, out):
+        for i in range(f.size):
+            out[i] = round_f16(f[i])
+
+    edges = np.array([0.0, -0.0, 5.96e-8, 2.98e-8, 2.9802326e-08, 2.9802325e-08, 6.1035156e-05, 6.1035e-05,
+                      65504.0, 65519.99, 65520.0, 1e30, np.inf, -np.inf, np.nan, 1.0009766, 1.0004883, 1.0014648,
+                      -2049.0, 2051.0, 1e-45, -3.4e38], dtype=np.float32)
+    bits = np.random.default_rng(3).integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
+    for f in (edges, bits.view(np.float32)):
+        out = np.empty_like(f)
+        apply(f, out)
+        with np.errstate(over="ignore"):
+            want = f.astype(np.float16).astype(np.float32)
+        same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
+        assert same.all(), f[~same][:5]
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +414,7 @@ def test_no_product_copies_the_matrix():
     m, k = 3072, 4096
     w = K.RawMatrix(random_blocks(Q.Q8_0, m, k), Q.Q8_0, k)
     for n in (1, 16):
-        x = K.Activation(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32))
+        x = A.Activation(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32))
         K.matmul(x, w, threads=2)                      # compiled and pooled before measuring
         tracemalloc.start()
         K.matmul(x, w, threads=2)
@@ -300,15 +433,15 @@ def test_wrong_sizes_are_one_line_errors():
         K.raw_matrix(np.zeros(144, np.uint8), Q.Q4_K, 128, 1)
     w = K.RawMatrix(random_blocks(Q.Q8_0, 4, 64), Q.Q8_0, 64)
     with pytest.raises(ModelError, match="32 values per token, the weight 64"):
-        K.matmul(K.Activation(np.zeros((1, 32), np.float32)), w)
+        K.matmul(A.Activation(np.zeros((1, 32), np.float32)), w)
 
 
 # ---- the compile cache ---------------------------------------------------------------------------
-_PROBE = ("import numpy as np, engine.kernels as K\n"
+_PROBE = ("import numpy as np, engine.kernels as K, engine.activation as A, engine.jit_loader as J\n"
           "K.COMPILED_MIN_WEIGHTS = 0\n"
           "from gguf import GGMLQuantizationType as Q\n"
           "w = K.RawMatrix(np.arange(34 * 8, dtype=np.uint8).reshape(8, 34) % 7, Q.Q8_0, 32)\n"
-          "print(K.cache_dir(), K.matmul(K.Activation(np.ones((1, 32), np.float32)), w).tobytes().hex())\n")
+          "print(J.cache_dir(), K.matmul(A.Activation(np.ones((1, 32), np.float32)), w).tobytes().hex())\n")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -321,24 +454,24 @@ def test_cache_goes_to_numba_cache_dir_or_a_private_folder(tmp_path):
     cache = tmp_path / "numba-cache"
     r = subprocess.run([sys.executable, "-c", _PROBE], env=_env(NUMBA_CACHE_DIR=str(cache)), cwd=REPO,
                        capture_output=True, text=True, timeout=300, check=True)
-    where, value = r.stdout.split()
+    where, _ = r.stdout.split()
     assert where == str(cache) and any(cache.rglob("*.nbi"))      # numba's index files
     # a folder someone else owns (or others may write) is never used: its code would run here
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     os.chown(foreign, 12345, 12345)
-    assert not K._usable_dir(str(foreign))
+    assert not J._usable_dir(str(foreign))
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    assert not K._usable_dir(str(open_dir))
-    assert K._usable_dir(str(tmp_path / "fresh")) and (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+    assert not J._usable_dir(str(open_dir))
+    assert J._usable_dir(str(tmp_path / "fresh")) and (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
 
 
 def test_zipapp_caches_beside_itself_and_runs_without_any_cache(tmp_path, monkeypatch):
     """bmoe-py staged as one file (as on a virtual phone): compiled code lands in .bmoe-py-cache
     next to it; where nothing is writable it still runs, compiling, with the same numbers."""
-    from harness.runner import build_bmoe_py
+    from harness.staging import build_bmoe_py
 
     monkeypatch.setenv("BMOE_FLEET_HOME", str(tmp_path / "home"))
     app = build_bmoe_py(sys.executable)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from engine.io import drop_page_cache, page_cache_residency
 from engine.model import MIB, load_model_shape
+from engine.pagecache import drop_page_cache, page_cache_residency
 from engine.synth import synth_options, write_model
 from tests.conftest import in_cgroup, memory_cgroup
 

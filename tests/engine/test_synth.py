@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import subprocess
 import sys
@@ -165,7 +166,7 @@ def test_interrupted_write_leaves_nothing(tmp_path):
 def test_progress_reaches_the_total(tmp_path):
     seen = []
     write_model(tmp_path / "m.gguf", synth_options("qwen3moe", **TINY), progress=lambda d, t: seen.append((d, t)))
-    assert seen[-1][0] == seen[-1][1] and all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    assert seen[-1][0] == seen[-1][1] and all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -182,7 +183,7 @@ def test_bad_options(kwargs, message):
 
 
 def test_output_name_must_be_gguf(tmp_path):
-    with pytest.raises(SynthError, match="must end in .gguf"):
+    with pytest.raises(SynthError, match=r"must end in \.gguf"):
         write_model(tmp_path / "m.bin", synth_options("qwen3moe", **TINY))
 
 

@@ -27,9 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devices.virtual import manager
-from harness.campaign import load_campaign
+from harness.campaign_file import load_campaign
 from harness.plan import make_plan
-from harness.runner import INFRA, CampaignDir, RunnerError, run_to_end
+from harness.runner import run_to_end
+from store.campaign_dir import CampaignDir
+from store.errors import StoreError
+from store.outcomes import INFRA
 
 PROJECT = Path(__file__).resolve().parents[2]
 VICTIM = "victim"
@@ -151,7 +154,7 @@ def check_dir(campaign_file: Path, out: Path) -> Counter:
     cdir = CampaignDir(out)
     try:
         records = cdir.ledger.read()
-    except RunnerError:
+    except StoreError:
         problems["torn"] += 1
         return problems
     raw_lines = [line for line in cdir.ledger.path.read_text().split("\n") if line.strip()]

@@ -9,17 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import (
-    Campaign,
-    CampaignError,
-    budget_from_cycle,
-    campaign_from_options,
-    dumps_toml,
-    load_campaign,
-    needs_force,
-    parse_cache_value,
-    parse_campaign,
-)
+from engine.flags import needs_force
+from harness.budgets import budget_from_cycle, parse_cache_value
+from harness.campaign import Campaign, CampaignError
+from harness.campaign_file import load_campaign, parse_campaign
+from harness.campaign_options import campaign_from_options
 from harness.cli_campaign import COMMANDS
 
 from .conftest import write_campaign
@@ -82,11 +76,52 @@ def test_the_resolved_toml_reads_back_as_the_same_campaign(tmp_path, tiny_model)
     assert load_campaign(rel).models[0].path == str(tmp_path / tiny_model.name)
 
 
-def test_toml_writer_quotes_what_needs_quoting():
-    data = {"version": 1, "name": 'a "quoted" name\twith tab and \x7f', "models": {"odd key": "/p/ü.gguf"},
-            "fleet": {"devices": ["local"], "adb": [{"host": "h", "port": 1}, {"host": "g", "port": 2}]},
-            "axes": {"cache_mb": [0, "auto", 1.5, True]}}
-    assert tomllib.loads(dumps_toml(data)) == data
+def test_what_needs_quoting_is_written_and_read_back(tmp_path, tiny_model):
+    odd = tmp_path / 'a "quoted" dir ü' / "m.gguf"
+    odd.parent.mkdir()
+    odd.write_bytes(tiny_model.read_bytes())
+    c = parse_campaign({"version": 1, "name": 'a "quoted" name\twith tab, \\ and \x7f',
+                        "fleet": {"devices": ["local", "R58M1", "10.0.0.7:5555"],
+                                  "adb": [{"host": "h", "port": 1}, {"host": "g", "port": 2}]},
+                        "models": {"odd": str(odd)},
+                        "axes": {"cache_mb": [0, "auto", "cycle*1.5"], "flags": {"--prefetch": [0, 2],
+                                                                                  "--no-think": [True]}},
+                        "run": {"prompt": "line one\nline \"two\"\x1b[31m", "engine_args": ["--chatml"]}},
+                       source="odd")
+    back = tomllib.loads(c.to_toml())
+    assert back == c.to_dict()
+    assert parse_campaign(back, source="again") == c
+
+
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "campaign" / "written-by-the-hand-writer.toml"
+
+
+def test_a_campaign_toml_written_before_tomli_w_reads_as_the_same_campaign(tmp_path):
+    # GOLDEN is what the hand-written TOML writer (before tomli-w) wrote for a campaign using every
+    # key; {root} stands for the folder its files were in. It reads back as the campaign it was,
+    # and tomli-w writes that campaign as data equal to the old file's.
+    for rel in ("models/tiny.gguf", "models/mid model.gguf", "build/bmoe-cli", "build/libggml.so.0",
+                "build/libllama.so.0"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    path = tmp_path / "campaign.toml"
+    path.write_text(GOLDEN.read_text(encoding="utf-8").replace("{root}", str(tmp_path)), encoding="utf-8")
+    c = load_campaign(path)
+    assert c.name == 'golden "v1" — ü\ttab' and c.devices == ("local", "virtual:pixel-6a", "R58M123", "10.0.0.7:5555")
+    assert [(s.host, s.port) for s in c.adb] == [("127.0.0.1", 5037), ("lab.example", 6037)]
+    assert [m.spec for m in c.models] == [str(tmp_path / "models/tiny.gguf"), str(tmp_path / "models/mid model.gguf"),
+                                          "device:/sdcard/Download/big.gguf"]
+    assert [(b.abi, len(b.libs)) for b in c.engine.native] == [("host", 2), ("arm64-v8a", 1)]
+    assert c.axes.cache_mb == (0, "auto", "cycle*1.2", "knee*0.5", 1500, "mmap", "resident")
+    assert c.axes.threads == (1, "auto") and c.axes.flags == (("--prefetch", (0, 2)), ("--no-think", (True, False)),
+                                                              ("--temp", (0.5,)))
+    assert c.run.prompt == 'Line one\nline "two" \\ back\x7f' and c.run.o_direct is False
+    assert c.run.timeout_s == 90.5 and c.gate.poll_s == 0.5
+    assert tomllib.loads(c.to_toml()) == tomllib.loads(path.read_text(encoding="utf-8"))
+    again = tmp_path / "again" / "campaign.toml"
+    again.parent.mkdir()
+    again.write_text(c.to_toml(), encoding="utf-8")
+    assert load_campaign(again) == c
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -187,7 +222,7 @@ def test_sweep_options_make_the_campaign_a_file_would(tmp_path, tiny_model, mid_
     assert (c.run.repeats, c.run.n_predict, c.run.reverse_pass) == (3, 8, True)
     path = write_campaign(tmp_path, c.to_toml(), "campaign.toml")
     assert load_campaign(path) == c
-    with pytest.raises(CampaignError, match='axes.cache_mb\\[1\\]: "auto4000" mixes auto with a number'):
+    with pytest.raises(CampaignError, match=r'axes\.cache_mb\[1\]: "auto4000" mixes auto with a number'):
         campaign_from_options(["local"], [str(tiny_model)], ["0", "auto4000"])
     with pytest.raises(CampaignError, match="--adb: --adb expects HOST:PORT"):
         campaign_from_options(["local"], [str(tiny_model)], ["0"], adb=["nohostport"])

@@ -9,7 +9,8 @@ import shlex
 from click.testing import CliRunner
 
 from engine.model import load_model_shape
-from harness.campaign import fleet_home, load_campaign, parse_campaign
+from harness.campaign import fleet_home
+from harness.campaign_file import load_campaign, parse_campaign
 from harness.plan import make_plan
 
 from .conftest import write_campaign
@@ -40,11 +41,11 @@ def test_repeats_interleave_across_configs_and_the_second_pass_reverses_the_firs
     assert {c.pass_no for c in first} == {0} and {c.pass_no for c in second} == {1}
     # pass 0: every config's repeat r before any config's repeat r+1
     assert [c.repeat for c in first] == [r for r in range(3) for _ in range(configs)]
-    keys = [json.dumps(dict(c.config), sort_keys=True) for c in first]
+    keys = [json.dumps(c.config.to_dict(), sort_keys=True) for c in first]
     assert keys[:configs] == keys[configs: 2 * configs] == keys[2 * configs:]
     assert len(set(keys[:configs])) == configs
     # pass 1 runs the same (config, repeat) sequence backwards
-    assert [(json.dumps(dict(c.config), sort_keys=True), c.repeat) for c in second] == \
+    assert [(json.dumps(c.config.to_dict(), sort_keys=True), c.repeat) for c in second] == \
         [(k, c.repeat) for k, c in reversed(list(zip(keys, first)))]
     assert len({c.cell_id for c in cells}) == len(cells)
 
@@ -52,42 +53,42 @@ def test_repeats_interleave_across_configs_and_the_second_pass_reverses_the_firs
 def test_cycle_relative_budgets_are_priced_at_the_applied_top_k(gptoss_120b_shape):
     c = campaign(gptoss_120b_shape, axes={"cache_mb": ["cycle*0.9", "cycle*1.2"], "n_expert_used": [0, 2]})
     cells = make_plan(c).cells
-    got = {(cell.config["budget_spec"], cell.config["n_expert_used"]): cell for cell in cells}
+    got = {(cell.config.budget_spec, cell.config.n_expert_used): cell for cell in cells}
     assert set(got) == {("cycle*0.9", 4), ("cycle*0.9", 2), ("cycle*1.2", 4), ("cycle*1.2", 2)}
     for (spec, k), cell in got.items():
         factor = float(spec.split("*")[1])
         raw = cycle_mib(k) * factor
         expected = int(raw) if factor < 1 else int(raw) + 1
-        assert cell.config["cache_mb"] == expected
-        assert abs(cell.config["cycle_mb"] - cycle_mib(k)) < 1e-3
+        assert cell.config.cache_mb == expected
+        assert abs(cell.config.cycle_mb - cycle_mib(k)) < 1e-3
         assert cell.argv[cell.argv.index("--cache-mb") + 1] == str(expected)
         assert cell.argv[cell.argv.index("--n-expert-used") + 1] == str(k)
-    assert got[("cycle*0.9", 4)].config["cache_mb"] == 1633 and got[("cycle*1.2", 2)].config["cache_mb"] == 1090
+    assert got[("cycle*0.9", 4)].config.cache_mb == 1633 and got[("cycle*1.2", 2)].config.cache_mb == 1090
     # under 1500 MiB the harness adds --force-cache and says so on the cell
     for key, forced in ((("cycle*0.9", 4), False), (("cycle*1.2", 4), False), (("cycle*0.9", 2), True),
                         (("cycle*1.2", 2), True)):
         cell = got[key]
-        assert cell.config["force_cache"] is forced and cell.config["force_cache_auto"] is forced
+        assert cell.config.force_cache is forced and cell.config.force_cache_auto is forced
         assert ("--force-cache" in cell.argv) is forced
 
 
 def test_budgets_in_the_pathological_band_get_force_cache(tiny_model):
     cells = make_plan(campaign(tiny_model, axes={"cache_mb": [0, 1, 1499, 1500, 4000, "auto", "mmap"]})).cells
-    forced = {c.config["budget_spec"]: "--force-cache" in c.argv for c in cells}
+    forced = {c.config.budget_spec: "--force-cache" in c.argv for c in cells}
     assert forced == {"0": False, "1": True, "1499": True, "1500": False, "4000": False, "auto": False, "mmap": False}
-    mmap = next(c for c in cells if c.config["budget_spec"] == "mmap")
+    mmap = next(c for c in cells if c.config.budget_spec == "mmap")
     assert "--moe-stream" not in mmap.argv and "--cache-mb" not in mmap.argv and "--io-threads" not in mmap.argv
-    auto = next(c for c in cells if c.config["cache_auto"])
+    auto = next(c for c in cells if c.config.cache_auto)
     assert auto.argv[auto.argv.index("--cache-mb") + 1] == "auto"
 
 
 def test_auto_takes_each_ceiling_and_numbers_ignore_them(tiny_model):
     cells = make_plan(campaign(tiny_model, axes={"cache_mb": ["auto", 2000], "cache_ceil_mb": [0, 3000, 6000]})).cells
-    autos = [c for c in cells if c.config["cache_auto"]]
-    assert sorted(c.config["cache_ceil_mb"] for c in autos) == [0, 3000, 6000]
+    autos = [c for c in cells if c.config.cache_auto]
+    assert sorted(c.config.cache_ceil_mb for c in autos) == [0, 3000, 6000]
     for c in autos:
-        assert c.argv[c.argv.index("--cache-ceil-mb") + 1] == str(c.config["cache_ceil_mb"])
-    fixed = [c for c in cells if not c.config["cache_auto"]]
+        assert c.argv[c.argv.index("--cache-ceil-mb") + 1] == str(c.config.cache_ceil_mb)
+    fixed = [c for c in cells if not c.config.cache_auto]
     assert len(fixed) == 1 and "--cache-ceil-mb" not in fixed[0].argv
 
 
@@ -105,7 +106,7 @@ def test_duplicate_configs_collapse_and_cell_ids_are_stable(tiny_model, mid_mode
     longer = make_plan(campaign(tiny_model, axes={"cache_mb": [0, "mmap", "resident"], "io_threads": [2, 4]},
                                 run={"n_predict": 64}))
     assert not {x.cell_id for x in longer.cells} & {x.cell_id for x in cells}
-    resident = next(x for x in cells if x.config["budget_spec"] == "resident")
+    resident = next(x for x in cells if x.config.budget_spec == "resident")
     assert "--no-mmap" in resident.argv and "--moe-stream" not in resident.argv
 
 

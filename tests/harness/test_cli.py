@@ -104,7 +104,7 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert "top-k 4: token cycle" in result.output
     # each phone ran one route-traced probe, and its knee cell ran at the knee the probe replays to
     from harness.probe import knee_of_trace
-    from results.replay import access_sequence, lru_curve, stack_distances
+    from results.lru_replay import access_sequence, lru_curve, stack_distances
     from results.route_trace import read_route_trace
 
     recs = [json.loads(p.read_text()) for p in (tmp_path / "demo" / "campaign").glob("runs/*/*/run.json")]

@@ -10,6 +10,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -21,10 +22,14 @@ from click.testing import CliRunner
 
 from devices.base import DeviceIdentity, DeviceState
 from devices.inventory import DeviceReport
-from harness.campaign import MAX_CELLS, CampaignError, load_campaign, parse_campaign
+from harness.campaign import MAX_CELLS, CampaignError, fleet_home
+from harness.campaign_file import load_campaign, parse_campaign
 from harness.plan import make_plan
 from harness.progress import Progress
-from harness.runner import CampaignDir, FileLock, locks_dir, run_campaign
+from harness.runner import run_campaign
+from store.campaign_dir import CampaignDir
+from store.errors import LockBusy
+from store.locks import FileLock, locks_dir
 from tests.harness import faults
 
 from .conftest import write_campaign
@@ -184,8 +189,11 @@ def test_device_strings_reach_the_terminal_escaped():
         progress = Progress({"virtual:" + NASTY: 1}, stream, tty)
         progress.start_cell("virtual:" + NASTY, "cell", 1)
         progress.note("virtual:" + NASTY, "gate: " + NASTY)
-        written = stream.getvalue().replace("\x1b[2K", "").replace("\x1b[1F", "")
+        progress.close()
+        # on a terminal rich moves and colours (SGR, cursor up, erase line, cursor hide/show)
+        written = re.sub(r"\x1b\[(?:\?25[lh]|[0-9;]*m|[0-9]*[AK])", "", stream.getvalue())
         assert "\x1b" not in written and "\x07" not in written and "\u202e" not in written
+        assert "\\x1b]0;pwned\\x07" in written
 
 
 class _Plain:
@@ -241,10 +249,11 @@ def test_errors_from_files_are_one_escaped_line(tmp_path, cli):
 
 def test_lock_files_are_removed_when_released(tmp_path, tiny_model):
     """Issue 14 item 10: ~900 dir-*.lock files were left behind."""
-    before = set(locks_dir().glob("*.lock")) if locks_dir().exists() else set()
+    locks = locks_dir(fleet_home())
+    before = set(locks.glob("*.lock*")) if locks.exists() else set()
     run_campaign(load_campaign(_campaign(tmp_path, tiny_model)), tmp_path / "out", progress_stream=_Plain())
-    assert set(locks_dir().glob("*.lock")) - before == set()
-    lock = FileLock(locks_dir() / "x.lock", "x")
+    assert set(locks.glob("*.lock*")) - before == set()
+    lock = FileLock(locks / "x.lock", "x")
     lock.acquire(0, {"pid": os.getpid()})
     assert lock.path.exists()
     lock.release()
@@ -271,8 +280,7 @@ def test_a_waiter_on_a_removed_lock_file_does_not_hold_it(tmp_path, monkeypatch)
     """The race removal opens, played out step by step: a waiter opened the lock file (inode A)
     before its holder released it (A removed); a third process then made the file anew (B) and
     holds it. The waiter's flock on A succeeds — and must not count: A is no longer the lock."""
-    import harness.runner as runner_module
-    from harness.runner import RunnerError
+    import store.locks as locks_module
 
     path = tmp_path / "race.lock"
     holder = FileLock(path, "the race lock")
@@ -290,12 +298,12 @@ def test_a_waiter_on_a_removed_lock_file_does_not_hold_it(tmp_path, monkeypatch)
             return stale_fd
         return real_open(p, flags, mode)
 
-    monkeypatch.setattr(runner_module.os, "open", waiter_open)
+    monkeypatch.setattr(locks_module.os, "open", waiter_open)
     waiter = FileLock(path, "the race lock")
-    with pytest.raises(RunnerError, match="is in use by another campaign"):
+    with pytest.raises(LockBusy, match="is in use by another campaign"):
         waiter.acquire(0, {"pid": 2})
     monkeypatch.undo()
-    assert handed and third.fd is not None
+    assert handed and third.held
     third.release()
     assert not path.exists()
 

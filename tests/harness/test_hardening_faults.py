@@ -22,7 +22,7 @@ import psutil
 from click.testing import CliRunner
 
 from devices.virtual import manager
-from harness.campaign import load_campaign
+from harness.campaign_file import load_campaign
 from tests.harness import faults
 
 

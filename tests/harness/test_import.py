@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError, load_campaign
+from harness.campaign import CampaignError
+from harness.campaign_file import load_campaign
 from harness.importer import import_runs
 from harness.status import campaign_status
 
@@ -73,7 +74,7 @@ def test_one_run_per_engine_run_in_the_campaign_format(imported):
     ("2026-07-15-route-trace/gptoss", 0.503, 32.4, 3000.0, 64),
 ])
 def test_numbers_equal_the_files(imported, source, tok_per_s, hit_pct, budget_mib, tokens):
-    rec, folder = run_of(imported, source)
+    rec, _ = run_of(imported, source)
     assert rec["outcome"] == "ok"
     assert rec["result"]["tok_per_s"] == tok_per_s
     assert rec["result"]["cache_hit_pct"] == hit_pct

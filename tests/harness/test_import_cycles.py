@@ -1,10 +1,13 @@
-"""File-level imports (a function's own import counts too): the engine imports no other package,
-and no two harness modules import each other."""
+"""File-level imports (a function's own import counts too): each package imports only the layers
+under it (the engine nothing, results never the harness), and no modules of one package import
+each other, directly or round a longer loop."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,14 +28,70 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_the_engine_imports_no_other_package():
-    for path in (ROOT / "engine").rglob("*.py"):
-        outside = {n for n in _imports(path) if n.split(".")[0] in ("devices", "harness", "results")}
-        assert not outside, f"{path.name} imports {sorted(outside)}"
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of `package` (its subpackages too) -> the modules of the package it imports. A
+    package's __init__ is left out: importing a subpackage by name is no loop."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts): _imports(p)
+               for p in (ROOT / package).rglob("*.py") if p.stem != "__init__"}
+    return {m: {n for n in names if n in modules and n != m} for m, names in modules.items()}
 
 
-def test_no_two_harness_modules_import_each_other():
-    modules = {f"harness.{p.stem}": _imports(p) for p in (ROOT / "harness").glob("*.py")}
-    pairs = sorted((a, b) for a in modules for b in modules
-                   if a < b and b in modules[a] and a in modules[b])
-    assert not pairs
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops of a graph: its strongly connected components of two or more modules
+    (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+# What each package may import (CONTRIBUTING.md): the engine nothing, so it runs alone on a phone;
+# devices the engine; the campaign store the engine; results the engine and the store, never a
+# device or the harness (everything is recomputable from a campaign directory); the harness all.
+LAYERS = {"engine": set(), "devices": {"engine"}, "store": {"engine"}, "results": {"engine", "store"},
+          "harness": {"engine", "devices", "store", "results"}}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_package_imports_only_the_layers_under_it(package):
+    for path in (ROOT / package).rglob("*.py"):
+        outside = {n for n in _imports(path) if n.split(".")[0] in set(LAYERS) - LAYERS[package] - {package}}
+        assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_no_modules_of_a_package_import_each_other_round_a_loop(package):
+    assert _cycles(_module_graph(package)) == []
+
+
+def test_the_loop_finder_finds_a_loop_of_three_and_nothing_else():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}, "f": {"f"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError, parse_campaign
+from harness.campaign import CampaignError
+from harness.campaign_file import parse_campaign
 from harness.importer import import_runs
 from harness.runner import run_campaign
 from harness.status import campaign_status

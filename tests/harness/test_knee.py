@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign import CampaignError, parse_campaign
+from harness.campaign import CampaignError
+from harness.campaign_file import parse_campaign
 from harness.plan import make_plan
 from harness.probe import knee_of_trace
 from harness.runner import run_campaign
 from results.analyze import analyze
 from results.recommend import recommendations_from
-from results.report import Urls, build_site
+from results.report import build_site
+from results.site_format import Urls
 from results.table import build_table
 
 
@@ -50,19 +52,19 @@ def test_the_plan_has_one_probe_per_device_model_and_top_k_and_prints_it(mid_mod
          "run": {"repeats": 2, "probe_tokens": 12}}, "plan.toml")
     plan = make_plan(c)
     assert len(plan.cells) == 3 * 2 * 2
-    assert sorted(p.config["n_expert_used"] for p in plan.probes) == [2, 4]
+    assert sorted(p.config.n_expert_used for p in plan.probes) == [2, 4]
     for p in plan.probes:
-        assert p.config["probe"] and p.config["route_trace"] and p.config["cache_mb"] == 0
-        assert p.config["n_predict"] == 12 and "--route-trace" in p.argv and p.cell_id.startswith("p-")
-    knee = [cell for cell in plan.cells if cell.config["budget_spec"] == "knee*1.5"]
-    assert all(cell.config["cache_mb"] is None and "<knee*1.5>" in cell.argv for cell in knee)
+        assert p.config.probe and p.config.route_trace and p.config.cache_mb == 0
+        assert p.config.n_predict == 12 and "--route-trace" in p.argv and p.cell_id.startswith("p-")
+    knee = [cell for cell in plan.cells if cell.config.budget_spec == "knee*1.5"]
+    assert all(cell.config.cache_mb is None and "<knee*1.5>" in cell.argv for cell in knee)
     text = plan.text()
     assert text.count("route-trace probe, cache 0, 12 tokens") == 2 and "knee*1.5 (MiB from the probe)" in text
     # no knee budget, no probe; by default the probe is the sweep's n_predict, at most 64 tokens
     assert make_plan(knee_campaign(mid_model, "noknee", [0, "cycle*1.2"])).probes == ()
     for n, probe_n in ((8, 8), (256, 64)):
         (p,) = make_plan(knee_campaign(mid_model, "dflt", ["knee"], run={"n_predict": n})).probes
-        assert p.config["n_predict"] == probe_n
+        assert p.config.n_predict == probe_n
 
 
 def test_knee_budgets_are_placed_from_the_probe_and_the_pages_draw_its_curve(tmp_path, mid_model):

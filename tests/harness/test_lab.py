@@ -18,7 +18,7 @@ from pathlib import Path
 
 from devices.adb import AdbServer, adb_binary, connect
 from devices.virtual import manager
-from harness.campaign import parse_campaign
+from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 from tests.conftest import free_port, stop_adb_server
 

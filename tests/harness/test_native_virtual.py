@@ -25,12 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from devices.adb import WORK_DIR, AdbPhone, AdbServer
+from devices.adb import AdbServer
+from devices.adb_phone import WORK_DIR, AdbPhone
 from engine.model import load_model_shape
 from engine.synth import synth_options, write_model
-from harness.campaign import CampaignError, ModelSpec, libs_beside, parse_campaign
+from harness.campaign import CampaignError, ModelSpec
+from harness.campaign_file import libs_beside, parse_campaign
 from harness.device_models import load_device_model
-from harness.runner import RunnerError, prepare, run_campaign
+from harness.run_errors import RunnerError
+from harness.runner import prepare, run_campaign
 
 PHONE = "nsmall"
 PHONE_RAM = 84 << 20
@@ -209,7 +212,7 @@ def test_models_already_on_the_phone_are_priced_from_their_headers(tmp_path, pho
     # the plan's cycle is the header's: the same as pricing the shards on this host
     shape = load_model_shape(split_local)
     plan = prepare(c).plan
-    assert {cell.config["cycle_mb"] for cell in plan.cells} == {round(shape.cycle_mib(2), 3)}
+    assert {cell.config.cycle_mb for cell in plan.cells} == {round(shape.cycle_mib(2), 3)}
     assert plan.models["sp"].paths == tuple(f"{MODELS_DIR}/{s.name}" for s in shards)
 
     out = tmp_path / "out"

@@ -24,8 +24,9 @@ from pathlib import Path
 import adbutils
 import pytest
 
-from devices.adb import AdbPhone, AdbServer
-from harness.campaign import parse_campaign
+from devices.adb import AdbServer
+from devices.adb_phone import AdbPhone
+from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 
 PHONE = "cmdrec"

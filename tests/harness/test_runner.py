@@ -3,7 +3,6 @@ is classified, the ledger, resume after Ctrl-C, --rerun-failed, and per-device l
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -19,11 +18,18 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import DeviceRef, fleet_home, load_campaign, parse_campaign
+from harness.campaign import fleet_home
+from harness.campaign_file import load_campaign, parse_campaign
+from harness.device_resolution import DeviceRef
 from harness.plan import make_plan
-from harness.runner import INFRA, CampaignDir, FileLock, RunnerError, device_lock, locks_dir, run_campaign
+from harness.run_errors import RunnerError
+from harness.runner import run_campaign
 from harness.status import campaign_status
 from results.parse import read_metrics_csv
+from store.campaign_dir import CampaignDir
+from store.errors import LockBusy
+from store.locks import device_lock, dir_lock
+from store.outcomes import INFRA
 
 from .conftest import write_campaign
 
@@ -275,10 +281,10 @@ def test_a_different_campaign_is_refused_in_a_used_directory(tmp_path, tiny_mode
 
 def test_a_locked_device_fails_clearly_or_waits(tmp_path, tiny_model):
     c = local_campaign(tiny_model, "locked", {"cache_mb": [0]})
-    lock = device_lock(DeviceRef("local", "local", "local"))
+    lock = device_lock(fleet_home(), DeviceRef("local", "local", "local"))
     lock.acquire(0, {"pid": 4242, "host": "elsewhere", "dir": "/other/campaign", "since": time.time()})
     try:
-        with pytest.raises(RunnerError, match=r"device local is in use by another campaign \(pid 4242 on elsewhere, "
+        with pytest.raises(LockBusy, match=r"device local is in use by another campaign \(pid 4242 on elsewhere, "
                                               r"campaign dir /other/campaign"):
             run_campaign(c, tmp_path / "out")
         assert not (tmp_path / "out").exists()
@@ -315,7 +321,7 @@ def test_status_command_reports_progress_and_outcomes(tmp_path, tiny_model, cli)
     assert data["outcomes"] == {"ok": 1, "engine_error": 1} and data["running"] is None
     assert set(data["cells"].values()) == {"ok", "engine_error"}
     # while a run holds the directory, status names it
-    held = FileLock(locks_dir() / f"dir-{hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]}.lock", "dir")
+    held = dir_lock(fleet_home(), out.resolve())
     held.acquire(0, {"pid": 31337, "host": "box", "dir": str(out), "since": time.time()})
     try:
         assert campaign_status(out).running == "pid 31337 on box"
@@ -350,26 +356,3 @@ def test_an_engine_the_device_cannot_execute_stops_that_device_with_a_clear_erro
                                           r"engine.python \(.*no-python\) must be an interpreter path this device has"):
         run_campaign(c, tmp_path / "out", progress_stream=io.StringIO())
     assert campaign_status(tmp_path / "out").pending == 1 and not (tmp_path / "out" / "ledger.jsonl").exists()
-
-
-def test_progress_is_a_live_line_per_device_on_a_terminal_and_a_log_otherwise():
-    from harness.progress import Progress
-
-    tty = io.StringIO()
-    p = Progress({"local": 2, "virtual:a": 1}, tty, tty=True)
-    p.start_cell("local", "m 0 MiB r0", 1)
-    p.end_cell("local", "m 0 MiB r0", "ok", 2.0)
-    p.start_cell("virtual:a", "m auto r0", 1)
-    p.end_cell("virtual:a", "m auto r0", "lmk_killed", 1.0)
-    p.close()
-    screen = tty.getvalue()
-    assert "\x1b[2F" in screen                                  # redrawn in place, two device lines
-    last = screen.rsplit("\x1b[2F", 1)[1]
-    assert "local: [1/2] next | ok 1 ETA 2s" in last and "virtual:a: [1/1] idle | lmk_killed 1" in last
-    log = io.StringIO()
-    p = Progress({"local": 2}, log, tty=False)
-    p.start_cell("local", "m 0 MiB r0", 1)
-    p.end_cell("local", "m 0 MiB r0", "ok", 2.0)
-    lines = log.getvalue().splitlines()
-    assert len(lines) == 2 and "\x1b" not in log.getvalue()
-    assert lines[1].endswith("local: m 0 MiB r0 -> ok (2.0 s) [1/2 ok=1 ETA 2s]")

@@ -17,11 +17,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from devices.adb import WORK_DIR
-from harness.campaign import CampaignError, parse_campaign, resolve_devices
+from devices.adb_phone import WORK_DIR
+from harness.campaign import CampaignError, fleet_home
+from harness.campaign_file import parse_campaign
 from harness.cpushare import host_boot_id, local_cpu
-from harness.runner import RunnerError, device_lock, run_campaign
+from harness.device_resolution import resolve_devices
+from harness.runner import run_campaign
 from harness.status import campaign_status
+from store.errors import LockBusy
+from store.locks import device_lock
 
 
 def vcampaign(name, devices, model, adb_port, phone_home, axes, run=None, gate=None, connect=()):
@@ -257,10 +261,10 @@ def test_one_phone_under_two_names_takes_one_lock(tmp_path, phones, adb_port, ph
     by_serial = vcampaign("b", [], mid_model, adb_port, phone_home, {"cache_mb": [0]}, connect=[phones["roomy"].serial])
     (ref,) = resolve_devices(by_serial)
     assert ref.serial == by_name[0].serial and ref.lock_key == by_name[0].lock_key
-    lock = device_lock(by_name[0])
+    lock = device_lock(fleet_home(), by_name[0])
     lock.acquire(0, {"pid": os.getpid(), "host": "here", "dir": "/elsewhere", "since": time.time()})
     try:
-        with pytest.raises(RunnerError, match=f"device {phones['roomy'].serial} is in use by another campaign"):
+        with pytest.raises(LockBusy, match=f"device {phones['roomy'].serial} is in use by another campaign"):
             run_campaign(by_serial, tmp_path / "out")
     finally:
         lock.release()

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError, campaign_from_options, load_campaign, parse_campaign
+from harness.campaign import CampaignError
+from harness.campaign_file import load_campaign, parse_campaign
+from harness.campaign_options import campaign_from_options
 from harness.cpushare import CpuSeen, CpuShare, count_cpu_list, engine_threads, host_boot_id, local_cpu
 from harness.plan import make_plan
 from harness.runner import run_campaign
@@ -154,21 +156,21 @@ def test_flag_axes_multiply_the_cells_and_render_exactly_into_argv(tiny_model):
     assert len({cell.cell_id for cell in plan.cells}) == 16
     for cell in plan.cells:
         argv = list(cell.argv)
-        flags = cell.config["engine_flags"]
-        assert argv[argv.index("-t") + 1] == ("<auto>" if cell.config["threads"] == "auto" else "1")
+        flags = cell.config.engine_flags
+        assert argv[argv.index("-t") + 1] == ("<auto>" if cell.config.threads == "auto" else "1")
         tail = argv[argv.index("--dense-weights") + 2: argv.index("--csv")]
         expected = ["--ubatch", "512", "--drop-cold-experts", {0: "0", 0.1: "0.1"}[flags["--drop-cold-experts"]]]
         assert tail == expected + (["--no-think"] if flags["--no-think"] else [])   # false: absent; true: alone
-        assert cell.config["engine_args"] == ["--ubatch", "512"]
-        assert f"t={cell.config['threads']}" in cell.label() and "--drop-cold-experts" in cell.label()
+        assert cell.config.engine_args == ("--ubatch", "512")
+        assert f"t={cell.config.threads}" in cell.label() and "--drop-cold-experts" in cell.label()
     # the knee probe keeps the pass-through args, not the flag axis (a --prefetch needs a cache it lacks)
     (probe,) = plan.probes
-    assert "engine_flags" not in probe.config and probe.config["engine_args"] == ["--ubatch", "512"]
+    assert "engine_flags" not in probe.config.keys and probe.config.engine_args == ("--ubatch", "512")
     assert probe.argv[probe.argv.index("--dense-weights") + 2: probe.argv.index("--csv")] == ("--ubatch", "512")
 
     # a campaign without any keeps exactly the config (so the cell ids) it always had
     plain = make_plan(parse_campaign(data(tiny_model, axes={"cache_mb": [0]}, run={"threads": 4})))
-    assert set(plain.cells[0].config) == {
+    assert set(plain.cells[0].config.keys) == {
         "moe_stream", "no_mmap", "cache_mb", "cache_auto", "cache_ceil_mb", "cache_floor_mb", "force_cache",
         "force_cache_auto", "dense_weights", "n_expert_used", "io_threads", "threads", "n_predict", "prompt",
         "o_direct", "route_trace", "budget_spec", "cycle_mb"}

@@ -10,8 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from harness.presets import COMMUNITY_PROMPT
-from results.community import COLUMNS, hardware_class, soc_family
+from results.community import COLUMNS, COMMUNITY_PROMPT, hardware_class, soc_family
 from tests.conftest import UPSTREAM_HOST, running_adb_server
 
 from .test_outputs import md_table

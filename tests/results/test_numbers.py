@@ -1,4 +1,5 @@
-"""results.numbers: the NaN-safe float, the missing-value test and the one JSON cleaner."""
+"""results.numbers: the NaN-safe float and the missing-value test; store.versioned.json_safe, the one JSON
+cleaner."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from results.numbers import is_missing, json_safe, to_float
+from results.numbers import is_missing, to_float
+from store.versioned import json_safe
 
 
 def test_to_float_reads_what_files_hold_and_nan_for_the_rest():

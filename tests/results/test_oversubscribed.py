@@ -14,7 +14,8 @@ from harness.cpushare import local_cpu
 from results.analyze import analyze
 from results.compare import compare
 from results.recommend import recommendations_from
-from results.report import Urls, build_site
+from results.report import build_site
+from results.site_format import Urls
 from results.table import build_table
 
 from .conftest import local_campaign_data, run_local, write_engine

@@ -10,7 +10,9 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from results.recommend import FORMAT, FORMAT_VERSION, RESERVE_FRACTION, flag_value, recommend, round_down
+from results.recommend import recommend, round_down
+from results.recommend_argv import flag_value
+from results.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
 
 from .conftest import UPSTREAM
 

@@ -14,17 +14,13 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import load_campaign
-from harness.runner import DeviceSession
-from results.recommend import (
-    CACHE_MIN_MB,
-    FORMAT,
-    FORMAT_VERSION,
-    flag_value,
-    recommend,
-    rule_ceiling,
-    settings_of,
-)
+from engine.budget import CACHE_MIN_MB
+from harness.campaign_file import load_campaign
+from harness.session import DeviceSession
+from results.fleet_rules import rule_ceiling
+from results.recommend import recommend
+from results.recommend_argv import flag_value, settings_of
+from results.recommend_records import FORMAT, FORMAT_VERSION
 from results.rundir import read_campaigns
 
 from .conftest import PROJECT
@@ -165,7 +161,7 @@ def test_a_phone_is_keyed_by_what_it_reports_and_an_unmeasured_one_gets_the_rule
 
 
 def test_the_rule_is_the_lower_hull_of_the_phones_it_rests_on():
-    from results.recommend import envelope_mib, lower_hull
+    from results.fleet_rules import envelope_mib, lower_hull
 
     # the demo's two phones: 640 MiB safe at 380, 2 GiB at 1400; a third over the line between them
     hull = lower_hull([(0, 0), (640, 380), (2048, 1400), (1024, 900)])

@@ -15,16 +15,13 @@ import pytest
 from click.testing import CliRunner
 
 from engine.errors import BmoeError
+from engine.units import MIB
 from harness.cli import _Group
 from harness.cli_replay import replay
-from results.replay import (
+from results.errors import ReplayError
+from results.lru_replay import (
     COLD,
-    CSV_HEADER,
-    FORMAT,
-    FORMAT_VERSION,
-    MIB,
     POLICIES,
-    ReplayError,
     _nested_reuse_bytes,
     access_sequence,
     default_budgets_mib,
@@ -32,12 +29,10 @@ from results.replay import (
     lru_curve,
     lru_hits,
     mib_to_bytes,
-    replay_trace,
-    replay_traces,
-    simulate,
-    simulated_point,
     stack_distances,
 )
+from results.policy_replay import simulate, simulated_point
+from results.replay import CSV_HEADER, FORMAT, FORMAT_VERSION, replay_trace, replay_traces
 from results.route_trace import TraceError, read_route_trace
 
 UPSTREAM = Path(__file__).parent.parent / "fixtures" / "upstream"
@@ -486,7 +481,7 @@ def test_cli_json_and_csv_agree(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0] == CSV_HEADER and len(lines) == 1 + 6
     assert lines[1].startswith("1,lru,") and lines[2].startswith("2.5,lru,") and lines[4].startswith("1,lfu,")
-    six = [p for p in trace["points"] if p["budget_mib"] == 6.0 and p["policy"] == "lru"][0]
+    six = next(p for p in trace["points"] if p["budget_mib"] == 6.0 and p["policy"] == "lru")
     assert lines[3] == f"6,lru,{six['hit_pct_cum']:.3f},{six['hit_pct_decode']:.3f},{six['read_mib']:.1f}"
     assert round(six["hit_pct_cum"], 1) == 88.7
     assert [p.name for p in tmp_path.iterdir()] == ["curve.csv"]  # the temp file was renamed away

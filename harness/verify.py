@@ -4,11 +4,14 @@ A recommendation is only as good as the engine's willingness to take it: issue 1
 `--cache-mb 137` printed without `--force-cache`, which both engines refuse. Each command line of
 each recommendation (the fixed budget's and the auto ceiling's) runs once, `-n 1`, on the device
 whose runs it was measured from, with that campaign's engine — staged as the campaign stages it
-(harness.runner.DeviceSession: same bytes not pushed again, a native build's libraries along) —
+(harness.session.DeviceSession: same bytes not pushed again, a native build's libraries along) —
 its model and its prompt. The answer is recorded on the recommendation: `accepted` (exit 0, with
 the engine's `bmoe: expert streaming ON … cache=N MiB` line), `refused` (the engine's own
 `config error:` / `unknown arg:` line), or `failed` (any other end, with its line). Imported
 campaigns name no engine and no reachable device: theirs are `not run`, saying why.
+
+It lives in the harness because it runs engines on devices; results.recommend takes it as its
+`verify` step (`verifier`), so the results package never needs a device.
 """
 
 from __future__ import annotations
@@ -17,8 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from engine.errors import BmoeError
+from harness.campaign_file import load_campaign
+from harness.session import DeviceSession
 from results.errors import ResultsError
-from results.recommend import Recommendation, Recommendations
+from results.publish import Redactor
+from results.recommend import Verify
+from results.recommend_records import Recommendation, Recommendations
+from results.rundir import CampaignData
+from store import names
 
 VERIFY_TOKENS = 1
 
@@ -32,12 +42,17 @@ def _campaign_of(r: Recommendation, name: str) -> str | None:
     return campaigns[0] if campaigns else None
 
 
-def verify(recs: Recommendations, camps: Sequence[Any], redact: Callable[[str], str] = str,
+def verifier(echo: Callable[[str], None] | None = None) -> Verify:
+    """`recommend --verify` as results.recommend's `verify` step: every line run once, the
+    answers redacted for publishing, progress to `echo`."""
+    def run_each(recs: Recommendations, camps: Sequence[CampaignData]) -> Recommendations:
+        return verify(recs, camps, Redactor(camps).text, echo)
+    return run_each
+
+
+def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callable[[str], str] = str,
            echo: Callable[[str], None] | None = None, n_predict: int = VERIFY_TOKENS) -> Recommendations:
     """Every recommendation with `verification`: per command line, how its engine answered."""
-    from harness.campaign import load_campaign
-    from harness.runner import DeviceSession
-
     by_label = {c.label: c for c in camps}
     jobs: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
     results: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
@@ -47,7 +62,7 @@ def verify(recs: Recommendations, camps: Sequence[Any], redact: Callable[[str], 
             for name in r.argvs():
                 label = _campaign_of(r, name)
                 camp = by_label.get(label) if label else None
-                if camp is None or camp.imported or not (camp.root / "campaign.toml").is_file():
+                if label is None or camp is None or camp.imported or not (camp.root / names.CAMPAIGN_TOML).is_file():
                     why = "imported runs name no engine and no device to run on" if camp is not None and \
                         camp.imported else "no campaign file to take the engine and device from"
                     results[(di, ri)][name] = {"status": "not run", "line": why, "exit_status": None,
@@ -56,7 +71,7 @@ def verify(recs: Recommendations, camps: Sequence[Any], redact: Callable[[str], 
                 jobs.setdefault((label, r.device), []).append((di, ri, name))
     for (label, device), todo in jobs.items():
         camp = by_label[label]
-        campaign = load_campaign(camp.root / "campaign.toml")
+        campaign = load_campaign(camp.root / names.CAMPAIGN_TOML)
         if echo:
             echo(f"verifying {len(todo)} command line(s) on {device} ({campaign.engine.kind} engine of {label})")
         try:
@@ -71,11 +86,7 @@ def verify(recs: Recommendations, camps: Sequence[Any], redact: Callable[[str], 
                         echo(f"  {r.model} {name}: {run.status} — {redact(run.line)}")
         except ResultsError:
             raise
-        except Exception as e:                # a device that is gone: say so on each, keep the others
-            from engine.errors import BmoeError
-
-            if not isinstance(e, BmoeError):
-                raise
+        except BmoeError as e:                # a device that is gone: say so on each, keep the others
             for di, ri, name in todo:
                 results[(di, ri)][name] = {"status": "not run", "line": redact(str(e)), "exit_status": None,
                                            "engine": None, "campaign": label, "n_predict": n_predict}

@@ -1,0 +1,484 @@
+"""One Android phone behind one adb server (adbutils): shell, files, runs, evidence — virtual phones included.
+
+Everything sent to `adb shell` is quoted with shlex.quote. Commands run under a small
+device-side wrapper that reports the engine's pid and exit status on stderr, so the status is
+known even where adb relays none (no shell_v2); with shell_v2 the protocol's exit packet is used
+and the wrapper's line is the cross-check. The server side (its address, adb's environment
+variables, starting one) is devices.adb.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from adbutils import AdbDevice, AdbError, AdbTimeout
+
+from devices.adb import TRANSPORT_ERRORS, AdbServer, default_server
+from devices.base import (
+    RANGE_ALIGN,
+    CpuFreqPolicy,
+    DeviceError,
+    DeviceIdentity,
+    DeviceLost,
+    DeviceState,
+    OutputFn,
+    PressureSample,
+    RunOutcome,
+    parse_battery_temp_dc,
+    parse_getprop,
+    parse_meminfo_kb,
+    parse_thermal_status,
+)
+from devices.lmk import LmkEvent, parse_log
+from devices.local import file_sha256
+from engine.fsutil import replacing
+from engine.safetext import one_line
+
+WORK_DIR = "/data/local/tmp/bmoe"
+_MARK = "@@BMOE"
+_SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT = 1, 2, 3
+SYNC_DATA_MAX = 64 * 1024
+
+
+def read_range_command(remote_path: str, offset: int, nbytes: int) -> str:
+    """One shell line printing `nbytes` of a file from `offset` (a multiple of RANGE_ALIGN): `dd`
+    where the phone has it (toolbox or toybox: every Android release), else toybox `xxd`, which
+    seeks to the offset, with `xxd -r` turning its hex back into bytes (a toybox built without dd,
+    as Debian's is on a virtual phone). pipefail keeps the first xxd's failure (a missing file)."""
+    q = shlex.quote(remote_path)
+    return (f"if command -v dd >/dev/null; then dd if={q} bs={RANGE_ALIGN} skip={offset // RANGE_ALIGN} "
+            f"count={nbytes // RANGE_ALIGN} 2>/dev/null; "
+            f"else set -o pipefail; xxd -s {offset} -l {nbytes} -p {q} | xxd -r -p; fi")
+
+
+def _q(args: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+class _ChunkedReader:
+    """A file whose read() ignores adbutils' 4 KiB request and returns up to 64 KiB (sync's
+    maximum DATA size): an order of magnitude fewer round trips, and a progress hook."""
+
+    def __init__(self, path: str, progress: Callable[[int, int], None] | None):
+        self.fh = open(path, "rb")  # noqa: SIM115 - held across read() calls, closed by close()
+        self.total = os.path.getsize(path)
+        self.done = 0
+        self.progress = progress
+
+    def read(self, _n: int = -1) -> bytes:
+        try:
+            chunk = self.fh.read(SYNC_DATA_MAX)
+        except OSError as e:    # this host's file, not the phone: not a lost device
+            raise DeviceError(f"push: cannot read {self.fh.name}: {e.strerror or e}") from None
+        self.done += len(chunk)
+        if self.progress and chunk:
+            self.progress(self.done, self.total)
+        return chunk
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _lost_or_error(device: AdbDevice, server: AdbServer, what: str, e: BaseException) -> DeviceError:
+    """A FAIL answer from a phone the server still lists is that phone refusing one request
+    (DeviceError: a missing file to pull …). Anything else — the stream cut, a reset, a timeout, a
+    garbled reply, the server gone, or a phone no longer listed — is DeviceLost, which the runner
+    retries and records as `device_lost`: the link failed, not the phone's answer."""
+    serial = device.serial
+    reason = one_line(str(e) or type(e).__name__, 200)
+    if isinstance(e, AdbError) and not isinstance(e, AdbTimeout):
+        try:
+            present = any(d.serial == serial and d.state == "device" for d in server.client().list())
+        except TRANSPORT_ERRORS:
+            present = False
+        if present:
+            return DeviceError(f"{serial}: {what} failed: {reason}")
+    return DeviceLost(f"{serial}: device lost during {what} ({reason})")
+
+
+class AdbPhone:
+    """One phone behind one adb server."""
+
+    def __init__(self, serial: str, server: AdbServer | None = None, work_dir: str = WORK_DIR):
+        self.serial = serial
+        self.server = server if server is not None else default_server()
+        self._work_dir = work_dir
+        self._device = self.server.client().device(serial)
+        self._clock_offset_s: float | None = None
+        self._hash_cache: dict[tuple[str, int, int], str] = {}
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def shell(self, command: str, timeout_s: float = 60) -> tuple[int, bytes, bytes]:
+        """Run one shell command line (already quoted by the caller) and return (status, out, err)."""
+        try:
+            r = self._device.shell2(command, timeout=timeout_s, encoding=None, v2=True)
+        except TRANSPORT_ERRORS as e:
+            raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
+        return r.returncode, r.stdout if r.stdout is not None else r.output, r.stderr or b""
+
+    def _text(self, command: str) -> str:
+        return self.shell(command)[1].decode("utf-8", "replace")
+
+    def work_dir(self) -> str:
+        """Where engine, models and outputs are staged on the phone."""
+        return self._work_dir
+
+    # ---- identity and state ---------------------------------------------------------------------
+    def identity(self) -> DeviceIdentity:
+        """Who the phone is (getprop, meminfo, uname); a virtual phone also says its host ABI."""
+        props = parse_getprop(self._text("getprop"))
+        mem = parse_meminfo_kb(self._text("cat /proc/meminfo"))
+        soc = props.get("ro.soc.model") or props.get("ro.board.platform") or props.get("ro.hardware") or "unknown"
+        sdk = props.get("ro.build.version.sdk", "")
+        return DeviceIdentity(
+            serial=self.serial, backend="adb", model=props.get("ro.product.model", "unknown"),
+            manufacturer=props.get("ro.product.manufacturer", "unknown"), soc=soc,
+            abi=props.get("ro.product.cpu.abi", "unknown"),
+            android_release=props.get("ro.build.version.release", ""), sdk=_int_or_none(sdk),
+            ram_total_kb=mem.get("MemTotal", 0), swap_total_kb=mem.get("SwapTotal", 0),
+            kernel=self._text("uname -r").strip(),
+            # a virtual phone (devices/virtual/phone.py) runs this host's binaries
+            host_abi=props.get("ro.bmoe.host_abi", "") if props.get("ro.bmoe.virtual") == "1" else "",
+        )
+
+    _STATE_SCRIPT = (
+        "cat /proc/meminfo; echo " + _MARK + "THERMAL; "
+        "for z in /sys/class/thermal/thermal_zone*; do "
+        "[ -r \"$z/temp\" ] && echo \"$(cat \"$z/type\" 2>/dev/null)=$(cat \"$z/temp\" 2>/dev/null)\"; done; "
+        "echo " + _MARK + "CPUFREQ; "
+        "for p in /sys/devices/system/cpu/cpufreq/policy*; do "
+        "[ -d \"$p\" ] && echo \"${p##*/}=$(cat \"$p/scaling_max_freq\" 2>/dev/null)"
+        ",$(cat \"$p/cpuinfo_max_freq\" 2>/dev/null)\"; done; "
+        "echo " + _MARK + "BATTERY; dumpsys battery 2>/dev/null; "
+        "echo " + _MARK + "THERMALSERVICE; dumpsys thermalservice 2>/dev/null | head -n 20"
+    )
+
+    def state(self) -> DeviceState:
+        """One snapshot: memory, thermal zones, cpufreq caps, battery and thermal status (one shell call)."""
+        text = self._text(self._STATE_SCRIPT)
+        sections = _sections(text)
+        mem = parse_meminfo_kb(sections.get("", ""))
+        thermal: dict[str, int] = {}
+        for line in sections.get("THERMAL", "").splitlines():
+            kind, _, temp = line.partition("=")
+            if re.fullmatch(r"-?[0-9]{1,12}", temp.strip()):
+                key, n = kind, 1
+                while key in thermal:
+                    n += 1
+                    key = f"{kind}#{n}"
+                thermal[key] = int(temp)
+        policies = []
+        for line in sections.get("CPUFREQ", "").splitlines():
+            name, _, freqs = line.partition("=")
+            scaling, _, cpuinfo = freqs.partition(",")
+            policies.append(CpuFreqPolicy(name, _int_or_none(scaling), _int_or_none(cpuinfo)))
+        return DeviceState(taken_at_s=time.time(), mem_available_kb=mem.get("MemAvailable"),
+                           mem_free_kb=mem.get("MemFree"), swap_free_kb=mem.get("SwapFree"), thermal_mc=thermal,
+                           battery_temp_dc=parse_battery_temp_dc(sections.get("BATTERY", "")),
+                           thermal_status=parse_thermal_status(sections.get("THERMALSERVICE", "")),
+                           cpufreq=tuple(policies))
+
+    # ---- files ----------------------------------------------------------------------------------
+    def _local_sha(self, path: str) -> str:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+        if key not in self._hash_cache:
+            self._hash_cache[key] = file_sha256(path)
+        return self._hash_cache[key]
+
+    def remote_sha256(self, remote_path: str) -> str | None:
+        """The sha256 of a file on the phone (None when it has none or no sha256sum)."""
+        status, out, _ = self.shell(f"sha256sum {shlex.quote(remote_path)} 2>/dev/null")
+        token = out.split()[0].decode() if status == 0 and out.split() else ""
+        return token if re.fullmatch(r"[0-9a-f]{64}", token) else None
+
+    def push(self, local_path: str, remote_path: str, progress: Callable[[int, int], None] | None = None) -> bool:
+        """Push unless the phone already has a file of the same size and sha256; atomic on the phone."""
+        if not os.path.isfile(local_path):
+            raise DeviceError(f"push: {local_path}: no such file")
+        size = os.path.getsize(local_path)
+        try:
+            remote = self._device.sync.stat(remote_path)
+        except TRANSPORT_ERRORS as e:
+            raise _lost_or_error(self._device, self.server, "stat", e) from None
+        if remote.size == size and remote.mode and self.remote_sha256(remote_path) == self._local_sha(local_path):
+            return False
+        folder = remote_path.rsplit("/", 1)[0] or "/"
+        self.shell(f"mkdir -p {shlex.quote(folder)}")
+        partial = remote_path + ".partial"
+        reader = _ChunkedReader(local_path, progress)
+        try:
+            self._device.sync.push(reader, partial, mode=0o644)
+        except TRANSPORT_ERRORS as e:
+            raise _lost_or_error(self._device, self.server, f"push of {local_path}", e) from None
+        finally:
+            reader.close()
+        status, _, err = self.shell(f"mv -f {shlex.quote(partial)} {shlex.quote(remote_path)}")
+        if status != 0:
+            raise DeviceError(f"{self.serial}: push could not place {remote_path}: {err.decode(errors='replace')}")
+        return True
+
+    def pull(self, remote_path: str, local_path: str) -> None:
+        """Stream a phone's file into local_path (whole or not at all). The phone's errors and this
+        host's are told apart: a write that fails here (a full disk) raises OSError as it is."""
+        tmp = local_path + ".partial"
+        chunks = self._device.sync.iter_content(remote_path)
+        try:
+            with replacing(local_path, tmp=tmp) as fh:
+                while True:
+                    try:
+                        chunk = next(chunks, None)
+                    except TRANSPORT_ERRORS as e:
+                        raise _lost_or_error(self._device, self.server, f"pull of {remote_path}", e) from None
+                    if chunk is None:
+                        break
+                    try:
+                        fh.write(chunk)
+                    except OSError as e:     # this host's disk (full?): said as such, naming the file
+                        raise OSError(e.errno, e.strerror, tmp) from None
+        except BaseException:
+            chunks.close()
+            raise
+
+    def file_size(self, remote_path: str) -> int | None:
+        """A file's size on the phone in bytes (None when it is not there)."""
+        # stat, not sync's STAT: that reply's size field is 32 bits, and models pass 4 GiB
+        status, out, _ = self.shell(f"stat -L -c %s {shlex.quote(remote_path)} 2>/dev/null")
+        size = _int_or_none(out.decode("ascii", "replace").strip())
+        return size if status == 0 else None
+
+    def read_range(self, remote_path: str, offset: int, nbytes: int) -> bytes:
+        """`nbytes` of a phone's file from `offset` (a multiple of RANGE_ALIGN), in one round trip."""
+        if offset % RANGE_ALIGN or offset < 0 or nbytes < 0:
+            raise DeviceError(f"read_range: offset {offset} is not a multiple of {RANGE_ALIGN}")
+        if nbytes == 0:
+            return b""
+        blocks = -(-nbytes // RANGE_ALIGN)
+        # the shell protocol keeps stdout binary-clean (no pty, no CRLF)
+        status, out, err = self.shell(read_range_command(remote_path, offset, blocks * RANGE_ALIGN), timeout_s=300)
+        if status != 0:
+            raise DeviceError(f"{self.serial}: cannot read {remote_path} (exit status {status}): "
+                              f"{err.decode('utf-8', 'replace').strip()[:200]}")
+        return out[:nbytes]
+
+    # ---- running --------------------------------------------------------------------------------
+    def wrapper_command(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+                        scrub_prefix: str | None) -> str:
+        """The device-side wrapper: scrub, cd, start in the background, report pid and status."""
+        parts = []
+        if scrub_prefix:
+            parts.append(f"for v in $(env | sed -n 's/^\\({re.escape(scrub_prefix)}[A-Za-z0-9_]*\\)=.*/\\1/p'); "
+                         "do unset \"$v\"; done")
+        if cwd:
+            parts.append(f"cd {shlex.quote(cwd)} || exit 126")
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        parts.append(f"{assigns + ' ' if assigns else ''}{_q(argv)} </dev/null & p=$!")
+        parts.append(f"echo {_MARK}PID $p >&2")
+        parts.append(f"wait $p; s=$?; echo {_MARK}EXIT $s >&2; exit $s")
+        return "; ".join(parts)
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+            cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
+            sample_period_s: float = 1.0, scrub_prefix: str | None = "BMOE_") -> RunOutcome:
+        """Run argv on the phone under the wrapper: output streamed, pressure sampled, killed at the timeout."""
+        command = self.wrapper_command(argv, env, cwd, scrub_prefix)
+        started_at, t0 = time.time(), time.monotonic()
+        conn = None
+        try:
+            conn = self._device.open_transport(timeout=30)
+            conn.send_command(f"shell,v2,raw:{command}")
+            conn.check_okay()
+        except TRANSPORT_ERRORS as e:
+            if conn is not None:
+                conn.close()
+            raise _lost_or_error(self._device, self.server, "run", e) from None
+        conn.conn.settimeout(None)
+        out, err = bytearray(), bytearray()
+        pid_box: dict[str, int] = {}
+        err_tail = bytearray()
+        stop = threading.Event()
+        samples: list[PressureSample] = []
+        timed_out = False
+
+        def on_err(chunk: bytes) -> None:
+            nonlocal err_tail
+            err_tail += chunk
+            while b"\n" in err_tail:
+                line, _, rest = bytes(err_tail).partition(b"\n")
+                err_tail = bytearray(rest)
+                text = line.decode("utf-8", "replace")
+                mark = re.fullmatch(_MARK + r"(PID|EXIT) ([0-9]{1,10})", text.strip())
+                if mark:
+                    pid_box["pid" if mark[1] == "PID" else "exit"] = int(mark[2])
+                else:
+                    err.extend(line + b"\n")
+                    if on_stderr:
+                        on_stderr(line + b"\n")
+
+        def sampler() -> None:
+            while not stop.wait(sample_period_s):
+                pid = pid_box.get("pid")
+                if pid is None:
+                    continue
+                try:
+                    s = self._sample(pid, time.monotonic() - t0)
+                except DeviceError:
+                    return
+                if s is not None:
+                    samples.append(s)
+
+        def killer() -> None:
+            nonlocal timed_out
+            if timeout_s is not None and not stop.wait(timeout_s):
+                timed_out = True
+                pid = pid_box.get("pid")
+                if pid is not None:
+                    with contextlib.suppress(DeviceError):
+                        self.shell(f"kill -9 {pid}")
+
+        threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=killer, daemon=True)]
+        for t in threads:
+            t.start()
+        exit_status: int | None = None
+        try:
+            while True:
+                header = conn.read_exact(5)
+                kind, length = header[0], int.from_bytes(header[1:5], "little")
+                data = conn.read_exact(length) if length else b""
+                if kind == _SHELL_STDOUT:
+                    out.extend(data)
+                    if on_stdout:
+                        on_stdout(data)
+                elif kind == _SHELL_STDERR:
+                    on_err(data)
+                elif kind == _SHELL_EXIT:
+                    exit_status = data[0] if data else None
+                    break
+        except TRANSPORT_ERRORS as e:
+            # the shell stream died before its exit packet: whatever the server lists, the run's
+            # status is unknown and the link failed (adbd killed, USB pulled, server gone)
+            stop.set()
+            raise DeviceLost(f"{self.serial}: device lost during run of {argv[0]} "
+                             f"({one_line(str(e) or type(e).__name__, 200)})") from None
+        finally:
+            stop.set()
+            conn.close()
+            for t in threads:
+                t.join(timeout=5)
+        if err_tail:
+            err.extend(err_tail)
+        # The wrapper's own report wins: it is the engine's status, not the shell's.
+        status = pid_box.get("exit", exit_status)
+        return RunOutcome(tuple(argv), status, pid_box.get("pid"), timed_out, time.monotonic() - t0, bytes(out),
+                          bytes(err), tuple(samples), started_at)
+
+    def _sample(self, pid: int, t_s: float) -> PressureSample | None:
+        text = self._text(
+            f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; grep '^MemAvailable:' /proc/meminfo; "
+            "for z in /sys/class/thermal/thermal_zone*; do t=$(cat \"$z/type\" 2>/dev/null); "
+            "case \"$t\" in cpu*) echo \"CPU=$(cat \"$z/temp\")\";; esac; done"
+        )
+        kb = parse_meminfo_kb(text)
+        cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", text, re.MULTILINE)]
+        if "VmRSS" not in kb:
+            return None
+        return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"), max(cpu) if cpu else None)
+
+    # ---- evidence -------------------------------------------------------------------------------
+    def clock_offset_s(self) -> float:
+        """Phone clock minus host clock (seconds), measured once."""
+        if self._clock_offset_s is None:
+            before = time.time()
+            text = self._text("date +%s").strip()
+            phone = float(text) if re.fullmatch(r"[0-9]{1,12}", text) else before  # no clock said: none
+            self._clock_offset_s = phone - (before + time.time()) / 2
+        return self._clock_offset_s
+
+    def lmk_events(self, since_s: float) -> list[LmkEvent]:
+        """lmkd lines and killinfo events (logcat main+events), and dmesg where readable, since
+        `since_s` (host epoch seconds; the phone's clock offset and boot time are accounted for)."""
+        since_phone = since_s + self.clock_offset_s() - 2.0
+        text = self._text("date +%s; cut -d' ' -f1 /proc/uptime; logcat -d -b main,events -v epoch 2>/dev/null; "
+                          "echo " + _MARK + "DMESG; dmesg 2>/dev/null | tail -n 400")
+        head, _, dmesg = text.partition(_MARK + "DMESG")
+        lines = head.splitlines()
+        try:
+            boot_s = float(lines[0]) - float(lines[1])
+        except (IndexError, ValueError):
+            boot_s = None
+        events = []
+        for e in parse_log(lines[2:]):
+            at = _at(e.timestamp, 0.0)
+            if at is None or at >= since_phone:     # a line without an epoch stamp is kept
+                events.append(e)
+        if boot_s is not None:  # dmesg stamps are seconds since boot
+            events += [e for e in parse_log(dmesg) if (_at(e.timestamp, boot_s) or 0.0) >= since_phone]
+        return events
+
+    def stop_strays(self, names: Sequence[str]) -> int:
+        """Kill leftover engine processes (by process name) that share this shell's mount
+        namespace: on a phone every process adb started, on a virtual phone only its own (virtual
+        phones share this host's /proc and all run as the shell user, so `pidof NAME` would name
+        the engine another phone is measuring). Returns how many were killed."""
+        status, out, _ = self.shell(f"sh -c {shlex.quote(_STRAYS_SH)} {shlex.quote(' '.join(names))}", timeout_s=60)
+        text = out.decode("utf-8", "replace").strip().splitlines()
+        return int(text[-1]) if status == 0 and text and text[-1].isdigit() else 0
+
+
+def _int_or_none(text: str) -> int | None:
+    """A device's decimal number (ASCII digits only: str.isdigit() also takes '²', which int() refuses)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
+
+
+# $0: the engine names. mksh and toybox only; a process is ours when its comm is a name AND its
+# mount namespace is this shell's (readlink fails on other users' processes: not ours either).
+_STRAYS_SH = (
+    'me=$(readlink /proc/self/ns/mnt); n=0; '
+    'for d in /proc/[0-9]*; do '
+    'c=; read -r c 2>/dev/null < "$d/comm" || continue; '
+    'case " $0 " in *" $c "*) ;; *) continue;; esac; '
+    '[ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$me" ] || continue; '
+    'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
+    'done; echo "$n"'
+)
+
+
+def _at(timestamp: str | None, base_s: float) -> float | None:
+    try:
+        return base_s + float(timestamp) if timestamp else None
+    except ValueError:  # an MM-DD HH:MM:SS stamp: logcat was not asked for epoch times
+        return None
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Split the state script's output at its @@BMOE markers."""
+    out: dict[str, str] = {}
+    current = ""
+    buf: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(_MARK) and line[len(_MARK):].isupper():
+            out[current] = "\n".join(buf)
+            current, buf = line[len(_MARK):], []
+        else:
+            buf.append(line)
+    out[current] = "\n".join(buf)
+    return out
+
+
+def list_phones(servers: Sequence[AdbServer]) -> list[AdbPhone]:
+    """Every phone ready to run commands ("device" state) on the servers, in their order."""
+    phones = []
+    for server in servers:
+        try:
+            for d in server.client().list():
+                if d.state == "device":
+                    phones.append(AdbPhone(d.serial, server))
+        except TRANSPORT_ERRORS as e:
+            raise DeviceError(f"adb server {server.host}:{server.port}: {one_line(str(e), 200)}") from None
+    return phones

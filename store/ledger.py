@@ -1,0 +1,86 @@
+"""ledger.jsonl: one line per attempt, append-only (docs/campaign-dir.md, "Ledger line").
+
+A line torn by a crash mid-append (no newline) never was a record: reading ignores it, and the
+next append cuts it off first so it cannot glue onto the new line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.fsutil import naming
+from store import names, versioned
+from store.errors import StoreError
+
+
+class Ledger:
+    """ledger.jsonl: one line per attempt, append-only; a torn last line is ignored."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.lock = threading.Lock()
+
+    def read(self) -> list[dict]:
+        """Every complete line, upgraded to the current version."""
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return []
+        lines = text.split("\n")
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # torn by a crash mid-append: the attempt never happened
+                    continue
+                raise StoreError(f"{self.path}:{number}: not a ledger line") from None
+            records.append(versioned.upgrade(record, versioned.LEDGER.name, f"{self.path}:{number}"))
+        return records
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """One line, fsync'd; a torn last line left by a crash is cut off first."""
+        line = versioned.json_line(record)
+        with self.lock, naming(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    # a line torn by a crash mid-append: it never was a record; drop it so it
+                    # cannot glue onto this one (the only write that is not an append)
+                    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+                    cut = tail.rfind(b"\n")
+                    os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else 0)
+                data = line.encode("utf-8")
+                while data:     # a short write on a nearly full disk: the rest, or the error
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The ledger line of a run record (run.json)."""
+    return {**versioned.LEDGER.stamp(), "cell_id": record["cell_id"], "attempt": record["attempt"],
+            "run_dir": names.run_dir_rel(record["cell_id"], record["attempt"]), "outcome": record["outcome"],
+            "started_at": record["started_at"], "ended_at": record["ended_at"],
+            "host": record.get("host", socket.gethostname()), "attempted": record.get("attempted", True)}
+
+
+def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Each cell's latest attempt (highest attempt number)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        cur = latest.get(r["cell_id"])
+        if cur is None or int(r["attempt"]) >= int(cur["attempt"]):
+            latest[r["cell_id"]] = r
+    return latest

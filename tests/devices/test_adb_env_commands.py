@@ -1,0 +1,126 @@
+"""Commands honour adb's environment end to end: a real adb server on a non-default port, a virtual
+phone, and nothing ever on adb's default port 5037 — checked with a real socket held on 5037 that
+counts every connection, and by the adb processes running.
+
+Each command runs as its own `bmoe-fleet` process with only the environment to go on (no --adb,
+no --device): `devices` starts the one server the environment names, `virtual up` connects the
+phone to it, and `devices`, `sweep` (a real run) and `virtual down` find both through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.conftest import adb_server_pids, free_port, stop_adb_server
+
+ADB_DEFAULT_PORT = 5037
+ADB_VARS = ("ADB_SERVER_SOCKET", "ANDROID_ADB_SERVER_ADDRESS", "ANDROID_ADB_SERVER_PORT", "ANDROID_SERIAL",
+            "ANDROID_ADB_SERVER_HOST")
+
+
+@contextlib.contextmanager
+def knocks_on_default_port():
+    """Hold 127.0.0.1:5037 (and [::1]:5037 where there is IPv6) and record every connection made
+    to it: a client looking for adb's default server knocks here, and no adb server can start on it."""
+    held: list[socket.socket] = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.bind((host, ADB_DEFAULT_PORT))
+        except OSError as e:
+            s.close()
+            if family == socket.AF_INET6 and e.errno != 98:     # no IPv6 loopback here: nothing to hold
+                continue
+            for other in held:
+                other.close()
+            raise AssertionError(f"{host}:{ADB_DEFAULT_PORT} is already in use (adb server pids "
+                                 f"{adb_server_pids(ADB_DEFAULT_PORT)}): this test needs adb's default port "
+                                 "free to show that nothing uses it") from None
+        s.listen(16)
+        s.settimeout(0.1)
+        held.append(s)
+    knocks: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for s in held:
+                try:
+                    conn, peer = s.accept()
+                except TimeoutError:
+                    continue
+                knocks.append(str(peer))
+                conn.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield knocks
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        for s in held:
+            s.close()
+
+
+def bmoe_fleet(env: dict[str, str], *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, f"bmoe-fleet {' '.join(args)}: {done.stderr}{done.stdout}"
+    return done
+
+
+def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_path, small_qwen):
+    port, decoy = free_port(), free_port()
+    base = {k: v for k, v in os.environ.items() if k not in ADB_VARS}
+    base.update(ADB_MDNS="0", ANDROID_USER_HOME=str(tmp_path / "android-home"))
+    # ADB_SERVER_SOCKET wins: the port variable beside it points at nothing and must not be used
+    by_socket = dict(base, ADB_SERVER_SOCKET=f"tcp:127.0.0.1:{port}", ANDROID_ADB_SERVER_PORT=str(decoy))
+    home = tmp_path / "phones"
+    serial = None
+    with knocks_on_default_port() as knocks:
+        try:
+            assert adb_server_pids(port) == []
+            listed = json.loads(bmoe_fleet(by_socket, "devices", "--json").stdout)
+            assert [d["identity"]["serial"] for d in listed["devices"]] == ["local"]
+            assert len(adb_server_pids(port)) == 1 and adb_server_pids(decoy) == []     # started, once, there
+
+            serial = bmoe_fleet(by_socket, "virtual", "up", "--name", "envphone", "--ram", "384MiB",
+                                "--model", "Pixel 7", "--home", str(home)).stdout.strip()
+            # the other spelling of the same server, and the phone as the default device
+            by_address = dict(base, ANDROID_ADB_SERVER_ADDRESS="127.0.0.1", ANDROID_ADB_SERVER_PORT=str(port),
+                              ANDROID_SERIAL=serial)
+            listed = json.loads(bmoe_fleet(by_address, "devices", "--json").stdout)
+            phones = {d["identity"]["serial"]: d["identity"]["model"] for d in listed["devices"]}
+            assert phones == {"local": phones["local"], serial: "Pixel 7"}
+
+            out = tmp_path / "sweep"
+            end = json.loads(bmoe_fleet(by_address, "sweep", "--model", str(small_qwen), "--cache-mb", "0", "-n", "2",
+                                        "-t", "1", "-o", str(out), "--json").stdout)
+            assert end["exit_status"] == 0, end
+            written = (out / "campaign.toml").read_text(encoding="utf-8")
+            import tomllib
+
+            fleet = tomllib.loads(written)["fleet"]
+            assert fleet["devices"] == [serial] and fleet["adb"] == [{"host": "127.0.0.1", "port": port}]
+            runs = [json.loads(p.read_text()) for p in out.glob("runs/*/*/run.json")]
+            assert [(r["device"], r["outcome"]) for r in runs] == [(serial, "ok")]
+
+            bmoe_fleet(by_socket, "virtual", "down", "envphone", "--home", str(home))
+            serial = None
+            assert len(adb_server_pids(port)) == 1
+        finally:
+            if serial is not None:
+                subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "virtual", "down",
+                                "envphone", "--home", str(home)], env=by_socket, capture_output=True, timeout=60)
+            stop_adb_server(port, by_socket)
+        assert knocks == [], f"something reached for adb's default port: {knocks}"
+    assert adb_server_pids(ADB_DEFAULT_PORT) == []
