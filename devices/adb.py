@@ -19,10 +19,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import adbutils
-from adbutils import AdbClient, AdbConnection, AdbError, AdbTimeout
-from adbutils.errors import AdbConnectionError
-
+from devices.adbutils_import import AdbClient, AdbConnection, AdbConnectionError, AdbError, AdbTimeout, adbutils
 from devices.base import DeviceError
 from engine.safetext import one_line
 

@@ -17,9 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from adbutils import AdbDevice, AdbError, AdbTimeout
-
 from devices.adb import TRANSPORT_ERRORS, AdbServer, default_server
+from devices.adbutils_import import AdbDevice, AdbError, AdbTimeout
 from devices.base import (
     RANGE_ALIGN,
     CpuFreqPolicy,

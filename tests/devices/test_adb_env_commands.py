@@ -124,3 +124,17 @@ def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_pat
             stop_adb_server(port, by_socket)
         assert knocks == [], f"something reached for adb's default port: {knocks}"
     assert adb_server_pids(ADB_DEFAULT_PORT) == []
+
+
+def test_a_malformed_port_variable_is_one_line_naming_it_not_adbutils_traceback():
+    # adbutils reads ANDROID_ADB_SERVER_PORT with int() when it is imported: the import must not
+    # be what fails (devices/adbutils_import.py)
+    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": "abc"}
+    env.pop("ADB_SERVER_SOCKET", None)
+    done = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "devices"], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ANDROID_ADB_SERVER_PORT" in lines[0] and "abc" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
