@@ -12,7 +12,6 @@ reports it. `set_cache_budget_mb()` is the embedders' resize: between generation
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +58,10 @@ TokenCallback = Callable[[int, bytes, TokenRow], None]
 
 
 def _rusage() -> tuple[int, float]:
+    """Major faults and CPU seconds of this process so far (resource is Unix-only: imported here,
+    so the harness imports engine on Windows, where `status` runs)."""
+    import resource
+
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_majflt, r.ru_utime + r.ru_stime
 

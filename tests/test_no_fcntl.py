@@ -92,3 +92,24 @@ def test_a_virtual_phone_without_fcntl_says_it_needs_linux(tmp_path):
     assert out["started"] is False
     assert out["error"].startswith("virtual phones need Linux") and "no fcntl module" in out["error"]
     assert "WSL" in out["error"] and not (tmp_path / "nofcntl").exists()      # nothing written
+
+
+UNIX_ONLY = frozenset({"fcntl", "resource", "termios", "pwd", "grp"})
+
+
+def test_no_module_imports_a_unix_only_module_when_it_is_imported():
+    """resource, termios, pwd and grp are missing on Windows as fcntl is; psutil (a dependency)
+    imports resource in its Linux backend only, so the child above cannot refuse it honestly:
+    the project's own module-level imports are checked from the source instead."""
+    import ast
+
+    found = []
+    for name in _modules():
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT / name.replace(".", "/") / "__init__.py"
+        for node in ast.parse(path.read_text()).body:   # module level only: a function's import is lazy
+            imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{name}:{node.lineno} {m}" for m in imported if m.split(".")[0] in UNIX_ONLY]
+    assert not found, found
