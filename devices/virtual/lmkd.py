@@ -6,7 +6,9 @@ PID (comm) ... anon-rss:NkB, file-rss:NkB, shmem-rss:NkB" line when readable (ex
 a cgroup this module is the killer: a watchdog that SIGKILLs the largest process once the phone's
 summed RSS passes its RAM. Either way the victim's name is its cmdline's first word (lmkd.cpp
 proc_get_name; for a `#!` script, the script: see process_name) and the last ~10 Hz sample fills
-in what the kernel did not say.
+in what the kernel did not say. A process being killed has lost its cmdline before the kernel's
+line reaches us; a sample taken then is no sample (see sample), or the kill would be logged under
+the kernel's comm.
 
 Formats (lmkd.cpp; event.logtags tag 10195355):
   Android 12-14  Kill 'NAME' (PID), uid UID, oom_score_adj ADJ to free NkB rss, NkB swap; reason: TEXT
@@ -64,9 +66,14 @@ class Kill:
 
 
 def sample(pid: int, now: float) -> ProcSample | None:
+    """What lmkd would read of `pid` now; None once it is gone or going. A process being killed
+    loses its memory (and with it its cmdline) before it disappears from /proc, and the kernel's
+    line reaches us after that: a sample taken then would name it by its comm, so it is not one."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
+        if not cmdline.strip(b"\0"):
+            return None
         status = Path(f"/proc/{pid}/status").read_text()
         adj = int(Path(f"/proc/{pid}/oom_score_adj").read_text())
     except (OSError, ValueError):
@@ -146,10 +153,14 @@ class Lmkd:
         self.kernel_count = oom_kills() if oom_kills else 0
         self.unexplained: list[float] = []  # times of counted kills not yet attributed
         self.kills: list[Kill] = []
+        self.last_poll: float | None = None
 
     # -- one poll (~10 Hz) ------------------------------------------------------------------
     def poll(self) -> list[Kill]:
         now = time.time()
+        if self.last_poll is not None and now - self.last_poll > 1.0:
+            log.warning("lmkd poll %.2f s after the last one (expected ~0.1 s)", now - self.last_poll)
+        self.last_poll = now
         for pid in self.pids():
             s = sample(pid, now)
             if s is not None:
@@ -166,6 +177,8 @@ class Lmkd:
                 known = pid in self.samples if ours is None else ours
                 if known or (ours is None and self.unexplained and pid not in self.logged):
                     prev = self.samples.get(pid)
+                    if prev is None:
+                        log.warning("no sample of %d (%s) before its kill: named by the kernel's comm", pid, m[2])
                     rss = int(m[3]) + int(m[4]) + int(m[5])
                     found.append(Kill(pid, prev.name if prev else m[2], rss, prev.swap_kb if prev else 0,
                                       prev.oom_score_adj if prev else 0, "kmsg"))

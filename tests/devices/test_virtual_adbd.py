@@ -230,7 +230,8 @@ def test_adbutils_shell2_and_sync(adb_server, phones, tmp_path):
 # the pause lets the phone's lmkd (10 Hz) sample the process before the kernel kills it
 # waits 1 s before allocating: the phone's lmkd learns a process's cmdline (the name it logs) from
 # its ~10 Hz samples, and a loaded host can stretch those (an engine's load takes seconds anyway)
-ALLOC = ("import os, sys, time; print(os.getpid(), flush=True); mib = int(sys.argv[1]); time.sleep(1.0); "
+ALLOC = ("import os, sys, time; print(os.getpid(), flush=True); mib = int(sys.argv[1]); "
+         "time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0); "
          "b = bytearray(mib << 20); b[::4096] = b'x' * (len(b) // 4096); print('survived', flush=True)")
 
 
@@ -258,12 +259,12 @@ def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
         return [ln for ln in out.decode().splitlines() if f"({pid})" in ln or f"[{pid}," in ln]
 
     lines = wait_for(lambda: len(lmkd_lines()) >= 2 and lmkd_lines(), timeout_s=5)
-    assert lines, "no lmkd lines for the killed process"
+    assert lines, f"no lmkd lines for the killed process; {_lmkd_evidence(adb_server, c)}"
     kill = next(ln for ln in lines if "lowmemorykiller" in ln)
     # named as Android names a native engine: the path the shell ran, never the interpreter
     m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill '/data/local/tmp/alloc' "
                  rf"\({pid}\), uid 2000, oom_score_adj 0 to free (\d+)kB rss, 0kB swap; reason: .+$", kill)
-    assert m, kill
+    assert m, f"{kill}; {_lmkd_evidence(adb_server, c)}"
     # what the process held when the kernel killed it: its anon pages fill the 256 MiB, its
     # file-backed pages (the interpreter, libraries) are counted in RSS on top
     assert 200 * 1024 < int(m[2]) <= (256 + 64) * 1024
@@ -642,8 +643,34 @@ def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
     logged = wait_for(lambda: re.search(pattern, adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()),
                       timeout_s=20)
     if not logged:
-        lines = adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode().splitlines()
-        daemon_log = Layout(phone.root).daemon_log
-        tail = daemon_log.read_text(errors="replace").splitlines()[-15:] if daemon_log.exists() else []
-        pytest.fail(f"no lmkd line for pid {pid}; lmkd/kernel lines: "
-                    f"{[ln for ln in lines if 'lowmemorykiller' in ln or 'Killed process' in ln][-5:]}; daemon log: {tail}")
+        pytest.fail(f"no lmkd line for pid {pid}; {_lmkd_evidence(adb_server, phone)}")
+
+
+def _lmkd_evidence(adb_server, phone) -> str:
+    """What a failing lmkd test should print: the phone's last lmkd and kernel lines, and its daemon's log."""
+    lines = adb_server.run("-s", phone.serial, "logcat", "-d", "-b", "all").stdout.decode().splitlines()
+    daemon_log = Layout(phone.root).daemon_log
+    tail = daemon_log.read_text(errors="replace").splitlines()[-15:] if daemon_log.exists() else []
+    return (f"lmkd/kernel lines: {[ln for ln in lines if 'lowmemorykiller' in ln or 'Killed process' in ln][-5:]}; "
+            f"daemon log: {tail}")
+
+
+def test_kills_in_quick_succession_are_each_named_by_the_path_the_shell_ran(adb_server, phones):
+    """Three engines that allocate at once, one after another. A dying process has lost its cmdline
+    before the kernel's line arrives; lmkd once sampled it then and logged the kernel's comm
+    ('allocnow') instead of the path (seen in 1 of these 3 kills)."""
+    c = phones["c"]  # 256 MiB
+    engine = alloc_engine(c, "allocnow")
+    r = sh(adb_server, c, f"for i in 1 2 3; do {engine} 1024 0; done")
+    assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
+    pids = [int(x) for x in r.stdout.split()]
+    assert len(pids) == 3 and b"survived" not in r.stdout
+
+    def named() -> list[str]:
+        out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main").stdout.decode()
+        return [ln for ln in out.splitlines() if "lowmemorykiller" in ln and any(f"({p})" in ln for p in pids)]
+
+    lines = wait_for(lambda: len(named()) >= 3 and named(), timeout_s=10)
+    assert lines and len(lines) == 3, f"{lines}; {_lmkd_evidence(adb_server, c)}"
+    for line in lines:
+        assert "Kill '/data/local/tmp/allocnow' (" in line, f"{line}; {_lmkd_evidence(adb_server, c)}"
