@@ -19,6 +19,11 @@ need_debian_packages() {
     if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then
         for tool in mksh toybox; do command -v "$tool" >/dev/null || missing+=("$tool"); done
     fi
+    # bmoe-py's compiled kernels are built with the host's C compiler (without one it multiplies
+    # in numpy, ~10x slower; the tests check the compiled path).
+    if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then
+        if ! command -v "${CC:-cc}" >/dev/null || [ ! -e /usr/include/stdlib.h ]; then missing+=(gcc libc6-dev); fi
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             echo "run.sh: installing ${missing[*]}" >&2

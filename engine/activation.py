@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from .errors import ModelError
-from .jit_loader import compiled_loops
+from .native import compiled_loops
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 GROUP = 32                      # the decoded group: one Q8_0 activation block, 1/8 of a Q8_K one

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .jit_loader import compiled_loops
+from .native import compiled_loops
 from .ops import expf
 
 F16, F32, F64 = np.float16, np.float32, np.float64

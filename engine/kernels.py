@@ -4,13 +4,13 @@
 rows' bytes, never a float32 copy of the matrix). The activation is first converted to the
 weight's vec_dot_type (engine.activation, once per activation and type). Then:
 
-* few tokens (decode; `direct_max_tokens` per type): the compiled `_kernels_jit.matvec_*_rows`,
-  per row and token ggml's vec_dot (integer block sums times ggml's float32 scale products),
-  exact terms summed in float64 lanes. Every product of a step (q, k and v; every routed
-  expert's gate and up; every down) is one batch, one compiled call: with `threads` > 1 a numba
-  parallel loop (GNU OpenMP with passive waits, this thread one of its lanes; else numba's
-  workqueue) whose lanes take chunks of rows of all the products until none is left, so `-t`
-  threads share a step's work without a hand-off per matrix;
+* few tokens (decode; `direct_max_tokens` per type): the compiled loops (engine/_kernels.c via
+  engine.native), per row and token ggml's vec_dot (integer block sums times ggml's float32
+  scale products), exact terms summed in float64 lanes. Every product of a step (q, k and v;
+  every routed expert's gate and up; every down) is one batch, one call: with `threads` > 1 the
+  library starts threads-1 threads for the call, and this thread and they take chunks of rows
+  of all the products until none is left, so `-t` threads share a step's work without a
+  hand-off per matrix (and nothing waits, let alone spins, between calls);
 * many tokens (prefill), or a matrix under COMPILED_MIN_WEIGHTS: tiles of rows are dequantized
   to float64 (exact values) and a BLAS multiplies them by the activation's exact values: the same
   products summed in another order, `threads` row ranges on this thread and a pool. For
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,7 @@ from gguf import GGMLQuantizationType as Q
 
 from .activation import Activation, vec_dot_type
 from .errors import ModelError
-from .jit_loader import compiled_loops, load
+from .native import compiled_loops, load
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 # Up to this many tokens per product the vec_dot kernel runs; above, dequantized tiles and a BLAS.
@@ -48,13 +47,15 @@ _DIRECT_MAX_TOKENS = {Q.Q8_0: 12, Q.Q4_0: 12, Q.MXFP4: 8, Q.F16: 6, Q.BF16: 8, Q
 TILE_BYTES = 2 << 20            # float64 tile of rows per thread on the batched path
 PARALLEL_MIN_MACS = 1 << 17     # smaller products run on the calling thread alone
 CHUNK_BYTES = 64 << 10          # weight bytes a thread takes at a time from a batch of products
+MAX_LANES = 64                  # threads of one batch (the library's own cap)
 # Smaller matrices take numpy's path (gguf's dequantizers and a BLAS), never the compiled loops:
-# a model made only of them (upstream's tiny model, the tests' synthetic ones) never imports numba,
-# whose start-up (~0.5 CPU s and ~110 MiB warm, seconds to compile cold) would outweigh their whole
-# compute. The numbers are the same either way for every type whose block scales multiply exactly.
+# a model made only of them (upstream's tiny model, the tests' synthetic ones) never loads the
+# library (nor builds it: ~1 s once per source on a host with a compiler), and its numbers stay
+# those it was checked against bmoe-cli with. They are the same either way for every type whose
+# block scales multiply exactly.
 COMPILED_MIN_WEIGHTS = 1 << 19
 
-# storage types with a compiled kernel -> their id in _kernels_jit (T_F32 ... T_Q6_K)
+# storage types with a compiled kernel -> their id in _kernels.c (T_F32 ... T_Q6_K)
 _KERNEL_IDS = {Q.F32: 0, Q.F16: 1, Q.BF16: 2, Q.Q8_0: 3, Q.Q4_0: 4, Q.MXFP4: 5, Q.Q4_K: 6, Q.Q6_K: 7}
 # types whose scale products fp32(d_w * d_x) are exact: both paths give the same numbers
 _EXACT_SCALES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4})
@@ -134,7 +135,8 @@ def _dequant_tile(w: RawMatrix, r0: int, r1: int, compiled: bool = True) -> np.n
     decoders for the other kernel types (`compiled`), else gguf's numpy dequantizers (their
     float32 values are exact for every type but the K-quants, which they round once)."""
     kid = _KERNEL_IDS.get(w.qtype)
-    if kid is None or (not compiled and w.qtype not in (Q.F32, Q.F16, Q.BF16)):
+    native = load() if compiled and kid is not None and w.qtype not in (Q.F32, Q.F16, Q.BF16) else None
+    if kid is None or (native is None and w.qtype not in (Q.F32, Q.F16, Q.BF16)):
         from gguf import quants
 
         try:
@@ -149,10 +151,8 @@ def _dequant_tile(w: RawMatrix, r0: int, r1: int, compiled: bool = True) -> np.n
     if w.qtype == Q.BF16:
         return (rows.view(np.uint16).astype(np.uint32) << 16).view(F32).astype(F64)
     out = np.empty((r1 - r0, w.k), dtype=F64)
-    if vec_dot_type(w.qtype) == "q8_0":
-        load().dequant_q8_0_rows(kid, w.raw, w.k, r0, r1, out, _f16_table())
-    else:
-        load().dequant_rows(kid, w.raw, w.k, r0, r1, out, _f16_table())
+    assert native is not None
+    native.dequant_rows(kid, w.raw, w.k, r0, r1, out, _f16_table())
     return out
 
 
@@ -218,7 +218,9 @@ def _direct(act: Activation, w: RawMatrix) -> bool:
     float64 copy per token)."""
     if act.n > direct_max_tokens(w.qtype) or act.exact:
         return False
-    return w.m * w.k >= COMPILED_MIN_WEIGHTS or (w.qtype in _EXACT_SCALES and compiled_loops() is not None)
+    if w.m * w.k >= COMPILED_MIN_WEIGHTS:
+        return load() is not None
+    return w.qtype in _EXACT_SCALES and compiled_loops() is not None
 
 
 def _run_batch(kind: str, k: int, batch: list[tuple[int, Activation, RawMatrix]], threads: int) -> list[np.ndarray]:
@@ -248,33 +250,22 @@ def _run_batch(kind: str, k: int, batch: list[tuple[int, Activation, RawMatrix]]
     items = np.array(table, dtype=np.int64)
     out = np.empty(at, dtype=F32)
     chunk_rows = max(1, CHUNK_BYTES // stride)
-    jit = load()
-    # the stacked activation in the forms its kernel reads (None for the others: that choice is
-    # made when the batch compiles, one kernel per signature)
+    native = load()
+    assert native is not None   # _direct sent this batch here
+    # the stacked activation in the forms its kernel reads (None for the others: the forms given
+    # choose the kernel)
     x8 = xq = xd = xsum = None
     if kind == "q8_0":
         x8, xd = _stack([a.int8(kind) for a in acts]), _stack([a.form(kind)[1] for a in acts])
     elif kind == "q8_k":
         forms = [a.form(kind) for a in acts]
-        xq, xd, xsum = (_stack([f[i] for f in forms]) for i in range(3))
+        xq, xd, xsum = (np.ascontiguousarray(_stack([f[i] for f in forms])) for i in range(3))
     else:
-        xq = _stack([a.form(kind)[0] for a in acts])
-    args = (items, k, x8, xq, xd, xsum, out, _f16_table(), chunk_rows)
-    lanes = min(threads, _max_lanes()) if macs * k >= PARALLEL_MIN_MACS else 1
-    if lanes <= 1:
-        jit.run_batch(*args)
-    else:
-        global _lanes_ran
-        # one parallel loop at a time: numba's workqueue layer aborts the process when two
-        # threads launch at once
-        with _lanes_lock:
-            _lanes_ran = True
-            if getattr(_thread_lanes, "n", 0) != lanes:
-                import numba
-
-                numba.set_num_threads(lanes)    # per calling thread; the loop's lanes use it
-                _thread_lanes.n = lanes
-            jit.run_batch_lanes(*args, lanes)
+        xq = np.ascontiguousarray(_stack([a.form(kind)[0] for a in acts]))
+    if x8 is not None:
+        x8, xd = np.ascontiguousarray(x8), np.ascontiguousarray(xd)
+    lanes = min(threads, MAX_LANES) if macs * k >= PARALLEL_MIN_MACS else 1
+    native.run_batch(items, k, x8, xq, xd, xsum, out, _f16_table(), chunk_rows, lanes)
     return [out[o:o + n * m].reshape(n, m) for o, n, m in shapes]
 
 
@@ -286,7 +277,7 @@ def _tile_tasks(act: Activation, w: RawMatrix, out: np.ndarray, threads: int) ->
     """The batched path (also every product of numerics="float32", whose activations are not
     converted): `threads` ranges of rows, each dequantized a tile at a time and multiplied."""
     n, m, k = act.n, w.m, w.k
-    compiled = w.qtype in _KERNEL_IDS and m * k >= COMPILED_MIN_WEIGHTS
+    compiled = w.qtype in _KERNEL_IDS and m * k >= COMPILED_MIN_WEIGHTS and load() is not None
     parts = threads if n * m * k >= PARALLEL_MIN_MACS else 1
     bounds = [m * i // parts for i in range(parts + 1)]
     xv = act.values(vec_dot_type(w.qtype))
@@ -305,7 +296,6 @@ def _tile_tasks(act: Activation, w: RawMatrix, out: np.ndarray, threads: int) ->
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
-_lanes_lock = threading.Lock()
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
@@ -315,30 +305,6 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         if pool is None:
             pool = _pools[threads] = ThreadPoolExecutor(threads - 1, thread_name_prefix="bmoe-compute")
     return pool
-
-
-def _max_lanes() -> int:
-    """numba's thread count (this machine's CPUs unless NUMBA_NUM_THREADS says otherwise): a
-    larger -t runs that many lanes; results do not depend on it. 1 in a child forked from a
-    process whose lanes ran: GNU OpenMP's threads do not survive a fork (a child would hang)."""
-    if _forked_after_lanes:
-        return 1
-    import numba
-
-    return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]  # made from the environment
-
-
-_lanes_ran = False
-_forked_after_lanes = False
-_thread_lanes = threading.local()   # the numba.set_num_threads this thread made last
-
-
-def _after_fork_in_child() -> None:
-    global _forked_after_lanes
-    _forked_after_lanes = _forked_after_lanes or _lanes_ran
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run(tasks: list[Callable[[], None]], threads: int) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.base import Device, DeviceError, DeviceLost, RunOutcome
-from engine import fsutil
+from engine import fsutil, native
 from engine.model import split_paths
 from harness.campaign import Campaign, fleet_home, remote_model_path
 from harness.device_resolution import DeviceRef
@@ -29,10 +29,16 @@ ENGINE_DIR = Path(__file__).resolve().parents[1] / "engine"
 
 def build_bmoe_py(python: str) -> Path:
     """bmoe-py as one executable file: a zipapp of engine/ whose `#!` line is the interpreter the
-    device runs it with. Deterministic (fixed timestamps), so the same source gives the same bytes
-    and a device that has them is not pushed again. Its process name (comm) is `bmoe-py`."""
+    device runs it with, with its compiled kernels built here (a phone has no compiler; without
+    one here either, bmoe-py runs its products in numpy). Deterministic (fixed timestamps), so the
+    same source gives the same bytes and a device that has them is not pushed again. Its process
+    name (comm) is `bmoe-py`."""
     entries = [("__main__.py", b"from engine.cli import main\nmain()\n")]
     entries += [(f"engine/{p.name}", p.read_bytes()) for p in sorted(ENGINE_DIR.glob("*.py"))]
+    entries.append((f"engine/{native.SOURCE}", (ENGINE_DIR / native.SOURCE).read_bytes()))
+    library = native.built_library()
+    if library is not None:
+        entries.append((f"engine/{os.path.basename(library)}", Path(library).read_bytes()))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in entries:

@@ -1,6 +1,6 @@
 """engine.kernels: products on GGUF blocks as stored, checked against gguf's own decoding and
 ggml's vec_dot formulas written out here independently; thread-count and path independence;
-bounded memory; the compile cache's folder (zipapp, unwritable places)."""
+bounded memory; where the compiled library is kept (zipapp, unwritable places, no compiler)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from engine import activation as A
-from engine import jit_loader as J
 from engine import kernels as K
+from engine import native as J
 from engine.forward import Model
 from engine.model import load_model_shape
 from engine.synth import synth_options, write_model
@@ -202,9 +202,12 @@ def test_compiled_flash_attention_cells_equal_the_numpy_loop(monkeypatch, T):
     k = rng.standard_normal((Hkv, N, D)).astype(np.float16)
     v = (rng.standard_normal((Hkv, N, D)) * np.logspace(-7, 4, D)).astype(np.float16)  # subnormal..large
     allowed = attention.attention_mask(np.arange(N - T, N), np.arange(N), 12 if T > 1 else 0)
-    J.load()
+    lib, calls = J.load(), []
+    assert lib is not None
+    loop = lib.f16acc_cells
+    monkeypatch.setattr(lib, "f16acc_cells", lambda *a: (calls.append(1), loop(*a)))
     compiled = attention._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
-    assert J.load().f16acc_cells.signatures          # the compiled loop did run
+    assert calls == [1]          # the compiled loop did run
     monkeypatch.setattr(attention, "compiled_loops", lambda: None)
     plain = attention._f16acc_chunk(q, k, v, allowed, 0.125, 3, N)
     for a, b in zip(compiled, plain):
@@ -303,9 +306,8 @@ print("ok" if not bad else "wrong")
 
 
 def test_parallel_products_from_several_threads_at_once():
-    """numba's workqueue layer aborts the process when two threads launch parallel loops at once:
-    three Python threads multiplying with 2 threads each still get their numbers (a child
-    process, so an abort fails this test instead of the whole run)."""
+    """Three Python threads multiplying with 2 threads each at once still get their numbers (a
+    child process, so an abort or a hang fails this test instead of the whole run)."""
     r = subprocess.run([sys.executable, "-c", _TWO_CALLERS], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
@@ -313,31 +315,33 @@ def test_parallel_products_from_several_threads_at_once():
 _BLOCK_PRODUCTS = """
 import sys, hashlib, numpy as np
 sys.path.insert(0, "tests/engine")
-import engine.kernels as K, engine.activation as A
+import engine.kernels as K, engine.activation as A, engine.native as N
 from gguf import GGMLQuantizationType as Q
-from test_kernels import random_blocks
+from test_kernels import random_blocks, TYPES
 K.COMPILED_MIN_WEIGHTS = 0
+avx2 = N.load().set_generic(bool(int(sys.argv[1])))
 h = hashlib.sha256()
-for qtype in (Q.Q8_0, Q.Q4_0, Q.MXFP4):
+for qtype in TYPES:
     for n in (1, 3):
         w = K.RawMatrix(random_blocks(qtype, 96, 1024, seed=n), qtype, 1024)
         x = A.Activation((np.random.default_rng(n).standard_normal((n, 1024)) * 4).astype(np.float32))
         h.update(K.matmul(x, w, threads=2).tobytes())
-print(K.load()._AVX2, h.hexdigest())
+print(avx2, h.hexdigest())
 """
 
 
-def test_block_products_are_the_same_with_and_without_x86_instructions(tmp_path):
-    """On an AVX2 host the blocks' products use x86's psignb/pmaddubsw/pmaddwd/pshufb; compiled
-    for a generic CPU (NUMBA_CPU_NAME) they are generic vector IR summing the same four products
-    per lane: the same numbers either way."""
-    # the host's code from the usual cache; the generic CPU's compiled into a folder of its own
-    runs = [subprocess.run([sys.executable, "-c", _BLOCK_PRODUCTS], cwd=REPO, capture_output=True, text=True,
-                           timeout=600, env=_env(**extra))
-            for extra in ({}, {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "generic")})]
+def test_block_products_are_the_same_with_and_without_x86_instructions():
+    """On an AVX2 host the blocks' products use x86's psignb/pmaddubsw/pmaddwd/pshufb and F16C's
+    vcvtph2ps; the generic code sums the same four products per lane: the same numbers, every
+    type (the generic run is forced through the library's switch)."""
+    runs = [subprocess.run([sys.executable, "-c", _BLOCK_PRODUCTS, generic], cwd=REPO, capture_output=True,
+                           text=True, timeout=600, env=_env())
+            for generic in ("0", "1")]
     assert all(r.returncode == 0 for r in runs), [r.stderr[-1500:] for r in runs]
-    (_, host), (generic_avx2, generic) = (r.stdout.split() for r in runs)
+    (host_avx2, host), (generic_avx2, generic) = (r.stdout.split() for r in runs)
     assert generic_avx2 == "False" and host == generic
+    if os.uname().machine == "x86_64" and "avx2" in Path("/proc/cpuinfo").read_text():
+        assert host_avx2 == "True"      # this host really ran the x86 code
 
 
 _FORK = """
@@ -358,8 +362,8 @@ print(os.waitstatus_to_exitcode(status))
 
 
 def test_a_forked_child_still_multiplies():
-    """GNU OpenMP's threads do not survive a fork (a child that used them would hang): a child
-    forked after parallel products computes its own on one thread, with the same numbers."""
+    """A child forked after parallel products (the library keeps no threads between calls)
+    computes its own on two threads, with the same numbers."""
     r = subprocess.run([sys.executable, "-c", _FORK], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr[-1500:])
 
@@ -368,22 +372,14 @@ def test_compiled_f16_rounding_is_numpys():
     """The branch-free f16 rounding of the compiled attention and quantizer equals numpy's
     astype(float16) on every kind of float32: the edges of each half range, ties, specials, and
     a million random bit patterns (the whole 2^32 were checked once, docs/decisions.md)."""
-    from numba import njit
-
-    round_f16 = J.load()._round_f16
-
-    @njit
-    def apply(f, out):
-        for i in range(f.size):
-            out[i] = round_f16(f[i])
-
+    lib = J.load()
+    assert lib is not None
     edges = np.array([0.0, -0.0, 5.96e-8, 2.98e-8, 2.9802326e-08, 2.9802325e-08, 6.1035156e-05, 6.1035e-05,
                       65504.0, 65519.99, 65520.0, 1e30, np.inf, -np.inf, np.nan, 1.0009766, 1.0004883, 1.0014648,
                       -2049.0, 2051.0, 1e-45, -3.4e38], dtype=np.float32)
     bits = np.random.default_rng(3).integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
     for f in (edges, bits.view(np.float32)):
-        out = np.empty_like(f)
-        apply(f, out)
+        out = lib.round_f16(f)
         with np.errstate(over="ignore"):
             want = f.astype(np.float16).astype(np.float32)
         same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
@@ -436,26 +432,27 @@ def test_wrong_sizes_are_one_line_errors():
         K.matmul(A.Activation(np.zeros((1, 32), np.float32)), w)
 
 
-# ---- the compile cache ---------------------------------------------------------------------------
-_PROBE = ("import numpy as np, engine.kernels as K, engine.activation as A, engine.jit_loader as J\n"
+# ---- where the compiled library is kept ----------------------------------------------------------
+_PROBE = ("import numpy as np, engine.kernels as K, engine.activation as A, engine.native as J\n"
           "K.COMPILED_MIN_WEIGHTS = 0\n"
           "from gguf import GGMLQuantizationType as Q\n"
           "w = K.RawMatrix(np.arange(34 * 8, dtype=np.uint8).reshape(8, 34) % 7, Q.Q8_0, 32)\n"
-          "print(J.cache_dir(), K.matmul(A.Activation(np.ones((1, 32), np.float32)), w).tobytes().hex())\n")
+          "print(J.cache_dir(), J.load() is not None, "
+          "K.matmul(A.Activation(np.ones((1, 32), np.float32)), w).tobytes().hex())\n")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("BMOE_PY_CACHE_DIR", "CC")}
     env.update(extra)
     return env
 
 
-def test_cache_goes_to_numba_cache_dir_or_a_private_folder(tmp_path):
-    cache = tmp_path / "numba-cache"
-    r = subprocess.run([sys.executable, "-c", _PROBE], env=_env(NUMBA_CACHE_DIR=str(cache)), cwd=REPO,
+def test_the_library_goes_to_bmoe_py_cache_dir_or_a_private_folder(tmp_path):
+    cache = tmp_path / "kernel-cache"
+    r = subprocess.run([sys.executable, "-c", _PROBE], env=_env(BMOE_PY_CACHE_DIR=str(cache)), cwd=REPO,
                        capture_output=True, text=True, timeout=300, check=True)
-    where, _ = r.stdout.split()
-    assert where == str(cache) and any(cache.rglob("*.nbi"))      # numba's index files
+    where, loaded, _ = r.stdout.split()
+    assert where == str(cache) and loaded == "True" and [p.name for p in cache.glob("*.so")] == [J.library_name()]
     # a folder someone else owns (or others may write) is never used: its code would run here
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -468,34 +465,58 @@ def test_cache_goes_to_numba_cache_dir_or_a_private_folder(tmp_path):
     assert J._usable_dir(str(tmp_path / "fresh")) and (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
 
 
-def test_zipapp_caches_beside_itself_and_runs_without_any_cache(tmp_path, monkeypatch):
-    """bmoe-py staged as one file (as on a virtual phone): compiled code lands in .bmoe-py-cache
-    next to it; where nothing is writable it still runs, compiling, with the same numbers."""
+def test_an_edited_source_gets_its_own_library():
+    src = J.source_bytes()
+    assert J.library_name(src) == J.library_name() and J.library_name(src + b"\n") != J.library_name(src)
+
+
+def test_zipapp_ships_its_library_and_runs_without_any_cache_or_compiler(tmp_path, monkeypatch):
+    """bmoe-py staged as one file (as on a virtual phone, which has no compiler): the library built
+    here travels inside it and lands in .bmoe-py-cache next to it; where nothing is writable it
+    still loads it (an anonymous file); with neither a library nor a compiler it says so in one
+    line and multiplies in numpy, with the same numbers."""
     from harness.staging import build_bmoe_py
 
     monkeypatch.setenv("BMOE_FLEET_HOME", str(tmp_path / "home"))
     app = build_bmoe_py(sys.executable)
-    staged = tmp_path / "stage" / "bmoe-py"
-    staged.parent.mkdir()
-    staged.write_bytes(app.read_bytes())
-    staged.chmod(0o755)
-    (tmp_path / "stage" / "probe.py").write_text(_PROBE)
+    no_cc = _env(PATH=str(tmp_path / "empty-path"), TMPDIR=str(tmp_path / "tmp"))
     runner = ("import sys, runpy; sys.path.insert(0, sys.argv[1]); "
               "runpy.run_path(sys.argv[2], run_name='__main__')")
-    ok = subprocess.run([sys.executable, "-c", runner, str(staged), str(tmp_path / "stage" / "probe.py")],
-                        env=_env(TMPDIR=str(tmp_path / "tmp")), capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0, ok.stderr
-    where, value = ok.stdout.split()
+    probe = tmp_path / "probe.py"
+    probe.write_text(_PROBE)
+
+    def staged_run(folder: str, payload: bytes, env: dict[str, str]) -> subprocess.CompletedProcess:
+        staged = tmp_path / folder / "bmoe-py"
+        staged.parent.mkdir(exist_ok=True)
+        staged.write_bytes(payload)
+        staged.chmod(0o755)
+        return subprocess.run([sys.executable, "-c", runner, str(staged), str(probe)], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    ok = staged_run("stage", app.read_bytes(), no_cc)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    where, loaded, value = ok.stdout.split()
     beside = tmp_path / "stage" / ".bmoe-py-cache"
-    assert where == str(beside) and any(beside.rglob("*.nbi")) and any(beside.glob("bmoe_kernels_*.py"))
+    assert where == str(beside) and loaded == "True" and [p.name for p in beside.glob("*.so")] == [J.library_name()]
     # nowhere writable: the folder beside it is taken by a file, TMPDIR is a file
     (tmp_path / "stage2").mkdir()
-    staged2 = tmp_path / "stage2" / "bmoe-py"
-    staged2.write_bytes(app.read_bytes())
     (tmp_path / "stage2" / ".bmoe-py-cache").write_text("not a folder")
     blocked = tmp_path / "tmpfile"
     blocked.write_text("")
-    bare = subprocess.run([sys.executable, "-c", runner, str(staged2), str(tmp_path / "stage" / "probe.py")],
-                          env=_env(TMPDIR=str(blocked)), capture_output=True, text=True, timeout=300)
+    bare = staged_run("stage2", app.read_bytes(), _env(PATH=str(tmp_path / "empty-path"), TMPDIR=str(blocked)))
     assert bare.returncode == 0 and bare.stderr == "", bare.stderr
-    assert bare.stdout.split() == ["None", value]
+    assert bare.stdout.split() == ["None", "True", value]
+    # a zipapp without the library, on a machine without a compiler: numpy, one line on stderr
+    import io
+    import zipfile
+
+    head, _, body = app.read_bytes().partition(b"\n")
+    stripped = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(body)) as src, zipfile.ZipFile(stripped, "w") as dst:
+        for item in src.infolist():
+            if not item.filename.endswith(".so"):
+                dst.writestr(item, src.read(item))
+    plain = staged_run("stage3", head + b"\n" + stripped.getvalue(), no_cc)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split()[1:] == ["False", value]
+    assert plain.stderr.count("\n") == 1 and "no compiled kernels (no C compiler" in plain.stderr

@@ -298,11 +298,6 @@ def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -
         # the probe, on a roomy phone: the anonymous RSS of the largest budget that must survive
         # (102 MiB) and of the smallest that must be killed (256 MiB), at both top-ks
         manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
-        # bmoe-py's first run on a phone compiles its kernels into the phone's cache (numba: tens
-        # of MiB of anonymous memory for the compiler); the phone keeps that cache across down/up,
-        # so the probe measures warm runs, as the sized campaign's will be
-        run_campaign(campaign("warm-up", {"cache_mb": [0], "n_expert_used": [2]}, {"n_predict": 1}),
-                     root / "warm-up", progress_stream=io.StringIO())
         run_campaign(campaign("probe", {"cache_mb": [102, 256], "n_expert_used": [2, 8]}, {}), root / "probe",
                      progress_stream=io.StringIO())
         from results.parse import read_metrics_csv
