@@ -15,10 +15,10 @@ and prefill s, then bmoe-py / bmoe-cli for each. Done when (issue 15)
 decode <= 1.5 and compute <= 2 on both models at both budgets.
 
 Then (unless --no-startup) the cost of starting, CPU seconds and peak RSS (VmHWM) of 4-token
-runs: upstream's tiny model (its matrices are under engine.kernels.COMPILED_MIN_WEIGHTS, so numba
-is never imported) and a small qwen3moe whose 1024x1024 matrices take the compiled kernels, each
-with an empty compile cache (cold: numba compiles what the model uses), then twice warm, and
-bmoe-cli's same run.
+runs: upstream's tiny model (its matrices are under engine.kernels.COMPILED_MIN_WEIGHTS, so the
+compiled kernels are never loaded) and a small qwen3moe whose 1024x1024 matrices take them, each
+with an empty kernel cache (cold: the host's C compiler builds engine/_kernels.c), then twice
+warm, and bmoe-cli's same run.
 
 bmoe-cli at -t 2 spins when the two cores are not free: run this with nothing else running, and
 quote it with what was running.
@@ -172,7 +172,7 @@ def startup(cli: Path, models_dir: Path) -> None:
     for name, model in (("tiny (numpy path)", TINY), ("1024x1024 Q8_0 (kernels)", small)):
         common = ["-m", str(model), "-n", "4", "-t", "1", "--moe-stream", "--cache-mb", "0"]
         cache = Path(tempfile.mkdtemp(prefix="bmoe-peer-cache-"))
-        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+        env = {**os.environ, "BMOE_PY_CACHE_DIR": str(cache)}
         try:
             for label, argv, run_env in (("bmoe-py cold", [sys.executable, "-m", "engine", *common], env),
                                          ("bmoe-py warm", [sys.executable, "-m", "engine", *common], env),

@@ -30,6 +30,16 @@
 #else
 #define BMOE_X86 0
 #endif
+/* Loops the compiler vectorises itself (K-quants, dequantized tiles), also built for AVX2 and chosen
+ * by the CPU at load: the same operations in the same order, in wider registers. */
+#if BMOE_X86 && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define BMOE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef BMOE_CLONES
+#define BMOE_CLONES
+#endif
 
 enum { T_F32, T_F16, T_BF16, T_Q8_0, T_Q4_0, T_MXFP4, T_Q4_K, T_Q6_K };
 enum { IT_QTYPE, IT_ADDR, IT_STRIDE, IT_M, IT_X0, IT_NTOK, IT_OUT, ITEM_FIELDS };
@@ -40,8 +50,13 @@ enum { FAMILY_Q8_0, FAMILY_Q8_K, FAMILY_FLOAT };
 /* kvalues_mxfp4: an e2m1 code's doubled value (bit 3 the sign) */
 static const int8_t MXFP4_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* ggml_e8m0_to_fp32_half: 2^(e - 128), exact in float32 (down to 2^-149) */
-static float e8m0_half(uint8_t e) { return ldexpf(1.0f, (int)e - 128); }
+/* ggml_e8m0_to_fp32_half: 2^(e - 128), exact in float32 (e = 0 and 1 are subnormal), by its bits */
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 static int use_x86 = -1; /* -1: not decided yet; 0: generic code; 1: AVX2 + F16C */
 
@@ -91,8 +106,8 @@ static float block_scale(int kind, const uint8_t *o, const float *lut) {
     return kind == T_MXFP4 ? e8m0_half(o[0]) : lut[o[0] | (o[1] << 8)];
 }
 
-static double row_dot_generic(int kind, const uint8_t *row, const int8_t *x8, const float *xd, const float *lut,
-                              int64_t nb) {
+static inline __attribute__((always_inline)) double row_dot_generic(int kind, const uint8_t *row, const int8_t *x8,
+                                                                   const float *xd, const float *lut, int64_t nb) {
     double acc[8] = {0};
     int bs = block_bytes(kind), skip = kind == T_MXFP4 ? 1 : 2;
     int8_t w[32];
@@ -115,8 +130,9 @@ static double row_dot_generic(int kind, const uint8_t *row, const int8_t *x8, co
 /* ggml's AVX2 sequence: |w| times x with w's sign (psignb), adjacent pairs summed in 16 bits
  * (pmaddubsw: at most 2*128*127, no saturation), then pairs of those (pmaddwd): lane j holds the
  * products 4j..4j+3, the same exact integers as the generic code. */
-__attribute__((target("avx2"))) static double row_dot_avx2(int kind, const uint8_t *row, const int8_t *x8,
-                                                          const float *xd, const float *lut, int64_t nb) {
+__attribute__((target("avx2"), always_inline)) static inline double row_dot_avx2(int kind, const uint8_t *row,
+                                                                               const int8_t *x8, const float *xd,
+                                                                               const float *lut, int64_t nb) {
     __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6,
@@ -150,29 +166,47 @@ __attribute__((target("avx2"))) static double row_dot_avx2(int kind, const uint8
 }
 #endif
 
-static void matvec_q8_0_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1,
-                             const int8_t *x8, const float *xd, int64_t n, float *out, int64_t m, const float *lut) {
-    int64_t nb = k / 32;
-    int fast = x86();
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = raw + r * stride;
-        for (int64_t t = 0; t < n; t++) {
-#if BMOE_X86
-            double total = fast ? row_dot_avx2(kind, row, x8 + t * k, xd + t * (k / 32), lut, nb)
-                                : row_dot_generic(kind, row, x8 + t * k, xd + t * (k / 32), lut, nb);
-#else
-            (void)fast;
-            double total = row_dot_generic(kind, row, x8 + t * k, xd + t * (k / 32), lut, nb);
-#endif
-            out[t * m + r] = (float)total;
-        }
+/* One function per kind and code path, each with its kind a constant (the block's layout folds
+ * into the loop); rows r0..r1-1 by tokens 0..n-1. */
+#define Q8_0_ROWS_ARGS                                                                                    \
+    const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1, const int8_t *x8, const float *xd, \
+        int64_t n, float *out, int64_t m, const float *lut
+#define DEFINE_Q8_0_ROWS(NAME, KIND, IMPL, ATTR)                                           \
+    ATTR static void NAME(Q8_0_ROWS_ARGS) {                                                \
+        int64_t nb = k / 32;                                                               \
+        for (int64_t r = r0; r < r1; r++) {                                                \
+            const uint8_t *row = raw + r * stride;                                         \
+            for (int64_t t = 0; t < n; t++)                                                \
+                out[t * m + r] = (float)IMPL(KIND, row, x8 + t * k, xd + t * nb, lut, nb); \
+        }                                                                                  \
     }
+DEFINE_Q8_0_ROWS(q8_0_rows_generic, T_Q8_0, row_dot_generic, )
+DEFINE_Q8_0_ROWS(q4_0_rows_generic, T_Q4_0, row_dot_generic, )
+DEFINE_Q8_0_ROWS(mxfp4_rows_generic, T_MXFP4, row_dot_generic, )
+#if BMOE_X86
+DEFINE_Q8_0_ROWS(q8_0_rows_avx2, T_Q8_0, row_dot_avx2, __attribute__((target("avx2"))))
+DEFINE_Q8_0_ROWS(q4_0_rows_avx2, T_Q4_0, row_dot_avx2, __attribute__((target("avx2"))))
+DEFINE_Q8_0_ROWS(mxfp4_rows_avx2, T_MXFP4, row_dot_avx2, __attribute__((target("avx2"))))
+#endif
+
+static void matvec_q8_0_rows(int kind, Q8_0_ROWS_ARGS) {
+#if BMOE_X86
+    if (x86()) {
+        (kind == T_Q8_0   ? q8_0_rows_avx2
+         : kind == T_Q4_0 ? q4_0_rows_avx2
+                          : mxfp4_rows_avx2)(raw, stride, k, r0, r1, x8, xd, n, out, m, lut);
+        return;
+    }
+#endif
+    (kind == T_Q8_0   ? q8_0_rows_generic
+     : kind == T_Q4_0 ? q4_0_rows_generic
+                      : mxfp4_rows_generic)(raw, stride, k, r0, r1, x8, xd, n, out, m, lut);
 }
 
 /* ---- F16 / BF16 / F32 rows times float values -------------------------------------------------- */
 
 /* A row's value i as float32 (halves through the table; BF16 the high half of a float32). */
-static float float_value(int kind, const uint8_t *row, int64_t i, const float *lut) {
+static inline __attribute__((always_inline)) float float_value(int kind, const uint8_t *row, int64_t i, const float *lut) {
     if (kind == T_F32) {
         float f;
         memcpy(&f, row + 4 * i, 4);
@@ -189,7 +223,7 @@ static float float_value(int kind, const uint8_t *row, int64_t i, const float *l
 
 /* 32 products summed 4 to a lane: lane i gets (p[i] + p[8+i]) + (p[16+i] + p[24+i]). F16 / BF16
  * products of half values are exact in float32; F32 ones are made in float64. */
-static double float_row_dot_generic(int kind, const uint8_t *row, const float *x, int64_t k, const float *lut) {
+static inline __attribute__((always_inline)) double float_row_dot_generic(int kind, const uint8_t *row, const float *x, int64_t k, const float *lut) {
     double acc[8] = {0}, p[32];
     int width = kind == T_F32 ? 4 : 2;
     for (int64_t g = 0; g < k; g += G) {
@@ -204,12 +238,12 @@ static double float_row_dot_generic(int kind, const uint8_t *row, const float *x
 }
 
 #if BMOE_X86
-__attribute__((target("avx2,f16c"))) static __m256 float8(int kind, const uint8_t *p) {
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 float8(int kind, const uint8_t *p) {
     if (kind == T_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-__attribute__((target("avx2,f16c"))) static double float_row_dot_avx2(int kind, const uint8_t *row, const float *x,
+__attribute__((target("avx2,f16c"), always_inline)) static inline double float_row_dot_avx2(int kind, const uint8_t *row, const float *x,
                                                                      int64_t k, const float *lut) {
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     int width = kind == T_F32 ? 4 : 2;
@@ -242,36 +276,56 @@ __attribute__((target("avx2,f16c"))) static double float_row_dot_avx2(int kind, 
 }
 #endif
 
-static void matvec_float_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1,
-                              const float *xq, int64_t n, float *out, int64_t m, const float *lut) {
-    int fast = x86();
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = raw + r * stride;
-        for (int64_t t = 0; t < n; t++) {
-            const float *x = xq + t * k;
-            double total;
-            if (k % G == 0) {
-#if BMOE_X86
-                total = fast ? float_row_dot_avx2(kind, row, x, k, lut) : float_row_dot_generic(kind, row, x, k, lut);
-#else
-                (void)fast;
-                total = float_row_dot_generic(kind, row, x, k, lut);
-#endif
-            } else { /* a row not made of 32-value groups: one float64 sum in order */
-                total = 0.0;
-                for (int64_t i = 0; i < k; i++) total += (double)float_value(kind, row, i, lut) * (double)x[i];
-            }
-            out[t * m + r] = (float)total;
-        }
+#define FLOAT_ROWS_ARGS                                                                                     \
+    const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1, const float *xq, int64_t n, float *out, \
+        int64_t m, const float *lut
+/* Rows of 32-value groups; a row that is not (k % 32) is one float64 sum in order. */
+#define DEFINE_FLOAT_ROWS(NAME, KIND, IMPL, ATTR)                                                         \
+    ATTR static void NAME(FLOAT_ROWS_ARGS) {                                                              \
+        for (int64_t r = r0; r < r1; r++) {                                                               \
+            const uint8_t *row = raw + r * stride;                                                        \
+            for (int64_t t = 0; t < n; t++) {                                                             \
+                const float *x = xq + t * k;                                                              \
+                double total = 0.0;                                                                       \
+                if (k % G == 0) {                                                                         \
+                    total = IMPL(KIND, row, x, k, lut);                                                   \
+                } else {                                                                                  \
+                    for (int64_t i = 0; i < k; i++) total += (double)float_value(KIND, row, i, lut) * (double)x[i]; \
+                }                                                                                         \
+                out[t * m + r] = (float)total;                                                            \
+            }                                                                                             \
+        }                                                                                                 \
     }
+DEFINE_FLOAT_ROWS(f32_rows_generic, T_F32, float_row_dot_generic, )
+DEFINE_FLOAT_ROWS(f16_rows_generic, T_F16, float_row_dot_generic, )
+DEFINE_FLOAT_ROWS(bf16_rows_generic, T_BF16, float_row_dot_generic, )
+#if BMOE_X86
+DEFINE_FLOAT_ROWS(f32_rows_avx2, T_F32, float_row_dot_avx2, __attribute__((target("avx2,f16c"))))
+DEFINE_FLOAT_ROWS(f16_rows_avx2, T_F16, float_row_dot_avx2, __attribute__((target("avx2,f16c"))))
+DEFINE_FLOAT_ROWS(bf16_rows_avx2, T_BF16, float_row_dot_avx2, __attribute__((target("avx2,f16c"))))
+#endif
+
+static void matvec_float_rows(int kind, FLOAT_ROWS_ARGS) {
+#if BMOE_X86
+    if (x86()) {
+        (kind == T_F32   ? f32_rows_avx2
+         : kind == T_F16 ? f16_rows_avx2
+                         : bf16_rows_avx2)(raw, stride, k, r0, r1, xq, n, out, m, lut);
+        return;
+    }
+#endif
+    (kind == T_F32   ? f32_rows_generic
+     : kind == T_F16 ? f16_rows_generic
+                     : bf16_rows_generic)(raw, stride, k, r0, r1, xq, n, out, m, lut);
 }
 
 /* ---- K-quants -------------------------------------------------------------------------------- */
 
-/* One Q4_K / Q6_K row's super-blocks -> wint[k] (sc * q), wsc (d per 32 values) and, for Q4_K,
- * wmin / wminsc (each 32 values' min and dmin). Returns whether the type has mins. */
-static int decode_row(int kind, const uint8_t *row, int64_t k, float *wint, float *wsc, float *wmin, float *wminsc,
-                      const float *lut) {
+/* One Q4_K / Q6_K row's super-blocks -> wint[k] (sc * q: |Q4_K| <= 63*15, |Q6_K| <= 128*32, int16),
+ * wsc (d per 32 values) and, for Q4_K, wmin / wminsc (each 32 values' min and dmin). Returns
+ * whether the type has mins. */
+static int decode_row(int kind, const uint8_t *row, int64_t k, int16_t *wint, float *wsc, float *wmin,
+                      float *wminsc, const float *lut) {
     if (kind == T_Q4_K) {
         for (int64_t sb = 0; sb < k / 256; sb++) {
             const uint8_t *o = row + sb * 144, *sc = o + 4;
@@ -291,7 +345,7 @@ static int decode_row(int kind, const uint8_t *row, int64_t k, float *wint, floa
                 wmin[g] = (float)mn;
                 const uint8_t *q = o + 16 + (j / 2) * 32;
                 int shift = 4 * (j & 1);
-                for (int i = 0; i < 32; i++) wint[g * 32 + i] = (float)(scale * ((q[i] >> shift) & 15));
+                for (int i = 0; i < 32; i++) wint[g * 32 + i] = (int16_t)(scale * ((q[i] >> shift) & 15));
             }
         }
         return 1;
@@ -304,13 +358,13 @@ static int decode_row(int kind, const uint8_t *row, int64_t k, float *wint, floa
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = o + 64 * half, *qh = o + 128 + 32 * half;
             const int8_t *sc = scales + 8 * half;
-            float *y = wint + sb * 256 + 128 * half;
+            int16_t *y = wint + sb * 256 + 128 * half;
             for (int l = 0; l < 32; l++) {
                 int s = l / 16, lo0 = ql[l], lo1 = ql[l + 32], hi = qh[l];
-                y[l] = (float)(sc[s] * (((lo0 & 15) | ((hi & 3) << 4)) - 32));
-                y[l + 32] = (float)(sc[s + 2] * (((lo1 & 15) | (((hi >> 2) & 3) << 4)) - 32));
-                y[l + 64] = (float)(sc[s + 4] * (((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32));
-                y[l + 96] = (float)(sc[s + 6] * (((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32));
+                y[l] = (int16_t)(sc[s] * (((lo0 & 15) | ((hi & 3) << 4)) - 32));
+                y[l + 32] = (int16_t)(sc[s + 2] * (((lo1 & 15) | (((hi >> 2) & 3) << 4)) - 32));
+                y[l + 64] = (int16_t)(sc[s + 4] * (((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32));
+                y[l + 96] = (int16_t)(sc[s + 6] * (((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32));
             }
         }
     }
@@ -318,54 +372,60 @@ static int decode_row(int kind, const uint8_t *row, int64_t k, float *wint, floa
 }
 
 typedef struct {
-    float *wint, *wsc, *wmin, *wminsc;
+    int16_t *wint, *x16; /* a row's sc*q; the tokens' activation integers */
+    float *wsc, *wmin, *wminsc;
+    void *block;
 } Scratch;
 
-static int scratch_alloc(Scratch *s, int64_t k) {
+static int scratch_alloc(Scratch *s, int64_t k, int64_t n) {
     int64_t ng = (k + G - 1) / G;
-    s->wint = calloc((size_t)(ng * G + 3 * ng), sizeof(float));
-    if (!s->wint) return 0;
-    s->wsc = s->wint + ng * G;
+    s->block = calloc(1, (size_t)(3 * ng) * sizeof(float) + (size_t)(ng * G + n * k) * sizeof(int16_t));
+    if (!s->block) return 0;
+    s->wsc = s->block;
     s->wmin = s->wsc + ng;
     s->wminsc = s->wmin + ng;
+    s->wint = (int16_t *)(s->wminsc + ng);
+    s->x16 = s->wint + ng * G;
     return 1;
 }
 
-/* Activation integers xq[n, k] (float32), group scales xd[n, k/32] and group sums xsum[n, k/32]
- * (for Q4_K's mins). sc*q*xq is an integer under 2^24: its float32 product is exact. */
-static int matvec_k_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1,
-                         const float *xq, const float *xd, const float *xsum, int64_t n, float *out, int64_t m,
-                         const float *lut) {
+/* Activation integers xq[n, k] (Q8_K's, as float32), group scales xd[n, k/32] and group sums
+ * xsum[n, k/32] (for Q4_K's mins). Per 32 values the integer dot product sum(sc*q * x) is exact in
+ * int32 (at most 32 * 4096 * 127), times fp32(d_w * d_x) as ggml rounds it: exact in float64. */
+BMOE_CLONES static int matvec_k_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1,
+                                     const float *xq, const float *xd, const float *xsum, int64_t n, float *out,
+                                     int64_t m, const float *lut) {
     Scratch s;
-    if (!scratch_alloc(&s, k)) return 0;
+    if (!scratch_alloc(&s, k, n)) return 0;
     int64_t ng = k / G;
+    for (int64_t i = 0; i < n * k; i++) s.x16[i] = (int16_t)xq[i];
     for (int64_t r = r0; r < r1; r++) {
         int mins = decode_row(kind, raw + r * stride, k, s.wint, s.wsc, s.wmin, s.wminsc, lut);
         for (int64_t t = 0; t < n; t++) {
-            const float *x = xq + t * k, *d = xd + t * ng, *sums = xsum + t * ng;
-            double lanes[G] = {0}, corr = 0.0;
+            const int16_t *x = s.x16 + t * k;
+            const float *d = xd + t * ng, *sums = xsum + t * ng;
+            double total = 0.0, corr = 0.0;
             for (int64_t g = 0; g < ng; g++) {
-                double dd = (double)(s.wsc[g] * d[g]); /* float32 product, as ggml rounds it */
-                const float *wi = s.wint + g * G, *xi = x + g * G;
-                for (int i = 0; i < G; i++) lanes[i] += dd * (double)(wi[i] * xi[i]);
+                const int16_t *wi = s.wint + g * G, *xi = x + g * G;
+                int32_t isum = 0;
+                for (int i = 0; i < G; i++) isum += (int32_t)wi[i] * (int32_t)xi[i];
+                total += (double)(s.wsc[g] * d[g]) * (double)isum; /* float32 product, as ggml rounds it */
                 if (mins) corr += (double)(s.wminsc[g] * d[g]) * ((double)s.wmin[g] * (double)sums[g]);
             }
-            double total = 0.0;
-            for (int i = 0; i < G; i++) total += lanes[i];
             out[t * m + r] = (float)(total - corr);
         }
     }
-    free(s.wint);
+    free(s.block);
     return 1;
 }
 
 /* ---- dequantized tiles (the batched path): exact float64 values ------------------------------- */
 
-int bmoe_dequant_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1, double *out,
+BMOE_CLONES int bmoe_dequant_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, int64_t r0, int64_t r1, double *out,
                       const float *lut) {
     if (kind == T_Q4_K || kind == T_Q6_K) {
         Scratch s;
-        if (!scratch_alloc(&s, k)) return 0;
+        if (!scratch_alloc(&s, k, 0)) return 0;
         int64_t ng = (k + G - 1) / G;
         for (int64_t r = r0; r < r1; r++) {
             int mins = decode_row(kind, raw + r * stride, k, s.wint, s.wsc, s.wmin, s.wminsc, lut);
@@ -376,7 +436,7 @@ int bmoe_dequant_rows(int kind, const uint8_t *raw, int64_t stride, int64_t k, i
                 for (int64_t i = g * G; i < hi; i++) y[i] = sc * (double)s.wint[i] - mn;
             }
         }
-        free(s.wint);
+        free(s.block);
         return 1;
     }
     int bs = block_bytes(kind), skip = kind == T_MXFP4 ? 1 : 2;

@@ -33,7 +33,7 @@ from .fsutil import atomic_write
 
 SOURCE = "_kernels.c"
 CACHE_SUBDIR = ".bmoe-py-cache"
-CFLAGS = ("-O2", "-std=c11", "-D_GNU_SOURCE", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread")
+CFLAGS = ("-O3", "-std=c11", "-D_GNU_SOURCE", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread")
 LIBS = ("-lm",)
 COMPILE_TIMEOUT_S = 300
 
