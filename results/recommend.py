@@ -72,6 +72,12 @@ def round_down(mib: float) -> int:
     return int(math.floor(mib / step + 1e-9) * step)
 
 
+def ceiling_mib(safe_mib: float, margin_mib: float) -> int:
+    """The auto ceiling: the budget that survived every run, itself (whole MiB: the argv measured) when
+    no margin is kept back, else that budget less the margin, rounded down to a step."""
+    return round_down(safe_mib - margin_mib) if margin_mib > 0 else math.floor(safe_mib + 1e-9)
+
+
 # ── one group ────────────────────────────────────────────────────────────────────────────────
 
 
@@ -216,7 +222,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
             margin_why = (f"MemAvailable fell to {floor:.0f} MiB at {safe:g} MiB, "
                           + (f"{margin:.0f} MiB short of the reserve ({reserve_text})" if margin > 0 else
                              f"above the reserve ({reserve_text}): no margin needed"))
-        ceiling = round_down(safe - margin)
+        ceiling = ceiling_mib(safe, margin)
         clamped = not math.isnan(cycle) and ceiling < cycle
         if clamped:
             # held at the cycle, rounded up; never above what survived (a safe budget a fraction of a

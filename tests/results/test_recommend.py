@@ -10,7 +10,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from results.recommend import recommend, round_down
+from results.recommend import ceiling_mib, recommend, round_down
 from results.recommend_argv import flag_value
 from results.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
 
@@ -37,7 +37,7 @@ def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle
     floor, reserve = k2["auto"]["floor_mib"], k2["auto"]["reserve_mib"]
     assert math.isclose(reserve, RESERVE_FRACTION * ram_mib, abs_tol=1e-3) and 0 < floor < ram_mib
     assert math.isclose(k2["auto"]["margin_mib"], max(0.0, reserve - floor), abs_tol=1e-3)
-    assert n == max(round_down(102 - k2["auto"]["margin_mib"]), 51)
+    assert n == max(ceiling_mib(102, k2["auto"]["margin_mib"]), 51)
     assert not k2["cache_off"] and (51 <= k2["fixed"]["cache_mb"] <= n or k2["fixed"]["cache_mb"] == 0)
     assert k2["evidence"]["runs"] == 6 and k2["evidence"]["repeats_at_largest_safe"] == 2
     assert len(k2["evidence"]["killed_runs"]) == 2 and "lowmemorykiller" in k2["evidence"]["kill_evidence"][0]
@@ -60,6 +60,14 @@ def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle
 
     text = CliRunner().invoke(cli, ["recommend", str(vphone_campaign)]).output
     assert f"default --cache-mb auto --cache-ceil-mb {n}" in text and "no auto ceiling" in text
+
+
+def test_with_no_margin_the_ceiling_is_the_budget_that_survived_not_a_rounder_number():
+    # the demo's small phone: 384 MiB survived with MemAvailable above the reserve; 380 was never run
+    assert ceiling_mib(384, 0.0) == 384 and ceiling_mib(68.85, 0.0) == 68
+    # a margin makes a new number anyway: it reads like a setting, and stays under what survived
+    assert ceiling_mib(384, 20.5) == round_down(363.5) == 360 and ceiling_mib(1400, 0.4) == 1390
+    assert ceiling_mib(150, 0.4) == 149
 
 
 def test_a_route_trace_makes_the_recommendation_cite_the_replayed_curve(local_campaign):
