@@ -32,6 +32,9 @@ def knocks_on_default_port():
     held: list[socket.socket] = []
     for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         s = socket.socket(family, socket.SOCK_STREAM)
+        # a server stopped just before (its connections in TIME_WAIT) does not hold the port; a live
+        # listener still does (Linux refuses the bind then, SO_REUSEADDR or not)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, ADB_DEFAULT_PORT))
         except OSError as e:
