@@ -34,6 +34,11 @@ from store import names
 from store.outcomes import RESULTS
 
 UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
+# A cache counts as filled when it ends holding this much of its budget (or of the expert bank,
+# when that is smaller), or within one entry of it: an LRU cache stops within one entry of its
+# budget, and a run that ends further below never had the budget's RAM in use, so surviving it
+# proves nothing above what it held.
+FILLED_FRACTION = 0.95
 
 # ── records ──────────────────────────────────────────────────────────────────────────────────
 
@@ -63,6 +68,21 @@ class BudgetPoint:
     majflt_per_tok: float
     compute_s_per_tok: float
     flags: tuple[str, ...] = ()              # the pass-through flags its runs had (one setting per series)
+    held_mib: float = math.nan               # the least cache any finished run held at its end (resident MiB)
+    bank_mib: float = math.nan               # the model's whole expert bank (a cache can hold no more)
+    entry_mib: float = math.nan              # the model's largest cache entry (one expert of its widest layer)
+
+    @property
+    def filled(self) -> bool:
+        """Its finished runs' caches filled (or their residency is unknown): surviving it proves
+        the budget. A run that ends holding less than the budget proves only what it held."""
+        if math.isnan(self.held_mib) or math.isnan(self.budget_mib) or self.budget_mib <= 0:
+            return True
+        room = self.budget_mib if math.isnan(self.bank_mib) else min(self.budget_mib, self.bank_mib)
+        # an LRU stops short of its budget by less than one entry, however small the budget
+        short_by = (1 - FILLED_FRACTION) * room if math.isnan(self.entry_mib) else \
+            max((1 - FILLED_FRACTION) * room, self.entry_mib)
+        return self.held_mib >= room - short_by - 1e-9
 
     @property
     def s_per_token(self) -> float:
@@ -77,10 +97,17 @@ class LmkBoundary:
     smallest_killed_mib: float | None
     killed_budgets_mib: tuple[float, ...]
     killed_run_ids: tuple[str, ...]
-    largest_safe_mib: float | None          # every run at it (all series, all repeats) finished
+    largest_safe_mib: float | None          # every run at it (all series, all repeats) finished, caches filled
     safe_repeats: int                       # how many runs back that
     floor_kb_at_safe: float | None          # lowest MemAvailable any of them reached
     evidence: tuple[str, ...]
+    # budgets over largest_safe_mib (under any kill) whose every run finished without filling its
+    # cache: (budget, the least any of them held), ascending
+    unfilled: tuple[tuple[float, float], ...] = ()
+
+    def unfilled_text(self) -> str:
+        """'1400 MiB held 638 MiB, …': the least each held (empty when there is none)."""
+        return ", ".join(f"{b:g} MiB held {held:.3g} MiB" for b, held in self.unfilled)
 
     def text(self) -> str:
         """One line for the pages and the recommendations."""
@@ -91,6 +118,8 @@ class LmkBoundary:
             floor = f", MemAvailable floor {self.floor_kb_at_safe / 1024:.0f} MiB" \
                 if self.floor_kb_at_safe is not None else ""
             parts.append(f"always survived up to {self.largest_safe_mib:g} MiB ({self.safe_repeats} runs{floor})")
+        if self.unfilled:
+            parts.append(f"survived but never filled, so unproven: {self.unfilled_text()}")
         return "; ".join(parts) or "no kills and no fixed budget that always survived"
 
 
@@ -227,7 +256,14 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         mem_avail_floor_kb=float(np.nanmin(numbers_of(ok, "mem_avail_floor_kb")))
         if np.isfinite(numbers_of(ok, "mem_avail_floor_kb")).any() else math.nan,
         majflt_per_tok=median(numbers_of(ok, "majflt_per_tok")),
-        compute_s_per_tok=median(numbers_of(ok, "compute_s_per_tok")), flags=_flags_of(rows))
+        compute_s_per_tok=median(numbers_of(ok, "compute_s_per_tok")), flags=_flags_of(rows),
+        held_mib=_least(numbers_of(ok, "cache_resident_mib")), bank_mib=_least(numbers_of(rows, "expert_bank_mib")),
+        entry_mib=_least(numbers_of(rows, "expert_entry_mib")))
+
+
+def _least(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.min()) if len(finite) else math.nan
 
 
 def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
@@ -268,8 +304,11 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
     by_budget: dict[float, list[BudgetPoint]] = {}
     for p in cached:
         by_budget.setdefault(p.budget_mib, []).append(p)
-    safe = [b for b, ps in by_budget.items() if all(p.ok == p.runs for p in ps) and (smallest is None or b < smallest)]
+    survived = [b for b, ps in by_budget.items() if all(p.ok == p.runs for p in ps) and (smallest is None or b < smallest)]
+    safe = [b for b in survived if all(p.filled for p in by_budget[b])]
     largest = max(safe) if safe else None
+    unfilled = tuple((b, min(p.held_mib for p in by_budget[b] if not p.filled)) for b in sorted(survived)
+                     if b not in safe and (largest is None or b > largest))
     floor = repeats = None
     if largest is not None:
         ps = by_budget[largest]
@@ -278,7 +317,7 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
         floor = min(floors) if floors else None
     killed_ids = tuple(i for p in cached if p.killed for i in p.killed_run_ids)
     evidence = tuple(dict.fromkeys(e for e in rows[rows["run_id"].isin(killed_ids)]["evidence"] if e))
-    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence)
+    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence, unfilled)
 
 
 def _dense(rows: pd.DataFrame) -> DenseComparison:

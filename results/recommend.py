@@ -195,12 +195,19 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
     under = tuple(sorted({p.budget_mib for p in g.points if p.under_cycle}))
     safe = b.largest_safe_mib
     auto: AutoChoice | None = None
+    if b.unfilled:
+        reasons.append(f"not counted as safe: {b.unfilled_text()}; those caches never filled in "
+                       f"{g.tokens_min:.0f} tokens, so surviving them proves no budget over "
+                       + (f"{safe:g} MiB" if safe is not None else "0")
+                       + " (more tokens, e.g. --preset publish, fill them)")
     if safe is None:
         cache_off = True
-        summary = "no budget survived every run: --cache-mb 0"
-        reason = ("no cache budget survived every repeat" + (f" (killed at {b.smallest_killed_mib:g} MiB)"
-                                                             if b.smallest_killed_mib is not None else "")
-                  + ": recommend --cache-mb 0")
+        summary = ("no budget survived every run: --cache-mb 0" if not b.unfilled else
+                   "no budget survived with its cache filled: --cache-mb 0")
+        killed_at = f" (killed at {b.smallest_killed_mib:g} MiB)" if b.smallest_killed_mib is not None else ""
+        reason = (f"no cache budget survived every repeat{killed_at}: recommend --cache-mb 0" if not b.unfilled else
+                  f"no cache budget was proven safe{killed_at}: {b.unfilled_text()}, surviving every repeat without "
+                  "filling, which proves nothing over what it held: recommend --cache-mb 0")
     elif not math.isnan(cycle) and safe < cycle:
         cache_off = True
         summary = f"nothing safe clears the {cycle:g} MiB cycle: --cache-mb 0"
@@ -228,8 +235,11 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
             # held at the cycle, rounded up; never above what survived (a safe budget a fraction of a
             # MiB over the cycle keeps its own whole MiB)
             ceiling = math.ceil(cycle) if math.ceil(cycle) <= safe else math.floor(safe)
-        killed = f", under the {b.smallest_killed_mib:g} MiB that was killed" \
-            if b.smallest_killed_mib is not None else ", the largest measured (no kill seen)"
+        unfilled = f"; {b.unfilled_text()}: survived without filling, unproven" if b.unfilled else ""
+        killed = (f", under the {b.smallest_killed_mib:g} MiB that was killed{unfilled}"
+                  if b.smallest_killed_mib is not None else
+                  f", the largest whose cache filled (no kill seen{unfilled})" if b.unfilled else
+                  ", the largest measured (no kill seen)")
         why = (f"{safe:g} MiB survived all {b.safe_repeats} run(s){killed}; {margin_why}"
                + (f"; held at the {cycle:g} MiB cycle ({'the margin' if margin > 0 else 'rounding down'} would "
                   "cross it)" if clamped else ""))
@@ -241,7 +251,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
         if clamped:
             reasons.append("the safety margin was squeezed by the token cycle")
         if b.smallest_killed_mib is None:
-            reasons.append("no kill observed: budgets above the largest measured were not tried")
+            reasons.append("no kill observed: " + ("the budgets above the largest filled one never filled"
+                                                   if b.unfilled else "budgets above the largest measured were not tried"))
     dense = g.dense.best
     fixed: FixedChoice | None
     if auto is None:                      # cache off
@@ -282,6 +293,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
                            "ok": m.ok} for m in g.dense.modes),
         lmk={"smallest_killed_mib": b.smallest_killed_mib, "largest_safe_mib": b.largest_safe_mib,
              "floor_mib_at_safe": b.floor_kb_at_safe / 1024 if b.floor_kb_at_safe is not None else None,
+             "unfilled": [{"budget_mib": budget, "held_mib": held} for budget, held in b.unfilled],
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay)

@@ -300,6 +300,12 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "n_expert": _first(pre.get("n_expert"), config.extra.get("n_expert"), shape.n_expert if shape else None,
                            (model_rec or {}).get("n_expert")),
         "cycle_source": cycle_source,
+        # the most any cache of this model can hold (a budget over it fills at the bank)
+        "expert_bank_mib": _first(shape.expert_bytes / (1 << 20) if shape else None,
+                                  to_float((model_rec or {}).get("expert_bytes")) / (1 << 20)),
+        "expert_entry_mib": _first(shape.widest_expert_bytes / (1 << 20) if shape else None,
+                                   max((to_float(x.get("expert_bytes")) for x in (model_rec or {}).get("layers") or ()),
+                                       default=math.nan) / (1 << 20)),
         "moe_stream": stream,
         "budget_label": _budget_label(stream, auto, budget, config),
         # run

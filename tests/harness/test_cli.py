@@ -131,6 +131,13 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     for device, probe in probes.items():
         trace = tmp_path / "demo" / "campaign" / "runs" / probe["cell_id"] / "1" / "route.csv"
         assert recs_by_device[device].replay.knee_mib == knee_of_trace(trace).knee_mib
+    # the large phone's 1400 MiB cache survived without filling (the prompt routes to ~640 MiB of the
+    # bank): it proves nothing, so its ceiling is the largest budget whose cache filled, 600
+    large, small = recs_by_device["virtual:large"], recs_by_device["virtual:small"]
+    assert 1400 in [u["budget_mib"] for u in large.lmk["unfilled"]]
+    assert all(u["held_mib"] < 0.95 * 1032 for u in large.lmk["unfilled"])
+    assert (large.auto.cache_ceil_mb, small.auto.cache_ceil_mb) == (600, 384)
+    assert small.lmk["smallest_killed_mib"] == 600 and not small.lmk["unfilled"]
     index = (tmp_path / "demo" / "site" / "index.html").read_text()
     assert len(re.findall(r"knee \d+ MiB", index)) >= 2
     # issue 12: every recommended command line ran once on its phone and was accepted; none is under the cycle

@@ -49,6 +49,37 @@ def test_the_lmk_boundary_brackets_the_kills_with_the_floor_reached(vphone_campa
     assert (k8.smallest_killed_mib, k8.killed_budgets_mib, k8.largest_safe_mib) == (256, (256, 408), 102)
 
 
+def test_a_budget_whose_cache_never_filled_proves_only_what_it_held(local_campaign, small_model):
+    from engine.model import MIB, load_model_shape
+    from results.analyze import FILLED_FRACTION
+    from results.recommend import recommend
+
+    shape = load_model_shape(small_model)
+    table = build_table([local_campaign])
+    assert set(table["expert_bank_mib"]) == {shape.expert_bytes / MIB}
+    assert set(table["expert_entry_mib"]) == {shape.widest_expert_bytes / MIB}
+    g = analyze(table).group("local", "small", 2)
+    cached = [p for p in g.points if p.budget_mib > 0]
+    for p in cached:
+        room = min(p.budget_mib, p.bank_mib)
+        assert p.filled == (p.held_mib >= room - max((1 - FILLED_FRACTION) * room, p.entry_mib) - 1e-9), p
+    # 8 tokens of uniform routing touch most, not all, of the bank: auto (sized to the whole bank)
+    # survived holding less than it, the fixed budgets filled
+    autos = [p for p in cached if p.auto]             # one per dense mode, each sized to the bank
+    assert len(autos) == 2 and len({p.budget_mib for p in autos}) == 1
+    assert all(not p.filled and p.held_mib < FILLED_FRACTION * shape.expert_bytes / MIB for p in autos)
+    assert all(p.filled for p in cached if not p.auto)
+    b = g.boundary
+    budget, held = autos[0].budget_mib, min(p.held_mib for p in autos)
+    assert b.largest_safe_mib == max(p.budget_mib for p in cached if p.filled) < budget
+    assert b.unfilled == ((budget, held),)
+    assert f"survived but never filled, so unproven: {budget:g} MiB held {held:.3g} MiB" in b.text()
+    r = recommend([local_campaign]).find("local", "small", 2)
+    assert r.auto is not None and r.auto.cache_ceil_mb <= b.largest_safe_mib
+    assert any(reason.startswith(f"not counted as safe: {b.unfilled_text()}; those caches never filled in 8 tokens")
+               for reason in r.confidence_reasons)
+
+
 def test_dense_modes_are_compared_at_the_budgets_both_ran(local_campaign):
     g = analyze(build_table([local_campaign])).group("local", "small", 2)
     modes = {m.mode: m for m in g.dense.modes}

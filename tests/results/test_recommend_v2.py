@@ -163,7 +163,7 @@ def test_a_phone_is_keyed_by_what_it_reports_and_an_unmeasured_one_gets_the_rule
 def test_the_rule_is_the_lower_hull_of_the_phones_it_rests_on():
     from results.fleet_rules import envelope_mib, lower_hull
 
-    # the demo's two phones: 640 MiB safe at 380, 2 GiB at 1400; a third over the line between them
+    # two phones: 640 MiB safe at 380, 2 GiB at 1400; a third over the line between them
     hull = lower_hull([(0, 0), (640, 380), (2048, 1400), (1024, 900)])
     assert hull == [(0, 0), (640, 380), (2048, 1400)]
     knots, slope = [list(k) for k in hull], (1400 - 380) / (2048 - 640)
