@@ -111,7 +111,15 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
     links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
                   for i, rid in enumerate(p.run_ids))
     return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
-                    f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table))
+                    f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table),
+                    _unfilled(p))
+
+
+def _unfilled(p: BudgetPoint) -> str:
+    """Why a budget that survived is not counted as safe (results.analyze's filled), or ""."""
+    if p.filled or not p.ok:
+        return ""
+    return f"cache never filled (held {p.held_mib:.3g} MiB): not counted as safe"
 
 
 def _drawable(figure: Mapping[str, Any]) -> bool:

@@ -95,6 +95,7 @@ class PointRow:
     note: str                        # "under the cycle: cache 0 is strictly better here"
     run_links: tuple[Link, ...]
     publish: str = ""                # "below the publish bar: 8 tokens < 256, …" or "" when it meets it
+    unfilled: str = ""               # "cache never filled (held 638 MiB): not counted as safe" or ""
 
 
 @dataclass(frozen=True)

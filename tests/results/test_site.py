@@ -271,6 +271,22 @@ def test_budget_charts_draw_the_recommended_ceiling_and_fixed_budget(site):
     assert checked >= 3
 
 
+def test_a_budget_whose_cache_never_filled_is_tagged_on_its_row(site):
+    """The local campaign's auto runs (sized to the whole bank) end holding less than it: their rows
+    say so and why they do not count; no other row does."""
+    recs = json.loads((site / "recommendations.json").read_text())
+    (local,) = [r for d in recs["devices"] if d["device"] == "local" for r in d["recommendations"]
+                if r["model"] == "small"]
+    unfilled = local["lmk"]["unfilled"]
+    assert len(unfilled) == 1 and unfilled[0]["held_mib"] < unfilled[0]["budget_mib"]
+    (path,) = [p for p in site.glob("devices/*.html") if page(p).h1.strip() == "device local"]
+    rows = [r for r in page(path).rows if len(r) == 8 and r[1] != "budget"]
+    tagged = [r for r in rows if "cache never filled" in r[7]]
+    assert tagged and all(r[1].startswith("auto") for r in tagged)
+    assert all(f"(held {unfilled[0]['held_mib']:.3g} MiB): not counted as safe" in r[7] for r in tagged)
+    assert any(r[1].endswith("MiB") and not r[1].startswith("auto") for r in rows if r not in tagged)
+
+
 def test_a_killed_auto_run_sits_at_the_budget_it_was_sized_to(killed_auto_campaign, tmp_path):
     from results.report import build_site
     from results.table import build_table
