@@ -197,9 +197,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
     auto: AutoChoice | None = None
     if b.unfilled:
         reasons.append(f"not counted as safe: {b.unfilled_text()}; those caches never filled in "
-                       f"{g.tokens_min:.0f} tokens, so surviving them proves no budget over "
-                       + (f"{safe:g} MiB" if safe is not None else "0")
-                       + " (more tokens, e.g. --preset publish, fill them)")
+                       f"{g.tokens_min:.0f} tokens, so surviving them proves only what they held "
+                       "(more tokens, e.g. --preset publish, fill them)")
     if safe is None:
         cache_off = True
         summary = ("no budget survived every run: --cache-mb 0" if not b.unfilled else
