@@ -253,8 +253,7 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         tok_s_values=tuple(tok), spread_pct=100 * (max(tok) - min(tok)) / med if len(tok) > 1 and med else 0.0,
         under_cycle=under, advice=UNDER_CYCLE_ADVICE if under else "",
         # the floor of the runs that finished: a killed run's last sample is not the floor it hit
-        mem_avail_floor_kb=float(np.nanmin(numbers_of(ok, "mem_avail_floor_kb")))
-        if np.isfinite(numbers_of(ok, "mem_avail_floor_kb")).any() else math.nan,
+        mem_avail_floor_kb=_least(numbers_of(ok, "mem_avail_floor_kb")),
         majflt_per_tok=median(numbers_of(ok, "majflt_per_tok")),
         compute_s_per_tok=median(numbers_of(ok, "compute_s_per_tok")), flags=_flags_of(rows),
         held_mib=_least(numbers_of(ok, "cache_resident_mib")), bank_mib=_least(numbers_of(rows, "expert_bank_mib")),
@@ -262,8 +261,8 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
 
 
 def _least(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.min()) if len(finite) else math.nan
+    """The smallest of a column's numbers; NaN when none is finite."""
+    return float(np.nanmin(values)) if np.isfinite(values).any() else math.nan
 
 
 def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
@@ -416,7 +415,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         tells=tuple(t for t in tells if ids & set(t.run_ids)), n_runs=len(results),
         ram_total_kb=float(np.nanmax(ram)) if np.isfinite(ram).any() else math.nan,
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
-        tokens_min=float(np.nanmin(tokens)) if np.isfinite(tokens).any() else math.nan,
+        tokens_min=_least(tokens),
         engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))))
 
 
