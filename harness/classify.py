@@ -52,9 +52,13 @@ def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_a
     if outcome.timed_out:
         return Classified(outcomes.TIMEOUT, (f"no exit within the timeout; killed after {outcome.wall_s:.1f} s",))
     if outcome.killed_by_sigkill:
-        if kills:
+        lmk = [k for k in kills if k.source != "kernel-oom"]
+        if lmk:
             return Classified(outcomes.LMK_KILLED,
-                              (f"exit status {status} (SIGKILL)",) + tuple(k.line for k in kills))
+                              (f"exit status {status} (SIGKILL)",) + tuple(k.line for k in lmk))
+        if kills:   # only the kernel's OOM killer claimed it: the backstop, not the low-memory killer
+            return Classified(outcomes.KILLED, (f"exit status {status} (SIGKILL) by the kernel OOM killer",)
+                              + tuple(k.line for k in kills))
         return Classified(outcomes.KILLED, (f"exit status {status} (SIGKILL) with no lmkd or kernel kill line for "
                                             f"pid {outcome.pid}",))
     if status is None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import logbuf
+from .lmkd_policy import Candidate, Decision, Policy, Reading, choose_victim, read_psi_full_total_us
 from .meminfo import MemInfo
 
 log = logging.getLogger("bmoe.vphone.lmkd")
@@ -53,6 +54,8 @@ class ProcSample:
     swap_kb: int
     oom_score_adj: int
     seen_at: float
+    uid: int = SHELL_UID
+    started: float = 0.0   # /proc/PID/stat starttime, clock ticks since boot (lmkd's LRU order)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class Kill:
     rss_kb: int
     swap_kb: int
     oom_score_adj: int
-    source: str  # "kmsg", "cgroup" or "watchdog"
+    source: str  # "lmkd" (its policy), "kmsg", "cgroup" (the kernel's OOM killer) or "watchdog"
+    uid: int = SHELL_UID
 
 
 def sample(pid: int, now: float) -> ProcSample | None:
@@ -81,7 +85,12 @@ def sample(pid: int, now: float) -> ProcSample | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     name = process_name(cmdline, fields.get("Name", "?").strip())
     kb = lambda key: int(fields.get(key, "0 kB").split()[0])  # noqa: E731
-    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now)
+    uid = int(fields.get("Uid", f"{SHELL_UID}").split()[0])
+    try:
+        started = float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        started = 0.0
+    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started)
 
 
 def process_name(cmdline: bytes, comm: str) -> str:
@@ -138,7 +147,8 @@ class KernelLog:
 class Lmkd:
     def __init__(self, root: Path, android_release: int, ram_bytes: int,
                  pids: Callable[[], list[int]], oom_kills: Callable[[], int] | None,
-                 meminfo: Callable[[], MemInfo], memcg_leaf: str = ""):
+                 meminfo: Callable[[], MemInfo], memcg_leaf: str = "", policy: Policy | None = None,
+                 vmstat: Callable[[], dict[str, int]] | None = None):
         self.root = Path(root)
         self.memcg_leaf = memcg_leaf
         self.memcg_of: dict[int, bool] = {}  # pid -> "the kernel said it was ours"
@@ -154,6 +164,10 @@ class Lmkd:
         self.unexplained: list[float] = []  # times of counted kills not yet attributed
         self.kills: list[Kill] = []
         self.last_poll: float | None = None
+        # Android 14 lmkd's own decisions (lmkd_policy); None: the kernel's kills stand in for them
+        self.policy = policy
+        self.vmstat = vmstat
+        self.pending: tuple[int, float] | None = None   # (pid, when) of lmkd's last kill
 
     # -- one poll (~10 Hz) ------------------------------------------------------------------
     def poll(self) -> list[Kill]:
@@ -165,6 +179,8 @@ class Lmkd:
             s = sample(pid, now)
             if s is not None:
                 self.samples[pid] = s
+        if self.policy is not None:
+            self._decide(now)
         found: list[Kill] = []
         for line in self.kmsg.lines():
             summary = _SUMMARY.search(line)
@@ -181,7 +197,7 @@ class Lmkd:
                         log.warning("no sample of %d (%s) before its kill: named by the kernel's comm", pid, m[2])
                     rss = int(m[3]) + int(m[4]) + int(m[5])
                     found.append(Kill(pid, prev.name if prev else m[2], rss, prev.swap_kb if prev else 0,
-                                      prev.oom_score_adj if prev else 0, "kmsg"))
+                                      prev.oom_score_adj if prev else 0, "kmsg", prev.uid if prev else SHELL_UID))
                     logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
         if self.oom_kills is not None:
             count = self.oom_kills()
@@ -194,7 +210,7 @@ class Lmkd:
                 continue
             if self.unexplained and kill.source == "kmsg":
                 self.unexplained.pop(0)
-            self._log(kill)
+            self._record(kill)
         # Counted kills that no kernel line explained within 0.3 s: the vanished process with
         # the largest last sample is the one the OOM killer picks (largest badness).
         while self.unexplained and now - self.unexplained[0] > 0.3:
@@ -204,11 +220,62 @@ class Lmkd:
                     and not _exists(s.pid)]
             if gone:
                 victim = max(gone, key=lambda s: s.rss_kb)
-                self._log(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj,
-                               "cgroup"))
+                self._record(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj,
+                                  "cgroup", victim.uid))
         self.samples = {pid: s for pid, s in self.samples.items()
                         if now - s.seen_at < FORGET_AFTER_S and pid not in self.logged}
         return found
+
+    # -- lmkd's own policy (Android 14 mp_event_psi) -------------------------------------------
+    def _decide(self, now: float) -> None:
+        assert self.policy is not None
+        if self.pending is not None:   # is_kill_pending(): wait while the last victim still exists
+            pid, at = self.pending
+            if _exists(pid) and (now - at) * 1000 < max(self.policy.props.kill_timeout_ms, 1000):
+                return
+            self.pending = None
+        mi = self.meminfo()
+        vm = self.vmstat() if self.vmstat is not None else {}
+        f = mi.fields
+        reading = Reading(free_kb=f["MemFree"], swap_total_kb=f["SwapTotal"], swap_free_kb=f["SwapFree"],
+                          file_lru_kb=f["Active(file)"] + f["Inactive(file)"],
+                          workingset_refault_file=vm.get("workingset_refault_file", vm.get("workingset_refault", 0)),
+                          psi_full_total_us=read_psi_full_total_us(), now_s=now, available_kb=f["MemAvailable"])
+        decision = self.policy.decide(reading)
+        if decision is None:
+            return
+        live = [s for s in self.samples.values() if s.seen_at == now and s.pid not in self.logged]
+        by_pid = {s.pid: s for s in live}
+        chosen = choose_victim([Candidate(s.pid, s.oom_score_adj, s.rss_kb, s.started) for s in live],
+                               decision.min_score_adj, self.policy.props.kill_heaviest_task)
+        if chosen is None:
+            return
+        victim = by_pid[chosen.pid]
+        try:
+            os.kill(victim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.policy.killed()
+        self.pending = (victim.pid, now)
+        self._log(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj, "lmkd",
+                       victim.uid), decision)
+
+    def _record(self, kill: Kill) -> None:
+        """A kill the kernel made. With lmkd's policy on a phone that has swap, the kernel's OOM
+        killer is only the backstop (RAM and zram both full): its kill is the kernel's line in the
+        kernel buffer, not an lmkd line. Without swap (or without the policy) it stands in for the
+        kill lmkd would have made first, and is logged as lmkd's."""
+        if self.policy is None or self.meminfo().fields["SwapTotal"] <= 0:
+            self._log(kill)
+            return
+        self.logged.add(kill.pid)
+        self.kills.append(kill)
+        if kill.source != "kmsg":   # the kernel's own line was not readable: write what it logs
+            line = (f"Memory cgroup out of memory: Killed process {kill.pid} ({kill.name[-15:]}) total-vm:0kB, "
+                    f"anon-rss:{kill.rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:{kill.uid} pgtables:0kB "
+                    f"oom_score_adj:{kill.oom_score_adj}")
+            logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
+        log.info("kernel OOM killer (backstop) killed %s (%d, %d kB)", kill.name, kill.pid, kill.rss_kb)
 
     def _watchdog(self, now: float) -> list[Kill]:
         live = [s for s in self.samples.values() if s.seen_at == now]
@@ -224,25 +291,29 @@ class Lmkd:
         return [Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj, "watchdog")]
 
     # -- writing ----------------------------------------------------------------------------
-    def _log(self, kill: Kill) -> None:
+    def _log(self, kill: Kill, decision: Decision | None = None) -> None:
         self.logged.add(kill.pid)
         self.kills.append(kill)
         mi = self.meminfo()
-        reason_code = LOW_MEM if self.android >= 14 else LOW_MEM_AND_SWAP
-        reason = "min watermark is breached" if self.android >= 14 else \
-            "min watermark is breached and swap is low (0kB < 0kB)"
+        if decision is not None:
+            reason_code, reason, min_adj = decision.reason, decision.text, decision.min_score_adj
+        else:
+            reason_code = LOW_MEM if self.android >= 14 else LOW_MEM_AND_SWAP
+            reason = "min watermark is breached" if self.android >= 14 else \
+                "min watermark is breached and swap is low (0kB < 0kB)"
+            min_adj = 0
         k = kill
         if self.android >= 12:
-            msg = (f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_score_adj {k.oom_score_adj} to free "
+            msg = (f"Kill '{k.name}' ({k.pid}), uid {k.uid}, oom_score_adj {k.oom_score_adj} to free "
                    f"{k.rss_kb}kB rss, {k.swap_kb}kB swap; reason: {reason}")
         elif self.android == 11:
-            msg = (f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB; "
+            msg = (f"Kill '{k.name}' ({k.pid}), uid {k.uid}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB; "
                    f"reason: {reason}")
         elif self.android == 10:
-            msg = f"Kill '{k.name}' ({k.pid}), uid {SHELL_UID}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB"
+            msg = f"Kill '{k.name}' ({k.pid}), uid {k.uid}, oom_adj {k.oom_score_adj} to free {k.rss_kb}kB"
         else:
-            msg = (f"Killing '{k.name}' ({k.pid}), uid {SHELL_UID}, adj {k.oom_score_adj}\n"
-                   f"   to free {k.rss_kb}kB because system is under critical memory pressure (min_oom_adj=0)")
+            msg = (f"Killing '{k.name}' ({k.pid}), uid {k.uid}, adj {k.oom_score_adj}\n"
+                   f"   to free {k.rss_kb}kB because system is under critical memory pressure (min_oom_adj={min_adj})")
         now = time.time()
         logbuf.append(self.root, "main", LMKD_TAG, msg, priority="I", time_s=now)
         if self.android >= 11:
@@ -251,7 +322,7 @@ class Lmkd:
                    f["SwapTotal"], f["SwapFree"], f["Active(anon)"], f["Inactive(anon)"], f["Active(file)"],
                    f["Inactive(file)"], f["SReclaimable"], f["SUnreclaim"], f["KernelStack"], f["PageTables"],
                    0, 0, 0]  # IonHeap, IonHeapPool, CmaFree
-            values = [k.pid, SHELL_UID, k.oom_score_adj, 0, k.rss_kb, reason_code] + mem
+            values = [k.pid, k.uid, k.oom_score_adj, min_adj, k.rss_kb, reason_code] + mem
             if self.android >= 12:
                 # MsSinceEvent, MsSincePrevWakeup, WakeupsSinceEvent, SkippedWakeups, TaskSwapSize,
                 # GPU, Thrashing, MaxThrashing

@@ -117,6 +117,7 @@ class Reading:
     workingset_refault_file: int = 0   # pages, cumulative (0: not known)
     psi_full_total_us: int | None = None  # /proc/pressure/memory "full total=", cumulative
     now_s: float = 0.0
+    available_kb: int = 0              # MemAvailable: what reclaim could still free without swap
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,9 @@ class Policy:
             refault_kb = max(0, r.workingset_refault_file - self.init_refault) * 4
             thrashing = refault_kb * 100 // max(1, self.base_file_lru_kb)
         self.in_reclaim = True
-        critical = self._critical(r)
+        # System PSI is this host's, not the phone's: a stall counts only while the phone itself
+        # has nothing left to reclaim but swap (MemAvailable under the high watermark).
+        critical = self._critical(r) and r.available_kb < self.marks.high_kb
         name = "min" if wmark < WMARK_LOW else "low"
         thrashing_critical = p.thrashing_limit * 2
         soft = PERCEPTIBLE_APP_ADJ + 1 if wmark > WMARK_MIN and thrashing < thrashing_critical else 0
@@ -185,8 +188,7 @@ class Policy:
 
     def _critical(self, r: Reading) -> bool:
         """A `full` stall of psi_complete_stall_ms within the last second (lmkd's critical PSI
-        trigger). System PSI is this host's, not the phone's: it counts only while the phone's
-        own watermark is breached (decide returns before otherwise)."""
+        trigger)."""
         if r.psi_full_total_us is None:
             return False
         self.psi_window = [(t, v) for t, v in self.psi_window if r.now_s - t <= PSI_WINDOW_S]
