@@ -28,15 +28,18 @@ def virtual() -> None:
 @click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
 @click.option("--no-isolation", is_flag=True,
               help="No memory cgroup or mount namespace: an RSS watchdog enforces the RAM instead.")
+@click.option("--apps", "apps", default="",
+              help="Other open apps: STATE:SIZE[:compressible],... with STATE foreground, visible, perceptible, "
+                   "previous or cached (e.g. cached:300MiB,perceptible:200MiB).")
 @click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
 def up(name: str, ram_text: str, model: str, manufacturer: str, soc: str, android: int, abi: str,
-       port: int | None, no_isolation: bool, home: str | None) -> None:
+       port: int | None, no_isolation: bool, apps: str, home: str | None) -> None:
     """Start a virtual phone and `adb connect` it; prints its serial."""
     from devices.virtual.manager import up as start
     from engine.units import parse_bytes
 
     serial = start(name, parse_bytes(ram_text), model=model, soc=soc, android=android, port=port,
-                   manufacturer=manufacturer, abi=abi, home=home, isolated=not no_isolation)
+                   manufacturer=manufacturer, abi=abi, home=home, isolated=not no_isolation, apps=apps)
     click.echo(serial)
 
 
@@ -68,3 +71,5 @@ def list_(as_json: bool, home: str | None) -> None:
         status = p.serial if p.running else "stopped"
         click.echo(f"{p.name:<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {p.model} ({p.soc}, "
                    f"Android {p.android})")
+        for app in p.apps:
+            click.echo(f"{'':<16} app {app}")

@@ -28,6 +28,7 @@ from typing import TypeGuard
 
 from engine.errors import BmoeError
 
+from . import apps as apps_mod
 from . import cgroup as cgroups
 from .phone import INTERNAL, NotLinux, PhoneSpec, UserlandMissing, default_home, host_userland, require_linux
 
@@ -56,11 +57,13 @@ class PhoneInfo:
     cgroup_path: str | None
     warnings: tuple[str, ...]
     mount_namespace: str | None = None   # e.g. "mnt:[4026532179]", what /proc/PID/ns/mnt of its processes reads
+    apps: tuple[str, ...] = ()            # the other open apps (apps.App.describe())
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
         d["root"] = str(self.root)
         d["warnings"] = [*self.warnings]
+        d["apps"] = [*self.apps]
         return d
 
 
@@ -100,7 +103,8 @@ def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
                      ram_bytes=spec.ram_bytes, model=spec.model, soc=spec.soc, android=spec.android,
                      namespace=bool(state.get("namespace")), cgroup_path=cg.get("path"),
                      warnings=tuple(state.get("warnings") or ()),
-                     mount_namespace=state.get("mount_namespace") if running else None)
+                     mount_namespace=state.get("mount_namespace") if running else None,
+                     apps=tuple(a.describe() for a in apps_mod.parse(spec.apps)))
 
 
 def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInfo]:
@@ -141,18 +145,24 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
        port: int | None = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
        home: os.PathLike | str | None = None, adb_host: str | None = None,
        adb_port: int | None = None, timeout_s: float = 20.0, isolated: bool = True,
-       record_commands: bool = False) -> str:
+       record_commands: bool = False, apps: str | builtins.list[str] | tuple[str, ...] = ()) -> str:
     """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
 
     isolated=False skips the memory cgroup and the mount namespace (what happens anyway where
     they are unavailable): an RSS watchdog enforces the RAM and commands see the host's files.
-    record_commands=True keeps every shell/exec command line the phone is sent (recorded_commands)."""
+    record_commands=True keeps every shell/exec command line the phone is sent (recorded_commands).
+    apps: other open apps, `cached:300MiB,perceptible:200MiB[:compressible]` (devices/virtual/apps.py)."""
     if not _NAME.match(name):
         raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
     if ram_bytes < MIN_RAM_BYTES:
         raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES >> 20} MiB)")
     if port is not None and not 0 < port < 65536:
         raise VirtualPhoneError(f"bad port {port}")
+    try:
+        app_items = tuple(apps.split(",") if isinstance(apps, str) else apps)
+        apps_mod.parse(app_items)
+    except apps_mod.AppSpecError as e:
+        raise VirtualPhoneError(str(e)) from None
     try:
         require_linux()
         host_userland()
@@ -165,7 +175,8 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         raise VirtualPhoneError(f"virtual phone {name!r} is already up as {state.get('serial')}")
     internal.mkdir(parents=True, exist_ok=True)
     spec = PhoneSpec(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc,
-                     android=android, abi=abi, isolated=isolated, record_commands=record_commands)
+                     android=android, abi=abi, isolated=isolated, record_commands=record_commands,
+                     apps=tuple(a.strip() for a in app_items if a.strip()))
     (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     (internal / "state.json").unlink(missing_ok=True)
     (internal / "commands.jsonl").unlink(missing_ok=True)   # a recording is of this run of the phone

@@ -37,6 +37,7 @@ from engine.fsutil import atomic_write, replacing
 
 from . import logbuf, namespace, thermal
 from .cgroup import MemoryCgroup, MemStat
+from .lmkd_policy import LmkProps
 from .meminfo import MEMINFO_PATH, MemInfo, compute, write_in_place
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
@@ -107,6 +108,8 @@ class PhoneSpec:
     ambient_c: float = 25.0
     isolated: bool = True  # False: no cgroup, no namespace (the fallback, on purpose)
     record_commands: bool = False  # every shell/exec command line to .vphone/commands.jsonl (tests)
+    apps: tuple[str, ...] = ()     # other open apps, "STATE:SIZE[:compressible]" (apps.py)
+    lmk: dict = field(default_factory=dict)  # ro.lmk.* overrides of Android 14's defaults (lmkd_policy)
 
     @property
     def sdk(self) -> int:
@@ -132,6 +135,7 @@ class PhoneSpec:
             "sys.boot_completed": "1", "dev.bootcomplete": "1", "ro.config.low_ram": "false",
             "ro.bmoe.virtual": "1", "ro.bmoe.ram_bytes": str(self.ram_bytes), "ro.bmoe.host_abi": self.host_abi,
             "persist.sys.timezone": time.tzname[0] or "UTC",
+            **LmkProps.from_json(self.lmk).props(),
         }
 
     def to_json(self) -> dict:
@@ -139,7 +143,10 @@ class PhoneSpec:
 
     @classmethod
     def from_json(cls, data: dict) -> PhoneSpec:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "apps" in fields:
+            fields["apps"] = tuple(fields["apps"])
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -355,12 +362,7 @@ class VirtualPhone:
         def setup() -> None:
             step = "join the memory cgroup"
             try:
-                for path in procs:
-                    fd = os.open(path, os.O_WRONLY)
-                    try:
-                        os.write(fd, b"0")
-                    finally:
-                        os.close(fd)
+                join_cgroup(procs)
                 if ns_fd is not None:
                     step = "enter the phone's namespace"
                     namespace.setns(ns_fd)
@@ -452,6 +454,17 @@ class VirtualPhone:
         self._last_tick = now
         self.thermal.step(dt, self._busy_cores(dt))
         self.thermal.write(self.layout.root)
+
+
+def join_cgroup(procs_files: list[str]) -> None:
+    """Move the calling process into the cgroups whose cgroup.procs files are given (between fork
+    and exec: no allocation beyond the write)."""
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from engine.fsutil import atomic_write
 
-from . import logbuf, namespace, shellsvc, syncsvc
+from . import apps, logbuf, namespace, shellsvc, syncsvc
 from .adbd import Banner, Connection, Daemon, Service, Stream
 from .cgroup import CgroupUnavailable, MemoryCgroup
 from .lmkd import Lmkd
+from .lmkd_policy import LmkProps, Policy, watermarks
 from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
 
 log = logging.getLogger("bmoe.vphone")
@@ -102,9 +103,14 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
     daemon = Daemon(banner, make_router(phone), port=port)
     actual_port = await daemon.start()
+    # Android 14 lmkd's own policy where the kernel's OOM killer can be its backstop (a cgroup)
+    policy = Policy(LmkProps.from_json(spec.lmk), watermarks(spec.ram_bytes // 1024)) if cgroup is not None else None
     lmkd = Lmkd(layout.root, spec.android, spec.ram_bytes, phone.pids,
                 cgroup.oom_kills if cgroup is not None else None, phone.meminfo,
-                memcg_leaf=cgroup.path.name if cgroup is not None else "")
+                memcg_leaf=cgroup.path.name if cgroup is not None else "", policy=policy,
+                vmstat=getattr(phone, "vmstat", None))
+    running_apps = apps.start(apps.parse(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
+                              ns_fd) if spec.apps else []
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
     logbuf.append(layout.root, "system", "ActivityManager", "System now ready")
@@ -142,6 +148,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
         for t in tasks:
             t.cancel()
         await daemon.close()
+        apps.stop(running_apps)
         lmkd.close()
         if cgroup is not None:
             cgroup.remove()

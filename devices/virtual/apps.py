@@ -1,0 +1,130 @@
+"""Other open apps on a virtual phone: processes that hold memory at Android's oom_score_adj.
+
+`virtual up --apps cached:300MiB,perceptible:200MiB` starts one process per item, inside the
+phone (its memory cgroup and mount namespace) as an app uid (10100, 10101, ...: FIRST_APPLICATION_UID
+10000 + n, `u0_aN`), named like a package (`com.bmoe.app.cached1`, what lmkd's line shows). Each
+fills its own anonymous memory with random bytes, which zram cannot compress (`:compressible`: a
+repeated pattern instead, which zram stores in almost nothing), then sleeps.
+
+The adj is ProcessList.java's for the state: foreground 0, visible 100, perceptible 200, previous
+700, cached 900 and up (CACHED_APP_MIN_ADJ 900; the k-th cached app at 900 + 10k, capped at
+CACHED_APP_MAX_ADJ 999, the most recent first, as OomAdjuster spreads the cached LRU). It is
+written by the daemon (root) before the app drops to its uid, as Android's system_server has lmkd
+write it. The apps are stopped with the phone; after a crash they are in its cgroup, which the next
+`up` empties.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import lmkd_policy as lp
+
+FIRST_APP_UID = 10100
+STATES = {"foreground": lp.FOREGROUND_APP_ADJ, "visible": lp.VISIBLE_APP_ADJ,
+          "perceptible": lp.PERCEPTIBLE_APP_ADJ, "previous": lp.PREVIOUS_APP_ADJ,
+          "cached": lp.CACHED_APP_MIN_ADJ}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
+_UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+
+# The app: fill SIZE bytes, say so on stdout, then sleep until killed.
+_APP = (
+    "import os,sys,time\n"
+    "n=int(sys.argv[1]);step=1<<20\n"
+    "buf=bytearray(n)\n"
+    "pat=(b'bmoe-app'*(step//8))\n"
+    "for i in range(0,n,step):\n"
+    "    buf[i:i+step]=(pat if sys.argv[2]=='1' else os.urandom(step))[:n-i]\n"
+    "print('ready',flush=True)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
+class AppSpecError(ValueError):
+    """A bad --apps item."""
+
+
+@dataclass(frozen=True)
+class App:
+    state: str
+    size_bytes: int
+    compressible: bool
+    name: str
+    uid: int
+    oom_score_adj: int
+
+    def describe(self) -> str:
+        kind = "compressible" if self.compressible else "incompressible"
+        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind})"
+
+
+def parse(items: str | list[str] | tuple[str, ...]) -> list[App]:
+    """`cached:300MiB,perceptible:200MiB[:compressible]` (or a list of such items) as App specs."""
+    raw = [x.strip() for x in (items.split(",") if isinstance(items, str) else items) if x.strip()]
+    apps: list[App] = []
+    per_state: dict[str, int] = {}
+    for n, item in enumerate(raw):
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or parts[0] not in STATES or (len(parts) == 3 and parts[2] != "compressible"):
+            raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible], STATE one of "
+                               f"{', '.join(STATES)} (e.g. cached:300MiB)")
+        m = _SIZE.match(parts[1])
+        if not m or float(m[1]) <= 0:
+            raise AppSpecError(f"bad app size {parts[1]!r} in {item!r} (e.g. 300MiB)")
+        size = int(float(m[1]) * _UNITS[(m[2] or "").lower()])
+        k = per_state.get(parts[0], 0)
+        per_state[parts[0]] = k + 1
+        adj = STATES[parts[0]]
+        if parts[0] == "cached":
+            adj = min(lp.CACHED_APP_MAX_ADJ, adj + 10 * k)
+        apps.append(App(parts[0], size, len(parts) == 3, f"com.bmoe.app.{parts[0]}{k + 1}", FIRST_APP_UID + n, adj))
+    return apps
+
+
+def start(apps: list[App], procs_files: list[str], ns_fd: int | None) -> list[subprocess.Popen]:
+    """Start each app in the phone (cgroup, namespace, its uid, its adj) and wait until it holds
+    its memory (or died: the phone was too small for it, which the caller's lmkd logs)."""
+    started = []
+    for app in apps:
+        started.append(subprocess.Popen([app.name, "-I", "-S", "-c", _APP, str(app.size_bytes),
+                                         "1" if app.compressible else "0"],
+                                        executable=sys.executable, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        preexec_fn=_setup(app, procs_files, ns_fd), start_new_session=True))
+    for proc in started:
+        assert proc.stdout is not None
+        proc.stdout.readline()   # "ready", or EOF if it was killed
+        proc.stdout.close()
+    return started
+
+
+def _setup(app: App, procs_files: list[str], ns_fd: int | None):
+    from . import namespace
+    from .phone import join_cgroup
+
+    def setup() -> None:
+        try:
+            join_cgroup(procs_files)
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(app.oom_score_adj))
+            if ns_fd is not None:
+                namespace.setns(ns_fd)
+                os.chdir("/")
+                os.setgroups([])
+                os.setresgid(app.uid, app.uid, app.uid)
+                os.setresuid(app.uid, app.uid, app.uid)
+        except BaseException as e:
+            os.write(2, f"vphone app: {e}\n".encode())
+            os._exit(125)
+    return setup
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
