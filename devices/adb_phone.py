@@ -28,6 +28,7 @@ from devices.base import (
     DeviceState,
     OutputFn,
     PressureSample,
+    RunInterrupted,
     RunOutcome,
     parse_battery_temp_dc,
     parse_getprop,
@@ -43,6 +44,8 @@ WORK_DIR = "/data/local/tmp/bmoe"
 _MARK = "@@BMOE"
 _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT = 1, 2, 3
 SYNC_DATA_MAX = 64 * 1024
+DEVICE_TIMEOUT_S = 30.0     # run.device_timeout_s's default: a phone silent this long is lost
+_READ_TICK_S = 0.5          # run() wakes this often to check the watch and the stop event
 
 
 def read_range_command(remote_path: str, offset: int, nbytes: int) -> str:
@@ -111,6 +114,16 @@ class AdbPhone:
         self._device = self.server.client().device(serial)
         self._clock_offset_s: float | None = None
         self._hash_cache: dict[tuple[str, int, int], str] = {}
+        # the transport watch of run(): seconds without an answer before the phone is lost, and
+        # an event that ends a run at once (the campaign's Ctrl-C); set by watch()
+        self.device_timeout_s = DEVICE_TIMEOUT_S
+        self.stop_event: threading.Event | None = None
+
+    def watch(self, device_timeout_s: float, stop: threading.Event | None = None) -> None:
+        """How run() watches the transport: `device_timeout_s` without an answer (no output, no
+        sample, no ping) is DeviceLost; `stop` set ends the run within a second (RunInterrupted)."""
+        self.device_timeout_s = device_timeout_s
+        self.stop_event = stop
 
     # ---- plumbing -------------------------------------------------------------------------------
     def shell(self, command: str, timeout_s: float = 60) -> tuple[int, bytes, bytes]:
@@ -121,8 +134,8 @@ class AdbPhone:
             raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
         return r.returncode, r.stdout if r.stdout is not None else r.output, r.stderr or b""
 
-    def _text(self, command: str) -> str:
-        return self.shell(command)[1].decode("utf-8", "replace")
+    def _text(self, command: str, timeout_s: float = 60) -> str:
+        return self.shell(command, timeout_s)[1].decode("utf-8", "replace")
 
     def work_dir(self) -> str:
         """Where engine, models and outputs are staged on the phone."""
@@ -290,20 +303,22 @@ class AdbPhone:
         started_at, t0 = time.time(), time.monotonic()
         conn = None
         try:
-            conn = self._device.open_transport(timeout=30)
+            conn = self._device.open_transport(timeout=min(30.0, self.device_timeout_s))
             conn.send_command(f"shell,v2,raw:{command}")
             conn.check_okay()
         except TRANSPORT_ERRORS as e:
             if conn is not None:
                 conn.close()
             raise _lost_or_error(self._device, self.server, "run", e) from None
-        conn.conn.settimeout(None)
         out, err = bytearray(), bytearray()
         pid_box: dict[str, int] = {}
         err_tail = bytearray()
         stop = threading.Event()
         samples: list[PressureSample] = []
         timed_out = False
+        heard = [time.monotonic()]      # the latest answer of any kind from the phone (the watch)
+        watch_s = self.device_timeout_s
+        beat_s = max(0.2, min(sample_period_s, watch_s / 3))
 
         def on_err(chunk: bytes) -> None:
             nonlocal err_tail
@@ -321,16 +336,24 @@ class AdbPhone:
                         on_stderr(line + b"\n")
 
         def sampler() -> None:
-            while not stop.wait(sample_period_s):
+            # a pressure sample every sample_period_s; between samples (and before the engine's pid
+            # is known) a ping, so the watch hears from the phone at least every beat_s
+            last_sample = time.monotonic()
+            while not stop.wait(beat_s):
                 pid = pid_box.get("pid")
-                if pid is None:
-                    continue
                 try:
-                    s = self._sample(pid, time.monotonic() - t0)
+                    if pid is not None and time.monotonic() - last_sample >= sample_period_s - 1e-3:
+                        last_sample = time.monotonic()
+                        s = self._sample(pid, last_sample - t0, timeout_s=watch_s)
+                        if s is not None:
+                            samples.append(s)
+                    else:
+                        self.shell("echo", timeout_s=watch_s)
+                except DeviceLost:
+                    continue                    # no answer: the watch in the reading loop decides
                 except DeviceError:
                     return
-                if s is not None:
-                    samples.append(s)
+                heard[0] = max(heard[0], time.monotonic())
 
         def killer() -> None:
             nonlocal timed_out
@@ -339,37 +362,21 @@ class AdbPhone:
                 pid = pid_box.get("pid")
                 if pid is not None:
                     with contextlib.suppress(DeviceError):
-                        self.shell(f"kill -9 {pid}")
+                        self.shell(f"kill -9 {pid}", timeout_s=watch_s)
 
         threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=killer, daemon=True)]
         for t in threads:
             t.start()
         exit_status: int | None = None
+        ended = False                   # the stream ended as it should (its exit packet)
         try:
-            while True:
-                header = conn.read_exact(5)
-                kind, length = header[0], int.from_bytes(header[1:5], "little")
-                data = conn.read_exact(length) if length else b""
-                if kind == _SHELL_STDOUT:
-                    out.extend(data)
-                    if on_stdout:
-                        on_stdout(data)
-                elif kind == _SHELL_STDERR:
-                    on_err(data)
-                elif kind == _SHELL_EXIT:
-                    exit_status = data[0] if data else None
-                    break
-        except TRANSPORT_ERRORS as e:
-            # the shell stream died before its exit packet: whatever the server lists, the run's
-            # status is unknown and the link failed (adbd killed, USB pulled, server gone)
-            stop.set()
-            raise DeviceLost(f"{self.serial}: device lost during run of {argv[0]} "
-                             f"({one_line(str(e) or type(e).__name__, 200)})") from None
+            exit_status = self._read_shell(conn, out, on_stdout, on_err, heard, watch_s, argv[0])
+            ended = True
         finally:
             stop.set()
             conn.close()
-            for t in threads:
-                t.join(timeout=5)
+            for t in threads:           # a thread stuck on a silent phone is a daemon: not waited for
+                t.join(timeout=5 if ended else 0.1)
         if err_tail:
             err.extend(err_tail)
         # The wrapper's own report wins: it is the engine's status, not the shell's.
@@ -377,11 +384,55 @@ class AdbPhone:
         return RunOutcome(tuple(argv), status, pid_box.get("pid"), timed_out, time.monotonic() - t0, bytes(out),
                           bytes(err), tuple(samples), started_at)
 
-    def _sample(self, pid: int, t_s: float) -> PressureSample | None:
+    def _read_shell(self, conn, out: bytearray, on_stdout: OutputFn | None, on_err: Callable[[bytes], None],
+                    heard: list[float], watch_s: float, what: str) -> int | None:
+        """The shell protocol's packets until its exit packet (returns its status). The socket is
+        read in ticks of _READ_TICK_S, never blocking longer: between reads the watch (no answer for
+        watch_s, heard[0] being the latest) and the stop event are checked."""
+        sock = conn.conn
+        sock.settimeout(_READ_TICK_S)
+        buf = bytearray()
+        while True:
+            while len(buf) >= 5:
+                kind, length = buf[0], int.from_bytes(buf[1:5], "little")
+                if len(buf) < 5 + length:
+                    break
+                data = bytes(buf[5:5 + length])
+                del buf[:5 + length]
+                if kind == _SHELL_STDOUT:
+                    out.extend(data)
+                    if on_stdout:
+                        on_stdout(data)
+                elif kind == _SHELL_STDERR:
+                    on_err(data)
+                elif kind == _SHELL_EXIT:
+                    return data[0] if data else None
+            if self.stop_event is not None and self.stop_event.is_set():
+                raise RunInterrupted(f"{self.serial}: run of {what} interrupted")
+            silent = time.monotonic() - heard[0]
+            if silent > watch_s:
+                raise DeviceLost(f"{self.serial}: device lost during run of {what} (no answer from the adb "
+                                 f"transport for {silent:.0f} s; run.device_timeout_s is {watch_s:g})")
+            try:
+                chunk = sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except TRANSPORT_ERRORS as e:
+                # the shell stream died before its exit packet: whatever the server lists, the run's
+                # status is unknown and the link failed (adbd killed, USB pulled, server gone)
+                raise DeviceLost(f"{self.serial}: device lost during run of {what} "
+                                 f"({one_line(str(e) or type(e).__name__, 200)})") from None
+            if not chunk:
+                raise DeviceLost(f"{self.serial}: device lost during run of {what} (the shell stream ended "
+                                 "before its exit status)")
+            heard[0] = time.monotonic()
+            buf += chunk
+
+    def _sample(self, pid: int, t_s: float, timeout_s: float = 60) -> PressureSample | None:
         text = self._text(
             f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; grep '^MemAvailable:' /proc/meminfo; "
             "for z in /sys/class/thermal/thermal_zone*; do t=$(cat \"$z/type\" 2>/dev/null); "
-            "case \"$t\" in cpu*) echo \"CPU=$(cat \"$z/temp\")\";; esac; done"
+            "case \"$t\" in cpu*) echo \"CPU=$(cat \"$z/temp\")\";; esac; done", timeout_s
         )
         kb = parse_meminfo_kb(text)
         cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", text, re.MULTILINE)]

@@ -28,6 +28,12 @@ class DeviceLost(DeviceError):
     """The device went away (unplugged, adb connection dropped, virtual phone stopped)."""
 
 
+class RunInterrupted(DeviceLost):
+    """A run ended because the campaign was stopped (Ctrl-C, SIGTERM), not by the device: the
+    attempt is discarded, never recorded. A DeviceLost so that code not expecting it treats the
+    run's result as unknown."""
+
+
 @dataclass(frozen=True)
 class DeviceIdentity:
     serial: str

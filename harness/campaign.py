@@ -209,6 +209,7 @@ class RunSettings:
         return self.probe_tokens or min(self.n_predict, PROBE_TOKENS_MAX)
     o_direct: bool = True
     timeout_s: float = SWEEP.timeout_s
+    device_timeout_s: float = SWEEP.device_timeout_s    # no answer from a phone this long: device_lost
     retries: int = 3
     retry_backoff_s: float = 2.0
     lock_wait_s: float = 0.0

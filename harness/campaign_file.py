@@ -296,6 +296,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         probe_tokens=rd.scalar(r, "probe_tokens", "run", int, d.probe_tokens, check=_at_least(0, INT_MAX)),
         o_direct=rd.scalar(r, "o_direct", "run", bool, d.o_direct),
         timeout_s=rd.scalar(r, "timeout_s", "run", float, d.timeout_s, check=_above(0, MAX_SECONDS)),
+        device_timeout_s=rd.scalar(r, "device_timeout_s", "run", float, d.device_timeout_s,
+                                   check=_above(0, MAX_SECONDS)),
         retries=rd.scalar(r, "retries", "run", int, d.retries, check=_at_least(0, MAX_RETRIES)),
         retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s,
                                   check=_at_least(0, MAX_BACKOFF_S)),

@@ -29,6 +29,7 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           cache_ceil_mb: Sequence[int] = SWEEP.cache_ceil_mb,
                           repeats: int = SWEEP.repeats, n_predict: int = SWEEP.n_predict, adb: Sequence[str] = (),
                           reverse_pass: bool = False, name: str = SWEEP.name, timeout_s: float | None = None,
+                          device_timeout_s: float | None = None,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
                           engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
                           flags: Sequence[str] = ()) -> Campaign:
@@ -55,6 +56,8 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     run: dict[str, Any] = {"repeats": repeats, "n_predict": n_predict, "reverse_pass": reverse_pass}
     if timeout_s is not None:
         run["timeout_s"] = timeout_s
+    if device_timeout_s is not None:
+        run["device_timeout_s"] = device_timeout_s
     data: dict[str, Any] = {
         "version": FORMAT_VERSION, "name": name,
         "fleet": {"devices": list(devices), "adb": servers},

@@ -103,6 +103,9 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="Tokens to generate per run (256 or more for a published number).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
               help=f"Seconds before a run is killed and recorded as a timeout (default {SWEEP.timeout_s:g}).")
+@click.option("--device-timeout-s", "device_timeout_s", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a phone may leave the harness without an answer mid-run before the cell is "
+                   f"device_lost (default {SWEEP.device_timeout_s:g}).")
 @click.option("--adb", "adb", multiple=True,
               help="adb server HOST:PORT (repeatable). Default: $ADB_SERVER_SOCKET, else $ANDROID_ADB_SERVER_ADDRESS "
                    "and $ANDROID_ADB_SERVER_PORT, else 127.0.0.1:5037.")
@@ -115,8 +118,8 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: tuple[str, ...],
                   cache_ceil_mb: list[int], dense_weights: tuple[str, ...], n_expert_used: list[int],
                   io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
-                  adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool, rerun_failed: bool,
-                  as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
+                  device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
+                  rerun_failed: bool, as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
                   flags: tuple[str, ...], preset: str | None) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
@@ -131,7 +134,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
         dense_weights=_split(dense_weights), n_expert_used=n_expert_used or list(SWEEP.n_expert_used),
         io_threads=io_threads or list(SWEEP.io_threads), cache_ceil_mb=cache_ceil_mb or list(SWEEP.cache_ceil_mb),
         repeats=repeats, n_predict=n_predict, adb=_split(adb),
-        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine, threads=threads,
+        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
+        device_timeout_s=device_timeout_s, threads=threads,
         engine_args=engine_args, flags=flags))
     prepared = prepare(sweep.campaign)
     if dry_run:

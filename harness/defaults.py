@@ -22,6 +22,7 @@ class SweepDefaults:
     n_predict: int = 32
     repeats: int = 1
     timeout_s: float = 1800.0
+    device_timeout_s: float = 30.0              # a phone silent this long mid-run is lost
     name: str = "sweep"
     engine: str = PYTHON_ENGINE
 

@@ -130,12 +130,16 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
                 while not all(w.finished.is_set() for w in workers):
                     time.sleep(0.1)
             except KeyboardInterrupt:
+                # every worker's run sees ctx.stop within a second (devices.adb_phone's reading
+                # loop); the engines are stopped in threads of their own, and the whole wait is
+                # bounded: a hung phone is never waited for (its attempt is discarded, as any
+                # interrupted one, and the next run's gate stops what it left running)
                 ctx.stop.set()
+                deadline = time.monotonic() + INTERRUPT_WAIT_S
                 for w in workers:
                     if w.busy:
-                        with contextlib.suppress(Exception):
-                            stop_strays(w.ref.open(), campaign.engine.stray_names)
-                deadline = time.monotonic() + 30
+                        threading.Thread(target=_stop_strays_quietly, args=(w.ref, campaign.engine.stray_names),
+                                         daemon=True).start()
                 while not all(w.finished.is_set() for w in workers) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 raise
@@ -145,6 +149,14 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
         if errors:
             raise errors[0]
     return campaign_status(root)
+
+
+INTERRUPT_WAIT_S = 3.0      # Ctrl-C: the longest wait for the workers (the sweep ends within 5 s)
+
+
+def _stop_strays_quietly(ref: DeviceRef, stray_names: Sequence[str]) -> None:
+    with contextlib.suppress(Exception):
+        stop_strays(ref.open(), stray_names)
 
 
 def _check_out_dir(cdir: CampaignDir, plan: Plan) -> None:

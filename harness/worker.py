@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.base import Device, DeviceError, DeviceLost, PressureSample, RunOutcome, pressure_metrics
+from devices.adb_phone import AdbPhone
+from devices.base import Device, DeviceError, DeviceLost, PressureSample, RunInterrupted, RunOutcome, pressure_metrics
 from devices.lmk import LmkEvent, kills_of
 from engine.fsutil import naming
 from harness.budgets import is_knee
@@ -232,6 +233,8 @@ class Worker(threading.Thread):
     def _open(self) -> Device:
         if self.device is None:
             self.device = open_device(self.ref)
+            if isinstance(self.device, AdbPhone):     # the transport watch of its runs, and Ctrl-C
+                self.device.watch(self.ctx.campaign.run.device_timeout_s, self.ctx.stop)
         return self.device
 
     def _run_cell(self, cell: Cell, tmp: Path, record: dict) -> tuple[str | None, tuple[str, ...]]:
@@ -253,6 +256,8 @@ class Worker(threading.Thread):
             self._remove(device, [csv_remote, route_remote])
             baseline = {e.line for e in device.lmk_events(time.time())}
             seen = self.cpu_seen = self._cpu(device)
+        except RunInterrupted:
+            return None, ()
         except DeviceLost as e:
             return outcomes.DEVICE_LOST, (str(e),)
         except DeviceError as e:
@@ -272,6 +277,8 @@ class Worker(threading.Thread):
             if cell.config.route_trace:
                 self._pull(device, route_remote, tmp / names.ROUTE_CSV)
             self._remove(device, [csv_remote, route_remote])
+        except RunInterrupted:
+            return None, ()
         except DeviceLost as e:
             return outcomes.DEVICE_LOST, (f"device lost after the run (exit status {outcome.exit_status}): {e}",)
         except DeviceError as e:
@@ -305,14 +312,17 @@ class Worker(threading.Thread):
 
     # -- pieces -----------------------------------------------------------------------------
     def _engine_run(self, device: Device, cell: Cell, engine: StagedEngine, seen: CpuSeen, csv_remote: str,
-                    record: dict) -> RunOutcome | tuple[str, tuple[str, ...]]:
-        """The engine's run, its share of the cores recorded; an outcome pair when it never ran."""
+                    record: dict) -> RunOutcome | tuple[str | None, tuple[str, ...]]:
+        """The engine's run, its share of the cores recorded; an outcome pair when it never ran
+        or its end is unknown (None: interrupted)."""
         c = self.ctx.campaign
         share = self.ctx.cpu.begin(cell.device, cell.cell_id, seen, engine_threads(c.engine.staged_name, cell.argv),
                                    csv_remote)
         try:
             return device.run(cell.argv, env=engine_env(device, engine.env), timeout_s=c.run.timeout_s,
                               sample_period_s=1.0)
+        except RunInterrupted:
+            return None, ()
         except DeviceLost as e:
             return outcomes.DEVICE_LOST, (str(e),)
         except DeviceError as e:
