@@ -54,6 +54,7 @@ TOOL_MODULES = ("tools.py", "logbuf.py", "thermal.py")
 
 # Android's ids (system/core/libcutils/include/private/android_filesystem_config.h)
 SHELL_UID = SHELL_GID = 2000
+SHELL_OOM_SCORE_ADJ = b"0"   # what `adb shell` commands run at (docs/decisions.md "lmkd's policy")
 ANDROID_IDS = {"root": 0, "system": 1000, "input": 1004, "log": 1007, "adb": 1011, "sdcard_rw": 1015,
                "sdcard_r": 1028, "ext_data_rw": 1078, "ext_obb_rw": 1079, "shell": 2000, "net_bt_admin": 3001,
                "net_bt": 3002, "inet": 3003, "net_bw_stats": 3006, "readproc": 3009, "uhid": 3011,
@@ -363,6 +364,14 @@ class VirtualPhone:
             step = "join the memory cgroup"
             try:
                 join_cgroup(procs)
+                # the shell's adj on a phone (docs/decisions.md "lmkd's policy"), not the daemon's;
+                # a daemon that may not lower it (not root, the fallback) leaves its own
+                with contextlib.suppress(OSError):
+                    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                    try:
+                        os.write(fd, SHELL_OOM_SCORE_ADJ)
+                    finally:
+                        os.close(fd)
                 if ns_fd is not None:
                     step = "enter the phone's namespace"
                     namespace.setns(ns_fd)

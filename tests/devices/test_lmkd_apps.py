@@ -77,6 +77,10 @@ def test_apps_run_in_the_phone_and_the_cached_one_is_killed_before_the_engine(ad
     assert (adj, uid) == (900, 10100) and rss_kb > 90 * 1024
     assert rows["com.bmoe.app.perceptible1"][:2] == (200, 10101)
     assert mnt == manager.info("apps1", phone_home).mount_namespace   # inside the phone's own `/`
+    # the shell runs at adj 0; the shell user may raise its own (an app's adj), never lower it
+    adj = sh(adb_server, phone, "cat /proc/self/oom_score_adj; echo 900 > /proc/self/oom_score_adj && "
+                                "cat /proc/self/oom_score_adj; echo -100 > /proc/self/oom_score_adj || echo refused")
+    assert adj.stdout.decode().split() == ["0", "900", "refused"], adj
     # an engine that needs more than is left: the cached app goes, the engine survives
     engine = phone.root / "data/local/tmp/eng"
     engine.write_text(f"#!{sys.executable}\n{ALLOC}")
