@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import logbuf
-from .lmkd_policy import Candidate, Decision, Policy, Reading, choose_victim, read_psi_full_total_us
+from .lmkd_policy import (
+    POLL_LONG_S,
+    Candidate,
+    Decision,
+    Policy,
+    Reading,
+    choose_victim,
+    read_psi_full_total_us,
+)
 from .meminfo import MemInfo
 
 log = logging.getLogger("bmoe.vphone.lmkd")
@@ -276,6 +284,11 @@ class Lmkd:
                     f"oom_score_adj:{kill.oom_score_adj}")
             logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
         log.info("kernel OOM killer (backstop) killed %s (%d, %d kB)", kill.name, kill.pid, kill.rss_kb)
+
+    @property
+    def poll_interval_s(self) -> float:
+        """Seconds to the next poll: lmkd's 10 ms while swap is low or after a kill, else 100 ms."""
+        return self.policy.poll_interval_s if self.policy is not None else POLL_LONG_S
 
     def _watchdog(self, now: float) -> list[Kill]:
         live = [s for s in self.samples.values() if s.seen_at == now]

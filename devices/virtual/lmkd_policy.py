@@ -44,6 +44,8 @@ PRESSURE_AFTER_KILL, NOT_RESPONDING, LOW_SWAP_AND_THRASHING, LOW_MEM_AND_SWAP, L
 
 WMARK_MIN, WMARK_LOW, WMARK_HIGH, WMARK_NONE = 0, 1, 2, 3
 PSI_WINDOW_S = 1.0
+# lmkd's polling periods: PSI_POLL_PERIOD_SHORT_MS while swap is low or after a kill, else LONG
+POLL_SHORT_S, POLL_LONG_S = 0.010, 0.100
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Policy:
     init_refault: int = 0
     thrashing_limit: int = 0
     psi_window: list[tuple[float, int]] = field(default_factory=list)
+    swap_is_low: bool = False
 
     def __post_init__(self) -> None:
         self.thrashing_limit = self.props.thrashing_limit
@@ -150,6 +153,7 @@ class Policy:
             self.base_file_lru_kb, self.init_refault = r.file_lru_kb, r.workingset_refault_file
         threshold_kb = r.swap_total_kb * p.swap_free_low_percentage // 100 if p.swap_free_low_percentage else 0
         swap_is_low = r.swap_free_kb < threshold_kb
+        self.swap_is_low = swap_is_low
         wmark = lowest_breached(r.free_kb, self.marks)
         # A phone's memory cgroup reclaims when it is full: free under the high watermark is the
         # reclaim lmkd's vmstat pgscan check looks for.
@@ -195,6 +199,11 @@ class Policy:
         self.psi_window.append((r.now_s, r.psi_full_total_us))
         stalled_ms = (r.psi_full_total_us - self.psi_window[0][1]) / 1000
         return stalled_ms >= self.props.psi_complete_stall_ms
+
+    @property
+    def poll_interval_s(self) -> float:
+        """lmkd polls fast while swap is low or a kill is pending, else at the long period."""
+        return POLL_SHORT_S if self.swap_is_low or self.killing else POLL_LONG_S
 
     def killed(self) -> None:
         """A kill was made: the next wakeup is a cycle after a kill."""

@@ -2,9 +2,10 @@
 
 Started detached by manager.up(). Order matters: the memory cgroup and the mount namespace are
 set up while the process is still single-threaded, then asyncio serves adb, polls lmkd at 10 Hz
-and refreshes meminfo at 10 Hz, thermal and cpufreq at 1 Hz. state.json (pid, port, cgroup, warnings) is written only
-once the port listens, which is what up() waits for. SIGTERM stops everything and removes the
-cgroup (killing what is still in it).
+(100 Hz while swap is low or after a kill, as lmkd does) and refreshes meminfo with it, thermal
+and cpufreq at 1 Hz. state.json (pid, port, cgroup, warnings) is written only once the port
+listens, which is what up() waits for. SIGTERM stops everything and removes the cgroup (killing
+what is still in it).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from .lmkd_policy import LmkProps, Policy, watermarks
 from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
 
 log = logging.getLogger("bmoe.vphone")
-LMKD_POLL_S = 0.1
 TICK_S = 1.0
 
 
@@ -128,19 +128,21 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
 
-    async def every(period_s: float, fn) -> None:
+    async def every(period_s, fn) -> None:
         while True:
             try:
                 fn()
             except Exception:  # housekeeping must never stop the phone
                 log.exception("%s failed", getattr(fn, "__name__", fn))
-            await asyncio.sleep(period_s)
+            await asyncio.sleep(period_s() if callable(period_s) else period_s)
 
     def fast() -> None:
         lmkd.poll()
         phone.refresh_meminfo()  # 10 Hz: a reader sees its own allocations within 0.1 s
 
-    tasks = [asyncio.create_task(every(LMKD_POLL_S, fast)), asyncio.create_task(every(TICK_S, phone.tick))]
+    # lmkd's own pace (10 ms while swap is low or after a kill, else 100 ms); meminfo with it
+    tasks = [asyncio.create_task(every(lambda: lmkd.poll_interval_s, fast)),
+             asyncio.create_task(every(TICK_S, phone.tick))]
     try:
         await stop.wait()
     finally:

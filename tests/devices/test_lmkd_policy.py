@@ -95,3 +95,14 @@ def test_host_parser_reads_the_new_reason_texts():
     e = parse_line(f"Kill 'com.bmoe.app.cached1' (42), uid 10100, oom_score_adj 900 to free 300000kB rss, "
                    f"1000kB swap; reason: {text}")
     assert e is not None and (e.oom_score_adj, e.uid, e.reason) == (900, 10100, text)
+
+
+def test_polls_fast_while_swap_is_low_or_after_a_kill():
+    p = policy()
+    p.decide(lp.Reading(free_kb=100_000, swap_total_kb=ZRAM_KB, swap_free_kb=ZRAM_KB))
+    assert p.poll_interval_s == lp.POLL_LONG_S == 0.1
+    p.decide(lp.Reading(free_kb=100_000, swap_total_kb=ZRAM_KB, swap_free_kb=10))
+    assert p.poll_interval_s == lp.POLL_SHORT_S == 0.01
+    p.decide(lp.Reading(free_kb=100_000, swap_total_kb=ZRAM_KB, swap_free_kb=ZRAM_KB))
+    p.killed()
+    assert p.poll_interval_s == lp.POLL_SHORT_S
