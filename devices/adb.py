@@ -12,15 +12,20 @@ The phone itself (shell, files, runs) is devices.adb_phone.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
 import subprocess
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from devices.adbutils_import import AdbClient, AdbConnection, AdbConnectionError, AdbError, AdbTimeout, adbutils
 from devices.base import DeviceError
+from engine.fsutil import replacing
 from engine.safetext import one_line
 
 DEFAULT_ADB_PORT = 5037
@@ -179,6 +184,86 @@ def ensure_server(server: AdbServer) -> None:
                           timeout=60, env=env, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise DeviceError(f"cannot start adb server on port {server.port}: {one_line(done.stderr.strip(), 300)}")
+    _mark_started(server)
+
+
+# -- the tool's own servers: restarted when they die (issue 28) -----------------------------------
+_RESTART_LOCK = threading.Lock()        # one restart at a time, whichever device's worker saw it die
+
+
+def _started_path(server: AdbServer) -> Path:
+    """Where ensure_server records a server it started ($BMOE_FLEET_HOME, else ~/.bmoe-fleet, as
+    harness.campaign.fleet_home): a record outlives the process, since `virtual up` starts the
+    server a later `sweep` uses."""
+    home = Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
+    return home / "adb-servers" / f"{server.port}.json"
+
+
+def _mark_started(server: AdbServer) -> None:
+    path = _started_path(server)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path) as fh:
+            fh.write(json.dumps({"host": server.host, "port": server.port, "started_at": time.time(),
+                                 "adb": adb_binary()}).encode() + b"\n")
+    except OSError:
+        pass        # unrecorded: a server that dies is then waited for, as a user's would be
+
+
+def started_here(server: AdbServer) -> bool:
+    """Whether bmoe-fleet started this server (ensure_server), so may start it again."""
+    return server.host in LOCAL_HOSTS and _started_path(server).is_file()
+
+
+def answers(server: AdbServer, timeout_s: float = 3.0) -> bool:
+    """Whether the server answers a version request within timeout_s."""
+    try:
+        _Client(host=server.host, port=server.port, socket_timeout=timeout_s).server_version()
+        return True
+    except TRANSPORT_ERRORS:
+        return False
+
+
+def bring_back(server: AdbServer, reconnect: Sequence[str], wait_s: float) -> str | None:
+    """After a device was lost: None when its server still answers. Else a server bmoe-fleet
+    started is started again and the endpoints in `reconnect` (virtual and network phones) `adb
+    connect`ed and waited for until ready (at most wait_s); a user's or a lab's server is waited
+    for, at most wait_s, never started. Returns what happened, one line (the attempt's evidence)."""
+    if answers(server):
+        return None
+    where = f"adb server {server.host}:{server.port}"
+    if not started_here(server):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if answers(server):
+                return f"{where} did not answer (not started by bmoe-fleet: waited, never restarted); it is back"
+            time.sleep(min(1.0, wait_s / 10))
+        return f"{where} did not answer for {wait_s:g} s (not started by bmoe-fleet: waited, never restarted)"
+    with _RESTART_LOCK:
+        restarted = not answers(server)
+        if restarted:
+            try:
+                ensure_server(server)
+            except DeviceError as e:
+                return f"{where} was gone and could not be restarted: {e}"
+    done = []
+    deadline = time.monotonic() + wait_s
+    for address in reconnect:
+        try:
+            connect(server, address)
+        except DeviceError as e:
+            return f"{where} was gone and is back, but {e}"
+        while time.monotonic() < deadline:
+            try:
+                if any(d.serial == address and d.state == "device" for d in server.client().list()):
+                    break
+            except TRANSPORT_ERRORS:
+                pass
+            time.sleep(0.2)
+        done.append(address)
+    again = f"; reconnected {', '.join(done)}" if done else ""
+    return f"{where} was gone; {'restarted it' if restarted else 'another device restarted it'} " \
+           f"(bmoe-fleet had started it){again}"
 
 
 def connect(server: AdbServer, address: str) -> str:

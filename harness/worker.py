@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices import adb
 from devices.adb_phone import AdbPhone
 from devices.base import Device, DeviceError, DeviceLost, PressureSample, RunInterrupted, RunOutcome, pressure_metrics
 from devices.lmk import LmkEvent, kills_of
@@ -221,6 +222,8 @@ class Worker(threading.Thread):
             shutil.rmtree(tmp, ignore_errors=True)
             ctx.progress.end_cell(self.ref.spec, label, "interrupted", time.time() - started, final=False)
             return None
+        if outcome_name == outcomes.DEVICE_LOST:
+            evidence = (*evidence, *self._server_back())
         record["outcome"], record["evidence"] = outcome_name, list(evidence)
         record["ended_at"] = time.time()
         ctx.cdir.commit_attempt(tmp, record)
@@ -229,6 +232,22 @@ class Worker(threading.Thread):
         ctx.progress.end_cell(self.ref.spec, label, f"probe {outcome_name}" if probe else outcome_name,
                               record["ended_at"] - started, final=outcome_name not in outcomes.INFRA and not probe)
         return record
+
+    def _server_back(self) -> tuple[str, ...]:
+        """A lost device's adb server, if it is the one that went: restarted when bmoe-fleet
+        started it (this worker's phone `adb connect`ed again), else waited for a bounded time
+        (run.device_timeout_s). What happened is the attempt's evidence and the log's; the retry
+        follows the usual rules."""
+        ref, c = self.ref, self.ctx.campaign
+        if ref.server is None or self.ctx.stop.is_set():
+            return ()
+        reconnect = [ref.serial] if ref.kind == "virtual" or ref.spec in c.connect else []
+        note = adb.bring_back(ref.server, reconnect, c.run.device_timeout_s)
+        if note is None:
+            return ()
+        self.ctx.progress.note(ref.spec, note)
+        self.device = None
+        return (note,)
 
     def _open(self) -> Device:
         if self.device is None:
