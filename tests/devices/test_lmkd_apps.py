@@ -96,3 +96,26 @@ def test_apps_run_in_the_phone_and_the_cached_one_is_killed_before_the_engine(ad
     assert kills and all("com.bmoe.app.cached1" in ln for ln in kills), kills
     assert re.search(r"Kill 'com\.bmoe\.app\.cached1' \(\d+\), uid 10100, oom_score_adj 900 to free \d+kB rss", kills[0])
     assert "/data/local/tmp/eng" not in " ".join(kills)
+
+
+def test_apps_of_a_crashed_daemon_are_reclaimed_by_the_next_up(adb_server, make_phone, phone_home):
+    import signal
+
+    phone = make_phone("apps2", 256 * MIB, apps=("cached:8MiB",))
+    assert phone.cgroup_path is not None
+    (app_pid,) = [int(p) for p in Path(phone.cgroup_path, "cgroup.procs").read_text().split()]
+    daemon = manager.info("apps2", phone_home).pid
+    assert daemon is not None
+    os.kill(daemon, signal.SIGKILL)              # a crash: no stop, the app is left in the cgroup
+    deadline = time.monotonic() + 5
+    while manager.info("apps2", phone_home).running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(f"/proc/{app_pid}").exists()
+    manager.up("apps2", 256 * MIB, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port,
+               apps=("cached:8MiB",))
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{app_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{app_pid}").exists()
+    (new_pid,) = [int(p) for p in Path(phone.cgroup_path, "cgroup.procs").read_text().split()]
+    assert new_pid != app_pid
