@@ -24,6 +24,7 @@ SHAPE_FORMAT, SHAPE_VERSION = "bmoe-fleet.model-shape", 1
 # Streamed expert weights: split gate/up/down, or gate+up fused. Biases and scales stay dense.
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+MAX_LAYERS = 512   # llama.cpp's LLAMA_MAX_LAYERS: bmoe-cli refuses a block_count above it
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -220,9 +221,10 @@ class ModelShape:
 def split_paths(path: str) -> tuple[str, ...]:
     """All shards of a split model given any one of them; a plain file is its own list."""
     m = _SPLIT_RE.match(os.path.basename(path))
-    if not m:
+    count = int(m["count"]) if m else 0
+    if not m or not 1 <= int(m["no"]) <= count:
+        # "-00001-of-00000" names no split: bmoe-cli loads such a file as the one file it is
         return (path,)
-    count = int(m["count"])
     folder = os.path.dirname(path)
     paths = tuple(os.path.join(folder, f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
     missing = [p for p in paths if not os.path.exists(p)]
@@ -260,6 +262,10 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
     n_layer = _count(_meta(metadata, arch, "block_count"), f"{arch}.block_count", paths[0])
     if n_layer is None:
         raise ModelError(f"{paths[0]}: GGUF has no {one_line(arch, 60)}.block_count")
+    if not 0 < n_layer <= MAX_LAYERS:
+        # bmoe-cli asserts this (llama-model.cpp) before it allocates anything per layer
+        raise ModelError(f"{paths[0]}: corrupt GGUF header: {one_line(arch, 60)}.block_count={n_layer} is not "
+                         f"1 to {MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS)")
     # Trailing next-token-prediction blocks name expert tensors but are never bound by the engine.
     n_bound = n_layer - (_count(_meta(metadata, arch, "nextn_predict_layers"), f"{arch}.nextn_predict_layers",
                                 paths[0]) or 0)
