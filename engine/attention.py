@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .native import compiled_loops
+from .native import load
 from .ops import expf
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -107,10 +107,10 @@ def _f16acc_chunk(q, k, v, allowed, scale, lo: int, hi: int):
     rows_kv = np.tile(np.arange(H) // (H // Hkv), T)
     active_all = allowed[np.repeat(np.arange(T), H), lo:hi]
     v64 = v[:, lo:hi].astype(F64)
-    jit = compiled_loops()
+    jit = load(quiet=True)
     if jit is not None:
-        # the same loop compiled (bit for bit: tests/engine/test_kernels.py), when a product
-        # already loaded the compiled code: a decode's cells cost a Python loop each otherwise
+        # the same loop compiled (bit for bit: tests/engine/test_kernels.py): a decode's cells
+        # cost a Python loop each otherwise (most of a token on a small float model)
         acc32 = np.zeros((R, Dv), dtype=F32)
         jit.f16acc_cells(np.ascontiguousarray(s), np.ascontiguousarray(active_all), rows_kv, v64, M, S, acc32)
         return acc32, S, M

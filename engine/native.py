@@ -43,6 +43,8 @@ ITEM_FIELDS = 7
 
 _lib: Kernels | None = None
 _tried = False
+_why: str | None = None       # why there are none (load() said it once: _said)
+_said = False
 _lock = threading.Lock()
 
 
@@ -63,14 +65,19 @@ def library_name(source: bytes | None = None) -> str:
     return f"bmoe-kernels-{key}.so"
 
 
-def load() -> Kernels | None:
-    """The compiled loops, loaded (or built) on the first call; None when there can be none."""
-    global _lib, _tried
+def load(quiet: bool = False) -> Kernels | None:
+    """The compiled loops, loaded (or built) on the first call; None when there can be none,
+    said once on stderr unless `quiet` (a caller whose numpy path is as exact, such as the f16
+    attention's cell loop: its output stays the same bytes either way)."""
+    global _lib, _tried, _said
     if not _tried:
         with _lock:
             if not _tried:
                 _lib = _find_or_build()
                 _tried = True
+    if _lib is None and not quiet and not _said and _why is not None:
+        _said = True
+        print(f"bmoe-py: no compiled kernels ({_why}); products run in numpy (slower)", file=sys.stderr, flush=True)
     return _lib
 
 
@@ -234,8 +241,8 @@ def _open(path: str) -> Kernels | None:
 
 
 def _unavailable(why: str) -> None:
-    print(f"bmoe-py: no compiled kernels ({why}); products run in numpy (slower)",
-          file=sys.stderr, flush=True)
+    global _why
+    _why = why          # load() says it, once, to a caller that is not quiet
     return None
 
 
