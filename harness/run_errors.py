@@ -19,8 +19,10 @@ class RunnerError(BmoeError):
 
 def disk_error(e: OSError, where: str | os.PathLike | None = None) -> RunnerError:
     """One line for a write that failed on this host (a full disk above all): the file, what went
-    wrong, and that nothing half-written is kept, so a rerun resumes."""
+    wrong, and that nothing half-written is kept, so a rerun resumes. Only a full disk or quota is
+    told to free space; any other error (EPERM, EACCES, EROFS …) is told to fix it."""
     path = e.filename or where or "the campaign directory"
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
     what = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
-    return RunnerError(f"{printable(str(path))}: {what}; nothing half-written was kept: free space (or fix it) "
-                       "and rerun to resume")
+    fix = "free space" if full else "fix it"                  # an EPERM or EROFS is not cured by free space
+    return RunnerError(f"{printable(str(path))}: {what}; nothing half-written was kept: {fix} and rerun to resume")

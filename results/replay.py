@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.fsutil import atomic_write
+from engine.fsutil import write_output
 from engine.units import MIB
 from results.errors import ReplayError
 from results.lru_replay import (
@@ -188,13 +188,13 @@ def _csv_number(value: float, digits: int) -> str:
 
 
 def write_curve_csv(t: TraceReplay, path: str | Path) -> None:
-    """Upstream's curve format (route-replay.py --csv), written atomically: temp file + rename."""
+    """Upstream's curve format (route-replay.py --csv), written as engine.fsutil writes (`-` is stdout)."""
     path = Path(path)
     lines = [CSV_HEADER] + [
         f"{_csv_number(p.budget_mib, 1)},{p.policy},{p.hit_pct_cum:.3f},{p.hit_pct_decode:.3f},{p.read_mib:.1f}"
         for p in t.points
     ]
-    atomic_write(path, "\n".join(lines) + "\n")
+    write_output(path, "\n".join(lines) + "\n")
 
 
 def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | None = None,
