@@ -18,12 +18,20 @@ def virtual() -> None:
 
 @virtual.command("up")
 @click.option("--name", required=True, help="Phone name (letters, digits, '_', '.', '-').")
-@click.option("--ram", "ram_text", required=True, help="RAM, e.g. 3GiB or 512MiB (a memory cgroup limit).")
-@click.option("--model", default="vphone", show_default=True, help="ro.product.model.")
-@click.option("--manufacturer", default="bmoe", show_default=True, help="ro.product.manufacturer.")
-@click.option("--soc", default="sm8550", show_default=True,
-              help="ro.soc.model; picks the cpufreq layout (sm8650, sm8550, sm8450, tensor-g3, mt6989).")
-@click.option("--android", type=int, default=14, show_default=True, help="Android release (9-16).")
+@click.option("--ram", "ram_text", help="RAM, e.g. 3GiB or 512MiB (a memory cgroup limit); required without --profile.")
+@click.option("--model", help="ro.product.model (default vphone).")
+@click.option("--manufacturer", help="ro.product.manufacturer (default bmoe).")
+@click.option("--soc", help="ro.soc.model; picks the cpufreq layout (sm8650, sm8550 the default, sm8450, "
+                            "tensor-g3, mt6989).")
+@click.option("--android", type=int, help="Android release (9-16, default 14).")
+@click.option("--zram", "zram_text", help="The phone's own zram swap, e.g. 512MiB; 0 for none (default: half "
+                                          "the RAM, refused where the host has no zram).")
+@click.option("--zram-algorithm", help="zram's compressor (default lz4, as on Android).")
+@click.option("--swappiness", type=int, help="The phone's swappiness (default 100, Android's).")
+@click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
+@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, a blkio throttle (default: none).")
+@click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
+                                "pixel8, galaxy-s24, redmi-note12, galaxy-a05; flags given override them.")
 @click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")
 @click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
 @click.option("--no-isolation", is_flag=True,
@@ -32,14 +40,43 @@ def virtual() -> None:
               help="Other open apps: STATE:SIZE[:compressible],... with STATE foreground, visible, perceptible, "
                    "previous or cached (e.g. cached:300MiB,perceptible:200MiB).")
 @click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
-def up(name: str, ram_text: str, model: str, manufacturer: str, soc: str, android: int, abi: str,
+def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | None, soc: str | None,
+       android: int | None, zram_text: str | None, zram_algorithm: str | None, swappiness: int | None,
+       cpus: int | None, storage_mbps: int | None, profile: str | None, abi: str,
        port: int | None, no_isolation: bool, apps: str, home: str | None) -> None:
     """Start a virtual phone and `adb connect` it; prints its serial."""
+    from devices.virtual import profiles
+    from devices.virtual.manager import VirtualPhoneError
     from devices.virtual.manager import up as start
     from engine.units import parse_bytes
 
-    serial = start(name, parse_bytes(ram_text), model=model, soc=soc, android=android, port=port,
-                   manufacturer=manufacturer, abi=abi, home=home, isolated=not no_isolation, apps=apps)
+    base: dict = {"model": "vphone", "manufacturer": "bmoe", "soc": "sm8550", "android": 14, "cpus": 0,
+                  "storage_mbps": 0, "lmk": {}}
+    if profile:
+        try:
+            base.update(profiles.get(profile).scaled())
+        except profiles.UnknownProfile as e:
+            raise VirtualPhoneError(str(e)) from None
+    given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
+             "storage_mbps": storage_mbps}
+    base.update({k: v for k, v in given.items() if v is not None})
+    if ram_text is not None:
+        base["ram_bytes"] = parse_bytes(ram_text)
+        if zram_text is None:
+            base.pop("zram_bytes", None)   # the profile's zram was for its own RAM
+    if "ram_bytes" not in base:
+        raise VirtualPhoneError("give --ram or --profile")
+    if zram_text is not None:
+        base["zram_bytes"] = 0 if zram_text.strip() == "0" else parse_bytes(zram_text)
+    elif "zram_bytes" not in base:
+        # the default: half the RAM where the host has zram (docs/decisions.md "zram default"), else none
+        from devices.virtual import zram
+        has_zram = zram.available() is None and not no_isolation
+        base["zram_bytes"] = (base["ram_bytes"] // 2) & ~((1 << 20) - 1) if has_zram else 0
+    ram_bytes = base.pop("ram_bytes")
+    serial = start(name, ram_bytes, port=port, abi=abi, home=home, isolated=not no_isolation, apps=apps,
+                   zram_algorithm=zram_algorithm or "lz4", swappiness=100 if swappiness is None else swappiness,
+                   profile=profile or "", **base)
     click.echo(serial)
 
 

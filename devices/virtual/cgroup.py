@@ -1,7 +1,8 @@
 """A virtual phone's memory cgroup (v1 or v2): its RAM limit, usage, OOM-kill counter and members.
 
 Layout. v1: `<memory mount>/<our own memory cgroup>/bmoe-vphone-NAME-XXXXXX` with memory.limit_in_bytes =
-RAM (memory.memsw.limit_in_bytes too when swap accounting exists, memory.swappiness 0), plus the
+RAM (memory.memsw.limit_in_bytes = RAM + the phone's zram when swap accounting exists,
+memory.swappiness Android's where the phone has zram, else memsw = RAM and swappiness 0), plus the
 same path under the cpuacct hierarchy for CPU time when it is mounted. Nesting under the cgroup the
 daemon was started in keeps the phone inside whatever limit and bookkeeping its caller has. v2:
 `<cgroup2 mount>/<own cgroup or root>/bmoe-vphone-NAME-XXXXXX` with memory.max = RAM, memory.swap.max = 0;
@@ -47,18 +48,21 @@ class MemStat:
     slab_unreclaimable_bytes: int = 0
     kernel_stack_bytes: int = 0
     pagetables_bytes: int = 0
+    swap_cached_bytes: int = 0
 
 
 _V1_KEYS = {"total_rss": "anon_bytes", "total_cache": "file_bytes", "total_shmem": "shmem_bytes",
             "total_active_anon": "active_anon_bytes", "total_inactive_anon": "inactive_anon_bytes",
             "total_active_file": "active_file_bytes", "total_inactive_file": "inactive_file_bytes",
-            "total_mapped_file": "mapped_bytes", "total_unevictable": "unevictable_bytes"}
+            "total_mapped_file": "mapped_bytes", "total_unevictable": "unevictable_bytes",
+            "total_swapcached": "swap_cached_bytes"}
 _V2_KEYS = {"anon": "anon_bytes", "file": "file_bytes", "shmem": "shmem_bytes",
             "active_anon": "active_anon_bytes", "inactive_anon": "inactive_anon_bytes",
             "active_file": "active_file_bytes", "inactive_file": "inactive_file_bytes",
             "file_mapped": "mapped_bytes", "unevictable": "unevictable_bytes",
             "slab_reclaimable": "slab_reclaimable_bytes", "slab_unreclaimable": "slab_unreclaimable_bytes",
-            "kernel_stack": "kernel_stack_bytes", "pagetables": "pagetables_bytes"}
+            "kernel_stack": "kernel_stack_bytes", "pagetables": "pagetables_bytes",
+            "swapcached": "swap_cached_bytes"}
 
 
 def leaf_name(name: str, root: os.PathLike | str) -> str:
@@ -108,10 +112,12 @@ class MemoryCgroup:
         self.version = version
         self.path = path
         self.cpu_path = cpu_path
+        self.extra: list[Path] = []   # the phone's cpuset and blkio groups (cpuinfo.py), joined and removed alike
 
     # -- creation ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, root: os.PathLike | str, ram_bytes: int) -> MemoryCgroup:
+    def create(cls, name: str, root: os.PathLike | str, ram_bytes: int, swap_bytes: int = 0,
+               swappiness: int = 100) -> MemoryCgroup:
         leaf = leaf_name(name, root)
         mounts = _mounts()
         v1_memory = next((m for m in mounts if m[1] == "cgroup" and "memory" in m[2]), None)
@@ -124,7 +130,7 @@ class MemoryCgroup:
                     raise CgroupUnavailable("no memory cgroup hierarchy is mounted")
                 cg = cls._create_v2(Path(v2[0]), leaf)
             cg.kill_all()  # a stale group from a daemon that died keeps no stragglers
-            cg.set_limit(ram_bytes)
+            cg.set_limit(ram_bytes, swap_bytes, swappiness)
             return cg
         except OSError as e:
             raise CgroupUnavailable(f"memory cgroup not usable: {e}") from None
@@ -158,30 +164,43 @@ class MemoryCgroup:
             return cls(2, path, path)
         raise CgroupUnavailable("cannot enable the memory controller for a child cgroup")
 
-    def set_limit(self, ram_bytes: int) -> None:
-        """The phone's RAM: the group's memory limit, with swap and the OOM killer as a phone has them."""
+    def set_limit(self, ram_bytes: int, swap_bytes: int = 0, swappiness: int = 100) -> None:
+        """The phone's RAM: the group's memory limit, with swap (its own zram's size, 0: none) and
+        the OOM killer as a phone has them."""
         if self.version == 1:
             memsw = self.path / "memory.memsw.limit_in_bytes"
+            if swap_bytes and not memsw.exists():
+                raise CgroupUnavailable("no swap accounting (memory.memsw.*): a phone's zram would be "
+                                        "every process's swap (boot with swapaccount=1)")
             # memsw must stay >= the plain limit: raise it first when growing, lower it last.
             if memsw.exists():
                 _write(memsw, "-1")
             _write(self.path / "memory.limit_in_bytes", str(ram_bytes))
             if memsw.exists():
-                _write(memsw, str(ram_bytes))
-            for knob, value in (("memory.swappiness", "0"), ("memory.oom_control", "0")):
+                _write(memsw, str(ram_bytes + swap_bytes))
+            for knob, value in (("memory.swappiness", str(swappiness if swap_bytes else 0)),
+                                ("memory.oom_control", "0")):
                 with contextlib.suppress(OSError):
                     _write(self.path / knob, value)
         else:
             _write(self.path / "memory.max", str(ram_bytes))
-            for knob, value in (("memory.swap.max", "0"), ("memory.oom.group", "0")):
+            for knob, value in (("memory.swap.max", str(swap_bytes)), ("memory.oom.group", "0")):
                 if (self.path / knob).exists():
                     _write(self.path / knob, value)
+            if swap_bytes and (self.path / "memory.swappiness").exists():   # some v2 kernels only
+                with contextlib.suppress(OSError):
+                    _write(self.path / "memory.swappiness", str(swappiness))
+
+    def set_ram_limit(self, limit_bytes: int) -> None:
+        """Only the RAM limit (memsw untouched): how zram's own use is charged to the phone's RAM."""
+        _write(self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max"), str(limit_bytes))
 
     # -- reading ----------------------------------------------------------------------------
     def procs_files(self) -> list[Path]:
         files = [self.path / "cgroup.procs"]
         if self.cpu_path is not None and self.cpu_path != self.path:
             files.append(self.cpu_path / "cgroup.procs")
+        files.extend(p / "cgroup.procs" for p in self.extra)
         return files
 
     def limit_bytes(self) -> int:
@@ -193,6 +212,26 @@ class MemoryCgroup:
         raw = _keyed(self.path / "memory.stat")
         keys = _V1_KEYS if self.version == 1 else _V2_KEYS
         return MemStat(usage_bytes=usage, **{field: raw.get(key, 0) for key, field in keys.items()})
+
+    def swap_bytes(self) -> int:
+        """What the group has in swap now (v1: memsw usage - usage; v2: memory.swap.current)."""
+        try:
+            if self.version == 1:
+                memsw = self.path / "memory.memsw.usage_in_bytes"
+                if not memsw.exists():
+                    return 0
+                return max(0, _read_int(memsw) - _read_int(self.path / "memory.usage_in_bytes"))
+            return _read_int(self.path / "memory.swap.current")
+        except (OSError, ValueError):
+            return 0
+
+    def stat_counters(self) -> dict[str, int]:
+        """The group's counters from memory.stat (v1: its hierarchical total_* keys, prefix dropped):
+        pgfault, pgmajfault, workingset_refault_anon/file, swap, swapcached; v2's own names."""
+        raw = _keyed(self.path / "memory.stat")
+        if self.version == 1:
+            return {k[len("total_"):]: v for k, v in raw.items() if k.startswith("total_")}
+        return raw
 
     def oom_kills(self) -> int:
         if self.version == 1:
@@ -229,7 +268,7 @@ class MemoryCgroup:
     def remove(self) -> None:
         """Kill what is left and remove the group's folders (retrying while the kernel still holds them)."""
         self.kill_all()
-        for path in {self.path} | ({self.cpu_path} if self.cpu_path is not None else set()):
+        for path in {self.path, *self.extra} | ({self.cpu_path} if self.cpu_path is not None else set()):
             for _ in range(40):
                 try:
                     path.rmdir()

@@ -30,6 +30,7 @@ from engine.errors import BmoeError
 
 from . import apps as apps_mod
 from . import cgroup as cgroups
+from . import cpuinfo, zram
 from .phone import INTERNAL, NotLinux, PhoneSpec, UserlandMissing, default_home, host_userland, require_linux
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -145,13 +146,19 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
        port: int | None = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
        home: os.PathLike | str | None = None, adb_host: str | None = None,
        adb_port: int | None = None, timeout_s: float = 20.0, isolated: bool = True,
-       record_commands: bool = False, apps: str | builtins.list[str] | tuple[str, ...] = ()) -> str:
+       record_commands: bool = False, apps: str | builtins.list[str] | tuple[str, ...] = (),
+       zram_bytes: int = 0, zram_algorithm: str = "lz4", swappiness: int = 100, cpus: int = 0,
+       storage_mbps: int = 0, profile: str = "", lmk: dict | None = None) -> str:
     """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
 
     isolated=False skips the memory cgroup and the mount namespace (what happens anyway where
     they are unavailable): an RSS watchdog enforces the RAM and commands see the host's files.
     record_commands=True keeps every shell/exec command line the phone is sent (recorded_commands).
-    apps: other open apps, `cached:300MiB,perceptible:200MiB[:compressible]` (devices/virtual/apps.py)."""
+    apps: other open apps, `cached:300MiB,perceptible:200MiB[:compressible]` (devices/virtual/apps.py).
+    zram_bytes: the phone's own zram swap (0: none; the library's default, the CLI's is half the RAM),
+    compressed with zram_algorithm, at swappiness. cpus: cores of its own (0: the host's, shared).
+    storage_mbps: a read throttle on its /data (0: none). profile: the real phone the figures are
+    from (recorded in the spec; devices/virtual/profiles.py). lmk: ro.lmk.* overrides."""
     if not _NAME.match(name):
         raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
     if ram_bytes < MIN_RAM_BYTES:
@@ -168,6 +175,7 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         host_userland()
     except (NotLinux, UserlandMissing) as e:
         raise VirtualPhoneError(str(e)) from None
+    _check_resources(zram_bytes, zram_algorithm, swappiness, cpus, storage_mbps, isolated)
     root = _home(home) / name
     internal = root / INTERNAL
     state = _read_json(internal / "state.json") or {}
@@ -176,7 +184,9 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     internal.mkdir(parents=True, exist_ok=True)
     spec = PhoneSpec(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc,
                      android=android, abi=abi, isolated=isolated, record_commands=record_commands,
-                     apps=tuple(a.strip() for a in app_items if a.strip()))
+                     apps=tuple(a.strip() for a in app_items if a.strip()), zram_bytes=zram_bytes,
+                     zram_algorithm=zram_algorithm, swappiness=swappiness, cpus=cpus, storage_mbps=storage_mbps,
+                     profile=profile, lmk=dict(lmk or {}))
     (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     (internal / "state.json").unlink(missing_ok=True)
     (internal / "commands.jsonl").unlink(missing_ok=True)   # a recording is of this run of the phone
@@ -203,6 +213,28 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         _stop(root, state)
         raise VirtualPhoneError(f"virtual phone {name!r} started but adb could not connect: {e}") from None
     return serial
+
+
+def _check_resources(zram_bytes: int, algorithm: str, swappiness: int, cpus: int, storage_mbps: int,
+                     isolated: bool) -> None:
+    """Refuse, in one line, what this host cannot give a phone (before anything is started)."""
+    if zram_bytes < 0 or cpus < 0 or storage_mbps < 0:
+        raise VirtualPhoneError("--zram, --cpus and --storage-mbps take sizes and counts of 0 or more")
+    if not isolated and (zram_bytes or cpus or storage_mbps):
+        raise VirtualPhoneError("--zram, --cpus and --storage-mbps need isolation (cgroups): drop --no-isolation")
+    if zram_bytes:
+        reason = zram.available()
+        if reason:
+            raise VirtualPhoneError(f"--zram {zram_bytes >> 20}MiB refused: {reason}; --zram 0 runs without swap")
+        offered = zram.algorithms()
+        if offered and algorithm not in offered:
+            raise VirtualPhoneError(f"zram algorithm {algorithm!r} not offered by this kernel (it has "
+                                    f"{', '.join(offered)})")
+    if not 0 <= swappiness <= 200:
+        raise VirtualPhoneError(f"swappiness {swappiness} out of range (0-200)")
+    have = len(cpuinfo.host_cpus())
+    if cpus > have:
+        raise VirtualPhoneError(f"--cpus {cpus} refused: this host has {have} cores")
 
 
 def recorded_commands(name: str, home: os.PathLike | str | None = None) -> builtins.list[str]:
@@ -279,9 +311,10 @@ def _stop(root: Path, state: dict) -> None:
             while _is_daemon(pid) and time.monotonic() < deadline + 2.0:
                 time.sleep(0.05)
     cg = state.get("cgroup") or {}
-    for key in ("path", "cpu_path"):
-        if cg.get(key) and Path(cg[key]).is_dir():
-            cgroups.remove_path(Path(cg[key]))
+    for path in [cg.get("path"), cg.get("cpu_path"), *(cg.get("extra") or ())]:
+        if path and Path(path).is_dir():
+            cgroups.remove_path(Path(path))
+    zram.reclaim(root / INTERNAL)   # a daemon killed before its stop leaves its zram device
     (root / INTERNAL / "state.json").unlink(missing_ok=True)
 
 

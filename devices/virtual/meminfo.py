@@ -2,8 +2,9 @@
 
 MemTotal is the phone's RAM. MemFree = RAM - cgroup usage. MemAvailable adds back what the
 kernel would reclaim without swapping, the way si_mem_available() does: file pages beyond shmem
-minus the part the low watermark keeps, plus half of reclaimable slab. No swap (SwapTotal 0), as
-the cgroup forbids it.
+minus the part the low watermark keeps, plus half of reclaimable slab. SwapTotal is the phone's
+own zram size, SwapFree that minus what its cgroup has swapped out (memsw usage - usage),
+SwapCached its cgroup's swapcached; all 0 on a phone without zram (its memsw = RAM forbids swap).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from pathlib import Path
 from .cgroup import MemStat
 
 MEMINFO_PATH = Path("proc/meminfo")  # under the phone's root
+VMSTAT_PATH = Path("proc/vmstat")
+# /proc/vmstat's counters a phone shows (VirtualPhone.vmstat says where each comes from), in the kernel's order
+VMSTAT_KEYS = ("pgpgin", "pgpgout", "pswpin", "pswpout", "pgfault", "pgmajfault", "workingset_refault_anon",
+               "workingset_refault_file")
 
 
 @dataclass(frozen=True)
@@ -35,23 +40,27 @@ class MemInfo:
     sunreclaim_kb: int
     kernel_stack_kb: int
     pagetables_kb: int
+    swap_total_kb: int = 0
+    swap_free_kb: int = 0
+    swap_cached_kb: int = 0
 
     @property
     def fields(self) -> dict[str, int]:
         return {
             "MemTotal": self.total_kb, "MemFree": self.free_kb, "MemAvailable": self.available_kb,
-            "Buffers": 0, "Cached": self.cached_kb, "SwapCached": 0,
+            "Buffers": 0, "Cached": self.cached_kb, "SwapCached": self.swap_cached_kb,
             "Active": self.active_anon_kb + self.active_file_kb,
             "Inactive": self.inactive_anon_kb + self.inactive_file_kb,
             "Active(anon)": self.active_anon_kb, "Inactive(anon)": self.inactive_anon_kb,
             "Active(file)": self.active_file_kb, "Inactive(file)": self.inactive_file_kb,
-            "Unevictable": self.unevictable_kb, "Mlocked": 0, "SwapTotal": 0, "SwapFree": 0,
+            "Unevictable": self.unevictable_kb, "Mlocked": 0, "SwapTotal": self.swap_total_kb,
+            "SwapFree": self.swap_free_kb,
             "Dirty": 0, "Writeback": 0, "AnonPages": self.anon_kb, "Mapped": self.mapped_kb,
             "Shmem": self.shmem_kb, "KReclaimable": self.sreclaimable_kb,
             "Slab": self.sreclaimable_kb + self.sunreclaim_kb, "SReclaimable": self.sreclaimable_kb,
             "SUnreclaim": self.sunreclaim_kb, "KernelStack": self.kernel_stack_kb,
             "PageTables": self.pagetables_kb, "NFS_Unstable": 0, "Bounce": 0, "WritebackTmp": 0,
-            "CommitLimit": self.total_kb // 2, "Committed_AS": self.anon_kb + self.shmem_kb,
+            "CommitLimit": self.total_kb // 2 + self.swap_total_kb, "Committed_AS": self.anon_kb + self.shmem_kb,
             "VmallocTotal": 263061440, "VmallocUsed": 0, "VmallocChunk": 0,
         }
 
@@ -60,7 +69,7 @@ class MemInfo:
         return "".join(f"{k + ':':<16}{v:>8} kB\n" for k, v in self.fields.items())
 
 
-def compute(ram_bytes: int, st: MemStat) -> MemInfo:
+def compute(ram_bytes: int, st: MemStat, swap_total_bytes: int = 0, swap_used_bytes: int = 0) -> MemInfo:
     kb = lambda b: max(0, int(b) // 1024)  # noqa: E731
     total = ram_bytes
     free = max(0, total - st.usage_bytes)
@@ -74,7 +83,9 @@ def compute(ram_bytes: int, st: MemStat) -> MemInfo:
                    inactive_file_kb=kb(st.inactive_file_bytes), anon_kb=kb(st.anon_bytes),
                    mapped_kb=kb(st.mapped_bytes), unevictable_kb=kb(st.unevictable_bytes),
                    sreclaimable_kb=kb(st.slab_reclaimable_bytes), sunreclaim_kb=kb(st.slab_unreclaimable_bytes),
-                   kernel_stack_kb=kb(st.kernel_stack_bytes), pagetables_kb=kb(st.pagetables_bytes))
+                   kernel_stack_kb=kb(st.kernel_stack_bytes), pagetables_kb=kb(st.pagetables_bytes),
+                   swap_total_kb=kb(swap_total_bytes), swap_free_kb=kb(max(0, swap_total_bytes - swap_used_bytes)),
+                   swap_cached_kb=kb(st.swap_cached_bytes) if swap_total_bytes else 0)
 
 
 def write_in_place(path: Path, text: str) -> None:
@@ -87,3 +98,9 @@ def write_in_place(path: Path, text: str) -> None:
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
+
+
+def vmstat_text(counters: dict[str, int]) -> str:
+    """The phone's /proc/vmstat: VMSTAT_KEYS first (0 where unknown), then the host-wide rest given."""
+    keys = list(VMSTAT_KEYS) + sorted(k for k in counters if k not in VMSTAT_KEYS)
+    return "".join(f"{k} {int(counters.get(k, 0))}\n" for k in keys)

@@ -40,7 +40,8 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "i68
 PHONE_TOP_DIRS = ("data", "system", "sdcard")
 EMPTY_BIN_DIRS = ("vendor/bin", "product/bin", "system_ext/bin", "odm/bin")
 ROOT_LINKS = {"bin": "/system/bin", "etc": "/system/etc"}   # as on Android 10+
-OVERLAYS = ("proc/meminfo", "sys/class/thermal", "sys/devices/system/cpu/cpufreq")
+OVERLAYS = ("proc/meminfo", "proc/vmstat", "proc/cpuinfo", "sys/class/thermal", "sys/devices/system/cpu/cpufreq",
+            "sys/devices/system/cpu/online")
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx", "kmsg")
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
              "stderr": "/proc/self/fd/2"}

@@ -35,10 +35,11 @@ from pathlib import Path
 
 from engine.fsutil import atomic_write, replacing
 
-from . import logbuf, namespace, thermal
+from . import cpuinfo, logbuf, namespace, thermal
 from .cgroup import MemoryCgroup, MemStat
 from .lmkd_policy import LmkProps
-from .meminfo import MEMINFO_PATH, MemInfo, compute, write_in_place
+from .meminfo import MEMINFO_PATH, VMSTAT_PATH, MemInfo, compute, vmstat_text, write_in_place
+from .zram import Zram
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
@@ -111,6 +112,12 @@ class PhoneSpec:
     record_commands: bool = False  # every shell/exec command line to .vphone/commands.jsonl (tests)
     apps: tuple[str, ...] = ()     # other open apps, "STATE:SIZE[:compressible]" (apps.py)
     lmk: dict = field(default_factory=dict)  # ro.lmk.* overrides of Android 14's defaults (lmkd_policy)
+    zram_bytes: int = 0            # the phone's own zram swap device (0: none, memsw = RAM)
+    zram_algorithm: str = "lz4"    # its comp_algorithm, Android's default
+    swappiness: int = 100          # its memory cgroup's swappiness where it has zram (Android's vm.swappiness)
+    cpus: int = 0                  # cores of its own (a cpuset); 0: every core of the host, shared
+    storage_mbps: int = 0          # blkio read throttle on the device under its /data, MiB/s (0: none)
+    profile: str = ""              # the real phone its figures came from (profiles.py), "" for none
 
     @property
     def sdk(self) -> int:
@@ -290,6 +297,8 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
         _chown(layout.root / rel, uid, gid, mode)
     thermal.ThermalModel(spec.soc, spec.ambient_c).write(layout.root)
     write_in_place(layout.root / MEMINFO_PATH, compute(spec.ram_bytes, MemStat(usage_bytes=0)).text())
+    write_in_place(layout.root / VMSTAT_PATH, vmstat_text({}))
+    cpuinfo.write(layout.root, cpuinfo.host_cpus()[:spec.cpus] if spec.cpus else cpuinfo.host_cpus())
     return layout
 
 
@@ -313,8 +322,9 @@ class VirtualPhone:
     """The running phone inside its daemon: spawns commands, keeps its generated files fresh."""
 
     def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None,
-                 namespace_fd: int | None):
+                 namespace_fd: int | None, zram: Zram | None = None):
         self.spec = spec
+        self.zram = zram                   # its own swap device (None: no zram)
         self.layout = layout
         self.cgroup = cgroup
         self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
@@ -427,10 +437,43 @@ class VirtualPhone:
         return MemStat(usage_bytes=rss, anon_bytes=rss, active_anon_bytes=rss)
 
     def meminfo(self) -> MemInfo:
-        return compute(self.spec.ram_bytes, self.mem_stat())
+        """/proc/meminfo of the phone; SwapTotal is its zram's size, SwapFree that minus what its
+        cgroup has in swap (0 and 0 without zram)."""
+        swap_total = self.spec.zram_bytes if self.zram is not None else 0
+        swapped = self.cgroup.swap_bytes() if self.cgroup is not None and swap_total else 0
+        return compute(self.spec.ram_bytes, self.mem_stat(), swap_total, swapped)
+
+    def zram_used_bytes(self) -> int:
+        """What the phone's zram holds in RAM now (mm_stat mem_used_total; 0 without zram)."""
+        return self.zram.mm_stat().get("mem_used_total", 0) if self.zram is not None else 0
+
+    def vmstat(self) -> dict[str, int]:
+        """The phone's /proc/vmstat counters. Per phone: pgfault, pgmajfault, workingset_refault_anon,
+        workingset_refault_file (its memory cgroup's memory.stat), pswpin and pswpout (pages read
+        from and written to its own zram device, from the device's block stat: every page swapped
+        there is this phone's, since no other phone may swap and the host has swapped nothing
+        while its figures were checked; a host process swapping would be counted here too).
+        Host-wide, from the host's /proc/vmstat (cgroup v1 has no per-group counters for them):
+        pgsteal_*, pgscan_*, allocstall_*, so they are the phone's only while it is the only thing
+        under reclaim."""
+        out: dict[str, int] = {}
+        host = _host_vmstat()
+        for key, value in host.items():
+            if key.startswith(("pgsteal_", "pgscan_", "allocstall_")):
+                out[key] = value
+        counters = {}
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                counters = self.cgroup.stat_counters()
+        for key in ("pgfault", "pgmajfault", "workingset_refault_anon", "workingset_refault_file"):
+            out[key] = counters.get(key, 0)
+        pin, pout = self.zram.io_pages() if self.zram is not None else (0, 0)
+        out["pswpin"], out["pswpout"] = pin, pout
+        return out
 
     def refresh_meminfo(self) -> None:
         write_in_place(self.layout.root / MEMINFO_PATH, self.meminfo().text())
+        write_in_place(self.layout.root / VMSTAT_PATH, vmstat_text(self.vmstat()))
 
     def pids(self) -> list[int]:
         if self.cgroup is not None:
@@ -463,6 +506,16 @@ class VirtualPhone:
         self._last_tick = now
         self.thermal.step(dt, self._busy_cores(dt))
         self.thermal.write(self.layout.root)
+
+
+def _host_vmstat() -> dict[str, int]:
+    out = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if v.strip().isdigit():
+                out[k] = int(v)
+    return out
 
 
 def join_cgroup(procs_files: list[str]) -> None:

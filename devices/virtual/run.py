@@ -22,15 +22,17 @@ from pathlib import Path
 
 from engine.fsutil import atomic_write
 
-from . import apps, logbuf, namespace, shellsvc, syncsvc
+from . import apps, cpuinfo, logbuf, namespace, shellsvc, syncsvc, zram
 from .adbd import Banner, Connection, Daemon, Service, Stream
-from .cgroup import CgroupUnavailable, MemoryCgroup
+from .cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
 from .lmkd import Lmkd
 from .lmkd_policy import LmkProps, Policy, watermarks
 from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
 
 log = logging.getLogger("bmoe.vphone")
 TICK_S = 1.0
+CHARGE_STEP = 1 << 20          # zram's use is charged to the RAM limit in 1 MiB steps
+MIN_CHARGED_LIMIT = 16 << 20
 
 
 def make_router(phone: VirtualPhone):
@@ -72,20 +74,56 @@ def _warn_once(warnings: list[str], text: str) -> None:
     print(f"vphone: {text}", file=sys.stderr, flush=True)
 
 
-def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryCgroup | None, int | None]:
-    """The memory cgroup and the phone's mount namespace (a file descriptor of it), each None
-    where unavailable (said once on stderr)."""
+class SetupError(Exception):
+    """What the phone was asked for cannot be given here (its zram, cores or flash): it does not start."""
+
+
+def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryCgroup | None, int | None,
+                                                                          zram.Zram | None]:
+    """The memory cgroup (with the phone's cpuset and blkio groups), its zram device and the phone's
+    mount namespace (a file descriptor of it), each None where unavailable (said once on stderr).
+    What the phone asked for explicitly (zram, cores, a read rate) raises SetupError instead."""
     cgroup = None
+    # what a daemon of this phone killed before its stop left, and any phone's orphaned zram device
+    zram.reclaim(layout.internal)
+    zram.reclaim_orphans()
     if not spec.isolated:
+        if spec.zram_bytes or spec.cpus or spec.storage_mbps:
+            raise SetupError("zram, --cpus and --storage-mbps need isolation (cgroups)")
         _warn_once(warnings, "isolation off: no memory cgroup (an RSS watchdog SIGKILLs above "
                              f"{spec.ram_bytes} bytes) and no mount namespace (commands run as this user and "
                              f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp})")
-        return None, None
+        return None, None, None
+    z = None
+    if spec.zram_bytes:
+        try:
+            z = zram.Zram.create(spec.zram_bytes, spec.zram_algorithm, layout.root)
+        except zram.ZramUnavailable as e:
+            raise SetupError(f"--zram {spec.zram_bytes}: {e}") from None
+        zram.record(layout.internal, z)
     try:
-        cgroup = MemoryCgroup.create(spec.name, layout.root, spec.ram_bytes)
+        cgroup = MemoryCgroup.create(spec.name, layout.root, spec.ram_bytes, spec.zram_bytes if z else 0,
+                                     spec.swappiness)
     except CgroupUnavailable as e:
+        if z is not None or spec.cpus or spec.storage_mbps:
+            _remove_zram(layout, z)
+            raise SetupError(f"{e}: a phone's zram, cores or flash need its cgroups") from None
         _warn_once(warnings, f"{e}; falling back to an RSS watchdog that SIGKILLs above "
                              f"{spec.ram_bytes} bytes (still logged as lmkd kills)")
+    if cgroup is not None:
+        leaf = leaf_name(spec.name, layout.root)
+        try:
+            cpus = cpuinfo.host_cpus()
+            if spec.cpus:
+                cpus = cpuinfo.allocate(spec.cpus, leaf)
+                cgroup.extra.append(cpuinfo.make_cpuset(leaf, cpus))
+            cpuinfo.write(layout.root, cpus)
+            if spec.storage_mbps:
+                cgroup.extra.append(cpuinfo.make_blkio(leaf, layout.root / "data", spec.storage_mbps))
+        except (cpuinfo.ResourceUnavailable, OSError) as e:
+            cgroup.remove()
+            _remove_zram(layout, z)
+            raise SetupError(str(e)) from None
     ns_fd = None
     try:
         ns_fd, missing = namespace.enter(layout.root, layout.staging, namespace.HostPaths.for_engines())
@@ -94,12 +132,32 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
     except (namespace.NamespaceUnavailable, OSError) as e:
         _warn_once(warnings, f"mount namespace unavailable ({e}); commands run as this user, see the host's "
                              f"filesystem and the phone's /data/local/tmp is {layout.data_tmp}")
-    return cgroup, ns_fd
+    return cgroup, ns_fd, z
+
+
+def _remove_zram(layout: Layout, z: zram.Zram | None) -> None:
+    if z is not None:
+        z.remove()
+        zram.record(layout.internal, None)
+
+
+def charge_zram(phone: VirtualPhone, cgroup: MemoryCgroup, last: list[int]) -> None:
+    """What the phone's zram holds lives in its RAM (compressed pages, as on a phone): its RAM limit
+    is RAM - mem_used_total, never below RAM - zram size. Written only when it moves by
+    CHARGE_STEP (a lower limit makes the kernel reclaim at once)."""
+    ram, size = phone.spec.ram_bytes, phone.spec.zram_bytes
+    limit = max(ram - size, ram - phone.zram_used_bytes(), MIN_CHARGED_LIMIT)
+    if abs(limit - last[0]) >= CHARGE_STEP or (limit == ram and last[0] != ram):
+        try:
+            cgroup.set_ram_limit(limit)
+            last[0] = limit
+        except OSError:   # EBUSY: usage cannot be reclaimed below it yet; try again next tick
+            pass
 
 
 async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns_fd: int | None,
-                port: int, warnings: list[str]) -> None:
-    phone = VirtualPhone(spec, layout, cgroup, ns_fd)
+                port: int, warnings: list[str], z: zram.Zram | None = None) -> None:
+    phone = VirtualPhone(spec, layout, cgroup, ns_fd, zram=z)
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
     daemon = Daemon(banner, make_router(phone), port=port)
     actual_port = await daemon.start()
@@ -120,7 +178,13 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
              "mount_namespace": os.readlink(f"/proc/self/fd/{ns_fd}") if ns_fd is not None else None,
              "warnings": warnings,
              "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
-                                                    "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None}}
+                                                    "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None,
+                                                    "extra": [str(p) for p in cgroup.extra]},
+             "zram": None if z is None else {"device": z.dev, "bytes": spec.zram_bytes,
+                                             "algorithm": spec.zram_algorithm, "swappiness": spec.swappiness},
+             "cpus": cpuinfo.parse_list((layout.root / cpuinfo.ONLINE_PATH).read_text())
+             if (layout.root / cpuinfo.ONLINE_PATH).exists() else None,
+             "storage_mbps": spec.storage_mbps or None}
     atomic_write(layout.state_file, json.dumps(state, indent=2, allow_nan=False) + "\n")
 
     stop = asyncio.Event()
@@ -136,7 +200,11 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
                 log.exception("%s failed", getattr(fn, "__name__", fn))
             await asyncio.sleep(period_s() if callable(period_s) else period_s)
 
+    charged = [spec.ram_bytes]
+
     def fast() -> None:
+        if z is not None and cgroup is not None:
+            charge_zram(phone, cgroup, charged)
         lmkd.poll()
         phone.refresh_meminfo()  # 10 Hz: a reader sees its own allocations within 0.1 s
 
@@ -154,6 +222,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
         lmkd.close()
         if cgroup is not None:
             cgroup.remove()
+        _remove_zram(layout, z)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,14 +240,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vphone: {e}", file=sys.stderr)
         return 1
     warnings: list[str] = []
-    cgroup, ns_fd = setup(spec, layout, warnings)
+    try:
+        cgroup, ns_fd, z = setup(spec, layout, warnings)
+    except SetupError as e:
+        print(f"vphone: {e}", file=sys.stderr)
+        return 1
     install_tools(layout, ns_fd is not None)
     try:
-        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings))
+        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, z))
     except OSError as e:
         print(f"vphone: {e}", file=sys.stderr)
         if cgroup is not None:
             cgroup.remove()
+        _remove_zram(layout, z)
         return 1
     return 0
 

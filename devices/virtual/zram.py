@@ -1,0 +1,207 @@
+"""A virtual phone's own zram swap device: made with zram-control/hot_add, mkswap'd, swapon'd; undone on stop.
+
+Android swaps to one zram device (init's `swapon_all` of the fstab's `zramsize=` entry). Here each phone
+gets its own `/dev/zramN` from `/sys/class/zram-control/hot_add`, its comp_algorithm (lz4 as on
+Android) and disksize set, then `mkswap` and `swapon`. A swap device is global to the kernel, so
+what makes it the phone's is the phone's memory cgroup (cgroup.py): its memsw limit is RAM + zram
+and its swappiness Android's; every other phone has memsw = RAM (no swap at all). Processes of the
+host outside any phone may still swap into it (the root cgroup has the host's vm.swappiness);
+the device is swapon'd at the lowest priority (-2, below the kernel's default for a first swap) so
+a host swap, where one exists, is used before it.
+
+What a phone made is recorded in its `.vphone/zram.json` (the device number) and reclaimed at the
+next start when a daemon died without its stop (`reclaim`). Every device this module makes is
+also named by a file in /run/bmoe-vphone-zram/ (the phone's folder and its daemon's pid), so
+orphans whose daemon is gone are found even when their folder is not (`reclaim_orphans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTROL = Path("/sys/class/zram-control")
+SYS_BLOCK = Path("/sys/block")
+REGISTRY = Path("/run/bmoe-vphone-zram")   # one file per device made here: zramN -> the phone's folder
+SWAP_PRIORITY = -2
+ALGORITHMS = ("lz4", "lzo-rle", "lzo", "zstd", "lz4hc", "842", "deflate")
+
+
+class ZramUnavailable(Exception):
+    """This host cannot give a phone a zram device (no zram module, or not root)."""
+
+
+def available() -> str | None:
+    """None when zram devices can be made here, else why not (one line)."""
+    if not (CONTROL / "hot_add").exists():
+        return "this host has no zram (no /sys/class/zram-control: modprobe zram, as root)"
+    if not os.access(CONTROL / "hot_add", os.R_OK) or os.geteuid() != 0:
+        return "making a zram device needs root (zram-control/hot_add)"
+    return None
+
+
+def algorithms() -> list[str]:
+    """The compressors this kernel's zram offers (comp_algorithm of any device)."""
+    for dev in sorted(SYS_BLOCK.glob("zram*")):
+        with contextlib.suppress(OSError):
+            return (dev / "comp_algorithm").read_text().replace("[", "").replace("]", "").split()
+    return []
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@dataclass(frozen=True)
+class Zram:
+    """One zram device, /dev/zramN, used as the phone's swap."""
+    num: int
+    io_base: tuple[int, int] = (0, 0)   # its (pages read, written) once swapon'd: mkswap's and swapon's own
+
+    @property
+    def sys(self) -> Path:
+        return SYS_BLOCK / f"zram{self.num}"
+
+    @property
+    def dev(self) -> str:
+        return f"/dev/zram{self.num}"
+
+    @classmethod
+    def create(cls, size_bytes: int, algorithm: str, owner: Path) -> Zram:
+        reason = available()
+        if reason:
+            raise ZramUnavailable(reason)
+        try:
+            num = int((CONTROL / "hot_add").read_text())
+        except (OSError, ValueError) as e:
+            raise ZramUnavailable(f"zram-control/hot_add failed: {e}") from None
+        z = cls(num)
+        REGISTRY.mkdir(mode=0o700, exist_ok=True)
+        (REGISTRY / f"zram{num}").write_text(f"{owner}\n{os.getpid()}\n")
+        try:
+            _write(z.sys / "comp_algorithm", algorithm)
+            _write(z.sys / "disksize", str(size_bytes))
+            for _ in range(50):   # udev may take a moment to make the node
+                if os.path.exists(z.dev):
+                    break
+                time.sleep(0.02)
+            for argv in (["mkswap", z.dev], ["swapon", "-p", str(SWAP_PRIORITY), z.dev]):
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+                if done.returncode != 0:
+                    raise ZramUnavailable(f"{argv[0]} {z.dev}: {(done.stderr or done.stdout).strip()}")
+        except (OSError, ZramUnavailable) as e:
+            z.remove()
+            raise ZramUnavailable(str(e)) from None
+        return cls(num, z.io_pages(raw=True))
+
+    # -- reading ----------------------------------------------------------------------------
+    def mm_stat(self) -> dict[str, int]:
+        """orig_data_size compr_data_size mem_used_total mem_limit mem_used_max same_pages ..."""
+        names = ("orig_data_size", "compr_data_size", "mem_used_total", "mem_limit", "mem_used_max",
+                 "same_pages", "pages_compacted", "huge_pages")
+        try:
+            values = [int(v) for v in (self.sys / "mm_stat").read_text().split()]
+        except (OSError, ValueError):
+            return {}
+        return dict(zip(names, values))
+
+    def io_pages(self, raw: bool = False) -> tuple[int, int]:
+        """(pages swapped in, pages swapped out) of the device since swapon, from its block stat
+        (512-byte sectors; raw=True: with mkswap's and swapon's own I/O)."""
+        try:
+            f = [int(v) for v in (self.sys / "stat").read_text().split()]
+        except (OSError, ValueError):
+            return 0, 0
+        if len(f) < 7:
+            return 0, 0
+        base = (0, 0) if raw else self.io_base
+        return max(0, f[2] // 8 - base[0]), max(0, f[6] // 8 - base[1])
+
+    def swap_used_bytes(self) -> int:
+        """Used bytes of this device as /proc/swaps lists it."""
+        for line in Path("/proc/swaps").read_text().splitlines()[1:]:
+            f = line.split()
+            if f and f[0] == self.dev:
+                return int(f[3]) * 1024
+        return 0
+
+    # -- teardown ---------------------------------------------------------------------------
+    def remove(self) -> None:
+        """swapoff (pages come back into whoever owns them), reset, hot_remove; forget it."""
+        if is_swap(self.dev):
+            subprocess.run(["swapoff", self.dev], capture_output=True, timeout=120)
+        for _ in range(20):
+            try:
+                _write(self.sys / "reset", "1")
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            _write(CONTROL / "hot_remove", str(self.num))
+        (REGISTRY / f"zram{self.num}").unlink(missing_ok=True)
+
+
+def is_swap(dev: str) -> bool:
+    with contextlib.suppress(OSError):
+        return any(line.split()[0] == dev for line in Path("/proc/swaps").read_text().splitlines()[1:] if line)
+    return False
+
+
+def record(internal: Path, z: Zram | None) -> None:
+    path = internal / "zram.json"
+    if z is None:
+        path.unlink(missing_ok=True)
+    else:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"num": z.num}) + "\n")
+        os.replace(tmp, path)
+
+
+def reclaim(internal: Path) -> None:
+    """Remove the device a previous daemon of this phone made and never removed (it was killed)."""
+    path = internal / "zram.json"
+    try:
+        num = int(json.loads(path.read_text())["num"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    # only ours: a device whose registry entry names this phone (the number may have been reused)
+    with contextlib.suppress(OSError, ValueError):
+        if _owner(REGISTRY / f"zram{num}")[0] == internal.parent:
+            Zram(num).remove()
+    path.unlink(missing_ok=True)
+
+
+def _owner(entry: Path) -> tuple[Path, int]:
+    root, pid = entry.read_text().split("\n")[:2]
+    return Path(root), int(pid)
+
+
+def _daemon_alive(pid: int) -> bool:
+    try:
+        return b"devices.virtual.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def reclaim_orphans() -> list[int]:
+    """Remove every device made here whose daemon is gone (killed before its stop)."""
+    removed: list[int] = []
+    if not REGISTRY.is_dir():
+        return removed
+    for entry in REGISTRY.glob("zram*"):
+        with contextlib.suppress(OSError, ValueError):
+            root, pid = _owner(entry)
+            if pid != os.getpid() and not _daemon_alive(pid):
+                num = int(entry.name[4:])
+                Zram(num).remove()
+                (root / ".vphone" / "zram.json").unlink(missing_ok=True)
+                removed.append(num)
+    return removed
