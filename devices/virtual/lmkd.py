@@ -156,7 +156,8 @@ class Lmkd:
     def __init__(self, root: Path, android_release: int, ram_bytes: int,
                  pids: Callable[[], list[int]], oom_kills: Callable[[], int] | None,
                  meminfo: Callable[[], MemInfo], memcg_leaf: str = "", policy: Policy | None = None,
-                 vmstat: Callable[[], dict[str, int]] | None = None):
+                 vmstat: Callable[[], dict[str, int]] | None = None,
+                 headroom_bytes: Callable[[], int] | None = None):
         self.root = Path(root)
         self.memcg_leaf = memcg_leaf
         self.memcg_of: dict[int, bool] = {}  # pid -> "the kernel said it was ours"
@@ -175,6 +176,9 @@ class Lmkd:
         # Android 14 lmkd's own decisions (lmkd_policy); None: the kernel's kills stand in for them
         self.policy = policy
         self.vmstat = vmstat
+        # the phone's cgroup limit minus its usage: what is really free when zram's use is charged
+        # to the limit (MemFree counts that charge as free)
+        self.headroom_bytes = headroom_bytes
         self.pending: tuple[int, float] | None = None   # (pid, when) of lmkd's last kill
 
     # -- one poll (~10 Hz) ------------------------------------------------------------------
@@ -245,7 +249,10 @@ class Lmkd:
         mi = self.meminfo()
         vm = self.vmstat() if self.vmstat is not None else {}
         f = mi.fields
-        reading = Reading(free_kb=f["MemFree"], swap_total_kb=f["SwapTotal"], swap_free_kb=f["SwapFree"],
+        free_kb = f["MemFree"]
+        if self.headroom_bytes is not None:
+            free_kb = max(0, min(free_kb, self.headroom_bytes() // 1024))
+        reading = Reading(free_kb=free_kb, swap_total_kb=f["SwapTotal"], swap_free_kb=f["SwapFree"],
                           file_lru_kb=f["Active(file)"] + f["Inactive(file)"],
                           workingset_refault_file=vm.get("workingset_refault_file", vm.get("workingset_refault", 0)),
                           psi_full_total_us=read_psi_full_total_us(), now_s=now, available_kb=f["MemAvailable"])

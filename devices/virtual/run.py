@@ -166,7 +166,8 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
     lmkd = Lmkd(layout.root, spec.android, spec.ram_bytes, phone.pids,
                 cgroup.oom_kills if cgroup is not None else None, phone.meminfo,
                 memcg_leaf=cgroup.path.name if cgroup is not None else "", policy=policy,
-                vmstat=getattr(phone, "vmstat", None))
+                vmstat=getattr(phone, "vmstat", None),
+                headroom_bytes=(lambda: cgroup.limit_bytes() - cgroup.mem_stat().usage_bytes) if cgroup else None)
     running_apps = apps.start(apps.parse(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
                               ns_fd) if spec.apps else []
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
