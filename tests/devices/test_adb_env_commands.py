@@ -2,6 +2,10 @@
 phone, and nothing ever on adb's default port 5037 — checked with a real socket held on 5037 that
 counts every connection, and by the adb processes running.
 
+The test body runs in a network namespace of its own (the test re-runs itself under
+`unshare --net` with its loopback up), so a user's adb server on the host's 5037 neither makes it
+fail nor hides a knock: inside, 127.0.0.1:5037 is the test's own socket, whatever runs outside.
+
 Each command runs as its own `bmoe-fleet` process with only the environment to go on (no --adb,
 no --device): `devices` starts the one server the environment names, `virtual up` connects the
 phone to it, and `devices`, `sweep` (a real run) and `virtual down` find both through it.
@@ -12,17 +16,47 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from tests.conftest import adb_server_pids, free_port, stop_adb_server
+from tests.conftest import adb_server_pids as all_adb_server_pids
+from tests.conftest import free_port, stop_adb_server
 
 ADB_DEFAULT_PORT = 5037
+IN_OWN_NETNS = "BMOE_TEST_IN_OWN_NETNS"       # set in the re-run inside the private network namespace
 ADB_VARS = ("ADB_SERVER_SOCKET", "ANDROID_ADB_SERVER_ADDRESS", "ANDROID_ADB_SERVER_PORT", "ANDROID_SERIAL",
             "ANDROID_ADB_SERVER_HOST")
+
+
+def _netns(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def adb_server_pids(port: int) -> list[int]:
+    """The adb servers on `port` in this process's network namespace (one on the host's 5037 is not ours)."""
+    mine = _netns("self")
+    return [pid for pid in all_adb_server_pids(port) if _netns(pid) == mine]
+
+
+def run_in_own_network_namespace(test_id: str, tmp_path: Path) -> None:
+    """Re-run the test `test_id` under `unshare --net` with only a loopback, up; fail with its output."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    assert unshare and ip, "this test needs unshare(1) and ip(8) to give itself a network namespace"
+    root = Path(__file__).resolve().parents[2]
+    argv = [unshare, "--net", "--", "sh", "-c", f'{ip} link set lo up && exec "$@"', "sh",
+            sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--basetemp",
+            str(tmp_path / "in-netns"), test_id]
+    done = subprocess.run(argv, env=dict(os.environ, **{IN_OWN_NETNS: "1"}), capture_output=True, text=True,
+                          timeout=900, stdin=subprocess.DEVNULL, cwd=root)
+    assert done.returncode == 0, f"in its own network namespace:\n{done.stdout[-6000:]}{done.stderr[-2000:]}"
+    assert "1 passed" in done.stdout, done.stdout[-2000:]
 
 
 @contextlib.contextmanager
@@ -81,7 +115,11 @@ def bmoe_fleet(env: dict[str, str], *args: str, timeout_s: float = 300) -> subpr
     return done
 
 
-def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_path, small_qwen):
+def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_path, request):
+    if os.environ.get(IN_OWN_NETNS) != "1":
+        run_in_own_network_namespace(request.node.nodeid, tmp_path)
+        return
+    small_qwen = request.getfixturevalue("small_qwen")
     port, decoy = free_port(), free_port()
     base = {k: v for k, v in os.environ.items() if k not in ADB_VARS}
     base.update(ADB_MDNS="0", ANDROID_USER_HOME=str(tmp_path / "android-home"))
