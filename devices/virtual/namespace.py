@@ -23,16 +23,21 @@ Mount propagation is made private first so nothing leaks back to the host.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
+import socket
+import struct
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MNT_DETACH = 0x2
@@ -66,10 +71,54 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str 
     _check(rc, f"mount {src or fstype} on {dst}")
 
 
-def setns(fd: int) -> None:
-    """Enter the mount namespace `fd` (os.setns arrived in Python 3.12). Safe between fork and exec."""
-    if _libc.setns(fd, CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "setns(CLONE_NEWNS)")
+def setns(fd: int, nstype: int = CLONE_NEWNS) -> None:
+    """Enter the mount (or `nstype`'s) namespace `fd` (os.setns arrived in Python 3.12). Safe
+    between fork and exec."""
+    if _libc.setns(fd, nstype) != 0:
+        name = "CLONE_NEWNET" if nstype == CLONE_NEWNET else "CLONE_NEWNS"
+        raise OSError(ctypes.get_errno(), f"setns({name})")
+
+
+@contextlib.contextmanager
+def in_network(fd: int | None):
+    """The calling thread inside the network namespace `fd` for the block (None: stays put), so a
+    process it forks there starts inside; sockets opened before keep their own namespace."""
+    if fd is None:
+        yield
+        return
+    host = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns(fd, CLONE_NEWNET)
+        try:
+            yield
+        finally:
+            setns(host, CLONE_NEWNET)
+    finally:
+        os.close(host)
+
+
+def new_network() -> int:
+    """A network namespace of the phone's own, with only its loopback (up): a file descriptor of
+    it, which the phone's processes enter (setns) before they exec. They reach neither the host's
+    loopback (its adb server, the phones' daemons, anything listening on 127.0.0.1 or ::1) nor
+    its abstract unix sockets, as a phone on USB cannot. The calling thread ends up back in its
+    own namespace, where the daemon keeps listening for the adb server. The namespace goes away
+    with its last descriptor and process. Raises NamespaceUnavailable (not root, no CAP_SYS_ADMIN)."""
+    import fcntl  # POSIX-only: here, so the package imports on any Python
+
+    host = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # lo up: engines may use loopback
+                ifreq = struct.pack("16sh22x", b"lo", 0)
+                flags = struct.unpack_from("16sh", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
+                fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+            return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            setns(host, CLONE_NEWNET)
+    finally:
+        os.close(host)
 
 
 @dataclass(frozen=True)

@@ -328,6 +328,7 @@ class VirtualPhone:
         self.layout = layout
         self.cgroup = cgroup
         self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
+        self.net_namespace_fd: int | None = None   # the phone's network namespace (None: the host's)
         self.thermal = thermal.ThermalModel(spec.soc, spec.ambient_c)
         self._last_cpu_ns: int | None = None
         self._last_tick = time.monotonic()
@@ -361,10 +362,11 @@ class VirtualPhone:
 
     def child_setup(self, pty: bool) -> Callable[[], None]:
         """What the child does between fork and exec, in this order: join the phone's memory
-        cgroup (host paths, as root), enter the phone's mount namespace, take the pty, drop to the
-        shell user. Any failure ends the child with 125 and one line on its stderr."""
+        cgroup (host paths, as root), enter the phone's mount and network namespaces, take the pty,
+        drop to the shell user. Any failure ends the child with 125 and one line on its stderr."""
         procs = [str(p) for p in self.cgroup.procs_files()] if self.cgroup is not None else []
         ns_fd = self.namespace_fd
+        net_fd = self.net_namespace_fd
         # POSIX-only, imported here (before the fork: never import between fork and exec) so the
         # package itself imports on any Python; require_linux() says why a phone cannot start.
         import fcntl
@@ -386,6 +388,9 @@ class VirtualPhone:
                     step = "enter the phone's namespace"
                     namespace.setns(ns_fd)
                     os.chdir("/")
+                if net_fd is not None:
+                    step = "enter the phone's network"
+                    namespace.setns(net_fd, namespace.CLONE_NEWNET)
                 if pty:
                     step = "take the terminal"
                     fcntl.ioctl(0, termios.TIOCSCTTY, 0)

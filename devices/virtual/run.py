@@ -91,8 +91,9 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
         if spec.zram_bytes or spec.cpus or spec.storage_mbps:
             raise SetupError("zram, --cpus and --storage-mbps need isolation (cgroups)")
         _warn_once(warnings, "isolation off: no memory cgroup (an RSS watchdog SIGKILLs above "
-                             f"{spec.ram_bytes} bytes) and no mount namespace (commands run as this user and "
-                             f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp})")
+                             f"{spec.ram_bytes} bytes), no mount namespace (commands run as this user and "
+                             f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp}) and "
+                             "no network namespace (they reach the host's loopback)")
         return None, None, None
     z = None
     if spec.zram_bytes:
@@ -155,9 +156,23 @@ def charge_zram(phone: VirtualPhone, cgroup: MemoryCgroup, last: list[int]) -> N
             pass
 
 
+def network(spec: PhoneSpec, warnings: list[str]) -> int | None:
+    """The phone's own network namespace (a file descriptor of it), so its processes reach no host
+    port; None where unavailable (said once on stderr) or isolation is off (said with that)."""
+    if not spec.isolated:
+        return None
+    try:
+        return namespace.new_network()
+    except (namespace.NamespaceUnavailable, OSError) as e:
+        _warn_once(warnings, f"network namespace unavailable ({e}); the phone's processes share the host's "
+                             "network and reach its loopback (its adb server, the other phones)")
+        return None
+
+
 async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns_fd: int | None,
-                port: int, warnings: list[str], z: zram.Zram | None = None) -> None:
+                port: int, warnings: list[str], net_fd: int | None = None, z: zram.Zram | None = None) -> None:
     phone = VirtualPhone(spec, layout, cgroup, ns_fd, zram=z)
+    phone.net_namespace_fd = net_fd
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
     daemon = Daemon(banner, make_router(phone), port=port)
     actual_port = await daemon.start()
@@ -168,8 +183,9 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
                 memcg_leaf=cgroup.path.name if cgroup is not None else "", policy=policy,
                 vmstat=getattr(phone, "vmstat", None),
                 headroom_bytes=(lambda: cgroup.limit_bytes() - cgroup.mem_stat().usage_bytes) if cgroup else None)
-    running_apps = apps.start(apps.parse(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
-                              ns_fd) if spec.apps else []
+    with namespace.in_network(net_fd):   # the apps are forked inside the phone's network
+        running_apps = apps.start(apps.parse(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
+                                  ns_fd) if spec.apps else []
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
     logbuf.append(layout.root, "system", "ActivityManager", "System now ready")
@@ -177,6 +193,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
              "started_at": time.time(), "namespace": ns_fd is not None,
              # the phone's mount namespace as /proc/PID/ns/mnt names it: how the host tells its processes
              "mount_namespace": os.readlink(f"/proc/self/fd/{ns_fd}") if ns_fd is not None else None,
+             "net_namespace": os.readlink(f"/proc/self/fd/{net_fd}") if net_fd is not None else None,
              "warnings": warnings,
              "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
                                                     "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None,
@@ -246,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as e:
         print(f"vphone: {e}", file=sys.stderr)
         return 1
+    net_fd = network(spec, warnings)
     install_tools(layout, ns_fd is not None)
     try:
-        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, z))
+        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z))
     except OSError as e:
         print(f"vphone: {e}", file=sys.stderr)
         if cgroup is not None:

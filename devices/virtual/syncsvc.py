@@ -12,6 +12,14 @@ symlinks restart there), files are touched as the shell user (setfsuid), and wha
 do fails the way it fails on a phone: STAT/STA2/LST2 answer zeros or the errno, LIST answers no
 entries, only RECV and SEND answer FAIL ("open failed: …", "couldn't create file: …"). A FAIL to a
 stat request is a protocol fault to the adb client (it aborts), so none is ever sent there.
+
+Every path is opened by the kernel relative to a descriptor of the phone's folder with openat2's
+RESOLVE_IN_ROOT (Linux 5.6+): the walk and the open are one system call, so a phone-side process
+that swaps a folder for a symlink mid-request cannot send it out of the phone (resolving first and
+opening the host path after, as this once did, lost that race). Creating, unlinking and linking
+are done relative to the already-opened parent folder, one component at a time; chmod and utime
+on the open file. Without openat2 the service refuses every path (ENOSYS), it never falls back
+to walking host paths.
 """
 
 from __future__ import annotations
@@ -49,39 +57,40 @@ class SyncEnd(Exception):
     """The session is over (QUIT, a FAIL sent, or the peer closed the stream)."""
 
 
-def resolve(root: Path, remote: str, follow_last: bool = True) -> Path:
-    """The host path of a phone path, walked as the kernel walks it with the phone's folder `root`
-    as `/` (a /proc/self/fd/N path of the folder, so the host folders above it need not be
-    searchable by the shell user):
-    `..` at `/` stays at `/`, and a symlink's absolute target starts again at the phone's `/`, so
-    no path leaves the folder (as no path leaves a chroot). Raises OSError (ELOOP, ENOENT)."""
-    root_real = str(root)
-    todo = [c for c in reversed(remote.split("/")) if c not in ("", ".")]
-    parts: list[str] = []
-    links = 0
-    while todo:
-        comp = todo.pop()
-        if comp == "..":
-            if parts:
-                parts.pop()
-            continue
-        if not parts and comp == HIDDEN_TOP:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), remote)
-        candidate = os.path.join(root_real, *parts, comp)
-        if (todo or follow_last) and os.path.islink(candidate):
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), remote)
-            target = os.readlink(candidate)
-            if target.startswith("/"):
-                parts = []
-            todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
-            continue
-        parts.append(comp)
-    return Path(root_real, *parts)
-
-
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+SYS_OPENAT2 = 437             # one number on every architecture (the asm-generic table)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+EAGAIN_RETRIES = 64           # openat2 answers EAGAIN when a rename raced the walk: walk again
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2_in_root(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
+    """open(2) of `path` walked with the folder `root_fd` as `/` (`..` stays there, absolute
+    symlink targets restart there, /proc magic links refused): no result is outside that folder.
+    Raises OSError with the kernel's errno."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    raw = os.fsencode(path)
+    for _ in range(EAGAIN_RETRIES):
+        fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(root_fd), ctypes.c_char_p(raw),
+                           ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.EAGAIN:
+            raise OSError(err, os.strerror(err), path)
+    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), path)
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(parent, last component) of a phone path; the parent of a bare name is `/`."""
+    parent, _, name = path.rpartition("/")
+    return parent or "/", name
 
 
 @contextlib.contextmanager
@@ -148,9 +157,58 @@ class SyncSession:
         self.inp = _Input(stream)
         self.uid: int | None = as_user[0] if as_user is not None else None
         self.gid: int | None = as_user[1] if as_user is not None else None
+        self.root_fd = -1
+        self.root_id = (0, 0)
+        self.hidden = ""
 
     def fs(self):
         return filesystem_user(self.uid, self.gid)
+
+    def open(self, path: str, flags: int, mode: int = 0) -> int:
+        """A descriptor of the phone's `path` (see openat2_in_root); the daemon's own folder at
+        the top is not the phone's: ENOENT there, however the path got to it."""
+        fd = openat2_in_root(self.root_fd, path, flags, mode)
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        if where == self.hidden or where.startswith(self.hidden + "/"):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return fd
+
+    def is_root(self, fd: int) -> bool:
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == self.root_id
+
+    def parent(self, path: str, make: bool) -> tuple[int, str]:
+        """(a descriptor of the folder `path` names its last component in, that component);
+        `make`: create the missing folders on the way first, as adbd's mkdirs does (each one
+        relative to its opened parent). The component is never `.vphone` at the top."""
+        parent, name = _split(path)
+        if make:
+            comps = parent.split("/")
+            for i in range(1, len(comps) + 1):
+                if comps[i - 1] in ("", ".", ".."):
+                    continue
+                try:
+                    os.close(self.open("/".join(comps[:i]) or "/", os.O_PATH | os.O_DIRECTORY))
+                    continue
+                except FileNotFoundError:
+                    pass
+                up = self.open("/".join(comps[:i - 1]) or "/", os.O_PATH | os.O_DIRECTORY)
+                try:
+                    if comps[i - 1] == HIDDEN_TOP and self.is_root(up):
+                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(comps[i - 1], 0o777, dir_fd=up)
+                finally:
+                    os.close(up)
+        fd = self.open(parent, os.O_PATH | os.O_DIRECTORY)
+        if name in ("", ".", ".."):
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if name == HIDDEN_TOP and self.is_root(fd):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return fd, name
 
     async def fail(self, reason: str) -> NoReturn:
         """Answer FAIL with `reason` and end the session."""
@@ -159,11 +217,17 @@ class SyncSession:
         raise SyncEnd(reason)
 
     async def run(self) -> None:
+        self.root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            st = os.fstat(self.root_fd)
+            self.root_id = (st.st_dev, st.st_ino)
+            self.hidden = os.path.join(os.readlink(f"/proc/self/fd/{self.root_fd}"), HIDDEN_TOP)
             while True:
                 await self.one_request()
         except SyncEnd as e:
             log.info("sync session ended: %s", e)
+        finally:
+            os.close(self.root_fd)
 
     async def one_request(self) -> None:
         ident, length = REQUEST.unpack(await self.inp.exactly(REQUEST.size))
@@ -184,7 +248,11 @@ class SyncSession:
     async def stat_v1(self, ident: bytes, path: str) -> None:
         try:
             with self.fs():
-                st = os.lstat(resolve(self.root, path, follow_last=False))
+                fd = self.open(path, os.O_PATH | os.O_NOFOLLOW)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
             reply = STAT_V1.pack(b"STAT", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime))
         except OSError:
             reply = STAT_V1.pack(b"STAT", 0, 0, 0)
@@ -194,8 +262,11 @@ class SyncSession:
         follow = ident == b"STA2"
         try:
             with self.fs():
-                host = resolve(self.root, path, follow_last=follow)
-                st = os.stat(host) if follow else os.lstat(host)
+                fd = self.open(path, os.O_PATH | (0 if follow else os.O_NOFOLLOW))
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
             reply = STAT_V2.pack(ident, 0, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid,
                                  st.st_gid, st.st_size, int(st.st_atime), int(st.st_mtime), int(st.st_ctime))
         except OSError as e:
@@ -210,16 +281,21 @@ class SyncSession:
 
     async def _list(self, path: str, v2: bool) -> None:
         out = bytearray()
+        fd = -1
+        at_root = False
         with self.fs():
             try:
-                host = resolve(self.root, path)
-                names = [".", ".."] + sorted(os.listdir(host))
+                fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                names = [".", ".."] + sorted(os.listdir(fd))
+                at_root = self.is_root(fd)   # the phone's `/`: its `..` is itself, the daemon's folder is not there
+                if at_root and HIDDEN_TOP in names:
+                    names.remove(HIDDEN_TOP)
             except OSError:
                 names = []   # adbd: an unreadable folder lists nothing, then DONE
             for name in names:
                 raw = name.encode("utf-8", "surrogateescape")
                 try:
-                    st = os.lstat(host / name)
+                    st = os.stat("." if at_root and name == ".." else name, dir_fd=fd, follow_symlinks=False)
                 except OSError as e:
                     if v2:
                         out += DENT_V2.pack(b"DNT2", e.errno or errno.EIO, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -232,6 +308,8 @@ class SyncSession:
                 else:
                     out += DENT_V1.pack(b"DENT", st.st_mode, st.st_size & 0xFFFFFFFF, int(st.st_mtime),
                                         len(raw)) + raw
+        if fd >= 0:
+            os.close(fd)
         out += (DENT_V2.pack(b"DONE", *([0] * 12)) if v2 else DENT_V1.pack(b"DONE", 0, 0, 0, 0))
         await self.stream.write(out)
 
@@ -250,15 +328,20 @@ class SyncSession:
         # adbd copies the user's permission bits to group and other.
         perm = mode & 0o777
         perm |= ((perm >> 3) & 0o070) | ((perm >> 3) & 0o007)
+        dir_fd = -1
         try:
             with self.fs():
-                host = resolve(self.root, path, follow_last=False)
-                if host.is_symlink() or host.is_file():
-                    host.unlink()
-                host.parent.mkdir(parents=True, exist_ok=True)  # fixed_push_mkdir
-                host = resolve(self.root, path, follow_last=False)  # a parent may be a fresh symlink
-                fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, perm)
+                dir_fd, name = self.parent(path, make=True)   # fixed_push_mkdir
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if statmod.S_ISLNK(st.st_mode) or statmod.S_ISREG(st.st_mode):
+                        os.unlink(name, dir_fd=dir_fd)
+                # O_NOFOLLOW: a symlink put there since is refused (ELOOP), never followed
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, perm,
+                             dir_fd=dir_fd)
         except OSError as e:
+            if dir_fd >= 0:
+                os.close(dir_fd)
             await self._drain_data()
             await self.fail(f"couldn't create file: {e.strerror}")
         try:
@@ -266,8 +349,10 @@ class SyncSession:
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError), self.fs():
-                host.unlink()
+                os.unlink(name, dir_fd=dir_fd)
             raise
+        finally:
+            os.close(dir_fd)
         os.fchmod(fd, perm)
         with contextlib.suppress(OSError):
             os.utime(fd, (mtime, mtime))
@@ -308,11 +393,13 @@ class SyncSession:
             await self.fail("invalid data message: expected ID_DONE")
         try:
             with self.fs():
-                host = resolve(self.root, path, follow_last=False)
-                if host.is_symlink() or host.exists():
-                    host.unlink()
-                host.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(target, host)
+                dir_fd, name = self.parent(path, make=True)
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=dir_fd)
+                    os.symlink(target, name, dir_fd=dir_fd)
+                finally:
+                    os.close(dir_fd)
         except OSError as e:
             await self.fail(f"symlink failed: {e.strerror}")
         await self.stream.write(DATA.pack(b"OKAY", 0))
@@ -321,7 +408,7 @@ class SyncSession:
     async def recv(self, ident: bytes, path: str) -> None:
         try:
             with self.fs():
-                fd = os.open(resolve(self.root, path), os.O_RDONLY | os.O_CLOEXEC)
+                fd = self.open(path, os.O_RDONLY)
         except OSError as e:
             await self.fail(f"open failed: {e.strerror}")
         try:
