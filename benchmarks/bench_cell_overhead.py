@@ -41,7 +41,7 @@ from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 
 PHONE = "cellbench"
-CALLS = ("shell", "shell_in_run", "state", "push", "pull", "lmk_events", "stop_strays", "remote_sha256", "run", "identity")
+CALLS = ("shell", "shell_in_run", "reads", "state", "push", "pull", "lmk_events", "stop_strays", "remote_sha256", "run", "identity")
 
 
 def free_port() -> int:
@@ -59,6 +59,7 @@ class Tally:
         self.calls: collections.Counter[str] = collections.Counter()
         self.secs: dict[str, float] = collections.defaultdict(float)
         self.shells: collections.Counter[str] = collections.Counter()
+        self.shell_secs: dict[str, float] = collections.defaultdict(float)
         self._saved: dict[str, object] = {}
 
     def install(self) -> None:
@@ -90,7 +91,9 @@ class Tally:
                     tally.calls[key] += 1
                     tally.secs[key] += dt
                     if key == "shell":
-                        tally.shells[str(args[0]).split()[0][:24] if args else "?"] += 1
+                        word = str(args[0]).split()[0][:24] if args else "?"
+                        tally.shells[word] += 1
+                        tally.shell_secs[word] += dt
         return timed
 
 
@@ -147,7 +150,7 @@ def main() -> None:
             print("calls    per cell (all cells), count and seconds: " + ", ".join(
                 f"{k} {tally.calls[k] / n:.1f}x {tally.secs[k] / n:.3f}s" for k in CALLS if tally.calls[k]))
             print("shells   per cell by first word: " + ", ".join(
-                f"{k} {v / n:.1f}" for k, v in tally.shells.most_common()))
+                f"{k} {v / n:.1f}x {tally.shell_secs[k] / n:.3f}s" for k, v in tally.shells.most_common()))
         finally:
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
             subprocess.run([adb_binary(), "-P", str(port), "kill-server"], capture_output=True)

@@ -16,6 +16,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from devices.adb import TRANSPORT_ERRORS, AdbServer, default_server
 from devices.adbutils_import import AdbDevice, AdbError, AdbTimeout
@@ -61,6 +62,16 @@ def read_range_command(remote_path: str, offset: int, nbytes: int) -> str:
 
 def _q(args: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+
+@dataclass(frozen=True)
+class PhoneReads:
+    """What AdbPhone.reads() read in its one shell call."""
+
+    before: str                                # the output of its `before` commands
+    state: DeviceState
+    lmk_events: list[LmkEvent] | None          # None: not asked for
 
 
 class _ChunkedReader:
@@ -159,21 +170,33 @@ class AdbPhone:
             host_abi=props.get("ro.bmoe.host_abi", "") if props.get("ro.bmoe.virtual") == "1" else "",
         )
 
-    _STATE_SCRIPT = (
-        "cat /proc/meminfo; echo " + _MARK + "THERMAL; "
-        "for z in /sys/class/thermal/thermal_zone*; do "
-        "[ -r \"$z/temp\" ] && echo \"$(cat \"$z/type\" 2>/dev/null)=$(cat \"$z/temp\" 2>/dev/null)\"; done; "
-        "echo " + _MARK + "CPUFREQ; "
-        "for p in /sys/devices/system/cpu/cpufreq/policy*; do "
-        "[ -d \"$p\" ] && echo \"${p##*/}=$(cat \"$p/scaling_max_freq\" 2>/dev/null)"
-        ",$(cat \"$p/cpuinfo_max_freq\" 2>/dev/null)\"; done; "
-        "echo " + _MARK + "BATTERY; dumpsys battery 2>/dev/null; "
-        "echo " + _MARK + "THERMALSERVICE; dumpsys thermalservice 2>/dev/null | head -n 20"
-    )
-
     def state(self) -> DeviceState:
         """One snapshot: memory, thermal zones, cpufreq caps, battery and thermal status (one shell call)."""
-        text = self._text(self._STATE_SCRIPT)
+        return self.reads().state
+
+    def reads(self, before: str = "", lmk_since_s: float | None = None, timeout_s: float = 60) -> PhoneReads:
+        """One shell call for what a cell reads around its run: `before` first (a command line
+        whose output is kept: the gate's stray stop and sync, clearing old outputs), then the
+        state, and the low-memory killer's lines since `lmk_since_s` when given (lmk_events). The
+        slow reads (dumpsys battery and thermalservice, logcat: a binder call or a log dump each)
+        run at once (_at_once), so the call costs about the slowest of them, not their sum."""
+        since_phone = None if lmk_since_s is None else lmk_since_s + self.clock_offset_s() - 2.0
+        slow = [("BATTERY", "dumpsys battery"), ("THERMALSERVICE", "dumpsys thermalservice 2>/dev/null | head -n 20")]
+        if since_phone is not None:
+            slow.append(("LMK", _LMK_LOGCAT))
+        script = (f"{before}\necho {_READS}STATE; {_STATE_FAST}; "
+                  + _at_once(slow, fast=_LMK_FAST if since_phone is not None else ""))
+        text = self.shell(script, timeout_s)[1].decode("utf-8", "replace")
+        before_text, _, rest = text.partition(f"{_READS}STATE\n")
+        state = self._parse_state(rest)
+        events = None
+        if since_phone is not None:
+            sections = _sections(rest)
+            events = self._parse_lmk(sections.get("LMKCLOCK", "") + "\n" + sections.get("LMK", ""),
+                                     sections.get("DMESG", ""), since_phone)
+        return PhoneReads(before_text, state, events)
+
+    def _parse_state(self, text: str) -> DeviceState:
         sections = _sections(text)
         mem = parse_meminfo_kb(sections.get("", ""))
         thermal: dict[str, int] = {}
@@ -454,10 +477,14 @@ class AdbPhone:
         """lmkd lines and killinfo events (logcat main+events), and dmesg where readable, since
         `since_s` (host epoch seconds; the phone's clock offset and boot time are accounted for)."""
         since_phone = since_s + self.clock_offset_s() - 2.0
-        text = self._text("date +%s; cut -d' ' -f1 /proc/uptime; logcat -d -b main,events -v epoch 2>/dev/null; "
-                          "echo " + _MARK + "DMESG; dmesg 2>/dev/null | tail -n 400")
-        head, _, dmesg = text.partition(_MARK + "DMESG")
-        lines = head.splitlines()
+        text = self._text(f"{_LMK_FAST}; echo {_MARK}LMK; {_LMK_LOGCAT}")
+        sections = _sections(text)
+        return self._parse_lmk(sections.get("LMKCLOCK", "") + "\n" + sections.get("LMK", ""),
+                               sections.get("DMESG", ""), since_phone)
+
+    def _parse_lmk(self, head: str, dmesg: str, since_phone: float) -> list[LmkEvent]:
+        """lmk_events' parse: `head` is the phone's epoch seconds and uptime, then logcat's lines."""
+        lines = head.strip("\n").splitlines()
         try:
             boot_s = float(lines[0]) - float(lines[1])
         except (IndexError, ValueError):
@@ -476,9 +503,20 @@ class AdbPhone:
         namespace: on a phone every process adb started, on a virtual phone only its own (virtual
         phones share this host's /proc and all run as the shell user, so `pidof NAME` would name
         the engine another phone is measuring). Returns how many were killed."""
-        status, out, _ = self.shell(f"sh -c {shlex.quote(_STRAYS_SH)} {shlex.quote(' '.join(names))}", timeout_s=60)
-        text = out.decode("utf-8", "replace").strip().splitlines()
-        return int(text[-1]) if status == 0 and text and text[-1].isdigit() else 0
+        status, out, _ = self.shell(self.strays_command(names), timeout_s=60)
+        return strays_killed(out.decode("utf-8", "replace")) if status == 0 else 0
+
+    @staticmethod
+    def strays_command(names: Sequence[str]) -> str:
+        """stop_strays' command line (for reads() to run it in the same call): it prints the
+        number killed on its last line (strays_killed)."""
+        return f"sh -c {shlex.quote(_STRAYS_SH)} {shlex.quote(' '.join(names))}"
+
+
+def strays_killed(text: str) -> int:
+    """How many strays the strays command said it killed (0 when it said nothing)."""
+    lines = text.strip().splitlines()
+    return int(lines[-1]) if lines and lines[-1].isdigit() else 0
 
 
 def _int_or_none(text: str) -> int | None:
@@ -497,6 +535,39 @@ _STRAYS_SH = (
     'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
     'done; echo "$n"'
 )
+
+
+# What reads() prints, in sections split at @@BMOE markers (_sections): the fast reads of the
+# state (meminfo first, in the unnamed section) ...
+_STATE_FAST = (
+    "cat /proc/meminfo; echo " + _MARK + "THERMAL; "
+    "for z in /sys/class/thermal/thermal_zone*; do "
+    "[ -r \"$z/temp\" ] && echo \"$(cat \"$z/type\" 2>/dev/null)=$(cat \"$z/temp\" 2>/dev/null)\"; done; "
+    "echo " + _MARK + "CPUFREQ; "
+    "for p in /sys/devices/system/cpu/cpufreq/policy*; do "
+    "[ -d \"$p\" ] && echo \"${p##*/}=$(cat \"$p/scaling_max_freq\" 2>/dev/null)"
+    ",$(cat \"$p/cpuinfo_max_freq\" 2>/dev/null)\"; done"
+)
+# ... and lmk_events' reads: the phone's clock and uptime (dmesg stamps are seconds since boot),
+# dmesg where readable, and logcat's main and events buffers (the slow one)
+_LMK_FAST = ("echo " + _MARK + "LMKCLOCK; date +%s; cut -d' ' -f1 /proc/uptime; "
+             "echo " + _MARK + "DMESG; dmesg 2>/dev/null | tail -n 400")
+_LMK_LOGCAT = "logcat -d -b main,events -v epoch 2>/dev/null"
+_READS = _MARK + "READS"        # reads(): where the output of its `before` commands ends
+_AT_ONCE_DIR = "/data/local/tmp/.bmoe-reads.$$"
+
+
+def _at_once(slow: Sequence[tuple[str, str]], fast: str = "") -> str:
+    """A script running the `slow` commands at once in the background, each into a file of a
+    scratch folder, and `fast` meanwhile, then printing each slow output after its marker; one
+    after another where the folder cannot be made (the output is the same either way)."""
+    d = _AT_ONCE_DIR
+    started = " ".join(f"{{ {cmd}; }} >\"{d}/{i}\" 2>/dev/null &" for i, (_, cmd) in enumerate(slow))
+    shown = "; ".join(f"echo {_MARK}{name}; cat \"{d}/{i}\"" for i, (name, _) in enumerate(slow))
+    serial = "; ".join(f"echo {_MARK}{name}; {{ {cmd}; }} 2>/dev/null" for name, cmd in slow)
+    fast_ = f"{fast}; " if fast else ""
+    return (f"if mkdir \"{d}\" 2>/dev/null; then {started} {fast_}wait; {shown}; rm -rf \"{d}\"; "
+            f"else {fast_}{serial}; fi")
 
 
 def _at(timestamp: str | None, base_s: float) -> float | None:

@@ -20,8 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from devices.adb_phone import AdbPhone, strays_killed
 from devices.base import Device, DeviceState
+from devices.lmk import LmkEvent
 from harness.campaign import GateSettings
+
+_STRAYS_END = "@@BMOE-STRAYS-END"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class GateResult:
     cpu_temp_max_mc: int              # the thresholds in force
     mem_available_min_kb: int
     entry_state: DeviceState          # the last poll: the state the run starts from
+    extra: str = ""                   # what the caller's `extra` commands printed (a phone only)
+    baseline: list[LmkEvent] | None = None   # a phone's lmk lines just before the run (lmk_since_s)
 
     def to_dict(self) -> dict:
         s = self.entry_state
@@ -59,26 +65,44 @@ def unmet(state: DeviceState, gate: GateSettings) -> list[str]:
 
 
 def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: threading.Event | None = None,
-         on_wait: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
-    """Stop strays, sync, then wait (bounded) for a cool CPU and free memory."""
+         on_wait: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+         extra: str = "", lmk_since_s: float | None = None) -> GateResult:
+    """Stop strays, sync, then wait (bounded) for a cool CPU and free memory. On a phone the
+    strays, the sync and the first poll are one shell call (AdbPhone.reads), with the caller's
+    `extra` command line after the sync (its output in GateResult.extra) and, given lmk_since_s,
+    the lmk lines of the poll that passes (GateResult.baseline); elsewhere `extra` is not run."""
     stop = stop or threading.Event()
-    strays = stop_strays(device, engine_names)
-    device.run(["sync"], timeout_s=120)
+    first = None
+    if isinstance(device, AdbPhone):
+        first = device.reads(f"{device.strays_command(engine_names)}; echo {_STRAYS_END}; sync; {extra or ':'}",
+                             lmk_since_s=lmk_since_s, timeout_s=120)
+        killed, _, extra_out = first.before.partition(_STRAYS_END + "\n")
+        strays = strays_killed(killed)
+    else:
+        strays, extra_out = stop_strays(device, engine_names), ""
+        device.run(["sync"], timeout_s=120)
     t0 = clock()
     polls = 0
+    baseline = first.lmk_events if first is not None else None
     while True:
-        state = device.state()
+        if first is not None:
+            state, first = first.state, None
+        elif isinstance(device, AdbPhone) and lmk_since_s is not None:
+            again = device.reads(lmk_since_s=time.time())   # the baseline as the run starts
+            state, baseline = again.state, again.lmk_events
+        else:
+            state = device.state()
         polls += 1
         problems = unmet(state, gate)
         waited = clock() - t0
         if not problems:
             reason = "met" if state.cpu_temp_mc is not None else "met (no CPU temperature sensor: not gated on it)"
             return GateResult(waited, False, reason, polls, strays, gate.cpu_temp_max_mc, gate.mem_available_min_kb,
-                              state)
+                              state, extra_out, baseline)
         if waited >= gate.max_wait_s or stop.is_set():
             why = "gave up" if not stop.is_set() else "interrupted"
             return GateResult(waited, True, f"{why} after {waited:.1f} s: " + "; ".join(problems), polls, strays,
-                              gate.cpu_temp_max_mc, gate.mem_available_min_kb, state)
+                              gate.cpu_temp_max_mc, gate.mem_available_min_kb, state, extra_out, baseline)
         if on_wait:
             on_wait("; ".join(problems))
         stop.wait(min(gate.poll_s, max(0.0, gate.max_wait_s - waited)))

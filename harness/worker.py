@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shlex
 import shutil
 import socket
 import threading
@@ -81,6 +82,9 @@ class Worker(threading.Thread):
         self.stager = Stager(ctx.campaign, ref, lambda msg: ctx.progress.note(ref.spec, msg))
         self.knees: dict[str, Knee] = {}              # probe cell id -> its replayed knee
         self.cpu_seen: CpuSeen | None = None          # the device's CPU at its latest run
+        # a phone's lmk lines as its latest cell's last read saw them: the next cell's baseline
+        # when its gate passes at once (the moments between are the gate's first call)
+        self.lmk_seen: tuple[Device, set[str]] | None = None
         self.busy = False
         self.error: BaseException | None = None
         self.finished = threading.Event()   # waited on instead of join(): see runner.run_campaign
@@ -267,14 +271,29 @@ class Worker(threading.Thread):
             except (DeviceError, OSError) as e:
                 return outcomes.PUSH_FAILED, (str(e),)
             record["engine"] = engine.to_dict()
-            gate = self._gate(device)
+            csv_remote, route_remote = out_paths(cell.device, cell.cell_id)
+            phone = isinstance(device, AdbPhone)
+            seen_lines, self.lmk_seen = self.lmk_seen, None
+            prior = seen_lines[1] if seen_lines is not None and seen_lines[0] is device else None
+            # a phone clears old outputs and says its CPU in the gate's first call, and its lmk
+            # baseline too unless its previous cell's last read has it
+            gate = self._gate(device, f"rm -f {shlex.quote(csv_remote)} {shlex.quote(route_remote)}; {CPU_SCRIPT}"
+                              if phone else "", lmk=phone and prior is None)
             record["gate"], record["entry_state"] = gate.to_dict(), gate.entry_state.to_dict()
             if ctx.stop.is_set():
                 return None, ()
-            csv_remote, route_remote = out_paths(cell.device, cell.cell_id)
-            self._remove(device, [csv_remote, route_remote])
-            baseline = {e.line for e in device.lmk_events(time.time())}
-            seen = self.cpu_seen = self._cpu(device)
+            if phone:
+                if gate.baseline is not None:
+                    baseline = {e.line for e in gate.baseline}
+                elif prior is not None and gate.polls == 1:
+                    baseline = prior
+                else:      # the gate waited: lines may have come since the previous cell's read
+                    baseline = {e.line for e in device.lmk_events(time.time())}
+                seen = self.cpu_seen = parse_cpu_report(gate.extra)
+            else:
+                self._remove(device, [csv_remote, route_remote])
+                baseline = {e.line for e in device.lmk_events(time.time())}
+                seen = self.cpu_seen = self._cpu(device)
         except RunInterrupted:
             return None, ()
         except DeviceLost as e:
@@ -289,13 +308,24 @@ class Worker(threading.Thread):
         if not isinstance(outcome, RunOutcome):
             return outcome
         try:
-            exit_state = device.state()
-            events, kills = self._kills(device, outcome, baseline)
             metrics_path = tmp / names.METRICS_CSV
-            pulled = self._pull(device, csv_remote, metrics_path)
-            if cell.config.route_trace:
-                self._pull(device, route_remote, tmp / names.ROUTE_CSV)
-            self._remove(device, [csv_remote, route_remote])
+            if isinstance(device, AdbPhone):
+                # pulled first, so clearing the outputs, the exit state and the lmk lines are one call
+                pulled = self._pull(device, csv_remote, metrics_path)
+                if cell.config.route_trace:
+                    self._pull(device, route_remote, tmp / names.ROUTE_CSV)
+                after = device.reads(f"rm -f {shlex.quote(csv_remote)} {shlex.quote(route_remote)}",
+                                     lmk_since_s=outcome.started_at_s)
+                exit_state = after.state
+                events, kills = self._kills(device, outcome, baseline, after.lmk_events)
+                self.lmk_seen = (device, baseline | {e.line for e in events})
+            else:
+                exit_state = device.state()
+                events, kills = self._kills(device, outcome, baseline)
+                pulled = self._pull(device, csv_remote, metrics_path)
+                if cell.config.route_trace:
+                    self._pull(device, route_remote, tmp / names.ROUTE_CSV)
+                self._remove(device, [csv_remote, route_remote])
         except RunInterrupted:
             return None, ()
         except DeviceLost as e:
@@ -349,13 +379,15 @@ class Worker(threading.Thread):
         finally:
             record["cpu"] = self.ctx.cpu.end(share)
 
-    def _kills(self, device: Device, outcome: RunOutcome, baseline: set[str]) -> tuple[list[LmkEvent],
-                                                                                        list[LmkEvent]]:
-        """The low-memory killer's new lines since the run began, and those that killed it (lmkd
-        writes its line a moment after the kill: a SIGKILL without one waits EVIDENCE_WAIT_S)."""
+    def _kills(self, device: Device, outcome: RunOutcome, baseline: set[str],
+               read: list[LmkEvent] | None = None) -> tuple[list[LmkEvent], list[LmkEvent]]:
+        """The low-memory killer's new lines since the run began (`read`: already read since
+        then), and those that killed it (lmkd writes its line a moment after the kill: a SIGKILL
+        without one waits EVIDENCE_WAIT_S; any other end has no line to wait for)."""
         names_ = [] if outcome.pid else self.ctx.campaign.engine.stray_names
         pids = [outcome.pid] if outcome.pid else []
-        events = self._new_events(device, outcome, baseline)
+        events = [e for e in read if e.line not in baseline] if read is not None else \
+            self._new_events(device, outcome, baseline)
         kills = kills_of(events, pids=pids, names=names_)
         if outcome.killed_by_sigkill and not outcome.timed_out and not kills and not self.ctx.stop.is_set():
             deadline = time.monotonic() + EVIDENCE_WAIT_S
@@ -365,10 +397,11 @@ class Worker(threading.Thread):
                 kills = kills_of(events, pids=pids, names=names_)
         return events, kills
 
-    def _gate(self, device: Device) -> GateResult:
+    def _gate(self, device: Device, extra: str = "", lmk: bool = False) -> GateResult:
         c = self.ctx.campaign
         return cool(device, c.gate, c.engine.stray_names, stop=self.ctx.stop,
-                    on_wait=lambda why: self.ctx.progress.note(self.ref.spec, f"gate: {why}"))
+                    on_wait=lambda why: self.ctx.progress.note(self.ref.spec, f"gate: {why}"),
+                    extra=extra, lmk_since_s=time.time() if lmk else None)
 
     def _cpu(self, device: Device) -> CpuSeen:
         """The device's cores and kernel boot id (harness.cpushare), unknown when it cannot say."""
