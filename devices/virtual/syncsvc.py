@@ -337,8 +337,9 @@ class SyncSession:
                     if statmod.S_ISLNK(st.st_mode) or statmod.S_ISREG(st.st_mode):
                         os.unlink(name, dir_fd=dir_fd)
                 # O_NOFOLLOW: a symlink put there since is refused (ELOOP), never followed
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, perm,
-                             dir_fd=dir_fd)
+                # O_NONBLOCK: a FIFO put there by the phone fails (ENXIO) instead of hanging the daemon
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, perm, dir_fd=dir_fd)
         except OSError as e:
             if dir_fd >= 0:
                 os.close(dir_fd)
@@ -408,7 +409,7 @@ class SyncSession:
     async def recv(self, ident: bytes, path: str) -> None:
         try:
             with self.fs():
-                fd = self.open(path, os.O_RDONLY)
+                fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO must not hang the daemon
         except OSError as e:
             await self.fail(f"open failed: {e.strerror}")
         try:

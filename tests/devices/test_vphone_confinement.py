@@ -28,7 +28,7 @@ MIB = 1 << 20
 PY = shlex.quote(sys.executable)
 HOST_SECRET = b"HOST SECRET: never to be read through a phone\n"
 PHONE_BYTES = b"the phone's own file\n"
-ROUNDS = 300
+ROUNDS = 250
 DNT2 = struct.Struct("<4sIQQIIIIQqqqI")
 
 # Swap `d` (a folder holding the phone's `x`) with `alt` (a symlink to a host folder) as fast as
@@ -234,3 +234,40 @@ def test_a_phone_side_process_reaches_no_host_loopback_port(adb_server, phones):
     assert ns.splitlines()[0] == state["net_namespace"] != os.readlink("/proc/self/ns/net")
     interfaces = {ln.split(":")[0].strip() for ln in ns.splitlines()[3:] if ":" in ln}
     assert interfaces == {"lo"}, ns
+
+
+def test_the_daemons_folder_and_fifos_lead_nowhere(adb_server, phones, tmp_path):
+    """A phone-side symlink to `/.vphone` is walked inside the phone (the daemon's folder is not the
+    phone's: ENOENT), and a FIFO pulled or pushed over fails at once instead of hanging the daemon."""
+    b = phones["b"]
+    setup = sh(adb_server, b, "cd /data/local/tmp && ln -sfn /.vphone v && rm -f fifo && mkfifo fifo")
+    assert setup.returncode == 0, setup.stderr
+    try:
+        r = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/v/state.json", str(tmp_path / "state.json"))
+        assert r.returncode == 1 and not (tmp_path / "state.json").exists(), r.stderr
+        sync = RawSync(adb_server, b.serial)
+        try:
+            sync.request(b"STA2", "/data/local/tmp/v/spec.json")
+            ident, body = sync.reply()
+            assert ident == b"STA2" and struct.unpack_from("<I", body)[0] == 2     # ENOENT
+            sync.request(b"LIS2", "/")
+            names = []
+            while True:
+                fields = DNT2.unpack(_recv_exact(sync.s, DNT2.size))
+                if fields[0] == b"DONE":
+                    break
+                names.append(_recv_exact(sync.s, fields[-1]).decode())
+            assert "data" in names and ".vphone" not in names, names
+        finally:
+            sync.close()
+        t0 = time.monotonic()
+        pull = adb_server.run("-s", b.serial, "pull", "/data/local/tmp/fifo", str(tmp_path / "fifo"), timeout=30)
+        push = adb_server.run("-s", b.serial, "push", "/proc/version", "/data/local/tmp/fifo", timeout=30)
+        assert time.monotonic() - t0 < 20 and push.returncode == 1, (pull, push)
+        assert sh(adb_server, b, "echo alive").stdout == b"alive\n"
+    finally:
+        sh(adb_server, b, "rm -f /data/local/tmp/v /data/local/tmp/fifo")
+
+
+def sh(server, phone, command: str):
+    return server.run("-s", phone.serial, "shell", command)
