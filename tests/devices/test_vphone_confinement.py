@@ -93,6 +93,7 @@ def test_a_phone_side_process_never_wins_the_sync_race(adb_server, phones, host_
                                stderr=subprocess.PIPE)
     outcomes = {"phone": 0, "refused": 0, "host": 0}
     leaks: list[str] = []
+    local = Path(f"/tmp/vphone-race-pull-{os.getpid()}")
 
     def host_created(what: str) -> None:
         extra = sorted(p.name for p in host_folder.iterdir() if p.name != "x")
@@ -108,7 +109,6 @@ def test_a_phone_side_process_never_wins_the_sync_race(adb_server, phones, host_
         pushed = tmp_path / "pushed"
         pushed.write_bytes(b"pushed by the test\n")
         host_inodes = {host_folder.stat().st_ino, (host_folder / "x").stat().st_ino}
-        local = Path(f"/tmp/vphone-race-pull-{os.getpid()}")
         t0 = time.monotonic()
         for i in range(ROUNDS):
             # adb pull: STAT (stat_v2) then RECV; adb push: STAT then SEND, parents created
@@ -137,6 +137,7 @@ def test_a_phone_side_process_never_wins_the_sync_race(adb_server, phones, host_
         print(f"sync race: {time.monotonic() - t0:.1f} s")
     finally:
         (race / "stop").touch()
+        local.unlink(missing_ok=True)
         try:
             out, err = flipper.communicate(timeout=30)
         except subprocess.TimeoutExpired:
