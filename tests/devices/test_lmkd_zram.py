@@ -18,11 +18,11 @@ from store import outcomes
 
 MIB = 1 << 20
 # Fills MiB of anonymous memory with a same-filled pattern (zram keeps such a page in a few bytes,
-# so swap, not RAM, runs out first), fast up to FAST MiB, then 1 MiB every 40 ms: the last 10 % of
-# a 32 MiB zram lasts ~130 ms, more than lmkd's 100 ms poll.
+# so swap, not RAM, runs out first), fast up to FAST MiB, then 1 MiB every 60 ms: the last 10 % of
+# a 32 MiB zram lasts ~190 ms, more than lmkd's 100 ms poll (a late poll on a loaded host aside).
 ALLOC = ("import os, sys, time\nprint(os.getpid(), flush=True)\nmib, fast = int(sys.argv[1]), int(sys.argv[2])\n"
          "held = []\npage = b'bmoe' * 1024\n"
-         "for i in range(mib):\n    held.append(page * 256)\n    time.sleep(0 if i < fast else 0.04)\n"
+         "for i in range(mib):\n    held.append(page * 256)\n    time.sleep(0 if i < fast else 0.06)\n"
          "print('survived', flush=True)\n")
 
 
@@ -49,12 +49,12 @@ def test_silent_while_swap_is_free_then_killed_with_the_low_swap_reason(adb_serv
     engine.write_text(f"#!{sys.executable}\n{ALLOC}")
     engine.chmod(0o755)
     # 256 MiB of RAM plus a third of the zram: the phone swaps and nobody is killed
-    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 264 200")
+    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 264 236")
     assert r.returncode == 0 and b"survived" in r.stdout, (r.returncode, r.stderr, logcat(adb_server, phone)[-5:])
     assert not [ln for ln in logcat(adb_server, phone) if "lowmemorykiller" in ln]
     # more than RAM and zram together: lmkd kills it when SwapFree falls under 10 % of SwapTotal
     started = time.time()
-    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 512 200")
+    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 512 236")
     assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
     pid = int(r.stdout.split()[0])
     deadline = time.monotonic() + 5
@@ -81,7 +81,7 @@ def test_a_cached_app_goes_before_the_engine_on_low_swap(adb_server, make_phone,
     engine = phone.root / "data/local/tmp/eng"
     engine.write_text(f"#!{sys.executable}\n{ALLOC}")
     engine.chmod(0o755)
-    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 240 150")
+    r = adb_server.run("-s", phone.serial, "shell", "/data/local/tmp/eng 240 190")
     assert r.returncode == 0 and b"survived" in r.stdout, (r.returncode, r.stderr, logcat(adb_server, phone)[-5:])
     kills = [ln for ln in logcat(adb_server, phone) if "lowmemorykiller: Kill " in ln]
     assert kills and "com.bmoe.app.cached1" in kills[0] and "oom_score_adj 900" in kills[0], kills
