@@ -64,7 +64,7 @@ class Tally:
 
     def install(self) -> None:
         for name in CALLS:
-            if name == "shell_in_run":
+            if name == "shell_in_run" or not hasattr(AdbPhone, name):
                 continue
             original = getattr(AdbPhone, name)
             self._saved[name] = original
