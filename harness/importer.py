@@ -144,12 +144,13 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     found: list[_Imported] = []
     per_source: dict[str, int] = {}
     skipped_dirs: list[str] = []
+    captures: dict[Path, dict[str | None, ConsoleRun]] = {}   # each capture read once, not once per run
     for folder in folders:
         skipped_dirs += [str(d) for d in campaign_dirs(folder)]
         groups = discover(folder, exclude=[root])
         per_source[str(folder)] = len(groups)
         for group in groups:
-            found.append(_import_group(folder, group, device, len(found)))
+            found.append(_import_group(folder, group, device, len(found), captures))
 
     cdir = CampaignDir(root)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
@@ -226,11 +227,12 @@ def _write_model(cdir: CampaignDir, record: Mapping[str, Any]) -> None:
 # ── one group ──────────────────────────────────────────────────────────────────────────────────
 
 
-def _import_group(source: Path, group: RunFiles, device: str, index: int) -> _Imported:
+def _import_group(source: Path, group: RunFiles, device: str, index: int,
+                  captures: dict[Path, dict[str | None, ConsoleRun]]) -> _Imported:
     rel = group.folder.relative_to(source)
     where = printable("/".join(part for part in (source.name, *rel.parts, group.stem) if part))
     console = _console(group)
-    section = _section(group)
+    section = _section(group, captures)
     metrics = read_metrics_csv(group.csv) if group.csv else None
     notes: list[str] = [*(metrics.notes if metrics else ()), *(console.notes if console else ()),
                         *(section.notes if section else ())]
@@ -302,10 +304,16 @@ def _console(group: RunFiles) -> ConsoleRun | None:
     return read_console(*own) if own else None
 
 
-def _section(group: RunFiles) -> ConsoleRun | None:
+def _section(group: RunFiles, captures: dict[Path, dict[str | None, ConsoleRun]]) -> ConsoleRun | None:
+    """The group's run in its capture (the first of that tag), the capture split once per import."""
     if group.capture is None:
         return None
-    return next((r for r in read_console_runs(group.capture) if r.tag == group.section), None)
+    if group.capture not in captures:
+        by_tag: dict[str | None, ConsoleRun] = {}
+        for run in read_console_runs(group.capture):
+            by_tag.setdefault(run.tag, run)
+        captures[group.capture] = by_tag
+    return captures[group.capture].get(group.section)
 
 
 def _config(group: RunFiles, console: ConsoleRun | None, section: ConsoleRun | None, metrics) -> dict[str, Any]:

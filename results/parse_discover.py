@@ -84,14 +84,19 @@ def discover(folder: str | Path, exclude: Iterable[str | Path] = ()) -> list[Run
             raise ParseError(f"{path}: run {key[1]} already has a {kind} file ({getattr(group, kind).name})")
         found: dict[str, Any] = {kind: path}
         groups[key] = replace(group, **found)
+    suffixed: dict[tuple[Path, str], list[tuple[Path, str]]] = {}   # (folder, tag) -> the keys ending in _tag
+    for key in groups:
+        _index_suffixes(suffixed, key)
     for capture in captures:
         for run in read_console_runs(capture):
             if run.tag is None:
                 continue
-            key = _owner(groups, capture.parent, run.tag)
+            key = _owner(groups, suffixed, capture.parent, run.tag)
             group = groups.get(key) or RunFiles(folder=capture.parent, stem=run.tag)
             if group.capture is not None:
                 raise ParseError(f"{capture}: run {run.tag} is also in {group.capture.name}")
+            if key not in groups:
+                _index_suffixes(suffixed, key)
             groups[key] = replace(group, capture=capture, section=run.tag)
     return [groups[key] for key in sorted(groups, key=lambda k: (str(k[0]), k[1]))]
 
@@ -112,10 +117,21 @@ def _is_multi_run(path: Path) -> bool:
         len(run_starts(lines)) > 1
 
 
-def _owner(groups: dict[tuple[Path, str], RunFiles], folder: Path, tag: str) -> tuple[Path, str]:
+def _index_suffixes(suffixed: dict[tuple[Path, str], list[tuple[Path, str]]], key: tuple[Path, str]) -> None:
+    """Index a group under every tail of its stem after an underscore (a_b_c: b_c and c), so a
+    section finds its owner in one look-up, not a scan of every group (linear import)."""
+    folder, stem = key
+    at = stem.find("_")
+    while at >= 0:
+        suffixed.setdefault((folder, stem[at + 1:]), []).append(key)
+        at = stem.find("_", at + 1)
+
+
+def _owner(groups: dict[tuple[Path, str], RunFiles], suffixed: dict[tuple[Path, str], list[tuple[Path, str]]],
+           folder: Path, tag: str) -> tuple[Path, str]:
     """The group a section belongs to: the stem equal to its tag, else the one stem ending in
     `_<tag>` (a driver that prefixed the model to its file names), else a group of its own."""
     if (folder, tag) in groups:
         return folder, tag
-    suffixed = [key for key in groups if key[0] == folder and key[1].endswith("_" + tag)]
-    return suffixed[0] if len(suffixed) == 1 else (folder, tag)
+    owners = suffixed.get((folder, tag), [])
+    return owners[0] if len(owners) == 1 else (folder, tag)
