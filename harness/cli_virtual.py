@@ -108,5 +108,10 @@ def list_(as_json: bool, home: str | None) -> None:
         status = p.serial if p.running else "stopped"
         click.echo(f"{p.name:<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {p.model} ({p.soc}, "
                    f"Android {p.android})")
+        extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
+                  f"cores {','.join(map(str, p.cpus))}" if p.cpus else "",
+                  f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else ""]
+        if any(extras):
+            click.echo(f"{'':<16} " + ", ".join(e for e in extras if e))
         for app in p.apps:
             click.echo(f"{'':<16} app {app}")

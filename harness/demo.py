@@ -1,7 +1,8 @@
 """`bmoe-fleet demo`: the main job on an embedded default, start to finish on this machine.
 
 1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
-2. Start two virtual phones (640 MiB and 2 GiB of RAM) on a private adb server — or, where virtual
+2. Start two virtual phones (640 MiB and 2 GiB of RAM, one core of their own each where the host
+   has two) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle, at the knee of the LRU curve replayed
    from a route-traced probe on each device, and past the small phone's RAM.
@@ -74,9 +75,13 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
     if done.returncode != 0:
         raise BmoeError(f"cannot start an adb server: {done.stderr.strip()}")
     names = []
+    # a core of its own per phone where the host has one for each, so no run is oversubscribed
+    cpus = 1 if len(os.sched_getaffinity(0)) >= len(PHONES) else 0
     for name, (ram_bytes, model, soc) in PHONES.items():
-        serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port)
-        echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM")
+        serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port,
+                            cpus=cpus)
+        echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM"
+             + (f", core {','.join(map(str, manager.info(name, home).cpus))}" if cpus else ""))
         names.append(name)
     return names
 

@@ -59,12 +59,16 @@ class PhoneInfo:
     warnings: tuple[str, ...]
     mount_namespace: str | None = None   # e.g. "mnt:[4026532179]", what /proc/PID/ns/mnt of its processes reads
     apps: tuple[str, ...] = ()            # the other open apps (apps.App.describe())
+    zram_bytes: int = 0                   # its own zram swap (0: none)
+    cpus: tuple[int, ...] = ()            # the host cores its cpuset gives it (running, --cpus), else ()
+    storage_mbps: int = 0                 # its /data read throttle (0: none)
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
         d["root"] = str(self.root)
         d["warnings"] = [*self.warnings]
         d["apps"] = [*self.apps]
+        d["cpus"] = [*self.cpus]
         return d
 
 
@@ -105,7 +109,9 @@ def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
                      namespace=bool(state.get("namespace")), cgroup_path=cg.get("path"),
                      warnings=tuple(state.get("warnings") or ()),
                      mount_namespace=state.get("mount_namespace") if running else None,
-                     apps=tuple(a.describe() for a in apps_mod.parse(spec.apps)))
+                     apps=tuple(a.describe() for a in apps_mod.parse(spec.apps)), zram_bytes=spec.zram_bytes,
+                     cpus=tuple(state.get("cpus") or ()) if running and spec.cpus else (),
+                     storage_mbps=spec.storage_mbps)
 
 
 def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInfo]:

@@ -455,9 +455,9 @@ class VirtualPhone:
     def vmstat(self) -> dict[str, int]:
         """The phone's /proc/vmstat counters. Per phone: pgfault, pgmajfault, workingset_refault_anon,
         workingset_refault_file (its memory cgroup's memory.stat), pswpin and pswpout (pages read
-        from and written to its own zram device, from the device's block stat: every page swapped
-        there is this phone's, since no other phone may swap and the host has swapped nothing
-        while its figures were checked; a host process swapping would be counted here too).
+        from and written to its own zram device since swapon, from the device's block stat: the
+        phone's own while it is the only phone with zram, as phones without zram cannot swap;
+        another zram phone's pages, or a host process's, may land there too: docs/virtual-phones.md).
         Host-wide, from the host's /proc/vmstat (cgroup v1 has no per-group counters for them):
         pgsteal_*, pgscan_*, allocstall_*, so they are the phone's only while it is the only thing
         under reclaim."""
