@@ -8,6 +8,7 @@ is not GGUF, a header cut short, or tensor data that runs past the end of the fi
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -149,11 +150,17 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse one GGUF file's header; raise ModelError with a one-line reason if it is unusable."""
     path = os.fspath(path)
     try:
-        file_bytes = os.path.getsize(path)
-        # opened here, used in the `with` below: only the open's OSError gets the "cannot open" line
-        fh = open(path, "rb", buffering=1 << 20)  # noqa: SIM115
+        # O_NONBLOCK: a FIFO opens without waiting for a writer, and is refused by its fstat below
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise ModelError(f"{path}: cannot open model: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would hang the read, /dev/zero never ends, a folder is none
+        os.close(fd)
+        raise ModelError(f"{path}: not a regular file (a model is a .gguf file)")
+    file_bytes = st.st_size
+    # opened here, used in the `with` below (the flag only matters for a FIFO, refused above)
+    fh = os.fdopen(fd, "rb", buffering=1 << 20)
     with fh:
         cur = _Cursor(fh, path, file_bytes)
         if file_bytes < 4 or fh.read(4) != GGUF_MAGIC:

@@ -20,7 +20,8 @@ NO_STREAM_MODES = ("mmap", "resident")
 MAX_FACTOR = 1000.0             # cycle*F, knee*F
 # budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
 # LRU curve replayed from a route-traced probe run on the device (harness.probe)
-_RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*(\d+(?:\.\d+)?|\.\d+))?$")
+# ASCII digits only: Python's \d also takes ١ or ９, which no engine or person means here
+_RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+))?$", re.ASCII)
 
 
 def parse_cache_value(value: int | str) -> int | str:
@@ -40,7 +41,7 @@ def parse_cache_value(value: int | str) -> int | str:
     if not isinstance(value, str):
         raise ValueError(f"expected a budget, got {describe_value(value)}")
     text = value.strip().lower()
-    if "auto" in text and re.search(r"\d", text):
+    if "auto" in text and re.search(r"[0-9]", text):
         raise ValueError(f"{json.dumps(value)} mixes auto with a number (the engine refuses both at once); "
                          "write \"auto\" (with cache_ceil_mb for a cap) or the number alone")
     if text == "auto" or text in NO_STREAM_MODES:
@@ -52,8 +53,8 @@ def parse_cache_value(value: int | str) -> int | str:
         factor = float(m[2]) if m[2] else 1.0
         if factor > MAX_FACTOR:
             raise ValueError(f"{json.dumps(value)}: the factor is at most {MAX_FACTOR:g}")
-        if m[1] == "knee" and factor == 0:
-            raise ValueError(f"{json.dumps(value)}: a knee budget needs a factor above 0 (write 0 for no cache)")
+        if factor == 0:  # a relative budget is never 0 (docs/campaigns.md): 0 is written as 0
+            raise ValueError(f"{json.dumps(value)}: a {m[1]} budget needs a factor above 0 (write 0 for no cache)")
         return f"{m[1]}*{format(factor, '.12g')}"
     raise ValueError(f"{json.dumps(value[:40] + ('…' if len(value) > 40 else ''))} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
                      "(F times the model's token cycle), \"knee*F\" (F times the knee of the replayed LRU "

@@ -147,8 +147,11 @@ class _Reader:
         p = Path(os.path.abspath(p))
         try:
             exists = p.is_file()
+            other = not exists and p.exists()    # /dev/zero, a FIFO, a folder: there, but no file
         except OSError as e:                     # a name too long, a loop of links …
             raise self.fail(key, f"{(e.strerror or str(e)).lower()}: {one_line(str(p), 120)}") from None
+        if must_exist and other:
+            raise self.fail(key, f"not a regular file: {one_line(str(p), 240)}")
         if must_exist and not exists:
             raise self.fail(key, f"no such file {one_line(str(p), 240)}")
         return str(p)
@@ -463,7 +466,7 @@ def load_campaign(path: str | os.PathLike) -> Campaign:
     except OSError as e:
         raise CampaignError(f"{p}: cannot read: {e.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8").removeprefix("\ufeff"))   # an editor's UTF-8 BOM
     except UnicodeDecodeError:
         raise CampaignError(f"{p}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:

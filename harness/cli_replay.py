@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from engine.errors import BmoeError
+from harness.campaign import INT_MAX, number_text
 from results.lru_replay import POLICIES
 from results.replay import PHASES, replay_traces
 
@@ -19,6 +21,10 @@ def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> l
         budgets = [float(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of MiB values, e.g. 250,500,1000") from None
+    for budget in budgets:
+        # a budget is MiB the engine's int can hold: 1e308 or inf would overflow the replay's byte counts
+        if not 0 <= budget <= INT_MAX:
+            raise BmoeError(f"replay: --budgets {number_text(budget)} is not a budget: 0 to {INT_MAX} MiB")
     return budgets
 
 

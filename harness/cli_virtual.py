@@ -10,6 +10,8 @@ import json
 
 import click
 
+from engine.safetext import printable
+
 
 @click.group("virtual")
 def virtual() -> None:
@@ -105,13 +107,14 @@ def list_(as_json: bool, home: str | None) -> None:
         click.echo(json.dumps([p.to_dict() for p in phones], indent=2))
         return
     for p in phones:
-        status = p.serial if p.running else "stopped"
-        click.echo(f"{p.name:<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {p.model} ({p.soc}, "
-                   f"Android {p.android})")
+        # a phone's strings are what `virtual up` was given: shown escaped, never as raw control bytes
+        status = printable(p.serial) if p.running else "stopped"
+        click.echo(f"{printable(p.name):<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {printable(p.model)} "
+                   f"({printable(p.soc)}, Android {printable(str(p.android))})")
         extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
                   f"cores {','.join(map(str, p.cpus))}" if p.cpus else "",
                   f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else ""]
         if any(extras):
             click.echo(f"{'':<16} " + ", ".join(e for e in extras if e))
         for app in p.apps:
-            click.echo(f"{'':<16} app {app}")
+            click.echo(f"{'':<16} app {printable(str(app))}")

@@ -69,6 +69,12 @@ def arg_problem(arg: str) -> str | None:
         return "is empty"
     if "\0" in arg:
         return "holds a NUL character"
+    name, eq, _ = arg.partition("=")
+    if eq and name.startswith("--") and _FLAG.match(name):
+        # bmoe-cli's parser takes no --flag=value (it says "unknown arg"); a harness-owned flag
+        # written that way must not slip past the checks below
+        owned = arg_problem(name)
+        return owned or f"bmoe-cli takes no --flag=value form: write {name} and its value as two elements"
     if arg in RESERVED:
         return f"{arg} is set by the harness: {RESERVED[arg]}"
     if arg in MAPPED:

@@ -34,6 +34,7 @@ from results.parse_text import (
     NumberError,
     ParseError,
     excerpt,
+    kv_pairs,
     located,
     one_line,
     parse_kv,
@@ -44,6 +45,7 @@ from results.parse_values import bad_in_column, checked, note, problem
 
 HEADER_START = "step,"
 SUMMARY_PREFIX = "# summary"
+_MODEL_PREFIX = "# model="
 # every version has these; anything after them is optional
 REQUIRED_COLUMNS = ("step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct")
 # columns where the engine writes -1 for "not measured" (no cache, or a platform without the probe)
@@ -97,6 +99,15 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
 
     # the header is the first line that is not a comment: columns are read by name, in any order
     header_at = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), None)
+    # the engine prints the model's file name as it is: a newline in it continues `# model=` on a
+    # line of its own, which is that name's rest, not the header (the run is not invalid for it)
+    model_lines: list[str] = []
+    while (header_at is not None and header_at > 0 and lines[header_at - 1].startswith(_MODEL_PREFIX)
+           and not lines[header_at].startswith(HEADER_START)):
+        model_lines = model_lines or [lines[header_at - 1][len(_MODEL_PREFIX):]]
+        model_lines.append(lines.pop(header_at))
+        lines[header_at - 1] = _MODEL_PREFIX + model_lines[-1]
+        header_at = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), None)
     head = lines if header_at is None else lines[:header_at]
     version = _version(name, head)
     preamble: dict[str, str] = {}
@@ -104,6 +115,9 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
     for number, line in enumerate(head, start=1):
         if not _MAGIC_RE.fullmatch(line):
             preamble.update(_preamble_values(f"{name}:{number}", line, notes))
+    if model_lines:
+        *first, last = model_lines
+        preamble["model"] = "\n".join([*first, last.split(" arch=", 1)[0]])
     if header_at is None:
         if cut is not None and not (cut.startswith(("#", HEADER_START)) or HEADER_START.startswith(cut)):
             raise _not_a_csv(name, len(lines) + 1, cut)     # a cut line that is no header and no comment
@@ -127,7 +141,10 @@ def read_metrics_csv(path: str | Path) -> MetricsFile:
         where = f"{name}:{number}"
         if line.startswith(SUMMARY_PREFIX):
             values: dict[str, SummaryValue] = {}
-            for key, text in parse_kv(line[len(SUMMARY_PREFIX):]).items():
+            for key, text in kv_pairs(line[len(SUMMARY_PREFIX):]):
+                if key in values:  # the engine writes each key once: keep the first, and say so
+                    notes.append(f"{where}: summary key {excerpt(key, 40)} repeated, the first value kept")
+                    continue
                 try:
                     values[key] = to_number(text, key)
                 except NumberError as e:

@@ -115,6 +115,11 @@ def parse_kv(text: str) -> dict[str, str]:
     return dict(_KV_RE.findall(text))
 
 
+def kv_pairs(text: str) -> list[tuple[str, str]]:
+    """parse_kv's tokens in order, a repeated key kept each time (for a reader that must say so)."""
+    return _KV_RE.findall(text)
+
+
 def one_line(text: str, limit: int = 60) -> str:
     """A quotable excerpt of untrusted text for an error message that must stay on one line."""
     text = text.strip()

@@ -38,6 +38,16 @@ COUNTS = frozenset({
 })
 NON_NEGATIVE_SUFFIXES = ("_ms", "_s", "/tok", "/s", "_tps", "_token", "_bytes", "_mib", "_mb", "_kb", "_khz",
                          "_uah", "_count")
+# Engine settings bmoe-cli reads into a C int, with its own ranges (docs/engine-contract.md): a
+# value outside them is no run's setting (4294967296 experts, 1000 I/O lanes), so stored as missing.
+INT_MAX = 2**31 - 1
+IO_THREADS_MAX = 8     # bmoe-cli: --io-threads [1..8]; 0 is what a non-streaming run reports
+ENGINE_INTS: dict[str, tuple[int, int]] = {
+    "io_threads": (0, IO_THREADS_MAX),
+    **dict.fromkeys(("top_k", "n_expert_used", "n_expert", "threads", "n_ctx", "n_ubatch", "n_predict",
+                     "n_prompt", "prefetch", "cache_mb", "cache_mib", "budget_mib", "cache_floor_mib",
+                     "cache_ceil_mib"), (0, INT_MAX)),
+}
 SIGNED_MARKS = ("overhead", "temp", "_dc", "_mc")  # a clock difference, temperatures: below 0 is real
 _FREE = (-math.inf, math.inf, None)
 
@@ -45,6 +55,9 @@ _FREE = (-math.inf, math.inf, None)
 def value_range(key: str) -> tuple[float, float, float | None]:
     """(lowest, highest, sentinel) a value of `key` can take; the sentinel is allowed outside them."""
     name = key.lower()
+    if name in ENGINE_INTS:
+        low, high = ENGINE_INTS[name]
+        return float(low), float(high), None
     if any(mark in name for mark in SIGNED_MARKS):
         return _FREE
     if name.endswith("_pct"):
@@ -68,7 +81,10 @@ def problem(key: str, value: Any) -> str | None:
     low, high, sentinel = value_range(key)
     if value == sentinel or low <= value <= high:
         return None
-    return "negative" if value < 0 <= low else f"outside {low:g}..{high:g}"
+    def shown(bound: float) -> str:
+        return str(int(bound)) if math.isfinite(bound) and bound == int(bound) else f"{bound:g}"
+
+    return "negative" if value < 0 <= low else f"outside {shown(low)}..{shown(high)}"
 
 
 def note(where: str, key: str, value: Any, reason: str) -> str:
