@@ -146,6 +146,53 @@ def _ggml_nbytes(name: str, ne: tuple[int, ...], qtype: GGMLQuantizationType, pa
     return n // block_elems * block_bytes
 
 
+GGML_MAX_DIMS = 4                    # ggml.h: llama.cpp refuses a tensor of more dimensions
+_INT64_MAX = 2 ** 63 - 1
+
+
+def check_as_llama(path: str, keys: list[str], infos: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]],
+                   alignment: int) -> None:
+    """Refuse what llama.cpp's gguf_init_from_reader refuses, in its order and with its words (so
+    bmoe-py refuses each file bmoe-cli does, issue 28): a key stored twice; a tensor name stored
+    twice; more than GGML_MAX_DIMS dimensions; an element count past int64; a row that is not a
+    whole number of its type's blocks; and any tensor whose offset is not the running end of the
+    ones before it, each padded to `alignment` (which catches overlapping, misaligned, reversed and
+    all-zero offsets, and a type relabelled to one of another size). `infos` are (name, ne, type,
+    offset relative to the data section)."""
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            # sic: llama.cpp's message says "tensors" for two keys' indices
+            raise ModelError(f"{path}: duplicate key '{_name(key)}' for tensors {seen[key]} and {i}")
+        seen[key] = i
+    names: dict[str, int] = {}
+    for i, (name, ne, qtype, _rel) in enumerate(infos):
+        shown = _name(name)
+        if name in names:
+            raise ModelError(f"{path}: duplicate tensor name '{shown}' for tensors {names[name]} and {i}")
+        names[name] = i
+        if len(ne) > GGML_MAX_DIMS:
+            raise ModelError(f"{path}: tensor '{shown}' has invalid number of dimensions: {len(ne)} > {GGML_MAX_DIMS}")
+        if any(d > _INT64_MAX for d in ne):
+            raise ModelError(f"{path}: tensor '{shown}' has invalid number of elements: {list(ne)}")
+        n = 1
+        for d in ne:
+            n *= d
+        if n > _INT64_MAX:
+            raise ModelError(f"{path}: total number of elements in tensor '{shown}' with shape {list(ne)} is >= "
+                             f"{_INT64_MAX}")
+        block_elems, _ = GGML_QUANT_SIZES[qtype]
+        if ne and ne[0] % block_elems:
+            raise ModelError(f"{path}: tensor '{shown}' of type {int(qtype)} ({qtype.name.lower()}) has {ne[0]} "
+                             f"elements per row, not a multiple of block size ({block_elems})")
+    expected = 0
+    for name, ne, qtype, rel in infos:
+        if rel != expected:
+            raise ModelError(f"{path}: tensor '{_name(name)}' has offset {rel}, expected {expected}")
+        nbytes = _ggml_nbytes(name, ne, qtype, path)
+        expected += -(-nbytes // alignment) * alignment
+
+
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse one GGUF file's header; raise ModelError with a one-line reason if it is unusable."""
     path = os.fspath(path)
@@ -173,8 +220,10 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         n_kv = cur.scalar("<Q", "metadata count")
         # A wild count needs no guard: every entry reads bytes, so the cursor hits the end first.
         metadata: dict[str, Any] = {}
+        keys: list[str] = []
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
+            keys.append(key)
             vtype = cur.scalar("<I", f"type of {_name(key)}")
             metadata[key] = cur.value(vtype, _name(key))
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -198,6 +247,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             rel = cur.scalar("<Q", f"offset of {shown}")
             raw_infos.append((name, ne, qtype, rel))
         data_offset = (cur.pos + alignment - 1) // alignment * alignment
+        check_as_llama(path, keys, raw_infos, alignment)
         tensors = []
         for name, ne, qtype, rel in raw_infos:
             nbytes = _ggml_nbytes(name, ne, qtype, path)

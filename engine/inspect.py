@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model import MIB, ModelShape, load_model_shape
+from .model import MIB, ModelShape, engine_refusal, load_model_shape
 from .safetext import one_line
 from .units import format_bytes
 
@@ -18,6 +18,7 @@ class ModelReport:
     top_ks: tuple[int, ...]
     text: str
     data: dict[str, Any]
+    refusal: str | None = None      # why the engine will refuse this file (model.engine_refusal)
 
 
 def _layer_runs(shape: ModelShape) -> list[tuple[int, int, int]]:
@@ -61,4 +62,9 @@ def inspect_model(path: str, top_ks: list[int] | None = None) -> ModelReport:
         f"top-k {k}: token cycle {shape.cycle_mib(k):.1f} MiB, widest layer {shape.layer_demand_mib(k):.1f} MiB"
         for k in ks
     ]
-    return ModelReport(shape, ks, "\n".join(lines), shape.to_dict(list(ks)))
+    refusal = engine_refusal(shape)
+    data = shape.to_dict(list(ks))
+    if refusal is not None:
+        lines.insert(0, f"the engine will refuse this file: {one_line(refusal, 2 * TEXT_NAME_CHARS)}")
+        data["engine_refuses"] = refusal
+    return ModelReport(shape, ks, "\n".join(lines), data, refusal)
