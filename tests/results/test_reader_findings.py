@@ -124,3 +124,20 @@ def test_a_newline_in_the_models_file_name_leaves_the_run_readable(tmp_path_fact
 def test_engine_integers_outside_bmoe_clis_range_are_impossible(key, value):
     low, high = ENGINE_INTS[key]
     assert (problem(key, value) is None) == (low <= value <= high)
+
+
+@PROPS
+@given(model=st.text(min_size=1, max_size=12))
+def test_virtual_list_shows_a_phones_strings_escaped(tmp_path_factory, model):
+    import json
+
+    from devices.virtual.phone import INTERNAL, PhoneSpec
+
+    home = tmp_path_factory.mktemp("phones")
+    (home / "p1" / INTERNAL).mkdir(parents=True)
+    spec = PhoneSpec(name="p1", ram_bytes=1 << 30, model=model, soc="sm\x1b[2J8550")
+    (home / "p1" / INTERNAL / "spec.json").write_text(json.dumps(spec.to_json()))
+    r = CliRunner().invoke(main, ["virtual", "list", "--home", str(home)])
+    assert r.exit_code == 0, r.output
+    assert not any(c in r.output for c in "\x1b\r\x00\x07\x7f\u202e"), repr(r.output)
+    assert r.output.count("\n") == 1
