@@ -93,6 +93,8 @@ def test_split_name_of_zero_shards_is_one_file_as_bmoe_cli_loads_it(model, tmp_p
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     p = _run(BIN / "bmoe-py", "-m", odd, "-p", "hi", "-n", "1", "-t", "1")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    p = _run(BIN / "bmoe-fleet", "sweep", "--device", "local", "--model", odd, "--dry-run", "-o", tmp_path / "c")
+    assert p.returncode == 0 and "Traceback" not in p.stderr and str(odd) in p.stdout, p.stderr
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
