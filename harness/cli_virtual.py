@@ -108,7 +108,7 @@ def list_(as_json: bool, home: str | None) -> None:
         return
     for p in phones:
         # a phone's strings are what `virtual up` was given: shown escaped, never as raw control bytes
-        status = printable(p.serial) if p.running else "stopped"
+        status = printable(p.serial or "?") if p.running else "stopped"
         click.echo(f"{printable(p.name):<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {printable(p.model)} "
                    f"({printable(p.soc)}, Android {printable(str(p.android))})")
         extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
