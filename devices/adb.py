@@ -58,7 +58,7 @@ class AdbServer:
             raise DeviceError(f"--adb expects HOST:PORT, got {text!r}")
         return cls(_unbracket(host) or DEFAULT_ADB_HOST, int(port))
 
-    def client(self) -> AdbClient:
+    def client(self) -> _Client:
         """A client of this server that never starts one of its own."""
         return _Client(host=self.host, port=self.port, socket_timeout=30)
 
@@ -124,6 +124,14 @@ class _Connection(AdbConnection):
             self.close()
             raise
 
+    def send_command(self, cmd: str) -> None:
+        # the same for a request the server never takes (it died after accepting the connection)
+        try:
+            super().send_command(cmd)
+        except BaseException:
+            self.close()
+            raise
+
     def _safe_connect(self) -> socket.socket:
         # adbutils answers a refused connection by running `adb start-server` (on
         # ANDROID_ADB_SERVER_PORT or 5037, whatever ADB_SERVER_SOCKET says) and trying again, so a
@@ -148,10 +156,26 @@ class _Connection(AdbConnection):
             raise AdbConnectionError(f"connect to adb server failed: {e}") from None
 
 
+_VERSIONS: dict[tuple[str, int], int] = {}
+
+
 class _Client(AdbClient):
     def __init__(self, host: str, port: int, socket_timeout: float):
         super().__init__(host=host, port=port, socket_timeout=socket_timeout)
         self._timeout_s = socket_timeout
+
+    def server_version(self) -> int:
+        """The server's version as adbutils asks it, once per server: its open_transport() asks
+        while holding the device's connection, and leaks that connection when the question
+        fails (the server died in between). live_version() asks every time."""
+        key = (self.host, self.port)
+        if key not in _VERSIONS:
+            _VERSIONS[key] = self.live_version()
+        return _VERSIONS[key]
+
+    def live_version(self) -> int:
+        """The server's version, asked now (whether it answers at all)."""
+        return super().server_version()
 
     def make_connection(self, timeout: float | None = None) -> AdbConnection:
         try:
@@ -171,7 +195,7 @@ def adb_binary() -> str:
 def ensure_server(server: AdbServer) -> None:
     """Start a local adb server on the port if none answers (remote servers must already run)."""
     try:
-        server.client().server_version()
+        server.client().live_version()
         return
     except TRANSPORT_ERRORS:
         pass
@@ -218,7 +242,7 @@ def started_here(server: AdbServer) -> bool:
 def answers(server: AdbServer, timeout_s: float = 3.0) -> bool:
     """Whether the server answers a version request within timeout_s."""
     try:
-        _Client(host=server.host, port=server.port, socket_timeout=timeout_s).server_version()
+        _Client(host=server.host, port=server.port, socket_timeout=timeout_s).live_version()
         return True
     except TRANSPORT_ERRORS:
         return False

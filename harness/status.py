@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.safetext import printable
+from engine.safetext import one_line, printable
 from harness.campaign import fleet_home
 from harness.plan import read_plan
 from store import locks
@@ -36,11 +36,12 @@ class DeviceStatus:
     pending: int
     attempts: int
     outcomes: dict[str, int] = field(default_factory=dict)   # latest outcome per cell
+    lost: str | None = None                 # the evidence of its latest device_lost attempt
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON `status --json` gives per device."""
         return {"device": self.device, "planned": self.planned, "done": self.done, "pending": self.pending,
-                "attempts": self.attempts, "outcomes": dict(self.outcomes)}
+                "attempts": self.attempts, "outcomes": dict(self.outcomes), "lost": self.lost}
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class CampaignStatus:
         for d in self.devices:
             counts = ", ".join(f"{k} {v}" for k, v in _ordered(d.outcomes)) or "nothing yet"
             lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts})")
+            if d.lost:
+                lines.append(f"    latest device_lost: {d.lost}")
         return "\n".join(printable(line) for line in lines)   # names come from files and devices
 
 
@@ -145,6 +148,20 @@ def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
 
 
+def _latest_lost(cdir: CampaignDir, records: list[dict], ids: set[str]) -> str | None:
+    """What the device's latest attempted device_lost run says (its evidence, one line): why it
+    was lost, and what became of its adb server (restarted, waited for)."""
+    lost = [r for r in records if r["cell_id"] in ids and r["outcome"] == "device_lost" and r.get("attempted", True)]
+    if not lost:
+        return None
+    latest = max(lost, key=lambda r: float(r.get("ended_at") or 0))
+    try:
+        run = json.loads((cdir.run_dir(latest["cell_id"], int(latest["attempt"])) / "run.json").read_text())
+        return one_line("; ".join(str(e) for e in run.get("evidence") or ()), 400) or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
     """How far a campaign directory is (read-only, see the module doc)."""
     root = Path(out_dir).resolve()
@@ -172,7 +189,8 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
                 states[rec["outcome"]] += 1
         pending = sum(1 for i in ids if cells[i] == "pending")
         devices.append(DeviceStatus(device, len(ids), len(ids) - pending, pending, sum(attempts[i] for i in ids),
-                                    {k: v for k, v in states.items() if k != "pending"}))
+                                    {k: v for k, v in states.items() if k != "pending"},
+                                    _latest_lost(cdir, records, set(ids))))
     outcomes: Counter[str] = Counter()
     for d in devices:
         outcomes.update(d.outcomes)

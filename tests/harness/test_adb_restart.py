@@ -24,7 +24,7 @@ from tests.harness.test_hung_phone import _ledger
 PHONE = "restart"
 
 
-def _campaign(folder, port, phone_home, model):
+def _campaign(folder, port, phone_home, model, retries=2):
     path = folder / "restart.toml"
     path.write_text(f"""version = 1
 name = "restart"
@@ -42,7 +42,7 @@ cache_mb = [0, 1]
 n_predict = 60
 threads = 1
 device_timeout_s = 4
-retries = 2
+retries = {retries}
 retry_backoff_s = 0.1
 [gate]
 max_wait_s = 1
@@ -88,7 +88,9 @@ def test_the_tools_own_adb_server_is_restarted_and_the_campaign_completes(tmp_pa
         assert f"adb server 127.0.0.1:{port} was gone; restarted it" in lost[0]["evidence"][-1], lost[0]["evidence"]
         assert "reconnected" in lost[0]["evidence"][-1]
         assert sorted(r["outcome"] for r in lines if r["outcome"] != "device_lost") == ["ok", "ok"]
-        assert campaign_status(out).complete
+        status = campaign_status(out)
+        assert status.complete
+        assert "restarted it" in status.text() and "restarted it" in status.to_dict()["devices"][0]["lost"]
         assert adb_server_pids(port)                 # the server is up again
     finally:
         manager.down(PHONE, home=home, adb_host="127.0.0.1", adb_port=port)
@@ -102,12 +104,13 @@ def test_a_users_adb_server_is_waited_for_never_started(tmp_path, tiny_model):
             server = AdbServer("127.0.0.1", port)
             assert not adb.started_here(server)
             manager.up(PHONE, 256 << 20, home=home, adb_host="127.0.0.1", adb_port=port)
-            path, out = _campaign(tmp_path, port, home, tiny_model), tmp_path / "out"
+            path, out = _campaign(tmp_path, port, home, tiny_model, retries=0), tmp_path / "out"
             end = _kill_server_mid_run(path, out, port, home)
             assert end.exit_status == 3, end.text()
             assert not adb_server_pids(port)         # never started behind the user's back
             lost = [r for r in _ledger(out) if r["outcome"] == "device_lost" and r["attempted"]]
             assert lost and "not started by bmoe-fleet: waited, never restarted" in lost[0]["evidence"][-1], lost
-            assert not campaign_status(out).complete
+            status = campaign_status(out)
+            assert not status.complete and "never restarted" in status.text()
         finally:
             manager.down(PHONE, home=home, adb_host="127.0.0.1", adb_port=port)
