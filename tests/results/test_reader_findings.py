@@ -141,3 +141,22 @@ def test_virtual_list_shows_a_phones_strings_escaped(tmp_path_factory, model):
     assert r.exit_code == 0, r.output
     assert not any(c in r.output for c in "\x1b\r\x00\x07\x7f\u202e"), repr(r.output)
     assert r.output.count("\n") == 1
+
+
+@settings(PROPS, max_examples=15)
+@given(k=st.integers(0, 2**64 - 1), io=st.integers(0, 2**64 - 1))
+def test_an_imported_driver_tags_engine_ints_are_kept_only_when_the_engine_takes_them(tmp_path_factory, k, io):
+    import json
+
+    from harness.importer import import_runs
+
+    lines = (UPSTREAM / "2026-07-17" / "driver-lanes.log").read_text().splitlines()[1:19]
+    source = tmp_path_factory.mktemp("drv")
+    body = "\n".join(line for line in lines if "n_expert_used" not in line and "io_threads" not in line)
+    (source / "driver-w.log").write_text(f"=============== gptoss_k4 (k={k} io={io} n=24) ===============\n{body}\n")
+    out = tmp_path_factory.mktemp("out") / "c"
+    import_runs([source], out)
+    (run,) = [json.loads(p.read_text()) for p in out.glob("runs/*/*/run.json")]
+    assert run["config"].get("n_expert_used") == (k if k <= ENGINE_INTS["n_expert_used"][1] else None)
+    assert run["config"].get("io_threads") == (io if io <= ENGINE_INTS["io_threads"][1] else None)
+    assert all(type(v) is not float or k != v for v in run["config"].values())   # never a float round trip
