@@ -174,14 +174,18 @@ class AdbPhone:
         """One snapshot: memory, thermal zones, cpufreq caps, battery and thermal status (one shell call)."""
         return self.reads().state
 
-    def reads(self, before: str = "", lmk_since_s: float | None = None, timeout_s: float = 60) -> PhoneReads:
+    def reads(self, before: str = "", lmk_since_s: float | None = None, timeout_s: float = 60,
+              services: bool = True) -> PhoneReads:
         """One shell call for what a cell reads around its run: `before` first (a command line
         whose output is kept: the gate's stray stop and sync, clearing old outputs), then the
         state, and the low-memory killer's lines since `lmk_since_s` when given (lmk_events). The
         slow reads (dumpsys battery and thermalservice, logcat: a binder call or a log dump each)
-        run at once (_at_once), so the call costs about the slowest of them, not their sum."""
+        run at once (_at_once), so the call costs about the slowest of them, not their sum.
+        `services=False` skips the two dumpsys (the state's battery_temp_dc and thermal_status are
+        then None: the caller has them from a read moments ago)."""
         since_phone = None if lmk_since_s is None else lmk_since_s + self.clock_offset_s() - 2.0
         slow = [("BATTERY", "dumpsys battery"), ("THERMALSERVICE", "dumpsys thermalservice 2>/dev/null | head -n 20")]
+        slow = slow if services else []
         if since_phone is not None:
             slow.append(("LMK", _LMK_LOGCAT))
         script = (f"{before}\necho {_READS}STATE; {_STATE_FAST}; "
@@ -561,6 +565,8 @@ def _at_once(slow: Sequence[tuple[str, str]], fast: str = "") -> str:
     """A script running the `slow` commands at once in the background, each into a file of a
     scratch folder, and `fast` meanwhile, then printing each slow output after its marker; one
     after another where the folder cannot be made (the output is the same either way)."""
+    if not slow:
+        return fast or ":"
     d = _AT_ONCE_DIR
     started = " ".join(f"{{ {cmd}; }} >\"{d}/{i}\" 2>/dev/null &" for i, (_, cmd) in enumerate(slow))
     shown = "; ".join(f"echo {_MARK}{name}; cat \"{d}/{i}\"" for i, (name, _) in enumerate(slow))

@@ -14,6 +14,7 @@ from one phone — or from this host — would kill the engine another phone is 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -66,16 +67,22 @@ def unmet(state: DeviceState, gate: GateSettings) -> list[str]:
 
 def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: threading.Event | None = None,
          on_wait: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-         extra: str = "", lmk_since_s: float | None = None) -> GateResult:
+         extra: str = "", lmk_since_s: float | None = None, services_from: DeviceState | None = None) -> GateResult:
     """Stop strays, sync, then wait (bounded) for a cool CPU and free memory. On a phone the
     strays, the sync and the first poll are one shell call (AdbPhone.reads), with the caller's
     `extra` command line after the sync (its output in GateResult.extra) and, given lmk_since_s,
-    the lmk lines of the poll that passes (GateResult.baseline); elsewhere `extra` is not run."""
+    the lmk lines of the poll that passes (GateResult.baseline); elsewhere `extra` is not run.
+    `services_from`: a phone state read moments ago whose battery temperature and thermal status
+    (two dumpsys calls: the battery sensor lags by minutes) the first poll takes instead of
+    reading them again; a later poll reads everything."""
     stop = stop or threading.Event()
     first = None
     if isinstance(device, AdbPhone):
         first = device.reads(f"{device.strays_command(engine_names)}; echo {_STRAYS_END}; sync; {extra or ':'}",
-                             lmk_since_s=lmk_since_s, timeout_s=120)
+                             lmk_since_s=lmk_since_s, timeout_s=120, services=services_from is None)
+        if services_from is not None:
+            first = dataclasses.replace(first, state=dataclasses.replace(
+                first.state, battery_temp_dc=services_from.battery_temp_dc, thermal_status=services_from.thermal_status))
         killed, _, extra_out = first.before.partition(_STRAYS_END + "\n")
         strays = strays_killed(killed)
     else:

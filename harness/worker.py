@@ -26,7 +26,16 @@ from typing import Any
 
 from devices import adb
 from devices.adb_phone import AdbPhone
-from devices.base import Device, DeviceError, DeviceLost, PressureSample, RunInterrupted, RunOutcome, pressure_metrics
+from devices.base import (
+    Device,
+    DeviceError,
+    DeviceLost,
+    DeviceState,
+    PressureSample,
+    RunInterrupted,
+    RunOutcome,
+    pressure_metrics,
+)
 from devices.lmk import LmkEvent, kills_of
 from engine.fsutil import naming
 from harness.budgets import is_knee
@@ -45,6 +54,7 @@ from store.campaign_dir import CampaignDir
 from store.ledger import latest_by_cell, ledger_line
 
 EVIDENCE_WAIT_S = 3.0
+SERVICES_FRESH_S = 5.0     # a previous exit state's dumpsys battery/thermalservice serve the next gate this long
 
 
 @dataclass
@@ -85,6 +95,8 @@ class Worker(threading.Thread):
         # a phone's lmk lines as its latest cell's last read saw them: the next cell's baseline
         # when its gate passes at once (the moments between are the gate's first call)
         self.lmk_seen: tuple[Device, set[str]] | None = None
+        # and its exit state, when (monotonic): the next gate's battery and thermal status if fresh
+        self.last_exit: tuple[Device, DeviceState, float] | None = None
         self.busy = False
         self.error: BaseException | None = None
         self.finished = threading.Event()   # waited on instead of join(): see runner.run_campaign
@@ -275,10 +287,13 @@ class Worker(threading.Thread):
             phone = isinstance(device, AdbPhone)
             seen_lines, self.lmk_seen = self.lmk_seen, None
             prior = seen_lines[1] if seen_lines is not None and seen_lines[0] is device else None
+            last, self.last_exit = self.last_exit, None
+            services = last[1] if last is not None and last[0] is device and \
+                time.monotonic() - last[2] <= SERVICES_FRESH_S else None
             # a phone clears old outputs and says its CPU in the gate's first call, and its lmk
             # baseline too unless its previous cell's last read has it
             gate = self._gate(device, f"rm -f {shlex.quote(csv_remote)} {shlex.quote(route_remote)}; {CPU_SCRIPT}"
-                              if phone else "", lmk=phone and prior is None)
+                              if phone else "", lmk=phone and prior is None, services_from=services)
             record["gate"], record["entry_state"] = gate.to_dict(), gate.entry_state.to_dict()
             if ctx.stop.is_set():
                 return None, ()
@@ -319,6 +334,7 @@ class Worker(threading.Thread):
                 exit_state = after.state
                 events, kills = self._kills(device, outcome, baseline, after.lmk_events)
                 self.lmk_seen = (device, baseline | {e.line for e in events})
+                self.last_exit = (device, exit_state, time.monotonic())
             else:
                 exit_state = device.state()
                 events, kills = self._kills(device, outcome, baseline)
@@ -397,11 +413,12 @@ class Worker(threading.Thread):
                 kills = kills_of(events, pids=pids, names=names_)
         return events, kills
 
-    def _gate(self, device: Device, extra: str = "", lmk: bool = False) -> GateResult:
+    def _gate(self, device: Device, extra: str = "", lmk: bool = False,
+              services_from: DeviceState | None = None) -> GateResult:
         c = self.ctx.campaign
         return cool(device, c.gate, c.engine.stray_names, stop=self.ctx.stop,
                     on_wait=lambda why: self.ctx.progress.note(self.ref.spec, f"gate: {why}"),
-                    extra=extra, lmk_since_s=time.time() if lmk else None)
+                    extra=extra, lmk_since_s=time.time() if lmk else None, services_from=services_from)
 
     def _cpu(self, device: Device) -> CpuSeen:
         """The device's cores and kernel boot id (harness.cpushare), unknown when it cannot say."""
