@@ -9,7 +9,11 @@ the harness records for every run what it saw and results flag it (`oversubscrib
   cores its kernel runs) and `nproc` (those a process started there may use: its affinity). The
   usable count is what `-t auto` takes (at most harness.campaign.THREADS_AUTO_MAX).
 - **Who shares them**: devices whose kernels are one kernel — the same boot id
-  (`/proc/sys/kernel/random/boot_id`, one value per booted kernel, the same in every namespace).
+  (`/proc/sys/kernel/random/boot_id`, one value per booted kernel, the same in every namespace) —
+  and whose CPU sets meet: `Cpus_allowed_list` of a process started there (a virtual phone's
+  cpuset, `virtual up --cpus`), so two phones on cores of their own do not count each other, nor
+  does an engine outside the campaign pinned elsewhere (its affinity). A set not reported is
+  taken to meet every set.
   This host and every virtual phone on it report this host's boot id (a virtual phone runs its
   commands on this host's kernel); a real phone reports its own, and a device that cannot tell is
   counted alone. (An emulator with its own kernel, e.g. QEMU, looks like a phone of its own.)
@@ -42,7 +46,8 @@ POLL_S = 0.5
 _MARK = "@@BMOE-CPU"
 # one shell line, so a phone answers in one adb round trip; each part may fail on its own
 CPU_SCRIPT = (f"cat /sys/devices/system/cpu/online 2>/dev/null; echo {_MARK}; nproc 2>/dev/null; echo {_MARK}; "
-              "cat /proc/sys/kernel/random/boot_id 2>/dev/null")
+              f"cat /proc/sys/kernel/random/boot_id 2>/dev/null; echo {_MARK}; "
+              "grep -E '^Cpus_allowed_list' /proc/self/status 2>/dev/null")
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ONLINE_PATH = "/sys/devices/system/cpu/online"
 
@@ -54,6 +59,7 @@ class CpuSeen:
     cores_online: int | None
     cores_usable: int | None
     boot_id: str | None
+    cpus: frozenset[int] | None = None     # the CPUs a process started there may run on
 
     @property
     def cores(self) -> int | None:
@@ -61,26 +67,39 @@ class CpuSeen:
         return self.cores_usable or self.cores_online
 
 
+MAX_CPUS = 4096                       # a CPU list naming more is no list a kernel wrote
+
+
+def cpu_set(text: str) -> frozenset[int] | None:
+    """The CPUs of a kernel CPU list such as `0-3,6,8-9` (None: not such a list)."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        if not (lo.isascii() and lo.isdigit() and (not hi or (hi.isascii() and hi.isdigit()))):
+            return None
+        first, last = int(lo), int(hi or lo)
+        if last < first or last >= MAX_CPUS:
+            return None
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus) or None
+
+
 def count_cpu_list(text: str) -> int | None:
     """The number of CPUs in a kernel CPU list such as `0-3,6,8-9`."""
-    total = 0
-    try:
-        for part in text.strip().split(","):
-            lo, _, hi = part.partition("-")
-            total += int(hi or lo) - int(lo) + 1
-    except ValueError:
-        return None
-    return total or None
+    cpus = cpu_set(text)
+    return len(cpus) if cpus else None
 
 
 def parse_cpu_report(text: str) -> CpuSeen:
     """CPU_SCRIPT's output."""
-    parts = (text.split(_MARK) + ["", "", ""])[:3]
+    parts = (text.split(_MARK) + ["", "", "", ""])[:4]
     usable = parts[1].strip()
     boot = parts[2].strip().lower()
+    _, _, allowed = parts[3].partition(":")
     return CpuSeen(count_cpu_list(parts[0]) if parts[0].strip() else None,
-                   int(usable) if usable.isdigit() and int(usable) > 0 else None,
-                   boot if len(boot) >= 16 else None)
+                   int(usable) if usable.isascii() and usable.isdigit() and int(usable) > 0 else None,
+                   boot if len(boot) >= 16 else None,
+                   cpu_set(allowed) if allowed.strip() else None)
 
 
 def _read(path: str) -> str:
@@ -99,8 +118,14 @@ def host_boot_id() -> str | None:
 def local_cpu() -> CpuSeen:
     """This host's CPU, as the engines the harness starts here see it (the harness's affinity)."""
     online = _read(ONLINE_PATH)
-    return CpuSeen(count_cpu_list(online) if online.strip() else os.cpu_count(), len(os.sched_getaffinity(0)),
-                   host_boot_id())
+    affinity = frozenset(os.sched_getaffinity(0))
+    return CpuSeen(count_cpu_list(online) if online.strip() else os.cpu_count(), len(affinity),
+                   host_boot_id(), affinity)
+
+
+def meet(a: frozenset[int] | None, b: frozenset[int] | None) -> bool:
+    """Whether two CPU sets share a core (an unknown set may share any)."""
+    return a is None or b is None or not a.isdisjoint(b)
 
 
 def engine_threads(name: str, argv: Sequence[str]) -> int:
@@ -119,18 +144,21 @@ class EngineProcess:
     name: str
     threads: int
     argv: tuple[str, ...]
+    cpus: frozenset[int] | None = None     # its affinity
 
 
 def host_engines() -> list[EngineProcess]:
     """Engine processes running on this host (zombies and stopped ones use no CPU)."""
     out = []
-    for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+    for p in psutil.process_iter(["pid", "name", "cmdline", "status", "cpu_affinity"]):
         info = p.info
         if info.get("name") not in ENGINE_NAMES or info.get("status") in (
                 psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED, psutil.STATUS_DEAD):
             continue
         argv = tuple(info.get("cmdline") or ())
-        out.append(EngineProcess(info["pid"], info["name"], engine_threads(info["name"], argv), argv))
+        affinity = info.get("cpu_affinity")
+        out.append(EngineProcess(info["pid"], info["name"], engine_threads(info["name"], argv), argv,
+                                 frozenset(affinity) if affinity else None))
     return out
 
 
@@ -152,7 +180,9 @@ class ActiveRun:
         """run.json's `cpu` (docs/campaign-dir.md)."""
         cores = self.seen.cores
         return {"cores": cores, "cores_online": self.seen.cores_online, "cores_usable": self.seen.cores_usable,
-                "boot_id": self.seen.boot_id, "shares_host": self.on_host, "threads": self.threads,
+                "boot_id": self.seen.boot_id,
+                "cpu_list": None if self.seen.cpus is None else sorted(self.seen.cpus),
+                "shares_host": self.on_host, "threads": self.threads,
                 "threads_sum": self.peak, "engines": list(self.peers.values()),
                 "oversubscribed": None if cores is None else self.peak > cores}
 
@@ -193,16 +223,18 @@ class CpuShare:
 
     # -- accounting ---------------------------------------------------------------------------
     def _account(self, domain: str, outside: Sequence[EngineProcess] = ()) -> None:
-        """One moment: every run of the domain sees the others (and this host's outside engines)."""
+        """One moment: every run of the domain sees the others whose CPU sets meet its own (and this
+        host's outside engines whose affinity meets it)."""
         runs = [r for r in self._active if r.domain == domain]
-        total = sum(r.threads for r in runs) + sum(p.threads for p in outside)
         for r in runs:
-            r.peak = max(r.peak, total)
-            for other in runs:
-                if other is not r:
-                    r.peers[f"{other.device}/{other.cell_id}"] = {
-                        "device": other.device, "cell_id": other.cell_id, "threads": other.threads}
-            for p in outside:
+            mine = r.seen.cpus
+            others = [o for o in runs if o is not r and meet(mine, o.seen.cpus)]
+            near = [p for p in outside if meet(mine, p.cpus)]
+            r.peak = max(r.peak, r.threads + sum(o.threads for o in others) + sum(p.threads for p in near))
+            for other in others:
+                r.peers[f"{other.device}/{other.cell_id}"] = {
+                    "device": other.device, "cell_id": other.cell_id, "threads": other.threads}
+            for p in near:
                 r.peers[f"pid:{p.pid}"] = {"pid": p.pid, "name": p.name, "threads": p.threads, "outside": True,
                                            "command": shlex.join(p.argv)[:300]}
 

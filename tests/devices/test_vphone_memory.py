@@ -57,6 +57,7 @@ def test_a_one_core_phone_says_one_core_everywhere(adb_server, make_phone):
         # what the harness reads before a run, and what -t auto becomes
         seen = parse_cpu_report(shell(adb_server, phone, CPU_SCRIPT))
         assert seen.cores == seen.cores_online == seen.cores_usable == 1 and auto_threads(seen.cores) == 1
+        assert seen.cpus == frozenset({int(online)})    # the cpuset, which the CPU ledger compares
         cores[phone.name] = online
     if len(os.sched_getaffinity(0)) >= 2:
         assert cores["c1a"] != cores["c1b"], cores       # phones share no core while the host has enough

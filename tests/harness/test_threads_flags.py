@@ -21,7 +21,17 @@ from click.testing import CliRunner
 from harness.campaign import CampaignError
 from harness.campaign_file import load_campaign, parse_campaign
 from harness.campaign_options import campaign_from_options
-from harness.cpushare import CpuSeen, CpuShare, count_cpu_list, engine_threads, host_boot_id, local_cpu
+from harness.cpushare import (
+    CpuSeen,
+    CpuShare,
+    EngineProcess,
+    count_cpu_list,
+    cpu_set,
+    engine_threads,
+    host_boot_id,
+    local_cpu,
+    parse_cpu_report,
+)
 from harness.plan import make_plan
 from harness.runner import run_campaign
 from results.analyze import analyze
@@ -236,6 +246,31 @@ def test_engines_count_together_only_on_one_kernel():
     assert alone["threads_sum"] == 2 and alone["oversubscribed"] is False and alone["engines"] == []
     unknown = share.end(share.begin("x", "c-6", CpuSeen(None, None, None), 4, "/o/c-6.csv"))
     assert unknown["oversubscribed"] is None and unknown["shares_host"] is False
+
+
+def test_engines_on_disjoint_cpusets_of_one_kernel_do_not_count_each_other():
+    """Two virtual phones on cores of their own (virtual up --cpus 1 each) share a kernel but no
+    core; a third on both cores, and an outside engine pinned to core 1, meet the second one."""
+    assert cpu_set("0-3,6") == frozenset({0, 1, 2, 3, 6}) and cpu_set("3-1") is None and cpu_set("x") is None
+    assert cpu_set("\u0661") is None and count_cpu_list("0-1") == 2
+    seen = parse_cpu_report("0\n@@BMOE-CPU\n1\n@@BMOE-CPU\n" + "c" * 32 + "\n@@BMOE-CPU\nCpus_allowed_list:\t1\n")
+    assert seen.cores == 1 and seen.cpus == frozenset({1}) and seen.boot_id == "c" * 32
+    assert parse_cpu_report("0-1\n@@BMOE-CPU\n2\n@@BMOE-CPU\n" + "c" * 32).cpus is None   # a phone that does not say
+    outside = [EngineProcess(99, "bmoe-cli", 1, ("bmoe-cli", "-t", "1"), frozenset({1}))]
+    share = CpuShare(scan=lambda: outside)
+    share.host_boot = "c" * 32
+    core0, core1 = CpuSeen(1, 1, "c" * 32, frozenset({0})), CpuSeen(1, 1, "c" * 32, frozenset({1}))
+    a = share.begin("v1", "c-1", core0, 1, "/o/c-1.csv")
+    b = share.begin("v2", "c-2", core1, 1, "/o/c-2.csv")
+    both = share.begin("v3", "c-3", CpuSeen(2, 2, "c" * 32, frozenset({0, 1})), 1, "/o/c-3.csv")
+    ra, rb, rboth = share.end(a), share.end(b), share.end(both)
+    assert ra["cpu_list"] == [0] and rb["cpu_list"] == [1]
+    assert [e.get("device", e.get("pid")) for e in ra["engines"]] == ["v3"]            # not v2, not pid 99
+    assert ra["threads_sum"] == 2 and ra["oversubscribed"] is True                     # v3 shares core 0
+    assert {e.get("device", e.get("pid")) for e in rb["engines"]} == {"v3", 99} and rb["threads_sum"] == 3
+    alone = share.end(share.begin("v1", "c-4", core0, 1, "/o/c-4.csv"))
+    assert alone["threads_sum"] == 1 and alone["oversubscribed"] is False and alone["engines"] == []
+    assert rboth["threads_sum"] == 4 and rboth["oversubscribed"] is True                # v1, v2, itself, pid 99
 
 
 def test_a_run_whose_threads_exceed_the_cores_is_marked_and_one_that_fits_is_not(tmp_path, bmoe_cli):
