@@ -280,8 +280,10 @@ class Campaign:
                      "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
                      "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
                      **({"flags": a.flag_table()} if a.threads or a.flags else {})},
+            # device_timeout_s (issue 28) only when set: campaign.toml files written before it stay equal
             "run": {k: list(v) if isinstance(v, tuple) else v
-                    for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)},
+                    for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)
+                    if k != "device_timeout_s" or v != SWEEP.device_timeout_s},
             "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
         }
 
