@@ -478,7 +478,8 @@ class AdbPhone:
         return self._clock_offset_s
 
     def lmk_events(self, since_s: float) -> list[LmkEvent]:
-        """lmkd lines and killinfo events (logcat main+events), and dmesg where readable, since
+        """lmkd lines and killinfo events (logcat main+events), the kernel's OOM kills (logcat's
+        kernel buffer, and dmesg where readable), since
         `since_s` (host epoch seconds; the phone's clock offset and boot time are accounted for)."""
         since_phone = since_s + self.clock_offset_s() - 2.0
         text = self._text(f"{_LMK_FAST}; echo {_MARK}LMK; {_LMK_LOGCAT}")
@@ -553,10 +554,13 @@ _STATE_FAST = (
     ",$(cat \"$p/cpuinfo_max_freq\" 2>/dev/null)\"; done"
 )
 # ... and lmk_events' reads: the phone's clock and uptime (dmesg stamps are seconds since boot),
-# dmesg where readable, and logcat's main and events buffers (the slow one)
+# dmesg where readable, and logcat's main, events and kernel buffers (the slow one; the kernel
+# buffer holds the kernel OOM killer's line where dmesg is refused to the shell, and a phone whose
+# logd keeps no kernel buffer refuses the whole call before printing: then main and events alone)
 _LMK_FAST = ("echo " + _MARK + "LMKCLOCK; date +%s; cut -d' ' -f1 /proc/uptime; "
              "echo " + _MARK + "DMESG; dmesg 2>/dev/null | tail -n 400")
-_LMK_LOGCAT = "logcat -d -b main,events -v epoch 2>/dev/null"
+_LMK_LOGCAT = ("logcat -d -b main,events,kernel -v epoch 2>/dev/null"
+               " || logcat -d -b main,events -v epoch 2>/dev/null")
 _READS = _MARK + "READS"        # reads(): where the output of its `before` commands ends
 _AT_ONCE_DIR = "/data/local/tmp/.bmoe-reads.$$"
 

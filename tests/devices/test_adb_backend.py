@@ -116,6 +116,22 @@ def test_a_process_past_the_phones_ram_is_killed_and_lmkd_says_so(phones, server
     assert all(e.pid != out.pid for e in small.lmk_events(time.time() + 60))
 
 
+def test_the_kernel_oom_killers_line_in_logcats_kernel_buffer_reaches_the_harness(phones, server):
+    """dmesg is refused to the shell user, so the kernel's own OOM kill (the backstop on a phone
+    with swap) reaches the harness only through logcat's kernel buffer, which lmk_events reads."""
+    from devices.virtual import logbuf
+
+    phone = AdbPhone(phones["b"].serial, server)
+    since = time.time()
+    pid = 4_000_000 + os.getpid() % 100_000          # no process of this host has it
+    logbuf.append(phones["b"].root, "kernel", "kernel",
+                  f"Memory cgroup out of memory: Killed process {pid} (bmoe-py) total-vm:0kB, anon-rss:123456kB, "
+                  "file-rss:0kB, shmem-rss:0kB, UID:2000 pgtables:0kB oom_score_adj:0", priority="E", pid=0, tid=0)
+    events = [e for e in phone.lmk_events(since) if e.pid == pid]
+    assert [(e.source, e.name, e.rss_kb) for e in events] == [("kernel-oom", "bmoe-py", 123456)]
+    assert not [e for e in phone.lmk_events(time.time() + 60) if e.pid == pid]   # an old line is not new
+
+
 def test_a_phone_that_vanishes_mid_run_raises_device_lost(make_phone, server, adb_server, phone_home):
     p = make_phone("vanish", 256 << 20)
     dev = AdbPhone(p.serial, server)
