@@ -211,6 +211,21 @@ class Device(Protocol):
         ...
 
 
+OOM_SCORE_ADJ_MAX = 1000        # the kernel's OOM_SCORE_ADJ_MAX
+
+
+def at_oom_score_adj(argv: Sequence[str], adj: int | None) -> list[str]:
+    """`argv` started at oom_score_adj `adj` (None: as it is): a POSIX shell writes its own
+    /proc/self/oom_score_adj, then execs the command in its place (same pid, the command's own
+    command line, so lmkd names the engine). Raising one's own adj needs no privilege; lowering it
+    does (CAP_SYS_RESOURCE): the shell user can only raise it, and a refusal stops the command."""
+    if adj is None:
+        return list(argv)
+    if not 0 <= adj <= OOM_SCORE_ADJ_MAX:
+        raise ValueError(f"oom_score_adj {adj} is outside 0..{OOM_SCORE_ADJ_MAX}")
+    return ["sh", "-c", 'echo "$0" > /proc/self/oom_score_adj && exec "$@"', str(adj), *argv]
+
+
 # ---- parsers shared by every backend (they read the same Linux/Android files) ------------------
 
 parse_meminfo_kb = parse_kb_fields

@@ -213,6 +213,10 @@ class RunSettings:
     retries: int = 3
     retry_backoff_s: float = 2.0
     lock_wait_s: float = 0.0
+    # the engine's oom_score_adj (0..1000: the shell user may raise its own, never lower it; an
+    # app's state: cached 900+, previous 700, perceptible 200, foreground 0); None: the adj adb's
+    # shell gives it (0 on a phone, docs/decisions.md)
+    oom_score_adj: int | None = None
 
 
 @dataclass(frozen=True)
@@ -280,10 +284,11 @@ class Campaign:
                      "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
                      "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
                      **({"flags": a.flag_table()} if a.threads or a.flags else {})},
-            # device_timeout_s (issue 28) only when set: campaign.toml files written before it stay equal
+            # device_timeout_s (issue 28) only when set, oom_score_adj only when given: campaign.toml
+            # files written before them stay equal
             "run": {k: list(v) if isinstance(v, tuple) else v
                     for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)
-                    if k != "device_timeout_s" or v != SWEEP.device_timeout_s},
+                    if (k != "device_timeout_s" or v != SWEEP.device_timeout_s) and v is not None},
             "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
         }
 

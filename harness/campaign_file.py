@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.adb import DEFAULT_ADB_PORT, ENV_SERIAL, AdbServer, default_serial, default_server
-from devices.base import DeviceError
+from devices.base import OOM_SCORE_ADJ_MAX, DeviceError
 from engine.budget import IO_THREADS_MAX
 from engine.safetext import one_line
 from harness import flags as flag_rules
@@ -305,6 +305,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         retry_backoff_s=rd.scalar(r, "retry_backoff_s", "run", float, d.retry_backoff_s,
                                   check=_at_least(0, MAX_BACKOFF_S)),
         lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0, MAX_SECONDS)),
+        oom_score_adj=rd.scalar(r, "oom_score_adj", "run", int, d.oom_score_adj,
+                                check=_at_least(0, OOM_SCORE_ADJ_MAX)),
     )
     for flag, _values in flags:
         if flag in run.engine_args:

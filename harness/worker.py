@@ -34,6 +34,7 @@ from devices.base import (
     PressureSample,
     RunInterrupted,
     RunOutcome,
+    at_oom_score_adj,
     pressure_metrics,
 )
 from devices.lmk import LmkEvent, kills_of
@@ -214,7 +215,7 @@ class Worker(threading.Thread):
             "wall_s": None, "timeout_s": c.run.timeout_s, "gate": None, "entry_state": None, "exit_state": None,
             "pressure": {}, "lmk_events": [], "o_direct": None, "summary": None, "result": None, "pushed": [],
             "started_at": started, "ended_at": None, "host": self.ctx.host, "attempted": True,
-            "probe": bool(cell.config.probe), "cpu": None,
+            "probe": bool(cell.config.probe), "cpu": None, "oom_score_adj": c.run.oom_score_adj,
         }
 
     def _attempt(self, cell: Cell) -> dict | None:
@@ -384,7 +385,8 @@ class Worker(threading.Thread):
         share = self.ctx.cpu.begin(cell.device, cell.cell_id, seen, engine_threads(c.engine.staged_name, cell.argv),
                                    csv_remote)
         try:
-            return device.run(cell.argv, env=engine_env(device, engine.env), timeout_s=c.run.timeout_s,
+            return device.run(at_oom_score_adj(cell.argv, c.run.oom_score_adj), env=engine_env(device, engine.env),
+                              timeout_s=c.run.timeout_s,
                               sample_period_s=1.0)
         except RunInterrupted:
             return None, ()

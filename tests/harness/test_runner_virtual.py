@@ -269,3 +269,22 @@ def test_one_phone_under_two_names_takes_one_lock(tmp_path, phones, adb_port, ph
     finally:
         lock.release()
     assert not (tmp_path / "out").exists()
+
+
+def test_run_oom_score_adj_starts_the_engine_at_an_apps_adj(tmp_path, phones, adb_port, phone_home, mid_model):
+    """run.oom_score_adj = 900 (a cached app's): the engine runs at it, the phone's lmkd names that
+    adj when the resident run is killed, run.json records it, and the recorded argv stays the
+    engine's own (what a recommendation prints)."""
+    c = vcampaign("adj", ["virtual:tight"], mid_model, adb_port, phone_home, {"cache_mb": ["resident"]},
+                  run={"oom_score_adj": 900})
+    assert 'oom_score_adj = 900' in c.to_toml()
+    out = tmp_path / "out"
+    run_campaign(c, out, progress_stream=io.StringIO())
+    (killed,) = records(out)
+    assert killed["outcome"] == "lmk_killed" and killed["oom_score_adj"] == 900
+    assert killed["argv"][0] == f"{WORK_DIR}/bmoe-py" and "oom_score_adj" not in " ".join(killed["argv"])
+    lmkd = [line for line in killed["evidence"] if "lowmemorykiller: Kill '" in line]
+    assert lmkd and f"({killed['pid']})" in lmkd[0] and "oom_score_adj 900 " in lmkd[0], lmkd
+    with pytest.raises(CampaignError, match=r"run\.oom_score_adj.*must be at least 0, got -100"):
+        vcampaign("adj-", ["virtual:tight"], mid_model, adb_port, phone_home, {"cache_mb": [0]},
+                  run={"oom_score_adj": -100})
