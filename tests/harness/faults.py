@@ -61,27 +61,33 @@ class Rig:
         manager.down(VICTIM, home=self.phone_home, adb_host="127.0.0.1", adb_port=self.adb_port)
 
     def campaign(self, name: str) -> Path:
-        path = self.folder / f"{name}.toml"
-        path.write_text(f"""version = 1
+        return write_campaign(self.folder / f"{name}.toml", name, [f"virtual:{VICTIM}", "local"], self.phone_home,
+                              self.adb_port, self.model, '[0, "cycle*1.2"]',
+                              "n_predict = 16\nretries = 1\nretry_backoff_s = 0.1")
+
+
+def write_campaign(path: Path, name: str, devices: list[str], phone_home: Path, adb_port: int, model: Path,
+                   cache_mb: str, run: str) -> Path:
+    """A campaign file of one tiny model on virtual phones of one adb server: `cache_mb` and the
+    [run] lines as TOML text, the gate never waiting long."""
+    path.write_text(f"""version = 1
 name = "{name}"
 [fleet]
-devices = ["virtual:{VICTIM}", "local"]
-virtual_home = "{self.phone_home}"
+devices = {json.dumps(devices)}
+virtual_home = "{phone_home}"
 [[fleet.adb]]
 host = "127.0.0.1"
-port = {self.adb_port}
+port = {adb_port}
 [models]
-tiny = "{self.model}"
+tiny = "{model}"
 [axes]
-cache_mb = [0, "cycle*1.2"]
+cache_mb = {cache_mb}
 [run]
-n_predict = 16
-retries = 1
-retry_backoff_s = 0.1
+{run}
 [gate]
 max_wait_s = 1
 """)
-        return path
+    return path
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from harness.campaign_file import load_campaign
 from harness.runner import run_to_end
 from harness.status import campaign_status
 from tests.conftest import adb_server_pids, free_port, running_adb_server, stop_adb_server
+from tests.harness import faults
 from tests.harness.test_hardening_faults import _engine_in_phone
 from tests.harness.test_hung_phone import _ledger
 
@@ -25,29 +26,9 @@ PHONE = "restart"
 
 
 def _campaign(folder, port, phone_home, model, retries=2):
-    path = folder / "restart.toml"
-    path.write_text(f"""version = 1
-name = "restart"
-[fleet]
-devices = ["virtual:{PHONE}"]
-virtual_home = "{phone_home}"
-[[fleet.adb]]
-host = "127.0.0.1"
-port = {port}
-[models]
-tiny = "{model}"
-[axes]
-cache_mb = [0, 1]
-[run]
-n_predict = 60
-threads = 1
-device_timeout_s = 4
-retries = {retries}
-retry_backoff_s = 0.1
-[gate]
-max_wait_s = 1
-""")
-    return path
+    return faults.write_campaign(folder / "restart.toml", "restart", [f"virtual:{PHONE}"], phone_home, port, model,
+                                 "[0, 1]", f"n_predict = 60\nthreads = 1\ndevice_timeout_s = 4\nretries = {retries}\n"
+                                 "retry_backoff_s = 0.1")
 
 
 def _kill_server_mid_run(path, out, port, phone_home):

@@ -59,29 +59,10 @@ def _wait(predicate, limit_s: float, proc: subprocess.Popen) -> float | None:
 def test_a_frozen_phone_is_device_lost_in_bounded_time_and_ctrl_c_ends_the_sweep(phones, adb_port, phone_home,
                                                                                  tiny_model, tmp_path):
     victim, other = "tight", "roomy"
-    path = tmp_path / "hung.toml"
-    path.write_text(f"""version = 1
-name = "hung"
-[fleet]
-devices = ["virtual:{victim}", "virtual:{other}"]
-virtual_home = "{phone_home}"
-[[fleet.adb]]
-host = "127.0.0.1"
-port = {adb_port}
-[models]
-tiny = "{tiny_model}"
-[axes]
-cache_mb = [0, 1]
-[run]
-n_predict = 150
-threads = 1
-timeout_s = 20
-device_timeout_s = {DEVICE_TIMEOUT_S}
-retries = 20
-retry_backoff_s = 0.1
-[gate]
-max_wait_s = 1
-""")
+    path = faults.write_campaign(tmp_path / "hung.toml", "hung", [f"virtual:{victim}", f"virtual:{other}"],
+                                 phone_home, adb_port, tiny_model, "[0, 1]",
+                                 f"n_predict = 150\nthreads = 1\ntimeout_s = 20\n"
+                                 f"device_timeout_s = {DEVICE_TIMEOUT_S}\nretries = 20\nretry_backoff_s = 0.1")
     out = tmp_path / "hung"
     env = dict(os.environ, PYTHONPATH=str(faults.PROJECT))
     proc = subprocess.Popen([sys.executable, "-c", faults._CLI, "run", str(path), "-o", str(out)], cwd=faults.PROJECT,
