@@ -25,7 +25,7 @@ from pathlib import Path
 
 from devices.adbutils_import import AdbClient, AdbConnection, AdbConnectionError, AdbError, AdbTimeout, adbutils
 from devices.base import DeviceError
-from engine.fsutil import replacing
+from engine.fsutil import fleet_home, replacing
 from engine.safetext import one_line
 
 DEFAULT_ADB_PORT = 5037
@@ -38,8 +38,10 @@ ENV_PORT = "ANDROID_ADB_SERVER_PORT"
 # What adbutils lets out when the link to a phone fails: its own errors (a FAIL answer, a
 # timeout), socket errors (reset, refused: the adb server gone), EOFError from read_exact on a
 # stream cut short ("Expected 5 bytes, got 0" when the phone's adbd dies), struct.error from a
-# short sync reply, ValueError from a garbled length. Every call into adbutils catches all of them.
-TRANSPORT_ERRORS = (AdbError, OSError, EOFError, struct.error, ValueError)
+# short sync reply, ValueError from a garbled length, and AssertionError from the sync service's
+# reply checks (adbutils' sync.stat/list/pull `assert "STAT" == c.read_string(4)` on a phone whose
+# daemon died mid-request). Every call into adbutils catches all of them.
+TRANSPORT_ERRORS = (AdbError, OSError, EOFError, struct.error, ValueError, AssertionError)
 
 
 @dataclass(frozen=True)
@@ -217,10 +219,9 @@ _RESTART_LOCK = threading.Lock()        # one restart at a time, whichever devic
 
 def _started_path(server: AdbServer) -> Path:
     """Where ensure_server records a server it started ($BMOE_FLEET_HOME, else ~/.bmoe-fleet, as
-    harness.campaign.fleet_home): a record outlives the process, since `virtual up` starts the
+    engine.fsutil.fleet_home): a record outlives the process, since `virtual up` starts the
     server a later `sweep` uses."""
-    home = Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
-    return home / "adb-servers" / f"{server.port}.json"
+    return fleet_home() / "adb-servers" / f"{server.port}.json"
 
 
 def _mark_started(server: AdbServer) -> None:

@@ -26,7 +26,7 @@ from devices.base import (
     parse_status_kb,
 )
 from devices.lmk import LmkEvent, parse_line
-from engine.fsutil import replacing
+from engine.fsutil import fleet_home, replacing
 
 LOCAL_SERIAL = "local"
 
@@ -123,7 +123,7 @@ class LocalDevice:
     serial = LOCAL_SERIAL
 
     def __init__(self, work_dir: str | None = None):
-        self._work_dir = work_dir or os.path.expanduser("~/.bmoe-fleet/local")
+        self._work_dir = work_dir or str(fleet_home() / "local")
 
     def identity(self) -> DeviceIdentity:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()

@@ -26,6 +26,7 @@ import stat
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 
@@ -134,3 +135,9 @@ def write_output(path: str | os.PathLike, data: bytes | str, *, mkdir: bool = Fa
         sys.stdout.buffer.flush()
         return
     atomic_write(path, data, mkdir=mkdir)
+
+
+def fleet_home() -> Path:
+    """Where bmoe-fleet keeps its own state on this host (locks, staged engines, adb-server
+    records, virtual phones, the local device's work folder): $BMOE_FLEET_HOME, else ~/.bmoe-fleet."""
+    return Path(os.environ.get("BMOE_FLEET_HOME") or Path.home() / ".bmoe-fleet")

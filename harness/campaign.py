@@ -23,7 +23,6 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import tomli_w
@@ -32,6 +31,7 @@ from devices.adb import AdbServer
 from devices.adb_phone import WORK_DIR as ADB_WORK_DIR
 from devices.base import DeviceIdentity
 from engine.errors import BmoeError
+from engine.fsutil import fleet_home
 from engine.safetext import one_line
 from harness.defaults import SWEEP
 
@@ -83,10 +83,6 @@ def number_text(v: float) -> str:
     """A number for a message: a 400-digit integer is shown by its size, not its digits."""
     return f"{v:g}" if isinstance(v, float) else str(v) if abs(v) < 10 ** 30 else f"a {len(str(abs(v)))}-digit number"
 
-
-def fleet_home() -> Path:
-    """~/.bmoe-fleet, or $BMOE_FLEET_HOME (where locks, staged engines and virtual phones live)."""
-    return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
 
 
 def safe_id(text: str) -> str:

@@ -24,13 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.fsutil import fleet_home
+
 # flags whose value is a file on the device the engine ran on
 PATH_FLAGS = frozenset({"-m", "--model", "--csv", "--route-trace", "--compute-trace", "--compute-trace-layers",
                         "--io-trace"})
 
-
-def _fleet_home() -> Path:
-    return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet"))
 
 
 class Redactor:
@@ -47,7 +46,7 @@ class Redactor:
         for p in model_paths:
             if p and os.path.isabs(p):
                 pairs[p] = os.path.basename(p)
-        home = _fleet_home()
+        home = fleet_home()
         pairs[str(home)] = "~/.bmoe-fleet"
         with_resolved = dict(pairs)
         for prefix, name in pairs.items():      # /tmp may be a symlink: both spellings

@@ -15,10 +15,14 @@ UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
 
 @pytest.fixture(scope="session", autouse=True)
 def fleet_home(tmp_path_factory) -> Path:
-    """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet."""
+    """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet; HOME too,
+    so what the tools write under ~ (adb records each server it starts in ~/.android/adb.PORT) stays
+    out of the user's home."""
     home = tmp_path_factory.mktemp("fleet-home")
+    user_home = tmp_path_factory.mktemp("home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BMOE_FLEET_HOME", str(home))
+        mp.setenv("HOME", str(user_home))
         yield home
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.fsutil import atomic_write, replacing
+from engine.fsutil import atomic_write, fleet_home, replacing
 
 from . import cpuinfo, logbuf, namespace, thermal
 from .cgroup import MemoryCgroup, MemStat
@@ -94,7 +94,7 @@ def require_linux() -> None:
 
 def default_home() -> Path:
     """Where virtual phones live: $BMOE_FLEET_HOME/virtual, else ~/.bmoe-fleet/virtual."""
-    return Path(os.environ.get("BMOE_FLEET_HOME", Path.home() / ".bmoe-fleet")) / "virtual"
+    return fleet_home() / "virtual"
 
 
 @dataclass(frozen=True)
