@@ -3,7 +3,9 @@
 Entries are [epoch_s, pid, tid, priority, tag, message]; `logcat` renders them in Android's
 formats (liblog logprint.cpp): threadtime `MM-DD HH:MM:SS.mmm  PID  TID P TAG     : msg`,
 time `MM-DD HH:MM:SS.mmm P/TAG     (  PID): msg`, brief `P/TAG     (  PID): msg`, tag, process,
-raw. Standalone on purpose (no package imports): the phone's `logcat` tool loads it by path.
+raw. Standalone on purpose (no package imports): the phone's `logcat` tool loads it by path on
+every call, so it imports json, os and time only (Entry is a slotted class, not a dataclass, and
+paths are strings, pathlib being loaded only by buffer_path, which the daemon's side calls).
 """
 
 from __future__ import annotations
@@ -11,38 +13,46 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from pathlib import Path
 
 BUFFERS = ("main", "system", "radio", "events", "crash", "kernel")
 DEFAULT_BUFFERS = ("main", "system", "crash")
 PRIORITIES = "VDIWEFS"
-LOGD_DIR = Path("data/misc/logd")  # under the phone's root
+LOGD_DIR = "data/misc/logd"  # under the phone's root
 
 
-@dataclass(frozen=True)
 class Entry:
-    time_s: float
-    pid: int
-    tid: int
-    priority: str
-    tag: str
-    message: str
-    buffer: str = "main"
+    """One log entry, read back from its buffer."""
+
+    __slots__ = ("buffer", "message", "pid", "priority", "tag", "tid", "time_s")
+
+    def __init__(self, time_s: float, pid: int, tid: int, priority: str, tag: str, message: str,
+                 buffer: str = "main"):
+        self.time_s, self.pid, self.tid, self.priority = time_s, pid, tid, priority
+        self.tag, self.message, self.buffer = tag, message, buffer
 
 
-def buffer_path(root: Path, buffer: str) -> Path:
-    return Path(root) / LOGD_DIR / f"{buffer}.log"
+def _path(root: str | Path, buffer: str) -> str:
+    return os.path.join(root, LOGD_DIR, f"{buffer}.log")
 
 
-def append(root: Path, buffer: str, tag: str, message: str, priority: str = "I",
+def buffer_path(root: str | Path, buffer: str) -> Path:
+    from pathlib import Path
+
+    return Path(_path(root, buffer))
+
+
+def append(root: str | Path, buffer: str, tag: str, message: str, priority: str = "I",
            pid: int | None = None, tid: int | None = None, time_s: float | None = None) -> None:
     """One write(2) per entry on an O_APPEND file: concurrent writers never interleave lines."""
     pid = os.getpid() if pid is None else pid
     line = json.dumps([time.time() if time_s is None else time_s, pid, pid if tid is None else tid,
                        priority, tag, message], ensure_ascii=False) + "\n"
-    path = buffer_path(root, buffer)
+    path = _path(root, buffer)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, line.encode("utf-8"))
@@ -50,10 +60,10 @@ def append(root: Path, buffer: str, tag: str, message: str, priority: str = "I",
         os.close(fd)
 
 
-def clear(root: Path, buffers: Iterable[str]) -> None:
+def clear(root: str | Path, buffers: Iterable[str]) -> None:
     for buffer in buffers:
-        path = buffer_path(root, buffer)
-        if path.exists():
+        path = _path(root, buffer)
+        if os.path.exists(path):
             os.truncate(path, 0)
 
 
@@ -65,12 +75,12 @@ def _parse(line: str, buffer: str) -> Entry | None:
         return None
 
 
-def read(root: Path, buffers: Iterable[str], offsets: dict[str, int] | None = None) -> list[Entry]:
+def read(root: str | Path, buffers: Iterable[str], offsets: dict[str, int] | None = None) -> list[Entry]:
     """Entries of the buffers merged by time; `offsets` (per buffer byte offsets) is advanced so
     a follower reads only what is new."""
     entries: list[Entry] = []
     for buffer in buffers:
-        path = buffer_path(root, buffer)
+        path = _path(root, buffer)
         try:
             with open(path, "rb") as f:
                 start = (offsets or {}).get(buffer, 0)

@@ -303,15 +303,32 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
 
 
 def install_tools(layout: Layout, in_namespace: bool) -> None:
-    """getprop, logcat, dumpsys: shell scripts that run tools.py on this host's interpreter. In the
-    namespace they name phone paths; without it (the fallback) host paths of the phone's folder."""
+    """getprop, logcat, dumpsys: shell scripts that run tools.py on this host's interpreter, except
+    getprop, which the shell serves from a table of build.prop written here (tools.getprop_script:
+    no interpreter start). In the namespace they name phone paths; without it (the fallback) host
+    paths of the phone's folder."""
+    import py_compile
+
+    from . import tools as phone_tools
+
     if in_namespace:
-        sh, tools, root = "/system/bin/sh", "/system/lib/bmoe-vphone/tools.py", "/"
+        sh, lib, root = "/system/bin/sh", "/system/lib/bmoe-vphone", "/"
     else:
-        sh, tools, root = str(layout.system_bin / "sh"), str(layout.tools_dir / "tools.py"), str(layout.root)
+        sh, lib, root = str(layout.system_bin / "sh"), str(layout.tools_dir), str(layout.root)
+    # compiled here, once: the shell user cannot write their __pycache__, and a tool run as a
+    # script (or a module without its .pyc) would be compiled again on every call
+    for module in TOOL_MODULES:
+        py_compile.compile(str(layout.tools_dir / module), doraise=True)
+    table = phone_tools.props_table(layout.root)
+    if table is not None:
+        atomic_write(layout.tools_dir / phone_tools.PROPS_TABLE, table, mode=0o644)
+    code = f"import sys; sys.path.insert(0, {lib!r}); import tools; sys.exit(tools.main(sys.argv[1:]))"
     for tool in PHONE_TOOLS:
-        script = (f"#!{sh}\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(tools)} "
-                  f"{shlex.quote(root)} {tool} \"$@\"\n")
+        run = f"exec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(code)} {shlex.quote(root)} {tool} \"$@\""
+        if tool == "getprop" and table is not None:
+            run = phone_tools.getprop_script(f"{lib}/{phone_tools.PROPS_TABLE}",
+                                             os.path.join(root, phone_tools.BUILD_PROP), run)
+        script = f"#!{sh}\n{run}\n"
         path = layout.system_bin / tool
         if path.is_symlink():
             path.unlink()

@@ -4,18 +4,22 @@ Each zone relaxes exponentially toward ambient + gain × (busy cores), with its 
 CPU zones answer in tens of seconds, the battery in minutes, as on a phone in free air. The
 thermal status (Android's THROTTLING_* levels 0..6) follows the hottest CPU zone, and from
 status 2 (moderate) on the cpufreq policies' scaling_max_freq is cut. Standalone (no package
-imports): the phone's `dumpsys` loads it by path.
+imports): the phone's `dumpsys` loads it by path on every call, so it imports only math and os
+(its two records are plain slotted classes, not dataclasses; pathlib only where the daemon
+writes the files): each of those costs about what the interpreter's own start does.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
-THERMAL_DIR = Path("sys/class/thermal")
-CPUFREQ_DIR = Path("sys/devices/system/cpu/cpufreq")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+THERMAL_DIR = "sys/class/thermal"               # under the phone's root
+CPUFREQ_DIR = "sys/devices/system/cpu/cpufreq"
 
 # Android's Temperature.TYPE_*: what `dumpsys thermalservice` prints as mType.
 TYPE_CPU, TYPE_GPU, TYPE_BATTERY, TYPE_SKIN = 0, 1, 2, 3
@@ -24,21 +28,22 @@ STATUS_THRESHOLDS_C = (45.0, 50.0, 55.0, 62.0, 70.0, 80.0)
 STATUS_NAMES = ("NONE", "LIGHT", "MODERATE", "SEVERE", "CRITICAL", "EMERGENCY", "SHUTDOWN")
 
 
-@dataclass(frozen=True)
 class ZoneSpec:
-    type_name: str
-    kind: int
-    gain_c_per_core: float
-    tau_s: float
+    """One thermal zone: its type name, Android's kind, and how it heats and cools."""
+
+    __slots__ = ("gain_c_per_core", "kind", "tau_s", "type_name")
+
+    def __init__(self, type_name: str, kind: int, gain_c_per_core: float, tau_s: float):
+        self.type_name, self.kind, self.gain_c_per_core, self.tau_s = type_name, kind, gain_c_per_core, tau_s
 
 
-@dataclass(frozen=True)
 class Policy:
     """One cpufreq policy: the CPUs it drives and their top frequency."""
-    first_cpu: int
-    cpus: tuple[int, ...]
-    max_khz: int
-    min_khz: int = 300000
+
+    __slots__ = ("cpus", "first_cpu", "max_khz", "min_khz")
+
+    def __init__(self, first_cpu: int, cpus: tuple[int, ...], max_khz: int, min_khz: int = 300000):
+        self.first_cpu, self.cpus, self.max_khz, self.min_khz = first_cpu, cpus, max_khz, min_khz
 
 
 # A few SoCs' cluster layouts (cores per policy, top frequencies), enough for frequency caps to
@@ -94,6 +99,8 @@ class ThermalModel:
     # -- files ------------------------------------------------------------------------------
     def write(self, root: Path) -> None:
         """The thermal zones and cpufreq policies as the phone's /sys files, each replaced atomically."""
+        from pathlib import Path  # the daemon's side only: dumpsys never writes
+
         base = Path(root) / THERMAL_DIR
         for i, (z, t) in enumerate(zip(self.zones, self.temps_c)):
             zone = base / f"thermal_zone{i}"
@@ -127,15 +134,19 @@ def _replace(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_zones(root: Path) -> list[tuple[str, float]]:
-    """(type, °C) of every zone as the phone's files hold them."""
+def read_zones(root: str | Path) -> list[tuple[str, float]]:
+    """(type, °C) of every zone as the phone's files hold them, in zone order."""
     out: list[tuple[str, float]] = []
-    base = Path(root) / THERMAL_DIR
-    if not base.is_dir():
+    base = os.path.join(root, THERMAL_DIR)
+    if not os.path.isdir(base):
         return out
-    for zone in sorted(base.glob("thermal_zone*"), key=lambda p: int(p.name[12:] or 0)):
+    zones = [name for name in os.listdir(base) if name.startswith("thermal_zone")]
+    for name in sorted(zones, key=lambda n: int(n[12:] or 0)):
         try:
-            out.append((zone.joinpath("type").read_text().strip(), int(zone.joinpath("temp").read_text()) / 1000))
+            with open(os.path.join(base, name, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(base, name, "temp")) as f:
+                out.append((kind, int(f.read()) / 1000))
         except (OSError, ValueError):
             continue
     return out

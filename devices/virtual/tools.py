@@ -1,35 +1,36 @@
 """The phone-side commands on a virtual phone's PATH: getprop, logcat, dumpsys.
 
-Run as `python -I -S tools.py ROOT TOOL ARGS...` from the wrappers in the phone's /system/bin
-(ROOT is the phone's folder on the host). Only the standard library and the two standalone
-sibling modules are imported, so a call costs one bare interpreter start.
+logcat and dumpsys run as `python -I -S tools.py ROOT TOOL ARGS...` from the wrappers in the
+phone's /system/bin (ROOT is the phone's folder on the host). Each call costs one bare interpreter
+start plus the imports its tool needs, and nothing else: os and sys up front, logbuf (json) and
+argparse for logcat, thermal for dumpsys; no dataclasses, pathlib or typing, each of which costs
+about as much as the start itself. getprop starts no interpreter: the phone's shell serves it
+(getprop_script) from a table of build.prop that props_table makes when the phone starts; the
+Python getprop here is what that table must agree with, and answers when build.prop is newer.
+Only the standard library and the two standalone sibling modules are imported.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+if not __package__:     # run as a script on the phone: logbuf and thermal sit beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-if TYPE_CHECKING:   # the same files, as the package names them (on the phone they sit beside this one)
-    from devices.virtual import logbuf, thermal
-else:
-    import logbuf
-    import thermal
-
-BUILD_PROP = Path("system/build.prop")
+BUILD_PROP = "system/build.prop"     # under the phone's root
+PROPS_TABLE = "getprop.table"        # beside tools.py: what the shell's getprop serves
 
 
-def read_props(root: Path) -> dict[str, str]:
+def read_props(root: str | Path) -> dict[str, str]:
     """The phone's getprop table (system/build.prop)."""
     props: dict[str, str] = {}
     try:
-        text = (root / BUILD_PROP).read_text()
+        with open(os.path.join(root, BUILD_PROP)) as f:
+            text = f.read()
     except OSError:
         return props
     for line in text.splitlines():
@@ -39,32 +40,124 @@ def read_props(root: Path) -> dict[str, str]:
     return props
 
 
-def getprop(root: Path, args: list[str]) -> int:
-    """`getprop [KEY [DEFAULT]]`: one property, or every one as `[key]: [value]`."""
-    props = read_props(root)
+def getprop_text(props: dict[str, str], args: list[str]) -> str:
+    """What `getprop [KEY [DEFAULT]]` prints: one property, or every one as `[key]: [value]`."""
     if not args:
-        for key in sorted(props):
-            print(f"[{key}]: [{props[key]}]")
-    else:
-        print(props.get(args[0], args[1] if len(args) > 1 else ""))
+        return "".join(f"[{key}]: [{props[key]}]\n" for key in sorted(props))
+    return props.get(args[0], args[1] if len(args) > 1 else "") + "\n"
+
+
+def getprop(root: str | Path, args: list[str]) -> int:
+    sys.stdout.write(getprop_text(read_props(root), args))
     return 0
 
 
-def logcat(root: Path, args: list[str]) -> int:
+def props_table(root: str | Path) -> str | None:
+    """The table getprop_script serves: the properties as read_props reads them, sorted, one
+    `key=value` a line (a key holds no `=`, a value no line break: read_props split at both).
+    None when the shell could not serve it byte for byte (a NUL, which its `read` drops)."""
+    props = read_props(root)
+    table = "".join(f"{key}={props[key]}\n" for key in sorted(props))
+    return None if "\0" in table else table
+
+
+def getprop_script(table: str, build_prop: str, fallback: str) -> str:
+    """getprop as an mksh script over `table` (props_table's, a phone path): `getprop` prints it
+    as `[key]: [value]` lines, `getprop KEY [DEFAULT]` the key's value or DEFAULT ("" without),
+    as getprop_text does, with no interpreter start. `fallback` (the command running the Python
+    tool) answers when build.prop is newer than the table, or the table is not there."""
+    import shlex  # the daemon's side, writing the script: the tools themselves never quote
+
+    t, b = shlex.quote(table), shlex.quote(build_prop)
+    return (f"if [ {b} -nt {t} ] || [ ! -r {t} ]; then {fallback}; fi\n"
+            "if [ $# -eq 0 ]; then\n"
+            f"  while IFS= read -r l; do print -r -- \"[${{l%%=*}}]: [${{l#*=}}]\"; done <{t}\n"
+            "  exit 0\n"
+            "fi\n"
+            "case $1 in\n"
+            "*=*) ;;  # no key holds '=' (build.prop's lines split at the first)\n"
+            f"*) while IFS= read -r l; do case $l in \"$1=\"*) print -r -- \"${{l#*=}}\"; exit 0;; esac; done <{t};;\n"
+            "esac\n"
+            "print -r -- \"${2-}\"\n")
+
+
+# The logcat options this logcat reads, by kind (others are ignored, as parse_known_args does).
+_LOGCAT_FLAGS = ("-d", "-c", "-s", "-g")
+_LOGCAT_LISTS = ("-b", "-v")                 # repeatable: each value appended
+_LOGCAT_INTS = ("-t", "--pid")
+_LOGCAT_STRS = ("-e",)
+
+
+def logcat_options(args: list[str]) -> dict:
+    """logcat's options as argparse's parse_known_args reads them (a dict of dests: d c s g b v t
+    e pid specs). The plain forms every caller here uses (`-d`, `-b main,events`, `-v epoch`,
+    `TAG:P` specs in one run) are read directly; anything else (`-dbmain`, `--pid=3`, a prefix,
+    a value starting with '-', specs in two runs) goes to argparse, whose start costs more than
+    the rest of logcat's (it loads gettext, locale and shutil)."""
+    fast = _plain_options(args)
+    if fast is not None:
+        return fast
+    import argparse
+
     p = argparse.ArgumentParser(prog="logcat", add_help=False)
-    p.add_argument("-d", action="store_true")
-    p.add_argument("-c", action="store_true")
-    p.add_argument("-s", action="store_true")
-    p.add_argument("-g", action="store_true")
-    p.add_argument("-b", action="append", default=[])
-    p.add_argument("-v", action="append", default=[])
-    p.add_argument("-t", type=int)
-    p.add_argument("-e")
-    p.add_argument("--pid", type=int)
+    for flag in _LOGCAT_FLAGS:
+        p.add_argument(flag, action="store_true")
+    for option in _LOGCAT_LISTS:
+        p.add_argument(option, action="append", default=[])
+    for option in _LOGCAT_INTS:
+        p.add_argument(option, type=int)
+    for option in _LOGCAT_STRS:
+        p.add_argument(option)
     p.add_argument("specs", nargs="*")
-    opts, _unknown = p.parse_known_args(args)
+    return vars(p.parse_known_args(args)[0])
+
+
+def _plain_options(args: list[str]) -> dict | None:
+    """logcat_options for the plain forms only (None: not all plain): each option whole and its
+    value the next word, not starting with '-', an int as ASCII digits, the specs one run."""
+    opts: dict = {flag.lstrip("-"): False for flag in _LOGCAT_FLAGS}
+    opts.update({o.lstrip("-"): [] for o in _LOGCAT_LISTS}, **{o.lstrip("-"): None for o in _LOGCAT_INTS + _LOGCAT_STRS})
+    opts["specs"] = []
+    runs, i, after_spec = 0, 0, False
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("-"):
+            runs += not after_spec
+            if runs > 1:
+                return None     # argparse leaves a second run unread: its rules, not ours
+            opts["specs"].append(word)
+            after_spec, i = True, i + 1
+            continue
+        after_spec, dest = False, word.lstrip("-")
+        if word in _LOGCAT_FLAGS:
+            opts[dest], i = True, i + 1
+            continue
+        if word not in _LOGCAT_LISTS + _LOGCAT_INTS + _LOGCAT_STRS or i + 1 == len(args) \
+                or args[i + 1].startswith("-"):
+            return None
+        value = args[i + 1]
+        if word in _LOGCAT_INTS:
+            if not (value.isascii() and value.isdigit()):
+                return None
+            opts[dest] = int(value)
+        elif word in _LOGCAT_LISTS:
+            opts[dest].append(value)
+        else:
+            opts[dest] = value
+        i += 2
+    return opts
+
+
+def logcat(root: str | Path, args: list[str]) -> int:
+    import time
+
+    if TYPE_CHECKING or __package__:
+        from . import logbuf
+    else:
+        import logbuf
+    opts = logcat_options(args)
     buffers: list[str] = []
-    for b in opts.b:
+    for b in opts["b"]:
         for name in b.split(","):
             if name == "all":
                 buffers.extend(logbuf.BUFFERS)
@@ -76,10 +169,10 @@ def logcat(root: Path, args: list[str]) -> int:
                 print(f"logcat: unknown buffer {name}", file=sys.stderr)
                 return 1
     buffers = list(dict.fromkeys(buffers)) or list(logbuf.DEFAULT_BUFFERS)
-    if opts.c:
+    if opts["c"]:
         logbuf.clear(root, buffers)
         return 0
-    if opts.g:
+    if opts["g"]:
         for b in buffers:
             size = logbuf.buffer_path(root, b).stat().st_size if logbuf.buffer_path(root, b).exists() else 0
             print(f"{b}: ring buffer is 256 KiB ({size // 1024} KiB consumed), max entry is 5120 B, "
@@ -87,34 +180,34 @@ def logcat(root: Path, args: list[str]) -> int:
         return 0
     fmt = "threadtime"
     epoch = False
-    for v in opts.v:
+    for v in opts["v"]:
         for word in v.split(","):
             if word in ("threadtime", "time", "brief", "tag", "process", "raw"):
                 fmt = word
             elif word == "epoch":  # a modifier: seconds since 1970 instead of MM-DD HH:MM:SS
                 epoch = True
     env_specs = os.environ.get("ANDROID_LOG_TAGS", "").replace("'", "").split()
-    filt = logbuf.Filter(env_specs + opts.specs, silent_default=opts.s)
+    filt = logbuf.Filter(env_specs + opts["specs"], silent_default=opts["s"])
     pattern = None
-    if opts.e:
+    if opts["e"]:
         import re
-        pattern = re.compile(opts.e)
+        pattern = re.compile(opts["e"])
 
     def keep(e: logbuf.Entry) -> bool:
-        return filt.accepts(e) and (opts.pid is None or e.pid == opts.pid) and \
+        return filt.accepts(e) and (opts["pid"] is None or e.pid == opts["pid"]) and \
             (pattern is None or pattern.search(e.message) is not None)
 
     offsets: dict[str, int] = {}
     seen: set[str] = set()
     entries = [e for e in logbuf.read(root, buffers, offsets) if keep(e)]
-    if opts.t is not None:
-        entries = entries[-opts.t:] if opts.t > 0 else []
+    if opts["t"] is not None:
+        entries = entries[-opts["t"]:] if opts["t"] > 0 else []
     out = sys.stdout
     try:
         for line in logbuf.render(entries, fmt, seen, epoch):
             out.write(line + "\n")
         out.flush()
-        if opts.d or opts.t is not None:
+        if opts["d"] or opts["t"] is not None:
             return 0
         while True:  # follow, like logcat without -d, until the reader goes away
             time.sleep(0.2)
@@ -125,8 +218,12 @@ def logcat(root: Path, args: list[str]) -> int:
         return 0
 
 
-def dumpsys(root: Path, args: list[str]) -> int:
+def dumpsys(root: str | Path, args: list[str]) -> int:
     """`dumpsys battery|thermalservice`: the phone's battery and thermal state as Android prints them."""
+    if TYPE_CHECKING or __package__:
+        from . import thermal
+    else:
+        import thermal
     zones = thermal.read_zones(root)
     battery_c = next((t for name, t in zones if name == "battery"), 25.0)
     cpu = [t for name, t in zones if name.startswith("cpu-")]
@@ -162,7 +259,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: tools.py ROOT TOOL [ARGS...]", file=sys.stderr)
         return 2
-    root, tool, args = Path(argv[0]), argv[1], argv[2:]
+    root, tool, args = argv[0], argv[1], argv[2:]
     tools = {"getprop": getprop, "logcat": logcat, "dumpsys": dumpsys}
     if tool not in tools:
         print(f"{tool}: not found", file=sys.stderr)
