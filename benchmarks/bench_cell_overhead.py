@@ -11,7 +11,8 @@ virtual phone, writes a small synthetic qwen3moe (~16 MiB), and runs a campaign 
 printed as median / min / max over the cells after the first (the first also pushes the engine
 and the model). Every AdbPhone call is counted and timed while the campaign runs, so the lines
 after the figure say where the overhead goes: shell round trips (by what they ran), sync stats,
-pushes, pulls, the gate's state polls, the lmkd evidence reads.
+pushes, pulls, the gate's state polls, the lmkd evidence reads (the one-call reads() by caller:
+the gate's and the one after the run).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Tally:
         self.secs: dict[str, float] = collections.defaultdict(float)
         self.shells: collections.Counter[str] = collections.Counter()
         self.shell_secs: dict[str, float] = collections.defaultdict(float)
+        self.reads: collections.Counter[str] = collections.Counter()     # reads() by the function calling it
+        self.reads_secs: dict[str, float] = collections.defaultdict(float)
         self._saved: dict[str, object] = {}
 
     def install(self) -> None:
@@ -79,6 +82,7 @@ class Tally:
 
         @functools.wraps(original)
         def timed(self_, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_name      # reads(): the gate's (cool) or the after-run one
             t0 = time.perf_counter()
             try:
                 return original(self_, *args, **kwargs)
@@ -90,6 +94,9 @@ class Tally:
                 with tally.lock:
                     tally.calls[key] += 1
                     tally.secs[key] += dt
+                    if key == "reads":
+                        tally.reads[caller] += 1
+                        tally.reads_secs[caller] += dt
                     if key == "shell":
                         word = str(args[0]).split()[0][:24] if args else "?"
                         tally.shells[word] += 1
@@ -149,6 +156,8 @@ def main() -> None:
             n = len(runs)
             print("calls    per cell (all cells), count and seconds: " + ", ".join(
                 f"{k} {tally.calls[k] / n:.1f}x {tally.secs[k] / n:.3f}s" for k in CALLS if tally.calls[k]))
+            print("reads    per cell by caller (cool: the gate's; _run_cell: after the run): " + ", ".join(
+                f"{k} {v / n:.1f}x {tally.reads_secs[k] / n:.3f}s" for k, v in tally.reads.most_common()))
             print("shells   per cell by first word: " + ", ".join(
                 f"{k} {v / n:.1f}x {tally.shell_secs[k] / n:.3f}s" for k, v in tally.shells.most_common()))
         finally:

@@ -316,9 +316,11 @@ def install_tools(layout: Layout, in_namespace: bool) -> None:
     else:
         sh, lib, root = str(layout.system_bin / "sh"), str(layout.tools_dir), str(layout.root)
     # compiled here, once: the shell user cannot write their __pycache__, and a tool run as a
-    # script (or a module without its .pyc) would be compiled again on every call
+    # script (or a module without its .pyc) would be compiled again on every call (a folder this
+    # user cannot write either only costs that)
     for module in TOOL_MODULES:
-        py_compile.compile(str(layout.tools_dir / module), doraise=True)
+        with contextlib.suppress(OSError):
+            py_compile.compile(str(layout.tools_dir / module), doraise=True)
     table = phone_tools.props_table(layout.root)
     if table is not None:
         atomic_write(layout.tools_dir / phone_tools.PROPS_TABLE, table, mode=0o644)
