@@ -3,8 +3,11 @@
 `virtual up --apps cached:300MiB,perceptible:200MiB` starts one process per item, inside the
 phone (its memory cgroup and mount namespace) as an app uid (10100, 10101, ...: FIRST_APPLICATION_UID
 10000 + n, `u0_aN`), named like a package (`com.bmoe.app.cached1`, what lmkd's line shows). Each
-fills its own anonymous memory with random bytes, which zram cannot compress (`:compressible`: a
-repeated pattern instead, which zram stores in almost nothing), then sleeps.
+fills its own anonymous memory with random bytes, which zram cannot compress (`:compressible`:
+pages of one third random bytes and two thirds zeros, which lz4 stores in about a third, the ratio
+assumed for app memory: an lz4 zram device's mm_stat orig_data_size / mem_used_total, 2.9:1
+measured), then marks it cold (MADV_COLD: what the kernel's LRU would have made of memory an app
+has not touched for a while, the first pages reclaim takes) and sleeps.
 
 The adj is ProcessList.java's for the state: foreground 0, visible 100, perceptible 200, previous
 700, cached 900 and up (CACHED_APP_MIN_ADJ 900; the k-th cached app at 900 + 10k, capped at
@@ -33,12 +36,13 @@ _UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 2
 
 # The app: fill SIZE bytes, say so on stdout, then sleep until killed.
 _APP = (
-    "import os,sys,time\n"
+    "import mmap,os,sys,time\n"
     "n=int(sys.argv[1]);step=1<<20\n"
-    "buf=bytearray(n)\n"
-    "pat=(b'bmoe-app'*(step//8))\n"
+    "buf=mmap.mmap(-1,n,flags=mmap.MAP_PRIVATE|mmap.MAP_ANONYMOUS)\n"
+    "pat=b''.join(os.urandom(1365)+bytes(2731) for _ in range(step//4096))\n"
     "for i in range(0,n,step):\n"
     "    buf[i:i+step]=(pat if sys.argv[2]=='1' else os.urandom(step))[:n-i]\n"
+    "buf.madvise(20)\n"   # MADV_COLD (Linux 5.4; the mmap module may not name it)
     "print('ready',flush=True)\n"
     "while True: time.sleep(3600)\n"
 )

@@ -191,9 +191,23 @@ class MemoryCgroup:
                 with contextlib.suppress(OSError):
                     _write(self.path / "memory.swappiness", str(swappiness))
 
-    def set_ram_limit(self, limit_bytes: int) -> None:
-        """Only the RAM limit (memsw untouched): how zram's own use is charged to the phone's RAM."""
-        _write(self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max"), str(limit_bytes))
+    def pressure_events(self) -> int | None:
+        """An eventfd that the kernel signals whenever it reclaims in this group (v1 vmpressure,
+        `memory.pressure_level` at "low": every reclaim window of the group); None where there is none
+        (v2). What wakes the phone's lmkd during reclaim, as PSI's triggers wake a phone's."""
+        if self.version != 1:
+            return None
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            level = os.open(self.path / "memory.pressure_level", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _write(self.path / "cgroup.event_control", f"{efd} {level} low")
+            finally:
+                os.close(level)
+        except OSError:
+            os.close(efd)
+            return None
+        return efd
 
     # -- reading ----------------------------------------------------------------------------
     def procs_files(self) -> list[Path]:

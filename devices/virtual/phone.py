@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.fsutil import atomic_write, fleet_home, replacing
@@ -40,6 +40,7 @@ from .cgroup import MemoryCgroup, MemStat
 from .lmkd_policy import LmkProps
 from .meminfo import MEMINFO_PATH, VMSTAT_PATH, MemInfo, compute, vmstat_text, write_in_place
 from .zram import Zram
+from .zram_charge import Ballast
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
@@ -341,9 +342,10 @@ class VirtualPhone:
     """The running phone inside its daemon: spawns commands, keeps its generated files fresh."""
 
     def __init__(self, spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None,
-                 namespace_fd: int | None, zram: Zram | None = None):
+                 namespace_fd: int | None, zram: Zram | None = None, ballast: Ballast | None = None):
         self.spec = spec
         self.zram = zram                   # its own swap device (None: no zram)
+        self.ballast = ballast             # zram's use held in its cgroup (zram_charge.py)
         self.layout = layout
         self.cgroup = cgroup
         self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
@@ -448,9 +450,17 @@ class VirtualPhone:
         """The phone's memory use: its cgroup's counters, else its processes' RSS."""
         if self.cgroup is not None:
             try:
-                return self.cgroup.mem_stat()
+                st = self.cgroup.mem_stat()
             except OSError:
                 pass
+            else:
+                if self.ballast is None:
+                    return st
+                # the ballast's own pages are not the phone's (its limit has them on top of the RAM);
+                # what it holds is zram's pool: used memory, but neither page cache nor unevictable
+                held = min(self.ballast.target_bytes, st.unevictable_bytes, st.file_bytes)
+                return replace(st, usage_bytes=max(0, st.usage_bytes - self.ballast.own_bytes),
+                               file_bytes=st.file_bytes - held, unevictable_bytes=st.unevictable_bytes - held)
         rss = 0
         for pid in self.pids():
             try:
@@ -500,8 +510,10 @@ class VirtualPhone:
         write_in_place(self.layout.root / VMSTAT_PATH, vmstat_text(self.vmstat()))
 
     def pids(self) -> list[int]:
+        """The phone's processes (the ballast holding zram's charge is no process of the phone)."""
         if self.cgroup is not None:
-            return self.cgroup.pids()
+            pids = self.cgroup.pids()
+            return [p for p in pids if p != self.ballast.pid] if self.ballast is not None else pids
         return _descendants(os.getpid())
 
     def _busy_cores(self, dt_s: float) -> float:

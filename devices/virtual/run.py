@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -26,13 +27,12 @@ from . import apps, cpuinfo, logbuf, namespace, shellsvc, syncsvc, zram
 from .adbd import Banner, Connection, Daemon, Service, Stream
 from .cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
 from .lmkd import Lmkd
-from .lmkd_policy import LmkProps, Policy, watermarks
+from .lmkd_policy import POLL_SHORT_S, LmkProps, Policy, watermarks
 from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
+from .zram_charge import Ballast
 
 log = logging.getLogger("bmoe.vphone")
 TICK_S = 1.0
-CHARGE_STEP = 1 << 20          # zram's use is charged to the RAM limit in 1 MiB steps
-MIN_CHARGED_LIMIT = 16 << 20
 
 
 def make_router(phone: VirtualPhone):
@@ -142,18 +142,14 @@ def _remove_zram(layout: Layout, z: zram.Zram | None) -> None:
         zram.record(layout.internal, None)
 
 
-def charge_zram(phone: VirtualPhone, cgroup: MemoryCgroup, last: list[int]) -> None:
-    """What the phone's zram holds lives in its RAM (compressed pages, as on a phone): its RAM limit
-    is RAM - mem_used_total, never below RAM - zram size. Written only when it moves by
-    CHARGE_STEP (a lower limit makes the kernel reclaim at once)."""
-    ram, size = phone.spec.ram_bytes, phone.spec.zram_bytes
-    limit = max(ram - size, ram - phone.zram_used_bytes(), MIN_CHARGED_LIMIT)
-    if abs(limit - last[0]) >= CHARGE_STEP or (limit == ram and last[0] != ram):
-        try:
-            cgroup.set_ram_limit(limit)
-            last[0] = limit
-        except OSError:   # EBUSY: usage cannot be reclaimed below it yet; try again next tick
-            pass
+def charge_zram(spec: PhoneSpec, cgroup: MemoryCgroup) -> Ballast:
+    """What the phone's zram holds lives in its RAM (compressed pages, as on a phone): a ballast in
+    its cgroup holds as much (zram_charge.py); the limit grows by the ballast's own pages only, so
+    the phone keeps the RAM it was given. Called single-threaded (it forks)."""
+    ballast = Ballast.start([str(p) for p in cgroup.procs_files()], lambda: cgroup.mem_stat().usage_bytes)
+    cgroup.set_limit(spec.ram_bytes + ballast.own_bytes, spec.zram_bytes, spec.swappiness)
+    log.info("zram's use charged by ballast %d (its own pages: %d bytes)", ballast.pid, ballast.own_bytes)
+    return ballast
 
 
 def network(spec: PhoneSpec, warnings: list[str]) -> int | None:
@@ -170,8 +166,9 @@ def network(spec: PhoneSpec, warnings: list[str]) -> int | None:
 
 
 async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns_fd: int | None,
-                port: int, warnings: list[str], net_fd: int | None = None, z: zram.Zram | None = None) -> None:
-    phone = VirtualPhone(spec, layout, cgroup, ns_fd, zram=z)
+                port: int, warnings: list[str], net_fd: int | None = None, z: zram.Zram | None = None,
+                ballast: Ballast | None = None) -> None:
+    phone = VirtualPhone(spec, layout, cgroup, ns_fd, zram=z, ballast=ballast)
     phone.net_namespace_fd = net_fd
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
     daemon = Daemon(banner, make_router(phone), port=port)
@@ -218,26 +215,47 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
                 log.exception("%s failed", getattr(fn, "__name__", fn))
             await asyncio.sleep(period_s() if callable(period_s) else period_s)
 
-    charged = [spec.ram_bytes]
-
     def fast() -> None:
-        if z is not None and cgroup is not None:
-            charge_zram(phone, cgroup, charged)
+        if ballast is not None:
+            ballast.hold(phone.zram_used_bytes())
         lmkd.poll()
         phone.refresh_meminfo()  # 10 Hz: a reader sees its own allocations within 0.1 s
 
     # lmkd's own pace (10 ms while swap is low or after a kill, else 100 ms); meminfo with it
     tasks = [asyncio.create_task(every(lambda: lmkd.poll_interval_s, fast)),
              asyncio.create_task(every(TICK_S, phone.tick))]
+    # and woken by the phone's own reclaim, as a phone's lmkd by its PSI triggers: at most once per
+    # PSI_POLL_PERIOD_SHORT_MS (the cgroup's vmpressure stands in for per-phone PSI, which v1 lacks)
+    pressure_fd = cgroup.pressure_events() if cgroup is not None and policy is not None else None
+    woken = [0.0]
+
+    def on_pressure() -> None:
+        assert pressure_fd is not None
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(pressure_fd)
+        now = time.monotonic()
+        if now - woken[0] >= POLL_SHORT_S:
+            woken[0] = now
+            try:
+                fast()
+            except Exception:
+                log.exception("lmkd woken by pressure failed")
+    if pressure_fd is not None:
+        loop.add_reader(pressure_fd, on_pressure)
     try:
         await stop.wait()
     finally:
         log.info("stopping")
         for t in tasks:
             t.cancel()
+        if pressure_fd is not None:
+            loop.remove_reader(pressure_fd)
+            os.close(pressure_fd)
         await daemon.close()
         apps.stop(running_apps)
         lmkd.close()
+        if ballast is not None:
+            ballast.stop()
         if cgroup is not None:
             cgroup.remove()
         _remove_zram(layout, z)
@@ -263,12 +281,23 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as e:
         print(f"vphone: {e}", file=sys.stderr)
         return 1
+    ballast = None
+    if z is not None and cgroup is not None:
+        try:
+            ballast = charge_zram(spec, cgroup)
+        except OSError as e:
+            print(f"vphone: --zram: its use cannot be charged to the RAM: {e}", file=sys.stderr)
+            cgroup.remove()
+            _remove_zram(layout, z)
+            return 1
     net_fd = network(spec, warnings)
     install_tools(layout, ns_fd is not None)
     try:
-        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z))
+        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast))
     except OSError as e:
         print(f"vphone: {e}", file=sys.stderr)
+        if ballast is not None:
+            ballast.stop()
         if cgroup is not None:
             cgroup.remove()
         _remove_zram(layout, z)

@@ -3,9 +3,8 @@
 - `--cpus 1`: nproc, /sys/devices/system/cpu/online and /proc/cpuinfo all say one core, `-t auto`
   resolves to 1; two such phones get different cores.
 - zram: with --zram 0, a budget that with a cached app is past the phone's RAM is killed (bmoe-cli).
-  NOT here yet: the same budget with zram R/2 ending ok while swapping. With zram's use charged to
-  the RAM (docs/virtual-phones.md "Charging") it ended ok once and was lmk_killed in the next runs
-  (bmoe-cli and bmoe-py), so no test claims it; docs/decisions.md has the figures.
+  The swapping cases (a budget past the RAM left running on while swapping, zram exhausted, no
+  zram) are tests/devices/test_vphone_swapping.py.
 - After `down --all`, and after a daemon is SIGKILLed and the phone comes up again: no zram device,
   swap or cgroup of the phone is left.
 """
