@@ -324,7 +324,8 @@ class Session:
             t0 = time.perf_counter()
             overhead_s = t0 - loop_start
             logits = self.model.decode(token)
-            wall_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            wall_s = t1 - t0
             after = self._snapshot()
             io_s = after["io_s"] - before["io_s"]
             mgmt_s = after["mgmt_s"] - before["mgmt_s"]
@@ -353,7 +354,11 @@ class Session:
                 totals[key] += value
             if on_token is not None:
                 on_token(token, piece, row)
-            loop_start = time.perf_counter()
+            # bmoe-cli's loop_overhead_ms: everything since the previous decode returned (this
+            # token's telemetry, its row's writers, the next sampling), so it is marked there
+            loop_start = t1
+        # and, as bmoe-cli closes it, the tail after the last decode belongs to the summary's total
+        totals["overhead_s"] += time.perf_counter() - loop_start
         return GenerationResult(tuple(tokens), bytes(text), len(prompt), tuple(rows),
                                 self._summary(len(tokens), len(prompt), prefill_s, totals))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,24 @@ def test_deprecated_aliases_work_silently_as_in_bmoe_cli(tmp_path):
 def test_version():
     r = bmoe_py("--version")
     assert r.returncode == 0 and r.stdout.startswith(b"bmoe-py ")
+
+
+def test_loop_overhead_is_everything_between_two_decodes_as_bmoe_clis():
+    """bmoe-cli's loop_overhead_ms is the time since the previous decode returned: the row's own
+    telemetry and whoever consumes it (the CSV, stdout) included, wall_ms the decode alone. A
+    consumer that takes 30 ms a token shows in the next row's overhead and in the summary's
+    total (with the tail after the last decode), never in wall_ms."""
+    s = Session(parse_args(["-m", TINY], {}))
+    slow_s = 0.03
+
+    def slow_consumer(token, piece, row):
+        time.sleep(slow_s)
+
+    result = s.generate(s.tokenize("The capital of Japan is"), 4, on_token=slow_consumer)
+    s.close()
+    rows = result.rows
+    assert len(rows) == 4
+    assert all(r.loop_overhead_ms >= slow_s * 1e3 for r in rows[1:])
+    assert rows[0].loop_overhead_ms < slow_s * 1e3
+    assert all(r.wall_ms < slow_s * 1e3 for r in rows)
+    assert result.summary.loop_overhead_s_per_tok * 4 >= 4 * slow_s
