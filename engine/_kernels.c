@@ -586,3 +586,483 @@ void bmoe_f16acc_cells(const float *s, const uint8_t *active, int64_t R, int64_t
         }
     }
 }
+
+/* ---- one decode token, fused (engine/fastpath.py) ---------------------------------------------
+ *
+ * A one-token decode of a layer in two calls (attention through routing; the routed experts) and
+ * the output head in a third, for the models whose every step is one of the loops above: the same
+ * operations in the same order as engine.forward's numpy path, which are ggml's roundings. Each
+ * element-wise step is written out as numpy computes it: float32 ops stay float32, a float64 sum
+ * is numpy's pairwise sum (add.reduce from 0), exp is the float64 exp rounded to float32. The
+ * f16 KV cache is the State's own arrays, written in place. */
+
+/* numpy's pairwise float64 sum (add.reduce over a contiguous axis, started from 0) */
+static double np_pairwise(const double *a, int64_t n) {
+    if (n < 8) {
+        double res = 0.;
+        for (int64_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise(a, n2) + np_pairwise(a + n2, n - n2);
+}
+
+static double np_sum(const double *a, int64_t n) { return 0. + np_pairwise(a, n); }
+
+/* ops.rms_norm over n values: x*x in float32, a float64 sum, float32 1/sqrt(mean + eps), then
+ * (x * scale) * w in float32. `tmp` holds n doubles. */
+static void rms_norm_f32(const float *x, const float *w, int64_t n, float eps, float *out, double *tmp) {
+    for (int64_t i = 0; i < n; i++) tmp[i] = (double)(x[i] * x[i]);
+    float mean = (float)(np_sum(tmp, n) / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+static float np_expf(float x) { return (float)exp((double)x); }
+
+/* ggml_fp32_to_bf16 as activation._to_bf16 rounds it */
+static float round_bf16(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    uint32_t r = (b & 0x7FFFFFFFu) > 0x7F800000u ? (b | 0x00400000u) & 0xFFFF0000u
+                                                 : (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+}
+
+/* The bits of a float32 that holds a half's value (round_f16's result). */
+static uint16_t half_bits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    uint16_t sign = (uint16_t)((b >> 16) & 0x8000u);
+    uint32_t e = (b >> 23) & 0xFFu, man = b & 0x7FFFFFu;
+    if (e == 0xFF) return (uint16_t)(sign | 0x7C00u | (man ? 0x200u | (man >> 13) : 0));
+    if (e == 0) return sign;
+    int he = (int)e - 127 + 15;
+    if (he >= 31) return (uint16_t)(sign | 0x7C00u);
+    if (he <= 0) return (uint16_t)(sign | ((man | 0x800000u) >> (126 - e)));
+    return (uint16_t)(sign | ((uint32_t)he << 10) | (man >> 13));
+}
+
+/* A product's weight in a plan: qtype id, address, row stride, rows (m), inputs (k). */
+enum { MAT_KIND, MAT_ADDR, MAT_STRIDE, MAT_M, MAT_K, MAT_FIELDS };
+
+/* One activation vector of k values in the forms its products read (made on first use). */
+typedef struct {
+    const float *x;
+    int64_t k;
+    float *f16, *bf16, *xq, *xd, *xsum;
+    int8_t *x8;
+} Act;
+
+static void act_free(Act *a) {
+    free(a->f16);
+    free(a->bf16);
+    free(a->xq);
+    free(a->xd);
+    free(a->xsum);
+    free(a->x8);
+}
+
+static int family_of(int kind) {
+    return kind == T_Q8_0 || kind == T_Q4_0 || kind == T_MXFP4 ? FAMILY_Q8_0 : FAMILY_FLOAT;
+}
+
+/* The float values a float-family weight of `kind` multiplies (activation.Activation.form). */
+static const float *act_float(Act *a, int kind) {
+    if (kind == T_F32) return a->x;
+    float **slot = kind == T_F16 ? &a->f16 : &a->bf16;
+    if (!*slot) {
+        float *v = malloc(sizeof(float) * (size_t)a->k);
+        if (!v) return NULL;
+        for (int64_t i = 0; i < a->k; i++) v[i] = kind == T_F16 ? round_f16(a->x[i]) : round_bf16(a->x[i]);
+        *slot = v;
+    }
+    return *slot;
+}
+
+static int act_q8_0(Act *a) {
+    if (a->x8) return 1;
+    int64_t ng = a->k / 32;
+    a->xq = malloc(sizeof(float) * (size_t)a->k);
+    a->x8 = malloc((size_t)a->k);
+    a->xd = malloc(sizeof(float) * (size_t)(ng ? ng : 1));
+    a->xsum = malloc(sizeof(float) * (size_t)(ng ? ng : 1));
+    if (!a->xq || !a->x8 || !a->xd || !a->xsum) return 0;
+    bmoe_quantize_q8_0(a->x, 1, a->k, a->xq, a->x8, a->xd, a->xsum);
+    return 1;
+}
+
+#define MAX_HEAD_DIM 512
+
+/* One query head's pass over KV cells 0..pos (those within n_swa of pos when n_swa > 0) of its
+ * KV head (kh, vh: [cap, D] f16 bits): the score is the float64 sum of the exact products of the
+ * f16 q (qh) and the cell's k, summed in 8 lanes (lane j: dims 8c + j) added as lanes_sum adds
+ * them, rounded to float32 and scaled; then _f16acc_chunk's online softmax step with an f16
+ * accumulator. acc[Dv] gets the unnormalised accumulator; returns the sum S. */
+static float attend_cells_generic(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv,
+                                  int64_t pos, int64_t n_swa, float kq_scale, const float *lut, float *acc) {
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
+    for (int64_t n = 0; n <= pos; n++) {
+        if (n_swa > 0 && pos - n >= n_swa) continue;
+        const uint16_t *kr = kh + n * Dk;
+        double l[8] = {0};
+        for (int64_t d = 0; d < Dk; d++) l[d % 8] += (double)qh[d] * (double)lut[kr[d]];
+        float sn = (float)lanes_sum(l) * kq_scale, ms = 1.0f, vs = 1.0f;
+        if (sn > M) {
+            ms = (float)exp((double)(float)(M - sn));
+            for (int64_t d = 0; d < Dv; d++) acc[d] = round_f16(acc[d] * ms);
+            M = sn;
+        } else {
+            vs = (float)exp((double)(float)(sn - M));
+        }
+        const uint16_t *vr = vh + n * Dv;
+        for (int64_t d = 0; d < Dv; d++) acc[d] = round_f16((float)((double)acc[d] + (double)lut[vr[d]] * (double)vs));
+        S = (float)((double)S * (double)ms + (double)vs);
+    }
+    return S;
+}
+
+#if BMOE_X86
+/* The same operations 8 dims at a time (Dk, Dv multiples of 8); F16C's round-to-nearest-even
+ * conversion is round_f16 (but for a NaN's payload). */
+__attribute__((target("avx2,f16c"))) static float attend_cells_avx2(const float *qh, const uint16_t *kh,
+                                                                   const uint16_t *vh, int64_t Dk, int64_t Dv,
+                                                                   int64_t pos, int64_t n_swa, float kq_scale,
+                                                                   const float *lut, float *acc) {
+    (void)lut;
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
+    for (int64_t n = 0; n <= pos; n++) {
+        if (n_swa > 0 && pos - n >= n_swa) continue;
+        const uint16_t *kr = kh + n * Dk;
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        for (int64_t d = 0; d < Dk; d += 8) {
+            __m256 qv = _mm256_loadu_ps(qh + d);
+            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + d)));
+            lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(qv)),
+                                                 _mm256_cvtps_pd(_mm256_castps256_ps128(kv))));
+            hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1)),
+                                                 _mm256_cvtps_pd(_mm256_extractf128_ps(kv, 1))));
+        }
+        double l[8];
+        _mm256_storeu_pd(l, lo);
+        _mm256_storeu_pd(l + 4, hi);
+        float sn = (float)lanes_sum(l) * kq_scale, ms = 1.0f, vs = 1.0f;
+        if (sn > M) {
+            ms = (float)exp((double)(float)(M - sn));
+            __m256 m8 = _mm256_set1_ps(ms);
+            for (int64_t d = 0; d < Dv; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(acc + d), m8),
+                                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            M = sn;
+        } else {
+            vs = (float)exp((double)(float)(sn - M));
+        }
+        const uint16_t *vr = vh + n * Dv;
+        __m256d v4 = _mm256_set1_pd((double)vs);
+        for (int64_t d = 0; d < Dv; d += 8) {
+            __m256 a = _mm256_loadu_ps(acc + d);
+            __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + d)));
+            __m256d slo = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                                        _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(vv)), v4));
+            __m256d shi = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
+                                        _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(vv, 1)), v4));
+            __m256 sum = _mm256_set_m128(_mm256_cvtpd_ps(shi), _mm256_cvtpd_ps(slo));
+            _mm256_storeu_ps(acc + d, _mm256_cvtph_ps(_mm256_cvtps_ph(sum, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        }
+        S = (float)((double)S * (double)ms + (double)vs);
+    }
+    return S;
+}
+#endif
+
+static float attend_cells(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv, int64_t pos,
+                          int64_t n_swa, float kq_scale, const float *lut, float *acc) {
+#if BMOE_X86
+    if (x86() && Dk % 8 == 0 && Dv % 8 == 0)
+        return attend_cells_avx2(qh, kh, vh, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
+#endif
+    return attend_cells_generic(qh, kh, vh, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
+}
+
+/* kernels.PARALLEL_MIN_MACS and CHUNK_BYTES */
+#define FUSED_PARALLEL_MIN_MACS (1 << 17)
+#define FUSED_CHUNK_BYTES (64 << 10)
+
+/* The products of `n` weights (plan rows, MAT_FIELDS each) that read one activation, as
+ * kernels.matmul_pairs runs them: grouped by kernel family, each group one batch on `lanes`
+ * threads when it is big enough. out[i] is product i's output (m floats). */
+static int products(const int64_t *const *mats, int n, Act *a, float *const *out, const float *lut, int lanes) {
+    for (int i = 0; i < n; i++)
+        if (mats[i][MAT_KIND] < 0 || mats[i][MAT_KIND] >= T_Q4_K) return 0; /* no K-quants here */
+    for (int kind = 0; kind < T_Q4_K; kind++) {
+        int64_t items[8 * ITEM_FIELDS];
+        int count = 0;
+        int64_t macs = 0, stride = 1;
+        float *base = NULL;
+        for (int i = 0; i < n; i++)
+            if (mats[i][MAT_KIND] == kind && mats[i][MAT_M] > 0 && (!base || out[i] < base)) base = out[i];
+        if (!base) continue;
+        for (int i = 0; i < n; i++) {
+            const int64_t *w = mats[i];
+            if (w[MAT_KIND] != kind || w[MAT_M] == 0) continue;
+            if (count == 8) return 0;
+            int64_t *it = items + count * ITEM_FIELDS;
+            it[IT_QTYPE] = kind;
+            it[IT_ADDR] = w[MAT_ADDR];
+            it[IT_STRIDE] = w[MAT_STRIDE];
+            it[IT_M] = w[MAT_M];
+            it[IT_X0] = 0;
+            it[IT_NTOK] = 1;
+            it[IT_OUT] = out[i] - base;
+            macs += w[MAT_M];
+            if (w[MAT_STRIDE] > stride) stride = w[MAT_STRIDE];
+            count++;
+        }
+        int use = macs * a->k >= FUSED_PARALLEL_MIN_MACS ? lanes : 1;
+        int64_t chunk_rows = FUSED_CHUNK_BYTES / stride > 0 ? FUSED_CHUNK_BYTES / stride : 1;
+        int fam = family_of(kind), ok;
+        if (fam == FAMILY_Q8_0) {
+            if (!act_q8_0(a)) return 0;
+            ok = bmoe_run_batch(items, count, a->k, a->x8, NULL, a->xd, NULL, base, lut, chunk_rows, fam, use);
+        } else {
+            const float *xv = act_float(a, kind);
+            if (!xv) return 0;
+            ok = bmoe_run_batch(items, count, a->k, NULL, xv, NULL, NULL, base, lut, chunk_rows, fam, use);
+        }
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+/* Plan of one layer (int64): the q, k, v, output and router weights (MAT_FIELDS each), then the
+ * addresses of the norm weights (0: none) and the layer's dimensions. */
+enum {
+    PL_Q = 0, PL_K = 5, PL_V = 10, PL_O = 15, PL_ROUTER = 20,
+    PL_ATTN_NORM = 25, PL_Q_NORM, PL_K_NORM, PL_FFN_NORM,
+    PL_N_EMBD, PL_N_HEAD, PL_N_HEAD_KV, PL_DK, PL_DV, PL_N_ROT, PL_N_EXPERT, PL_GATING, PL_NORM_W, PL_N_SWA,
+    PLAN_FIELDS
+};
+
+/* Attention of one token at `pos` and its routing: x [n_embd] -> ffn_inp = attn_out(x) + x,
+ * h = ffn_norm(ffn_inp), the top `n_used` experts `ids` (descending score, first index on a tie)
+ * and their weights. The token's K and V go to cell `pos` of kc / vc (f16 bits [Hkv, cap, D]).
+ * cos / sin: the position's rope row (n_rot/2 floats). Returns 0 when memory could not be had. */
+int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const float *cos_row, const float *sin_row,
+                     uint16_t *kc, uint16_t *vc, int64_t cap, double eps_d, double kq_scale_d, double w_scale_d,
+                     int64_t n_used, const float *lut, int lanes, float *ffn_inp, float *h, int64_t *ids,
+                     float *weights) {
+    const int64_t E = plan[PL_N_EMBD], H = plan[PL_N_HEAD], Hkv = plan[PL_N_HEAD_KV], Dk = plan[PL_DK],
+                  Dv = plan[PL_DV], half = plan[PL_N_ROT] / 2, NE = plan[PL_N_EXPERT], n_swa = plan[PL_N_SWA];
+    const float eps = (float)eps_d, kq_scale = (float)kq_scale_d;
+    const int64_t nq = H * Dk, nk = Hkv * Dk, nv = Hkv * Dv, n_kv = pos + 1;
+    int64_t big = E > nq ? E : nq;
+    if (n_kv > big) big = n_kv;
+    if (NE > big) big = NE;
+    float *buf = malloc(sizeof(float) * (size_t)(E + nq + nk + nv + H * Dv + E + NE + NE + Dv));
+    double *tmp = malloc(sizeof(double) * (size_t)big);
+    if (!buf || !tmp) {
+        free(buf);
+        free(tmp);
+        return 0;
+    }
+    float *hn = buf, *q = hn + E, *k = q + nq, *v = k + nk, *att = v + nv, *o = att + H * Dv, *logits = o + E,
+          *probs = logits + NE, *acc = probs + NE;
+    int ok = 0;
+    Act a1 = {0}, a2 = {0}, a3 = {0};
+
+    rms_norm_f32(x, (const float *)(uintptr_t)plan[PL_ATTN_NORM], E, eps, hn, tmp);
+    a1.x = hn;
+    a1.k = E;
+    {
+        const int64_t *mats[3] = {plan + PL_Q, plan + PL_K, plan + PL_V};
+        float *outs[3] = {q, k, v};
+        if (!products(mats, 3, &a1, outs, lut, lanes)) goto done;
+    }
+    /* q/k norms per head, then NEOX rope over the first n_rot dims (float64, rounded once) */
+    for (int64_t r = 0; r < H + Hkv; r++) {
+        float *p = r < H ? q + r * Dk : k + (r - H) * Dk;
+        int64_t norm = r < H ? plan[PL_Q_NORM] : plan[PL_K_NORM];
+        if (norm) rms_norm_f32(p, (const float *)(uintptr_t)norm, Dk, eps, p, tmp);
+        for (int64_t i = 0; i < half; i++) {
+            double x0 = (double)p[i], x1 = (double)p[i + half], c = (double)cos_row[i], s = (double)sin_row[i];
+            p[i] = (float)(x0 * c - x1 * s);
+            p[i + half] = (float)(x0 * s + x1 * c);
+        }
+    }
+    for (int64_t g = 0; g < Hkv; g++) {
+        for (int64_t d = 0; d < Dk; d++) kc[(g * cap + pos) * Dk + d] = half_bits(round_f16(k[g * Dk + d]));
+        for (int64_t d = 0; d < Dv; d++) vc[(g * cap + pos) * Dv + d] = half_bits(round_f16(v[g * Dv + d]));
+    }
+    /* attention._f16acc_chunk for one query: f16 q against the f16 cache, online softmax over the
+     * cells in order, V accumulated in f16; then _normalise */
+    for (int64_t r = 0; r < H; r++) {
+        const int64_t g = r / (H / Hkv);
+        float qh[MAX_HEAD_DIM];
+        if (Dk > MAX_HEAD_DIM) goto done;
+        for (int64_t d = 0; d < Dk; d++) qh[d] = round_f16(q[r * Dk + d]);
+        float S = attend_cells(qh, kc + g * cap * Dk, vc + g * cap * Dv, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
+        float inv = S != 0.0f ? 1.0f / S : 0.0f;
+        for (int64_t d = 0; d < Dv; d++) att[r * Dv + d] = acc[d] * inv;
+    }
+    a2.x = att;
+    a2.k = H * Dv;
+    {
+        const int64_t *mats[1] = {plan + PL_O};
+        float *outs[1] = {o};
+        if (!products(mats, 1, &a2, outs, lut, lanes)) goto done;
+    }
+    for (int64_t i = 0; i < E; i++) ffn_inp[i] = o[i] + x[i];
+    rms_norm_f32(ffn_inp, (const float *)(uintptr_t)plan[PL_FFN_NORM], E, eps, h, tmp);
+    a3.x = h;
+    a3.k = E;
+    {
+        const int64_t *mats[1] = {plan + PL_ROUTER};
+        float *outs[1] = {logits};
+        if (!products(mats, 1, &a3, outs, lut, lanes)) goto done;
+    }
+    /* forward.route: softmax then top-k ("softmax"), or top-k of the logits then a softmax of
+     * those (1: "softmax_weight"); argsort(-v, stable) is the first maximum each time */
+    {
+        const int softmax_first = plan[PL_GATING] == 0;
+        const float *score = logits;
+        if (softmax_first) {
+            float mx = logits[0];
+            for (int64_t e = 1; e < NE; e++) mx = logits[e] > mx ? logits[e] : mx;
+            for (int64_t e = 0; e < NE; e++) probs[e] = np_expf(logits[e] - mx);
+            for (int64_t e = 0; e < NE; e++) tmp[e] = (double)probs[e];
+            float inv = (float)(1.0 / np_sum(tmp, NE));
+            for (int64_t e = 0; e < NE; e++) probs[e] = probs[e] * inv;
+            score = probs;
+        }
+        for (int64_t s = 0; s < n_used; s++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < NE; e++) {
+                int taken = 0;
+                for (int64_t t = 0; t < s; t++) taken |= ids[t] == e;
+                if (taken) continue;
+                if (best < 0 || score[e] > score[best]) best = e;
+            }
+            ids[s] = best;
+            weights[s] = score[best];
+        }
+        if (!softmax_first) {
+            float mx = weights[0];
+            for (int64_t s = 1; s < n_used; s++) mx = weights[s] > mx ? weights[s] : mx;
+            for (int64_t s = 0; s < n_used; s++) weights[s] = np_expf(weights[s] - mx);
+            for (int64_t s = 0; s < n_used; s++) tmp[s] = (double)weights[s];
+            float inv = (float)(1.0 / np_sum(tmp, n_used));
+            for (int64_t s = 0; s < n_used; s++) weights[s] = weights[s] * inv;
+        }
+        if (plan[PL_NORM_W]) {
+            for (int64_t s = 0; s < n_used; s++) tmp[s] = (double)weights[s];
+            float total = (float)np_sum(tmp, n_used);
+            if (!isnan(total) && !(total > 6.103515625e-5f)) total = 6.103515625e-5f; /* np.maximum */
+            for (int64_t s = 0; s < n_used; s++) weights[s] = weights[s] / total;
+        }
+        const float ws = (float)w_scale_d;
+        if (w_scale_d != 0.0 && w_scale_d != 1.0)
+            for (int64_t s = 0; s < n_used; s++) weights[s] = weights[s] * ws;
+    }
+    ok = 1;
+done:
+    act_free(&a1);
+    act_free(&a2);
+    act_free(&a3);
+    free(buf);
+    free(tmp);
+    return ok;
+}
+
+/* The routed experts of one token (forward.moe_ffn): for each slot s, expert weights
+ * mats[s*3 .. s*3+2] (gate, up, down; MAT_FIELDS each), every gate and up product of h, then
+ * silu(gate) * up, every down product, each scaled by weights[s]; their sum in slot order plus
+ * ffn_inp -> x_out [n_embd]. */
+int bmoe_decode_moe(const int64_t *mats, int64_t n_used, const float *h, const float *ffn_inp, const float *weights,
+                    int64_t n_embd, const float *lut, int lanes, float *x_out) {
+    const int64_t n_ff = mats[MAT_M];
+    float *gu = malloc(sizeof(float) * (size_t)(2 * n_used * n_ff + n_used * n_ff + n_used * n_embd));
+    if (!gu) return 0;
+    float *glu = gu + 2 * n_used * n_ff, *down = glu + n_used * n_ff;
+    int ok = 0;
+    Act a = {h, n_embd, 0, 0, 0, 0, 0, 0};
+    Act *g = calloc((size_t)n_used, sizeof(Act));
+    if (!g) goto done;
+    {
+        const int64_t *wm[16];
+        float *outs[16];
+        int64_t done_slots = 0;
+        /* gate and up of up to 8 experts a batch (products() takes 8 a kind) */
+        while (done_slots < n_used) {
+            int64_t take = n_used - done_slots < 4 ? n_used - done_slots : 4;
+            for (int64_t s = 0; s < take; s++) {
+                const int64_t *m = mats + (done_slots + s) * 3 * MAT_FIELDS;
+                wm[2 * s] = m;
+                wm[2 * s + 1] = m + MAT_FIELDS;
+                outs[2 * s] = gu + (done_slots + s) * 2 * n_ff;
+                outs[2 * s + 1] = gu + (done_slots + s) * 2 * n_ff + n_ff;
+            }
+            if (!products(wm, (int)(2 * take), &a, outs, lut, lanes)) goto done;
+            done_slots += take;
+        }
+    }
+    for (int64_t s = 0; s < n_used; s++) {
+        const float *gate = gu + s * 2 * n_ff, *up = gate + n_ff;
+        float *y = glu + s * n_ff;
+        for (int64_t i = 0; i < n_ff; i++) {
+            double gd = (double)gate[i];
+            y[i] = (float)(gd / (1.0 + exp(-gd))) * up[i];
+        }
+        g[s].x = y;
+        g[s].k = n_ff;
+        const int64_t *dm[1] = {mats + (s * 3 + 2) * MAT_FIELDS};
+        float *outs[1] = {down + s * n_embd};
+        if (!products(dm, 1, &g[s], outs, lut, lanes)) goto done;
+    }
+    for (int64_t i = 0; i < n_embd; i++) {
+        float total = down[i] * weights[0];
+        for (int64_t s = 1; s < n_used; s++) total = total + down[s * n_embd + i] * weights[s];
+        x_out[i] = total + ffn_inp[i];
+    }
+    ok = 1;
+done:
+    if (g)
+        for (int64_t s = 0; s < n_used; s++) act_free(&g[s]);
+    free(g);
+    act_free(&a);
+    free(gu);
+    return ok;
+}
+
+/* forward._logits: output_norm(x) times the head weight (MAT_FIELDS) -> logits [m]. */
+int bmoe_decode_head(const int64_t *mat, const float *norm, const float *x, int64_t n_embd, double eps,
+                     const float *lut, int lanes, float *logits) {
+    float *hn = malloc(sizeof(float) * (size_t)n_embd);
+    double *tmp = malloc(sizeof(double) * (size_t)n_embd);
+    int ok = 0;
+    if (hn && tmp) {
+        rms_norm_f32(x, norm, n_embd, (float)eps, hn, tmp);
+        Act a = {hn, n_embd, 0, 0, 0, 0, 0, 0};
+        const int64_t *mats[1] = {mat};
+        float *outs[1] = {logits};
+        ok = products(mats, 1, &a, outs, lut, lanes);
+        act_free(&a);
+    }
+    free(hn);
+    free(tmp);
+    return ok;
+}

@@ -242,19 +242,23 @@ class State:
     k: list[np.ndarray] = field(default_factory=list)   # per layer [Hkv, capacity, Dk] f16
     v: list[np.ndarray] = field(default_factory=list)
 
-    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        """Store this batch's K/V (T, Hkv, D) after the cached positions, rounded to f16."""
+    def reserve(self, layer: int, need: int) -> None:
+        """Room for `need` cells in the layer's K and V (both [Hkv, capacity, D], C-contiguous)."""
         while len(self.k) <= layer:
             self.k.append(np.zeros((self.n_head_kv, 0, self.head_dim_k), dtype=self.kv_dtype))
             self.v.append(np.zeros((self.n_head_kv, 0, self.head_dim_v), dtype=self.kv_dtype))
-        T = k_new.shape[0]
-        need = self.n_past + T
         if self.k[layer].shape[1] < need:
             cap = max(need, 2 * self.k[layer].shape[1], 256)
             for store, d in ((self.k, self.head_dim_k), (self.v, self.head_dim_v)):
                 grown = np.zeros((self.n_head_kv, cap, d), dtype=self.kv_dtype)
                 grown[:, :self.n_past] = store[layer][:, :self.n_past]
                 store[layer] = grown
+
+    def append(self, layer: int, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        """Store this batch's K/V (T, Hkv, D) after the cached positions, rounded to f16."""
+        T = k_new.shape[0]
+        need = self.n_past + T
+        self.reserve(layer, need)
         self.k[layer][:, self.n_past:need] = k_new.transpose(1, 0, 2).astype(self.kv_dtype)
         self.v[layer][:, self.n_past:need] = v_new.transpose(1, 0, 2).astype(self.kv_dtype)
 

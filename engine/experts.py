@@ -44,6 +44,11 @@ class ResidentExpertSource:
         self._maps: dict[str, np.ndarray] = {path: np.memmap(path, dtype=np.uint8, mode="r") for path in shape.paths}
         if anonymous:
             self._maps = {path: _read_whole(path) for path in shape.paths}
+        # each expert's views, made once: the same objects every fetch (`stable_slices`), so a
+        # caller may keep what it derived from them
+        self._slices: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+
+    stable_slices = True
 
     def fetch(self, layer: int, experts: Sequence[int]) -> Mapping[int, Sequence[np.ndarray]]:
         moe = self._layers.get(layer)
@@ -51,7 +56,12 @@ class ResidentExpertSource:
             raise ModelError(f"layer {layer} has no streamed expert tensors")
         out: dict[int, tuple[np.ndarray, ...]] = {}
         for e in experts:
-            out[int(e)] = tuple(self._maps[s.path][s.offset:s.offset + s.nbytes] for s in moe.slices(int(e)))
+            key = (layer, int(e))
+            got = self._slices.get(key)
+            if got is None:
+                got = self._slices[key] = tuple(self._maps[s.path][s.offset:s.offset + s.nbytes]
+                                                for s in moe.slices(int(e)))
+            out[int(e)] = got
         return out
 
 

@@ -44,6 +44,7 @@ from .activation import Activation
 from .attention import State, attend, attend_float32, attention_mask
 from .errors import ForwardError
 from .experts import ExpertSource, ResidentExpertSource, expert_weights
+from .fastpath import FastDecoder, why_not
 from .hparams import Hparams
 from .kernels import matmul, matmul_many, matmul_pairs
 from .model import ExpertLayer, ModelShape, load_model_shape
@@ -102,6 +103,7 @@ class Model:
         numerics: str = "ggml",
         upstream_threads: int = UPSTREAM_THREADS,
         threads: int = 1,
+        fast_decode: bool = True,
     ):
         if numerics not in NUMERICS:
             raise ForwardError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
@@ -123,6 +125,11 @@ class Model:
             raise ForwardError(f"layers {missing} have no expert tensors; dense FFN layers are not supported")
         self._check_ffn_kinds()
         self.state = self.new_state()
+        # decode() through engine.fastpath when the model allows it (built on the first decode:
+        # the session may still set hp); why_not says why it does not
+        self.fast_decode = fast_decode
+        self.fast_why_not: str | None = None
+        self._fast: FastDecoder | bool | None = None   # False: the model cannot take it
 
     def _check_ffn_kinds(self) -> None:
         for layer in self.shape.moe_layers:
@@ -154,13 +161,28 @@ class Model:
         if len(tokens) == 0:
             raise ForwardError("cannot prefill an empty prompt")
         state = self.state if state is None else state
+        self._fast_decoder()
         starts = range(0, len(tokens), self.ubatch_tokens)
         for b0 in starts[:-1]:
             self._forward(tokens[b0:b0 + self.ubatch_tokens], state, want_logits=False)
         return self._logits(self._forward(tokens[starts[-1]:], state, want_logits=True))
 
     def decode(self, token: int, state: State | None = None) -> np.ndarray:
-        return self._logits(self._forward([token], self.state if state is None else state, want_logits=True))
+        state = self.state if state is None else state
+        fast = self._fast_decoder()
+        if fast is not None:
+            logits = fast.decode(token, state)
+            if logits is not None:
+                return logits
+        return self._logits(self._forward([token], state, want_logits=True))
+
+    def _fast_decoder(self) -> FastDecoder | None:
+        """The fused decode (engine.fastpath), made once: by the prefill, so no token's span
+        pays for it (llama.cpp reserves its graphs at load); None when the model cannot take it."""
+        if self._fast is None:
+            self.fast_why_not = why_not(self) if self.fast_decode else "fast_decode=False"
+            self._fast = FastDecoder(self) if self.fast_why_not is None else False
+        return self._fast if isinstance(self._fast, FastDecoder) else None
 
     # ---- one forward batch ------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int], state: State, want_logits: bool) -> np.ndarray:

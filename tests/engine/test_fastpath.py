@@ -1,0 +1,155 @@
+"""engine.fastpath: the fused one-token decode gives the numpy path's logits bit for bit.
+
+Each test decodes the same tokens twice, through the fused calls (Model's default) and through
+engine.forward's numpy steps (`fast_decode=False`), and compares every logit's bits, the KV cache
+and what the expert source and the route observer saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import native
+from engine.experts import ResidentExpertSource
+from engine.forward import Model
+from engine.model import load_model_shape
+from engine.stream import StreamingExpertSource
+from engine.synth import synth_options, write_model
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0" / "tiny-qwen3moe.gguf"
+PROMPT = [1, 450, 7483, 310, 5546, 338]
+
+
+class Recorder:
+    """A source wrapper that logs each fetch (layer, routed ids) and hands the inner slices on."""
+
+    def __init__(self, inner, log: list):
+        self.inner, self.log = inner, log
+        self.stable_slices = getattr(inner, "stable_slices", False)
+
+    def fetch(self, layer, experts):
+        self.log.append(("fetch", layer, list(experts)))
+        return self.inner.fetch(layer, experts)
+
+
+def _decode(path, fast: bool, n: int, prompt=None, threads: int = 1, hp_change=None, source=None, n_ctx=2048):
+    """Greedy decode of n tokens: (tokens, logits per step, fetch/route log, model)."""
+    shape = load_model_shape(path)
+    log: list = []
+    inner = source(shape) if source else ResidentExpertSource(shape)
+    model = Model(shape, Recorder(inner, log), n_ctx=n_ctx, threads=threads, upstream_threads=1, fast_decode=fast,
+                  on_route=lambda il, pos, ids, w: log.append(("route", il, pos.tolist(), ids.tolist(), w.tobytes())))
+    if hp_change:
+        model.hp = dataclasses.replace(model.hp, **hp_change)
+    vocab = model.hp.n_vocab
+    prompt = [t % vocab for t in (prompt or PROMPT)]
+    logits = model.prefill(prompt)
+    del log[:]
+    tokens, steps = [], []
+    try:
+        for _ in range(n):
+            token = int(np.argmax(logits))
+            tokens.append(token)
+            logits = model.decode(token)
+            steps.append(logits.view(np.uint32).copy())
+    finally:
+        if hasattr(inner, "close"):
+            inner.close()
+    return tokens, steps, log, model
+
+
+def _same(path, n=24, **kw):
+    a_tok, a_logits, a_log, a = _decode(path, False, n, **kw)
+    b_tok, b_logits, b_log, b = _decode(path, True, n, **kw)
+    assert a.fast_why_not == "fast_decode=False" and b.fast_why_not is None, b.fast_why_not
+    assert b_tok == a_tok
+    for step, (x, y) in enumerate(zip(a_logits, b_logits)):
+        assert np.array_equal(x, y), f"step {step}: logits differ ({np.count_nonzero(x != y)} of {x.size})"
+    assert b_log == a_log      # same fetches (routing order) and the same routes (weights' bits)
+    n_kv = a.state.n_past
+    assert b.state.n_past == n_kv
+    for il in range(a.hp.n_layer):
+        assert np.array_equal(a.state.k[il][:, :n_kv].view(np.uint16), b.state.k[il][:, :n_kv].view(np.uint16))
+        assert np.array_equal(a.state.v[il][:, :n_kv].view(np.uint16), b.state.v[il][:, :n_kv].view(np.uint16))
+    return b
+
+
+@pytest.fixture(scope="module")
+def synth_models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("fastpath")
+    out = {}
+    for quant in ("F32", "F16", "Q8_0", "Q4_0"):
+        path = d / f"qwen-{quant}.gguf"
+        write_model(path, synth_options("qwen3moe", layers=2, experts=8, top_k=3, hidden=128, expert_ffn=96, vocab=300,
+                                        quant=quant, seed=3))
+        out[quant] = path
+    path = d / "gptoss.gguf"
+    write_model(path, synth_options("gpt-oss", layers=2, experts=4, top_k=2, hidden=128, expert_ffn=128, vocab=260))
+    out["gpt-oss"] = path
+    return out
+
+
+def test_tiny_model_logits_kv_and_routes_are_the_numpy_paths():
+    _same(TINY, n=48)
+
+
+def test_tiny_model_with_two_threads_is_the_same():
+    _same(TINY, n=8, threads=2)
+
+
+@pytest.mark.parametrize("quant", ["F32", "F16", "Q8_0", "Q4_0"])
+def test_synthetic_models_of_each_weight_type(synth_models, quant):
+    """F16 dense weights (the f16-rounded activation), Q8_0 / Q4_0 experts (the Q8_0 one), three
+    routed experts, an expert FFN width that is not a power of two."""
+    _same(synth_models[quant])
+
+
+@pytest.mark.parametrize("quant", ["F16", "Q8_0"])
+def test_generic_code_gives_the_same_logits(synth_models, quant):
+    """The library's generic code (no AVX2/F16C) in the fused attention and products: the same bits."""
+    kernels = native.load()
+    assert kernels is not None
+    kernels.set_generic(True)
+    try:
+        fast = _decode(synth_models[quant], True, 12)
+    finally:
+        kernels.set_generic(False)
+    numpy_path = _decode(synth_models[quant], False, 12)
+    assert fast[0] == numpy_path[0] and all(np.array_equal(x, y) for x, y in zip(fast[1], numpy_path[1]))
+
+
+def test_sliding_window_mask_and_softmax_weight_gating(synth_models):
+    """A window of 5 cells on every layer, and gpt-oss's gating (top-k logits, then a softmax of
+    those) without the normalisation, on a qwen3moe body."""
+    _same(synth_models["Q8_0"], n=16, hp_change=dict(n_swa=5, swa_layers=(True, True), gating="softmax_weight",
+                                                       norm_weights=False, weights_scale=1.5))
+
+
+def test_decode_across_the_split_kv_threshold_hands_over_to_the_numpy_path():
+    """Past 256 used cells ggml splits a decode's attention per thread: those tokens take the numpy
+    path, on the KV cache the fused calls wrote (n_ctx 1024 so the padded view reaches 512)."""
+    prompt = [(7 * i) % 250 + 3 for i in range(250)]
+    model = _same(TINY, n=12, prompt=prompt, n_ctx=1024)
+    assert model.state.n_past == 262
+
+
+def test_streaming_source_gives_the_same_logits(synth_models, tmp_path):
+    """A streamer's buffers (a cache too small for every expert, so slices move) instead of the map."""
+    def streamer(shape):
+        return StreamingExpertSource(shape, 6 * shape.moe_layers[0].expert_bytes, io_threads=1)
+    _same(synth_models["Q4_0"], n=16, source=streamer)
+
+
+def test_models_without_fused_loops_keep_the_numpy_path(synth_models):
+    shape = load_model_shape(synth_models["gpt-oss"])
+    model = Model(shape)
+    model.prefill([5, 6, 7])
+    assert model.fast_why_not is not None and "swiglu_oai" in model.fast_why_not
+    exact = Model(load_model_shape(TINY), numerics="float32")
+    exact.prefill([5, 6])
+    assert exact.fast_why_not == "numerics float32"
