@@ -161,7 +161,7 @@ WORDS = st.sampled_from(["-d", "-c", "-s", "-g", "-b", "-v", "-t", "-e", "--pid"
                          "-dbmain", "-b=main", "--", "-"])
 
 
-@settings(max_examples=3000, deadline=None, derandomize=True, database=None)
+@settings(max_examples=1000, deadline=None, derandomize=True, database=None)
 @given(args=st.lists(st.one_of(WORDS, st.text(max_size=6)), max_size=7))
 def test_logcats_plain_options_are_what_argparse_reads(args):
     plain, want = tools._plain_options(args), argparse_options(args)
