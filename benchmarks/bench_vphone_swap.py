@@ -1,0 +1,201 @@
+"""Benchmark a virtual phone that swaps to its zram (issue 24, done-when point 1), at the issue's sizes.
+
+    BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_swap.py [--ram-mib 1024] [--tokens 24]
+        [--repeat N] [--engines bmoe-cli,bmoe-py] [--cases "cache 0,swapping budget,zram exhausted,zram 0"]
+
+Starts its own adb server and, per case, a virtual phone (--cpus 1) of RAM (1 GiB) with zram of
+half of it (512 MiB) beside one foreground app holding 30 % of the RAM in cold memory lz4
+compresses ~3:1 (apps.py `:compressible`), ro.lmk.kill_heaviest_task as device trees set it. A
+synthetic qwen3moe as large as the RAM (uniform routing) runs at -t 1 with bmoe-cli (skipped
+without BMOE_CLI) and bmoe-py:
+
+  cache 0             every token streams its experts from flash (the baseline)
+  swapping budget     40 % of the RAM: larger than the RAM left beside the app and the engine's own,
+                      it runs while the app's pages go to zram (a third of their size, charged)
+  zram exhausted      95 % of the RAM, past what zram can give back: lmkd kills it on low swap
+  zram 0              the swapping budget on the same phone without zram: killed
+
+Per run: outcome, decode tok/s, the engine's peak VmSwap (its /proc/PID/status, sampled at 5 Hz),
+the phone's pswpout over the run (its /proc/vmstat through adb), the kill's evidence, the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from devices.adb import AdbServer, adb_binary, ensure_server
+from devices.virtual import cgroup as cgroups
+from devices.virtual import manager
+from devices.virtual.apps import FIRST_APP_UID
+from engine.synth import synth_options, write_model
+from harness.campaign_file import parse_campaign
+from harness.runner import run_campaign
+
+MIB = 1 << 20
+APP_LZ4_RATIO = 2.9   # what zram keeps of an app's :compressible memory (apps.py, measured)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SwapWatch:
+    """The peak VmSwap (kB) of the phone's engine and of its apps (uid 10100+) while a run goes
+    (read in this host's /proc: the phone's kernel is this host's)."""
+
+    def __init__(self, cgroup_path: str):
+        self.procs = Path(cgroup_path, "cgroup.procs")
+        self.peak_kb: dict[str, int] = {}
+        self.engine_own_kb = 0   # the engine's own anonymous memory, resident or swapped (peak)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                pids = self.procs.read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                f = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                kb = int(f.get("VmSwap", "0 kB").split()[0])
+                role = "app" if int(f.get("Uid", "0").split()[0]) >= FIRST_APP_UID else "engine"
+                self.peak_kb[role] = max(self.peak_kb.get(role, 0), kb)
+                if role == "engine":
+                    own = int(f.get("RssAnon", "0 kB").split()[0]) + kb
+                    self.engine_own_kb = max(self.engine_own_kb, own)
+
+    def __enter__(self) -> SwapWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def pswpout(port: int, serial: str) -> int:
+    out = subprocess.run([adb_binary(), "-P", str(port), "-s", serial, "shell", "cat /proc/vmstat"],
+                         capture_output=True, text=True, timeout=30).stdout
+    return next((int(line.split()[1]) for line in out.splitlines() if line.startswith("pswpout ")), 0)
+
+
+def run_case(work: Path, home: Path, port: int, model: Path, label: str, engine: dict, case: str, ram: int,
+             zram_bytes: int, app: str, cache_mb: int, tokens: int, n: int = 0) -> dict:
+    name = f"{label}-{case}-{n}".replace(" ", "-")
+    serial = manager.up(name, ram, home=home, adb_host="127.0.0.1", adb_port=port, zram_bytes=zram_bytes,
+                        apps=(app,), lmk={"kill_heaviest_task": True}, cpus=1)
+    try:
+        info = manager.info(name, home)
+        data = {"version": 1, "name": name,
+                "fleet": {"devices": [f"virtual:{name}"], "virtual_home": str(home),
+                          "adb": [{"host": "127.0.0.1", "port": port}]},
+                "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb]},
+                "run": {"n_predict": tokens, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
+        before = pswpout(port, serial)
+        out = work / name
+        with SwapWatch(str(info.cgroup_path)) as watch:
+            run_campaign(parse_campaign(data, source="bench.toml"), out, progress_stream=io.StringIO())
+        after = pswpout(port, serial)
+        (rec_path,) = list(out.glob("runs/*/*/run.json"))
+        rec = json.loads(rec_path.read_text())
+        if os.environ.get("BENCH_DEBUG"):
+            sm = rec.get("summary") or {}
+            print({k: sm.get(k) for k in ("tok/s", "cache_resident_MiB", "majflt/tok", "cpu_s/tok", "io_s/tok",
+                                          "read_MiB")}, rec.get("pressure"), file=sys.stderr)
+        return {"outcome": rec["outcome"], "tok_s": (rec.get("summary") or {}).get("tok/s"),
+                "vmswap_kb": watch.peak_kb.get("engine", 0), "app_vmswap_kb": watch.peak_kb.get("app", 0),
+                "pswpout": after - before, "evidence": rec.get("evidence") or [], "wall_s": rec.get("wall_s"),
+                "own_mib": watch.engine_own_kb // 1024,
+                "resident_mib": (rec.get("summary") or {}).get("cache_resident_MiB")}
+    finally:
+        manager.down(name, home=home, adb_host="127.0.0.1", adb_port=port)
+        assert not Path(cgroups.leaf_name(name, home / name)).exists()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ram-mib", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--engines", default="bmoe-cli,bmoe-py")
+    ap.add_argument("--cases", default="cache 0,swapping budget,zram exhausted,zram 0")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--model-pct", type=int, default=150, help="the model's size, % of the RAM")
+    ap.add_argument("--app-pct", type=int, default=30, help="the foreground app's compressible memory, % of the RAM")
+    ap.add_argument("--swap-cache-pct", type=int, default=0,
+                    help="the swapping budget, %% of the RAM (0: from the engine's own footprint at cache 0)")
+    ap.add_argument("--big-cache-pct", type=int, default=0,
+                    help="the zram-exhausted budget, %% of the RAM (0: 110)")
+    args = ap.parse_args()
+    ram = args.ram_mib * MIB
+    zram_bytes = ram // 2
+    app = f"foreground:{ram * args.app_pct // 100 // MIB}MiB:compressible"
+    model_bytes = ram * args.model_pct // 100
+    app_mib = ram * args.app_pct // 100 // MIB
+    cli = os.environ.get("BMOE_CLI", "")
+    engines = {"bmoe-cli": {"kind": "native", "native": {"host": {"cli": cli}}}, "bmoe-py": {"kind": "python"}}
+    chosen = [e for e in args.engines.split(",") if e in engines and (e != "bmoe-cli" or cli)]
+    with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
+        work = Path(tmp)
+        model = work / "uniform.gguf"
+        write_model(model, synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0))
+        server = AdbServer("127.0.0.1", free_port())
+        ensure_server(server)
+        home = work / "phones"
+        try:
+            print(f"RAM {ram // MIB} MiB, zram {zram_bytes // MIB} MiB (lz4), app {app}, model "
+                  f"{model.stat().st_size // MIB} MiB, {args.tokens} tokens, -t 1, --cpus 1")
+            for label in chosen:
+                # the engine's own footprint (anonymous, resident + swapped) at cache 0 on this phone
+                base = run_case(work, home, server.port, model, label, engines[label], "footprint", ram, zram_bytes,
+                                app, 0, args.tokens)
+                own_mib = base["own_mib"]
+                left_mib = ram // MIB - app_mib - own_mib           # the RAM left beside the app and the engine
+                gain_mib = int(app_mib * (1 - 1 / APP_LZ4_RATIO))   # what zram gives back from the app
+                swap_mb = ram * args.swap_cache_pct // 100 // MIB if args.swap_cache_pct else left_mib + gain_mib // 2
+                # a cache alone past the RAM: no zram can make room for it (its pages do not compress)
+                big_mb = ram * (args.big_cache_pct or 110) // 100 // MIB
+                print(f"{label}: own footprint {own_mib} MiB at cache 0; RAM left beside the app {left_mib} MiB, "
+                      f"zram's gain from the app ~{gain_mib} MiB: swapping budget {swap_mb} MiB, "
+                      f"zram exhausted {big_mb} MiB", flush=True)
+                budgets = {"cache 0": (0, zram_bytes), "swapping budget": (swap_mb, zram_bytes),
+                           "zram exhausted": (big_mb, zram_bytes), "zram 0": (swap_mb, 0)}
+                for case in args.cases.split(","):
+                    cache_mb, z = budgets[case]
+                    for n in range(args.repeat):
+                        started = time.monotonic()
+                        r = run_case(work, home, server.port, model, label, engines[label], case, ram, z, app,
+                                     cache_mb, args.tokens, n)
+                        tok = f"{r['tok_s']:.2f}" if isinstance(r["tok_s"], (int, float)) else "-"
+                        print(f"{label:<8} {case:<16} cache {cache_mb:>5} MiB (resident {r['resident_mib']})  "
+                              f"{r['outcome']:<10} {tok:>6} tok/s  "
+                              f"VmSwap {r['vmswap_kb'] // 1024:>4} MiB (app {r['app_vmswap_kb'] // 1024} MiB)  "
+                              f"pswpout {r['pswpout']:>7}  {time.monotonic() - started:5.1f} s  "
+                              f"load {Path('/proc/loadavg').read_text().split()[0]}  {'; '.join(r['evidence'])[:240]}",
+                              flush=True)
+        finally:
+            manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=server.port)
+            subprocess.run([adb_binary(), "-P", str(server.port), "kill-server"], capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
