@@ -747,10 +747,11 @@ static int act_q8_0(Act *a) {
  * them, rounded to float32 and scaled; then _f16acc_chunk's online softmax step with an f16
  * accumulator. acc[Dv] gets the unnormalised accumulator; returns the sum S. */
 static float attend_cells_generic(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv,
-                                  int64_t pos, int64_t n_swa, float kq_scale, const float *lut, float *acc) {
+                                  int64_t pos, int64_t lo, int64_t hi, int64_t n_swa, float kq_scale, const float *lut,
+                                  float *acc, float *M_out) {
     float M = -INFINITY, S = 0.0f;
     for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
-    for (int64_t n = 0; n <= pos; n++) {
+    for (int64_t n = lo; n < hi; n++) {
         if (n_swa > 0 && pos - n >= n_swa) continue;
         const uint16_t *kr = kh + n * Dk;
         double l[8] = {0};
@@ -767,6 +768,7 @@ static float attend_cells_generic(const float *qh, const uint16_t *kh, const uin
         for (int64_t d = 0; d < Dv; d++) acc[d] = round_f16((float)((double)acc[d] + (double)lut[vr[d]] * (double)vs));
         S = (float)((double)S * (double)ms + (double)vs);
     }
+    *M_out = M;
     return S;
 }
 
@@ -775,12 +777,13 @@ static float attend_cells_generic(const float *qh, const uint16_t *kh, const uin
  * conversion is round_f16 (but for a NaN's payload). */
 __attribute__((target("avx2,f16c"))) static float attend_cells_avx2(const float *qh, const uint16_t *kh,
                                                                    const uint16_t *vh, int64_t Dk, int64_t Dv,
-                                                                   int64_t pos, int64_t n_swa, float kq_scale,
-                                                                   const float *lut, float *acc) {
+                                                                   int64_t pos, int64_t lo, int64_t hi, int64_t n_swa,
+                                                                   float kq_scale, const float *lut, float *acc,
+                                                                   float *M_out) {
     (void)lut;
     float M = -INFINITY, S = 0.0f;
     for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
-    for (int64_t n = 0; n <= pos; n++) {
+    for (int64_t n = lo; n < hi; n++) {
         if (n_swa > 0 && pos - n >= n_swa) continue;
         const uint16_t *kr = kh + n * Dk;
         __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
@@ -820,17 +823,51 @@ __attribute__((target("avx2,f16c"))) static float attend_cells_avx2(const float 
         }
         S = (float)((double)S * (double)ms + (double)vs);
     }
+    *M_out = M;
     return S;
 }
 #endif
 
 static float attend_cells(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv, int64_t pos,
-                          int64_t n_swa, float kq_scale, const float *lut, float *acc) {
+                          int64_t lo, int64_t hi, int64_t n_swa, float kq_scale, const float *lut, float *acc,
+                          float *M_out) {
 #if BMOE_X86
     if (x86() && Dk % 8 == 0 && Dv % 8 == 0)
-        return attend_cells_avx2(qh, kh, vh, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
+        return attend_cells_avx2(qh, kh, vh, Dk, Dv, pos, lo, hi, n_swa, kq_scale, lut, acc, M_out);
 #endif
-    return attend_cells_generic(qh, kh, vh, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
+    return attend_cells_generic(qh, kh, vh, Dk, Dv, pos, lo, hi, n_swa, kq_scale, lut, acc, M_out);
+}
+
+/* attention._attend_ggml_f16acc (one chunk of every cell) or, for a KV view of n_kv_pad >= 512
+ * cells, _attend_split_kv: `chunks` ranges of ceil(n_kv_pad / chunks) cells, each one pass, their
+ * partial softmaxes merged in order in float32 (reduce_partials); then _normalise into out[Dv].
+ * acc and part: Dv floats of scratch each. */
+static void attend_head(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv, int64_t pos,
+                        int64_t n_swa, float kq_scale, const float *lut, int64_t n_kv_pad, int64_t chunks, float *acc,
+                        float *part, float *out) {
+    const int64_t n_kv = pos + 1;
+    float M, S;
+    if (n_kv_pad < 512) {
+        S = attend_cells(qh, kh, vh, Dk, Dv, pos, 0, n_kv, n_swa, kq_scale, lut, acc, &M);
+    } else {
+        const int64_t chunk = (n_kv_pad + chunks - 1) / chunks;
+        float M_all = -INFINITY, S_all = 0.0f;
+        for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
+        for (int64_t lo = 0; lo < n_kv_pad; lo += chunk) {
+            int64_t hi = lo + chunk < n_kv ? lo + chunk : n_kv;
+            float Mc = -INFINITY, Sc = lo < hi ? attend_cells(qh, kh, vh, Dk, Dv, pos, lo, hi, n_swa, kq_scale, lut, part, &Mc)
+                                               : 0.0f;
+            if (Sc == 0.0f) continue;  /* not live */
+            float m_new = M_all > Mc ? M_all : Mc;
+            double old = (double)np_expf(M_all - m_new), now = (double)np_expf(Mc - m_new);
+            for (int64_t d = 0; d < Dv; d++) acc[d] = (float)((double)acc[d] * old + (double)part[d] * now);
+            S_all = (float)((double)S_all * old + (double)Sc * now);
+            M_all = m_new;
+        }
+        S = S_all;
+    }
+    float inv = S != 0.0f ? 1.0f / S : 0.0f;
+    for (int64_t d = 0; d < Dv; d++) out[d] = acc[d] * inv;
 }
 
 /* kernels.PARALLEL_MIN_MACS and CHUNK_BYTES */
@@ -895,11 +932,12 @@ enum {
 /* Attention of one token at `pos` and its routing: x [n_embd] -> ffn_inp = attn_out(x) + x,
  * h = ffn_norm(ffn_inp), the top `n_used` experts `ids` (descending score, first index on a tie)
  * and their weights. The token's K and V go to cell `pos` of kc / vc (f16 bits [Hkv, cap, D]).
- * cos / sin: the position's rope row (n_rot/2 floats). Returns 0 when memory could not be had. */
+ * cos / sin: the position's rope row (n_rot/2 floats); n_kv_pad: llama.cpp's padded KV view,
+ * split into kv_chunks (upstream's -t) from 512 cells on. Returns 0 when memory could not be had. */
 int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const float *cos_row, const float *sin_row,
                      uint16_t *kc, uint16_t *vc, int64_t cap, double eps_d, double kq_scale_d, double w_scale_d,
-                     int64_t n_used, const float *lut, int lanes, float *ffn_inp, float *h, int64_t *ids,
-                     float *weights) {
+                     int64_t n_used, int64_t n_kv_pad, int64_t kv_chunks, const float *lut, int lanes,
+                     float *ffn_inp, float *h, int64_t *ids, float *weights) {
     const int64_t E = plan[PL_N_EMBD], H = plan[PL_N_HEAD], Hkv = plan[PL_N_HEAD_KV], Dk = plan[PL_DK],
                   Dv = plan[PL_DV], half = plan[PL_N_ROT] / 2, NE = plan[PL_N_EXPERT], n_swa = plan[PL_N_SWA];
     const float eps = (float)eps_d, kq_scale = (float)kq_scale_d;
@@ -907,7 +945,7 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
     int64_t big = E > nq ? E : nq;
     if (n_kv > big) big = n_kv;
     if (NE > big) big = NE;
-    float *buf = malloc(sizeof(float) * (size_t)(E + nq + nk + nv + H * Dv + E + NE + NE + Dv));
+    float *buf = malloc(sizeof(float) * (size_t)(E + nq + nk + nv + H * Dv + E + NE + NE + 2 * Dv));
     double *tmp = malloc(sizeof(double) * (size_t)big);
     if (!buf || !tmp) {
         free(buf);
@@ -949,9 +987,8 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
         float qh[MAX_HEAD_DIM];
         if (Dk > MAX_HEAD_DIM) goto done;
         for (int64_t d = 0; d < Dk; d++) qh[d] = round_f16(q[r * Dk + d]);
-        float S = attend_cells(qh, kc + g * cap * Dk, vc + g * cap * Dv, Dk, Dv, pos, n_swa, kq_scale, lut, acc);
-        float inv = S != 0.0f ? 1.0f / S : 0.0f;
-        for (int64_t d = 0; d < Dv; d++) att[r * Dv + d] = acc[d] * inv;
+        attend_head(qh, kc + g * cap * Dk, vc + g * cap * Dv, Dk, Dv, pos, n_swa, kq_scale, lut, n_kv_pad,
+                    kv_chunks > 0 ? kv_chunks : 1, acc, acc + Dv, att + r * Dv);
     }
     a2.x = att;
     a2.k = H * Dv;

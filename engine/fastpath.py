@@ -11,7 +11,7 @@ the output head. The logits are the numpy path's bit for bit (tests/engine/test_
 It takes a model only when every step has such a loop: numerics "ggml", the compiled library
 loaded, every weight F32, F16, BF16, Q8_0, Q4_0 or MXFP4 (K-quants keep the numpy path), no
 biases, no attention sinks, SwiGLU experts. A token whose attention ggml splits per thread (a
-padded KV view of 512+ cells) takes the numpy path; both write the same KV cache.
+padded KV view of 512+ cells) is split the same way (upstream's -t chunks, merged in order).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from .attention import SPLIT_KV_MIN_CELLS, State
+from .attention import State
 from .errors import ForwardError
 from .experts import expert_weights
 from .kernels import _KERNEL_IDS, RawMatrix, _f16_table
@@ -90,7 +90,7 @@ class FastDecoder:
         lib = kernels.lib
         P, I64, INT, D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
         self._attn = lib.bmoe_decode_attn
-        self._attn.argtypes = [P, P, I64, P, P, P, P, I64, D, D, D, I64, P, INT, P, P, P, P]
+        self._attn.argtypes = [P, P, I64, P, P, P, P, I64, D, D, D, I64, I64, I64, P, INT, P, P, P, P]
         self._attn.restype = INT
         self._moe = lib.bmoe_decode_moe
         self._moe.argtypes = [P, I64, P, P, P, I64, P, INT, P]
@@ -176,14 +176,13 @@ class FastDecoder:
             self._experts[(il, e)] = (slices, row)
         return row
 
-    def decode(self, token: int, state: State) -> np.ndarray | None:
-        """The logits after `token`, or None (nothing done) when this token needs the numpy path."""
+    def decode(self, token: int, state: State) -> np.ndarray:
+        """The logits after `token` (its K and V written to `state`, which it advances)."""
         model = self.model
         hp, w = model.hp, model.weights
         pos = state.n_past
         n_kv = pos + 1
-        if model._padded_kv_cells(n_kv) >= SPLIT_KV_MIN_CELLS:
-            return None
+        n_kv_pad = model._padded_kv_cells(n_kv)
         if not 0 <= token < hp.n_vocab:
             raise ForwardError(f"token id out of range 0..{hp.n_vocab - 1}: {token}..{token}")
         if model.n_ctx is not None and n_kv > model.n_ctx:
@@ -197,6 +196,7 @@ class FastDecoder:
             bufs[0] = w.rows("token_embd.weight", np.array([token], dtype=np.int64))[0]
         x, x_next = 0, 3
         lanes = model.threads
+        kv_chunks = max(1, model.upstream_threads)   # ggml's split of a 512+ cell view (attention.attend)
         on_route, source = model.on_route, model.source
         ids, weights = self._ids, self._weights
         positions = np.array([pos], dtype=np.int64)
@@ -204,8 +204,8 @@ class FastDecoder:
             kc_addr, vc_addr, cap = self._kv_cache(state, il, n_kv)
             cos, sin = self._rope_rows(il, n_kv)
             if not self._attn(self._plan_addr[il], addr[x], pos, cos, sin,
-                              kc_addr, vc_addr, cap, hp.rms_eps, hp.kq_scale, hp.weights_scale, k, self._lut_addr,
-                              lanes, addr[1], addr[2], self._ids_addr, self._w_addr):
+                              kc_addr, vc_addr, cap, hp.rms_eps, hp.kq_scale, hp.weights_scale, k, n_kv_pad,
+                              kv_chunks, self._lut_addr, lanes, addr[1], addr[2], self._ids_addr, self._w_addr):
                 raise MemoryError("the fused decode could not allocate its scratch")
             if on_route is not None:
                 on_route(il, positions.copy(), ids.copy(), weights.copy())

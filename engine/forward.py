@@ -88,7 +88,9 @@ class Model:
     bytes; `"float32"` is the plain architecture. `n_ctx` caps the context (None: unbounded; it
     also stands for upstream's KV size, 2048 by default, in the split-KV decision),
     `upstream_threads` is the -t of the bmoe-cli run being reproduced, and `threads` how many
-    threads compute the matrix products here (the results do not depend on it).
+    threads compute the matrix products here (the results do not depend on it). A decode takes
+    engine.fastpath's compiled calls when the model allows it (`fast_why_not` is None; the same
+    bits), unless `fast_decode=False`.
     """
 
     def __init__(
@@ -171,9 +173,7 @@ class Model:
         state = self.state if state is None else state
         fast = self._fast_decoder()
         if fast is not None:
-            logits = fast.decode(token, state)
-            if logits is not None:
-                return logits
+            return fast.decode(token, state)
         return self._logits(self._forward([token], state, want_logits=True))
 
     def _fast_decoder(self) -> FastDecoder | None:

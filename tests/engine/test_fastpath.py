@@ -37,12 +37,14 @@ class Recorder:
         return self.inner.fetch(layer, experts)
 
 
-def _decode(path, fast: bool, n: int, prompt=None, threads: int = 1, hp_change=None, source=None, n_ctx=2048):
+def _decode(path, fast: bool, n: int, prompt=None, threads: int = 1, hp_change=None, source=None, n_ctx=2048,
+            upstream_threads=1):
     """Greedy decode of n tokens: (tokens, logits per step, fetch/route log, model)."""
     shape = load_model_shape(path)
     log: list = []
     inner = source(shape) if source else ResidentExpertSource(shape)
-    model = Model(shape, Recorder(inner, log), n_ctx=n_ctx, threads=threads, upstream_threads=1, fast_decode=fast,
+    model = Model(shape, Recorder(inner, log), n_ctx=n_ctx, threads=threads, upstream_threads=upstream_threads,
+                  fast_decode=fast,
                   on_route=lambda il, pos, ids, w: log.append(("route", il, pos.tolist(), ids.tolist(), w.tobytes())))
     if hp_change:
         model.hp = dataclasses.replace(model.hp, **hp_change)
@@ -130,11 +132,12 @@ def test_sliding_window_mask_and_softmax_weight_gating(synth_models):
                                                        norm_weights=False, weights_scale=1.5))
 
 
-def test_decode_across_the_split_kv_threshold_hands_over_to_the_numpy_path():
-    """Past 256 used cells ggml splits a decode's attention per thread: those tokens take the numpy
-    path, on the KV cache the fused calls wrote (n_ctx 1024 so the padded view reaches 512)."""
+@pytest.mark.parametrize("upstream_threads", [1, 3, 4])
+def test_decode_across_the_split_kv_threshold(upstream_threads):
+    """Past 256 used cells (n_ctx 1024, so the padded view reaches 512) ggml splits a decode's
+    attention into one chunk per upstream thread and merges them: split as the numpy path splits."""
     prompt = [(7 * i) % 250 + 3 for i in range(250)]
-    model = _same(TINY, n=12, prompt=prompt, n_ctx=1024)
+    model = _same(TINY, n=12, prompt=prompt, n_ctx=1024, upstream_threads=upstream_threads)
     assert model.state.n_past == 262
 
 
