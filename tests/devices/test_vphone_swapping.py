@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -145,3 +146,22 @@ def test_without_zram_the_same_budget_is_killed(tmp_path, adb_server, make_phone
     rec = run_one(tmp_path, adb_server, phone_home, phone, model, engine, SWAPPING_CACHE_MB)
     assert rec["outcome"] in ("lmk_killed", "killed"), brief(rec)
     assert any("/data/local/tmp/bmoe/bmoe-" in e for e in rec["evidence"]), rec["evidence"]
+
+
+@needs_zram
+def test_zram_holds_incompressible_pages_at_their_size_in_the_phones_ram(adb_server, make_phone):
+    """The charge itself: 80 MiB in a 64 MiB phone with 32 MiB of zram. Same-filled pages cost zram
+    nothing and the process lives; random ones cost their size in zram, charged to the phone's RAM
+    (the ballast), so the same 80 MiB is killed although zram has room for the 16 MiB overshoot."""
+    phone = make_phone("charge", 64 * MIB, zram_bytes=32 * MIB)
+    hold = ("import os, sys, time\nkind = sys.argv[1]\nheld = []\n"
+            "for i in range(80):\n"
+            "    held.append(bytes([i % 251 + 1]) * (1 << 20) if kind == 'same' else os.urandom(1 << 20))\n"
+            "time.sleep(1.5)\nprint('survived', flush=True)\n")
+    script = phone.root / "data/local/tmp/hold.py"
+    script.write_text(hold)
+    for kind, lives in (("same", True), ("random", False)):
+        r = adb_server.run("-s", phone.serial, "shell", f"{sys.executable} /data/local/tmp/hold.py {kind}")
+        assert (r.returncode == 0 and b"survived" in r.stdout) is lives, (kind, r.returncode, r.stdout, r.stderr)
+        if not lives:
+            assert r.returncode == 137, (kind, r.returncode, r.stderr)
