@@ -25,7 +25,7 @@ from .experts import ResidentExpertSource
 from .forward import Model, Sampler
 from .io import DirectReader, Slice
 from .model import MIB, ModelShape, load_model_shape
-from .procfs import read_kb_fields
+from .procfs import KbFile
 from .stream import Residency, StreamingExpertSource
 from .telemetry import RouteTraceSink, RunSummary, TokenRow
 from .tokenizer import SpmTokenizer, eog_ids_from_metadata
@@ -179,6 +179,9 @@ class Session:
         self.eog_ids = eog_ids_from_metadata(self.shape.metadata)
         self.load_s = time.perf_counter() - t0
         self._generating = False
+        # the per-token memory columns' two files, kept open (bmoe-cli reads the same two per token)
+        self._status = KbFile("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "VmSwap"))
+        self._meminfo = KbFile("/proc/meminfo", ("MemAvailable", "MemFree", "SwapFree"))
 
     def _message(self, line: str) -> None:
         self.messages.append(line)
@@ -332,8 +335,8 @@ class Session:
             window = int(after["window_bytes"] - before["window_bytes"])
             majflt = int(after["majflt"] - before["majflt"])
             cpu_s = after["cpu_s"] - before["cpu_s"]
-            status = read_kb_fields("/proc/self/status")
-            mem = read_kb_fields("/proc/meminfo")
+            status = self._status.values()
+            mem = self._meminfo.values()
             row = TokenRow(
                 step=step, steps=n_predict, wall_ms=wall_s * 1e3, io_ms=io_s * 1e3,
                 compute_ms=max(0.0, wall_s - io_s - mgmt_s) * 1e3, read_bytes=window,
@@ -401,5 +404,7 @@ class Session:
 
     def close(self) -> None:
         """Stop the streamer. The route-trace file belongs to whoever opened it."""
+        self._status.close()
+        self._meminfo.close()
         if self.stream is not None:
             self.stream.close()
