@@ -697,8 +697,9 @@ enum { MAT_KIND, MAT_ADDR, MAT_STRIDE, MAT_M, MAT_K, MAT_FIELDS };
 typedef struct {
     const float *x;
     int64_t k;
-    float *f16, *bf16, *xq, *xd, *xsum;
+    float *f16, *bf16, *xq, *xd, *xsum; /* f16 / bf16 values; the Q8_0 form */
     int8_t *x8;
+    float *kq, *kd, *ksum;              /* the Q8_K form */
 } Act;
 
 static void act_free(Act *a) {
@@ -708,10 +709,48 @@ static void act_free(Act *a) {
     free(a->xd);
     free(a->xsum);
     free(a->x8);
+    free(a->kq);
+    free(a->kd);
+    free(a->ksum);
 }
 
 static int family_of(int kind) {
-    return kind == T_Q8_0 || kind == T_Q4_0 || kind == T_MXFP4 ? FAMILY_Q8_0 : FAMILY_FLOAT;
+    return kind == T_Q8_0 || kind == T_Q4_0 || kind == T_MXFP4 ? FAMILY_Q8_0
+           : kind == T_Q4_K || kind == T_Q6_K                  ? FAMILY_Q8_K
+                                                               : FAMILY_FLOAT;
+}
+
+/* activation._to_q8_k (quantize_row_q8_K_ref) of one k-value vector, k a multiple of 256: per
+ * block the first value of largest magnitude vmax, iscale = -127/vmax, d = 1/iscale, q =
+ * min(rint(iscale*x), 127); q as floats, d per 32 values, each 32 values' sum of q. */
+static int act_q8_k(Act *a) {
+    if (a->kq) return 1;
+    int64_t ng = a->k / 32;
+    a->kq = malloc(sizeof(float) * (size_t)a->k);
+    a->kd = malloc(sizeof(float) * (size_t)(ng ? ng : 1));
+    a->ksum = malloc(sizeof(float) * (size_t)(ng ? ng : 1));
+    if (!a->kq || !a->kd || !a->ksum || a->k % 256) return 0;
+    for (int64_t b = 0; b < a->k / 256; b++) {
+        const float *v = a->x + b * 256;
+        int64_t at = 0;
+        for (int64_t i = 1; i < 256; i++)
+            if (fabsf(v[i]) > fabsf(v[at])) at = i;
+        float vmax = v[at];
+        float iscale = vmax != 0.0f ? -127.0f / vmax : 0.0f;
+        float d = vmax != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int64_t g = 0; g < 8; g++) {
+            float total = 0.0f;
+            for (int64_t i = 0; i < 32; i++) {
+                float q = rintf(iscale * v[g * 32 + i]);
+                q = q < 127.0f ? q : 127.0f;
+                a->kq[b * 256 + g * 32 + i] = q;
+                total += q;
+            }
+            a->kd[b * 8 + g] = d;
+            a->ksum[b * 8 + g] = total;
+        }
+    }
+    return 1;
 }
 
 /* The float values a float-family weight of `kind` multiplies (activation.Activation.form). */
@@ -879,8 +918,8 @@ static void attend_head(const float *qh, const uint16_t *kh, const uint16_t *vh,
  * threads when it is big enough. out[i] is product i's output (m floats). */
 static int products(const int64_t *const *mats, int n, Act *a, float *const *out, const float *lut, int lanes) {
     for (int i = 0; i < n; i++)
-        if (mats[i][MAT_KIND] < 0 || mats[i][MAT_KIND] >= T_Q4_K) return 0; /* no K-quants here */
-    for (int kind = 0; kind < T_Q4_K; kind++) {
+        if (mats[i][MAT_KIND] < 0 || mats[i][MAT_KIND] > T_Q6_K) return 0;
+    for (int kind = 0; kind <= T_Q6_K; kind++) {
         int64_t items[8 * ITEM_FIELDS];
         int count = 0;
         int64_t macs = 0, stride = 1;
@@ -910,6 +949,9 @@ static int products(const int64_t *const *mats, int n, Act *a, float *const *out
         if (fam == FAMILY_Q8_0) {
             if (!act_q8_0(a)) return 0;
             ok = bmoe_run_batch(items, count, a->k, a->x8, NULL, a->xd, NULL, base, lut, chunk_rows, fam, use);
+        } else if (fam == FAMILY_Q8_K) {
+            if (!act_q8_k(a)) return 0;
+            ok = bmoe_run_batch(items, count, a->k, NULL, a->kq, a->kd, a->ksum, base, lut, chunk_rows, fam, use);
         } else {
             const float *xv = act_float(a, kind);
             if (!xv) return 0;
@@ -1070,7 +1112,7 @@ int bmoe_decode_moe(const int64_t *mats, int64_t n_used, const float *h, const f
     if (!gu) return 0;
     float *glu = gu + 2 * n_used * n_ff, *down = glu + n_used * n_ff;
     int ok = 0;
-    Act a = {h, n_embd, 0, 0, 0, 0, 0, 0};
+    Act a = {.x = h, .k = n_embd};
     Act *g = calloc((size_t)n_used, sizeof(Act));
     if (!g) goto done;
     {
@@ -1127,7 +1169,7 @@ int bmoe_decode_head(const int64_t *mat, const float *norm, const float *x, int6
     int ok = 0;
     if (hn && tmp) {
         rms_norm_f32(x, norm, n_embd, (float)eps, hn, tmp);
-        Act a = {hn, n_embd, 0, 0, 0, 0, 0, 0};
+        Act a = {.x = hn, .k = n_embd};
         const int64_t *mats[1] = {mat};
         float *outs[1] = {logits};
         ok = products(mats, 1, &a, outs, lut, lanes);

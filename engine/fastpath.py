@@ -9,8 +9,9 @@ layer, `on_route` just before), then one call for the experts (`bmoe_decode_moe`
 the output head. The logits are the numpy path's bit for bit (tests/engine/test_fastpath.py).
 
 It takes a model only when every step has such a loop: numerics "ggml", the compiled library
-loaded, every weight F32, F16, BF16, Q8_0, Q4_0 or MXFP4 (K-quants keep the numpy path), no
-biases, no attention sinks, SwiGLU experts. A token whose attention ggml splits per thread (a
+loaded, every weight F32, F16, BF16, Q8_0, Q4_0, MXFP4, or Q4_K / Q6_K of at least
+kernels.COMPILED_MIN_WEIGHTS values (a smaller K-quant takes numpy's tiles on the numpy path),
+no biases, no attention sinks, SwiGLU experts. A token whose attention ggml splits per thread (a
 padded KV view of 512+ cells) is split the same way (upstream's -t chunks, merged in order).
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from . import kernels
 from .attention import State
 from .errors import ForwardError
 from .experts import expert_weights
@@ -31,8 +33,9 @@ from .native import load
 from .ops import rope_cos_sin
 
 F32 = np.float32
-_FAST_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4})
+_FAST_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K})
 _Q8_0_FAMILY = frozenset({Q.Q8_0, Q.Q4_0, Q.MXFP4})
+_K_QUANTS = frozenset({Q.Q4_K, Q.Q6_K})
 MAT_FIELDS = 5
 # the plan's fields after the five weights (engine/_kernels.c PL_*)
 PLAN_FIELDS = 5 * MAT_FIELDS + 14
@@ -45,6 +48,18 @@ _EXPERT_BIASES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_
 
 def _mat(w: RawMatrix) -> list[int]:
     return [_KERNEL_IDS[w.qtype], w.addr, w.stride, w.m, w.k]
+
+
+def _fast_type(qtype: Q, k: int, m: int) -> bool:
+    """Whether a [m, k] weight's one-token product has a compiled loop that is the numpy path's
+    product: a K-quant under kernels.COMPILED_MIN_WEIGHTS takes numpy's tiles there, an ulp away."""
+    if qtype not in _FAST_TYPES:
+        return False
+    if qtype in _Q8_0_FAMILY:
+        return k % 32 == 0
+    if qtype in _K_QUANTS:
+        return k % 256 == 0 and m * k >= kernels.COMPILED_MIN_WEIGHTS
+    return True
 
 
 def why_not(model: Any) -> str | None:
@@ -69,12 +84,13 @@ def why_not(model: Any) -> str | None:
         if name not in w:
             return f"no {name}"
         info = w.info(name)
-        if info.qtype not in _FAST_TYPES or (info.qtype in _Q8_0_FAMILY and info.ne[0] % 32):
-            return f"{name} is {info.qtype.name}"
+        if not _fast_type(info.qtype, info.ne[0], info.ne[1]):
+            return f"{name} is {info.qtype.name} [{info.ne[0]}, {info.ne[1]}]"
     for layer in model.shape.moe_layers:
         for t in layer.tensors:
-            if t.qtype not in _FAST_TYPES or (t.qtype in _Q8_0_FAMILY and t.ne[0] % 32):
-                return f"{t.name} is {t.qtype.name}"
+            rows = t.ne[1] // 2 if t.name.split(".")[2] == "ffn_gate_up_exps" else t.ne[1]
+            if not _fast_type(t.qtype, t.ne[0], rows):
+                return f"{t.name} is {t.qtype.name} [{t.ne[0]}, {t.ne[1]}]"
     if load(quiet=True) is None:
         return "no compiled kernels"
     return None

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from engine import native
 from engine.experts import ResidentExpertSource
@@ -19,6 +21,7 @@ from engine.forward import Model
 from engine.model import load_model_shape
 from engine.stream import StreamingExpertSource
 from engine.synth import synth_options, write_model
+from tests.engine.test_kernels import random_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0" / "tiny-qwen3moe.gguf"
@@ -70,6 +73,7 @@ def _same(path, n=24, **kw):
     b_tok, b_logits, b_log, b = _decode(path, True, n, **kw)
     assert a.fast_why_not == "fast_decode=False" and b.fast_why_not is None, b.fast_why_not
     assert b_tok == a_tok
+    assert all(np.isfinite(x.view(np.float32)).all() for x in b_logits)    # bits of numbers, not of NaNs
     for step, (x, y) in enumerate(zip(a_logits, b_logits)):
         assert np.array_equal(x, y), f"step {step}: logits differ ({np.count_nonzero(x != y)} of {x.size})"
     assert b_log == a_log      # same fetches (routing order) and the same routes (weights' bits)
@@ -146,6 +150,62 @@ def test_streaming_source_gives_the_same_logits(synth_models, tmp_path):
     def streamer(shape):
         return StreamingExpertSource(shape, 6 * shape.moe_layers[0].expert_bytes, io_threads=1)
     _same(synth_models["Q4_0"], n=16, source=streamer)
+
+
+def _k_quant_copy(src: Path, dest: Path) -> Path:
+    """`src` (an F32 model) with its attention and expert matrices replaced by random Q4_K blocks
+    (Q6_K for the downs), every other tensor and key as it was."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dest, arch=str(reader.fields["general.architecture"].contents()))
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub)
+    for i, t in enumerate(reader.tensors):
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        qtype = Q.Q6_K if kind == "ffn_down_exps" else Q.Q4_K if kind in (
+            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps") else None
+        ne = [int(v) for v in t.shape]
+        if qtype is None:
+            writer.add_tensor(t.name, np.array(t.data))
+            continue
+        blocks = random_blocks(qtype, int(np.prod(ne[1:])), ne[0], seed=i)     # [rows, row bytes]
+        writer.add_tensor(t.name, blocks.reshape([*reversed(ne[1:]), blocks.shape[1]]), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+@pytest.fixture(scope="module")
+def k_quant_model(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fastpath-k")
+    src = d / "f32.gguf"
+    write_model(src, synth_options("qwen3moe", layers=2, experts=8, top_k=2, hidden=256, expert_ffn=256, vocab=300,
+                                   quant="F32", seed=4))
+    return _k_quant_copy(src, d / "q4k.gguf")
+
+
+def test_k_quants_of_compiled_size(k_quant_model, monkeypatch):
+    """Q4_K / Q6_K matrices (the Q8_K activation made in C): the numpy path's bits, once both paths
+    multiply them with the compiled loops (these are smaller than COMPILED_MIN_WEIGHTS, so the
+    floor is lowered for the test, for both paths alike)."""
+    from engine import kernels
+
+    monkeypatch.setattr(kernels, "COMPILED_MIN_WEIGHTS", 0)
+    model = _same(k_quant_model, n=16)
+    assert model.weights.qtype("blk.0.attn_q.weight") == Q.Q4_K
+    assert model.shape.moe_layers[0].tensors[1].qtype in (Q.Q4_K, Q.Q6_K)
+
+
+def test_small_k_quants_keep_the_numpy_path(k_quant_model):
+    """Below COMPILED_MIN_WEIGHTS the numpy path multiplies a K-quant with float64 tiles (an ulp
+    from the compiled loop), so such a model is not fused."""
+    model = Model(load_model_shape(k_quant_model))
+    model.prefill([5, 6, 7])
+    assert model.fast_why_not is not None and "Q4_K" in model.fast_why_not
 
 
 def test_models_without_fused_loops_keep_the_numpy_path(synth_models):
