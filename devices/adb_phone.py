@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from devices import reclaim
 from devices.adb import TRANSPORT_ERRORS, AdbServer, default_server
 from devices.adbutils_import import AdbDevice, AdbError, AdbTimeout
 from devices.base import (
@@ -224,7 +225,7 @@ class AdbPhone:
                            mem_free_kb=mem.get("MemFree"), swap_free_kb=mem.get("SwapFree"), thermal_mc=thermal,
                            battery_temp_dc=parse_battery_temp_dc(sections.get("BATTERY", "")),
                            thermal_status=parse_thermal_status(sections.get("THERMALSERVICE", "")),
-                           cpufreq=tuple(policies))
+                           cpufreq=tuple(policies), vmstat=reclaim.vmstat_counters(sections.get("VMSTAT", "")))
 
     # ---- files ----------------------------------------------------------------------------------
     def _local_sha(self, path: str) -> str:
@@ -462,13 +463,16 @@ class AdbPhone:
         text = self._text(
             f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; grep '^MemAvailable:' /proc/meminfo; "
             "for z in /sys/class/thermal/thermal_zone*; do t=; { IFS= read -r t <\"$z/type\"; } 2>/dev/null; "
-            "case \"$t\" in cpu*) v=; IFS= read -r v <\"$z/temp\"; echo \"CPU=$v\";; esac; done", timeout_s
+            "case \"$t\" in cpu*) v=; IFS= read -r v <\"$z/temp\"; echo \"CPU=$v\";; esac; done; "
+            + reclaim.command(pid), timeout_s
         )
-        kb = parse_meminfo_kb(text)
-        cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", text, re.MULTILINE)]
+        head, _, _ = text.partition(reclaim.MARK)
+        kb = parse_meminfo_kb(head)
+        cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", head, re.MULTILINE)]
         if "VmRSS" not in kb:
             return None
-        return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"), max(cpu) if cpu else None)
+        return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"), max(cpu) if cpu else None,
+                              reclaim=reclaim.parse(reclaim.split(text)))
 
     # ---- evidence -------------------------------------------------------------------------------
     def clock_offset_s(self) -> float:
@@ -557,7 +561,8 @@ _STATE_FAST = (
     "echo " + _MARK + "CPUFREQ; "
     "for p in /sys/devices/system/cpu/cpufreq/policy*; do "
     "[ -d \"$p\" ] && { s=; c=; IFS= read -r s <\"$p/scaling_max_freq\"; IFS= read -r c <\"$p/cpuinfo_max_freq\"; "
-    "echo \"${p##*/}=$s,$c\"; } 2>/dev/null; done"
+    "echo \"${p##*/}=$s,$c\"; } 2>/dev/null; done; "
+    "echo " + _MARK + "VMSTAT; " + reclaim.VMSTAT_GREP
 )
 # ... and lmk_events' reads: the phone's clock and uptime (dmesg stamps are seconds since boot),
 # dmesg where readable, and logcat's main, events and kernel buffers (the slow one; the kernel

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from devices.lmk import LmkEvent
+from devices.reclaim import Reclaim
 from engine.errors import BmoeError
 from engine.procfs import parse_kb_fields
 
@@ -80,6 +81,7 @@ class DeviceState:
     battery_temp_dc: int | None = None                            # deci-°C, dumpsys battery
     thermal_status: int | None = None                             # dumpsys thermalservice
     cpufreq: tuple[CpuFreqPolicy, ...] = ()
+    vmstat: Mapping[str, int] = field(default_factory=dict)        # reclaim counters (devices.reclaim.VMSTAT_KEYS)
 
     @property
     def cpu_temp_mc(self) -> int | None:
@@ -95,6 +97,7 @@ class DeviceState:
             "thermal_mc": dict(self.thermal_mc), "cpu_temp_mc": self.cpu_temp_mc,
             "battery_temp_dc": self.battery_temp_dc, "thermal_status": self.thermal_status,
             "cpufreq": [p.__dict__ | {"capped": p.capped} for p in self.cpufreq],
+            "vmstat": dict(self.vmstat),
         }
 
 
@@ -111,6 +114,7 @@ class PressureSample:
     vm_rss_kb: int | None
     cpu_temp_mc: int | None
     battery_temp_dc: int | None = None
+    reclaim: Reclaim = field(default_factory=Reclaim)   # swap, RSS split, faults, PSI (devices/reclaim.py)
 
 
 @dataclass(frozen=True)

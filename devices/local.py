@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
+from devices import reclaim
 from devices.base import (
     CpuFreqPolicy,
     DeviceError,
@@ -102,7 +103,8 @@ class _Sampler(threading.Thread):
         kb = parse_status_kb(status)
         st = self.state_fn()
         self.samples.append(PressureSample(time.monotonic() - self.started, st.mem_available_kb,
-                                           kb.get("VmHWM"), kb.get("VmRSS"), st.cpu_temp_mc))
+                                           kb.get("VmHWM"), kb.get("VmRSS"), st.cpu_temp_mc,
+                                           reclaim=reclaim.read_local(self.pid)))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -138,7 +140,8 @@ class LocalDevice:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()
         return DeviceState(taken_at_s=time.time(), mem_available_kb=vm.available // 1024,
                            mem_free_kb=vm.free // 1024, swap_free_kb=swap.free // 1024,
-                           thermal_mc=thermal_zones_mc(), cpufreq=cpufreq_policies())
+                           thermal_mc=thermal_zones_mc(), cpufreq=cpufreq_policies(),
+                           vmstat=reclaim.vmstat_counters(_read("/proc/vmstat") or ""))
 
     def work_dir(self) -> str:
         return self._work_dir

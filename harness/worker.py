@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices import adb
+from devices import adb, reclaim
 from devices.adb_phone import AdbPhone
 from devices.base import (
     Device,
@@ -73,12 +73,13 @@ class RunContext:
 
 
 def samples_csv(samples: Sequence[PressureSample]) -> str:
-    """samples.csv: one row per pressure sample (store.names.SAMPLE_COLUMNS)."""
-    rows = [",".join(names.SAMPLE_COLUMNS)]
+    """samples.csv: one row per pressure sample (store.names.SAMPLE_COLUMNS, then the reclaim
+    columns, devices.reclaim.COLUMNS)."""
+    rows = [",".join(names.SAMPLE_COLUMNS + reclaim.COLUMNS)]
     for s in samples:
         rows.append(",".join("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
                              for v in (s.t_s, s.mem_available_kb, s.vm_hwm_kb, s.vm_rss_kb, s.cpu_temp_mc,
-                                       s.battery_temp_dc)))
+                                       s.battery_temp_dc, *dataclasses.astuple(s.reclaim))))
     return "\n".join(rows) + "\n"
 
 
@@ -365,6 +366,8 @@ class Worker(threading.Thread):
                 parse_problem = str(e)
         record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                       pid=outcome.pid, exit_state=exit_state.to_dict(), pressure=pressure,
+                      reclaim=reclaim.metrics([s.reclaim for s in outcome.samples], gate.entry_state.vmstat,
+                                              exit_state.vmstat),
                       lmk_events=[dataclasses.asdict(e) for e in events])
         record["o_direct"] = o_direct_in_effect(outcome.stderr, metrics)
         if metrics is not None:

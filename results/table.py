@@ -131,6 +131,31 @@ def _samples(run: RunFolder) -> pd.DataFrame | None:
     return frame if len(frame) else None
 
 
+def _reclaim_columns(reclaim: Mapping[str, Any], tokens: float) -> dict[str, Any]:
+    """run.json's `reclaim` (devices/reclaim.py) as run-table columns: the device's swap-in and
+    swap-out MiB per generated token (counted over the whole run: load, prefill and decode), the
+    engine's VmSwap high and its RssAnon and RssFile low and high, PSI avg10 highs, zram's high,
+    and which files the device refused."""
+    per_tok = tokens if tokens and not math.isnan(tokens) and tokens > 0 else math.nan
+
+    def mib(key: str) -> float:
+        return to_float(reclaim.get(key)) / 1024
+
+    return {
+        "swap_in_mib_per_tok": mib("swap_in_kb") / per_tok,
+        "swap_out_mib_per_tok": mib("swap_out_kb") / per_tok,
+        "sampled_majflt_per_tok": to_float(reclaim.get("maj_flt")) / per_tok,
+        "vm_swap_max_mib": mib("vm_swap_max_kb"),
+        "rss_anon_min_mib": mib("rss_anon_min_kb"), "rss_anon_max_mib": mib("rss_anon_max_kb"),
+        "rss_file_min_mib": mib("rss_file_min_kb"), "rss_file_max_mib": mib("rss_file_max_kb"),
+        "psi_some_avg10_max": to_float(reclaim.get("psi_some_avg10_max")),
+        "psi_full_avg10_max": to_float(reclaim.get("psi_full_avg10_max")),
+        "zram_used_max_mib": mib("zram_used_max_kb"),
+        "reclaim_refused": " ".join(str(x) for x in reclaim.get("refused") or ()),
+        "reclaim_samples": to_float(reclaim.get("samples")),
+    }
+
+
 def _top_k(config: CellConfig, pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
     k = to_float(pre.get("n_expert_used"))
     if not math.isnan(k) and k > 0:
@@ -333,6 +358,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
     if math.isnan(row["majflt_per_tok"]) and stats is not None:
         row["majflt_per_tok"] = stats.majflt_per_tok
+    row.update(_reclaim_columns(dict(rec.get("reclaim") or {}), tokens))
+    if math.isnan(row["majflt_per_tok"]):
+        row["majflt_per_tok"] = row.pop("sampled_majflt_per_tok")
+    else:
+        row.pop("sampled_majflt_per_tok")
     # distribution
     for field in ("mean_tok_s", "median_tok_s", "p5_tok_s", "p95_tok_s", "min_tok_s", "max_tok_s",
                   "steady_from_step", "steady_tokens", "steady_mean_tok_s", "wall_ms_mean", "io_ms_mean",

@@ -96,3 +96,18 @@ def test_a_newly_failing_cell_is_a_regression_whatever_the_threshold(compare_pai
     assert [c.status for c in report.regressions] == ["newly_failing"]
     assert json.loads(report.to_json())["summary"]["regressions"] == 1
     assert [r["verdict"] for r in comparison_rows(report) if r["status"] == "newly failing"] == ["regression"]
+
+
+def test_the_run_table_carries_each_runs_reclaim(local_campaign):
+    """issue 25 item 1: the engine's own RssAnon/RssFile lows and highs per run, the device's swap
+    MiB per token as numbers (0 without swap activity), and the refused files named."""
+    from results.table import build_table
+
+    table = build_table([local_campaign])
+    ok = table[(table["outcome"] == "ok")]
+    assert (ok["swap_in_mib_per_tok"] >= 0).all()       # from the states around the run: every run has it
+    ok = ok[ok["reclaim_samples"] >= 1]                 # a run that ended before its first sample has no RSS
+    assert len(ok) >= 10 and (ok["rss_anon_min_mib"] > 0).all() and (ok["rss_anon_min_mib"] <= ok["rss_anon_max_mib"]).all()
+    assert (ok["rss_file_max_mib"] > 0).all()
+    assert (ok["swap_in_mib_per_tok"] >= 0).all() and (ok["swap_out_mib_per_tok"] >= 0).all()
+    assert not ok["reclaim_refused"].str.contains("/proc/vmstat").any()
