@@ -188,14 +188,16 @@ def k_quant_model(tmp_path_factory) -> Path:
     return _k_quant_copy(src, d / "q4k.gguf")
 
 
-def test_k_quants_of_compiled_size(k_quant_model, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_quants_of_compiled_size(k_quant_model, monkeypatch, threads):
     """Q4_K / Q6_K matrices (the Q8_K activation made in C): the numpy path's bits, once both paths
     multiply them with the compiled loops (these are smaller than COMPILED_MIN_WEIGHTS, so the
-    floor is lowered for the test, for both paths alike)."""
+    floor is lowered for the test, for both paths alike). At -t 2 the q/k/v step and the experts'
+    gate/up step are big enough to be shared out among two threads."""
     from engine import kernels
 
     monkeypatch.setattr(kernels, "COMPILED_MIN_WEIGHTS", 0)
-    model = _same(k_quant_model, n=16)
+    model = _same(k_quant_model, n=16, threads=threads)
     assert model.weights.qtype("blk.0.attn_q.weight") == Q.Q4_K
     assert model.shape.moe_layers[0].tensors[1].qtype in (Q.Q4_K, Q.Q6_K)
 
