@@ -881,21 +881,41 @@ static float attend_cells(const float *qh, const uint16_t *kh, const uint16_t *v
  * cells, _attend_split_kv: `chunks` ranges of ceil(n_kv_pad / chunks) cells, each one pass, their
  * partial softmaxes merged in order in float32 (reduce_partials); then _normalise into out[Dv].
  * acc and part: Dv floats of scratch each. */
+/* attention._apply_sinks: a head's learned logit joins the softmax's denominator (no value row);
+ * a larger sink becomes the running max, scaling acc (float32, no f16 rounding here). */
+static void apply_sink(float sink, float *acc, int64_t Dv, float *S, float *M) {
+    float ms = 1.0f, vs = 1.0f;
+    if (sink > *M) {
+        ms = np_expf(*M - sink);
+        for (int64_t d = 0; d < Dv; d++) acc[d] = acc[d] * ms;
+    } else {
+        vs = np_expf(sink - *M);
+    }
+    *S = (float)((double)*S * (double)ms + (double)vs);
+    if (sink > *M) *M = sink;
+}
+
 static void attend_head(const float *qh, const uint16_t *kh, const uint16_t *vh, int64_t Dk, int64_t Dv, int64_t pos,
-                        int64_t n_swa, float kq_scale, const float *lut, int64_t n_kv_pad, int64_t chunks, float *acc,
-                        float *part, float *out) {
+                        int64_t n_swa, float kq_scale, const float *lut, int64_t n_kv_pad, int64_t chunks,
+                        const float *sink, float *acc, float *part, float *out) {
     const int64_t n_kv = pos + 1;
     float M, S;
     if (n_kv_pad < 512) {
         S = attend_cells(qh, kh, vh, Dk, Dv, pos, 0, n_kv, n_swa, kq_scale, lut, acc, &M);
+        if (sink) apply_sink(*sink, acc, Dv, &S, &M);
     } else {
         const int64_t chunk = (n_kv_pad + chunks - 1) / chunks;
         float M_all = -INFINITY, S_all = 0.0f;
         for (int64_t d = 0; d < Dv; d++) acc[d] = 0.0f;
         for (int64_t lo = 0; lo < n_kv_pad; lo += chunk) {
             int64_t hi = lo + chunk < n_kv ? lo + chunk : n_kv;
-            float Mc = -INFINITY, Sc = lo < hi ? attend_cells(qh, kh, vh, Dk, Dv, pos, lo, hi, n_swa, kq_scale, lut, part, &Mc)
-                                               : 0.0f;
+            float Mc = -INFINITY, Sc = 0.0f;
+            if (lo < hi) {
+                Sc = attend_cells(qh, kh, vh, Dk, Dv, pos, lo, hi, n_swa, kq_scale, lut, part, &Mc);
+            } else {
+                for (int64_t d = 0; d < Dv; d++) part[d] = 0.0f;
+            }
+            if (sink && lo == 0) apply_sink(*sink, part, Dv, &Sc, &Mc); /* the first chunk's */
             if (Sc == 0.0f) continue;  /* not live */
             float m_new = M_all > Mc ? M_all : Mc;
             double old = (double)np_expf(M_all - m_new), now = (double)np_expf(Mc - m_new);
@@ -968,8 +988,16 @@ enum {
     PL_Q = 0, PL_K = 5, PL_V = 10, PL_O = 15, PL_ROUTER = 20,
     PL_ATTN_NORM = 25, PL_Q_NORM, PL_K_NORM, PL_FFN_NORM,
     PL_N_EMBD, PL_N_HEAD, PL_N_HEAD_KV, PL_DK, PL_DV, PL_N_ROT, PL_N_EXPERT, PL_GATING, PL_NORM_W, PL_N_SWA,
+    PL_Q_BIAS, PL_K_BIAS, PL_V_BIAS, PL_O_BIAS, PL_ROUTER_BIAS, PL_SINKS, /* addresses, 0: none */
     PLAN_FIELDS
 };
+
+/* y[i] = y[i] + b[i] in float32 (a projection's bias), when there is one */
+static void add_bias(float *y, int64_t addr, int64_t n) {
+    if (!addr) return;
+    const float *b = (const float *)(uintptr_t)addr;
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] + b[i];
+}
 
 /* Attention of one token at `pos` and its routing: x [n_embd] -> ffn_inp = attn_out(x) + x,
  * h = ffn_norm(ffn_inp), the top `n_used` experts `ids` (descending score, first index on a tie)
@@ -1007,6 +1035,9 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
         float *outs[3] = {q, k, v};
         if (!products(mats, 3, &a1, outs, lut, lanes)) goto done;
     }
+    add_bias(q, plan[PL_Q_BIAS], nq);
+    add_bias(k, plan[PL_K_BIAS], nk);
+    add_bias(v, plan[PL_V_BIAS], nv);
     /* q/k norms per head, then NEOX rope over the first n_rot dims (float64, rounded once) */
     for (int64_t r = 0; r < H + Hkv; r++) {
         float *p = r < H ? q + r * Dk : k + (r - H) * Dk;
@@ -1029,8 +1060,9 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
         float qh[MAX_HEAD_DIM];
         if (Dk > MAX_HEAD_DIM) goto done;
         for (int64_t d = 0; d < Dk; d++) qh[d] = round_f16(q[r * Dk + d]);
+        const float *sink = plan[PL_SINKS] ? (const float *)(uintptr_t)plan[PL_SINKS] + r : NULL;
         attend_head(qh, kc + g * cap * Dk, vc + g * cap * Dv, Dk, Dv, pos, n_swa, kq_scale, lut, n_kv_pad,
-                    kv_chunks > 0 ? kv_chunks : 1, acc, acc + Dv, att + r * Dv);
+                    kv_chunks > 0 ? kv_chunks : 1, sink, acc, acc + Dv, att + r * Dv);
     }
     a2.x = att;
     a2.k = H * Dv;
@@ -1039,6 +1071,7 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
         float *outs[1] = {o};
         if (!products(mats, 1, &a2, outs, lut, lanes)) goto done;
     }
+    add_bias(o, plan[PL_O_BIAS], E);
     for (int64_t i = 0; i < E; i++) ffn_inp[i] = o[i] + x[i];
     rms_norm_f32(ffn_inp, (const float *)(uintptr_t)plan[PL_FFN_NORM], E, eps, h, tmp);
     a3.x = h;
@@ -1048,6 +1081,7 @@ int bmoe_decode_attn(const int64_t *plan, const float *x, int64_t pos, const flo
         float *outs[1] = {logits};
         if (!products(mats, 1, &a3, outs, lut, lanes)) goto done;
     }
+    add_bias(logits, plan[PL_ROUTER_BIAS], NE);
     /* forward.route: softmax then top-k ("softmax"), or top-k of the logits then a softmax of
      * those (1: "softmax_weight"); argsort(-v, stable) is the first maximum each time */
     {
@@ -1101,12 +1135,29 @@ done:
     return ok;
 }
 
-/* The routed experts of one token (forward.moe_ffn): for each slot s, expert weights
- * mats[s*3 .. s*3+2] (gate, up, down; MAT_FIELDS each), every gate and up product of h, then
- * silu(gate) * up, every down product, each scaled by weights[s]; their sum in slot order plus
- * ffn_inp -> x_out [n_embd]. */
+/* The routed experts of one token (forward.moe_ffn): for each slot s, its row of `mats`
+ * (EX_FIELDS), every gate and up product of h (plus their biases), then silu(gate) * up (act 0)
+ * or swiglu_oai (act 1), every down product (plus its bias), each scaled by weights[s]; their
+ * sum in slot order plus ffn_inp -> x_out [n_embd]. */
+/* A slot's row in the experts' table: gate, up, down (MAT_FIELDS each), then the addresses of the
+ * expert's gate, up and down bias rows (0: none). */
+enum { EX_GATE = 0, EX_UP = MAT_FIELDS, EX_DOWN = 2 * MAT_FIELDS, EX_GATE_B = 3 * MAT_FIELDS, EX_UP_B, EX_DOWN_B,
+       EX_FIELDS };
+
+/* ops.swiglu_oai: min(gate, 7) * sigmoid(1.702 * that) * (clamp(up, +-7) + 1) */
+static float swiglu_oai_1(float gate, float up) {
+    float x = gate < 7.0f ? gate : 7.0f, y = up < -7.0f ? -7.0f : up > 7.0f ? 7.0f : up;
+    float glu = (float)((double)x / (1.0 + exp(-(double)(1.702f * x))));
+    return glu * (y + 1.0f);
+}
+
+/* swiglu_oai_1 over arrays (its tests see it through this). */
+void bmoe_swiglu_oai(const float *gate, const float *up, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = swiglu_oai_1(gate[i], up[i]);
+}
+
 int bmoe_decode_moe(const int64_t *mats, int64_t n_used, const float *h, const float *ffn_inp, const float *weights,
-                    int64_t n_embd, const float *lut, int lanes, float *x_out) {
+                    int64_t n_embd, int act, const float *lut, int lanes, float *x_out) {
     const int64_t n_ff = mats[MAT_M];
     float *gu = malloc(sizeof(float) * (size_t)(2 * n_used * n_ff + n_used * n_ff + n_used * n_embd));
     if (!gu) return 0;
@@ -1123,9 +1174,9 @@ int bmoe_decode_moe(const int64_t *mats, int64_t n_used, const float *h, const f
         while (done_slots < n_used) {
             int64_t take = n_used - done_slots < 4 ? n_used - done_slots : 4;
             for (int64_t s = 0; s < take; s++) {
-                const int64_t *m = mats + (done_slots + s) * 3 * MAT_FIELDS;
-                wm[2 * s] = m;
-                wm[2 * s + 1] = m + MAT_FIELDS;
+                const int64_t *m = mats + (done_slots + s) * EX_FIELDS;
+                wm[2 * s] = m + EX_GATE;
+                wm[2 * s + 1] = m + EX_UP;
                 outs[2 * s] = gu + (done_slots + s) * 2 * n_ff;
                 outs[2 * s + 1] = gu + (done_slots + s) * 2 * n_ff + n_ff;
             }
@@ -1134,17 +1185,25 @@ int bmoe_decode_moe(const int64_t *mats, int64_t n_used, const float *h, const f
         }
     }
     for (int64_t s = 0; s < n_used; s++) {
-        const float *gate = gu + s * 2 * n_ff, *up = gate + n_ff;
+        const int64_t *row = mats + s * EX_FIELDS;
+        float *gate = gu + s * 2 * n_ff, *up = gate + n_ff;
         float *y = glu + s * n_ff;
+        add_bias(gate, row[EX_GATE_B], n_ff);
+        add_bias(up, row[EX_UP_B], n_ff);
         for (int64_t i = 0; i < n_ff; i++) {
-            double gd = (double)gate[i];
-            y[i] = (float)(gd / (1.0 + exp(-gd))) * up[i];
+            if (act) {
+                y[i] = swiglu_oai_1(gate[i], up[i]);
+            } else {
+                double gd = (double)gate[i];
+                y[i] = (float)(gd / (1.0 + exp(-gd))) * up[i];
+            }
         }
         g[s].x = y;
         g[s].k = n_ff;
-        const int64_t *dm[1] = {mats + (s * 3 + 2) * MAT_FIELDS};
+        const int64_t *dm[1] = {row + EX_DOWN};
         float *outs[1] = {down + s * n_embd};
         if (!products(dm, 1, &g[s], outs, lut, lanes)) goto done;
+        add_bias(down + s * n_embd, row[EX_DOWN_B], n_embd);
     }
     for (int64_t i = 0; i < n_embd; i++) {
         float total = down[i] * weights[0];

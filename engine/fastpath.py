@@ -11,7 +11,8 @@ the output head. The logits are the numpy path's bit for bit (tests/engine/test_
 It takes a model only when every step has such a loop: numerics "ggml", the compiled library
 loaded, every weight F32, F16, BF16, Q8_0, Q4_0, MXFP4, or Q4_K / Q6_K of at least
 kernels.COMPILED_MIN_WEIGHTS values (a smaller K-quant takes numpy's tiles on the numpy path),
-no biases, no attention sinks, SwiGLU experts. A token whose attention ggml splits per thread (a
+SwiGLU or gpt-oss's clamped SwiGLU experts (biases and attention sinks included). A token whose
+attention ggml splits per thread (a
 padded KV view of 512+ cells) is split the same way (upstream's -t chunks, merged in order).
 """
 
@@ -37,13 +38,15 @@ _FAST_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.Q4_K, 
 _Q8_0_FAMILY = frozenset({Q.Q8_0, Q.Q4_0, Q.MXFP4})
 _K_QUANTS = frozenset({Q.Q4_K, Q.Q6_K})
 MAT_FIELDS = 5
-# the plan's fields after the five weights (engine/_kernels.c PL_*)
-PLAN_FIELDS = 5 * MAT_FIELDS + 14
+# a layer's plan: five weights, then 14 addresses and dimensions, 6 bias/sink addresses (PL_*)
+PLAN_FIELDS = 5 * MAT_FIELDS + 14 + 6
+# a routed slot's row: gate, up, down weights and their bias rows' addresses (EX_*)
+EXPERT_FIELDS = 3 * MAT_FIELDS + 3
+ACT_IDS = {"swiglu": 0, "swiglu_oai": 1}
 MAX_HEAD_DIM = 512
 ROPE_ROWS = 256         # rope rows made at first when the model has no n_ctx
 GATING_IDS = {"softmax": 0, "softmax_weight": 1}
-_BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")
-_EXPERT_BIASES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+_BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")   # the plan's order (PL_*_BIAS)
 
 
 def _mat(w: RawMatrix) -> list[int]:
@@ -67,7 +70,7 @@ def why_not(model: Any) -> str | None:
     hp, w = model.hp, model.weights
     if model.numerics != "ggml":
         return f"numerics {model.numerics}"
-    if hp.ffn_act != "swiglu" or hp.gating not in GATING_IDS:
+    if hp.ffn_act not in ACT_IDS or hp.gating not in GATING_IDS:
         return f"{hp.ffn_act} experts gated by {hp.gating}"
     if hp.n_head % hp.n_head_kv or hp.head_dim_k > MAX_HEAD_DIM or hp.rope.n_dims > hp.head_dim_k \
             or hp.rope_swa.n_dims > hp.head_dim_k:
@@ -76,10 +79,6 @@ def why_not(model: Any) -> str | None:
     names = [head]
     for il in range(hp.n_layer):
         names += [f"blk.{il}.{n}.weight" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")]
-        if f"blk.{il}.attn_sinks.weight" in w:
-            return "attention sinks"
-        if any(f"blk.{il}.{n}.bias" in w for n in _BIASES + _EXPERT_BIASES):
-            return "biases"
     for name in names:
         if name not in w:
             return f"no {name}"
@@ -109,7 +108,7 @@ class FastDecoder:
         self._attn.argtypes = [P, P, I64, P, P, P, P, I64, D, D, D, I64, I64, I64, P, INT, P, P, P, P]
         self._attn.restype = INT
         self._moe = lib.bmoe_decode_moe
-        self._moe.argtypes = [P, I64, P, P, P, I64, P, INT, P]
+        self._moe.argtypes = [P, I64, P, P, P, I64, INT, P, INT, P]
         self._moe.restype = INT
         self._head = lib.bmoe_decode_head
         self._head.argtypes = [P, P, P, I64, D, P, INT, P]
@@ -129,6 +128,8 @@ class FastDecoder:
                      self._addr(w.get(f"blk.{il}.{hp.ffn_norm}.weight")),
                      hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, rope.n_dims, hp.n_expert,
                      GATING_IDS[hp.gating], int(hp.norm_weights), hp.n_swa if swa else 0]
+            plan += [self._addr(w.optional(f"blk.{il}.{n}.bias")) for n in _BIASES]
+            plan += [self._addr(w.optional(f"blk.{il}.attn_sinks.weight"))]
             assert len(plan) == PLAN_FIELDS
             self.plans.append(np.array(plan, dtype=np.int64))
         self._plan_addr = [int(p.ctypes.data) for p in self.plans]
@@ -146,6 +147,16 @@ class FastDecoder:
         self._bufs = np.zeros((4, E), dtype=F32)       # x, ffn_inp, h, next x
         self._buf_addr = [int(self._bufs[i].ctypes.data) for i in range(4)]
         self._moe_layers = {m.layer: m for m in model.shape.moe_layers}
+        # each layer's expert bias tables [n_expert, n] (float32, kept), by kind
+        self._expert_biases: dict[int, dict[str, np.ndarray]] = {}
+        for il in range(hp.n_layer):
+            tables = {}
+            for kind in ("gate", "up", "down", "gate_up"):
+                b = w.optional(f"blk.{il}.ffn_{kind}_exps.bias")
+                if b is not None:
+                    tables[kind] = np.ascontiguousarray(b, dtype=F32).reshape(hp.n_expert, -1)
+            self._expert_biases[il] = tables
+        self._act = ACT_IDS[hp.ffn_act]
         # an F32 / F16 embedding table as a view of its bytes (a row is DenseWeights.rows' row)
         embd = w.info("token_embd.weight")
         self._embd = w.get("token_embd.weight") if embd.qtype in (Q.F32, Q.F16) and len(embd.ne) == 2 else None
@@ -177,7 +188,7 @@ class FastDecoder:
             self._k = k
             self._ids = np.zeros((1, k), dtype=np.int64)
             self._weights = np.zeros((1, k), dtype=F32)
-            self._mats = np.zeros(k * 3 * MAT_FIELDS, dtype=np.int64)
+            self._mats = np.zeros(k * EXPERT_FIELDS, dtype=np.int64)
             self._ids_addr, self._w_addr = int(self._ids.ctypes.data), int(self._weights.ctypes.data)
             self._mats_addr = int(self._mats.ctypes.data)
 
@@ -187,10 +198,25 @@ class FastDecoder:
         if got is not None and got[0] is slices:
             return got[1]
         ew = expert_weights(self._moe_layers[il], slices)
-        row = np.array(_mat(ew.gate) + _mat(ew.up) + _mat(ew.down), dtype=np.int64)
+        row = np.array(_mat(ew.gate) + _mat(ew.up) + _mat(ew.down) + self._bias_rows(il, e, ew.gate.m), dtype=np.int64)
         if getattr(self.model.source, "stable_slices", False):
             self._experts[(il, e)] = (slices, row)
         return row
+
+    def _bias_rows(self, il: int, e: int, n_ff: int) -> list[int]:
+        """Addresses of expert e's gate, up and down bias rows (0: none); a fused gate_up bias is
+        gate values first, then up (forward.moe_ffn adds it before a separate one; a model has one)."""
+        tables = self._expert_biases[il]
+        out = [0, 0, 0]
+        both = tables.get("gate_up")
+        if both is not None:
+            base = int(both.ctypes.data) + e * both.strides[0]
+            out[0], out[1] = base, base + n_ff * both.itemsize
+        for i, kind in enumerate(("gate", "up", "down")):
+            t = tables.get(kind)
+            if t is not None:
+                out[i] = int(t.ctypes.data) + e * t.strides[0]
+        return out
 
     def decode(self, token: int, state: State) -> np.ndarray:
         """The logits after `token` (its K and V written to `state`, which it advances)."""
@@ -233,9 +259,9 @@ class FastDecoder:
                     slices = raw[e]
                 except KeyError:
                     raise ForwardError(f"expert source returned no slices for layer {il} expert {e}") from None
-                mats[s * 3 * MAT_FIELDS:(s + 1) * 3 * MAT_FIELDS] = self._expert_row(il, e, slices)
-            if not self._moe(self._mats_addr, k, addr[2], addr[1], self._w_addr, hp.n_embd, self._lut_addr, lanes,
-                             addr[x_next]):
+                mats[s * EXPERT_FIELDS:(s + 1) * EXPERT_FIELDS] = self._expert_row(il, e, slices)
+            if not self._moe(self._mats_addr, k, addr[2], addr[1], self._w_addr, hp.n_embd, self._act, self._lut_addr,
+                             lanes, addr[x_next]):
                 raise MemoryError("the fused decode could not allocate its scratch")
             x, x_next = x_next, x
         state.n_past = n_kv

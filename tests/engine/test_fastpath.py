@@ -210,11 +210,38 @@ def test_small_k_quants_keep_the_numpy_path(k_quant_model):
     assert model.fast_why_not is not None and "Q4_K" in model.fast_why_not
 
 
-def test_models_without_fused_loops_keep_the_numpy_path(synth_models):
-    shape = load_model_shape(synth_models["gpt-oss"])
-    model = Model(shape)
-    model.prefill([5, 6, 7])
-    assert model.fast_why_not is not None and "swiglu_oai" in model.fast_why_not
+@pytest.mark.parametrize("upstream_threads", [1, 4])
+def test_gpt_oss_biases_sinks_clamped_swiglu_and_yarn(synth_models, upstream_threads):
+    """gpt-oss: q/k/v/output, router and expert biases, a sink per head, swiglu_oai, softmax_weight
+    gating, YaRN rope, a 128-cell window on every other layer; past 256 cells too (the sinks join
+    the first chunk of a split decode), where the window leaves that chunk with no visible cell."""
+    _same(synth_models["gpt-oss"], n=12)
+    prompt = [(5 * i) % 250 + 3 for i in range(600)]
+    _same(synth_models["gpt-oss"], n=6, prompt=prompt, n_ctx=1024, upstream_threads=upstream_threads)
+
+
+def test_fused_swiglu_oai_is_the_numpy_one_at_and_past_its_clamps():
+    """The fused experts' swiglu_oai against ops.swiglu_oai, bit for bit, on values around and far
+    past the ±7 clamps (a synthetic model's activations never reach them)."""
+    import ctypes
+
+    from engine.ops import swiglu_oai
+
+    kernels = native.load()
+    assert kernels is not None
+    rng = np.random.default_rng(9)
+    edges = np.array([7.0, -7.0, 6.9999995, 7.0000005, 0.0, -0.0, 1e-30, 80.0, -80.0, 1e4, -1e4], dtype=np.float32)
+    gate = np.concatenate([edges, np.repeat(edges, edges.size), (rng.standard_normal(4000) * 6).astype(np.float32)])
+    up = np.concatenate([edges[::-1], np.tile(edges, edges.size), (rng.standard_normal(4000) * 6).astype(np.float32)])
+    out = np.empty_like(gate)
+    fn = kernels.lib.bmoe_swiglu_oai
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    fn(gate.ctypes.data, up.ctypes.data, gate.size, out.ctypes.data)
+    want = swiglu_oai(gate, up)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+def test_models_without_fused_loops_keep_the_numpy_path():
     exact = Model(load_model_shape(TINY), numerics="float32")
     exact.prefill([5, 6])
     assert exact.fast_why_not == "numerics float32"
