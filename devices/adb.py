@@ -60,9 +60,10 @@ class AdbServer:
             raise DeviceError(f"--adb expects HOST:PORT, got {text!r}")
         return cls(_unbracket(host) or DEFAULT_ADB_HOST, int(port))
 
-    def client(self) -> _Client:
-        """A client of this server that never starts one of its own."""
-        return _Client(host=self.host, port=self.port, socket_timeout=30)
+    def client(self, socket_timeout_s: float = 30.0) -> _Client:
+        """A client of this server that never starts one of its own; a socket silent for
+        `socket_timeout_s` fails (the sync service's calls have no timeout of their own)."""
+        return _Client(host=self.host, port=self.port, socket_timeout=socket_timeout_s)
 
 
 def default_server(environ: Mapping[str, str] | None = None) -> AdbServer:

@@ -47,6 +47,7 @@ _MARK = "@@BMOE"
 _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT = 1, 2, 3
 SYNC_DATA_MAX = 64 * 1024
 DEVICE_TIMEOUT_S = 30.0     # run.device_timeout_s's default: a phone silent this long is lost
+SHA256_SILENCE_S = 600.0    # remote_sha256's bound: a whole model read at ~10 MiB/s or better
 _READ_TICK_S = 0.5          # run() wakes this often to check the watch and the stop event
 
 
@@ -136,17 +137,22 @@ class AdbPhone:
         sample, no ping) is DeviceLost; `stop` set ends the run within a second (RunInterrupted)."""
         self.device_timeout_s = device_timeout_s
         self.stop_event = stop
+        # every call outside run() is bounded by the same silence: shell() by default, the sync
+        # service's stat/push/pull through the client's socket timeout
+        self._device = self.server.client(device_timeout_s).device(self.serial)
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def shell(self, command: str, timeout_s: float = 60) -> tuple[int, bytes, bytes]:
-        """Run one shell command line (already quoted by the caller) and return (status, out, err)."""
+    def shell(self, command: str, timeout_s: float | None = None) -> tuple[int, bytes, bytes]:
+        """Run one shell command line (already quoted by the caller) and return (status, out, err).
+        The phone may stay silent `timeout_s` (default: the watch's device_timeout_s) before it is
+        lost; a command that is silent for longer by nature (a checksum of a model) says so."""
         try:
-            r = self._device.shell2(command, timeout=timeout_s, encoding=None, v2=True)
+            r = self._device.shell2(command, timeout=timeout_s or self.device_timeout_s, encoding=None, v2=True)
         except TRANSPORT_ERRORS as e:
             raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
         return r.returncode, r.stdout if r.stdout is not None else r.output, r.stderr or b""
 
-    def _text(self, command: str, timeout_s: float = 60) -> str:
+    def _text(self, command: str, timeout_s: float | None = None) -> str:
         return self.shell(command, timeout_s)[1].decode("utf-8", "replace")
 
     def work_dir(self) -> str:
@@ -178,7 +184,7 @@ class AdbPhone:
         """One snapshot: memory, thermal zones, cpufreq caps, battery and thermal status (one shell call)."""
         return self.reads().state
 
-    def reads(self, before: str = "", lmk_since_s: float | None = None, timeout_s: float = 60,
+    def reads(self, before: str = "", lmk_since_s: float | None = None, timeout_s: float | None = None,
               services: bool = True) -> PhoneReads:
         """One shell call for what a cell reads around its run: `before` first (a command line
         whose output is kept: the gate's stray stop and sync, clearing old outputs), then the
@@ -237,7 +243,8 @@ class AdbPhone:
 
     def remote_sha256(self, remote_path: str) -> str | None:
         """The sha256 of a file on the phone (None when it has none or no sha256sum)."""
-        status, out, _ = self.shell(f"sha256sum {shlex.quote(remote_path)} 2>/dev/null")
+        # silent while it reads the whole file: a GiB model on a slow phone's flash takes minutes
+        status, out, _ = self.shell(f"sha256sum {shlex.quote(remote_path)} 2>/dev/null", timeout_s=SHA256_SILENCE_S)
         token = out.split()[0].decode() if status == 0 and out.split() else ""
         return token if re.fullmatch(r"[0-9a-f]{64}", token) else None
 
@@ -459,7 +466,7 @@ class AdbPhone:
             heard[0] = time.monotonic()
             buf += chunk
 
-    def _sample(self, pid: int, t_s: float, timeout_s: float = 60) -> PressureSample | None:
+    def _sample(self, pid: int, t_s: float, timeout_s: float | None = None) -> PressureSample | None:
         text = self._text(
             f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; grep '^MemAvailable:' /proc/meminfo; "
             "for z in /sys/class/thermal/thermal_zone*; do t=; { IFS= read -r t <\"$z/type\"; } 2>/dev/null; "
@@ -515,7 +522,7 @@ class AdbPhone:
         namespace: on a phone every process adb started, on a virtual phone only its own (virtual
         phones share this host's /proc and all run as the shell user, so `pidof NAME` would name
         the engine another phone is measuring). Returns how many were killed."""
-        status, out, _ = self.shell(self.strays_command(names), timeout_s=60)
+        status, out, _ = self.shell(self.strays_command(names))
         return strays_killed(out.decode("utf-8", "replace")) if status == 0 else 0
 
     @staticmethod

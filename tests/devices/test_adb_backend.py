@@ -176,3 +176,29 @@ def test_devices_command_lists_host_and_phones(phones, adb_server):
         assert serials[p.serial]["state"]["mem_available_kb"] > 0
     text = CliRunner().invoke(main, ["devices", "--adb", f"127.0.0.1:{adb_server.port}"]).output
     assert "Galaxy S24" in text and "local" in text
+
+
+def test_a_frozen_phone_is_lost_outside_a_run_within_the_watchs_silence(make_phone, server, phone_home, tmp_path):
+    """issue 28 item 1, between runs: the gate's state read, a push's stat and a pull on a phone
+    whose adbd is frozen (SIGSTOP) each fail as DeviceLost after the watch's silence (2 s here),
+    not after the 30-60 s socket timeouts they had."""
+    import signal
+
+    p = make_phone("frz", 128 << 20)
+    dev = AdbPhone(p.serial, server)
+    dev.watch(2.0)
+    dev.state()                                      # answers while it runs
+    src = tmp_path / "m.bin"
+    src.write_bytes(b"x" * 4096)
+    daemon = manager.info("frz", phone_home).pid
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        for call in (dev.state, lambda: dev.push(str(src), "/data/local/tmp/m.bin"),
+                     lambda: dev.pull("/data/local/tmp/nothing", str(tmp_path / "back"))):
+            t0 = time.monotonic()
+            with pytest.raises(DeviceLost):
+                call()
+            assert time.monotonic() - t0 < 8.0
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    dev.state()                                      # and answers again after the thaw
