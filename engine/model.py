@@ -248,21 +248,23 @@ def _count(value: Any, key: str, path: str) -> int | None:
 
 
 # The expert tensors a MoE layer needs, one of these sets (gpt-oss and qwen3moe: separate gate and
-# up; a fused gate_up elsewhere): llama.cpp's loader refuses a layer without one ("not found").
-EXPERT_SETS = (("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), ("ffn_gate_up_exps", "ffn_down_exps"))
+# up; a fused gate_up elsewhere), in the order llama.cpp's loader creates them (llama-model.cpp:
+# gate, down, up), which refuses the first one missing ("check_tensor_dims: tensor … not found").
+EXPERT_SETS = (("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), ("ffn_gate_up_exps", "ffn_down_exps"))
 
 
 def engine_refusal(shape: ModelShape) -> str | None:
-    """Why bmoe-cli (llama.cpp's loader) will refuse a file whose header reads: a MoE layer without
-    a whole set of expert tensors (a tensor count cut short drops one), or None. Not refused
-    here: a shape-only file (tests, benchmarks) may be priced; `model inspect` marks it."""
+    """Why bmoe-cli (llama.cpp's loader) will refuse a file whose header reads, in its words: a MoE
+    layer without a whole set of expert tensors (a tensor count cut short drops one), or None.
+    Pricing does not refuse it (a shape-only file of tests and benchmarks may be priced; `model
+    inspect` marks it); bmoe-py's Session refuses it as bmoe-cli does."""
     for layer in shape.moe_layers:
         kinds = {t.name.split(".")[2] for t in layer.tensors}
         if any(set(needed) <= kinds for needed in EXPERT_SETS):
             continue
         needed = EXPERT_SETS[1] if "ffn_gate_up_exps" in kinds else EXPERT_SETS[0]
         missing = next(k for k in needed if k not in kinds)
-        return f"tensor 'blk.{layer.layer}.{missing}.weight' not found (layer {layer.layer} has {sorted(kinds)})"
+        return f"check_tensor_dims: tensor 'blk.{layer.layer}.{missing}.weight' not found"
     return None
 
 

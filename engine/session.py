@@ -24,7 +24,7 @@ from .errors import BmoeError, ModelError
 from .experts import ResidentExpertSource
 from .forward import Model, Sampler
 from .io import DirectReader, Slice
-from .model import MIB, ModelShape, load_model_shape
+from .model import MIB, ModelShape, engine_refusal, load_model_shape
 from .procfs import KbFile
 from .stream import Residency, StreamingExpertSource
 from .telemetry import RouteTraceSink, RunSummary, TokenRow
@@ -129,6 +129,8 @@ class Session:
         except ModelError as e:
             # bmoe-cli's line, then what exactly is wrong with the file.
             raise ModelError(f"failed to load model: {e}") from None
+        if (refusal := engine_refusal(self.shape)) is not None:      # llama.cpp's loader, after the header
+            raise ModelError(f"failed to load model: {cfg.model_path}: {refusal}")
         self.top_k = cfg.n_expert_used or self.shape.top_k or 0
         if not self.top_k:
             raise SessionError(f"{cfg.model_path}: no {self.shape.arch}.expert_used_count; pass --n-expert-used")

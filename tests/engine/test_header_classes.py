@@ -78,16 +78,21 @@ def test_bmoe_py_gives_bmoe_cli_s_exit_code_and_words_on_every_malformed_header_
         where = f"{name}: bmoe-cli {cli_rc} {cli_err[-4:]}, bmoe-py {py_rc} {py_err}"
         assert cli_rc != 0 and py_rc == cli_rc, where
         assert len(py_err) == 1 and py_err[0].startswith("error: ") and "Traceback" not in py_err[0], where
-        # where bmoe-cli's gguf loader names the reason, bmoe-py says the same words after the same
-        # prefix (a cut tensor count is refused by llama.cpp's model loader, after the header: bmoe-py
-        # refuses that layer in its own words)
+        # where bmoe-cli's gguf reader names the reason, bmoe-py says the same words after the same
+        # prefix; a cut tensor count is refused by llama.cpp's model loader after the header
+        # ("llama_model_load: error loading model: check_tensor_dims: …"): the same words again
         said = [ln.split(": ", 1)[1] for ln in cli_err if ln.startswith("gguf_init_from_reader: ")
                 and "failed to read" not in ln]
-        if said or name == "data_past_eof":
+        loader = [ln.split("error loading model: ", 1)[1] for ln in cli_err
+                  if ln.startswith("llama_model_load: error loading model: check_tensor_dims: ")]
+        if said or loader or name == "data_past_eof":
             assert py_err[0].startswith(f"error: failed to load model: {model}: "), where
         if said:
             assert said[0].strip() in py_err[0], where
+        if loader:
+            assert py_err[0] == f"error: failed to load model: {model}: {loader[0].strip()}", where
         assert bool(said) == (name not in ("tensor_count", "data_past_eof")), where
+        assert bool(loader) == (name == "tensor_count"), where
 
 
 # ── property: the reader refuses each class over generated inputs, with llama.cpp's reason ──────
@@ -165,7 +170,7 @@ def test_inspect_refuses_a_short_data_section_and_marks_a_wrong_tensor_count(see
     counted = tmp_path / f"{preset}-count.gguf"
     counted.write_bytes(build(CLASSES["tensor_count"](parsed, k)))
     report = inspect_model(str(counted))
-    assert report.refusal and re.fullmatch(r"tensor 'blk\.\d+\.ffn_\w+_exps\.weight' not found \(layer \d+ has .*\)",
+    assert report.refusal and re.fullmatch(r"check_tensor_dims: tensor 'blk\.\d+\.ffn_\w+_exps\.weight' not found",
                                            report.refusal), report.refusal
     assert report.text.splitlines()[0] == f"the engine will refuse this file: {report.refusal}"
     assert report.data["engine_refuses"] == report.refusal
