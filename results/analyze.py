@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,13 @@ UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
 # budget, and a run that ends further below never had the budget's RAM in use, so surviving it
 # proves nothing above what it held.
 FILLED_FRACTION = 0.95
+# A budget is fought (docs/method.md, "A fought budget is not safe") when its finished runs, at
+# the median, made the device swap pages back in at this rate or more (pswpin over the run per
+# generated token: the engine's pages, or a neighbour's that the engine's cache pushed out) ...
+FOUGHT_SWAP_IN_MIB_PER_TOK = 1.0
+# ... or decoded slower than every run at cache 0 of the same series while reclaim touched the
+# engine: its pages in swap, or major faults per token this many times cache 0's (and over one).
+FOUGHT_MAJFLT_FACTOR = 2.0
 
 # ── records ──────────────────────────────────────────────────────────────────────────────────
 
@@ -71,6 +78,9 @@ class BudgetPoint:
     held_mib: float = math.nan               # the least cache any finished run held at its end (resident MiB)
     bank_mib: float = math.nan               # the model's whole expert bank (a cache can hold no more)
     entry_mib: float = math.nan              # the model's largest cache entry (one expert of its widest layer)
+    swap_in_mib_per_tok: float = math.nan    # the device's swap-in per token (median of finished runs)
+    vm_swap_max_mib: float = math.nan        # the most of the engine any finished run had in swap
+    fought: str = ""                         # why the budget counts as fought ("" when it is not): fought_reason
 
     @property
     def filled(self) -> bool:
@@ -104,6 +114,13 @@ class LmkBoundary:
     # budgets over largest_safe_mib (under any kill) whose every run finished without filling its
     # cache: (budget, the least any of them held), ascending
     unfilled: tuple[tuple[float, float], ...] = ()
+    # budgets under any kill whose finished runs were fought over: (budget, fought_reason), ascending;
+    # the largest safe budget sits under the first of them
+    fought: tuple[tuple[float, str], ...] = ()
+
+    def fought_text(self) -> str:
+        """'600 MiB fought: 42 MiB/token swapped in; …' for the first fought budget ("" when none)."""
+        return f"{self.fought[0][0]:g} MiB {self.fought[0][1]}" if self.fought else ""
 
     def unfilled_text(self) -> str:
         """'1400 MiB held 638 MiB, …': the least each held (empty when there is none)."""
@@ -118,6 +135,8 @@ class LmkBoundary:
             floor = f", MemAvailable floor {self.floor_kb_at_safe / 1024:.0f} MiB" \
                 if self.floor_kb_at_safe is not None else ""
             parts.append(f"always survived up to {self.largest_safe_mib:g} MiB ({self.safe_repeats} runs{floor})")
+        if self.fought:
+            parts.append(f"survived but not safe: {self.fought_text()}")
         if self.unfilled:
             parts.append(f"survived but never filled, so unproven: {self.unfilled_text()}")
         return "; ".join(parts) or "no kills and no fixed budget that always survived"
@@ -257,7 +276,43 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         majflt_per_tok=median(numbers_of(ok, "majflt_per_tok")),
         compute_s_per_tok=median(numbers_of(ok, "compute_s_per_tok")), flags=_flags_of(rows),
         held_mib=_least(numbers_of(ok, "cache_resident_mib")), bank_mib=_least(numbers_of(rows, "expert_bank_mib")),
-        entry_mib=_least(numbers_of(rows, "expert_entry_mib")))
+        entry_mib=_least(numbers_of(rows, "expert_entry_mib")),
+        swap_in_mib_per_tok=median(numbers_of(ok, "swap_in_mib_per_tok")),
+        vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")))
+
+
+def _most(values: np.ndarray) -> float:
+    """The largest of a column's numbers; NaN when none is finite."""
+    return float(np.nanmax(values)) if np.isfinite(values).any() else math.nan
+
+
+def fought_reason(p: BudgetPoint, cache0: BudgetPoint | None) -> str:
+    """Why the budget's finished runs were fought over (FOUGHT_* above), or "": the device swapped
+    back in FOUGHT_SWAP_IN_MIB_PER_TOK or more per token, or decode was slower than every cache-0
+    run of the same series while the engine was in swap or faulting FOUGHT_MAJFLT_FACTOR times
+    cache 0's major faults per token."""
+    if not p.ok or math.isnan(p.budget_mib) or p.budget_mib <= 0:
+        return ""
+    parts = []
+    if p.swap_in_mib_per_tok >= FOUGHT_SWAP_IN_MIB_PER_TOK:
+        parts.append(f"{p.swap_in_mib_per_tok:.3g} MiB/token swapped in")
+    if cache0 is not None and cache0.ok and not math.isnan(p.tok_s) and p.tok_s < cache0.tok_s_min:
+        base_flt = 0.0 if math.isnan(cache0.majflt_per_tok) else cache0.majflt_per_tok
+        faults = not math.isnan(p.majflt_per_tok) and p.majflt_per_tok > max(1.0, FOUGHT_MAJFLT_FACTOR * base_flt)
+        swapped = not math.isnan(p.vm_swap_max_mib) and p.vm_swap_max_mib > 0
+        if parts or faults or swapped:
+            if swapped and not parts:
+                parts.append(f"{p.vm_swap_max_mib:.3g} MiB of the engine in swap")
+            if faults:
+                parts.append(f"{p.majflt_per_tok:.3g} major faults/token vs {base_flt:.3g} at cache 0")
+            parts.append(f"{p.tok_s:.3g} tok/s vs {cache0.tok_s:.3g} at cache 0")
+    return "fought: " + "; ".join(parts) if parts else ""
+
+
+def _with_fights(points: list[BudgetPoint]) -> list[BudgetPoint]:
+    """Each point with its fought reason, judged against cache 0 of its own series."""
+    zero = {p.series: p for p in points if p.budget_mib == 0 and not p.auto}
+    return [replace(p, fought=fought_reason(p, zero.get(p.series))) for p in points]
 
 
 def _least(values: np.ndarray) -> float:
@@ -293,7 +348,7 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
             b = float(np.nanmedian(budgets))
         streamed.append(_point(sub, series, b, cycle, False, "off" if b == 0 else f"{b:g} MiB"))
     streamed.sort(key=lambda p: (p.series, math.inf if math.isnan(p.budget_mib) else p.budget_mib, p.auto))
-    return streamed, baselines
+    return _with_fights(streamed), baselines
 
 
 def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
@@ -303,7 +358,12 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
     by_budget: dict[float, list[BudgetPoint]] = {}
     for p in cached:
         by_budget.setdefault(p.budget_mib, []).append(p)
-    survived = [b for b, ps in by_budget.items() if all(p.ok == p.runs for p in ps) and (smallest is None or b < smallest)]
+    fought = tuple((b, next(p.fought for p in ps if p.fought)) for b, ps in sorted(by_budget.items())
+                   if any(p.fought for p in ps) and (smallest is None or b < smallest))
+    first_fought = fought[0][0] if fought else None
+    # neither killed nor fought: under the smallest budget either happened at
+    survived = [b for b, ps in by_budget.items() if all(p.ok == p.runs for p in ps) and (smallest is None or b < smallest)
+                and (first_fought is None or b < first_fought)]
     safe = [b for b in survived if all(p.filled for p in by_budget[b])]
     largest = max(safe) if safe else None
     unfilled = tuple((b, min(p.held_mib for p in by_budget[b] if not p.filled)) for b in sorted(survived)
@@ -316,7 +376,7 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
         floor = min(floors) if floors else None
     killed_ids = tuple(i for p in cached if p.killed for i in p.killed_run_ids)
     evidence = tuple(dict.fromkeys(e for e in rows[rows["run_id"].isin(killed_ids)]["evidence"] if e))
-    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence, unfilled)
+    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence, unfilled, fought)
 
 
 def _dense(rows: pd.DataFrame) -> DenseComparison:

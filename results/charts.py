@@ -18,6 +18,7 @@ from store.versioned import json_safe
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 KILL = "#d62728"
+FOUGHT = "#e67e00"        # budgets that survived while the device fought over them
 CYCLE = "#ff7f0e"
 SAFE = "#2ca02c"
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
@@ -66,6 +67,14 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
                      "marker": {"color": color, "size": 9, "symbol": ["diamond" if p.auto else "circle" for p in pts]},
                      "line": {"color": color, "width": 1, "dash": "dot"}, "xaxis": "x", "yaxis": "y2",
                      "showlegend": True})
+    fought = [p for p in g.points if p.fought and not math.isnan(p.budget_mib)]
+    if fought:
+        # survived, but the device fought over it: drawn apart from the safe points, on the tok/s panel
+        data.append({"type": "scatter", "mode": "markers", "name": "fought (not safe)",
+                     "x": [p.budget_mib for p in fought], "y": [p.tok_s for p in fought],
+                     "text": [f"{p.label}: {p.fought}" for p in fought],
+                     "marker": {"color": FOUGHT, "size": 15, "symbol": "square-open", "line": {"width": 2}},
+                     "xaxis": "x", "yaxis": "y2"})
     killed = [p for p in g.points if p.killed and not math.isnan(p.budget_mib)]
     if killed:
         data.append({"type": "scatter", "mode": "markers", "name": "killed (LMK)",

@@ -112,7 +112,7 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
                   for i, rid in enumerate(p.run_ids))
     return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
                     f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table),
-                    _unfilled(p))
+                    _unfilled(p), f"{p.fought}: not counted as safe" if p.fought else "")
 
 
 def _unfilled(p: BudgetPoint) -> str:

@@ -96,6 +96,7 @@ class PointRow:
     run_links: tuple[Link, ...]
     publish: str = ""                # "below the publish bar: 8 tokens < 256, …" or "" when it meets it
     unfilled: str = ""               # "cache never filled (held 638 MiB): not counted as safe" or ""
+    fought: str = ""                 # "fought: 42 MiB/token swapped in; …: not counted as safe" or ""
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,9 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
     under = tuple(sorted({p.budget_mib for p in g.points if p.under_cycle}))
     safe = b.largest_safe_mib
     auto: AutoChoice | None = None
+    if b.fought:
+        reasons.append(f"not counted as safe: {b.fought_text()} (a budget the device fights over is "
+                       "swapped out and faulted back, or its dense weights re-read, during the decode)")
     if b.unfilled:
         reasons.append(f"not counted as safe: {b.unfilled_text()}; those caches never filled in "
                        f"{g.tokens_min:.0f} tokens, so surviving them proves only what they held "
@@ -203,7 +206,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
         cache_off = True
         summary = ("no budget survived every run: --cache-mb 0" if not b.unfilled else
                    "no budget survived with its cache filled: --cache-mb 0")
-        killed_at = f" (killed at {b.smallest_killed_mib:g} MiB)" if b.smallest_killed_mib is not None else ""
+        killed_at = (f" (killed at {b.smallest_killed_mib:g} MiB)" if b.smallest_killed_mib is not None else "") + (
+            f" ({b.fought_text()})" if b.fought else "")
         reason = (f"no cache budget survived every repeat{killed_at}: recommend --cache-mb 0" if not b.unfilled else
                   f"no cache budget was proven safe{killed_at}: {b.unfilled_text()}, surviving every repeat without "
                   "filling, which proves nothing over what it held: recommend --cache-mb 0")
@@ -235,7 +239,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
             # MiB over the cycle keeps its own whole MiB)
             ceiling = math.ceil(cycle) if math.ceil(cycle) <= safe else math.floor(safe)
         unfilled = f"; {b.unfilled_text()}: survived without filling, unproven" if b.unfilled else ""
-        killed = (f", under the {b.smallest_killed_mib:g} MiB that was killed{unfilled}"
+        killed = (f", under {b.fought_text()}{unfilled}" if b.fought else
+                  f", under the {b.smallest_killed_mib:g} MiB that was killed{unfilled}"
                   if b.smallest_killed_mib is not None else
                   f", the largest whose cache filled (no kill seen{unfilled})" if b.unfilled else
                   ", the largest measured (no kill seen)")
@@ -293,6 +298,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
         lmk={"smallest_killed_mib": b.smallest_killed_mib, "largest_safe_mib": b.largest_safe_mib,
              "floor_mib_at_safe": b.floor_kb_at_safe / 1024 if b.floor_kb_at_safe is not None else None,
              "unfilled": [{"budget_mib": budget, "held_mib": held} for budget, held in b.unfilled],
+             "fought": [{"budget_mib": budget, "reason": why} for budget, why in b.fought],
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay)
