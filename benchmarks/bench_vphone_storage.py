@@ -9,6 +9,14 @@ routing) and runs it at --cache-mb 0 (every token streams its experts from flash
 both phones one after the other. Per engine and phone it prints the engine's own flash rate
 (its summary's read_MiB / io_s), read_MiB over the run's wall, and for the throttled phone what
 its blkio group counted (blkio.throttle.io_service_bytes Read) against the limit.
+
+First it probes each phone's flash at the engine's timescale: a child process joined to the
+phone's blkio group reads bursts of BURST MiB (O_DIRECT, 1 MiB preads, as bmoe-cli's lanes do)
+from a file in the phone's /data, idle IDLE ms between bursts, and prints the rate within a burst
+and over the wall. bmoe-cli's io_s is the wall its eval thread waits on each layer's reads (the
+serial path), so the in-burst rate is the one its summary reports. v1 blk-throttle is a budget
+that idle time earns (about limit x idle, up to ~15 MiB here): the rate over the wall holds, the
+rate within a burst after compute does not (docs/decisions.md, issue 24 item 4).
 """
 
 from __future__ import annotations
@@ -39,13 +47,55 @@ def free_port() -> int:
 
 
 def blkio_read_bytes(home: Path, name: str) -> int:
+    group = blkio_group(home, name)
+    if group is None:
+        return 0
+    return sum(int(line.split()[2]) for line in (group / "blkio.throttle.io_service_bytes").read_text().splitlines()
+               if len(line.split()) == 3 and line.split()[1] == "Read")
+
+
+PROBE = """
+import mmap, os, sys, time
+path, burst, idle_s, n = sys.argv[1], int(float(sys.argv[2]) * (1 << 20)), float(sys.argv[3]) / 1e3, int(sys.argv[4])
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+size, chunk, off, rates, total = os.fstat(fd).st_size, 1 << 20, 0, [], 0
+buf = mmap.mmap(-1, chunk)
+start = time.monotonic()
+for _ in range(n):
+    got, t0 = 0, time.monotonic()
+    while got < burst:
+        off = 0 if off + chunk > size else off
+        r = os.preadv(fd, [buf], off)
+        off, got = off + r, got + r
+    rates.append(got / (time.monotonic() - t0) / (1 << 20))
+    total += got
+    time.sleep(idle_s)
+rates.sort()
+print(rates[len(rates) // 2], total / (time.monotonic() - start) / (1 << 20))
+"""
+PROBE_CASES = ((64, 0, 2), (4, 30, 8), (4, 150, 8), (20, 150, 4))   # (burst MiB, idle ms, bursts)
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def blkio_group(home: Path, name: str) -> Path | None:
     state = json.loads((home / name / ".vphone/state.json").read_text())
     for path in (state.get("cgroup") or {}).get("extra") or ():
-        f = Path(path, "blkio.throttle.io_service_bytes")
-        if f.exists():
-            return sum(int(line.split()[2]) for line in f.read_text().splitlines()
-                       if len(line.split()) == 3 and line.split()[1] == "Read")
-    return 0
+        if Path(path, "blkio.throttle.io_service_bytes").exists():
+            return Path(path)
+    return None
+
+
+def probe(group: Path | None, path: Path, burst_mib: float, idle_ms: float, n: int) -> tuple[float, float]:
+    """(median MiB/s within a burst, MiB/s over the wall) of the paced reader, in the phone's blkio group."""
+    def join() -> None:
+        if group is not None:
+            Path(group, "cgroup.procs").write_text(str(os.getpid()))
+    out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(burst_mib), str(idle_ms), str(n)],
+                         capture_output=True, text=True, timeout=300, preexec_fn=join, check=True).stdout.split()
+    return float(out[0]), float(out[1])
 
 
 def main() -> int:
@@ -68,7 +118,18 @@ def main() -> int:
         try:
             for name, mbps in phones.items():
                 manager.up(name, 512 << 20, home=home, adb_host="127.0.0.1", adb_port=port, storage_mbps=mbps)
-            print(f"load {os.getloadavg()[0]:.2f}; limit {args.limit} MiB/s; model {model.stat().st_size >> 20} MiB; "
+            print(f"load {loadavg()}; limit {args.limit} MiB/s")
+            for name, mbps in phones.items():
+                target = home / name / "data" / "flash-probe.bin"
+                with open(target, "wb") as f:
+                    f.write(os.urandom(64 << 20))
+                group = blkio_group(home, name)
+                for burst_mib, idle_ms, n in PROBE_CASES:
+                    inside, over_wall = probe(group, target, burst_mib, idle_ms, n)
+                    print(f"probe    {name:<9} limit {f'{mbps} MiB/s' if mbps else 'none':<10} bursts of {burst_mib:>2} MiB, "
+                          f"idle {idle_ms:>3} ms: {inside:5.0f} MiB/s within a burst, {over_wall:5.0f} MiB/s over the wall")
+                target.unlink()
+            print(f"load {loadavg()}; model {model.stat().st_size >> 20} MiB; "
                   f"cache 0; {args.tokens} tokens; -t 1")
             for label, engine in engines:
                 for name, mbps in phones.items():
