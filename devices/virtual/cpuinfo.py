@@ -11,7 +11,9 @@ Flash (`--storage-mbps R`): a blkio cgroup with `blkio.throttle.read_bps_device`
 whole disk under the phone's folder (`/data`). v1 blk-throttle limits the bios a group submits:
 O_DIRECT reads and page-cache misses (readahead, faults of mmap'd files) alike, but a read served
 from the page cache reaches no disk and is not throttled, as on a phone whose page cache holds
-the file.
+the file. The limit is a budget over time, not a per-read service rate: idle time earns credit
+(about R x idle, up to ~15 MiB measured), so a burst after compute runs at the host disk's rate
+(docs/virtual-phones.md, "Cores and storage").
 """
 
 from __future__ import annotations
