@@ -24,6 +24,7 @@ to walking host paths.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -38,6 +39,18 @@ from typing import NoReturn
 from .adbd import Stream
 
 log = logging.getLogger("bmoe.vphone.sync")
+
+
+def leave_page_cache(fd: int) -> None:
+    """Write a pushed file's pages out and drop them from the page cache: the phone's first read
+    then faults them in under the phone's memory cgroup. memcg v1 charges a page-cache page to the
+    group whose task first brings it in, and this daemon runs outside the phone's group, so a file
+    left cached by its push would cost the phone's RAM nothing (a mapped model's dense weights
+    never reclaimed or re-read under the phone's pressure, as a phone's are). On a phone adbd's
+    writes are the phone's own RAM; a freshly pushed file there is also soon written back and
+    reclaimable, which is what the dropped pages stand in for."""
+    os.fdatasync(fd)                                        # dirty pages cannot be dropped
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 SYNC_DATA_MAX = 64 * 1024
 MAX_PATH = 1024
@@ -357,7 +370,10 @@ class SyncSession:
         os.fchmod(fd, perm)
         with contextlib.suppress(OSError):
             os.utime(fd, (mtime, mtime))
-        os.close(fd)
+        try:
+            await asyncio.to_thread(leave_page_cache, fd)
+        finally:
+            os.close(fd)
         await self.stream.write(DATA.pack(b"OKAY", 0))
 
     async def _receive_data(self, fd: int) -> int:

@@ -1,0 +1,41 @@
+"""A file pushed to a virtual phone is the phone's page cache, not the daemon's (issue 24 item 1).
+
+memcg v1 charges a page-cache page to the group whose task first brings it in. The sync service
+runs in the daemon, outside the phone's memory cgroup, so a pushed file left in the page cache
+would be charged there: a model the engine maps (its dense weights) would cost the phone's RAM
+nothing and never be reclaimed or re-read under its pressure. The service writes the file out and
+drops its pages after a push (syncsvc.leave_page_cache), so the phone's first read faults them in
+under the phone's group, as on a phone where adbd's writes and the engine's reads are one RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+MIB = 1 << 20
+FILE_MIB = 32
+
+
+def _cache_bytes(root: Path) -> int:
+    """The phone's memory cgroup's page cache (v1 memory.stat total_cache)."""
+    state = json.loads((root / ".vphone/state.json").read_text())
+    stat = dict(line.split() for line in Path(state["cgroup"]["path"], "memory.stat").read_text().splitlines())
+    return int(stat["total_cache"])
+
+
+def test_a_pushed_file_is_charged_to_the_phone_that_reads_it(adb_server, make_phone, tmp_path):
+    phone = make_phone("pagecache", 128 * MIB)
+    src = tmp_path / "blob.bin"
+    src.write_bytes(os.urandom(FILE_MIB * MIB))      # cached on the host, charged to this test
+    before = _cache_bytes(phone.root)
+    r = adb_server.run("-s", phone.serial, "push", str(src), "/data/local/tmp/blob.bin")
+    assert r.returncode == 0, r.stderr
+    pushed = _cache_bytes(phone.root)
+    assert pushed - before < 4 * MIB, (before, pushed)      # the push charged the phone nothing
+    r = adb_server.run("-s", phone.serial, "shell", "cat /data/local/tmp/blob.bin > /dev/null")
+    assert r.returncode == 0, r.stderr
+    read = _cache_bytes(phone.root)
+    # the phone's first read brought the pages in (without the drop they were the daemon's: ~0 here)
+    assert read - pushed >= FILE_MIB * MIB * 0.9, (pushed, read)
