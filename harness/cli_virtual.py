@@ -39,7 +39,7 @@ def virtual() -> None:
 @click.option("--no-isolation", is_flag=True,
               help="No memory cgroup or mount namespace: an RSS watchdog enforces the RAM instead.")
 @click.option("--apps", "apps", default="",
-              help="Other open apps: STATE:SIZE[:compressible],... with STATE foreground, visible, perceptible, "
+              help="Other open apps: STATE:SIZE[:compressible][:active],... with STATE foreground, visible, perceptible, "
                    "previous or cached (e.g. cached:300MiB,perceptible:200MiB).")
 @click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
 def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | None, soc: str | None,

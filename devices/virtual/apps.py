@@ -7,7 +7,11 @@ fills its own anonymous memory with random bytes, which zram cannot compress (`:
 pages of one third random bytes and two thirds zeros, which lz4 stores in about a third, the ratio
 assumed for app memory: an lz4 zram device's mm_stat orig_data_size / mem_used_total, 2.9:1
 measured), then marks it cold (MADV_COLD: what the kernel's LRU would have made of memory an app
-has not touched for a while, the first pages reclaim takes) and sleeps.
+has not touched for a while, the first pages reclaim takes) and sleeps. `:active` is an app in
+use instead (a foreground app the user is in): it is not marked cold and reads a few % of its pages
+every 100 ms in turn (ACTIVE_PERCENT, ACTIVE_PERIOD_S), so its memory stays on the active LRU and
+what reclaim swaps out of it faults back in, and reclaim looks for cold pages elsewhere (the
+engine's cache entries not hit lately, the mapped model's file pages).
 
 The adj is ProcessList.java's for the state: foreground 0, visible 100, perceptible 200, previous
 700, cached 900 and up (CACHED_APP_MIN_ADJ 900; the k-th cached app at 900 + 10k, capped at
@@ -34,6 +38,11 @@ STATES = {"foreground": lp.FOREGROUND_APP_ADJ, "visible": lp.VISIBLE_APP_ADJ,
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
 _UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
+# An `:active` app reads one byte of ACTIVE_PERCENT % of its pages every ACTIVE_PERIOD_S, in turn
+# (all of them every 100 / ACTIVE_PERCENT periods): a foreground app in use keeps its memory warm.
+ACTIVE_PERCENT = 4
+ACTIVE_PERIOD_S = 0.1
+
 # The app: fill SIZE bytes, say so on stdout, then sleep until killed.
 _APP = (
     "import mmap,os,sys,time\n"
@@ -42,10 +51,15 @@ _APP = (
     "pat=b''.join(os.urandom(1365)+bytes(2731) for _ in range(step//4096))\n"
     "for i in range(0,n,step):\n"
     "    buf[i:i+step]=(pat if sys.argv[2]=='1' else os.urandom(step))[:n-i]\n"
+    "if sys.argv[3]=='1':\n"
+    "    print('ready',flush=True);pages=n//4096;per=max(1,pages*ACTIVE_PERCENT//100);p=0\n"
+    "    while True:\n"
+    "        for _ in range(per): buf[p*4096];p=(p+1)%pages\n"
+    "        time.sleep(ACTIVE_PERIOD_S)\n"
     "buf.madvise(20)\n"   # MADV_COLD (Linux 5.4; the mmap module may not name it)
     "print('ready',flush=True)\n"
     "while True: time.sleep(3600)\n"
-)
+).replace("ACTIVE_PERCENT", str(ACTIVE_PERCENT)).replace("ACTIVE_PERIOD_S", str(ACTIVE_PERIOD_S))
 
 
 class AppSpecError(ValueError):
@@ -60,10 +74,12 @@ class App:
     name: str
     uid: int
     oom_score_adj: int
+    active: bool = False
 
     def describe(self) -> str:
         kind = "compressible" if self.compressible else "incompressible"
-        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind})"
+        use = ", active" if self.active else ""
+        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind}{use})"
 
 
 def parse(items: str | list[str] | tuple[str, ...]) -> list[App]:
@@ -73,8 +89,10 @@ def parse(items: str | list[str] | tuple[str, ...]) -> list[App]:
     per_state: dict[str, int] = {}
     for n, item in enumerate(raw):
         parts = item.split(":")
-        if len(parts) not in (2, 3) or parts[0] not in STATES or (len(parts) == 3 and parts[2] != "compressible"):
-            raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible], STATE one of "
+        flags = parts[2:]
+        if (len(parts) < 2 or parts[0] not in STATES or len(set(flags)) != len(flags)
+                or not set(flags) <= {"compressible", "active"}):
+            raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible][:active], STATE one of "
                                f"{', '.join(STATES)} (e.g. cached:300MiB)")
         m = _SIZE.match(parts[1])
         if not m or float(m[1]) <= 0:
@@ -85,7 +103,8 @@ def parse(items: str | list[str] | tuple[str, ...]) -> list[App]:
         adj = STATES[parts[0]]
         if parts[0] == "cached":
             adj = min(lp.CACHED_APP_MAX_ADJ, adj + 10 * k)
-        apps.append(App(parts[0], size, len(parts) == 3, f"com.bmoe.app.{parts[0]}{k + 1}", FIRST_APP_UID + n, adj))
+        apps.append(App(parts[0], size, "compressible" in flags, f"com.bmoe.app.{parts[0]}{k + 1}",
+                        FIRST_APP_UID + n, adj, "active" in flags))
     return apps
 
 
@@ -95,7 +114,7 @@ def start(apps: list[App], procs_files: list[str], ns_fd: int | None) -> list[su
     started = []
     for app in apps:
         started.append(subprocess.Popen([app.name, "-I", "-S", "-c", _APP, str(app.size_bytes),
-                                         "1" if app.compressible else "0"],
+                                         "1" if app.compressible else "0", "1" if app.active else "0"],
                                         executable=sys.executable, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         preexec_fn=_setup(app, procs_files, ns_fd), start_new_session=True))

@@ -111,7 +111,7 @@ class PhoneSpec:
     ambient_c: float = 25.0
     isolated: bool = True  # False: no cgroup, no namespace (the fallback, on purpose)
     record_commands: bool = False  # every shell/exec command line to .vphone/commands.jsonl (tests)
-    apps: tuple[str, ...] = ()     # other open apps, "STATE:SIZE[:compressible]" (apps.py)
+    apps: tuple[str, ...] = ()     # other open apps, "STATE:SIZE[:compressible][:active]" (apps.py)
     lmk: dict = field(default_factory=dict)  # ro.lmk.* overrides of Android 14's defaults (lmkd_policy)
     zram_bytes: int = 0            # the phone's own zram swap device (0: none, memsw = RAM)
     zram_algorithm: str = "lz4"    # its comp_algorithm, Android's default

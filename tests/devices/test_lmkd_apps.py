@@ -38,7 +38,11 @@ def test_parse_apps_and_refuse_bad_ones():
     assert [(a.name, a.oom_score_adj, a.uid, a.size_bytes >> 20, a.compressible) for a in apps] == [
         ("com.bmoe.app.cached1", 900, 10100, 300, False), ("com.bmoe.app.perceptible1", 200, 10101, 200, False),
         ("com.bmoe.app.cached2", 910, 10102, 64, True), ("com.bmoe.app.previous1", 700, 10103, 1024, False)]
-    for bad in ("cached", "sleeping:10MiB", "cached:0MiB", "cached:lots", "cached:10MiB:zip"):
+    both = apps_mod.parse("foreground:30MiB:compressible:active,visible:8MiB:active")
+    assert [(a.compressible, a.active) for a in both] == [(True, True), (False, True)]
+    assert not any(a.active for a in apps)
+    for bad in ("cached", "sleeping:10MiB", "cached:0MiB", "cached:lots", "cached:10MiB:zip",
+                "cached:10MiB:active:active"):
         try:
             apps_mod.parse(bad)
         except apps_mod.AppSpecError as e:

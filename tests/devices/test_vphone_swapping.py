@@ -13,10 +13,15 @@ not the app at the same adj 0, that a kill takes.
 - A cache of 95 % of the RAM is past what zram can give back: lmkd kills the engine with Android's
   low-swap reason, classified lmk_killed.
 - The 40 % cache on the same phone without zram: killed.
+- Beside a foreground app in use (`:active`: it touches its memory, not marked cold) with the dense
+  weights mapped (`--dense-weights mmap`), a cache of 16 % of the RAM: the run ends ok and the
+  engine's own pages are swapped (its VmSwap over 0), the reclaim war of upstream's
+  docs/pressure.md; the model's page cache is the phone's (the sync service drops a push's pages).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -65,6 +70,8 @@ class SwapWatch:
     def __init__(self, cgroup_path: str):
         self.procs = Path(cgroup_path, "cgroup.procs")
         self.peak_kb = {"engine": 0, "app": 0}
+        self.engine_rss_file_kb: list[int] = []     # the engine's RssFile at each sample
+        self.engine_majflt = 0                      # its major faults at the last sample
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -82,6 +89,18 @@ class SwapWatch:
                     continue
                 role = "app" if int(f.get("Uid", "0").split()[0]) >= FIRST_APP_UID else "engine"
                 self.peak_kb[role] = max(self.peak_kb[role], int(f.get("VmSwap", "0 kB").split()[0]))
+                if role == "engine" and self._is_engine(pid):
+                    self.engine_rss_file_kb.append(int(f.get("RssFile", "0 kB").split()[0]))
+                    with contextlib.suppress(OSError, IndexError, ValueError):
+                        stat = Path(f"/proc/{pid}/stat").read_text()
+                        self.engine_majflt = int(stat.rsplit(")", 1)[1].split()[9])   # field 12
+
+    @staticmethod
+    def _is_engine(pid: str) -> bool:
+        try:
+            return b"/bmoe/bmoe-" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
 
     def __enter__(self) -> SwapWatch:
         self.thread.start()
@@ -97,12 +116,13 @@ def pswpout(adb_server, phone) -> int:
     return next(int(line.split()[1]) for line in out.splitlines() if line.startswith("pswpout "))
 
 
-def run_one(tmp_path, adb_server, phone_home, phone, model: Path, engine: dict, cache_mb: int) -> dict:
-    name = f"{phone.name}-{cache_mb}"
+def run_one(tmp_path, adb_server, phone_home, phone, model: Path, engine: dict, cache_mb: int,
+            dense: str = "anon") -> dict:
+    name = f"{phone.name}-{cache_mb}-{dense}"
     data = {"version": 1, "name": name,
             "fleet": {"devices": [f"virtual:{phone.name}"], "virtual_home": str(phone_home),
                       "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
-            "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb]},
+            "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb], "dense_weights": [dense]},
             "run": {"n_predict": TOKENS, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
     run_campaign(parse_campaign(data, source=f"{name}.toml"), tmp_path / name, progress_stream=io.StringIO())
     (path,) = list((tmp_path / name).glob("runs/*/*/run.json"))
@@ -131,14 +151,46 @@ def test_a_cache_past_the_ram_left_runs_to_the_end_while_swapping(tmp_path, adb_
           f"resident {summary['cache_resident_MiB']} MiB, VmSwap {watch.peak_kb}, pswpout {swapped_out}")
 
 
+ACTIVE_APP = f"foreground:{RAM * 30 // 100 // MIB}MiB:compressible:active"
+WAR_CACHE_MB = RAM * 16 // 100 // MIB        # ok 5/5 for both engines beside the active app (25 %: killed 1 in 3)
+
+
+@needs_zram
+def test_beside_an_active_app_the_engines_own_pages_are_swapped(tmp_path, adb_server, make_phone, phone_home,
+                                                                 model, engine):
+    """The reclaim war: the app keeps its memory warm, so reclaim also takes the engine's own cold
+    pages (cache entries not hit lately: its VmSwap) and its mapped dense weights (RssFile falls,
+    re-read by major faults). Decode speed against cache 0 is printed, not asserted (see
+    docs/decisions.md, issue 24 H5: bmoe-cli slower 5/5 by 7-45 %, bmoe-py faster 5/5)."""
+    phone = make_phone("swapwar", RAM, zram_bytes=ZRAM, apps=(ACTIVE_APP,), lmk=LMK)
+    with SwapWatch(str(phone.cgroup_path)) as base_watch:
+        base = run_one(tmp_path, adb_server, phone_home, phone, model, engine, 0, "mmap")
+    assert base["outcome"] == "ok", brief(base)
+    before = pswpout(adb_server, phone)
+    with SwapWatch(str(phone.cgroup_path)) as watch:
+        rec = run_one(tmp_path, adb_server, phone_home, phone, model, engine, WAR_CACHE_MB, "mmap")
+    swapped_out = pswpout(adb_server, phone) - before
+    r = rec.get("reclaim") or {}
+    seen = (watch.peak_kb, swapped_out, r.get("rss_file_min_kb"), r.get("rss_file_max_kb"), watch.engine_majflt)
+    assert rec["outcome"] == "ok", (brief(rec), seen)
+    assert rec["summary"]["cache_resident_MiB"] >= 0.9 * WAR_CACHE_MB, rec["summary"]   # the cache did fill
+    assert swapped_out > 0 and watch.peak_kb["engine"] > 0, seen       # the engine's own pages went to zram
+    print(f"cache 0: {base['summary']['tok/s']} tok/s, engine VmSwap {base_watch.peak_kb['engine']} kB, majflt "
+          f"{base_watch.engine_majflt}; cache {WAR_CACHE_MB} MiB: {rec['summary']['tok/s']} tok/s, VmSwap "
+          f"{watch.peak_kb}, pswpout {swapped_out}, RssFile {r.get('rss_file_min_kb')}-{r.get('rss_file_max_kb')} kB, "
+          f"majflt {watch.engine_majflt}")
+
+
 @needs_zram
 def test_with_zram_exhausted_lmkd_kills_it_on_low_swap(tmp_path, adb_server, make_phone, phone_home, model, engine):
     phone = make_phone("swapfull", RAM, zram_bytes=ZRAM, apps=(APP,), lmk=LMK)
     rec = run_one(tmp_path, adb_server, phone_home, phone, model, engine, EXHAUSTED_CACHE_MB)
     assert rec["outcome"] == "lmk_killed", brief(rec)
     lines = [e for e in rec["evidence"] if "lowmemorykiller: Kill '/data/local/tmp/bmoe/bmoe-" in e]
-    assert lines and "oom_score_adj 0" in lines[0] and "watermark is breached and swap is low (" in lines[0], \
-        rec["evidence"]
+    # either of lmkd's low-swap reasons: with the mapped model's pages the phone's, its refaults
+    # can make it "device is low on swap (...) and thrashing (...)" before the watermark's
+    assert lines and "oom_score_adj 0" in lines[0], rec["evidence"]
+    assert "watermark is breached and swap is low (" in lines[0] or "device is low on swap (" in lines[0], lines[0]
 
 
 def test_without_zram_the_same_budget_is_killed(tmp_path, adb_server, make_phone, phone_home, model, engine):
