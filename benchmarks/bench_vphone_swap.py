@@ -2,6 +2,7 @@
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_swap.py [--ram-mib 1024] [--tokens 24]
         [--repeat N] [--engines bmoe-cli,bmoe-py] [--cases "cache 0,swapping budget,zram exhausted,zram 0"]
+        [--active] [--dense-weights mmap|anon] [--swap-cache-pct P]
 
 Starts its own adb server and, per case, a virtual phone (--cpus 1) of RAM (1 GiB) with zram of
 half of it (512 MiB) beside one foreground app holding 30 % of the RAM in cold memory lz4
@@ -15,8 +16,15 @@ without BMOE_CLI) and bmoe-py:
   zram exhausted      95 % of the RAM, past what zram can give back: lmkd kills it on low swap
   zram 0              the swapping budget on the same phone without zram: killed
 
-Per run: outcome, decode tok/s, the engine's peak VmSwap (its /proc/PID/status, sampled at 5 Hz),
-the phone's pswpout over the run (its /proc/vmstat through adb), the kill's evidence, the load.
+`--active`: the app is in use (apps.py `:active`: it reads a few % of its pages every 100 ms
+instead of being marked cold), the reclaim war of upstream's docs/pressure.md: reclaim then takes
+the engine's own cold pages and, with `--dense-weights mmap`, its mapped dense weights.
+
+Per run: outcome, decode tok/s and its ratio to the same engine's cache 0 on the same setup, the
+engine's peak VmSwap (its /proc/PID/status, sampled at 5 Hz), its RssFile low and high and major
+faults (run.json "reclaim", devices/reclaim.py; majflt from the 5 Hz watch where the run's samples
+are too few), the phone's pswpout over the run (its /proc/vmstat through adb), the kill's
+evidence, the load.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ class SwapWatch:
         self.procs = Path(cgroup_path, "cgroup.procs")
         self.peak_kb: dict[str, int] = {}
         self.engine_own_kb = 0   # the engine's own anonymous memory, resident or swapped (peak)
+        self.engine_majflt = 0   # the engine's major faults at the last sample (/proc/PID/stat field 12)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -82,6 +91,12 @@ class SwapWatch:
                 if role == "engine":
                     own = int(f.get("RssAnon", "0 kB").split()[0]) + kb
                     self.engine_own_kb = max(self.engine_own_kb, own)
+                    try:
+                        if b"/bmoe/bmoe-" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            stat = Path(f"/proc/{pid}/stat").read_text()
+                            self.engine_majflt = int(stat.rsplit(")", 1)[1].split()[9])
+                    except (OSError, IndexError, ValueError):
+                        pass
 
     def __enter__(self) -> SwapWatch:
         self.thread.start()
@@ -99,7 +114,7 @@ def pswpout(port: int, serial: str) -> int:
 
 
 def run_case(work: Path, home: Path, port: int, model: Path, label: str, engine: dict, case: str, ram: int,
-             zram_bytes: int, app: str, cache_mb: int, tokens: int, n: int = 0) -> dict:
+             zram_bytes: int, app: str, cache_mb: int, tokens: int, n: int = 0, dense: str = "anon") -> dict:
     name = f"{label}-{case}-{n}".replace(" ", "-")
     serial = manager.up(name, ram, home=home, adb_host="127.0.0.1", adb_port=port, zram_bytes=zram_bytes,
                         apps=(app,), lmk={"kill_heaviest_task": True}, cpus=1)
@@ -108,7 +123,7 @@ def run_case(work: Path, home: Path, port: int, model: Path, label: str, engine:
         data = {"version": 1, "name": name,
                 "fleet": {"devices": [f"virtual:{name}"], "virtual_home": str(home),
                           "adb": [{"host": "127.0.0.1", "port": port}]},
-                "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb]},
+                "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb], "dense_weights": [dense]},
                 "run": {"n_predict": tokens, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
         before = pswpout(port, serial)
         out = work / name
@@ -121,7 +136,10 @@ def run_case(work: Path, home: Path, port: int, model: Path, label: str, engine:
             sm = rec.get("summary") or {}
             print({k: sm.get(k) for k in ("tok/s", "cache_resident_MiB", "majflt/tok", "cpu_s/tok", "io_s/tok",
                                           "read_MiB")}, rec.get("pressure"), file=sys.stderr)
-        return {"outcome": rec["outcome"], "tok_s": (rec.get("summary") or {}).get("tok/s"),
+        reclaim = rec.get("reclaim") or {}
+        return {"rss_file_min_kb": reclaim.get("rss_file_min_kb"), "rss_file_max_kb": reclaim.get("rss_file_max_kb"),
+                "majflt": reclaim.get("maj_flt", watch.engine_majflt), "swap_in_kb": reclaim.get("swap_in_kb"),
+                "outcome": rec["outcome"], "tok_s": (rec.get("summary") or {}).get("tok/s"),
                 "vmswap_kb": watch.peak_kb.get("engine", 0), "app_vmswap_kb": watch.peak_kb.get("app", 0),
                 "pswpout": after - before, "evidence": rec.get("evidence") or [], "wall_s": rec.get("wall_s"),
                 "own_mib": watch.engine_own_kb // 1024,
@@ -144,10 +162,12 @@ def main() -> int:
                     help="the swapping budget, %% of the RAM (0: from the engine's own footprint at cache 0)")
     ap.add_argument("--big-cache-pct", type=int, default=0,
                     help="the zram-exhausted budget, %% of the RAM (0: 110)")
+    ap.add_argument("--active", action="store_true", help="the app is in use (apps.py :active), not cold")
+    ap.add_argument("--dense-weights", default="anon", choices=("anon", "mmap"))
     args = ap.parse_args()
     ram = args.ram_mib * MIB
     zram_bytes = ram // 2
-    app = f"foreground:{ram * args.app_pct // 100 // MIB}MiB:compressible"
+    app = f"foreground:{ram * args.app_pct // 100 // MIB}MiB:compressible" + (":active" if args.active else "")
     model_bytes = ram * args.model_pct // 100
     app_mib = ram * args.app_pct // 100 // MIB
     cli = os.environ.get("BMOE_CLI", "")
@@ -162,11 +182,12 @@ def main() -> int:
         home = work / "phones"
         try:
             print(f"RAM {ram // MIB} MiB, zram {zram_bytes // MIB} MiB (lz4), app {app}, model "
-                  f"{model.stat().st_size // MIB} MiB, {args.tokens} tokens, -t 1, --cpus 1")
+                  f"{model.stat().st_size // MIB} MiB, {args.tokens} tokens, -t 1, --cpus 1, "
+                  f"--dense-weights {args.dense_weights}")
             for label in chosen:
                 # the engine's own footprint (anonymous, resident + swapped) at cache 0 on this phone
                 base = run_case(work, home, server.port, model, label, engines[label], "footprint", ram, zram_bytes,
-                                app, 0, args.tokens)
+                                app, 0, args.tokens, dense=args.dense_weights)
                 own_mib = base["own_mib"]
                 left_mib = ram // MIB - app_mib - own_mib           # the RAM left beside the app and the engine
                 gain_mib = int(app_mib * (1 - 1 / APP_LZ4_RATIO))   # what zram gives back from the app
@@ -178,16 +199,24 @@ def main() -> int:
                       f"zram exhausted {big_mb} MiB", flush=True)
                 budgets = {"cache 0": (0, zram_bytes), "swapping budget": (swap_mb, zram_bytes),
                            "zram exhausted": (big_mb, zram_bytes), "zram 0": (swap_mb, 0)}
+                base_tok = base["tok_s"]
                 for case in args.cases.split(","):
                     cache_mb, z = budgets[case]
                     for n in range(args.repeat):
                         started = time.monotonic()
                         r = run_case(work, home, server.port, model, label, engines[label], case, ram, z, app,
-                                     cache_mb, args.tokens, n)
+                                     cache_mb, args.tokens, n, dense=args.dense_weights)
                         tok = f"{r['tok_s']:.2f}" if isinstance(r["tok_s"], (int, float)) else "-"
+                        if case == "cache 0" and isinstance(r["tok_s"], (int, float)):
+                            base_tok = r["tok_s"]
+                        ratio = (f"{r['tok_s'] / base_tok:.2f}x" if isinstance(r["tok_s"], (int, float))
+                                 and isinstance(base_tok, (int, float)) and base_tok else "-")
+                        rf = (f"{(r['rss_file_min_kb'] or 0) // 1024}-{(r['rss_file_max_kb'] or 0) // 1024}"
+                              if r["rss_file_max_kb"] is not None else "-")
                         print(f"{label:<8} {case:<16} cache {cache_mb:>5} MiB (resident {r['resident_mib']})  "
-                              f"{r['outcome']:<10} {tok:>6} tok/s  "
+                              f"{r['outcome']:<10} {tok:>6} tok/s ({ratio} cache 0)  "
                               f"VmSwap {r['vmswap_kb'] // 1024:>4} MiB (app {r['app_vmswap_kb'] // 1024} MiB)  "
+                              f"RssFile {rf} MiB  majflt {r['majflt']}  "
                               f"pswpout {r['pswpout']:>7}  {time.monotonic() - started:5.1f} s  "
                               f"load {Path('/proc/loadavg').read_text().split()[0]}  {'; '.join(r['evidence'])[:240]}",
                               flush=True)
