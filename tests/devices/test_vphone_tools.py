@@ -227,9 +227,10 @@ def steady(read, root: Path, tries: int = 10):
 
 def test_dumpsys_and_the_state_read_see_the_phones_zone_files(adb_server, phones):
     b = phones["b"]                  # sm8650: 8 CPU zones and 3 others, so thermal_zone10 sorts after 9
-    out, zones = steady(lambda: adb_server.run("-s", b.serial, "shell", "dumpsys thermalservice").stdout.decode(),
-                        b.root)
+    done, zones = steady(lambda: adb_server.run("-s", b.serial, "shell", "dumpsys thermalservice"), b.root)
+    out = done.stdout.decode()
     assert len(zones) == 11
+    assert "Cached temperatures:\n" in out, (done.returncode, out, done.stderr)
     cached = out.split("Cached temperatures:\n", 1)[1].split("HAL Ready")[0]
     named = re.findall(r"mValue=(-?[0-9.]+), mType=\d, mName=([^,]+),", cached)
     assert named == [(f"{mc / 1000:.1f}", name) for name, mc in zones]
