@@ -5,6 +5,7 @@ server, on a virtual phone with zram that really swaps."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,13 @@ def test_this_host_samples_the_engines_anon_and_file_memory_and_its_faults(tmp_p
     assert all(s.reclaim.pswpout is not None for s in out.samples)
 
 
+def dev_swap(p_root) -> str:
+    """The phone's own zram device (/dev/zramN), from what its daemon recorded."""
+    import json
+
+    return f"/dev/zram{json.loads((p_root / '.vphone' / 'zram.json').read_text())['num']}"
+
+
 @pytest.fixture
 def zram_ok():
     why = zram.available()
@@ -73,7 +81,14 @@ def test_a_swapping_phone_shows_vmswap_and_swap_out_through_adb(adb_server, make
     after = dev.state()
     assert out.exit_status == 0 and b"held" in out.stdout, (out.exit_status, out.stderr)
     m = reclaim.metrics([s.reclaim for s in out.samples], before.vmstat, after.vmstat)   # as the harness does
-    assert m["vm_swap_max_kb"] > 20 * 1024 and m["swap_out_kb"] > 20 * 1024, m
+    assert m["vm_swap_max_kb"] > 20 * 1024, m
+    # the phone's pswpout is its own zram device's; a swap device of anyone else (another zram
+    # phone) takes pages round-robin at the same priority, so the count is the phone's alone only
+    # when no other swap is in use (docs/virtual-phones.md)
+    others = [ln.split()[0] for ln in Path("/proc/swaps").read_text().splitlines()[1:]
+              if ln.split() and ln.split()[0] != dev_swap(p_root=phone.root)]
+    if not others:
+        assert m["swap_out_kb"] > 20 * 1024, m
     assert m.get("zram_used_max_kb") is not None or "/sys/block/zram*/mm_stat" in m["refused"]
     # what the phone's shell could not read is named, and its own vmstat always is readable
     assert set(m["refused"]) <= set(reclaim.SOURCES) and "/proc/vmstat" not in m["refused"]
