@@ -131,7 +131,8 @@ def test_nothing_is_left_after_down_or_after_a_killed_daemon(adb_server, phone_h
         # the killed daemon's device is gone (its number may be reused, by this phone or another's)
         assert _owned(root) == {second} and second in _swaps()
     finally:
-        manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+        # only this phone: phone_home is the session's, where phones["a"…"c"] live for later tests
+        manager.down("leak", home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
     assert _owned(root) == set()
     assert second not in _swaps() or second in _owned_by_others(root)   # swapoff'd, unless reused since
     assert _phone_cgroups(leaf) == []
