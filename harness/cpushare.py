@@ -156,6 +156,10 @@ def host_engines() -> list[EngineProcess]:
                 psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED, psutil.STATUS_DEAD):
             continue
         argv = tuple(info.get("cmdline") or ())
+        if not argv:
+            # an exiting process (its memory, and so its cmdline, already gone) or one mid-exec:
+            # it cannot be told from this campaign's own engine, and it is about to run no more
+            continue
         affinity = info.get("cpu_affinity")
         out.append(EngineProcess(info["pid"], info["name"], engine_threads(info["name"], argv), argv,
                                  frozenset(affinity) if affinity else None))
