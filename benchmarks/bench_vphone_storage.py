@@ -2,21 +2,17 @@
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_storage.py [--limit 200] [--tokens 8]
 
-Starts its own adb server and two virtual phones: one with `--storage-mbps LIMIT` (a blkio read
-throttle on the disk under its /data), one without. Writes a ~96 MiB synthetic qwen3moe (uniform
-routing) and runs it at --cache-mb 0 (every token streams its experts from flash) with bmoe-cli
-(O_DIRECT, as it runs on a phone) and bmoe-py (skipped without BMOE_CLI: bmoe-py only), -t 1, on
-both phones one after the other. Per engine and phone it prints the engine's own flash rate
-(its summary's read_MiB / io_s), read_MiB over the run's wall, and for the throttled phone what
-its blkio group counted (blkio.throttle.io_service_bytes Read) against the limit.
-
-First it probes each phone's flash at the engine's timescale: a child process joined to the
-phone's blkio group reads bursts of BURST MiB (O_DIRECT, 1 MiB preads, as bmoe-cli's lanes do)
-from a file in the phone's /data, idle IDLE ms between bursts, and prints the rate within a burst
-and over the wall. bmoe-cli's io_s is the wall its eval thread waits on each layer's reads (the
-serial path), so the in-burst rate is the one its summary reports. v1 blk-throttle is a budget
-that idle time earns (about limit x idle, up to ~15 MiB here): the rate over the wall holds, the
-rate within a burst after compute does not (docs/decisions.md, issue 24 item 4).
+Starts its own adb server and three virtual phones: one at `--storage-mbps LIMIT`, one at the
+Redmi Note 12 profile's UFS 2.2 rate (1000 MiB/s) and one without a limit. A paced /data
+(devices/virtual/pacedfs.py) serves each read at its bytes over the rate, on a clock idle time
+does not advance. First a reader inside each phone (its own shell, its own namespace) reads a
+64 MiB file of the phone's /data O_DIRECT in 1 MiB preads, as bmoe-cli's lanes do: back to back,
+and in bursts of BURST MiB after IDLE ms of idle (where a v1 blk-throttle let bursts run at the
+disk's rate), and prints the rate within a burst. Then each engine (bmoe-cli -t 1 when BMOE_CLI
+is set, bmoe-py -t 1) runs two synthetic models at --cache-mb 0 (every token streams its experts
+from flash): the I/O-bound ~96 MiB one (2 ms of compute per token) and one that computes between
+reads (hidden 1024, vocab 262144: ~26 ms per token), and prints its own flash rate (summary
+read_MiB / io_s, what the run table shows) and read_MiB over the run's wall, against the limit.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import argparse
 import io
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -44,14 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def blkio_read_bytes(home: Path, name: str) -> int:
-    group = blkio_group(home, name)
-    if group is None:
-        return 0
-    return sum(int(line.split()[2]) for line in (group / "blkio.throttle.io_service_bytes").read_text().splitlines()
-               if len(line.split()) == 3 and line.split()[1] == "Read")
 
 
 PROBE = """
@@ -80,80 +69,84 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def blkio_group(home: Path, name: str) -> Path | None:
-    state = json.loads((home / name / ".vphone/state.json").read_text())
-    for path in (state.get("cgroup") or {}).get("extra") or ():
-        if Path(path, "blkio.throttle.io_service_bytes").exists():
-            return Path(path)
-    return None
-
-
-def probe(group: Path | None, path: Path, burst_mib: float, idle_ms: float, n: int) -> tuple[float, float]:
-    """(median MiB/s within a burst, MiB/s over the wall) of the paced reader, in the phone's blkio group."""
-    def join() -> None:
-        if group is not None:
-            Path(group, "cgroup.procs").write_text(str(os.getpid()))
-    out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(burst_mib), str(idle_ms), str(n)],
-                         capture_output=True, text=True, timeout=300, preexec_fn=join, check=True).stdout.split()
+def probe(serial: str, port: int, path: str, burst_mib: float, idle_ms: float, n: int) -> tuple[float, float]:
+    """(median MiB/s within a burst, MiB/s over the wall) of the paced reader, run by the phone's shell."""
+    out = subprocess.run([adb_binary(), "-P", str(port), "-s", serial, "shell",
+                          " ".join(shlex.quote(a) for a in (sys.executable, "-c", PROBE, path, str(burst_mib),
+                                                             str(idle_ms), str(n)))],
+                         capture_output=True, text=True, timeout=300, check=True).stdout.split()
     return float(out[0]), float(out[1])
+
+
+MODELS = {  # name: synth options (uniform routing: every token reads its experts)
+    "io-bound 96 MiB": dict(size_bytes=96 << 20),
+    "computing 1.1 GiB": dict(layers=4, experts=16, top_k=4, hidden=1024, vocab=262144),
+}
+UFS22_MIBS = 1000    # devices/virtual/profiles.py: the Redmi Note 12's UFS 2.2
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--limit", type=int, default=200, help="MiB/s of the throttled phone")
+    ap.add_argument("--limit", type=int, default=200, help="MiB/s of the slow phone")
     ap.add_argument("--tokens", type=int, default=8)
     args = ap.parse_args()
     cli = os.environ.get("BMOE_CLI", "")
     engines = ([("bmoe-cli", {"kind": "native", "native": {"host": {"cli": cli}}})] if cli else []) + [
         ("bmoe-py", {"kind": "python"})]
-    with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-storage-", dir="/var/tmp") as tmp:
         work = Path(tmp)
-        model = work / "uniform96.gguf"
-        write_model(model, synth_options("qwen3moe", size_bytes=96 << 20, seed=1, router_skew=0))
+        models = {}
+        for label, opts in MODELS.items():
+            models[label] = work / f"{len(models)}.gguf"
+            write_model(models[label], synth_options("qwen3moe", seed=1, router_skew=0, **opts))
         server = AdbServer("127.0.0.1", free_port())
         port = server.port
         ensure_server(server)
         home = work / "phones"
-        phones = {"throttled": args.limit, "free": 0}
+        phones = {"slow": args.limit, "ufs22": UFS22_MIBS, "free": 0}
+        serials = {}
         try:
             for name, mbps in phones.items():
-                manager.up(name, 512 << 20, home=home, adb_host="127.0.0.1", adb_port=port, storage_mbps=mbps)
-            print(f"load {loadavg()}; limit {args.limit} MiB/s")
+                serials[name] = manager.up(name, 2 << 30, home=home, adb_host="127.0.0.1", adb_port=port,
+                                           storage_mbps=mbps)
+            print(f"load {loadavg()}; limit {args.limit} MiB/s; nothing else of this project running")
             for name, mbps in phones.items():
-                target = home / name / "data" / "flash-probe.bin"
+                target = home / name / "data" / "local" / "tmp" / "flash-probe.bin"
                 with open(target, "wb") as f:
                     f.write(os.urandom(64 << 20))
-                group = blkio_group(home, name)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
                 for burst_mib, idle_ms, n in PROBE_CASES:
-                    inside, over_wall = probe(group, target, burst_mib, idle_ms, n)
-                    print(f"probe    {name:<9} limit {f'{mbps} MiB/s' if mbps else 'none':<10} bursts of {burst_mib:>2} MiB, "
-                          f"idle {idle_ms:>3} ms: {inside:5.0f} MiB/s within a burst, {over_wall:5.0f} MiB/s over the wall")
+                    inside, over_wall = probe(serials[name], port, "/data/local/tmp/flash-probe.bin", burst_mib,
+                                              idle_ms, n)
+                    print(f"probe    {name:<6} limit {f'{mbps} MiB/s' if mbps else 'none':<10} bursts of {burst_mib:>2} "
+                          f"MiB, idle {idle_ms:>3} ms: {inside:5.0f} MiB/s within a burst, {over_wall:5.0f} MiB/s "
+                          "over the wall")
                 target.unlink()
-            print(f"load {loadavg()}; model {model.stat().st_size >> 20} MiB; "
-                  f"cache 0; {args.tokens} tokens; -t 1")
-            for label, engine in engines:
-                for name, mbps in phones.items():
-                    before = blkio_read_bytes(home, name)
-                    data = {"version": 1, "name": f"{label}-{name}",
-                            "fleet": {"devices": [f"virtual:{name}"], "virtual_home": str(home),
-                                      "adb": [{"host": "127.0.0.1", "port": port}]},
-                            "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [0]},
-                            "run": {"n_predict": args.tokens, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
-                    out = work / f"{label}-{name}"
-                    run_campaign(parse_campaign(data, source="bench.toml"), out, progress_stream=io.StringIO())
-                    (rec_path,) = list(out.glob("runs/*/*/run.json"))
-                    rec = json.loads(rec_path.read_text())
-                    s = rec.get("summary") or {}
-                    read_mib, io_s, wall = s.get("read_MiB"), s.get("io_s"), rec.get("wall_s")
-                    own = read_mib / io_s if read_mib and io_s else float("nan")
-                    over_wall = read_mib / wall if read_mib and wall else float("nan")
-                    counted = (blkio_read_bytes(home, name) - before) / (1 << 20)
-                    limit = f"{mbps} MiB/s" if mbps else "none"
-                    extra = (f", blkio counted {counted:.0f} MiB = {counted / wall:.0f} MiB/s over the wall"
-                             if mbps and wall else "")
-                    print(f"{label:<8} {name:<9} limit {limit:<10} {rec['outcome']:<4} read {read_mib} MiB in io "
-                          f"{io_s} s: {own:.0f} MiB/s (its own), {over_wall:.0f} MiB/s over wall {wall:.1f} s"
-                          f"{'' if not mbps else f'; ratio to limit {own / mbps:.2f}'}{extra}")
+            print(f"load {loadavg()}; cache 0; {args.tokens} tokens; -t 1")
+            for mlabel, model in models.items():
+                for label, engine in engines:
+                    for name, mbps in phones.items():
+                        data = {"version": 1, "name": f"{label}-{name}",
+                                "fleet": {"devices": [f"virtual:{name}"], "virtual_home": str(home),
+                                          "adb": [{"host": "127.0.0.1", "port": port}]},
+                                "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [0]},
+                                "run": {"n_predict": args.tokens, "threads": 1, "retries": 0},
+                                "gate": {"max_wait_s": 2}}
+                        out = work / f"{label}-{name}-{model.stem}"
+                        run_campaign(parse_campaign(data, source="bench.toml"), out, progress_stream=io.StringIO())
+                        (rec_path,) = list(out.glob("runs/*/*/run.json"))
+                        rec = json.loads(rec_path.read_text())
+                        s = rec.get("summary") or {}
+                        read_mib, io_s, wall = s.get("read_MiB"), s.get("io_s"), rec.get("wall_s")
+                        own = read_mib / io_s if read_mib and io_s else float("nan")
+                        over_wall = read_mib / wall if read_mib and wall else float("nan")
+                        limit = f"{mbps} MiB/s" if mbps else "none"
+                        print(f"{mlabel:<17} {label:<8} {name:<6} limit {limit:<10} {rec['outcome']:<4} read "
+                              f"{read_mib} MiB in io {io_s} s: {own:.0f} MiB/s (its own), {over_wall:.0f} MiB/s over "
+                              f"wall {wall:.1f} s{'' if not mbps else f'; ratio to limit {own / mbps:.2f}'}")
+            print(f"load {loadavg()}")
         finally:
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
             subprocess.run([adb_binary(), "-P", str(port), "kill-server"], capture_output=True)

@@ -31,7 +31,7 @@ def virtual() -> None:
 @click.option("--zram-algorithm", help="zram's compressor (default lz4, as on Android).")
 @click.option("--swappiness", type=int, help="The phone's swappiness (default 100, Android's).")
 @click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
-@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, a blkio throttle (default: none).")
+@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, every read paced (default: none).")
 @click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
                                 "pixel8, galaxy-s24, redmi-note12, galaxy-a05; flags given override them.")
 @click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")

@@ -112,7 +112,7 @@ class MemoryCgroup:
         self.version = version
         self.path = path
         self.cpu_path = cpu_path
-        self.extra: list[Path] = []   # the phone's cpuset and blkio groups (cpuinfo.py), joined and removed alike
+        self.extra: list[Path] = []   # the phone's cpuset group (cpuinfo.py), joined and removed alike
 
     # -- creation ---------------------------------------------------------------------------
     @classmethod

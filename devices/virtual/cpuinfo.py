@@ -1,4 +1,4 @@
-"""A virtual phone's own cores and flash: a cpuset and a blkio read throttle, and the files that show them.
+"""A virtual phone's own cores: a cpuset, and the files that show them.
 
 Cores (`--cpus N`): a cpuset cgroup `<cpuset mount>/<own>/bmoe-vphone-NAME-XXXXXX` whose cpuset.cpus
 are N of this host's cores, picked by `allocate` so that phones share no core while the host has
@@ -7,13 +7,7 @@ it (the memory cgroup's procs files list it), so sched_getaffinity, hence `nproc
 phone's `/sys/devices/system/cpu/online` and `/proc/cpuinfo` are generated for those N cores
 (host numbering: the kernel schedules it on cpu 1, so it says cpu 1) and bound over the host's.
 
-Flash (`--storage-mbps R`): a blkio cgroup with `blkio.throttle.read_bps_device` = R MiB/s on the
-whole disk under the phone's folder (`/data`). v1 blk-throttle limits the bios a group submits:
-O_DIRECT reads and page-cache misses (readahead, faults of mmap'd files) alike, but a read served
-from the page cache reaches no disk and is not throttled, as on a phone whose page cache holds
-the file. The limit is a budget over time, not a per-read service rate: idle time earns credit
-(about R x idle, up to ~15 MiB measured), so a burst after compute runs at the host disk's rate
-(docs/virtual-phones.md, "Cores and storage").
+Flash (`--storage-mbps R`) is pacedfs.py's.
 """
 
 from __future__ import annotations
@@ -27,11 +21,10 @@ from .cgroup import PREFIX, _mounts, _own_path
 
 ONLINE_PATH = Path("sys/devices/system/cpu/online")   # under the phone's root
 CPUINFO_PATH = Path("proc/cpuinfo")
-MIB = 1 << 20
 
 
 class ResourceUnavailable(Exception):
-    """A cpuset or blkio cgroup cannot be made here (one line why)."""
+    """A cpuset cgroup cannot be made here (one line why)."""
 
 
 def parse_list(text: str) -> list[int]:
@@ -100,32 +93,6 @@ def make_cpuset(leaf: str, cpus: list[int]) -> Path:
         _write(path / "cpuset.cpus", format_list(cpus))
     except OSError as e:
         raise ResourceUnavailable(f"cpuset cgroup not usable: {e}") from None
-    return path
-
-
-def whole_disk(path: Path) -> str:
-    """MAJ:MIN of the whole disk holding path (blk-throttle rules name disks, not partitions)."""
-    dev = os.stat(path).st_dev
-    majmin = f"{os.major(dev)}:{os.minor(dev)}"
-    sysdev = Path("/sys/dev/block", majmin)
-    if not sysdev.exists():
-        raise ResourceUnavailable(f"{path} is on no block device ({majmin}: a tmpfs or overlay?)")
-    if (sysdev / "partition").exists():
-        majmin = (sysdev.resolve().parent / "dev").read_text().strip()
-    return majmin
-
-
-def make_blkio(leaf: str, data_dir: Path, mbps: int) -> Path:
-    base = _hierarchy("blkio")
-    if base is None:
-        raise ResourceUnavailable("no blkio cgroup hierarchy is mounted")
-    disk = whole_disk(data_dir)
-    path = base / leaf
-    try:
-        path.mkdir(exist_ok=True)
-        _write(path / "blkio.throttle.read_bps_device", f"{disk} {mbps * MIB}")
-    except OSError as e:
-        raise ResourceUnavailable(f"blkio throttle not usable on {disk}: {e}") from None
     return path
 
 

@@ -117,7 +117,7 @@ class PhoneSpec:
     zram_algorithm: str = "lz4"    # its comp_algorithm, Android's default
     swappiness: int = 100          # its memory cgroup's swappiness where it has zram (Android's vm.swappiness)
     cpus: int = 0                  # cores of its own (a cpuset); 0: every core of the host, shared
-    storage_mbps: int = 0          # blkio read throttle on the device under its /data, MiB/s (0: none)
+    storage_mbps: int = 0          # its /data paced at this read rate, MiB/s (pacedfs.py; 0: none)
     profile: str = ""              # the real phone its figures came from (profiles.py), "" for none
 
     @property

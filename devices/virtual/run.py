@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine.fsutil import atomic_write
 
-from . import apps, cpuinfo, logbuf, namespace, shellsvc, syncsvc, zram
+from . import apps, cpuinfo, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
 from .adbd import Banner, Connection, Daemon, Service, Stream
 from .cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
 from .lmkd import Lmkd
@@ -79,14 +79,16 @@ class SetupError(Exception):
 
 
 def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryCgroup | None, int | None,
-                                                                          zram.Zram | None]:
-    """The memory cgroup (with the phone's cpuset and blkio groups), its zram device and the phone's
-    mount namespace (a file descriptor of it), each None where unavailable (said once on stderr).
+                                                                          zram.Zram | None, pacedfs.Flash | None]:
+    """The memory cgroup (with the phone's cpuset group), its zram device, the phone's mount
+    namespace (a file descriptor of it) and its paced flash (pacedfs.py, with --storage-mbps), each
+    None where unavailable (said once on stderr).
     What the phone asked for explicitly (zram, cores, a read rate) raises SetupError instead."""
     cgroup = None
     # what a daemon of this phone killed before its stop left, and any phone's orphaned zram device
     zram.reclaim(layout.internal)
     zram.reclaim_orphans()
+    pacedfs.reclaim(layout.internal)
     if not spec.isolated:
         if spec.zram_bytes or spec.cpus or spec.storage_mbps:
             raise SetupError("zram, --cpus and --storage-mbps need isolation (cgroups)")
@@ -94,7 +96,7 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
                              f"{spec.ram_bytes} bytes), no mount namespace (commands run as this user and "
                              f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp}) and "
                              "no network namespace (they reach the host's loopback)")
-        return None, None, None
+        return None, None, None, None
     z = None
     if spec.zram_bytes:
         try:
@@ -119,8 +121,6 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
                 cpus = cpuinfo.allocate(spec.cpus, leaf)
                 cgroup.extra.append(cpuinfo.make_cpuset(leaf, cpus))
             cpuinfo.write(layout.root, cpus)
-            if spec.storage_mbps:
-                cgroup.extra.append(cpuinfo.make_blkio(leaf, layout.root / "data", spec.storage_mbps))
         except (cpuinfo.ResourceUnavailable, OSError) as e:
             cgroup.remove()
             _remove_zram(layout, z)
@@ -131,9 +131,25 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
         if missing:
             _warn_once(warnings, "not overlaid (missing on this host): " + ", ".join(missing))
     except (namespace.NamespaceUnavailable, OSError) as e:
+        if spec.storage_mbps:
+            _remove_all(layout, cgroup, z)
+            raise SetupError(f"--storage-mbps needs the phone's mount namespace ({e})") from None
         _warn_once(warnings, f"mount namespace unavailable ({e}); commands run as this user, see the host's "
                              f"filesystem and the phone's /data/local/tmp is {layout.data_tmp}")
-    return cgroup, ns_fd, z
+    flash = None
+    if spec.storage_mbps and ns_fd is not None:
+        try:
+            flash = pacedfs.Flash.start(layout.root / "data", ns_fd, spec.storage_mbps, layout.internal)
+        except pacedfs.FlashUnavailable as e:
+            _remove_all(layout, cgroup, z)
+            raise SetupError(f"--storage-mbps {spec.storage_mbps}: {e}") from None
+    return cgroup, ns_fd, z, flash
+
+
+def _remove_all(layout: Layout, cgroup: MemoryCgroup | None, z: zram.Zram | None) -> None:
+    if cgroup is not None:
+        cgroup.remove()
+    _remove_zram(layout, z)
 
 
 def _remove_zram(layout: Layout, z: zram.Zram | None) -> None:
@@ -277,31 +293,35 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     warnings: list[str] = []
     try:
-        cgroup, ns_fd, z = setup(spec, layout, warnings)
+        cgroup, ns_fd, z, flash = setup(spec, layout, warnings)
     except SetupError as e:
         print(f"vphone: {e}", file=sys.stderr)
         return 1
-    ballast = None
-    if z is not None and cgroup is not None:
+    try:
+        ballast = None
+        if z is not None and cgroup is not None:
+            try:
+                ballast = charge_zram(spec, cgroup)
+            except OSError as e:
+                print(f"vphone: --zram: its use cannot be charged to the RAM: {e}", file=sys.stderr)
+                cgroup.remove()
+                _remove_zram(layout, z)
+                return 1
+        net_fd = network(spec, warnings)
+        install_tools(layout, ns_fd is not None)
         try:
-            ballast = charge_zram(spec, cgroup)
+            asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast))
         except OSError as e:
-            print(f"vphone: --zram: its use cannot be charged to the RAM: {e}", file=sys.stderr)
-            cgroup.remove()
+            print(f"vphone: {e}", file=sys.stderr)
+            if ballast is not None:
+                ballast.stop()
+            if cgroup is not None:
+                cgroup.remove()
             _remove_zram(layout, z)
             return 1
-    net_fd = network(spec, warnings)
-    install_tools(layout, ns_fd is not None)
-    try:
-        asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast))
-    except OSError as e:
-        print(f"vphone: {e}", file=sys.stderr)
-        if ballast is not None:
-            ballast.stop()
-        if cgroup is not None:
-            cgroup.remove()
-        _remove_zram(layout, z)
-        return 1
+    finally:
+        if flash is not None:
+            flash.stop()
     return 0
 
 

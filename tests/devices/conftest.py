@@ -99,3 +99,11 @@ def phones(adb_server, phone_home) -> dict[str, Phone]:
         manager.down(all_phones=True, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
         leftovers = [p for p in cgroup_paths if Path(p).exists()]
         assert not leftovers, f"cgroups left behind: {leftovers}"
+
+
+@pytest.fixture(params=["bmoe-py", "bmoe-cli"])
+def engine(request) -> dict:
+    """A campaign's engine table, once for bmoe-py and once for the real bmoe-cli (BMOE_CLI)."""
+    if request.param == "bmoe-cli":
+        return {"kind": "native", "native": {"host": {"cli": str(request.getfixturevalue("bmoe_cli"))}}}
+    return {"kind": "python"}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from devices.virtual import cgroup as cgroups
-from devices.virtual import manager, zram
+from devices.virtual import manager, pacedfs, zram
 from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.cpushare import CPU_SCRIPT, parse_cpu_report
@@ -121,11 +121,13 @@ def test_nothing_is_left_after_down_or_after_a_killed_daemon(adb_server, phone_h
         state = json.loads((root / ".vphone/state.json").read_text())
         first = state["zram"]["device"]
         assert _owned(root) == {first} and first in _swaps()
-        assert len(_phone_cgroups(leaf)) == 4                           # memory, cpuacct, cpuset, blkio
+        assert len(_phone_cgroups(leaf)) == 3                           # memory, cpuacct, cpuset
+        flash_pid = int((root / ".vphone" / pacedfs.PID_FILE).read_text())   # its paced /data's server
         os.kill(state["pid"], signal.SIGKILL)                           # no stop: all of it is left
         while manager.info("leak", phone_home).running:
             time.sleep(0.05)
         assert _owned(root) == {first} and first in _swaps()
+        assert not _alive(flash_pid), "the flash server outlived its daemon"
         manager.up("leak", 64 * MIB, **kw)                              # the next up reclaims it
         second = json.loads((root / ".vphone/state.json").read_text())["zram"]["device"]
         # the killed daemon's device is gone (its number may be reused, by this phone or another's)
@@ -137,6 +139,13 @@ def test_nothing_is_left_after_down_or_after_a_killed_daemon(adb_server, phone_h
     assert second not in _swaps() or second in _owned_by_others(root)   # swapoff'd, unless reused since
     assert _phone_cgroups(leaf) == []
     assert not (root / ".vphone/zram.json").exists()
+
+
+def _alive(pid: int, wait_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return Path(f"/proc/{pid}").exists()
 
 
 def _owned_by_others(root: Path) -> set[str]:

@@ -14,6 +14,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 MIB = 1 << 20
 FILE_MIB = 32
 
@@ -25,8 +27,10 @@ def _cache_bytes(root: Path) -> int:
     return int(stat["total_cache"])
 
 
-def test_a_pushed_file_is_charged_to_the_phone_that_reads_it(adb_server, make_phone, tmp_path):
-    phone = make_phone("pagecache", 128 * MIB)
+@pytest.mark.parametrize("storage_mbps", [0, 400], ids=["data", "paced-data"])
+def test_a_pushed_file_is_charged_to_the_phone_that_reads_it(adb_server, make_phone, tmp_path, storage_mbps):
+    # on a paced /data (pacedfs.py) the pages are its FUSE inode's, charged to the reader as well
+    phone = make_phone("pagecache", 128 * MIB, storage_mbps=storage_mbps)
     src = tmp_path / "blob.bin"
     src.write_bytes(os.urandom(FILE_MIB * MIB))      # cached on the host, charged to this test
     before = _cache_bytes(phone.root)

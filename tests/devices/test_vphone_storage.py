@@ -1,50 +1,162 @@
 """A virtual phone's flash read rate (issue 24 item 4, `--storage-mbps`), through the real adb server.
 
-A file in the phone's /data that is not in the page cache, read by the phone's own shell (`cat`,
-buffered: readahead misses reach the disk as bios of the phone's blkio group), takes at least its
-size over the limit, less the one slice of credit a fresh group starts with; the group counts the
-bytes. What the limit does not do (a burst after idle time runs at the disk's speed) is measured in
-benchmarks/bench_vphone_storage.py, not asserted here.
+The phone's /data is a paced FUSE file system (devices/virtual/pacedfs.py): each read leaves at its
+bytes over the rate, on a clock that idle time does not advance. The bound asserted is the issue's
+own ("at most 210 MiB/s at 200"): a rate over the limit is what a broken pacer (or v1 blk-throttle's
+credit for idle time, 349 MiB/s by bmoe-cli's own figure) shows; a loaded host only lowers it.
+How close to the limit it comes is measured in benchmarks/bench_vphone_storage.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import signal
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from devices.virtual import manager, pacedfs
+from engine.synth import synth_options, write_model
+from harness.campaign_file import parse_campaign
+from harness.runner import run_campaign
+
 MIB = 1 << 20
-LIMIT_MIBS = 20
-FILE_MIB = 30        # 1.5 s at the limit; ~0.1 s at this host's disk rate
+LIMIT_MIBS = 200
+BOUND_MIBS = 210            # the issue's bound at --storage-mbps 200
+NO_FUSE = pacedfs.available()
+needs_fuse = pytest.mark.skipif(NO_FUSE is not None, reason=f"no FUSE on this host: {NO_FUSE}")
+pytestmark = needs_fuse
+
+# a reader inside the phone: O_DIRECT 1 MiB preads (bmoe-cli's lanes), bursts after idle
+BURSTS = r"""
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
+buf, off, rates = mmap.mmap(-1, 1 << 20), 0, []
+for _ in range(int(sys.argv[2])):
+    time.sleep(0.15)
+    t = time.monotonic()
+    for _ in range(4):
+        off += os.preadv(fd, [buf], off)
+    rates.append(4 / (time.monotonic() - t))
+print(max(rates))
+"""
 
 
-def _blkio_read_bytes(root: Path) -> int:
-    state = json.loads((root / ".vphone/state.json").read_text())
-    for path in state["cgroup"]["extra"]:
-        f = Path(path, "blkio.throttle.io_service_bytes")
-        if f.exists():
-            return sum(int(line.split()[2]) for line in f.read_text().splitlines()
-                       if len(line.split()) == 3 and line.split()[1] == "Read")
-    raise AssertionError(f"no blkio group among {state['cgroup']['extra']}")
-
-
-def _uncached_file(path: Path, size_bytes: int) -> None:
+def _uncached_file(path: Path, size_bytes: int) -> bytes:
+    data = os.urandom(size_bytes)
     with open(path, "wb") as f:
-        f.write(os.urandom(size_bytes))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return data
 
 
-def test_a_throttled_phone_reads_its_flash_at_the_limit(adb_server, make_phone):
-    phone = make_phone("flash", 64 * MIB, storage_mbps=LIMIT_MIBS)
-    _uncached_file(phone.root / "data" / "blob.bin", FILE_MIB * MIB)
-    before = _blkio_read_bytes(phone.root)
-    # timed inside the phone: adb's own start-up is not the flash's
-    out = adb_server.run("-s", phone.serial, "shell",
-                         "a=$(date +%s%N); cat /data/blob.bin > /dev/null; b=$(date +%s%N); echo $((b - a))")
-    elapsed_s = int(out.stdout.decode().split()[-1]) / 1e9
-    counted_mib = (_blkio_read_bytes(phone.root) - before) / MIB
-    assert counted_mib >= FILE_MIB * 0.95, counted_mib          # the reads went through the phone's group
-    # at least the size over the limit, less a fresh group's first slice (100 ms here: 2 MiB)
-    assert elapsed_s >= (FILE_MIB - 0.1 * LIMIT_MIBS * 2) / LIMIT_MIBS, elapsed_s
+def _sh(adb_server, phone, command: str) -> str:
+    out = adb_server.run("-s", phone.serial, "shell", command)
+    return out.stdout.decode()
+
+
+def _our_mounts(phone: str) -> list[str]:
+    """Every process's mount of `phone`'s paced /data, as mountinfo names it."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                text = Path("/proc", pid, "mountinfo").read_text()
+            except OSError:
+                continue
+            found += [f"{pid}: {line}" for line in text.splitlines() if f" {pacedfs.FS_NAME}:{phone} " in line]
+    return found
+
+
+@pytest.fixture(scope="module")
+def computing_model(tmp_path_factory) -> Path:
+    # compute between reads (a wide vocabulary and hidden size), as the model where blk-throttle's
+    # credit for idle time showed (26 ms a token there); tens of MiB here
+    path = tmp_path_factory.mktemp("flash-models") / "computing.gguf"
+    write_model(path, synth_options("qwen3moe", layers=4, experts=16, top_k=4, hidden=1024, vocab=32768,
+                                    seed=1, router_skew=0))
+    return path
+
+
+def test_a_paced_phone_reads_no_burst_past_its_rate(adb_server, make_phone):
+    phone = make_phone("flash", 128 * MIB, storage_mbps=LIMIT_MIBS)
+    data = _uncached_file(phone.root / "data" / "local" / "tmp" / "blob.bin", 24 * MIB)
+    assert f"fuse.{pacedfs.FS_NAME}" in _sh(adb_server, phone, "grep ' /data ' /proc/self/mountinfo")
+    # what the phone reads is the file
+    assert _sh(adb_server, phone, "sha256sum /data/local/tmp/blob.bin").split()[0] == hashlib.sha256(data).hexdigest()
+    (phone.root / "data" / "local" / "tmp" / "bursts.py").write_text(BURSTS)
+    fastest = float(_sh(adb_server, phone, f"{sys.executable} /data/local/tmp/bursts.py /data/local/tmp/blob.bin 5"))
+    assert fastest <= BOUND_MIBS, fastest      # blk-throttle let such bursts through at 700+ MiB/s
+
+
+def test_without_a_rate_data_is_the_phones_folder(adb_server, make_phone):
+    phone = make_phone("noflash", 128 * MIB)
+    assert "fuse" not in _sh(adb_server, phone, "grep ' /data ' /proc/self/mountinfo")
+
+
+def test_a_paced_data_takes_what_a_phones_data_takes(tmp_path, adb_server, make_phone):
+    phone = make_phone("flashrw", 128 * MIB, storage_mbps=LIMIT_MIBS)
+    src = tmp_path / "pushed.bin"
+    src.write_bytes(os.urandom(3 * MIB + 123))
+    adb_server.run("-s", phone.serial, "push", str(src), "/data/local/tmp/pushed.bin")
+    out = _sh(adb_server, phone, "cd /data/local/tmp && sha256sum pushed.bin && mkdir d && echo hi > d/a && "
+                                 "mv d/a d/b && chmod 600 d/b && ls -l d && cat d/b && ln -s b d/c && cat d/c && "
+                                 "truncate -s 1 d/b && wc -c < d/b && rm -r d && ls")
+    assert hashlib.sha256(src.read_bytes()).hexdigest() in out
+    assert "-rw------- 1 shell shell" in out and "hi\nhi\n1\npushed.bin" in out, out
+    adb_server.run("-s", phone.serial, "pull", "/data/local/tmp/pushed.bin", str(tmp_path / "pulled.bin"))
+    assert (tmp_path / "pulled.bin").read_bytes() == src.read_bytes()
+    # the kernel checks the shell user's rights (default_permissions): /data itself is root's
+    assert "rc=0" not in _sh(adb_server, phone, "echo x > /data/x 2>/dev/null; echo rc=$?")
+    assert not (phone.root / "data" / "x").exists()
+
+
+def test_the_engines_own_flash_rate_is_at_most_the_limit(tmp_path, adb_server, make_phone, phone_home,
+                                                         computing_model, engine):
+    phone = make_phone("flashrun", 512 * MIB, storage_mbps=LIMIT_MIBS)
+    data = {"version": 1, "name": "flash",
+            "fleet": {"devices": [f"virtual:{phone.name}"], "virtual_home": str(phone_home),
+                      "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
+            "models": {"bank": str(computing_model)}, "engine": engine, "axes": {"cache_mb": [0]},
+            "run": {"n_predict": 8, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
+    run_campaign(parse_campaign(data, source="flash.toml"), tmp_path / "c", progress_stream=io.StringIO())
+    (path,) = list((tmp_path / "c").glob("runs/*/*/run.json"))
+    rec = json.loads(path.read_text())
+    s = rec["summary"]
+    assert rec["outcome"] == "ok", rec.get("evidence")
+    assert s["read_MiB"] > 20, s                            # it streamed its experts from the paced flash
+    rate = s["read_MiB"] / s["io_s"]                        # the engine's own figure (its moe-stream: line)
+    assert rate <= BOUND_MIBS, (rate, s)
+
+
+def test_a_killed_daemon_leaves_no_mount_and_the_next_up_works(adb_server, phone_home):
+    name = "flashkill"
+    serial = manager.up(name, 128 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port,
+                        storage_mbps=LIMIT_MIBS)
+    try:
+        state = json.loads((phone_home / name / ".vphone/state.json").read_text())
+        server_pid = int((phone_home / name / ".vphone" / pacedfs.PID_FILE).read_text())
+        assert len(_our_mounts(name)) >= 1                      # in the phone's namespace (its daemon's view)
+        os.kill(state["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{server_pid}").exists(), "the flash server outlived its daemon"
+        serial = manager.up(name, 128 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port,
+                            storage_mbps=LIMIT_MIBS)
+        out = adb_server.run("-s", serial, "shell", "echo ok > /data/local/tmp/f && cat /data/local/tmp/f")
+        assert out.stdout.decode() == "ok\n"
+        assert len(_our_mounts(name)) >= 1
+    finally:
+        manager.down(name, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+    deadline = time.monotonic() + 10
+    while _our_mounts(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _our_mounts(name) == []

@@ -56,13 +56,6 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(params=["bmoe-py", "bmoe-cli"])
-def engine(request) -> dict:
-    if request.param == "bmoe-cli":
-        return {"kind": "native", "native": {"host": {"cli": str(request.getfixturevalue("bmoe_cli"))}}}
-    return {"kind": "python"}
-
-
 class SwapWatch:
     """The peak VmSwap (kB) of the phone's engine and apps (uid 10100+) during a run, read in this
     host's /proc (the phone's kernel is this host's), at 5 Hz."""
