@@ -37,7 +37,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -46,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from devices.adb import AdbServer, adb_binary, ensure_server
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager
-from devices.virtual.apps import FIRST_APP_UID
+from devices.virtual.swapwatch import SwapWatch
 from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
@@ -59,52 +58,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class SwapWatch:
-    """The peak VmSwap (kB) of the phone's engine and of its apps (uid 10100+) while a run goes
-    (read in this host's /proc: the phone's kernel is this host's)."""
-
-    def __init__(self, cgroup_path: str):
-        self.procs = Path(cgroup_path, "cgroup.procs")
-        self.peak_kb: dict[str, int] = {}
-        self.engine_own_kb = 0   # the engine's own anonymous memory, resident or swapped (peak)
-        self.engine_majflt = 0   # the engine's major faults at the last sample (/proc/PID/stat field 12)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.2):
-            try:
-                pids = self.procs.read_text().split()
-            except OSError:
-                continue
-            for pid in pids:
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                except OSError:
-                    continue
-                f = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-                kb = int(f.get("VmSwap", "0 kB").split()[0])
-                role = "app" if int(f.get("Uid", "0").split()[0]) >= FIRST_APP_UID else "engine"
-                self.peak_kb[role] = max(self.peak_kb.get(role, 0), kb)
-                if role == "engine":
-                    own = int(f.get("RssAnon", "0 kB").split()[0]) + kb
-                    self.engine_own_kb = max(self.engine_own_kb, own)
-                    try:
-                        if b"/bmoe/bmoe-" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                            stat = Path(f"/proc/{pid}/stat").read_text()
-                            self.engine_majflt = int(stat.rsplit(")", 1)[1].split()[9])
-                    except (OSError, IndexError, ValueError):
-                        pass
-
-    def __enter__(self) -> SwapWatch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def pswpout(port: int, serial: str) -> int:

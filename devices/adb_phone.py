@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from devices import reclaim
+from devices import reclaim, sections
 from devices.adb import TRANSPORT_ERRORS, AdbServer, default_server
 from devices.adbutils_import import AdbDevice, AdbError, AdbTimeout
 from devices.base import (
@@ -473,13 +473,14 @@ class AdbPhone:
             "case \"$t\" in cpu*) v=; IFS= read -r v <\"$z/temp\"; echo \"CPU=$v\";; esac; done; "
             + reclaim.command(pid), timeout_s
         )
-        head, _, _ = text.partition(reclaim.MARK)
+        parts = reclaim.split(text)
+        head = parts.get("", "")
         kb = parse_meminfo_kb(head)
         cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", head, re.MULTILINE)]
         if "VmRSS" not in kb:
             return None
         return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"), max(cpu) if cpu else None,
-                              reclaim=reclaim.parse(reclaim.split(text)))
+                              reclaim=reclaim.parse(parts))
 
     # ---- evidence -------------------------------------------------------------------------------
     def clock_offset_s(self) -> float:
@@ -607,17 +608,7 @@ def _at(timestamp: str | None, base_s: float) -> float | None:
 
 def _sections(text: str) -> dict[str, str]:
     """Split the state script's output at its @@BMOE markers."""
-    out: dict[str, str] = {}
-    current = ""
-    buf: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(_MARK) and line[len(_MARK):].isupper():
-            out[current] = "\n".join(buf)
-            current, buf = line[len(_MARK):], []
-        else:
-            buf.append(line)
-    out[current] = "\n".join(buf)
-    return out
+    return sections.split(text, _MARK)
 
 
 def list_phones(servers: Sequence[AdbServer]) -> list[AdbPhone]:

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from devices import sections
+
 MARK = "@@RECLAIM"
 VMSTAT_KEYS = ("pswpin", "pswpout", "pgmajfault", "allocstall", "pgsteal_direct", "workingset_refault")
 SOURCES = {  # each value of a Reclaim, by the file it comes from (refused() names these)
@@ -74,16 +76,8 @@ def command(pid: int) -> str:
 
 
 def split(text: str) -> dict[str, str]:
-    """`command`'s output by marker (what comes before the first marker is left out)."""
-    out: dict[str, str] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            current = line[len(MARK):].strip()
-            out[current] = ""
-        elif current is not None:
-            out[current] += line + "\n"
-    return out
+    """`command`'s output by marker ("": what came before the first)."""
+    return sections.split(text, MARK)
 
 
 def _kb(text: str, key: str) -> int | None:

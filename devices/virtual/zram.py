@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,8 +145,21 @@ class Zram:
                 break
             except OSError:
                 time.sleep(0.05)
-        with contextlib.suppress(OSError):
-            _write(CONTROL / "hot_remove", str(self.num))
+        # hot_remove answers EBUSY while anything holds the device open (udev's probe after the
+        # reset, a swapoff still settling): retry for up to 2 s, then keep its registry entry so the
+        # next start's reclaim_orphans removes it, and say so
+        for attempt in range(40):
+            try:
+                _write(CONTROL / "hot_remove", str(self.num))
+                break
+            except OSError as e:
+                if not self.sys.exists():
+                    break
+                if attempt == 39:
+                    print(f"vphone: {self.dev} not removed ({e.strerror}); the next start retries",
+                          file=sys.stderr, flush=True)
+                    return
+                time.sleep(0.05)
         (REGISTRY / f"zram{self.num}").unlink(missing_ok=True)
 
 

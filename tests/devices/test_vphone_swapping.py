@@ -21,17 +21,15 @@ not the app at the same adj 0, that a kill takes.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from devices.virtual import zram
-from devices.virtual.apps import FIRST_APP_UID
+from devices.virtual.swapwatch import SwapWatch
 from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
@@ -54,54 +52,6 @@ def model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("swap-models") / "uniform128.gguf"
     write_model(path, synth_options("qwen3moe", size_bytes=RAM, seed=1, router_skew=0))
     return path
-
-
-class SwapWatch:
-    """The peak VmSwap (kB) of the phone's engine and apps (uid 10100+) during a run, read in this
-    host's /proc (the phone's kernel is this host's), at 5 Hz."""
-
-    def __init__(self, cgroup_path: str):
-        self.procs = Path(cgroup_path, "cgroup.procs")
-        self.peak_kb = {"engine": 0, "app": 0}
-        self.engine_rss_file_kb: list[int] = []     # the engine's RssFile at each sample
-        self.engine_majflt = 0                      # its major faults at the last sample
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.2):
-            try:
-                pids = self.procs.read_text().split()
-            except OSError:
-                continue
-            for pid in pids:
-                try:
-                    f = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                             if ":" in line)
-                except OSError:
-                    continue
-                role = "app" if int(f.get("Uid", "0").split()[0]) >= FIRST_APP_UID else "engine"
-                self.peak_kb[role] = max(self.peak_kb[role], int(f.get("VmSwap", "0 kB").split()[0]))
-                if role == "engine" and self._is_engine(pid):
-                    self.engine_rss_file_kb.append(int(f.get("RssFile", "0 kB").split()[0]))
-                    with contextlib.suppress(OSError, IndexError, ValueError):
-                        stat = Path(f"/proc/{pid}/stat").read_text()
-                        self.engine_majflt = int(stat.rsplit(")", 1)[1].split()[9])   # field 12
-
-    @staticmethod
-    def _is_engine(pid: str) -> bool:
-        try:
-            return b"/bmoe/bmoe-" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-
-    def __enter__(self) -> SwapWatch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def pswpout(adb_server, phone) -> int:
