@@ -13,10 +13,11 @@ from threadpoolctl import threadpool_limits
 
 from . import __version__
 from .budget import ConfigError
-from .config import UsageExit, parse_args, print_usage_exit, validate_run
+from .config import RunConfig, UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
 from .safetext import printable
 from .session import Session
+from .session_protocol import serve
 from .telemetry import CsvSink, RouteTraceSink, csv_preamble, progress_lines
 
 ENGINE_NAME = f"bmoe-py-{__version__}"
@@ -93,6 +94,8 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
                 route_trace = RouteTraceSink(cfg.route_trace_path)
             except OSError:
                 _err(f"warning: could not open route trace {cfg.route_trace_path}")
+    if cfg.session:
+        return _serve(cfg, csv, route_trace)
     if cfg.prompt_tokens is None and not cfg.progress:
         _out(cfg.prompt.encode("utf-8", "surrogateescape"))
 
@@ -138,6 +141,20 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
         _out(b"\n\n")
     _out(("\n".join(result.summary.stdout_lines()) + "\n").encode())
     return 0
+
+
+def _serve(cfg: RunConfig, csv: CsvSink | None, route_trace: RouteTraceSink | None) -> int:
+    """--session: the line protocol (engine.session_protocol) on this process's stdin and stdout."""
+    try:
+        return serve(cfg, _out, _err, csv, route_trace, _preamble)
+    except ConfigError as e:
+        _err(f"config error: {e}")
+        return 1
+    finally:
+        if route_trace is not None:
+            route_trace.close()
+        if csv:
+            csv.close()
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from .errors import BmoeError
 DENSE_MODES = ("mmap", "warm", "anon", "ahwb")
 # bmoe-cli 0.19.0 flags bmoe-py does not implement: each is refused as an unknown flag would be.
 NOT_IMPLEMENTED = (
-    "--ubatch", "--chatml", "--no-think", "--session", "--compute-trace", "--compute-trace-layers",
+    "--ubatch", "--chatml", "--no-think", "--compute-trace", "--compute-trace-layers",
     "--io-trace", "--mtp", "--ngram", "--draft", "--mtp-p-min", "--ngram-min-match", "--load-all",
     "--overlap", "--io-two-wave", "--drop-cold-experts", "--drop-no-renorm", "--drop-in-prefill",
     "--route-ahead", "--predict-log", "--predict-prefetch", "--predict-spec-max",
@@ -73,6 +73,7 @@ class RunConfig:
     prefetch: int = 0
     prefetch_sync: bool = False     # debug/tests: each speculative read completes on issue
     progress: bool = False
+    session: bool = False           # --session: serve JSON requests from stdin (engine.session_protocol)
     no_mmap: bool = False           # resident runs: weights in anonymous memory, not a file map
     csv_path: str = ""
     route_trace_path: str = ""
@@ -94,6 +95,7 @@ USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
       --top-p F           nucleus cutoff in (0,1] when sampling (default 0.95)
       --seed N            RNG seed for sampling (default: random per run)
       --progress          emit machine telemetry (one JSON line per token)
+      --session           keep the model loaded and serve JSON prompt requests from stdin
       --csv PATH          also write per-token metrics as CSV (bmoe_metrics v2)
       --route-trace PATH  write the per-step per-layer MoE routing trace (needs --moe-stream)
   -h, --help              show this text and exit
@@ -134,7 +136,8 @@ _STR_FLAGS = {"-m": "model_path", "--model": "model_path", "-p": "prompt", "--pr
               "--csv": "csv_path", "--route-trace": "route_trace_path"}
 _BOOL_FLAGS = {"--moe-stream": ("moe_stream", True), "--force-cache": ("force_cache", True),
                "--no-mmap": ("no_mmap", True), "--prefetch-sync": ("prefetch_sync", True),
-               "--no-odirect": ("o_direct", False), "--progress": ("progress", True)}
+               "--no-odirect": ("o_direct", False), "--progress": ("progress", True),
+               "--session": ("session", True)}
 # bmoe-cli names a missing value by the flag's short form where it has one (cli/main.cpp next()).
 _VALUE_NAME = {"--model": "-m", "--prompt": "-p", "--n-predict": "-n", "--threads": "-t", "--ctx-size": "-c"}
 _ENV_INT = {"--cache-mb": "BMOE_CACHE_MB", "--io-threads": "BMOE_IO_THREADS", "--prefetch": "BMOE_PREFETCH",

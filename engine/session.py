@@ -7,11 +7,15 @@ line). Each stderr line goes to `on_message` as it happens, so the lines before 
 still printed, as bmoe-cli prints them. Without --moe-stream no streaming flag is looked at: the
 model is mapped as llama.cpp maps it, whatever --dense-weights says. `generate()` runs bmoe-cli's
 loop (sample, emit, decode the emitted token) and measures every token the way the engine's CSV
-reports it. `set_cache_budget_mb()` is the embedders' resize: between generations only.
+reports it. Successive generate() calls share the warm expert cache and count turns, as upstream's
+Session does for `--session` (engine/session_protocol.py): `clear_kv=False` continues the KV of the
+previous turn, `cancel` stops a generation at the next token boundary. `set_cache_budget_mb()` is
+the embedders' resize: between generations only.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +49,11 @@ class SessionError(BmoeError):
     """A Session was used in a way it does not allow (e.g. resized during a generation)."""
 
 
+class PrefillCancelled(BmoeError):
+    """generate() was cancelled before its prompt was in the KV: upstream rolls the turn back and
+    reports nothing measured (its RunSummary stays default), so there is no result to return."""
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     tokens: tuple[int, ...]
@@ -52,6 +61,8 @@ class GenerationResult:
     n_prompt: int
     rows: tuple[TokenRow, ...]
     summary: RunSummary
+    cancelled: bool = False     # stopped by `cancel` at a token boundary; tokens are those emitted
+    n_past: int = 0             # upstream's n_past outside chat mode: n_prompt + tokens emitted
 
 
 TokenCallback = Callable[[int, bytes, TokenRow], None]
@@ -77,6 +88,9 @@ class _RouteTracer:
         self.pending: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.access: dict[int, Residency] = {}
         self.turn = 0
+        # KV cells before this turn's prompt (a continued turn): upstream's trace numbers steps
+        # from the turn's own prompt, so positions are written relative to it
+        self.base = 0
         source.on_access = self.on_access
 
     def on_route(self, layer: int, positions: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
@@ -96,7 +110,8 @@ class _RouteTracer:
                     expert_bytes = moe.expert_bytes
             n_prompt = self.n_prompt_fn()
             read_done: set[int] = set()
-            for row, pos in enumerate(positions):
+            for row, abs_pos in enumerate(positions):
+                pos = abs_pos - self.base
                 phase = 0 if pos < n_prompt else 1
                 for slot in range(ids.shape[1]):
                     e = int(ids[row, slot])
@@ -181,6 +196,8 @@ class Session:
         self.eog_ids = eog_ids_from_metadata(self.shape.metadata)
         self.load_s = time.perf_counter() - t0
         self._generating = False
+        self.turn = 0               # generations finished so far: the CSV's and route trace's `turn`
+        self._sampler: Sampler | None = None
         # the per-token memory columns' two files, kept open (bmoe-cli reads the same two per token)
         self._status = KbFile("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "VmSwap"))
         self._meminfo = KbFile("/proc/meminfo", ("MemAvailable", "MemFree", "SwapFree"))
@@ -281,37 +298,59 @@ class Session:
             return -1.0
         return self.stream.stats().cache.hit_pct
 
-    def generate(self, prompt_tokens: Sequence[int], n_predict: int, on_token: TokenCallback | None = None
-                 ) -> GenerationResult:
+    def generate(self, prompt_tokens: Sequence[int], n_predict: int, on_token: TokenCallback | None = None,
+                 *, clear_kv: bool = True, cancel: threading.Event | None = None) -> GenerationResult:
+        """One turn. clear_kv=False appends the prompt to the KV the previous turn left (upstream's
+        non-chat continuation: the sampler's stream goes on too). `cancel`, once set, stops the
+        generation before the next token's decode (that token is not emitted), and the turn's KV is
+        dropped, as upstream rolls a cancelled non-chat turn back; set during the prefill, it
+        raises PrefillCancelled. The caller clears it: upstream re-arms its latch per generation."""
         if self._generating:
             raise SessionError("a generation is already running on this session")
         self._generating = True
         try:
-            return self._generate(list(prompt_tokens), n_predict, on_token)
+            result = self._generate(list(prompt_tokens), n_predict, on_token, clear_kv, cancel)
         finally:
             self._generating = False
-            if self.tracer is not None:
-                self.tracer.turn += 1
+        # upstream counts a turn once its decode loop ran (a refused or prefill-cancelled one is not)
+        self.turn += 1
+        if self.tracer is not None:
+            self.tracer.turn = self.turn
+        return result
 
-    def _generate(self, prompt: list[int], n_predict: int, on_token: TokenCallback | None) -> GenerationResult:
+    def _generate(self, prompt: list[int], n_predict: int, on_token: TokenCallback | None, clear_kv: bool,
+                  cancel: threading.Event | None) -> GenerationResult:
+        cfg = self.cfg
+        # A new chat is dropped first, as upstream drops it, so even a refused request has done it.
+        if clear_kv or self._sampler is None:
+            seed = None if cfg.seed == SEED_RANDOM else cfg.seed
+            # bmoe-cli's chain when sampling: top-k -> top-p -> temp -> dist (no min-p stage). It
+            # samples only when `temp > 0` holds in C, so `--temp nan` is greedy there and here.
+            temp = cfg.temp if cfg.temp > 0 else 0.0
+            self._sampler = Sampler(temp=temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p, min_p=0.0)
+            self.model.reset()
+        sampler = self._sampler
+        if self.tracer is not None:
+            self.tracer.base = self.model.state.n_past
         if not prompt:
             raise SessionError("empty prompt after tokenization")
-        cfg = self.cfg
         if len(prompt) + n_predict + CTX_MARGIN_TOKENS > cfg.n_ctx:
             raise SessionError(f"prompt + n_predict exceeds the session n_ctx ({cfg.n_ctx}); open the session with a "
                                "larger n_ctx")
-        seed = None if cfg.seed == SEED_RANDOM else cfg.seed
-        # bmoe-cli's chain when sampling: top-k -> top-p -> temp -> dist (no min-p stage). It samples
-        # only when `temp > 0` holds in C, so `--temp nan` is greedy there and here.
-        temp = cfg.temp if cfg.temp > 0 else 0.0
-        sampler = Sampler(temp=temp, seed=seed, top_k=cfg.top_k, top_p=cfg.top_p, min_p=0.0)
-        self.model.reset()
         self._n_prompt = len(prompt)
         t_prefill = time.perf_counter()
-        logits = self.model.prefill(prompt)
+        try:
+            logits = self.model.prefill(prompt)
+        except BaseException:
+            self.model.reset()      # a half-written KV is no state to continue from
+            raise
         prefill_s = time.perf_counter() - t_prefill
         if self.tracer is not None:
             self.tracer.sink.flush()
+        if cancel is not None and cancel.is_set():
+            self.model.reset()
+            raise PrefillCancelled("cancelled during the prefill")
+        cancelled = False
         rows: list[TokenRow] = []
         tokens: list[int] = []
         text = bytearray()
@@ -321,6 +360,9 @@ class Session:
         for step in range(1, n_predict + 1):
             token = sampler.sample(logits)
             if token in self.eog_ids:
+                break
+            if cancel is not None and cancel.is_set():
+                cancelled = True    # upstream's abort lands in this token's decode: not emitted
                 break
             piece = self.piece(token)
             tokens.append(token)
@@ -348,7 +390,7 @@ class Session:
                 rss_file_mib=status.get("RssFile", 0) / 1024, swap_mib=status.get("VmSwap", 0) / 1024,
                 mem_available_mib=mem.get("MemAvailable", 0) / 1024, mem_free_mib=mem.get("MemFree", 0) / 1024,
                 swap_free_mib=mem.get("SwapFree", 0) / 1024, loop_overhead_ms=overhead_s * 1e3,
-                majflt_mib=majflt * 4096 / MIB,
+                majflt_mib=majflt * 4096 / MIB, turn=self.turn,
                 dense_resident_frac=self.stream.stats().dense_resident_frac if self.stream else -1.0,
             )
             rows.append(row)
@@ -364,8 +406,11 @@ class Session:
             loop_start = t1
         # and, as bmoe-cli closes it, the tail after the last decode belongs to the summary's total
         totals["overhead_s"] += time.perf_counter() - loop_start
+        if cancelled:
+            self.model.reset()
         return GenerationResult(tuple(tokens), bytes(text), len(prompt), tuple(rows),
-                                self._summary(len(tokens), len(prompt), prefill_s, totals))
+                                self._summary(len(tokens), len(prompt), prefill_s, totals), cancelled=cancelled,
+                                n_past=len(prompt) + len(tokens))
 
     def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float]) -> RunSummary:
         per = (lambda v: v / n) if n else (lambda v: 0.0)
