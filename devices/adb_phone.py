@@ -152,6 +152,14 @@ class AdbPhone:
             raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
         return r.returncode, r.stdout if r.stdout is not None else r.output, r.stderr or b""
 
+    def open_shell(self, command: str):
+        """A shell command line (already quoted) left running: its adbutils connection, to read
+        from and to close. Closing it hangs up the command (adbd kills its process group)."""
+        try:
+            return self._device.shell(command, stream=True)
+        except TRANSPORT_ERRORS as e:
+            raise _lost_or_error(self._device, self.server, f"shell {command[:60]!r}", e) from None
+
     def _text(self, command: str, timeout_s: float | None = None) -> str:
         return self.shell(command, timeout_s)[1].decode("utf-8", "replace")
 

@@ -150,6 +150,21 @@ def parse_log(lines: Iterable[str] | str) -> list[LmkEvent]:
     return events
 
 
+def hard_kills_of_others(events: Iterable[LmkEvent], engine_kills: Iterable[LmkEvent]) -> list[str]:
+    """The other processes lmkd killed past its soft level (oom_score_adj at or under perceptible,
+    200: lmkd's soft kills stop at PERCEPTIBLE_APP_ADJ + 1 and go lower only with the min
+    watermark breached or the device not responding), once each: "NAME (oom_score_adj N)"."""
+    from devices.virtual.lmkd_policy import PERCEPTIBLE_APP_ADJ
+
+    engine = {e.pid for e in engine_kills}
+    out: dict[int, str] = {}
+    for e in events:
+        if e.pid not in engine and e.oom_score_adj is not None and e.oom_score_adj <= PERCEPTIBLE_APP_ADJ \
+                and e.source in ("lmkd", "killinfo"):
+            out.setdefault(e.pid, f"{e.name or e.pid} (oom_score_adj {e.oom_score_adj})")
+    return list(out.values())
+
+
 def kills_of(events: Iterable[LmkEvent], pids: Iterable[int] = (), names: Iterable[str] = ()) -> list[LmkEvent]:
     """The events that name one of `pids`, or a process whose name matches one of `names`.
 

@@ -176,6 +176,9 @@ class Axes:
     threads: tuple[int | str, ...] = ()
     # any other engine flag as an axis, in file order: (flag, values); harness.flags renders them
     flags: tuple[tuple[str, tuple[bool | int | float | str, ...]], ...] = ()
+    # the other apps open beside the engine, one load per value ("cached:1GiB+perceptible:512MiB";
+    # "" is none), started on the phone before each run (devices.coapps); empty: no such axis
+    apps: tuple[str, ...] = ()
 
     def flag_table(self) -> dict[str, list]:
         """[axes.flags] as a file writes it: the -t axis under "-t", then every other flag."""
@@ -279,7 +282,8 @@ class Campaign:
             "axes": {"cache_mb": list(a.cache_mb), "cache_ceil_mb": list(a.cache_ceil_mb),
                      "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
                      "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
-                     **({"flags": a.flag_table()} if a.threads or a.flags else {})},
+                     **({"flags": a.flag_table()} if a.threads or a.flags else {}),
+                     **({"apps": [load or "none" for load in a.apps]} if a.apps else {})},
             # device_timeout_s (issue 28) only when set, oom_score_adj only when given: campaign.toml
             # files written before them stay equal
             "run": {k: list(v) if isinstance(v, tuple) else v

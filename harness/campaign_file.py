@@ -69,7 +69,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "fleet.adb": ("host", "port"),
     "engine": ("kind", "python", "native"),
     "engine.native.*": ("cli", "libs"),
-    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags"),
+    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags", "apps"),
     "run": tuple(RunSettings.__dataclass_fields__),
     "gate": tuple(GateSettings.__dataclass_fields__),
 }
@@ -283,6 +283,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         io_threads=axis("io_threads", int, Axes.io_threads, _AXIS_CHECKS["io_threads"][1]),
         threads=mapped.get("threads", ()),
         flags=flags,
+        apps=tuple(dict.fromkeys(apps_load(v) for v in rd.list_of(ax, "apps", "axes", str, (), check=_apps_problem))),
     )
 
     r = rd.table(top.get("run"), "run", "run")
@@ -324,6 +325,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     campaign = Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
                         run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
                         virtual_home=virtual_home, source=source)
+    if any(axes.apps) and "local" in all_devices:
+        raise rd.fail("axes.apps", "other apps run on phones (their lmkd decides who is killed): not on local")
     check_cell_bound(campaign)
     return campaign
 
@@ -398,6 +401,22 @@ def _threads_problem(value: int | str) -> str | None:
 
 def _threads_value(value: int | str) -> int | str:
     return THREADS_AUTO if isinstance(value, str) else value
+
+
+def apps_load(value: str) -> str:
+    """One value of the apps axis as a cell records it: its items joined by "+" ("" for none)."""
+    return "+".join(a.strip() for a in value.split("+") if a.strip() and a.strip() != "none")
+
+
+def _apps_problem(value: str) -> str | None:
+    from devices.coapps import parse_apps
+    from devices.virtual.apps import AppSpecError
+
+    try:
+        parse_apps(value)
+    except AppSpecError as e:
+        return f"{e} (several apps in one value: joined by +; none: no apps)"
+    return None
 
 
 def _dense_problem(value: str) -> str | None:

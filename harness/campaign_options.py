@@ -32,12 +32,13 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           device_timeout_s: float | None = None,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
                           engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
-                          flags: Sequence[str] = ()) -> Campaign:
+                          flags: Sequence[str] = (), apps: Sequence[str] = ()) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
     bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
     A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
     number); each `engine_args` item is split like a shell line into run.engine_args; each
-    `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.flags)."""
+    `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.flags); each
+    `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps."""
     model_table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
@@ -67,6 +68,8 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                  "cache_ceil_mb": list(cache_ceil_mb)},
         "run": run,
     }
+    if apps:
+        data["axes"]["apps"] = list(apps)
     if engine != PYTHON_ENGINE:
         data["engine"] = {"kind": "native", "native": {HOST_BUILD: {"cli": _engine_binary(engine)}}}
     _sweep_threads_and_flags(data, threads, engine_args, flags,

@@ -86,6 +86,7 @@ class Cell:
         flags = flags_label(c.engine_flags)
         return (f"{self.model} {budget} dense={c.dense_weights} k={c.n_expert_used} t={c.threads}"
                 + (f" io={c.io_threads}" if c.moe_stream else "") + (f" [{flags}]" if flags else "")
+                + (f" apps={c.apps}" if c.apps else "")
                 + f" r{self.repeat} p{self.pass_no}")
 
 
@@ -190,8 +191,10 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
                     for io in a.io_threads:
                         for threads in a.threads or (campaign.run.threads,):
                             for flags in _flag_settings(campaign):
-                                c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
-                                out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
+                                for load in a.apps or ("",):
+                                    c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
+                                    c = c.with_(apps=load) if load else c    # no apps: the cell id it always had
+                                    out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
     return list(out.values())
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices import coapps
 from devices.base import Device, DeviceError, DeviceLost, RunOutcome
 from engine import fsutil, native
 from engine.model import split_paths
@@ -123,6 +124,14 @@ class Stager:
         self.campaign, self.ref, self.note = campaign, ref, note
         self.engine: StagedEngine | None = None
         self.models: set[str] = set()
+        self.apps: Path | None = None
+
+    def apps_binary(self, device: Device) -> Path:
+        """The other-apps program (devices/coapp.c) built for this device's ABI (devices.coapps)."""
+        if self.apps is None:
+            identity = device.identity()
+            self.apps = coapps.build(identity.host_abi or identity.abi, fleet_home() / "coapps")
+        return self.apps
 
     def forget(self) -> None:
         """A lost device: check everything again on the next cell."""

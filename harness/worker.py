@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices import adb, reclaim
+from devices import adb, coapps, reclaim
 from devices.adb_phone import AdbPhone
 from devices.base import (
     Device,
@@ -37,7 +37,7 @@ from devices.base import (
     at_oom_score_adj,
     pressure_metrics,
 )
-from devices.lmk import LmkEvent, kills_of
+from devices.lmk import LmkEvent, hard_kills_of_others, kills_of
 from engine.fsutil import naming
 from harness.budgets import is_knee
 from harness.campaign import Campaign, safe_id
@@ -321,7 +321,17 @@ class Worker(threading.Thread):
         # "-t auto" takes the cores the device has now; the record keeps the command that ran
         cell = resolve_threads(c, cell, seen.cores)
         record["config"], record["argv"] = cell.config.to_dict(), list(cell.argv)
-        outcome = self._engine_run(device, cell, engine, seen, csv_remote, record)
+        # the other apps the cell asks for: started after the gate, stopped once the engine ends
+        try:
+            apps = self._start_apps(device, cell, record)
+        except DeviceLost as e:
+            return outcomes.DEVICE_LOST, (str(e),)
+        except DeviceError as e:
+            return outcomes.PUSH_FAILED, (str(e),)
+        try:
+            outcome = self._engine_run(device, cell, engine, seen, csv_remote, record)
+        finally:
+            self._stop_apps(device, apps, record)
         if not isinstance(outcome, RunOutcome):
             return outcome
         try:
@@ -364,6 +374,12 @@ class Worker(threading.Thread):
                 metrics = read_metrics_csv(metrics_path)
             except ParseError as e:
                 parse_problem = str(e)
+        if apps:
+            taken = {e.pid for e in events}
+            for app in record["apps"]:
+                app["lmk_killed"] = app["pid"] in taken
+        # another app lmkd killed past its soft level to make room (docs/method.md, fought rule 3)
+        record["others_hard_killed"] = hard_kills_of_others(events, kills)
         record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                       pid=outcome.pid, exit_state=exit_state.to_dict(), pressure=pressure,
                       reclaim=reclaim.metrics([s.reclaim for s in outcome.samples], gate.entry_state.vmstat,
@@ -380,6 +396,27 @@ class Worker(threading.Thread):
         return verdict.outcome, evidence
 
     # -- pieces -----------------------------------------------------------------------------
+    def _start_apps(self, device: Device, cell: Cell, record: dict) -> coapps.AppSession | None:
+        """The cell's other apps running on the phone, each holding its memory (record["apps"])."""
+        if not cell.config.apps:
+            return None
+        if not isinstance(device, AdbPhone):
+            raise DeviceError(f"other apps ({cell.config.apps}) run only on a phone, not on {cell.device}")
+        session = coapps.start(device, coapps.parse_apps(cell.config.apps), self.stager.apps_binary(device))
+        record["apps"] = session.to_dicts()
+        return session
+
+    def _stop_apps(self, device: Device, session: coapps.AppSession | None, record: dict) -> None:
+        """Stop them; note those already gone when the engine ended (lmkd took them)."""
+        if session is None:
+            return
+        try:
+            gone = set(coapps.stop(device, session))
+        except DeviceError:
+            return               # a lost phone: the next cell's start kills what is left by name
+        for app in record["apps"]:
+            app["gone_by_end"] = app["name"] in gone
+
     def _engine_run(self, device: Device, cell: Cell, engine: StagedEngine, seen: CpuSeen, csv_remote: str,
                     record: dict) -> RunOutcome | tuple[str | None, tuple[str, ...]]:
         """The engine's run, its share of the cores recorded; an outcome pair when it never ran

@@ -81,6 +81,7 @@ class BudgetPoint:
     swap_in_mib_per_tok: float = math.nan    # the device's swap-in per token (median of finished runs)
     vm_swap_max_mib: float = math.nan        # the most of the engine any finished run had in swap
     fought: str = ""                         # why the budget counts as fought ("" when it is not): fought_reason
+    others_killed: str = ""                  # other apps lmkd killed past its soft level while a run finished
 
     @property
     def filled(self) -> bool:
@@ -219,11 +220,12 @@ class GroupAnalysis:
     tokens_min: float
     engines: tuple[str, ...]
     campaigns: tuple[str, ...]
+    apps: str = ""                          # the other apps open beside the engine ("" none; axes.apps)
 
     @property
-    def key(self) -> tuple[str, str, int | None]:
-        """(device, model, top-k)."""
-        return (self.device, self.model, self.top_k)
+    def key(self) -> tuple[str, str, int | None, str]:
+        """(device, model, top-k, other apps)."""
+        return (self.device, self.model, self.top_k, self.apps)
 
     @property
     def under_cycle_points(self) -> tuple[BudgetPoint, ...]:
@@ -243,12 +245,12 @@ class Analysis:
     tells: tuple[Tell, ...]
     table: pd.DataFrame = field(repr=False)
 
-    def group(self, device: str, model: str, top_k: int | None) -> GroupAnalysis:
+    def group(self, device: str, model: str, top_k: int | None, apps: str = "") -> GroupAnalysis:
         """One group by its key (KeyError when there is none)."""
         for g in self.groups:
-            if g.key == (device, model, top_k):
+            if g.key == (device, model, top_k, apps):
                 return g
-        raise KeyError((device, model, top_k))
+        raise KeyError((device, model, top_k, apps))
 
     def tells_of(self, run_id: str) -> list[Tell]:
         """The tells that name a run."""
@@ -278,7 +280,9 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         held_mib=_least(numbers_of(ok, "cache_resident_mib")), bank_mib=_least(numbers_of(rows, "expert_bank_mib")),
         entry_mib=_least(numbers_of(rows, "expert_entry_mib")),
         swap_in_mib_per_tok=median(numbers_of(ok, "swap_in_mib_per_tok")),
-        vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")))
+        vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
+        others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
+                                              for x in str(v).split(",") if x)))
 
 
 def _most(values: np.ndarray) -> float:
@@ -290,10 +294,13 @@ def fought_reason(p: BudgetPoint, cache0: BudgetPoint | None) -> str:
     """Why the budget's finished runs were fought over (FOUGHT_* above), or "": the device swapped
     back in FOUGHT_SWAP_IN_MIB_PER_TOK or more per token, or decode was slower than every cache-0
     run of the same series while the engine was in swap or faulting FOUGHT_MAJFLT_FACTOR times
-    cache 0's major faults per token."""
+    cache 0's major faults per token; or lmkd killed another app past its soft level (perceptible or
+    in front: others_hard_killed) to make room while it ran."""
     if not p.ok or math.isnan(p.budget_mib) or p.budget_mib <= 0:
         return ""
     parts = []
+    if p.others_killed:
+        parts.append(f"lmkd killed {p.others_killed} to make room")
     if p.swap_in_mib_per_tok >= FOUGHT_SWAP_IN_MIB_PER_TOK:
         parts.append(f"{p.swap_in_mib_per_tok:.3g} MiB/token swapped in")
     if cache0 is not None and cache0.ok and not math.isnan(p.tok_s) and p.tok_s < cache0.tok_s_min:
@@ -450,7 +457,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
 
 
 def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell],
-           probes: pd.DataFrame | None = None) -> GroupAnalysis:
+           probes: pd.DataFrame | None = None, apps: str = "") -> GroupAnalysis:
     results = rows[rows["outcome"].isin(RESULTS)]
     cycles = numbers_of(results, "cache_cycle_mb")
     cycle = float(np.nanmax(cycles)) if np.isfinite(cycles).any() else math.nan
@@ -476,7 +483,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         ram_total_kb=float(np.nanmax(ram)) if np.isfinite(ram).any() else math.nan,
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
         tokens_min=_least(tokens),
-        engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))))
+        engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps)
 
 
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
@@ -494,8 +501,12 @@ def analyze(table: pd.DataFrame) -> Analysis:
         for k in sorted(ks, key=lambda v: (v is None, v or 0)):
             part = sub[sub["_k"].isna()] if k is None else sub[sub["_k"] == k]
             runs, probes = part[~part["_probe"]], part[part["_probe"]]
-            if len(runs[runs["outcome"].isin(RESULTS)]):
-                groups.append(_group(runs, device, model, k, tells, probes))
+            # each load of other apps is a phone of its own: its own boundary and recommendation
+            loads = column_of(runs, "apps").fillna("").astype(str)
+            for load in sorted(set(loads)):
+                these = runs[loads == load]
+                if len(these[these["outcome"].isin(RESULTS)]):
+                    groups.append(_group(these, device, model, k, tells, probes, load))
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from results.analyze import GroupAnalysis
+from results.run_keys import load_text
 from store.versioned import json_safe
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
@@ -123,6 +124,8 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
         shapes.append(s)
         notes.append(n)
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
+    if g.apps:
+        k += f", {load_text(g.apps)}"
     layout = _layout(f"{g.model} ({k}) on {g.device}: hit % and tok/s against the cache budget",
                      xaxis={"title": {"text": "expert cache budget (MiB)"}, "rangemode": "tozero", "anchor": "y2"},
                      yaxis={"title": {"text": "hit %"}, "domain": [0.55, 1.0], "range": [0, 100]},

@@ -48,8 +48,27 @@ def device_default(recs: Sequence[Recommendation]) -> DeviceDefault:
             notes.append(note)
             off.append(r.model)
     text = f"--cache-mb auto --cache-ceil-mb {d} (the lowest safe ceiling of its models: {lowest.model}" \
-           + (f" at top-k {lowest.top_k}" if lowest.top_k is not None else "") + ")"
+           + (f" at top-k {lowest.top_k}" if lowest.top_k is not None else "") \
+           + (f" {lowest.load}" if lowest.apps else "") + ")"
+    notes += _load_notes(recs)
     return DeviceDefault(d, cache_flags(auto.argv), text, tuple(notes), tuple(dict.fromkeys(off)))
+
+
+def _load_notes(recs: Sequence[Recommendation]) -> list[str]:
+    """Per model and top-k measured under more than one load of other apps: the ceiling under each
+    ("ceiling 600 MiB with no other apps; --cache-mb 0 with cached:1GiB open")."""
+    by: dict[tuple[str, int | None], list[Recommendation]] = {}
+    for r in recs:
+        by.setdefault((r.model, r.top_k), []).append(r)
+    out = []
+    for (model, k), rs in by.items():
+        if len(rs) < 2:
+            continue
+        parts = [(f"ceiling {r.auto.cache_ceil_mb} MiB" if r.auto is not None else "--cache-mb 0") + f" {r.load}"
+                 + (f" ({r.lmk['fought'][0]['budget_mib']:g} MiB fought)" if r.lmk.get("fought") else "")
+                 for r in sorted(rs, key=lambda r: r.apps)]
+        out.append(f"{model}" + (f" at top-k {k}" if k is not None else "") + ": " + "; ".join(parts))
+    return out
 
 
 def identity_of(record: Mapping[str, Any] | None) -> dict[str, Any]:

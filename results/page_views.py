@@ -34,12 +34,13 @@ from results.pages import (
 from results.parse import ParseError, read_metrics_csv
 from results.publish import Redactor
 from results.recommend_records import Recommendation, Recommendations
+from results.run_keys import load_text
 from results.rundir import CampaignData, RunFolder
 from results.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from store import names
 
-RecsByKey = Mapping[tuple[str, str, int | None], Recommendation]      # (device, model, top-k)
+RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
 
 
 class Ids:
@@ -138,7 +139,8 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: Ids, table: p
     replay = _replay_text(g.replay) if g.replay is not None else ""
     figure = charts.budget_figure(g, rec)
     return GroupView(
-        heading=f"{g.model} · {k}", model=Link(g.model, root + Urls.model(g.model)),
+        heading=f"{g.model} · {k}" + (f" · {load_text(g.apps)}" if g.apps else ""),
+        model=Link(g.model, root + Urls.model(g.model)),
         chart=Chart(ids.next(), figure,
                     "hit % (top) and tok/s (bottom) against the cache budget; diamonds are auto budgets (a killed "
                     "auto run sits at the budget it was sized to); the shaded band is under the token cycle, where "

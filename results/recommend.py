@@ -55,6 +55,7 @@ from results.recommend_records import (
     ReplayCitation,
     render,
 )
+from results.run_keys import load_text
 from results.run_keys import text_of as _text
 from results.rundir import CampaignData, read_campaigns
 from results.table import build_table
@@ -270,6 +271,9 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
                                       auto.largest_safe_mib, rows)
         auto = replace(auto, argv=settings, argv_source=source, run_ids=ids)
 
+    if g.apps:                             # the load it was measured under is part of the answer
+        reason = f"{load_text(g.apps)}: {reason}"
+        summary = f"{load_text(g.apps)}: {summary}"
     confidence, why_not = _confidence(g, fixed, auto)
     replay = None
     if g.replay is not None:
@@ -301,7 +305,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
              "fought": [{"budget_mib": budget, "reason": why} for budget, why in b.fought],
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
-        confidence_reasons=tuple(reasons + why_not), replay=replay)
+        confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps)
 
 
 UNDER = "--cache-mb 0 is strictly better: the same reads with no RAM and no cache management"

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from results import formats
+from results.run_keys import load_text
 from results.tokens import PUBLISHED_MIN_TOKENS
 from store.versioned import json_safe
 
@@ -98,6 +99,17 @@ class Recommendation:
     confidence_reasons: tuple[str, ...]
     replay: ReplayCitation | None
     verification: Mapping[str, Any] | None = None   # `recommend --verify`: per argv, accepted or refused
+    apps: str = ""                    # the other apps open while it was measured ("" none; axes.apps)
+
+    @property
+    def load(self) -> str:
+        """Under which load of other apps it holds, in words."""
+        return load_text(self.apps)
+
+    @property
+    def key(self) -> tuple[str, str, int | None, str]:
+        """(device, model, top-k, other apps): its analysis group's key."""
+        return (self.device, self.model, self.top_k, self.apps)
 
     def argvs(self) -> dict[str, tuple[str, ...]]:
         """The command lines this recommendation makes, by name."""
@@ -175,12 +187,12 @@ class Recommendations:
         """Every recommendation, device by device."""
         return [r for d in self.devices for r in d.recommendations]
 
-    def find(self, device: str, model: str, top_k: int | None) -> Recommendation:
-        """The recommendation of one (device, model, top-k); KeyError when there is none."""
+    def find(self, device: str, model: str, top_k: int | None, apps: str = "") -> Recommendation:
+        """The recommendation of one (device, model, top-k, other apps); KeyError when there is none."""
         for r in self.all():
-            if (r.device, r.model, r.top_k) == (device, model, top_k):
+            if r.key == (device, model, top_k, apps):
                 return r
-        raise KeyError((device, model, top_k))
+        raise KeyError((device, model, top_k, apps))
 
     def text(self) -> str:
         """The recommendations as lines for a person."""
@@ -194,7 +206,8 @@ class Recommendations:
                 k = f"top-k {r.top_k}" if r.top_k is not None else "default top-k"
                 fixed = shlex.join(r.fixed.argv) if r.fixed else "no fixed budget measured"
                 auto = shlex.join(r.auto.argv) if r.auto else "no auto ceiling"
-                lines.append(f"  {r.model} ({k}, cycle {_mib(r.cycle_mib)}): {fixed} | {auto} | "
+                load = f", {r.load}" if r.apps else ""
+                lines.append(f"  {r.model} ({k}{load}, cycle {_mib(r.cycle_mib)}): {fixed} | {auto} | "
                              f"dense {r.dense_mode or '?'} | {r.confidence}")
                 lines.append(f"    {r.reason}")
                 for name, v in (r.verification or {}).items():

@@ -165,7 +165,7 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     published_runs(table, redactor).to_csv(site / names.SITE_RUNS_CSV, index=False)
     pages = 0
     # pages in this order: a chart's id (fig-N) counts up across the whole site
-    rec_by_key = {(r.device, r.model, r.top_k): r for r in recs.all()}
+    rec_by_key = {r.key: r for r in recs.all()}
     for device in sorted(set(table["device"])):
         page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor)
         _write(site / Urls.device(device), _page(env, "device.html", page))

@@ -23,7 +23,7 @@ SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", 
 # two cells that differ only by a flag never pool
 CELL_KEYS = ("device", "model", "n_expert_used", "moe_stream", "no_mmap", "cache_auto", "budget_asked",
              "cache_ceil_mb", "dense_weights", "io_threads", "overlap", "prefetch", "threads", "n_predict",
-             "prompt", "source", "engine_flags", "engine_args")
+             "prompt", "source", "engine_flags", "engine_args", "apps")
 _SERIES_NAMES = {"dense_weights": "dense", "io_threads": "io", "overlap": "overlap", "prefetch": "prefetch",
                  "threads": "threads", "engine_flags": "flags", "engine_args": "args"}
 
@@ -72,6 +72,12 @@ def series_label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
     parts = [f"{_SERIES_NAMES[k]}={text_of(row.get(k)) or ('none' if k in ('engine_flags', 'engine_args') else '?')}"
              for k in varying]
     return " ".join(parts) or "all runs"
+
+
+def load_text(apps: str) -> str:
+    """A load of other apps (axes.apps) in words: "cached:1GiB+perceptible:512MiB" is "with
+    cached:1GiB and perceptible:512MiB open"; "" is "with no other apps"."""
+    return f"with {' and '.join(apps.split('+'))} open" if apps else "with no other apps"
 
 
 def top_k_key(value: Any) -> int | None:

@@ -389,6 +389,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     # the pass-through flags as the command line had them: runs with equal text ran the same flags
     row["engine_flags"] = flags_text(config.engine_flags)
     row["engine_args"] = shlex.join(str(a) for a in config.engine_args)
+    # the other apps open beside it (axes.apps), and those lmkd took while the engine ran
+    row["apps"] = config.apps
+    row["apps_lmk_killed"] = ",".join(a["name"] for a in rec.get("apps") or () if a.get("lmk_killed"))
+    # any other process lmkd killed past its soft level (perceptible or in front) while it ran
+    row["others_hard_killed"] = ",".join(rec.get("others_hard_killed") or ())
     row.update(_cpu(rec.get("cpu")))
     row["flags"] = ",".join(_flags(row))
     return row

@@ -50,6 +50,7 @@ class CellConfig:
     cycle_mb: float | None = None           # the model's token cycle at this top-k, as planned
     engine_args: tuple[str, ...] = ()       # run.engine_args (present only when the campaign has some)
     engine_flags: Mapping[str, Any] = field(default_factory=_no_flags)   # [axes.flags] setting (same)
+    apps: str = ""                          # [axes] apps: the other apps open beside it ("cached:1GiB+…")
     probe: bool | None = None               # a knee probe's route-trace run
     knee_mb: float | None = None            # a knee cell's knee, from its probe (run.json only)
     probe_cell_id: str | None = None        # … and that probe's cell

@@ -14,10 +14,14 @@ from pathlib import Path
 import adbutils
 import pytest
 
-from devices.virtual import manager
+from devices.virtual import manager, zram
+from engine.synth import synth_options, write_model
 from tests.conftest import adb_server_binary, running_adb_server
 
 ADB = adb_server_binary()
+NO_ZRAM = zram.available()
+needs_zram = pytest.mark.skipif(NO_ZRAM is not None, reason=f"no zram on this host: {NO_ZRAM}")
+UNIFORM_MODEL_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -107,3 +111,12 @@ def engine(request) -> dict:
     if request.param == "bmoe-cli":
         return {"kind": "native", "native": {"host": {"cli": str(request.getfixturevalue("bmoe_cli"))}}}
     return {"kind": "python"}
+
+
+@pytest.fixture(scope="session")
+def uniform_model(tmp_path_factory) -> Path:
+    """qwen3moe of 128 MiB with uniform routing (cycle 14.2 MiB at top-k 2, 28.4 at its own 4): the
+    model the swapping phones run."""
+    path = tmp_path_factory.mktemp("swap-models") / "uniform128.gguf"
+    write_model(path, synth_options("qwen3moe", size_bytes=UNIFORM_MODEL_BYTES, seed=1, router_skew=0))
+    return path

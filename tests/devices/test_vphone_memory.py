@@ -28,6 +28,7 @@ from harness.campaign_file import parse_campaign
 from harness.cpushare import CPU_SCRIPT, parse_cpu_report
 from harness.plan import auto_threads
 from harness.runner import run_campaign
+from tests.devices.conftest import needs_zram
 
 MIB = 1 << 20
 PROMPT = ("The expert cache of a mixture-of-experts model holds the weights that the router picked for recent "
@@ -35,8 +36,6 @@ PROMPT = ("The expert cache of a mixture-of-experts model holds the weights that
           "low-memory killer takes the process.")
 
 
-NO_ZRAM = zram.available()
-needs_zram = pytest.mark.skipif(NO_ZRAM is not None, reason=f"no zram on this host: {NO_ZRAM}")
 
 
 def shell(adb_server, phone, command: str) -> str:

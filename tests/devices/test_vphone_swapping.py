@@ -28,14 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from devices.virtual import zram
 from devices.virtual.swapwatch import SwapWatch
-from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
+from tests.devices.conftest import UNIFORM_MODEL_BYTES, needs_zram
 
 MIB = 1 << 20
-RAM = 128 * MIB
+RAM = UNIFORM_MODEL_BYTES         # the phone has as much RAM as the model has bytes
 ZRAM = RAM // 2
 APP = f"foreground:{RAM * 30 // 100 // MIB}MiB:compressible"
 SWAPPING_CACHE_MB = RAM * 40 // 100 // MIB      # past RAM - app - engine, inside RAM - app/3 - engine
@@ -43,15 +42,9 @@ EXHAUSTED_CACHE_MB = RAM * 95 // 100 // MIB     # past RAM + what zram gives bac
 LMK = {"kill_heaviest_task": True}
 TOKENS = 24                                     # enough for the 40 % cache to fill (uniform routing)
 
-NO_ZRAM = zram.available()
-needs_zram = pytest.mark.skipif(NO_ZRAM is not None, reason=f"no zram on this host: {NO_ZRAM}")
-
-
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("swap-models") / "uniform128.gguf"
-    write_model(path, synth_options("qwen3moe", size_bytes=RAM, seed=1, router_skew=0))
-    return path
+def model(uniform_model) -> Path:
+    return uniform_model
 
 
 def pswpout(adb_server, phone) -> int:

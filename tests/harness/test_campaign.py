@@ -165,6 +165,9 @@ BAD_CASES = {
     "top-k above the model's": ("[axes]\nn_expert_used = [9]\n", "axes.n_expert_used: 9 is above model tiny's "
                                                                 "n_expert of 8"),
     "not TOML": ("[run\n", "not valid TOML"),
+    "bad app state": ('[axes]\napps = ["none", "asleep:1GiB"]\n', "axes.apps[1]: bad app 'asleep:1GiB'"),
+    "bad app size": ('[axes]\napps = ["cached:lots"]\n', "axes.apps[0]: bad app size 'lots'"),
+    "apps on local": ('[axes]\napps = ["cached:1GiB"]\n', "axes.apps: other apps run on phones"),
 }
 
 
@@ -236,3 +239,4 @@ def test_every_campaign_command_and_option_has_help(cli):
             if param.param_type_name == "option":
                 assert param.help, f"{name} {param.opts[0]} has no help"
     assert [c.name for c in COMMANDS] == ["run", "sweep", "status", "import"]
+

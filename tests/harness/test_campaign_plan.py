@@ -163,3 +163,25 @@ def test_sweep_dry_run_plans_every_device_and_model(tmp_path, tiny_model, mid_mo
     mid_cycle_cells = [c for c in cells if c["model"] == "mid" and c["config"]["budget_spec"] == "cycle*1.2"]
     assert {c["config"]["cache_mb"] for c in mid_cycle_cells} == {int(mid_cycle * 1.2) + 1}
     assert not out.exists()
+
+
+def test_other_apps_are_an_axis_whose_none_keeps_the_cell_ids(tmp_path, tiny_model):
+    """`apps = ["none", "cached:64MiB + perceptible:32MiB"]`: each load its own cells, recorded in
+    the cell's config and label; the value without apps plans the cells a campaign without the axis
+    plans (same ids), and the resolved file reads back as the same campaign."""
+    def on_a_phone(**axes):
+        data = {"version": 1, "name": "p", "fleet": {"devices": ["R58N12345"]}, "models": {"m": str(tiny_model)},
+                "axes": {"cache_mb": [0, 1500], **axes}}
+        return parse_campaign(data, source="p.toml")
+
+    with_axis, without = on_a_phone(apps=["none", "cached:64MiB + perceptible:32MiB"]), on_a_phone()
+    assert with_axis.axes.apps == ("", "cached:64MiB+perceptible:32MiB")
+    path = write_campaign(tmp_path, with_axis.to_toml(), "campaign.toml")
+    assert load_campaign(path) == with_axis
+    cells, plain = make_plan(with_axis).cells, make_plan(without).cells
+    loaded = [c for c in cells if c.config.apps]
+    assert {c.config.apps for c in loaded} == {"cached:64MiB+perceptible:32MiB"} and len(loaded) == len(plain) == 2
+    assert {c.cell_id for c in cells} - {c.cell_id for c in loaded} == {c.cell_id for c in plain}
+    assert all(c.label().endswith(" apps=cached:64MiB+perceptible:32MiB r0 p0") for c in loaded), \
+        [c.label() for c in loaded]
+    assert not any("apps" in c.config.to_dict() for c in cells if not c.config.apps)

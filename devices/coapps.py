@@ -1,0 +1,231 @@
+"""Other open apps beside the engine on a phone, for one cell (a campaign's `apps` axis, issue 25).
+
+The same on every phone, virtual or real: devices/coapp.c, built here for the phone's ABI (this
+host's C compiler for a phone of this host's architecture, as a virtual phone is; the Android
+NDK's clang, from $ANDROID_NDK_HOME, for an arm64 phone), is pushed beside the engine and started
+through one adb shell that stays open while they run (their parent, which reaps them), each at
+the app state's oom_score_adj (devices.virtual.apps.STATES: cached 900 and up, previous 700,
+perceptible 200, foreground 0). The shell user may raise its own adj, never lower it, and adb's
+shell runs at 0, so every state is in reach. Each app names itself (`co.cached1`,
+`co.perceptible1` …: what lmkd's kill line shows), fills its memory and says "ready" in a file
+beside it; `start` returns once all have (or have died: lmkd took them while the phone filled).
+`stop` hangs the shell up, which takes the apps down (adbd kills the command's process group), and
+kills any that outlived it. A campaign that crashed closed that shell with it; a phone that lost
+the connection may still run them, so `start` kills every process of those names first.
+
+On a virtual phone they are the phone's own processes (its memory cgroup, its lmkd's candidates),
+but run as the shell user, not as app uids the way `virtual up --apps` starts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devices.base import DeviceError
+from devices.virtual.apps import ACTIVE_PERCENT, ACTIVE_PERIOD_S, App, parse
+from devices.virtual.phone import HOST_ABI
+
+SOURCE = Path(__file__).with_name("coapp.c")
+BINARY = "bmoe-coapp"
+NAME_PREFIX = "co."          # a co-tenant: "co.perceptible1" fits the 15 bytes of a comm
+# an app fills its memory from /dev/urandom: this long per GiB, at least, before it is given up on
+FILL_S_PER_GIB = 30.0
+FILL_MIN_S = 20.0
+POLL_S = 0.2
+CFLAGS = ("-O2", "-static", "-std=c11")
+# Android ABIs (ro.product.cpu.abi) and the clang target of the NDK that builds for them
+NDK_TARGETS = {"arm64-v8a": "aarch64-linux-android26", "x86_64": "x86_64-linux-android26"}
+
+
+class CoAppError(DeviceError):
+    """The apps could not be built, pushed or started."""
+
+
+@dataclass(frozen=True)
+class RunningApp:
+    """One app started on the phone."""
+
+    app: App
+    pid: int
+    ready: bool              # it held its memory before the engine started
+    ready_file: str
+
+    @property
+    def process_name(self) -> str:
+        return process_name(self.app)
+
+    def to_dict(self) -> dict:
+        return {"name": self.process_name, "state": self.app.state, "size_mib": self.app.size_bytes / (1 << 20),
+                "compressible": self.app.compressible, "active": self.app.active,
+                "oom_score_adj": self.app.oom_score_adj, "pid": self.pid, "ready": self.ready}
+
+
+def process_name(app: App) -> str:
+    """The app's comm (15 bytes at most): `co.` and its state and number (`co.perceptible1`)."""
+    return (NAME_PREFIX + app.name.rsplit(".", 1)[-1])[:15]
+
+
+def build(abi: str, cache_dir: Path) -> Path:
+    """devices/coapp.c built for `abi` (cached by source, flags and ABI), or CoAppError saying
+    what is missing."""
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + abi.encode()).hexdigest()[:16]
+    out = cache_dir / key / BINARY
+    if out.is_file():
+        return out
+    if HOST_ABI.get(platform.machine()) == abi:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise CoAppError(f"the apps axis builds {SOURCE.name} with a C compiler: none here (install gcc)")
+        argv = [cc]
+    else:
+        target = NDK_TARGETS.get(abi)
+        clang = _ndk_clang()
+        if target is None or clang is None:
+            raise CoAppError(f"the apps axis needs {SOURCE.name} built for a {abi or 'unknown'} phone: set "
+                             "ANDROID_NDK_HOME to an Android NDK (its clang builds it)")
+        argv = [clang, f"--target={target}"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    r = subprocess.run([*argv, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise CoAppError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    tmp.replace(out)
+    return out
+
+
+def _ndk_clang() -> str | None:
+    import glob
+    import os
+
+    home = os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
+    if not home:
+        return None
+    found = sorted(glob.glob(os.path.join(home, "toolchains", "llvm", "prebuilt", "*", "bin", "clang")))
+    return found[0] if found else None
+
+
+def parse_apps(value: str | Sequence[str]) -> list[App]:
+    """One load: `cached:1GiB+perceptible:512MiB` (or a list of items); `none` or "" is no apps."""
+    items = value.split("+") if isinstance(value, str) else list(value)
+    items = [x.strip() for x in items if x.strip() and x.strip() != "none"]
+    return parse(items)
+
+
+def start_script(binary: str, apps: Sequence[App], ready_files: Sequence[str]) -> str:
+    """The shell line that starts every app in the background, each at its adj, prints their pids
+    (one line each) and waits for them: the shell stays their parent and reaps them, and hanging it
+    up takes them down with it."""
+    parts = []
+    for app, ready in zip(apps, ready_files):
+        args = [binary, process_name(app), str(app.size_bytes), "1" if app.compressible else "0",
+                "1" if app.active else "0", str(ACTIVE_PERCENT), str(round(ACTIVE_PERIOD_S * 1000))]
+        parts.append(f"rm -f {shlex.quote(ready)}; (echo {app.oom_score_adj} > /proc/self/oom_score_adj && "
+                     f"exec {shlex.join(args)}) > {shlex.quote(ready)} 2>&1 < /dev/null & echo $!")
+    return "; ".join(parts) + "; wait"
+
+
+@dataclass
+class AppSession:
+    """The apps running on one phone, and the shell that holds them."""
+
+    running: list[RunningApp]
+    connection: Any = None            # adbutils' AdbConnection of the held shell
+
+    def to_dicts(self) -> list[dict]:
+        return [r.to_dict() for r in self.running]
+
+
+def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
+    """Push the app binary (when the phone lacks it), stop any leftovers of these names, start
+    the apps in one held shell and wait until each holds its memory or is gone. `phone` is a
+    devices.adb_phone.AdbPhone."""
+    if not apps:
+        return AppSession([])
+    work = phone.work_dir()
+    binary = f"{work}/{BINARY}"
+    phone.push(str(binary_local), binary)
+    status, _, err = phone.shell(f"chmod 755 {shlex.quote(binary)}")
+    if status != 0:
+        raise CoAppError(f"chmod of {binary} failed: {err.decode(errors='replace').strip()}")
+    phone.stop_strays([process_name(a) for a in apps])
+    ready_files = [f"{work}/{process_name(a)}.ready" for a in apps]
+    conn = phone.open_shell(start_script(binary, apps, ready_files))
+    session = AppSession([], conn)
+    try:
+        pids = _read_pids(conn, len(apps))
+        session.running = [RunningApp(a, pid, False, f) for a, pid, f in zip(apps, pids, ready_files)]
+        ready = _wait_ready(phone, session.running)
+    except BaseException:
+        stop(phone, session)
+        raise
+    session.running = [RunningApp(r.app, r.pid, r.pid in ready, r.ready_file) for r in session.running]
+    return session
+
+
+def _read_pids(conn, n: int) -> list[int]:
+    """The first n lines the start script prints: one pid per app."""
+    buf = b""
+    conn.conn.settimeout(FILL_MIN_S)
+    while buf.count(b"\n") < n:
+        chunk = conn.conn.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    lines = buf.decode(errors="replace").split()
+    if len(lines) < n or not all(x.isdigit() for x in lines[:n]):
+        raise CoAppError(f"the apps did not start: {buf.decode(errors='replace').strip()[:200]!r}")
+    return [int(x) for x in lines[:n]]
+
+
+def _wait_ready(phone, running: Sequence[RunningApp]) -> set[int]:
+    """The pids that said "ready"; each of the others died first (or the fill took too long)."""
+    deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(r.app.size_bytes for r in running) / (1 << 30))
+    pending = {r.pid: r.ready_file for r in running}
+    ready: set[int] = set()
+    while pending and time.monotonic() < deadline:
+        script = "; ".join(f"if grep -q ready {shlex.quote(f)} 2>/dev/null; then echo {pid} ready; "
+                           f"elif [ ! -d /proc/{pid} ]; then echo {pid} gone; fi" for pid, f in pending.items())
+        _, out, _ = phone.shell(script)
+        for line in out.decode(errors="replace").splitlines():
+            pid_text, _, word = line.partition(" ")
+            if pid_text.isdigit() and int(pid_text) in pending:
+                del pending[int(pid_text)]
+                if word == "ready":
+                    ready.add(int(pid_text))
+        if pending:
+            time.sleep(POLL_S)
+    return ready
+
+
+def stop(phone, session: AppSession) -> list[str]:
+    """Hang up the apps' shell (adbd kills its process group), kill any that outlived it, remove
+    their files; the names of those already gone before (lmkd took them during the run)."""
+    running = session.running
+    alive = "; ".join(f"if {_alive_test(r)}; then :; else echo {shlex.quote(r.process_name)}; fi" for r in running)
+    gone = phone.shell(alive)[1].decode(errors="replace").split() if running else []
+    if session.connection is not None:
+        session.connection.close()
+        session.connection = None
+    if running:
+        kill = "; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; fi" for r in running)
+        files = " ".join(shlex.quote(r.ready_file) for r in running)
+        phone.shell(f"{kill}; rm -f {files}")
+    return gone
+
+
+def _alive_test(r: RunningApp) -> str:
+    """A shell test: the app's pid is still this app and has not exited (a zombie has: its
+    memory is gone, and an orphan may wait a while for init to reap it)."""
+    status = f"/proc/{r.pid}/status"
+    return (f"grep -qs {shlex.quote('^Name:[[:space:]]*' + r.process_name + '$')} {status} && "
+            f"! grep -qs '^State:[[:space:]]*Z' {status}")

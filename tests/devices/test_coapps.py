@@ -1,0 +1,121 @@
+"""Other apps beside the engine (devices/coapps.py, devices/coapp.c): built here, pushed through the
+real adb server to a virtual phone, started at their state's oom_score_adj inside the phone,
+holding their memory, stopped; leftovers of a crashed campaign killed by the next start; and
+lmkd's hard kills of other processes told apart from its soft ones."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+import time
+
+import pytest
+
+from devices import coapps
+from devices.adb import AdbServer as Server
+from devices.adb_phone import AdbPhone
+from devices.lmk import LmkEvent, hard_kills_of_others
+from devices.virtual.phone import HOST_ABI
+
+MIB = 1 << 20
+
+
+def status_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def test_the_app_holds_its_memory_under_its_name(tmp_path):
+    binary = coapps.build(HOST_ABI[platform.machine()], tmp_path)
+    assert coapps.build(HOST_ABI[platform.machine()], tmp_path) == binary          # cached by source and ABI
+    for compressible, active in ((False, False), (True, True)):
+        proc = subprocess.Popen([str(binary), "co.cached1", str(24 * MIB), str(int(compressible)), str(int(active)),
+                                 "4", "100"], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+            st = status_of(proc.pid)
+            assert st["Name"] == "co.cached1" and int(st["VmRSS"].split()[0]) >= 24 * 1024, st
+        finally:
+            proc.kill()
+            proc.communicate()
+    bad = subprocess.run([str(binary), "x", "0", "0", "0", "4", "100"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad size" in bad.stderr
+
+
+def test_a_phone_of_another_abi_needs_the_ndk(tmp_path, monkeypatch):
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
+    other = "arm64-v8a" if HOST_ABI[platform.machine()] != "arm64-v8a" else "x86_64"
+    with pytest.raises(coapps.CoAppError, match=f"built for a {other} phone: set ANDROID_NDK_HOME"):
+        coapps.build(other, tmp_path)
+
+
+def test_loads_parse_as_apps():
+    assert coapps.parse_apps("none") == [] and coapps.parse_apps("") == []
+    cached, perceptible = coapps.parse_apps("cached:64MiB + perceptible:32MiB:active")
+    assert (cached.oom_score_adj, cached.size_bytes, perceptible.oom_score_adj, perceptible.active) == \
+        (900, 64 * MIB, 200, True)
+    assert [coapps.process_name(a) for a in (cached, perceptible)] == ["co.cached1", "co.perceptible1"]
+
+
+def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, tmp_path):
+    phone_info = make_phone("coapps", 256 * MIB)
+    phone = AdbPhone(phone_info.serial, Server("127.0.0.1", adb_server.port))
+    binary = coapps.build(HOST_ABI[platform.machine()], tmp_path)
+    apps = coapps.parse_apps("cached:24MiB+perceptible:16MiB:active")
+    session = coapps.start(phone, apps, binary)
+    running = session.running
+    try:
+        assert [r.ready for r in running] == [True, True]
+        for r, want_adj in zip(running, (900, 200)):
+            st = status_of(r.pid)
+            assert st["Name"] == r.process_name and int(st["VmRSS"].split()[0]) >= r.app.size_bytes // 1024 * 0.9
+            with open(f"/proc/{r.pid}/oom_score_adj") as f:
+                assert int(f.read()) == want_adj
+            with open(f"/proc/{r.pid}/cgroup") as f:     # in the phone's memory cgroup, charged to its RAM
+                assert any(phone_info.name in line for line in f if ":memory:" in line)
+            assert int(st["Uid"].split()[0]) == 2000      # the shell user that started it
+        # a campaign that died leaves them running: the next start of these names kills them first
+        again = coapps.start(phone, apps, binary)
+        assert _all_gone(running) and not _all_gone(again.running, 0.5)
+        session.connection.close()                    # (the lost phone's shell, here still open)
+        session, running = again, again.running
+    finally:
+        gone = coapps.stop(phone, session)
+    assert gone == [] and _all_gone(running)
+    assert coapps.stop(phone, session) == [r.process_name for r in running]       # already gone: named
+    # a campaign that dies closes the shell with it: the phone hangs up the apps
+    crashed = coapps.start(phone, apps[:1], binary)
+    assert not _all_gone(crashed.running, 0.5)
+    crashed.connection.close()
+    assert _all_gone(crashed.running)
+
+
+def _all_gone(running, wait_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while any(_alive(r.pid) for r in running):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return re.sub(r"^.*\) ", "", f.read())[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def test_lmkds_kills_past_its_soft_level_are_told_apart():
+    def kill(pid, name, adj, source="lmkd"):
+        return LmkEvent(source=source, fmt="android12+", pid=pid, name=name, oom_score_adj=adj)
+
+    engine = kill(10, "/data/local/tmp/bmoe/bmoe-cli", 0)
+    events = [kill(11, "co.cached1", 900), kill(12, "co.perceptible1", 200), kill(12, None, 200, "killinfo"),
+              kill(13, "com.android.systemui", 0), engine, kill(14, "x", 200, "kernel-oom")]
+    assert hard_kills_of_others(events, [engine]) == ["co.perceptible1 (oom_score_adj 200)",
+                                                      "com.android.systemui (oom_score_adj 0)"]
+    assert hard_kills_of_others([kill(11, "co.cached1", 900)], []) == []

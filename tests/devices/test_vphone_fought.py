@@ -1,0 +1,112 @@
+"""Recommendations that see the reclaim war, end to end on virtual phones with zram (issue 25,
+done-when points 1 and 2), with bmoe-py and with the real bmoe-cli, through the real adb server,
+the campaign runner, the analysis and `recommend --verify`.
+
+- A sweep past the RAM left beside an app in use: a budget survives while the phone swaps it back
+  in during the decode. The rule of the last release (survived, cache filled) takes it as the
+  ceiling; this one calls it fought, says why, and sits the ceiling under it. Every recommended
+  argv is still accepted by the engine on the phone.
+- The same sweep with other apps as an axis (`axes.apps`, started by the harness through adb for
+  each run): beside a cached app, lmkd kills the app at its soft level and the engine keeps the
+  budget; beside a perceptible app, which lmkd spares until the min watermark breaks, the same
+  budget is fought (swapped back in, or the app killed past lmkd's soft level). The ceilings differ
+  in lmkd's order, and each recommendation names its load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.campaign_file import parse_campaign
+from harness.runner import run_campaign
+from harness.verify import verifier
+from results.analyze import _boundary, analyze
+from results.recommend import recommend
+from results.rundir import read_campaigns
+from results.table import build_table
+from tests.devices.conftest import UNIFORM_MODEL_BYTES, needs_zram
+
+MIB = 1 << 20
+RAM = UNIFORM_MODEL_BYTES         # the phone has as much RAM as the model has bytes
+ZRAM = RAM // 2
+LMK = {"kill_heaviest_task": True}
+TOKENS = 160
+TOP_K = 2                      # the model's cycle is 14.2 MiB at top-k 2: every budget below clears it
+# An app in use beside the engine holds 30 % of the RAM (its pages touched in turn, so they stay
+# resident or fault back). Budgets up to and past the RAM left beside it: at the top ones lmkd,
+# with the min watermark breached and swap low, kills the app (adj 900 or 200, above the engine's 0).
+APP_MIB = RAM * 30 // 100 // MIB
+CACHED, PERCEPTIBLE = f"cached:{APP_MIB}MiB:active", f"perceptible:{APP_MIB}MiB:active"
+BUDGETS = [0, 16, 28, 40, 52, 58, 64]
+
+@pytest.fixture(scope="module")
+def model(uniform_model) -> Path:
+    return uniform_model
+
+
+def sweep(out: Path, adb_server, phone_home, phone, model: Path, engine: dict, budgets: list[int],
+          apps: list[str] | None = None, dense: str = "anon") -> Path:
+    data = {"version": 1, "name": out.name,
+            "fleet": {"devices": [f"virtual:{phone.name}"], "virtual_home": str(phone_home),
+                      "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
+            "models": {"bank": str(model)}, "engine": engine,
+            "axes": {"cache_mb": budgets, "dense_weights": [dense], "n_expert_used": [TOP_K],
+                     **({"apps": apps} if apps else {})},
+            "run": {"n_predict": TOKENS, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
+    run_campaign(parse_campaign(data, source=f"{out.name}.toml"), out, progress_stream=io.StringIO())
+    return out
+
+
+def seen(analysis) -> list[tuple]:
+    return [(g.apps, p.budget_mib, p.ok, p.killed, round(p.tok_s, 2), round(p.swap_in_mib_per_tok, 2),
+             round(p.vm_swap_max_mib, 1), p.others_killed, p.fought) for g in analysis.groups for p in g.points]
+
+
+@needs_zram
+def test_a_budget_that_survives_while_swapping_is_rejected(tmp_path, adb_server, make_phone, phone_home, model,
+                                                           engine):
+    phone = make_phone("fought", RAM, zram_bytes=ZRAM, lmk=LMK)
+    out = sweep(tmp_path / "fought", adb_server, phone_home, phone, model, engine, BUDGETS, [PERCEPTIBLE])
+    analysis = analyze(build_table(read_campaigns([out])))
+    print(seen(analysis))
+    (g,) = analysis.groups
+    fought = [p for p in g.points if p.fought]
+    assert fought, seen(analysis)
+    assert all(p.ok == p.runs and p.filled for p in fought), seen(analysis)        # survived, cache filled
+    # the last release's rule: no fights, so the largest budget that survived with its cache filled
+    old = _boundary([dataclasses.replace(p, fought="") for p in g.points], pd.DataFrame({"run_id": [], "evidence": []}))
+    assert old.largest_safe_mib is not None and old.largest_safe_mib >= fought[0].budget_mib
+    recs = recommend([out], verify=verifier())
+    (r,) = recs.all()
+    ceiling = r.auto.cache_ceil_mb if r.auto is not None else 0
+    assert ceiling < fought[0].budget_mib, (r.reason, seen(analysis))
+    assert r.lmk["fought"] and r.lmk["fought"][0]["budget_mib"] == fought[0].budget_mib
+    assert "fought: " in r.lmk["fought"][0]["reason"] and "fought" in " ".join(r.confidence_reasons + (r.reason,))
+    assert r.verification and all(v["status"] == "accepted" for v in r.verification.values()), r.verification
+
+
+@needs_zram
+def test_other_apps_as_an_axis_give_ceilings_in_lmkds_order(tmp_path, adb_server, make_phone, phone_home, model,
+                                                             engine):
+    phone = make_phone("loads", RAM, zram_bytes=ZRAM, lmk=LMK)
+    loads = [CACHED, PERCEPTIBLE]
+    out = sweep(tmp_path / "loads", adb_server, phone_home, phone, model, engine, BUDGETS, loads)
+    analysis = analyze(build_table(read_campaigns([out])))
+    print(seen(analysis))
+    recs = recommend([out])
+    by_load = {r.apps: r for r in recs.all()}
+    assert set(by_load) == set(loads), seen(analysis)
+    cached, perceptible = (by_load[x] for x in loads)
+
+    def ceiling(r):
+        return r.auto.cache_ceil_mb if r.auto is not None else 0
+
+    assert ceiling(cached) > ceiling(perceptible), (cached.reason, perceptible.reason, seen(analysis))
+    assert cached.reason.startswith(f"with {loads[0]} open: ") and perceptible.reason.startswith(f"with {loads[1]} open")
+    (device,) = recs.devices
+    assert any(loads[0] in n and loads[1] in n for n in device.default.notes), device.default.notes
