@@ -32,6 +32,7 @@ from devices.base import (
     PressureSample,
     RunInterrupted,
     RunOutcome,
+    StdinFeeder,
     parse_battery_temp_dc,
     parse_getprop,
     parse_meminfo_kb,
@@ -44,7 +45,8 @@ from engine.safetext import one_line
 
 WORK_DIR = "/data/local/tmp/bmoe"
 _MARK = "@@BMOE"
-_SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT = 1, 2, 3
+# shell v2 packet ids (adb's shell_protocol.h): stdin, stdout, stderr, exit, close-stdin
+_SHELL_STDIN, _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT, _SHELL_CLOSE_STDIN = 0, 1, 2, 3, 4
 SYNC_DATA_MAX = 64 * 1024
 DEVICE_TIMEOUT_S = 30.0     # run.device_timeout_s's default: a phone silent this long is lost
 SHA256_SILENCE_S = 600.0    # remote_sha256's bound: a whole model read at ~10 MiB/s or better
@@ -327,25 +329,31 @@ class AdbPhone:
 
     # ---- running --------------------------------------------------------------------------------
     def wrapper_command(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                        scrub_prefix: str | None) -> str:
-        """The device-side wrapper: scrub, cd, start in the background, report pid and status."""
-        parts = []
+                        scrub_prefix: str | None, stdin: bool = False) -> str:
+        """The device-side wrapper: scrub, cd, start in the background, report pid and status.
+        The engine's stdin is /dev/null, or with `stdin` the shell's own (adb's stdin packets): a
+        background command of a shell without job control gets /dev/null unless redirected, so
+        the shell's stdin is kept on fd 3 first and given back to it from there."""
+        parts = ["exec 3<&0"] if stdin else []
         if scrub_prefix:
             parts.append(f"for v in $(env | sed -n 's/^\\({re.escape(scrub_prefix)}[A-Za-z0-9_]*\\)=.*/\\1/p'); "
                          "do unset \"$v\"; done")
         if cwd:
             parts.append(f"cd {shlex.quote(cwd)} || exit 126")
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-        parts.append(f"{assigns + ' ' if assigns else ''}{_q(argv)} </dev/null & p=$!")
+        redirect = "<&3 3<&-" if stdin else "</dev/null"
+        parts.append(f"{assigns + ' ' if assigns else ''}{_q(argv)} {redirect} & p=$!")
         parts.append(f"echo {_MARK}PID $p >&2")
         parts.append(f"wait $p; s=$?; echo {_MARK}EXIT $s >&2; exit $s")
         return "; ".join(parts)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
-            sample_period_s: float = 1.0, scrub_prefix: str | None = "BMOE_") -> RunOutcome:
-        """Run argv on the phone under the wrapper: output streamed, pressure sampled, killed at the timeout."""
-        command = self.wrapper_command(argv, env, cwd, scrub_prefix)
+            sample_period_s: float = 1.0, feeder: StdinFeeder | None = None,
+            scrub_prefix: str | None = "BMOE_") -> RunOutcome:
+        """Run argv on the phone under the wrapper: output streamed, pressure sampled, killed at the
+        timeout; `feeder` writes its stdin through the shell protocol's stdin packets."""
+        command = self.wrapper_command(argv, env, cwd, scrub_prefix, stdin=feeder is not None)
         started_at, t0 = time.time(), time.monotonic()
         conn = None
         try:
@@ -413,13 +421,17 @@ class AdbPhone:
         threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=killer, daemon=True)]
         for t in threads:
             t.start()
+        if feeder is not None:
+            feeder.attach(*_stdin_packets(conn), t0)
         exit_status: int | None = None
         ended = False                   # the stream ended as it should (its exit packet)
         try:
-            exit_status = self._read_shell(conn, out, on_stdout, on_err, heard, watch_s, argv[0])
+            exit_status = self._read_shell(conn, out, on_stdout, on_err, heard, watch_s, argv[0], feeder)
             ended = True
         finally:
             stop.set()
+            if feeder is not None:
+                feeder.finish()
             conn.close()
             for t in threads:           # a thread stuck on a silent phone is a daemon: not waited for
                 t.join(timeout=5 if ended else 0.1)
@@ -431,7 +443,7 @@ class AdbPhone:
                           bytes(err), tuple(samples), started_at)
 
     def _read_shell(self, conn, out: bytearray, on_stdout: OutputFn | None, on_err: Callable[[bytes], None],
-                    heard: list[float], watch_s: float, what: str) -> int | None:
+                    heard: list[float], watch_s: float, what: str, feeder: StdinFeeder | None = None) -> int | None:
         """The shell protocol's packets until its exit packet (returns its status). The socket is
         read in ticks of _READ_TICK_S, never blocking longer: between reads the watch (no answer for
         watch_s, heard[0] being the latest) and the stop event are checked."""
@@ -449,6 +461,8 @@ class AdbPhone:
                     out.extend(data)
                     if on_stdout:
                         on_stdout(data)
+                    if feeder is not None:
+                        feeder.on_stdout(data)
                 elif kind == _SHELL_STDERR:
                     on_err(data)
                 elif kind == _SHELL_EXIT:
@@ -545,6 +559,38 @@ def strays_killed(text: str) -> int:
     """How many strays the strays command said it killed (0 when it said nothing)."""
     lines = text.strip().splitlines()
     return int(lines[-1]) if lines and lines[-1].isdigit() else 0
+
+
+def shell_packet(kind: int, data: bytes = b"") -> bytes:
+    """One shell v2 packet: its id, the length (32 bits, little-endian), the data."""
+    return bytes([kind]) + len(data).to_bytes(4, "little") + data
+
+
+def _stdin_packets(conn) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """A feeder's write and close on a run's shell stream: stdin packets, then one close-stdin
+    packet (adbd closes the command's stdin: EOF). Sent from the feeder's thread while run()
+    reads the same socket (a socket is full duplex); a stream already gone drops what is sent
+    (run() reports how it ended), and nothing goes out after the close."""
+    lock = threading.Lock()
+    closed = [False]
+
+    def send(packet: bytes) -> None:
+        with contextlib.suppress(OSError):
+            conn.conn.sendall(packet)
+
+    def write(data: bytes) -> None:
+        with lock:
+            if not closed[0]:
+                for i in range(0, len(data), SYNC_DATA_MAX):
+                    send(shell_packet(_SHELL_STDIN, data[i:i + SYNC_DATA_MAX]))
+
+    def close() -> None:
+        with lock:
+            if not closed[0]:
+                closed[0] = True
+                send(shell_packet(_SHELL_CLOSE_STDIN))
+
+    return write, close
 
 
 def _int_or_none(text: str) -> int | None:

@@ -168,6 +168,23 @@ OutputFn = Callable[[bytes], None]
 
 
 @runtime_checkable
+class StdinFeeder(Protocol):
+    """What writes a run's stdin while it runs (a `--session` engine's requests): the same object
+    for every device kind, given to Device.run(). run() calls `attach` once the process is
+    started, with how to write to its stdin, how to close it (EOF) and the monotonic time its
+    samples' t_s count from; then every stdout chunk goes to `on_stdout` as it arrives (the feeder
+    decides what to send and when: it may block in its own thread, never in on_stdout); and
+    `finish` once the process has ended (or the run was given up), so a feeder waiting for output
+    stops waiting. Without a feeder a run's stdin is /dev/null."""
+
+    def attach(self, write: Callable[[bytes], None], close: Callable[[], None], t0_monotonic: float) -> None: ...
+
+    def on_stdout(self, data: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@runtime_checkable
 class Device(Protocol):
     serial: str
 
@@ -198,8 +215,9 @@ class Device(Protocol):
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
-            sample_period_s: float = 1.0) -> RunOutcome:
-        """Run `argv` to its end (or the timeout), streaming its output and sampling its pressure."""
+            sample_period_s: float = 1.0, feeder: StdinFeeder | None = None) -> RunOutcome:
+        """Run `argv` to its end (or the timeout), streaming its output and sampling its pressure;
+        `feeder` writes its stdin (else /dev/null)."""
         ...
 
     def lmk_events(self, since_s: float) -> list[LmkEvent]:

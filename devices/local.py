@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -24,6 +25,7 @@ from devices.base import (
     OutputFn,
     PressureSample,
     RunOutcome,
+    StdinFeeder,
     parse_status_kb,
 )
 from devices.lmk import LmkEvent, parse_line
@@ -112,11 +114,36 @@ class _Sampler(threading.Thread):
             self.stop.wait(self.period_s)
 
 
-def _pump(stream, sink: list[bytes], callback: OutputFn | None) -> None:
+def _pump(stream, sink: list[bytes], callback: OutputFn | None, feeder: StdinFeeder | None = None) -> None:
     for chunk in iter(lambda: stream.read1(65536), b""):
         sink.append(chunk)
         if callback:
             callback(chunk)
+        if feeder is not None:
+            feeder.on_stdout(chunk)
+
+
+def _stdin_of(proc: subprocess.Popen) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """A feeder's write and close on a child's stdin pipe: a child that has exited (a broken
+    pipe) is not an error here; run() reports how it ended."""
+    lock = threading.Lock()
+
+    def write(data: bytes) -> None:
+        with lock:
+            if proc.stdin is not None and not proc.stdin.closed:
+                try:
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+                except (BrokenPipeError, ValueError):
+                    pass
+
+    def close() -> None:
+        with lock:
+            if proc.stdin is not None and not proc.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
+
+    return write, close
 
 
 class LocalDevice:
@@ -187,20 +214,24 @@ class LocalDevice:
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
             cwd: str | None = None, on_stdout: OutputFn | None = None, on_stderr: OutputFn | None = None,
-            sample_period_s: float = 1.0) -> RunOutcome:
+            sample_period_s: float = 1.0, feeder: StdinFeeder | None = None) -> RunOutcome:
         started_at = time.time()
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, cwd=cwd,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.PIPE if feeder is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as e:
             raise DeviceError(f"cannot start {argv[0]}: {e.strerror}") from None
         sampler = _Sampler(proc.pid, sample_period_s, self.state)
         sampler.start()
+        stdin = _stdin_of(proc) if feeder is not None else None
+        if feeder is not None and stdin is not None:
+            feeder.attach(*stdin, sampler.started)
         out: list[bytes] = []
         err: list[bytes] = []
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout), daemon=True),
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, on_stdout, feeder), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr, err, on_stderr), daemon=True)]
         for p in pumps:
             p.start()
@@ -216,6 +247,9 @@ class LocalDevice:
             proc.wait()
             raise
         finally:
+            if feeder is not None and stdin is not None:
+                feeder.finish()
+                stdin[1]()
             sampler.stop.set()
             sampler.join()
             for p in pumps:

@@ -216,6 +216,16 @@ class RunSettings:
     # app's state: cached 900+, previous 700, perceptible 200, foreground 0); None: the adj adb's
     # shell gives it (0 on a phone, docs/decisions.md)
     oom_score_adj: int | None = None
+    # session cells (harness.turns): `turns` turns of one `--session` engine, `idle_s` seconds of
+    # idle between them, `gap_apps` (one load of axes.apps' grammar, "" for none) allocating in each
+    # gap; turns = 1 is the one-shot cell
+    turns: int = 1
+    idle_s: float = 0.0
+    gap_apps: str = ""
+
+
+# run keys written to campaign.toml only when they differ from these (files written before them stay equal)
+_RUN_OMITTED = {"device_timeout_s": SWEEP.device_timeout_s, "turns": 1, "idle_s": 0.0, "gap_apps": ""}
 
 
 @dataclass(frozen=True)
@@ -284,11 +294,11 @@ class Campaign:
                      "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
                      **({"flags": a.flag_table()} if a.threads or a.flags else {}),
                      **({"apps": [load or "none" for load in a.apps]} if a.apps else {})},
-            # device_timeout_s (issue 28) only when set, oom_score_adj only when given: campaign.toml
-            # files written before them stay equal
+            # device_timeout_s (issue 28) and the session keys only when set, oom_score_adj only when
+            # given: campaign.toml files written before them stay equal
             "run": {k: list(v) if isinstance(v, tuple) else v
                     for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)
-                    if (k != "device_timeout_s" or v != SWEEP.device_timeout_s) and v is not None},
+                    if (k not in _RUN_OMITTED or v != _RUN_OMITTED[k]) and v is not None},
             "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
         }
 

@@ -61,6 +61,7 @@ MAX_EXPERTS = 65536             # as route traces are read (docs/decisions.md)
 MAX_THREADS = 1024
 CPU_TEMP_RANGE_C = (-50.0, 200.0)
 MAX_MEM_MB = 2 ** 30            # 1 PiB of MemAvailable
+MAX_TURNS = 1000                # turns of one session cell
 
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
@@ -308,7 +309,16 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         lock_wait_s=rd.scalar(r, "lock_wait_s", "run", float, d.lock_wait_s, check=_at_least(0, MAX_SECONDS)),
         oom_score_adj=rd.scalar(r, "oom_score_adj", "run", int, d.oom_score_adj,
                                 check=_at_least(0, OOM_SCORE_ADJ_MAX)),
+        turns=rd.scalar(r, "turns", "run", int, d.turns, check=_at_least(1, MAX_TURNS)),
+        idle_s=rd.scalar(r, "idle_s", "run", float, d.idle_s, check=_at_least(0, MAX_SECONDS)),
+        gap_apps=apps_load(rd.scalar(r, "gap_apps", "run", str, d.gap_apps, check=_apps_problem)),
     )
+    if run.turns == 1 and (run.idle_s or run.gap_apps):
+        raise rd.fail("run.idle_s" if run.idle_s else "run.gap_apps",
+                      "has no gap to apply to: set run.turns to 2 or more (a session cell)")
+    if (run.turns - 1) * run.idle_s >= run.timeout_s:
+        raise rd.fail("run.timeout_s", f"{number_text(run.timeout_s)} s is not longer than the session's gaps "
+                                       f"({run.turns - 1} x {number_text(run.idle_s)} s of run.idle_s)")
     for flag, _values in flags:
         if flag in run.engine_args:
             raise rd.fail(_flag_key(flag), "is in run.engine_args too: give it in one place")
@@ -327,6 +337,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
                         virtual_home=virtual_home, source=source)
     if any(axes.apps) and "local" in all_devices:
         raise rd.fail("axes.apps", "other apps run on phones (their lmkd decides who is killed): not on local")
+    if run.gap_apps and "local" in all_devices:
+        raise rd.fail("run.gap_apps", "other apps run on phones (their lmkd decides who is killed): not on local")
     check_cell_bound(campaign)
     return campaign
 

@@ -32,13 +32,15 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           device_timeout_s: float | None = None,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
                           engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
-                          flags: Sequence[str] = (), apps: Sequence[str] = ()) -> Campaign:
+                          flags: Sequence[str] = (), apps: Sequence[str] = (), turns: int | None = None,
+                          idle_s: float | None = None, gap_apps: str | None = None) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
     bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
     A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
     number); each `engine_args` item is split like a shell line into run.engine_args; each
     `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.flags); each
-    `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps."""
+    `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps;
+    `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells)."""
     model_table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
@@ -59,6 +61,9 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
         run["timeout_s"] = timeout_s
     if device_timeout_s is not None:
         run["device_timeout_s"] = device_timeout_s
+    for key, value in (("turns", turns), ("idle_s", idle_s), ("gap_apps", gap_apps)):
+        if value is not None:
+            run[key] = value
     data: dict[str, Any] = {
         "version": FORMAT_VERSION, "name": name,
         "fleet": {"devices": list(devices), "adb": servers},

@@ -99,6 +99,13 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--apps", "apps", multiple=True, metavar="LOAD,LOAD",
               help="Other apps open beside the engine, one load per value: none, cached:1GiB, "
                    "cached:1GiB+perceptible:512MiB (STATE:SIZE[:compressible][:active]; phones only).")
+@click.option("--turns", "turns", type=int, metavar="N",
+              help="Turns of one engine session per run (run.turns; default 1, a one-shot run): the engine runs "
+                   "with --session and gets N requests, an idle gap between them.")
+@click.option("--idle-s", "idle_s", type=float, metavar="S", help="Seconds of idle between a session's turns (run.idle_s).")
+@click.option("--gap-apps", "gap_apps", metavar="LOAD",
+              help="One load of other apps started during each gap and stopped at its end (run.gap_apps), e.g. "
+                   "cached:64MiB; phones only.")
 @click.option("--repeats", type=click.IntRange(min=1), default=SWEEP.repeats, show_default=True,
               help="Runs of every config, interleaved across configs.")
 @click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
@@ -123,7 +130,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
                   device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
                   rerun_failed: bool, as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
-                  flags: tuple[str, ...], apps: tuple[str, ...], preset: str | None) -> None:
+                  flags: tuple[str, ...], apps: tuple[str, ...], preset: str | None, turns: int | None,
+                  idle_s: float | None, gap_apps: str | None) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
@@ -139,7 +147,7 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
         repeats=repeats, n_predict=n_predict, adb=_split(adb),
         reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
         device_timeout_s=device_timeout_s, threads=threads,
-        engine_args=engine_args, flags=flags, apps=_split(apps)))
+        engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps))
     prepared = prepare(sweep.campaign)
     if dry_run:
         _echo_plan(prepared.plan, as_json)

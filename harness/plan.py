@@ -87,6 +87,8 @@ class Cell:
         return (f"{self.model} {budget} dense={c.dense_weights} k={c.n_expert_used} t={c.threads}"
                 + (f" io={c.io_threads}" if c.moe_stream else "") + (f" [{flags}]" if flags else "")
                 + (f" apps={c.apps}" if c.apps else "")
+                + (f" turns={c.turns} idle={c.idle_s:g}s" if c.turns and c.idle_s is not None else "")
+                + (f" gap-apps={c.gap_apps}" if c.gap_apps else "")
                 + f" r{self.repeat} p{self.pass_no}")
 
 
@@ -194,8 +196,18 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
                                 for load in a.apps or ("",):
                                     c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
                                     c = c.with_(apps=load) if load else c    # no apps: the cell id it always had
+                                    c = _with_turns(c, campaign)
                                     out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
     return list(out.values())
+
+
+def _with_turns(config: CellConfig, campaign: Campaign) -> CellConfig:
+    """A session cell's turns, idle gap and gap apps (harness.turns); a one-shot cell (turns 1) keeps
+    the config, so the cell id, it always had."""
+    r = campaign.run
+    if r.turns <= 1:
+        return config
+    return config.with_(turns=r.turns, idle_s=r.idle_s, **({"gap_apps": r.gap_apps} if r.gap_apps else {}))
 
 
 def _flag_settings(campaign: Campaign) -> list[dict[str, Any]]:
@@ -308,6 +320,8 @@ def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
     if not c.o_direct:
         argv.append("--no-odirect")
     argv += list(c.engine_args) + flag_argv(c.engine_flags)
+    if c.turns is not None and c.turns > 1:
+        argv.append("--session")          # its requests come on stdin (harness.turns)
     argv += ["--csv", csv_path]
     if route_path and c.route_trace:
         argv += ["--route-trace", route_path]

@@ -50,6 +50,7 @@ from harness.probe import Knee, ProbeError, knee_of_trace
 from harness.progress import Progress
 from harness.run_errors import disk_error
 from harness.staging import StagedEngine, Stager, engine_env, open_device
+from harness.turns import SessionFeeder, gap_app_specs, turns_record
 from store import names, outcomes, versioned
 from store.campaign_dir import CampaignDir
 from store.ledger import latest_by_cell, ledger_line
@@ -81,6 +82,18 @@ def samples_csv(samples: Sequence[PressureSample]) -> str:
                              for v in (s.t_s, s.mem_available_kb, s.vm_hwm_kb, s.vm_rss_kb, s.cpu_temp_mc,
                                        s.battery_temp_dc, *dataclasses.astuple(s.reclaim))))
     return "\n".join(rows) + "\n"
+
+
+def _session_whole(turns: Sequence[dict], feeder: SessionFeeder) -> bool:
+    """Every turn of a session cell answered BMOE_DONE, and stdin was closed after the last."""
+    return feeder.closed and len(turns) == feeder.n_turns and all(t["outcome"] == "done" for t in turns)
+
+
+def _session_short(turns: Sequence[dict], n_turns: int) -> str:
+    """Why a session run that exited 0 is not a measurement of its turns."""
+    done = sum(t["outcome"] == "done" for t in turns)
+    errors = [f"turn {t['turn']}: {t.get('error') or t['outcome']}" for t in turns if t["outcome"] != "done"]
+    return f"session: {done} of {n_turns} turns answered BMOE_DONE" + (f" ({'; '.join(errors)})" if errors else "")
 
 
 class Worker(threading.Thread):
@@ -328,8 +341,9 @@ class Worker(threading.Thread):
             return outcomes.DEVICE_LOST, (str(e),)
         except DeviceError as e:
             return outcomes.PUSH_FAILED, (str(e),)
+        feeder = self._feeder(device, cell)
         try:
-            outcome = self._engine_run(device, cell, engine, seen, csv_remote, record)
+            outcome = self._engine_run(device, cell, engine, seen, csv_remote, record, feeder)
         finally:
             self._stop_apps(device, apps, record)
         if not isinstance(outcome, RunOutcome):
@@ -374,10 +388,15 @@ class Worker(threading.Thread):
                 metrics = read_metrics_csv(metrics_path)
             except ParseError as e:
                 parse_problem = str(e)
+        taken = {e.pid for e in events}
         if apps:
-            taken = {e.pid for e in events}
             for app in record["apps"]:
                 app["lmk_killed"] = app["pid"] in taken
+        if feeder is not None:
+            record["turns"] = turns_record(feeder, outcome.samples, metrics.summaries if metrics is not None else ())
+            for turn in record["turns"]:
+                for app in (turn.get("gap") or {}).get("apps") or ():
+                    app["lmk_killed"] = app["pid"] in taken
         # another app lmkd killed past its soft level to make room (docs/method.md, fought rule 3)
         record["others_hard_killed"] = hard_kills_of_others(events, kills)
         record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
@@ -393,6 +412,9 @@ class Worker(threading.Thread):
         evidence = verdict.evidence
         if verdict.outcome == outcomes.INVALID and parse_problem:
             evidence = (parse_problem,)
+        if feeder is not None and verdict.outcome == outcomes.OK and not _session_whole(record["turns"], feeder):
+            # exit 0 with a summary, but the session did not run every turn it was asked for
+            return outcomes.INVALID, (_session_short(record["turns"], feeder.n_turns),)
         return verdict.outcome, evidence
 
     # -- pieces -----------------------------------------------------------------------------
@@ -417,8 +439,32 @@ class Worker(threading.Thread):
         for app in record["apps"]:
             app["gone_by_end"] = app["name"] in gone
 
+    def _feeder(self, device: Device, cell: Cell) -> SessionFeeder | None:
+        """A session cell's driver (harness.turns): its turns, its idle gaps, and the gap apps it
+        starts and stops in each gap (on a phone; elsewhere each gap records why it has none)."""
+        c = cell.config
+        if not c.turns or c.turns <= 1:
+            return None
+        gap_apps = gap_app_specs(coapps.parse_apps(c.gap_apps)) if c.gap_apps else []
+
+        def start(_after_turn: int) -> coapps.AppSession | None:
+            if not gap_apps:
+                return None
+            if not isinstance(device, AdbPhone):
+                raise DeviceError(f"other apps ({c.gap_apps}) run only on a phone, not on {cell.device}")
+            return coapps.start(device, gap_apps, self.stager.apps_binary(device))
+
+        def stop(session: coapps.AppSession | None) -> list[dict]:
+            if session is None:
+                return []
+            gone = set(coapps.stop(device, session))
+            return [a | {"gone_by_end": a["name"] in gone} for a in session.to_dicts()]
+
+        return SessionFeeder(c.turns, float(c.idle_s or 0.0), c.prompt, int(c.n_predict or 1), start, stop,
+                             stop=self.ctx.stop)
+
     def _engine_run(self, device: Device, cell: Cell, engine: StagedEngine, seen: CpuSeen, csv_remote: str,
-                    record: dict) -> RunOutcome | tuple[str | None, tuple[str, ...]]:
+                    record: dict, feeder: SessionFeeder | None = None) -> RunOutcome | tuple[str | None, tuple[str, ...]]:
         """The engine's run, its share of the cores recorded; an outcome pair when it never ran
         or its end is unknown (None: interrupted)."""
         c = self.ctx.campaign
@@ -427,7 +473,7 @@ class Worker(threading.Thread):
         try:
             return device.run(at_oom_score_adj(cell.argv, c.run.oom_score_adj), env=engine_env(device, engine.env),
                               timeout_s=c.run.timeout_s,
-                              sample_period_s=1.0)
+                              sample_period_s=1.0, feeder=feeder)
         except RunInterrupted:
             return None, ()
         except DeviceLost as e:

@@ -51,6 +51,9 @@ class CellConfig:
     engine_args: tuple[str, ...] = ()       # run.engine_args (present only when the campaign has some)
     engine_flags: Mapping[str, Any] = field(default_factory=_no_flags)   # [axes.flags] setting (same)
     apps: str = ""                          # [axes] apps: the other apps open beside it ("cached:1GiB+…")
+    turns: int | None = None                # run.turns of a session cell (present only when > 1) …
+    idle_s: float | None = None             # … run.idle_s between its turns …
+    gap_apps: str = ""                      # … and run.gap_apps, allocating in each gap (only when some)
     probe: bool | None = None               # a knee probe's route-trace run
     knee_mb: float | None = None            # a knee cell's knee, from its probe (run.json only)
     probe_cell_id: str | None = None        # … and that probe's cell
