@@ -82,6 +82,7 @@ class BudgetPoint:
     vm_swap_max_mib: float = math.nan        # the most of the engine any finished run had in swap
     fought: str = ""                         # why the budget counts as fought ("" when it is not): fought_reason
     others_killed: str = ""                  # other apps lmkd killed past its soft level while a run finished
+    gap_taken: str = ""                      # a session run's cache taken in an idle gap (results.turns.gap_taken)
 
     @property
     def filled(self) -> bool:
@@ -282,7 +283,8 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         swap_in_mib_per_tok=median(numbers_of(ok, "swap_in_mib_per_tok")),
         vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
-                                              for x in str(v).split(",") if x)))
+                                              for x in str(v).split(",") if x)),
+        gap_taken=next((str(v) for v in column_of(ok, "gap_taken").dropna() if str(v)), ""))
 
 
 def _most(values: np.ndarray) -> float:
@@ -295,7 +297,8 @@ def fought_reason(p: BudgetPoint, cache0: BudgetPoint | None) -> str:
     back in FOUGHT_SWAP_IN_MIB_PER_TOK or more per token, or decode was slower than every cache-0
     run of the same series while the engine was in swap or faulting FOUGHT_MAJFLT_FACTOR times
     cache 0's major faults per token; or lmkd killed another app past its soft level (perceptible or
-    in front: others_hard_killed) to make room while it ran."""
+    in front: others_hard_killed) to make room while it ran; or, in a session run, the cache was
+    taken during an idle gap (re-reads, faults or swap-in on the next turn: results.turns.gap_taken)."""
     if not p.ok or math.isnan(p.budget_mib) or p.budget_mib <= 0:
         return ""
     parts = []
@@ -303,6 +306,8 @@ def fought_reason(p: BudgetPoint, cache0: BudgetPoint | None) -> str:
         parts.append(f"lmkd killed {p.others_killed} to make room")
     if p.swap_in_mib_per_tok >= FOUGHT_SWAP_IN_MIB_PER_TOK:
         parts.append(f"{p.swap_in_mib_per_tok:.3g} MiB/token swapped in")
+    if p.gap_taken:
+        parts.append(p.gap_taken)
     if cache0 is not None and cache0.ok and not math.isnan(p.tok_s) and p.tok_s < cache0.tok_s_min:
         base_flt = 0.0 if math.isnan(cache0.majflt_per_tok) else cache0.majflt_per_tok
         faults = not math.isnan(p.majflt_per_tok) and p.majflt_per_tok > max(1.0, FOUGHT_MAJFLT_FACTOR * base_flt)

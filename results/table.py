@@ -31,6 +31,7 @@ from results.errors import ResultsError
 from results.numbers import to_float
 from results.rundir import CampaignData, RunFolder, read_campaigns
 from results.tokens import PUBLISHED_MIN_TOKENS, token_stats
+from results.turns import turn_columns
 from store import names, outcomes
 from store.cells import CellConfig
 
@@ -380,6 +381,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "batt_temp_max_dc": to_float(pressure.get("batt_temp_max_dC")),
     })
     row.update(_entry(rec.get("entry_state"), rec.get("gate")))
+    # a session run's turns and the idle gaps between them (results/turns.py)
+    row.update(turn_columns(rec.get("turns")))
     # every configuration key (those with a column of their own under another name are renamed)
     for key, value in sorted(config.to_dict().items()):
         column = _CONFIG_RENAMES.get(key, key)
