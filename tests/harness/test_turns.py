@@ -5,6 +5,7 @@ rule that reads a session's turns (results/turns.py) as far as the fought rule."
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -194,3 +195,41 @@ def test_a_cache_taken_in_the_gap_makes_the_budget_fought():
     assert fought_reason(point(300, "taken in the gap: turn 2 re-read 42 MiB"), zero) == \
         "fought: taken in the gap: turn 2 re-read 42 MiB"
     assert fought_reason(point(0, "taken in the gap: turn 2 re-read 42 MiB"), zero) == ""   # cache 0 has no cache
+
+
+def test_a_local_session_cell_through_the_runner_and_the_analysis(tmp_path, tiny_model):
+    """A session sweep on this host through the campaign runner (the worker's feeder path on
+    LocalDevice): every cell `ok` with three turns in run.json and the run table; then one run's
+    turn 2 is made to have re-read what its first turn held (its recorded read raised past the
+    rule's thresholds, turn 1 evicting nothing), and the analysis calls that budget fought with the
+    gap's reason, while the untouched budget stays safe."""
+    from harness.runner import run_campaign
+    from results.analyze import analyze
+    from results.table import build_table
+
+    data = {"version": 1, "name": "s", "fleet": {"devices": ["local"]}, "models": {"m": str(tiny_model)},
+            "axes": {"cache_mb": [0, 1, 2], "dense_weights": ["anon"]},
+            "run": {"n_predict": 6, "threads": 1, "turns": 3, "idle_s": 0.5, "retries": 0}, "gate": {"max_wait_s": 1}}
+    out = tmp_path / "out"
+    run_campaign(parse_campaign(data, source="s.toml"), out, progress_stream=io.StringIO())
+    records = {p: json.loads(p.read_text()) for p in sorted(out.glob("runs/*/*/run.json"))}
+    assert len(records) == 3
+    for rec in records.values():
+        assert rec["outcome"] == "ok", rec["evidence"]
+        assert [t["outcome"] for t in rec["turns"]] == ["done"] * 3 and rec["turns"][2]["gap"]["samples"] >= 1
+    table = build_table([out])
+    assert set(table["turns"]) == {3.0} and all(len(json.loads(v)) == 3 for v in table["turn_read_mib"])
+    assert not analyze(table).groups[0].points[-1].fought
+    # one budget's turn 2 re-read 5 MiB more than its first turn, which evicted nothing
+    path, rec = next((p, r) for p, r in records.items() if r["config"]["cache_mb"] == 2)
+    rec["turns"][0]["evictions"] = 0
+    rec["turns"][1]["read_mib"] = rec["turns"][0]["read_mib"] + 5.0
+    rec["turns"][2]["read_mib"] = 0.0
+    path.write_text(json.dumps(rec))
+    table = build_table([out])
+    reread = table.loc[table["cache_mb"] == 2, "gap_reread_mib"].iloc[0]
+    assert reread == rec["turns"][0]["read_mib"] + 5.0
+    (group,) = analyze(table).groups
+    by_budget = {p.budget_mib: p for p in group.points}
+    assert by_budget[2].fought == f"fought: taken in the gap: turn 2 re-read {reread:.3g} MiB", by_budget[2]
+    assert not by_budget[1].fought and by_budget[2].gap_taken
