@@ -19,6 +19,9 @@ from results.run_keys import text_of as _text
 
 # argv elements that belong to one run, not to its settings: its files, prompt and length
 RUN_ONLY = frozenset({"-m", "--model", "-p", "--prompt", "-n", "--n-predict", "--csv", "--route-trace"})
+# … and those without a value: a session cell's --session is how the harness drove the run
+# (harness/turns.py), not a setting; a recommended command line runs one-shot, as --verify does
+RUN_ONLY_ALONE = frozenset({"--session"})
 
 
 def settings_of(argv: Sequence[str]) -> tuple[str, ...]:
@@ -29,7 +32,8 @@ def settings_of(argv: Sequence[str]) -> tuple[str, ...]:
         if argv[i] in RUN_ONLY:
             i += 2
             continue
-        out.append(str(argv[i]))
+        if argv[i] not in RUN_ONLY_ALONE:
+            out.append(str(argv[i]))
         i += 1
     return tuple(out)
 

@@ -48,6 +48,11 @@ def test_turns_are_run_keys_that_change_cells_only_when_set(tmp_path, tiny_model
         assert (c.config.turns, c.config.idle_s, c.config.gap_apps) == (3, 20.0, "cached:64MiB")
         assert c.argv.count("--session") == 1 and c.argv.index("--session") < c.argv.index("--csv")
         assert c.label().endswith("turns=3 idle=20s gap-apps=cached:64MiB r0 p0"), c.label()
+    # a recommended command line is the run's settings, without how the harness drove it
+    from results.recommend_argv import settings_of
+
+    assert "--session" not in settings_of(cells[0].argv) and "--csv" not in settings_of(cells[0].argv)
+    assert settings_of(cells[0].argv) == settings_of(make_plan(one_shot).cells[0].argv)
     no_apps = make_plan(campaign(tiny_model, turns=2, idle_s=1.5)).cells[0].config.to_dict()
     assert no_apps["turns"] == 2 and no_apps["idle_s"] == 1.5 and "gap_apps" not in no_apps
 
