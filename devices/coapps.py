@@ -3,15 +3,16 @@
 The same on every phone, virtual or real: devices/coapp.c, built here for the phone's ABI (this
 host's C compiler for a phone of this host's architecture, as a virtual phone is; the Android
 NDK's clang, from $ANDROID_NDK_HOME, for an arm64 phone), is pushed beside the engine and started
-through one adb shell that stays open while they run (their parent, which reaps them), each at
-the app state's oom_score_adj (devices.virtual.apps.STATES: cached 900 and up, previous 700,
-perceptible 200, foreground 0). The shell user may raise its own adj, never lower it, and adb's
-shell runs at 0, so every state is in reach. Each app names itself (`co.cached1`,
-`co.perceptible1` …: what lmkd's kill line shows), fills its memory and says "ready" in a file
-beside it; `start` returns once all have (or have died: lmkd took them while the phone filled).
-`stop` hangs the shell up, which takes the apps down (adbd kills the command's process group), and
-kills any that outlived it. A campaign that crashed closed that shell with it; a phone that lost
-the connection may still run them, so `start` kills every process of those names first.
+each on an adb shell connection held open while it runs: the shell says its pid, writes the app
+state's oom_score_adj (devices.virtual.apps.STATES: cached 900 and up, previous 700, perceptible
+200, foreground 0) and execs the app, so adbd is its parent and nothing else of ours sits in the
+phone for lmkd to pick. The shell user may raise its own adj, never lower it, and adb's shell
+runs at 0, so every state is in reach. Each app names itself (`co.cached1`, `co.perceptible1` …:
+what lmkd's kill line shows), fills its memory and says "ready" on its connection; `start`
+returns once all have (or have died: lmkd took them while the phone filled). `stop` closes the
+connections, which takes the apps down (adbd hangs up each command), and kills any that outlived
+that. A campaign that crashed closed its connections with it; a phone that lost the connection
+may still run them, so `start` kills every process of those names first.
 
 On a virtual phone they are the phone's own processes (its memory cgroup, its lmkd's candidates),
 but run as the shell user, not as app uids the way `virtual up --apps` starts them.
@@ -26,7 +27,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,6 @@ NAME_PREFIX = "co."          # a co-tenant: "co.perceptible1" fits the 15 bytes 
 # an app fills its memory from /dev/urandom: this long per GiB, at least, before it is given up on
 FILL_S_PER_GIB = 30.0
 FILL_MIN_S = 20.0
-POLL_S = 0.2
 CFLAGS = ("-O2", "-static", "-std=c11")
 # Android ABIs (ro.product.cpu.abi) and the clang target of the NDK that builds for them
 NDK_TARGETS = {"arm64-v8a": "aarch64-linux-android26", "x86_64": "x86_64-linux-android26"}
@@ -57,7 +57,6 @@ class RunningApp:
     app: App
     pid: int
     ready: bool              # it held its memory before the engine started
-    ready_file: str
 
     @property
     def process_name(self) -> str:
@@ -121,25 +120,20 @@ def parse_apps(value: str | Sequence[str]) -> list[App]:
     return parse(items)
 
 
-def start_script(binary: str, apps: Sequence[App], ready_files: Sequence[str]) -> str:
-    """The shell line that starts every app in the background, each at its adj, prints their pids
-    (one line each) and waits for them: the shell stays their parent and reaps them, and hanging it
-    up takes them down with it."""
-    parts = []
-    for app, ready in zip(apps, ready_files):
-        args = [binary, process_name(app), str(app.size_bytes), "1" if app.compressible else "0",
-                "1" if app.active else "0", str(ACTIVE_PERCENT), str(round(ACTIVE_PERIOD_S * 1000))]
-        parts.append(f"rm -f {shlex.quote(ready)}; (echo {app.oom_score_adj} > /proc/self/oom_score_adj && "
-                     f"exec {shlex.join(args)}) > {shlex.quote(ready)} 2>&1 < /dev/null & echo $!")
-    return "; ".join(parts) + "; wait"
+def start_command(binary: str, app: App) -> str:
+    """The shell line of one app: say its pid, take the state's adj, become the app (exec: no shell
+    stays between adbd and the app, as none stays between an app and zygote)."""
+    args = [binary, process_name(app), str(app.size_bytes), "1" if app.compressible else "0",
+            "1" if app.active else "0", str(ACTIVE_PERCENT), str(round(ACTIVE_PERIOD_S * 1000))]
+    return f"echo $$; echo {app.oom_score_adj} > /proc/self/oom_score_adj && exec {shlex.join(args)} 2>&1"
 
 
 @dataclass
 class AppSession:
-    """The apps running on one phone, and the shell that holds them."""
+    """The apps running on one phone, each on the adb shell connection it was started on."""
 
     running: list[RunningApp]
-    connection: Any = None            # adbutils' AdbConnection of the held shell
+    connections: list[Any] = field(default_factory=list)     # adbutils AdbConnection, one per app
 
     def to_dicts(self) -> list[dict]:
         return [r.to_dict() for r in self.running]
@@ -147,8 +141,8 @@ class AppSession:
 
 def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
     """Push the app binary (when the phone lacks it), stop any leftovers of these names, start
-    the apps in one held shell and wait until each holds its memory or is gone. `phone` is a
-    devices.adb_phone.AdbPhone."""
+    each app on a held shell connection, and wait until each holds its memory or is gone. `phone`
+    is a devices.adb_phone.AdbPhone."""
     if not apps:
         return AppSession([])
     work = phone.work_dir()
@@ -158,68 +152,50 @@ def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
     if status != 0:
         raise CoAppError(f"chmod of {binary} failed: {err.decode(errors='replace').strip()}")
     phone.stop_strays([process_name(a) for a in apps])
-    ready_files = [f"{work}/{process_name(a)}.ready" for a in apps]
-    conn = phone.open_shell(start_script(binary, apps, ready_files))
-    session = AppSession([], conn)
+    session = AppSession([])
     try:
-        pids = _read_pids(conn, len(apps))
-        session.running = [RunningApp(a, pid, False, f) for a, pid, f in zip(apps, pids, ready_files)]
-        ready = _wait_ready(phone, session.running)
+        for app in apps:
+            session.connections.append(phone.open_shell(start_command(binary, app)))
+        deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / (1 << 30))
+        for app, conn in zip(apps, session.connections):
+            lines = _lines_until(conn, "ready", deadline)
+            if not lines or not lines[0].isdigit():
+                raise CoAppError(f"{app.describe()} did not start: {' '.join(lines)[:200]!r}")
+            session.running.append(RunningApp(app, int(lines[0]), "ready" in lines[1:]))
     except BaseException:
         stop(phone, session)
         raise
-    session.running = [RunningApp(r.app, r.pid, r.pid in ready, r.ready_file) for r in session.running]
     return session
 
 
-def _read_pids(conn, n: int) -> list[int]:
-    """The first n lines the start script prints: one pid per app."""
+def _lines_until(conn, word: str, deadline: float) -> list[str]:
+    """The lines a connection gives until one is `word`, it ends (the app died), or the deadline."""
     buf = b""
-    conn.conn.settimeout(FILL_MIN_S)
-    while buf.count(b"\n") < n:
-        chunk = conn.conn.recv(4096)
+    while time.monotonic() < deadline:
+        conn.conn.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = conn.conn.recv(4096)
+        except TimeoutError:
+            break
         if not chunk:
             break
         buf += chunk
-    lines = buf.decode(errors="replace").split()
-    if len(lines) < n or not all(x.isdigit() for x in lines[:n]):
-        raise CoAppError(f"the apps did not start: {buf.decode(errors='replace').strip()[:200]!r}")
-    return [int(x) for x in lines[:n]]
-
-
-def _wait_ready(phone, running: Sequence[RunningApp]) -> set[int]:
-    """The pids that said "ready"; each of the others died first (or the fill took too long)."""
-    deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(r.app.size_bytes for r in running) / (1 << 30))
-    pending = {r.pid: r.ready_file for r in running}
-    ready: set[int] = set()
-    while pending and time.monotonic() < deadline:
-        script = "; ".join(f"if grep -q ready {shlex.quote(f)} 2>/dev/null; then echo {pid} ready; "
-                           f"elif [ ! -d /proc/{pid} ]; then echo {pid} gone; fi" for pid, f in pending.items())
-        _, out, _ = phone.shell(script)
-        for line in out.decode(errors="replace").splitlines():
-            pid_text, _, word = line.partition(" ")
-            if pid_text.isdigit() and int(pid_text) in pending:
-                del pending[int(pid_text)]
-                if word == "ready":
-                    ready.add(int(pid_text))
-        if pending:
-            time.sleep(POLL_S)
-    return ready
+        if word.encode() in buf.split(b"\n"):
+            break
+    return buf.decode(errors="replace").split()
 
 
 def stop(phone, session: AppSession) -> list[str]:
-    """Hang up the apps' shell (adbd kills its process group), kill any that outlived it, remove
-    their files; the names of those already gone before (lmkd took them during the run)."""
+    """Hang up the apps' connections (adbd kills each command's process group), kill any that
+    outlived it; the names of those already gone before (lmkd took them during the run)."""
     running = session.running
     alive = "; ".join(f"if {_alive_test(r)}; then :; else echo {shlex.quote(r.process_name)}; fi" for r in running)
     gone = phone.shell(alive)[1].decode(errors="replace").split() if running else []
-    if session.connection is not None:
-        session.connection.close()
-        session.connection = None
+    for conn in session.connections:
+        conn.close()
+    session.connections = []
     if running:
-        kill = "; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; fi" for r in running)
-        files = " ".join(shlex.quote(r.ready_file) for r in running)
-        phone.shell(f"{kill}; rm -f {files}")
+        phone.shell("; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; fi" for r in running))
     return gone
 
 

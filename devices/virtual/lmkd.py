@@ -52,6 +52,9 @@ LOW_MEM_AND_SWAP, LOW_MEM = 3, 8
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
 _SUMMARY = re.compile(r"oom-kill:.*oom_memcg=([^,]*),.*pid=(\d+)")
 FORGET_AFTER_S = 10.0
+# after a victim is gone, lmkd decides again once the phone's counters have its memory back (the
+# zram charge follows zram one poll late): a few of its 10 ms polls
+SETTLE_AFTER_KILL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ class Lmkd:
         # to the limit (MemFree counts that charge as free)
         self.headroom_bytes = headroom_bytes
         self.pending: tuple[int, float] | None = None   # (pid, when) of lmkd's last kill
+        self.settle_until = 0.0                          # no decision before (the last victim's memory returning)
 
     # -- one poll (~10 Hz) ------------------------------------------------------------------
     def poll(self) -> list[Kill]:
@@ -246,6 +250,12 @@ class Lmkd:
             if _exists(pid) and (now - at) * 1000 < max(self.policy.props.kill_timeout_ms, 1000):
                 return
             self.pending = None
+            # ... and one poll more: what its zram held leaves the phone's counters when the ballast
+            # (zram_charge.py) has shrunk, which it does after this poll asked it to; deciding now
+            # took a stale charge for "min watermark is breached even after kill" and killed the next
+            self.settle_until = now + SETTLE_AFTER_KILL_S
+        if now < self.settle_until:
+            return
         mi = self.meminfo()
         vm = self.vmstat() if self.vmstat is not None else {}
         f = mi.fields

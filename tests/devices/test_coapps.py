@@ -79,7 +79,8 @@ def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, t
         # a campaign that died leaves them running: the next start of these names kills them first
         again = coapps.start(phone, apps, binary)
         assert _all_gone(running) and not _all_gone(again.running, 0.5)
-        session.connection.close()                    # (the lost phone's shell, here still open)
+        for conn in session.connections:               # (the lost phone's shells, here still open)
+            conn.close()
         session, running = again, again.running
     finally:
         gone = coapps.stop(phone, session)
@@ -88,7 +89,7 @@ def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, t
     # a campaign that dies closes the shell with it: the phone hangs up the apps
     crashed = coapps.start(phone, apps[:1], binary)
     assert not _all_gone(crashed.running, 0.5)
-    crashed.connection.close()
+    crashed.connections[0].close()
     assert _all_gone(crashed.running)
 
 
