@@ -31,6 +31,10 @@ from store.campaign_dir import CampaignDir
 Echo = Callable[[str], None]
 
 PHONES = {"small": (640 << 20, "Demo 640MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+# the other apps open beside the engine, one load per value (axes.apps), in use (their pages stay warm)
+APPS = ("cached:160MiB:active", "perceptible:160MiB:active")
+# a session cell as the app runs the engine: turns with an idle gap, another app allocating in it
+TURNS, IDLE_S, GAP_APP = 3, 5.0, "cached:160MiB:active"
 # Long enough that prefill routes through most experts (~640 MiB of the 1032 MiB bank).
 PROMPT = ("In the early morning the fishermen of the northern coast pushed their boats into the grey water, "
           "counting the gulls, the clouds and the long swell that promised either a good catch or a storm "
@@ -77,10 +81,18 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
     names = []
     # a core of its own per phone where the host has one for each, so no run is oversubscribed
     cpus = 1 if len(os.sched_getaffinity(0)) >= len(PHONES) else 0
+    # zram of half the RAM, as `virtual up` gives by default, where this host can make zram devices
+    from devices.virtual import zram
+
+    no_zram = zram.available()
+    if no_zram is not None:
+        echo(f"virtual phones without zram here ({no_zram})")
     for name, (ram_bytes, model, soc) in PHONES.items():
+        zram_bytes = ram_bytes // 2 if no_zram is None else 0
         serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port,
-                            cpus=cpus)
+                            cpus=cpus, zram_bytes=zram_bytes)
         echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM"
+             + (f", {zram_bytes >> 20} MiB zram" if zram_bytes else "")
              + (f", core {','.join(map(str, manager.info(name, home).cpus))}" if cpus else ""))
         names.append(name)
     return names
@@ -96,7 +108,22 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
         # to ~640 MiB of experts, so an uncapped or 1400 MiB cache survives there without filling, which
         # proves nothing over what it held)
         cache_ceil_mb=[0, 384, 600], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
+        # on the phones, beside an app the user keeps open: a cached one (lmkd's first victim) and a
+        # perceptible one (which it spares until the min watermark breaks)
+        apps=list(APPS) if any(d.startswith("virtual:") for d in devices) else [],
         extra={"fleet": {"virtual_home": str(home)}, "axes": {"cache_floor_mb": 256}, "run": {"prompt": PROMPT},
+               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
+
+
+def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):
+    """The app's way of running the engine on each phone: one session of TURNS turns at the
+    cycle*4 budget, IDLE_S between them, a cached app allocating in each gap."""
+    from harness.campaign_options import campaign_from_options
+
+    return campaign_from_options(
+        devices, [str(model)], ["cycle*4"], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo-turns",
+        timeout_s=600, turns=TURNS, idle_s=IDLE_S, gap_apps=GAP_APP,
+        extra={"fleet": {"virtual_home": str(home)}, "run": {"prompt": PROMPT},
                "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
 
 
@@ -129,6 +156,13 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
             shutil.rmtree(campaign_dir)
         status = run_campaign(campaign, campaign_dir)
         echo(status.text())
+        dirs = [campaign_dir]
+        if phones:
+            turns_dir = out / "turns"
+            if turns_dir.exists() and not CampaignDir(turns_dir).has_plan():
+                shutil.rmtree(turns_dir)
+            echo(run_campaign(_turns_campaign(model, devices, port, home), turns_dir).text())
+            dirs.append(turns_dir)
         # while the phones are up: every recommended command line, once, on its own device
         recs = recommend([campaign_dir], verify=verifier(echo))
     finally:
@@ -138,9 +172,26 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
 
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
             subprocess.run([adb_binary(), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=60)
-    site = build_site([campaign_dir], out / "site", recommendations=recs)
+    site = build_site(dirs, out / "site", recommendations=recs)
+    if len(dirs) > 1:
+        echo("")
+        echo(_turns_text(dirs[1]))
     echo("")
     echo(recs.text())
     echo("")
     echo(site.text())
     return DemoResult(str(out), str(campaign_dir), str(Path(site.out_dir) / "index.html"), tuple(devices))
+
+
+def _turns_text(turns_dir: Path) -> str:
+    """Each phone's session cell, turn by turn (the run table's turn columns)."""
+    from results.rundir import read_campaigns
+    from results.table import build_table
+
+    table = build_table(read_campaigns([turns_dir]))
+    lines = [f"session cells ({TURNS} turns, {IDLE_S:g} s idle, {GAP_APP} allocating in each gap):"]
+    for row in table.to_dict("records"):
+        lines.append(f"  {row['device']} {row['outcome']}: hit % by turn {row.get('turn_demand_hit_pct')}, MiB read "
+                     f"{row.get('turn_read_mib')}, re-read after the gap {row.get('gap_reread_mib')} MiB"
+                     + (f", taken in the gap ({row.get('gap_taken')})" if row.get("gap_taken") else ""))
+    return "\n".join(lines)
