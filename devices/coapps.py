@@ -4,7 +4,7 @@ The same on every phone, virtual or real: devices/coapp.c, built here for the ph
 host's C compiler for a phone of this host's architecture, as a virtual phone is; the Android
 NDK's clang, from $ANDROID_NDK_HOME, for an arm64 phone), is pushed beside the engine and started
 each on an adb shell connection held open while it runs: the shell says its pid, writes the app
-state's oom_score_adj (devices.virtual.apps.STATES: cached 900 and up, previous 700, perceptible
+state's oom_score_adj (devices.android.STATES: cached 900 and up, previous 700, perceptible
 200, foreground 0) and execs the app, so adbd is its parent and nothing else of ours sits in the
 phone for lmkd to pick. The shell user may raise its own adj, never lower it, and adb's shell
 runs at 0, so every state is in reach. Each app names itself (`co.cached1`, `co.perceptible1` …:
@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devices.android import ACTIVE_PERCENT, ACTIVE_PERIOD_S, HOST_ABI, App
 from devices.base import DeviceError
-from devices.virtual.apps import ACTIVE_PERCENT, ACTIVE_PERIOD_S, App, parse
-from devices.virtual.phone import HOST_ABI
 
 SOURCE = Path(__file__).with_name("coapp.c")
 BINARY = "bmoe-coapp"
@@ -111,13 +110,6 @@ def _ndk_clang() -> str | None:
         return None
     found = sorted(glob.glob(os.path.join(home, "toolchains", "llvm", "prebuilt", "*", "bin", "clang")))
     return found[0] if found else None
-
-
-def parse_apps(value: str | Sequence[str]) -> list[App]:
-    """One load: `cached:1GiB+perceptible:512MiB` (or a list of items); `none` or "" is no apps."""
-    items = value.split("+") if isinstance(value, str) else list(value)
-    items = [x.strip() for x in items if x.strip() and x.strip() != "none"]
-    return parse(items)
 
 
 def start_command(binary: str, app: App) -> str:

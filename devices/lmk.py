@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from devices.android import PERCEPTIBLE_APP_ADJ
+
 # lmkd's kill_reasons enum (system/memory/lmkd), as the killinfo event carries it.
 KILL_REASONS = (
     "pressure after kill", "not responding", "low swap and thrashing", "low mem and swap",
@@ -154,7 +156,6 @@ def hard_kills_of_others(events: Iterable[LmkEvent], engine_kills: Iterable[LmkE
     """The other processes lmkd killed past its soft level (oom_score_adj at or under perceptible,
     200: lmkd's soft kills stop at PERCEPTIBLE_APP_ADJ + 1 and go lower only with the min
     watermark breached or the device not responding), once each: "NAME (oom_score_adj N)"."""
-    from devices.virtual.lmkd_policy import PERCEPTIBLE_APP_ADJ
 
     engine = {e.pid for e in engine_kills}
     out: dict[int, str] = {}

@@ -421,11 +421,10 @@ def apps_load(value: str) -> str:
 
 
 def _apps_problem(value: str) -> str | None:
-    from devices.coapps import parse_apps
-    from devices.virtual.apps import AppSpecError
+    from devices.android import AppSpecError, parse_load
 
     try:
-        parse_apps(value)
+        parse_load(value)
     except AppSpecError as e:
         return f"{e} (several apps in one value: joined by +; none: no apps)"
     return None

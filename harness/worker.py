@@ -26,6 +26,7 @@ from typing import Any
 
 from devices import adb, coapps, reclaim
 from devices.adb_phone import AdbPhone
+from devices.android import parse_load
 from devices.base import (
     Device,
     DeviceError,
@@ -424,7 +425,7 @@ class Worker(threading.Thread):
             return None
         if not isinstance(device, AdbPhone):
             raise DeviceError(f"other apps ({cell.config.apps}) run only on a phone, not on {cell.device}")
-        session = coapps.start(device, coapps.parse_apps(cell.config.apps), self.stager.apps_binary(device))
+        session = coapps.start(device, parse_load(cell.config.apps), self.stager.apps_binary(device))
         record["apps"] = session.to_dicts()
         return session
 
@@ -445,7 +446,7 @@ class Worker(threading.Thread):
         c = cell.config
         if not c.turns or c.turns <= 1:
             return None
-        gap_apps = gap_app_specs(coapps.parse_apps(c.gap_apps)) if c.gap_apps else []
+        gap_apps = gap_app_specs(parse_load(c.gap_apps)) if c.gap_apps else []
 
         def start(_after_turn: int) -> coapps.AppSession | None:
             if not gap_apps:

@@ -13,10 +13,7 @@ every 100 ms in turn (ACTIVE_PERCENT, ACTIVE_PERIOD_S), so its memory stays on t
 what reclaim swaps out of it faults back in, and reclaim looks for cold pages elsewhere (the
 engine's cache entries not hit lately, the mapped model's file pages).
 
-The adj is ProcessList.java's for the state: foreground 0, visible 100, perceptible 200, previous
-700, cached 900 and up (CACHED_APP_MIN_ADJ 900; the k-th cached app at 900 + 10k, capped at
-CACHED_APP_MAX_ADJ 999, the most recent first, as OomAdjuster spreads the cached LRU). It is
-written by the daemon (root) before the app drops to its uid, as Android's system_server has lmkd
+The adj is ProcessList.java's for the state (devices/android.py). It is written by the daemon (root) before the app drops to its uid, as Android's system_server has lmkd
 write it. The apps are stopped with the phone; after a crash they are in its cgroup, which the next
 `up` empties.
 """
@@ -24,24 +21,10 @@ write it. The apps are stopped with the phone; after a crash they are in its cgr
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass
 
-from . import lmkd_policy as lp
-
-FIRST_APP_UID = 10100
-STATES = {"foreground": lp.FOREGROUND_APP_ADJ, "visible": lp.VISIBLE_APP_ADJ,
-          "perceptible": lp.PERCEPTIBLE_APP_ADJ, "previous": lp.PREVIOUS_APP_ADJ,
-          "cached": lp.CACHED_APP_MIN_ADJ}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
-_UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-
-# An `:active` app reads one byte of ACTIVE_PERCENT % of its pages every ACTIVE_PERIOD_S, in turn
-# (all of them every 100 / ACTIVE_PERCENT periods): a foreground app in use keeps its memory warm.
-ACTIVE_PERCENT = 4
-ACTIVE_PERIOD_S = 0.1
+from devices.android import ACTIVE_PERCENT, ACTIVE_PERIOD_S, App
 
 # The app: fill SIZE bytes, say so on stdout, then sleep until killed.
 _APP = (
@@ -60,52 +43,6 @@ _APP = (
     "print('ready',flush=True)\n"
     "while True: time.sleep(3600)\n"
 ).replace("ACTIVE_PERCENT", str(ACTIVE_PERCENT)).replace("ACTIVE_PERIOD_S", str(ACTIVE_PERIOD_S))
-
-
-class AppSpecError(ValueError):
-    """A bad --apps item."""
-
-
-@dataclass(frozen=True)
-class App:
-    state: str
-    size_bytes: int
-    compressible: bool
-    name: str
-    uid: int
-    oom_score_adj: int
-    active: bool = False
-
-    def describe(self) -> str:
-        kind = "compressible" if self.compressible else "incompressible"
-        use = ", active" if self.active else ""
-        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind}{use})"
-
-
-def parse(items: str | list[str] | tuple[str, ...]) -> list[App]:
-    """`cached:300MiB,perceptible:200MiB[:compressible]` (or a list of such items) as App specs."""
-    raw = [x.strip() for x in (items.split(",") if isinstance(items, str) else items) if x.strip()]
-    apps: list[App] = []
-    per_state: dict[str, int] = {}
-    for n, item in enumerate(raw):
-        parts = item.split(":")
-        flags = parts[2:]
-        if (len(parts) < 2 or parts[0] not in STATES or len(set(flags)) != len(flags)
-                or not set(flags) <= {"compressible", "active"}):
-            raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible][:active], STATE one of "
-                               f"{', '.join(STATES)} (e.g. cached:300MiB)")
-        m = _SIZE.match(parts[1])
-        if not m or float(m[1]) <= 0:
-            raise AppSpecError(f"bad app size {parts[1]!r} in {item!r} (e.g. 300MiB)")
-        size = int(float(m[1]) * _UNITS[(m[2] or "").lower()])
-        k = per_state.get(parts[0], 0)
-        per_state[parts[0]] = k + 1
-        adj = STATES[parts[0]]
-        if parts[0] == "cached":
-            adj = min(lp.CACHED_APP_MAX_ADJ, adj + 10 * k)
-        apps.append(App(parts[0], size, "compressible" in flags, f"com.bmoe.app.{parts[0]}{k + 1}",
-                        FIRST_APP_UID + n, adj, "active" in flags))
-    return apps
 
 
 def start(apps: list[App], procs_files: list[str], ns_fd: int | None) -> list[subprocess.Popen]:

@@ -30,14 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# ProcessList.java (frameworks/base/services/core/java/com/android/server/am)
-FOREGROUND_APP_ADJ = 0
-VISIBLE_APP_ADJ = 100
-PERCEPTIBLE_APP_ADJ = 200
-PREVIOUS_APP_ADJ = 700
-CACHED_APP_MIN_ADJ = 900
-CACHED_APP_MAX_ADJ = 999
-OOM_SCORE_ADJ_MAX = 1000
+from devices.android import PERCEPTIBLE_APP_ADJ
 
 # enum kill_reasons (lmkd statslog.h, Android 14)
 PRESSURE_AFTER_KILL, NOT_RESPONDING, LOW_SWAP_AND_THRASHING, LOW_MEM_AND_SWAP, LOW_MEM_AND_THRASHING = 0, 1, 2, 3, 4

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
+from devices.android import AppSpecError, parse_apps
 from engine.errors import BmoeError
 
-from . import apps as apps_mod
 from . import cgroup as cgroups
 from . import cpuinfo, zram
 from .phone import INTERNAL, NotLinux, PhoneSpec, UserlandMissing, default_home, host_userland, require_linux
@@ -109,7 +109,7 @@ def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
                      namespace=bool(state.get("namespace")), cgroup_path=cg.get("path"),
                      warnings=tuple(state.get("warnings") or ()),
                      mount_namespace=state.get("mount_namespace") if running else None,
-                     apps=tuple(a.describe() for a in apps_mod.parse(spec.apps)), zram_bytes=spec.zram_bytes,
+                     apps=tuple(a.describe() for a in parse_apps(spec.apps)), zram_bytes=spec.zram_bytes,
                      cpus=tuple(state.get("cpus") or ()) if running and spec.cpus else (),
                      storage_mbps=spec.storage_mbps)
 
@@ -173,8 +173,8 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         raise VirtualPhoneError(f"bad port {port}")
     try:
         app_items = tuple(apps.split(",") if isinstance(apps, str) else apps)
-        apps_mod.parse(app_items)
-    except apps_mod.AppSpecError as e:
+        parse_apps(app_items)
+    except AppSpecError as e:
         raise VirtualPhoneError(str(e)) from None
     try:
         require_linux()

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from devices.android import HOST_ABI
 from engine.fsutil import atomic_write, fleet_home, replacing
 
 from . import cpuinfo, logbuf, namespace, thermal
@@ -44,8 +45,6 @@ from .zram_charge import Ballast
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
-HOST_ABI = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a",
-            "armv7l": "armeabi-v7a", "i686": "x86", "riscv64": "riscv64"}
 # Android's PATH as `adb shell` gets it (issue 13's list); a phone keeps the folders it has.
 ANDROID_PATH = ("/product/bin:/apex/com.android.runtime/bin:/apex/com.android.art/bin:/system_ext/bin:"
                 "/system/bin:/system/xbin:/odm/bin:/vendor/bin:/vendor/xbin")

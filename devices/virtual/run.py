@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from devices.android import parse_apps
 from engine.fsutil import atomic_write
 
 from . import apps, cpuinfo, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
@@ -197,7 +198,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
                 vmstat=getattr(phone, "vmstat", None),
                 headroom_bytes=(lambda: cgroup.limit_bytes() - cgroup.mem_stat().usage_bytes) if cgroup else None)
     with namespace.in_network(net_fd):   # the apps are forked inside the phone's network
-        running_apps = apps.start(apps.parse(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
+        running_apps = apps.start(parse_apps(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
                                   ns_fd) if spec.apps else []
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")

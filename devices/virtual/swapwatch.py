@@ -12,9 +12,8 @@ import os
 import threading
 from pathlib import Path
 
+from devices.android import FIRST_APP_UID
 from devices.reclaim import read_local
-
-from .apps import FIRST_APP_UID
 
 ENGINE_MARK = b"/bmoe/bmoe-"
 PERIOD_S = 0.2

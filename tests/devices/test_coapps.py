@@ -15,8 +15,8 @@ import pytest
 from devices import coapps
 from devices.adb import AdbServer as Server
 from devices.adb_phone import AdbPhone
+from devices.android import HOST_ABI, parse_load
 from devices.lmk import LmkEvent, hard_kills_of_others
-from devices.virtual.phone import HOST_ABI
 
 MIB = 1 << 20
 
@@ -52,8 +52,8 @@ def test_a_phone_of_another_abi_needs_the_ndk(tmp_path, monkeypatch):
 
 
 def test_loads_parse_as_apps():
-    assert coapps.parse_apps("none") == [] and coapps.parse_apps("") == []
-    cached, perceptible = coapps.parse_apps("cached:64MiB + perceptible:32MiB:active")
+    assert parse_load("none") == [] and parse_load("") == []
+    cached, perceptible = parse_load("cached:64MiB + perceptible:32MiB:active")
     assert (cached.oom_score_adj, cached.size_bytes, perceptible.oom_score_adj, perceptible.active) == \
         (900, 64 * MIB, 200, True)
     assert [coapps.process_name(a) for a in (cached, perceptible)] == ["co.cached1", "co.perceptible1"]
@@ -63,7 +63,7 @@ def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, t
     phone_info = make_phone("coapps", 256 * MIB)
     phone = AdbPhone(phone_info.serial, Server("127.0.0.1", adb_server.port))
     binary = coapps.build(HOST_ABI[platform.machine()], tmp_path)
-    apps = coapps.parse_apps("cached:24MiB+perceptible:16MiB:active")
+    apps = parse_load("cached:24MiB+perceptible:16MiB:active")
     session = coapps.start(phone, apps, binary)
     running = session.running
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from devices.virtual import apps as apps_mod
+from devices import android as apps_mod
 from devices.virtual import manager
 from engine.errors import BmoeError
 from harness.cli_virtual import virtual
@@ -34,17 +34,17 @@ def logcat(server, phone) -> list[str]:
 
 
 def test_parse_apps_and_refuse_bad_ones():
-    apps = apps_mod.parse("cached:300MiB,perceptible:200MiB,cached:64MiB:compressible,previous:1GiB")
+    apps = apps_mod.parse_apps("cached:300MiB,perceptible:200MiB,cached:64MiB:compressible,previous:1GiB")
     assert [(a.name, a.oom_score_adj, a.uid, a.size_bytes >> 20, a.compressible) for a in apps] == [
         ("com.bmoe.app.cached1", 900, 10100, 300, False), ("com.bmoe.app.perceptible1", 200, 10101, 200, False),
         ("com.bmoe.app.cached2", 910, 10102, 64, True), ("com.bmoe.app.previous1", 700, 10103, 1024, False)]
-    both = apps_mod.parse("foreground:30MiB:compressible:active,visible:8MiB:active")
+    both = apps_mod.parse_apps("foreground:30MiB:compressible:active,visible:8MiB:active")
     assert [(a.compressible, a.active) for a in both] == [(True, True), (False, True)]
     assert not any(a.active for a in apps)
     for bad in ("cached", "sleeping:10MiB", "cached:0MiB", "cached:lots", "cached:10MiB:zip",
                 "cached:10MiB:active:active"):
         try:
-            apps_mod.parse(bad)
+            apps_mod.parse_apps(bad)
         except apps_mod.AppSpecError as e:
             assert "bad app" in str(e)
         else:

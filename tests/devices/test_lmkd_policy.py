@@ -2,6 +2,7 @@
 a 512 MiB phone with 128 MiB of zram: silent while swap is free, low-swap and thrashing kills with
 lmkd's own reason texts, victims by oom_score_adj."""
 
+from devices.android import PERCEPTIBLE_APP_ADJ
 from devices.lmk import KILL_REASONS, parse_line
 from devices.virtual import lmkd_policy as lp
 
@@ -34,7 +35,7 @@ def test_low_swap_with_watermark_breached_kills_with_lmkds_reason():
     assert KILL_REASONS[d.reason] == "low mem and swap"
     low = policy().decide(lp.Reading(free_kb=3000, swap_total_kb=ZRAM_KB, swap_free_kb=4000))
     assert low is not None and low.text.startswith("low watermark is breached")
-    assert low.min_score_adj == lp.PERCEPTIBLE_APP_ADJ + 1   # perceptible apps are spared above min
+    assert low.min_score_adj == PERCEPTIBLE_APP_ADJ + 1   # perceptible apps are spared above min
 
 
 def test_low_swap_is_not_a_kill_while_free_memory_is_above_high():
@@ -52,7 +53,7 @@ def test_thrashing_kill_and_its_limit_decays():
     d = p.decide(lp.Reading(workingset_refault_file=10_001 + 1000, **base))     # > 100 % of the LRU
     assert d is not None and d.reason == lp.LOW_MEM_AND_THRASHING
     assert d.text.startswith("min watermark is breached and thrashing (")
-    assert d.min_score_adj == lp.PERCEPTIBLE_APP_ADJ
+    assert d.min_score_adj == PERCEPTIBLE_APP_ADJ
     assert p.thrashing_limit == 90                # cut by thrashing_limit_decay (10 %)
     swap_low = policy()
     swap_low.decide(lp.Reading(workingset_refault_file=0, **{**base, "swap_free_kb": 10}))

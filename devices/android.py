@@ -1,0 +1,92 @@
+"""Facts of Android that real and virtual phones share: ProcessList's oom_score_adj for each app
+state, the `--apps` load spec (`cached:300MiB,perceptible:200MiB[:compressible][:active]`) that
+both start as other open apps (devices/virtual/apps.py inside a virtual phone, devices/coapps.py
+pushed to a real one), and the ABI names of host machines.
+
+The adj is ProcessList.java's for the state: foreground 0, visible 100, perceptible 200, previous
+700, cached 900 and up (CACHED_APP_MIN_ADJ 900; the k-th cached app at 900 + 10k, capped at
+CACHED_APP_MAX_ADJ 999, the most recent first, as OomAdjuster spreads the cached LRU).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# ProcessList.java (frameworks/base/services/core/java/com/android/server/am)
+FOREGROUND_APP_ADJ = 0
+VISIBLE_APP_ADJ = 100
+PERCEPTIBLE_APP_ADJ = 200
+PREVIOUS_APP_ADJ = 700
+CACHED_APP_MIN_ADJ = 900
+CACHED_APP_MAX_ADJ = 999
+OOM_SCORE_ADJ_MAX = 1000
+
+HOST_ABI = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a",
+            "armv7l": "armeabi-v7a", "i686": "x86", "riscv64": "riscv64"}
+
+FIRST_APP_UID = 10100
+STATES = {"foreground": FOREGROUND_APP_ADJ, "visible": VISIBLE_APP_ADJ,
+          "perceptible": PERCEPTIBLE_APP_ADJ, "previous": PREVIOUS_APP_ADJ,
+          "cached": CACHED_APP_MIN_ADJ}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
+_UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+
+# An `:active` app reads one byte of ACTIVE_PERCENT % of its pages every ACTIVE_PERIOD_S, in turn
+# (all of them every 100 / ACTIVE_PERCENT periods): a foreground app in use keeps its memory warm.
+ACTIVE_PERCENT = 4
+ACTIVE_PERIOD_S = 0.1
+
+
+class AppSpecError(ValueError):
+    """A bad --apps item."""
+
+
+@dataclass(frozen=True)
+class App:
+    state: str
+    size_bytes: int
+    compressible: bool
+    name: str
+    uid: int
+    oom_score_adj: int
+    active: bool = False
+
+    def describe(self) -> str:
+        kind = "compressible" if self.compressible else "incompressible"
+        use = ", active" if self.active else ""
+        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind}{use})"
+
+
+def parse_apps(items: str | list[str] | tuple[str, ...]) -> list[App]:
+    """`cached:300MiB,perceptible:200MiB[:compressible]` (or a list of such items) as App specs."""
+    raw = [x.strip() for x in (items.split(",") if isinstance(items, str) else items) if x.strip()]
+    apps: list[App] = []
+    per_state: dict[str, int] = {}
+    for n, item in enumerate(raw):
+        parts = item.split(":")
+        flags = parts[2:]
+        if (len(parts) < 2 or parts[0] not in STATES or len(set(flags)) != len(flags)
+                or not set(flags) <= {"compressible", "active"}):
+            raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible][:active], STATE one of "
+                               f"{', '.join(STATES)} (e.g. cached:300MiB)")
+        m = _SIZE.match(parts[1])
+        if not m or float(m[1]) <= 0:
+            raise AppSpecError(f"bad app size {parts[1]!r} in {item!r} (e.g. 300MiB)")
+        size = int(float(m[1]) * _UNITS[(m[2] or "").lower()])
+        k = per_state.get(parts[0], 0)
+        per_state[parts[0]] = k + 1
+        adj = STATES[parts[0]]
+        if parts[0] == "cached":
+            adj = min(CACHED_APP_MAX_ADJ, adj + 10 * k)
+        apps.append(App(parts[0], size, "compressible" in flags, f"com.bmoe.app.{parts[0]}{k + 1}",
+                        FIRST_APP_UID + n, adj, "active" in flags))
+    return apps
+
+
+def parse_load(value: str | Sequence[str]) -> list[App]:
+    """One load: `cached:1GiB+perceptible:512MiB` (or a list of items); `none` or "" is no apps."""
+    items = value.split("+") if isinstance(value, str) else list(value)
+    items = [x.strip() for x in items if x.strip() and x.strip() != "none"]
+    return parse_apps(items)
