@@ -178,16 +178,15 @@ def _lines_until(conn, word: str, deadline: float) -> list[str]:
 
 
 def stop(phone, session: AppSession) -> list[str]:
-    """Hang up the apps' connections (adbd kills each command's process group), kill any that
-    outlived it; the names of those already gone before (lmkd took them during the run)."""
+    """Kill the apps still running and hang up their connections, in one shell round trip; the
+    names of those already gone before (lmkd took them during the run)."""
     running = session.running
-    alive = "; ".join(f"if {_alive_test(r)}; then :; else echo {shlex.quote(r.process_name)}; fi" for r in running)
-    gone = phone.shell(alive)[1].decode(errors="replace").split() if running else []
+    script = "; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; else echo {shlex.quote(r.process_name)}; fi"
+                       for r in running)
+    gone = phone.shell(script)[1].decode(errors="replace").split() if running else []
     for conn in session.connections:
         conn.close()
     session.connections = []
-    if running:
-        phone.shell("; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; fi" for r in running))
     return gone
 
 
