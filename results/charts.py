@@ -8,7 +8,7 @@ from file://. Every number is JSON-safe (NaN becomes null, which plotly draws as
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -192,6 +192,38 @@ def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> di
                      xaxis2={"title": {"text": "decode step (engine)"}, "domain": [0.53, 1.0], "anchor": "y2"},
                      yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
                      yaxis2={"anchor": "x2", "rangemode": "tozero"}, height=360)
+    return json_safe({"data": data, "layout": layout})
+
+
+def session_figure(samples: pd.DataFrame | None, turns: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+    """A session run's memory through its turns and gaps: the engine's VmRSS, VmSwap and RssFile
+    from the ~1 Hz samples (seconds), each idle gap shaded and each turn's answer marked, so what
+    the gap took (RSS down, swap up) sits beside the turn that paid for it."""
+    if not turns or samples is None or not len(samples):
+        return None
+    t = list(samples["t_s"])
+    data = [{"type": "scatter", "mode": "lines+markers", "name": name, "x": t, "y": list(samples[column] / 1024),
+             "line": {"color": color}}
+            for column, name, color in (("vm_rss_kb", "VmRSS", "#d62728"), ("vm_swap_kb", "VmSwap", FOUGHT),
+                                        ("rss_file_kb", "RssFile", "#1f77b4"))
+            if column in samples.columns and samples[column].notna().any()]
+    if not data:
+        return None
+    shapes, notes = [], []
+    for turn in turns:
+        gap = turn.get("gap")
+        if isinstance(gap, Mapping) and gap.get("start_t_s") is not None and gap.get("end_t_s") is not None:
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": gap["start_t_s"], "x1": gap["end_t_s"],
+                           "y0": 0, "y1": 1, "fillcolor": "#bbbbbb", "opacity": 0.25, "line": {"width": 0},
+                           "layer": "below"})
+        if turn.get("answered_t_s") is not None:
+            shape, note = _vline(turn["answered_t_s"], "#555555", "dot", f"turn {turn.get('turn')}")
+            shapes.append(shape)
+            notes.append(note)
+    layout = _layout("session: the engine's memory through its turns (gaps shaded, MiB)",
+                     xaxis={"title": {"text": "seconds since start"}},
+                     yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"}, shapes=shapes, annotations=notes,
+                     height=360)
     return json_safe({"data": data, "layout": layout})
 
 

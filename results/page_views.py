@@ -8,6 +8,7 @@ that could hold a host path goes through the Redactor (results.publish).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from results.pages import (
     PointRow,
     RecRow,
     RunPage,
+    TurnRow,
 )
 from results.parse import ParseError, read_metrics_csv
 from results.publish import Redactor
@@ -38,6 +40,7 @@ from results.run_keys import load_text
 from results.rundir import CampaignData, RunFolder
 from results.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+from results.turns import demand_hit_pct, gap_rereads, gap_taken
 from store import names
 
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
@@ -213,6 +216,10 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     fig = charts.memory_figure(samples, rows)
     if fig:
         chart_list.append(Chart(ids.next(), fig, "MemAvailable and RSS while the engine ran"))
+    turns = [t for t in rec.get("turns") or () if isinstance(t, Mapping)]
+    fig = charts.session_figure(samples, turns)
+    if fig:
+        chart_list.append(Chart(ids.next(), fig, "the engine's VmRSS, VmSwap and RssFile through the turns and gaps"))
     redactor = redactor or Redactor()
     argv = redactor.argv(list(rec.get("argv") or ()), row.get("device_kind") == "local")
     distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
@@ -239,7 +246,30 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
         exit_state=_kv(rec.get("exit_state"), redactor=redactor, human=True),
         pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"), redactor=redactor, human=True)),
         charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
-        cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")))
+        cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")),
+        turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
+
+
+def _turn_rows(turns: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[TurnRow, ...]:
+    rereads = [math.nan, *gap_rereads(turns)]
+    out = []
+    for turn, reread in zip(turns, rereads, strict=True):
+        raw_gap = turn.get("gap")
+        gap: Mapping[str, Any] = raw_gap if isinstance(raw_gap, Mapping) else {}
+        apps = ", ".join(
+            f"{a.get('name')} ({a.get('state')}, {fmt_mib(a.get('size_mib'))}"
+            + (", killed by lmkd" if a.get("lmk_killed") else ", gone" if a.get("gone_by_end") else "") + ")"
+            for a in gap.get("apps") or () if isinstance(a, Mapping))
+        out.append(TurnRow(
+            turn=fmt_num(turn.get("turn")), outcome=redactor.text(str(turn.get("outcome", ""))),
+            tokens=fmt_num(turn.get("tokens")), s_per_token=fmt_num(turn.get("s_per_token")),
+            hit=fmt_pct(turn.get("cache_hit_pct")), demand_hit=fmt_pct(demand_hit_pct(turn)),
+            read=fmt_mib(turn.get("read_mib")), reread=fmt_mib(reread), majflt=fmt_num(turn.get("majflt_per_tok")),
+            swap_in=fmt_mib(turn.get("swap_in_mib")), gap_idle=fmt_num(gap.get("idle_s")) if gap else "",
+            gap_swap_max=fmt_kb(gap.get("vm_swap_max_kb")) if gap else "",
+            gap_rss_min=fmt_kb(gap.get("vm_rss_min_kb")) if gap else "",
+            gap_file_min=fmt_kb(gap.get("rss_file_min_kb")) if gap else "", gap_apps=redactor.text(apps)))
+    return tuple(out)
 
 
 def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -100,6 +100,27 @@ class PointRow:
 
 
 @dataclass(frozen=True)
+class TurnRow:
+    """One turn of a session run, with the idle gap before it (empty strings for the first)."""
+
+    turn: str
+    outcome: str
+    tokens: str
+    s_per_token: str
+    hit: str                         # the engine's cumulative cache_hit_pct
+    demand_hit: str                  # the turn's own hit rate by bytes (results.turns.demand_hit_pct)
+    read: str
+    reread: str                      # read above the warm need: what the gap before it took
+    majflt: str
+    swap_in: str
+    gap_idle: str
+    gap_swap_max: str
+    gap_rss_min: str
+    gap_file_min: str
+    gap_apps: str                    # "co.gcached1 (cached, 160 MiB, killed by lmkd)"
+
+
+@dataclass(frozen=True)
 class GroupView:
     """One (model, top-k) of a device: its chart and its numbers."""
 
@@ -173,6 +194,8 @@ class RunPage:
     # the cores the run had and the engines that shared them (harness.cpushare); () when not recorded
     cpu: tuple[tuple[str, str], ...] = field(default=())
     when: str = ""                   # started, local time
+    turns: tuple[TurnRow, ...] = field(default=())     # a session run's turns; () for a one-shot run
+    gap_taken: str = ""              # results.turns.gap_taken's reason, "" when no gap took the cache
 
     @property
     def needs_plotly(self) -> bool:

@@ -180,6 +180,10 @@ def test_the_gap_rule_reads_rereads_faults_and_swap_in():
     assert gap_taken([turn(1, 20.0), turn(2, 9.0, swap_in=16.0)]) == "taken in the gap: turn 2 2 MiB/token swapped in"
     assert gap_taken([turn(1, 20.0, evictions=0), turn(2, 1.5)]) == ""        # under 10 % of turn 1's reads
     assert gap_taken([turn(1, 20.0)]) == ""
+    # budget 0 holds no cache and evicts nothing: each turn reads what the first did, none is taken
+    no_cache = [{**turn(k, 20.0, evictions=0, hit=-1.0), "cache_resident_mib": 0.0} for k in (1, 2, 3)]
+    assert warm_need_mib(no_cache) == 20.0 and gap_rereads(no_cache) == [0.0, 0.0] and gap_taken(no_cache) == ""
+    assert gap_taken([no_cache[0], {**no_cache[1], "majflt_per_tok": 4.0}]) == "taken in the gap: turn 2 4 major faults/token"
     assert demand_hit_pct(turn(2, 8.0)) == 75.0 and math.isnan(demand_hit_pct({"tokens": 8}))
     cols = turn_columns(held)
     assert cols["turns"] == 3 and json.loads(cols["turn_read_mib"]) == [20.0, 6.0, 0.0]
