@@ -49,6 +49,8 @@ THINK_CTL = "template"
 # bmoe-py's tokenizer refusal touches no state either
 RECOVERABLE = ("exceeds the session n_ctx", "empty prompt", "is not SentencePiece byte-fallback")
 READ_CHUNK_BYTES = 1 << 16
+# the kinds of line a session writes to stdout, each `KIND {json}` (readers match on these)
+READY, BEGIN, DONE, ERROR = "BMOE_READY", "BMOE_BEGIN", "BMOE_DONE", "BMOE_ERROR"
 
 Writer = Callable[[bytes], None]
 

@@ -29,8 +29,10 @@ from typing import Any
 
 from devices import reclaim
 from devices.base import PressureSample
+from engine import session_protocol
+from results.parse_session import done_figures, extremes
 
-READY, DONE, ERROR = b"BMOE_READY", b"BMOE_DONE", b"BMOE_ERROR"
+READY, DONE, ERROR = (kind.encode() for kind in (session_protocol.READY, session_protocol.DONE, session_protocol.ERROR))
 FINISH_WAIT_S = 60.0        # finish() waits this long for the feeder's thread (a gap's apps being stopped)
 
 
@@ -201,11 +203,6 @@ def _round(v: float | None, places: int = 3) -> float | None:
     return None if v is None else round(v, places)
 
 
-def _num(obj: Mapping[str, Any], key: str) -> float | None:
-    v = obj.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def _around(samples: Sequence[PressureSample], start: float, end: float, key: str) -> float | None:
     """A cumulative counter's growth over [start, end]: from the last sample at or before start
     (else the first in it) to the first at or after end (else the last in it)."""
@@ -220,13 +217,9 @@ def _around(samples: Sequence[PressureSample], start: float, end: float, key: st
 def _gap_samples(samples: Sequence[PressureSample], start: float, end: float) -> dict[str, Any]:
     """The engine's VmSwap, VmRSS and RssFile lows and highs over the samples taken in a gap."""
     inside = [s for s in samples if start <= s.t_s <= end]
-    out: dict[str, Any] = {"samples": len(inside)}
-    for name, values in (("vm_swap", [s.reclaim.vm_swap_kb for s in inside]), ("vm_rss", [s.vm_rss_kb for s in inside]),
-                         ("rss_file", [s.reclaim.rss_file_kb for s in inside])):
-        got = [v for v in values if v is not None]
-        out[f"{name}_min_kb"] = min(got) if got else None
-        out[f"{name}_max_kb"] = max(got) if got else None
-    return out
+    return {"samples": len(inside), **extremes({"vm_swap": [s.reclaim.vm_swap_kb for s in inside],
+                                                "vm_rss": [s.vm_rss_kb for s in inside],
+                                                "rss_file": [s.reclaim.rss_file_kb for s in inside]})}
 
 
 def turns_record(feeder: SessionFeeder, samples: Sequence[PressureSample],
@@ -237,17 +230,11 @@ def turns_record(feeder: SessionFeeder, samples: Sequence[PressureSample],
     done_index = 0
     gaps = {g.after_turn: g for g in feeder.gaps}
     for turn in feeder.turns:
-        d = turn.done or {}
-        tokens = _num(d, "tokens")
-        tok_s = _num(d, "tok_s")
         end = turn.answered_t_s if turn.answered_t_s is not None else (samples[-1].t_s if samples else turn.sent_t_s)
         swap_in = _around(samples, turn.sent_t_s, end, "pswpin")
         rec: dict[str, Any] = {
             "turn": turn.id, "id": turn.id, "outcome": "done" if turn.done else "error" if turn.error else "unanswered",
-            "tokens": tokens, "tok_s": tok_s, "s_per_token": _round(1 / tok_s, 6) if tok_s else None,
-            "cache_hit_pct": _num(d, "cache_hit_pct"), "read_mib": _num(d, "read_mib"),
-            "majflt_per_tok": _num(d, "majflt_tok"), "token_demand_mib": _num(d, "token_demand_mib"),
-            "cache_resident_mib": _num(d, "cache_resident_mib"), "prefill_s": _num(d, "prefill_s"),
+            **done_figures(turn.done or {}),
             "swap_in_mib": None if swap_in is None else round(swap_in * reclaim.PAGE_BYTES / (1 << 20), 3),
             "sent_t_s": _round(turn.sent_t_s), "answered_t_s": _round(turn.answered_t_s),
         }

@@ -185,7 +185,7 @@ _STDERR: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] =
 )
 _PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[\d.]*)\s*$")
 _ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
-_EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
+EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
 _TOP_K_CONTINUATION_RE = re.compile(r"^at top-k (\d+)")
 _LOOSE_NUMBER_RE = re.compile(r'"(\w+)":(-?[\d.]+)')
 _UNIT_SUFFIXES = ("_kb", "_dC", "_mC", "_uah")
@@ -325,7 +325,7 @@ def _match(line: str) -> Found | None:
         if m := pattern.search(line):
             values = _handled(handler, m)
             return ("fields", values) if values else None
-    if m := _EVENT_RE.match(line):
+    if m := EVENT_RE.match(line):
         return "event", (m[1], _event_payload(m[2]))
     if m := _PRESSURE_RE.match(line):
         return "pressure", {m[1]: None if m[2] == "" else to_number(m[2], m[1])}
@@ -343,13 +343,22 @@ def _handled(handler: Callable[[re.Match[str]], Fields], m: re.Match[str]) -> Fi
         return {}  # a numeral-like group that is no number: the line keeps its place in `unparsed`
 
 
-def _event_payload(text: str) -> Mapping[str, object]:
-    """A `BMOE_*` JSON object. Invalid UTF-8 in delta_text arrives here as U+FFFD (valid JSON); a
-    line cut by a kill is not JSON, so its numeric fields are recovered and `_cut` is set. Its
-    numbers pass the same magnitude check as every other (`parse_int`)."""
+def event_json(text: str) -> object:
+    """The JSON after a `BMOE_*` line's name, its numbers through to_number (the magnitude check of
+    every reader); ValueError when it is not JSON (a line cut short). Invalid UTF-8 in a string
+    arrives here as U+FFFD, which is valid JSON."""
     try:
-        payload = json.loads(text, strict=False, parse_int=to_number, parse_float=to_number)
-    except (ValueError, RecursionError):
+        return json.loads(text, strict=False, parse_int=to_number, parse_float=to_number)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _event_payload(text: str) -> Mapping[str, object]:
+    """A `BMOE_*` JSON object (event_json); a line cut by a kill is not JSON, so its numeric fields
+    are recovered and `_cut` is set."""
+    try:
+        payload = event_json(text)
+    except ValueError:
         payload = {key: to_number(value, key) for key, value in _LOOSE_NUMBER_RE.findall(text)}
         payload["_cut"] = True
     return MappingProxyType(payload if isinstance(payload, dict) else {"value": payload})
@@ -394,7 +403,7 @@ def _line_kind(line: str) -> str:
         return "generation"
     if line.startswith(PERF_PREFIXES) or line == "=== perf ===" or _PRESSURE_RE.match(line):
         return "end"
-    if line == "=== answer ===" or line.startswith(_LOADER_START) or _ENTRY_RE.match(line) or _EVENT_RE.match(line):
+    if line == "=== answer ===" or line.startswith(_LOADER_START) or _ENTRY_RE.match(line) or EVENT_RE.match(line):
         return "start"
     if "bmoe:" in line and any(p.search(line) for p, _ in _STDERR):
         return "start"
