@@ -46,6 +46,7 @@ from harness.plan import Cell, Plan, cell_id_of, read_plan, write_plan
 from results.parse import (
     ConsoleRun,
     RunFiles,
+    config_from_command,
     config_from_log,
     config_from_name,
     discover,
@@ -56,7 +57,8 @@ from results.parse import (
     read_state,
 )
 from results.parse_config import MODEL_ALIASES
-from results.parse_discover import campaign_dirs
+from results.parse_discover import campaign_dirs, source_files
+from results.parse_session import REPORT, SessionCapture, find_sessions, missing_notes, session_turns
 from results.parse_text import NumberError, excerpt, located, printable
 from results.parse_values import checked
 from store import names, outcomes, versioned
@@ -147,10 +149,13 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     captures: dict[Path, dict[str | None, ConsoleRun]] = {}   # each capture read once, not once per run
     for folder in folders:
         skipped_dirs += [str(d) for d in campaign_dirs(folder)]
-        groups = discover(folder, exclude=[root])
-        per_source[str(folder)] = len(groups)
+        sessions, taken = find_sessions(source_files(folder, exclude=[root]))
+        groups = discover(folder, exclude=[root], skip=taken)
+        per_source[str(folder)] = len(groups) + len(sessions)
         for group in groups:
             found.append(_import_group(folder, group, device, len(found), captures))
+        for session in sessions:
+            found.append(_import_session(folder, session, device, len(found)))
 
     cdir = CampaignDir(root)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
@@ -259,24 +264,13 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int,
     sidecar = read_sidecar(group.sidecar, notes) if group.sidecar else None
     told = console or section
     pressure = dict(sidecar) if sidecar else dict(told.pressure or {}) if told is not None else {}
-    record: dict[str, Any] = {
-        **versioned.RUN.stamp(), "cell_id": cid, "attempt": 1, "device": device,
-        "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
-        "engine": {"kind": IMPORT_ENGINE, "version": _text(str(metrics.preamble.get("engine", "")) if metrics else "")},
-        "config": cell_config.to_dict(), "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
-        "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
-        "timeout_s": None, "gate": None, "entry_state": dict(entry) if entry else None,
-        "exit_state": dict(state["exit"]) if state.get("exit") else None, "pressure": pressure, "lmk_events": [],
-        "o_direct": config.get("o_direct_reported"), "summary": dict(metrics.summary) if metrics and metrics.summary
-        else None, "result": result, "pushed": [], "started_at": when, "ended_at": when,
-        "host": socket.gethostname(),
-        "imported_from": {"files": [str(p) for p in _paths(group)], "section": group.section},
-        "notes": notes,
-    }
-    try:
-        json.dumps(record, allow_nan=False)
-    except ValueError as e:  # the parsers' range checks should make this unreachable: refuse, never write NaN
-        raise CampaignError(f"import: {where}: a value is not strict JSON ({e})") from None
+    record = _record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
+                     engine_version=_text(str(metrics.preamble.get("engine", "")) if metrics else ""),
+                     entry_state=dict(entry) if entry else None,
+                     exit_state=dict(state["exit"]) if state.get("exit") else None, pressure=pressure,
+                     o_direct=config.get("o_direct_reported"),
+                     summary=dict(metrics.summary) if metrics and metrics.summary else None, result=result,
+                     imported_from={"files": [str(p) for p in _paths(group)], "section": group.section})
     files: dict[str, Path | bytes] = {}
     if group.csv:
         files[names.METRICS_CSV] = group.csv
@@ -292,6 +286,101 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int,
     if group.err:
         files[names.STDERR_TXT] = group.err
     return _Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record, files)
+
+
+def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: int, outcome: str,
+            evidence: Sequence[str], when: float, notes: list[str], where: str, *, engine_version: str = "",
+            entry_state: dict | None = None, exit_state: dict | None = None, pressure: dict | None = None,
+            o_direct: Any = None, summary: dict | None = None, result: dict[str, Any],
+            imported_from: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """One imported run's run.json (docs/campaign-dir.md "Imported runs"), checked to be strict JSON."""
+    record: dict[str, Any] = {
+        **versioned.RUN.stamp(), "cell_id": cid, "attempt": 1, "device": device,
+        "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
+        "engine": {"kind": IMPORT_ENGINE, "version": engine_version},
+        "config": cell_config.to_dict(), "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
+        "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
+        "timeout_s": None, "gate": None, "entry_state": entry_state, "exit_state": exit_state,
+        "pressure": pressure or {}, "lmk_events": [], "o_direct": o_direct, "summary": summary, "result": result,
+        "pushed": [], "started_at": when, "ended_at": when, "host": socket.gethostname(),
+        "imported_from": imported_from, **more, "notes": notes,
+    }
+    try:
+        json.dumps(record, allow_nan=False)
+    except ValueError as e:  # the parsers' range checks should make this unreachable: refuse, never write NaN
+        raise CampaignError(f"import: {where}: a value is not strict JSON ({e})") from None
+    return record
+
+
+# ── one session capture ─────────────────────────────────────────────────────────────────────────
+
+
+def _import_session(source: Path, capture: SessionCapture, device: str, index: int) -> _Imported:
+    """An upstream session capture (results.parse_session) as one session cell: its turns in the
+    shape a live session cell's run.json has them, what the capture lacks null and noted."""
+    first = capture.paths[0]
+    rel = first.parent.relative_to(source)
+    where = printable("/".join(part for part in (source.name, *rel.parts, first.name) if part)
+                      + (f"#{capture.tag}" if capture.kind == REPORT else ""))
+    notes = [*capture.notes]
+    try:
+        config = _session_config(capture)
+    except NumberError as e:
+        raise located(e, str(first)) from None
+    config = {k: _text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
+    path = config.get("model_path")
+    name = Path(path).name.removesuffix(".gguf") if isinstance(path, str) and path else "unknown"
+    model = _text(MODEL_ALIASES.get(name, name))
+    turns = session_turns(capture)
+    config.update(model=model, budget_spec="imported", source=where, turns=len(turns),
+                  **({"idle_s": capture.gap.idle_s} if capture.gap is not None else {}))
+    stated = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
+    cell_config = CellConfig.from_dict(stated)
+    cid = cell_id_of(device, model, IMPORT_ENGINE, cell_config, 0, 0)
+    outcome, evidence = _session_outcome(capture, turns)
+    result = result_of(None, cell_config)
+    last = capture.dones[-1] if capture.dones else {}
+    result.update(tokens=last.get("tokens"), tok_per_s=last.get("tok_s"))   # as a live cell's last CSV summary
+    hit = last.get("cache_hit_pct")
+    if isinstance(hit, (int, float)) and hit != -1:   # -1: no cache, so no budget either
+        result.update(cache_hit_pct=hit, budget_mib=last.get("cache_budget_mib", config.get("budget_mib")))
+    notes += missing_notes(capture, where)
+    when = min(p.stat().st_mtime for p in capture.paths)
+    record = _record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
+                     o_direct=config.get("o_direct_reported"), result=result,
+                     imported_from={"files": [str(p) for p in capture.paths], "section": capture.tag,
+                                    "capture": capture.kind},
+                     turns=turns)
+    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record,
+                     {names.STDOUT_TXT: first})
+
+
+def _session_config(capture: SessionCapture) -> dict[str, Any]:
+    """The report's `flags:` (the extra bmoe-cli flags), then the engine's own lines, then what
+    BMOE_READY says: only what the capture states."""
+    config: dict[str, Any] = {}
+    if capture.flags:
+        config.update(config_from_command("bmoe-cli " + capture.flags))
+        config["flags"] = capture.flags
+    if capture.console is not None:
+        config.update(config_from_log(capture.console))
+    ready = capture.ready or {}
+    for key, name in (("arch", "arch"), ("n_ctx", "n_ctx"), ("n_expert_used", "top_k")):
+        if key in ready:
+            config[name] = ready[key]
+    return _renamed(config)
+
+
+def _session_outcome(capture: SessionCapture, turns: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[str, ...]]:
+    fatal = [e for e in capture.errors if e.get("fatal") is True]
+    if fatal:
+        return outcomes.ENGINE_ERROR, (str(fatal[0].get("msg", "")),)
+    done = sum(t["outcome"] == "done" for t in turns)
+    if capture.failures or done < len(turns) or done < 2:
+        why = f"session: {done} of {len(turns)} turns answered BMOE_DONE"
+        return outcomes.INVALID, ((why + f" ({'; '.join(capture.failures)})") if capture.failures else
+                                  why if done >= 2 or done < len(turns) else why + ": no gap to measure",)
+    return outcomes.OK, ()
 
 
 def _paths(group: RunFiles) -> list[Path]:
@@ -326,9 +415,7 @@ def _config(group: RunFiles, console: ConsoleRun | None, section: ConsoleRun | N
     for run in (section, console):
         if run is not None:
             config.update(config_from_log(run))
-    config = {_RENAME.get(k, k): v for k, v in config.items()}
-    if "o_direct" in config:
-        config["o_direct_reported"] = int(bool(config.pop("o_direct")))
+    config = _renamed(config)
     if metrics is not None and metrics.preamble:
         pre = metrics.preamble
         for key in _PREAMBLE_KEYS:
@@ -343,6 +430,14 @@ def _config(group: RunFiles, console: ConsoleRun | None, section: ConsoleRun | N
     if "unknown_tokens" in config:
         config["unknown_tokens"] = list(config["unknown_tokens"])
     return config
+
+
+def _renamed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Parsed keys in the cell vocabulary; the engine's o_direct is what it reported, not asked."""
+    out = {_RENAME.get(k, k): v for k, v in config.items()}
+    if "o_direct" in out:
+        out["o_direct_reported"] = int(bool(out.pop("o_direct")))
+    return out
 
 
 def _model_name(config: Mapping[str, Any], group: RunFiles, metrics) -> str:

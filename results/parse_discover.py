@@ -60,17 +60,24 @@ def campaign_dirs(folder: str | Path) -> list[Path]:
     return [d for d in found if not any(other in d.parents for other in found)]
 
 
-def discover(folder: str | Path, exclude: Iterable[str | Path] = ()) -> list[RunFiles]:
-    """Every run under `folder` (subfolders included), sorted by folder then stem. Files under the
-    `exclude` folders and under campaign directories are not upstream runs and are skipped."""
+def source_files(folder: str | Path, exclude: Iterable[str | Path] = ()) -> list[Path]:
+    """The files under `folder` (subfolders included), sorted, but those under the `exclude`
+    folders and under campaign directories: those are not upstream runs."""
     root = Path(folder)
     if not root.is_dir():
         raise ParseError(f"{root}: not a folder")
     skipped = {Path(p) for p in exclude} | set(campaign_dirs(root))
+    return [p for p in sorted(root.rglob("*")) if p.is_file() and (not skipped or skipped.isdisjoint(p.parents))]
+
+
+def discover(folder: str | Path, exclude: Iterable[str | Path] = (), skip: Iterable[Path] = ()) -> list[RunFiles]:
+    """Every run under `folder` (source_files), sorted by folder then stem. `skip`: files another
+    reader took (results.parse_session's session captures), not one-shot runs."""
+    taken = set(skip)
     groups: dict[tuple[Path, str], RunFiles] = {}
     captures: list[Path] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if skipped and not skipped.isdisjoint(path.parents):
+    for path in source_files(folder, exclude):
+        if path in taken:
             continue
         kind = _kind(path)
         if kind is None:
