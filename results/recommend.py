@@ -39,6 +39,7 @@ from typing import Any
 
 from results import formats
 from results.analyze import Analysis, BudgetPoint, GroupAnalysis, analyze
+from results.android_app import app_rung
 from results.fleet_rules import device_default, fleet_rules, identity_of
 from results.noise import differs
 from results.publish import Redactor
@@ -284,6 +285,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
             r.hit_at(auto.cache_ceil_mb) if auto is not None else None,
             None if fixed is None or math.isnan(fixed.hit_pct) else fixed.hit_pct)
     pts_safe = _points_at(g, safe) if safe is not None else []
+    rung = app_rung(g.points, b, float(auto.cache_ceil_mb) if auto is not None else 0.0, cycle)
     evidence = {
         "runs": g.n_runs, "campaigns": list(g.campaigns), "engines": list(g.engines),
         "budgets_mib": sorted({p.budget_mib for p in g.points if not math.isnan(p.budget_mib)}),
@@ -305,7 +307,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
              "fought": [{"budget_mib": budget, "reason": why} for budget, why in b.fought],
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
-        confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps)
+        confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps, app_rung_mb=rung.rung_mb,
+        app_rung_reason=rung.reason)
 
 
 UNDER = "--cache-mb 0 is strictly better: the same reads with no RAM and no cache management"
@@ -419,6 +422,7 @@ def redact(recs: Recommendations, redactor: Redactor) -> Recommendations:
         out = []
         for r in d.recommendations:
             out.append(replace(r, reason=redactor.text(r.reason), evidence=redactor.value(r.evidence),
+                               app_rung_reason=redactor.text(r.app_rung_reason),
                                confidence_reasons=tuple(redactor.text(x) for x in r.confidence_reasons),
                                lmk=redactor.value(r.lmk)))
         devices.append(replace(d, recommendations=tuple(out),

@@ -100,6 +100,8 @@ class Recommendation:
     replay: ReplayCitation | None
     verification: Mapping[str, Any] | None = None   # `recommend --verify`: per argv, accepted or refused
     apps: str = ""                    # the other apps open while it was measured ("" none; axes.apps)
+    app_rung_mb: int | None = None    # the app's cache rung it maps to (results.android_app); None: none safe
+    app_rung_reason: str = ""
 
     @property
     def load(self) -> str:
@@ -210,6 +212,8 @@ class Recommendations:
                 lines.append(f"  {r.model} ({k}{load}, cycle {_mib(r.cycle_mib)}): {fixed} | {auto} | "
                              f"dense {r.dense_mode or '?'} | {r.confidence}")
                 lines.append(f"    {r.reason}")
+                if r.app_rung_reason:
+                    lines.append(f"    {r.app_rung_reason}")
                 for name, v in (r.verification or {}).items():
                     lines.append(f"    verify {name}: {v['status']}" + (f" — {v['line']}" if v.get("line") else ""))
         rule = self.rules.get("unmeasured") if self.rules else None
