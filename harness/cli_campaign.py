@@ -68,10 +68,12 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated). Default: "
                    "$ANDROID_SERIAL; with --preset community, this host and $ANDROID_SERIAL, else this host and "
                    "every phone attached to the adb servers.")
-@click.option("--preset", type=click.Choice(["quick", "publish", "community"]),
+@click.option("--preset", type=click.Choice(["quick", "publish", "community", "app"]),
               help="quick: 32 tokens, one run per config; publish: at least 256 tokens, 3 repeats and a reverse "
                    "pass (what a published number needs); community: upstream's community-benchmark protocol "
-                   "(docs/results.md), then each device's storage probe; `report --format community` prints the rows.")
+                   "(docs/results.md), then each device's storage probe; `report --format community` prints the "
+                   "rows; app: what upstream's Android app runs, its cache rungs as budgets, its session flags and "
+                   "a 2-turn session (docs/campaigns.md); `recommend` names the app rung.")
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
                    "(nothing pushed; on local, a path on this host). Repeatable.")
@@ -148,6 +150,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
         reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
         device_timeout_s=device_timeout_s, threads=threads,
         engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps))
+    for note in sweep.notes:              # a preset's flag the engine lacks is left out, never silently
+        click.echo(f"--preset {preset}: {note}", err=True)
     prepared = prepare(sweep.campaign)
     if dry_run:
         _echo_plan(prepared.plan, as_json)

@@ -1,4 +1,4 @@
-"""`bmoe-fleet sweep --preset quick|publish|community`: sweeps whose settings come with a purpose.
+"""`bmoe-fleet sweep --preset quick|publish|community|app`: sweeps whose settings come with a purpose.
 
 - quick: a first look — 32 tokens, one run per config, no reverse pass (the sweep's defaults).
 - publish: what the method asks of a published number (docs/method.md rules 5 and 8): at least 256
@@ -15,12 +15,20 @@
   reads of 512 KiB from the model file itself, from a quarter into it (past a freshly copied
   head), up to 1 GiB; the rate is kept in `storage/<device>.json`. `report --format community`
   prints the rows (results/community.py).
+- app: what upstream's Android app runs (results/android_app.py, from its examples/android): every
+  cache rung its settings offer (0, 500 … 6000 MiB, and Auto capped at 3000) as the budgets, its
+  session-open flags as run flags where the engine has them (`-c 4096`, `--ubatch 512`, `--chatml`,
+  `--no-think` for its per-request think=false, `--overlap`), 4 lanes, `--dense-weights anon`, the
+  model's own top-k, 128 tokens of its default prompt per turn, and its session: 2 turns 240 s apart
+  (`--turns`/`--idle-s`/`-n` override). A flag left out is named in app.json with its reason;
+  recommend maps each recommendation onto the rungs (app_rung_mb).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -34,17 +42,22 @@ from engine.errors import BmoeError
 from harness.campaign import LOCAL, Campaign, CampaignError, remote_model_path, safe_id
 from harness.campaign_options import campaign_from_options
 from harness.defaults import PYTHON_ENGINE, SWEEP
+from results import android_app as app
 from results.community import COMMUNITY_FLAGS, COMMUNITY_LANES, COMMUNITY_PROMPT, COMMUNITY_RUNS, COMMUNITY_TOKENS
 from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from store import names, versioned
 
-PRESETS = ("quick", "publish", "community")
+PRESETS = ("quick", "publish", "community", "app")
 QUICK = {"n_predict": SWEEP.n_predict, "repeats": SWEEP.repeats}   # the sweep's own defaults
 # sweep options the protocol fixes: given with --preset community, they are refused
 PROTOCOL_OPTIONS = {"cache_mb": "--cache-mb", "cache_ceil_mb": "--cache-ceil-mb", "dense_weights": "--dense-weights",
                     "n_expert_used": "--n-expert-used", "io_threads": "--io-threads", "repeats": "--repeats",
                     "n_predict": "-n", "reverse_pass": "--reverse-pass", "engine_args": "--engine-arg",
                     "flags": "--flag"}
+# sweep options the app's settings fix: given with --preset app, they are refused (tokens, repeats,
+# passes, threads and the session's turns and gap are the user's, as they are in the app)
+APP_OPTIONS = {key: flag for key, flag in PROTOCOL_OPTIONS.items() if key not in ("repeats", "n_predict",
+                                                                                   "reverse_pass")}
 PROBE_BLOCK = 512 * 1024
 PROBE_BLOCKS = 2048                    # 1 GiB, as bench-report.sh reads
 PROBE_MAX_MIB_S = 30720                # faster than any drive: O_DIRECT was ignored (bench-report.sh's bound)
@@ -88,15 +101,49 @@ def sweep_campaign(preset: str | None, explicit: set[str], options: Mapping[str,
                                 "published number reports a distribution")
         opts["reverse_pass"] = True
         return Sweep(campaign_from_options(**opts), preset)
+    if preset == "app":
+        return app_campaign(explicit, opts)
     return community_campaign(explicit, opts)
+
+
+def _refuse_fixed(preset: str, fixed: Mapping[str, str], explicit: set[str], whose: str) -> None:
+    """One line naming every option the preset fixes that was given anyway."""
+    given = [flag for key, flag in fixed.items() if key in explicit]
+    if given:
+        raise CampaignError(f"--preset {preset} fixes {', '.join(given)} ({whose}); leave "
+                            f"{'them' if len(given) > 1 else 'it'} out")
+
+
+def _with_prompt(opts: Mapping[str, Any], prompt: str) -> dict[str, Any]:
+    extra = dict(opts.get("extra") or {})
+    extra["run"] = {**extra.get("run", {}), "prompt": prompt}
+    return extra
+
+
+def app_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
+    """The campaign of upstream's Android app: its cache rungs as budgets, its session flags, its
+    session (options its settings fix are refused; results.android_app holds what was read)."""
+    _refuse_fixed("app", APP_OPTIONS, explicit, "upstream's Android app")
+    turns = opts.get("turns") if "turns" in explicit else app.APP_TURNS
+    if turns is None or turns < 2:
+        raise CampaignError(f"--preset app runs a session, as the app does (--session): --turns {turns} must be 2 "
+                            "or more")
+    engine = opts.get("engine") or PYTHON_ENGINE
+    model = next((str(m) for m in opts.get("models") or () if not str(m).startswith("device:")), None)
+    flags, notes = protocol_flags(engine, model, app.APP_FLAGS)
+    opts.update(cache_mb=["auto", *map(str, app.APP_RUNGS_MB)], cache_ceil_mb=[app.APP_AUTO_CEIL_MB],
+                dense_weights=[app.APP_DENSE_WEIGHTS], n_expert_used=[0], io_threads=[app.APP_IO_THREADS],
+                n_predict=opts["n_predict"] if "n_predict" in explicit else app.APP_N_PREDICT, turns=turns,
+                idle_s=opts.get("idle_s") if "idle_s" in explicit else app.APP_IDLE_S,
+                engine_args=[shlex.join(f) for f in flags], flags=(), extra=_with_prompt(opts, app.APP_PROMPT))
+    if not opts.get("name") or opts["name"] == SWEEP.name:
+        opts["name"] = "app"
+    return Sweep(campaign_from_options(**opts), "app", (*notes, *app.APP_LEFT_OUT))
 
 
 def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     """The campaign of upstream's community-benchmark protocol (options it fixes are refused)."""
-    given = [flag for key, flag in PROTOCOL_OPTIONS.items() if key in explicit]
-    if given:
-        raise CampaignError(f"--preset community fixes {', '.join(given)} (upstream's protocol); leave "
-                            f"{'them' if len(given) > 1 else 'it'} out")
+    _refuse_fixed("community", PROTOCOL_OPTIONS, explicit, "upstream's protocol")
     if len(opts.get("models") or ()) != 1:
         raise CampaignError("--preset community: give one --model (a row is one model on one machine)")
     serial = default_serial()
@@ -104,8 +151,7 @@ def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     engine = opts.get("engine") or PYTHON_ENGINE
     model = opts["models"][0]
     flags, notes = protocol_flags(engine, None if str(model).startswith("device:") else str(model))
-    extra = dict(opts.get("extra") or {})
-    extra["run"] = {**extra.get("run", {}), "prompt": COMMUNITY_PROMPT}
+    extra = _with_prompt(opts, COMMUNITY_PROMPT)
     opts.update(devices=devices, cache_mb=["auto"], cache_ceil_mb=[0], dense_weights=["anon"], n_expert_used=[0],
                 io_threads=[COMMUNITY_LANES], repeats=COMMUNITY_RUNS, n_predict=COMMUNITY_TOKENS, reverse_pass=False,
                 engine_args=[" ".join(f) for f in flags], flags=(), extra=extra)
@@ -146,14 +192,15 @@ def _engine_command(engine: str) -> tuple[list[str], dict[str, str]]:
 _UNKNOWN_RE = re.compile(r"(unknown arg: .*|config error: .*|error: .*)")
 
 
-def protocol_flags(engine: str, model_path: str | None) -> tuple[list[tuple[str, ...]], list[str]]:
+def protocol_flags(engine: str, model_path: str | None,
+                   flags: Sequence[tuple[str, ...]] = COMMUNITY_FLAGS) -> tuple[list[tuple[str, ...]], list[str]]:
     """The protocol flags this engine takes (run on this host), and a note for each it does not.
     A flag is asked for with `--version` after it (parsed, nothing loaded); `--overlap`, which a
     build can list and still refuse at load, is also tried on the model with one token."""
     argv0, env = _engine_command(engine)
     kept: list[tuple[str, ...]] = []
     notes: list[str] = []
-    for flag in COMMUNITY_FLAGS:
+    for flag in flags:
         answer = _run(argv0 + list(flag) + ["--version"], env)
         if answer is None:
             raise CampaignError(f"--engine {engine}: cannot be run on this host to check the protocol's flags")
@@ -216,7 +263,10 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = Fal
     campaign, notes = sweep.campaign, sweep.notes
     root = Path(out_dir).resolve()
     end = run_to_end(campaign, root, rerun_failed, prepared)
-    if sweep.preset != "community" or end.interrupted or not (root / names.PLAN_JSON).exists():
+    if sweep.preset not in ("community", "app") or end.interrupted or not (root / names.PLAN_JSON).exists():
+        return end
+    if sweep.preset == "app":
+        versioned.write_json(root / names.APP_JSON, app_record(campaign, notes))
         return end
     versioned.write_json(root / names.COMMUNITY_JSON,
                          {**versioned.COMMUNITY.stamp(), "prompt": COMMUNITY_PROMPT, "tokens": COMMUNITY_TOKENS,
@@ -234,6 +284,16 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = Fal
             probe = StorageProbe(ref.spec, model.name, 0, 0, None, None, False, f"not measured: {e}", time.time())
         versioned.write_json(names.storage_record(root, safe_id(ref.spec.replace(":", "-"))), probe.to_dict())
     return end
+
+
+def app_record(campaign: Campaign, notes: Sequence[str]) -> dict[str, Any]:
+    """app.json: what of upstream's Android app the sweep ran, where it was read, and what it left out."""
+    r = campaign.run
+    return {**versioned.APP.stamp(), "upstream": {"settings_commit": app.UPSTREAM_SETTINGS_COMMIT,
+                                                  "service_commit": app.UPSTREAM_SERVICE_COMMIT},
+            "rungs_mb": list(app.APP_RUNGS_MB), "auto_ceil_mb": app.APP_AUTO_CEIL_MB, "prompt": r.prompt,
+            "tokens": r.n_predict, "turns": r.turns, "idle_s": r.idle_s, "engine_args": list(r.engine_args),
+            "notes": list(notes)}
 
 
 # One reader for every device that can run this host's Python: this host, and virtual phones (they

@@ -37,9 +37,8 @@ APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   #
 APP_FLAGS = (("-c", "4096"), ("--ubatch", "512"), ("--chatml",), ("--no-think",), ("--overlap",))
 # what the app sends and the preset does not, with the reason (recorded in app.json)
 APP_LEFT_OUT = (
-    "--drop-cold-experts 0.75 left out: the app sends it (dropColdPct 75) only with a cache on, and the "
-    "engine refuses it with --cache-mb 0 (a config error on the 0 rung); it is lossy and cache-dependent "
-    "(upstream: 'changes the output, and not reproducibly') and does not change a budget's size",
+    "--drop-cold-experts 0.75 left out: the app sends it only with a cache on, the engine refuses it at "
+    "--cache-mb 0 (the 0 rung), and it is lossy (it changes the output, not the budget)",
 )
 # session use: two turns with an idle gap between them, as upstream's scripts/rewarm-ab.sh ("same argv
 # the Android app uses") measures the app's session; the app itself unloads after 10 minutes idle

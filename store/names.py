@@ -21,6 +21,7 @@ CAMPAIGN_TOML = "campaign.toml"       # the resolved campaign (an import's: an [
 PLAN_JSON = "plan.json"
 LEDGER_JSONL = "ledger.jsonl"
 COMMUNITY_JSON = "community.json"     # `sweep --preset community` only
+APP_JSON = "app.json"                 # `sweep --preset app` only
 RUNS_DIR = "runs"
 DEVICES_DIR = "devices"
 MODELS_DIR = "models"

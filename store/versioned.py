@@ -69,6 +69,7 @@ DEVICE = register("bmoe-fleet.device")
 MODEL = register(SHAPE_FORMAT, SHAPE_VERSION)       # the engine writes it (engine.model.ModelShape.to_dict)
 PLAN = register("bmoe-fleet.plan")
 COMMUNITY = register("bmoe-fleet.community")
+APP = register("bmoe-fleet.app")
 STORAGE = register("bmoe-fleet.storage")
 # campaign.toml carries a `version` too: the campaign file's own (harness.campaign.FORMAT_VERSION)
 
