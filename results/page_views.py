@@ -251,6 +251,8 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
 
 
 def _turn_rows(turns: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[TurnRow, ...]:
+    if not turns:
+        return ()
     rereads = [math.nan, *gap_rereads(turns)]
     out = []
     for turn, reread in zip(turns, rereads, strict=True):

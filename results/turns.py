@@ -9,7 +9,7 @@ same reads each turn after the first, and a turn that reads more than that after
 cache (or its dense pages) taken while it idled.
 
 - **Warm need** (`warm_need_mib`): what a turn after the first should read with nothing taken
-  in the gap: the first turn's reads when it held no cache (budget 0: no gap can take a cache
+  in the gap: the first turn's reads when it had no cache (budget 0, hit % -1: no gap can take a cache
   that is not there, and every turn reads the same); 0 when the first turn evicted nothing (its
   CSV summary's `evictions` is 0: the cache held every expert the prompt routes to), else the
   least any later turn read (an LRU smaller than the prompt's working set re-reads the same share
@@ -57,8 +57,8 @@ def demand_hit_pct(turn: Mapping[str, Any]) -> float:
 def warm_need_mib(turns: Sequence[Mapping[str, Any]]) -> float:
     """What a turn after the first should read when nothing was taken in the gap (module docstring)."""
     later = [r for r in (_f(t, "read_mib") for t in turns[1:]) if not math.isnan(r)]
-    if turns and _f(turns[0], "cache_resident_mib") == 0:
-        return _f(turns[0], "read_mib")     # no cache (budget 0): every turn reads what the first did
+    if turns and _f(turns[0], "cache_hit_pct") < 0:
+        return _f(turns[0], "read_mib")     # no cache (budget 0: hit -1): every turn reads what the first did
     if turns and _f(turns[0], "evictions") == 0:
         return 0.0
     return min(later) if later else math.nan

@@ -241,4 +241,4 @@ def test_a_local_session_cell_through_the_runner_and_the_analysis(tmp_path, tiny
     (group,) = analyze(table).groups
     by_budget = {p.budget_mib: p for p in group.points}
     assert by_budget[2].fought == f"fought: taken in the gap: turn 2 re-read {reread:.3g} MiB", by_budget[2]
-    assert not by_budget[1].fought and by_budget[2].gap_taken
+    assert not by_budget[1].fought and by_budget[2].gap_taken, by_budget
