@@ -220,6 +220,12 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
                   f"{safe:g} MiB, is under it"
                   + (f"; {b.smallest_killed_mib:g} MiB was killed" if b.smallest_killed_mib is not None else "")
                   + f"): below the cycle the LRU evicts what it needs next, so {UNDER}")
+    elif safe < 1:
+        cache_off = True
+        summary = f"the largest safe budget, {safe:g} MiB, is under 1 MiB: --cache-mb 0"
+        reason = (f"the largest budget that survived every repeat, {safe:g} MiB, is under 1 MiB: --cache-ceil-mb "
+                  "takes whole MiB and 0 there means no ceiling at all, so no auto line can hold it: "
+                  "recommend --cache-mb 0")
     else:
         cache_off = False
         floor = b.floor_kb_at_safe / 1024 if b.floor_kb_at_safe is not None else None

@@ -10,7 +10,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from results.recommend import ceiling_mib, recommend, round_down
+from results.recommend import ceiling_mib, recommend, recommend_group, round_down
 from results.recommend_argv import flag_value
 from results.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
 
@@ -106,3 +106,16 @@ def test_upstream_runs_recommend_with_their_evidence(imported):
     # a run the engine refused is no evidence for or against any budget: no recommendation from it
     with pytest.raises(KeyError):
         recs.find("<script>alert(1)</script>", "bad", None)
+
+
+def test_a_largest_safe_budget_under_1_mib_recommends_cache_off_not_a_ceiling_of_0():
+    """--cache-ceil-mb takes whole MiB and 0 there means no ceiling: a tiny model whose 0.5 MiB
+    survived (cycle 0.4 MiB) and whose 2 MiB was killed must not get `--cache-ceil-mb 0`."""
+    import dataclasses
+
+    from .test_app_rung import group, point
+
+    g = dataclasses.replace(group([point(0, tok_s=2.0), point(0.5), point(2, killed=2)]), cycle_mib=0.4)
+    rec = recommend_group(g)
+    assert rec.cache_off and rec.auto is None, rec
+    assert "0.5 MiB, is under 1 MiB" in rec.reason and rec.reason.endswith("recommend --cache-mb 0")
