@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +249,7 @@ class StorageProbe:
     o_direct: bool
     note: str
     taken_at: float
+    drive: str = ""                  # the drive the file sits on, as the device names it ("" unknown)
 
     def to_dict(self) -> dict[str, Any]:
         """storage/<device>.json as the store writes it (format and version first)."""
@@ -311,6 +312,17 @@ for i in range(blocks):
         break
 print(f"{done} bytes copied, {time.perf_counter() - began:.6f} s")
 """
+# The drive under a file, as bench-report.sh finds it: df's source, its block device with the
+# partition number dropped, that device's model in sysfs (a device-mapper volume: the one below it),
+# else the block device's name. Argument: the file.
+DRIVE_SH = (
+    'src=$(df -P "$1" 2>/dev/null | tail -n 1 | cut -d" " -f1); '
+    'b=$(basename "$(readlink -f "$src" 2>/dev/null || echo "$src")"); '
+    'for s in /sys/block/"$b"/slaves/*; do [ -e "$s" ] && b=$(basename "$s"); break; done; '
+    'for d in "$b" "$(echo "$b" | sed -E "s/p?[0-9]+$//")"; do '
+    'm=$(cat /sys/block/"$d"/device/model 2>/dev/null | sed "s/[[:space:]]*$//"); '
+    '[ -n "$m" ] && { echo "$m"; exit 0; }; done; echo "$b"'
+)
 _DD_RE = re.compile(r"(\d+) bytes.*?copied,\s*([\d.]+)\s*s")
 
 
@@ -342,7 +354,10 @@ def probe_storage(ref, path: str, model: str) -> StorageProbe:
         hint = " (Android's toybox dd reads no O_DIRECT: run the probe by hand)" if "iflag" in said else ""
         return StorageProbe(ref.spec, model, skip * PROBE_BLOCK, 0, None, None, False,
                             f"not measured: the O_DIRECT read failed ({why}){hint}", time.time())
-    return _probe_result(ref.spec, model, skip * PROBE_BLOCK, int(m[1]), float(m[2]))
+    probe = _probe_result(ref.spec, model, skip * PROBE_BLOCK, int(m[1]), float(m[2]))
+    drive = device.run(["sh", "-c", DRIVE_SH, "sh", path], timeout_s=60)
+    name = drive.stdout.decode("utf-8", "replace").strip().splitlines()
+    return replace(probe, drive=name[-1][:80]) if drive.exit_status == 0 and name else probe
 
 
 def _probe_result(device: str, model: str, offset: int, done: int, seconds: float) -> StorageProbe:

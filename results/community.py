@@ -16,6 +16,8 @@ from the campaign directories given (a `sweep --preset community` run is the pro
   a baseline in the Cache column;
 - protocol deviations (fewer than 256 tokens, a fixed cache, other lanes or dense mode, flags the
   engine lacked) are listed under the table.
+
+Above the rows, bench-report.sh's machine table (MACHINE_COLUMNS): one row per device.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ COMMUNITY_FLAGS = (("--chatml",), ("--ubatch", "512"), ("--overlap",))
 COLUMNS = ("Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
            "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")
 NUMERIC = ("k", "Cache", "Decode tok/s", "Prefill tok/s", "Stall s/tok", "Flash/token", "Cache hit")
+# bench-report.sh's first table: the machine, one row per device
+MACHINE_COLUMNS = ("CPU", "Cores / threads used", "RAM", "Storage", "Storage read (512 KiB, O_DIRECT)", "OS")
+MACHINE_NUMERIC = ("Cores / threads used", "RAM", "Storage read (512 KiB, O_DIRECT)")
 DIFFER_PCT = 5.0
 PHONE_SIZES_GIB = (1, 1.5, 2, 3, 4, 6, 8, 10, 12, 16, 18, 20, 24, 32)
 _SOC_FAMILIES = (("snapdragon", "Snapdragon"), ("qcom", "Snapdragon"), ("sm", "Snapdragon"), ("sdm", "Snapdragon"),
@@ -66,6 +71,7 @@ class CommunityRow:
     cells: Mapping[str, str]             # column -> text, in COLUMNS order
     run_id: str
     notes: tuple[str, ...]
+    machine: Mapping[str, str]           # MACHINE_COLUMNS -> text: the device the run ran on
 
 
 def soc_family(soc: str, abi: str = "") -> str:
@@ -101,6 +107,33 @@ def hardware_class(identity: Mapping[str, Any], cores: float | None) -> str:
         ram = f", {mem / (1 << 20):.0f} GB RAM" if mem else ""
         return f"Linux host, {arch}{core}{ram}"
     return "unknown hardware"
+
+
+def machine_cells(identity: Mapping[str, Any], probe: Mapping[str, Any], cores: float,
+                  threads: Any) -> dict[str, str]:
+    """bench-report.sh's machine row for a device: its CPU (a phone by SoC class only, as the
+    Hardware column names it), cores / threads the run used, RAM (whole GiB as the script prints
+    it; a phone by its class size), the drive the model sat on and its probed rate, the OS."""
+    kind = str(identity.get("kind") or "")
+    phone = kind in ("adb", "virtual")
+    mem = identity.get("ram_total_kb")
+    soc = str(identity.get("soc") or "")
+    cpu = f"{soc_family(soc, str(identity.get('abi') or ''))} class" if phone else (soc or "unknown")
+    used = to_float(threads)
+    rate = probe.get("mib_per_s")
+    kernel = str(identity.get("kernel") or "")
+    android = str(identity.get("android_release") or "")
+    os_text = (f"Android {android}" if android else "Android") + (f" (Linux {kernel})" if kernel else "") if phone \
+        else (f"Linux {kernel}" if kernel else "unknown")
+    return {
+        "CPU": cpu,
+        "Cores / threads used": (f"{cores:.0f}" if not math.isnan(cores) else "n/a") + " / "
+                                + (f"{used:.0f}" if not math.isnan(used) else "n/a"),
+        "RAM": (_phone_ram(mem).removesuffix(" RAM") if phone else f"{int(mem) >> 20} GiB") if mem else "n/a",
+        "Storage": str(probe.get("drive") or "") or "n/a",
+        "Storage read (512 KiB, O_DIRECT)": f"{rate:.0f} MiB/s" if rate else "n/a",
+        "OS": os_text,
+    }
 
 
 def _num(x: Any, fmt: str, suffix: str = "") -> str:
@@ -225,15 +258,20 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             "Engine": engine.removeprefix("bmoe-cli ") or "n/a",
             "By": by,
         }
-        rows.append(CommunityRow(str(device), cells, str(pick["run_id"]), tuple(dict.fromkeys(notes))))
+        identity = {**dict(identities.get(str(device)) or {}), "kind": pick["device_kind"]}
+        rows.append(CommunityRow(str(device), cells, str(pick["run_id"]), tuple(dict.fromkeys(notes)),
+                                 machine_cells(identity, probe, to_float(pick.get("cores")), pick.get("cpu_threads"))))
     if not rows:
         raise ResultsError("no runs to report")
     return rows
 
 
 def community_markdown(rows: Sequence[CommunityRow]) -> str:
-    """The rows as upstream's Markdown table, the notes listed under it."""
-    text = formats.to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC)
+    """bench-report.sh's two tables: the machines (one row per device), then upstream's results
+    rows; the notes listed under them."""
+    machines = {r.device: dict(r.machine) for r in rows}
+    text = ("**Machine**\n\n" + formats.to_md(list(machines.values()), MACHINE_COLUMNS, numeric=MACHINE_NUMERIC)
+            + "\n**Run**\n\n" + formats.to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC))
     notes = [f"- row {i + 1} ({r.device}, run {r.run_id}): {n}" for i, r in enumerate(rows) for n in r.notes]
     return text + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "")
 
@@ -245,6 +283,7 @@ def community_command(dirs: Sequence[str | Path], out: str | None = None, by: st
     redactor = Redactor()
     if as_json:
         data = formats.to_json({"format": "bmoe-fleet.community-rows", "version": 1, "columns": list(COLUMNS),
+                                "machine_columns": list(MACHINE_COLUMNS),
                                 "rows": [redactor.value(asdict(r)) for r in rows]})
     else:
         data = redactor.text(community_markdown(rows))

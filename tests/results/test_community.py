@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from results.community import COLUMNS, COMMUNITY_PROMPT, hardware_class, soc_family
+from results.community import COLUMNS, COMMUNITY_PROMPT, MACHINE_COLUMNS, hardware_class, soc_family
 from tests.conftest import UPSTREAM_HOST, running_adb_server
 
 from .test_outputs import md_table
@@ -60,6 +60,7 @@ def test_the_community_preset_runs_the_protocol_on_every_device(community):
         assert probe["offset_bytes"] == model_bytes // 4 // (512 * 1024) * (512 * 1024) > 0
         assert probe["bytes_read"] == model_bytes - probe["offset_bytes"]
         assert probe["mib_per_s"] > 0 and probe["o_direct"] and probe["note"] == "", probe
+        assert probe["drive"] and "/" not in probe["drive"], probe          # a drive's name, not a path
 
 
 def test_report_community_prints_one_filled_row_per_device_in_upstreams_order(community, cli):
@@ -67,7 +68,18 @@ def test_report_community_prints_one_filled_row_per_device_in_upstreams_order(co
     result = CliRunner().invoke(cli, ["report", str(out), "--format", "community", "--by", "@fleet"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    rows = md_table(result.stdout)
+    machine_text, _, run_text = result.stdout.partition("**Run**")
+    # bench-report.sh's machine table first: one row per device
+    machines = md_table(machine_text)
+    assert machine_text.startswith("**Machine**") and tuple(machines[0]) == MACHINE_COLUMNS
+    assert len(machines) == 1 + 3 and all(len(r) == len(MACHINE_COLUMNS) and all(r) for r in machines[1:])
+    (host,) = [r for r in machines[1:] if not r[5].startswith("Android")]
+    phones_m = [r for r in machines[1:] if r is not host]
+    assert host[5].startswith("Linux ") and host[1].endswith(" / 1") and host[2].endswith(" GiB")
+    assert sorted((r[0], r[2]) for r in phones_m) == [("Dimensity class", "3 GB"), ("Snapdragon class", "2 GB")]
+    assert all(r[5].startswith("Android 14 (Linux ") and r[4].endswith(" MiB/s") for r in phones_m)
+    assert all(r[3] != "n/a" for r in machines[1:])                  # the drive under the model, as df names it
+    rows = md_table(run_text)
     assert tuple(rows[0]) == COLUMNS == (
         "Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
         "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")
