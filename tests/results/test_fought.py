@@ -40,6 +40,11 @@ def test_slower_than_cache_0_is_a_fight_only_with_reclaim_evidence():
         "fought: 7 major faults/token vs 3 at cache 0; 0.9 tok/s vs 2.1 at cache 0"
     assert fought_reason(point(400, 2.05, vm_swap=120.0), zero) == ""     # within cache 0's runs: no fight
     assert fought_reason(point(400, 0.9, vm_swap=120.0), None) == ""      # no cache 0 to compare with
+    # a few MiB of a cache in swap is no war (5 % of the budget, at least 4 MiB): a budget just over
+    # the cycle may decode slower than cache 0 by itself (a contended host: 1 MiB of 24 swapped)
+    assert fought_reason(point(24, 0.9, vm_swap=1.04), zero) == ""
+    assert fought_reason(point(400, 0.9, vm_swap=19.0), zero) == ""
+    assert fought_reason(point(400, 0.9, vm_swap=20.0), zero).startswith("fought: 20 MiB of the engine in swap")
 
 
 def test_the_largest_safe_budget_sits_under_the_first_fought_one():
