@@ -21,10 +21,12 @@ but run as the shell user, not as app uids the way `virtual up --apps` starts th
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,17 +95,21 @@ def build(abi: str, cache_dir: Path) -> Path:
                              "ANDROID_NDK_HOME to an Android NDK (its clang builds it)")
         argv = [clang, f"--target={target}"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    r = subprocess.run([*argv, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise CoAppError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    tmp.replace(out)
+    # a partial of this build's own: two campaigns on one host may build it at once (the same
+    # source and flags: whichever rename comes last leaves the same binary)
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    try:
+        r = subprocess.run([*argv, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise CoAppError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
 def _ndk_clang() -> str | None:
     import glob
-    import os
 
     home = os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
     if not home:

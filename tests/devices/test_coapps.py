@@ -5,10 +5,12 @@ lmkd's hard kills of other processes told apart from its soft ones."""
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,27 @@ def test_lmkds_kills_past_its_soft_level_are_told_apart():
     assert hard_kills_of_others(events, [engine]) == ["co.perceptible1 (oom_score_adj 200)",
                                                       "com.android.systemui (oom_score_adj 0)"]
     assert hard_kills_of_others([kill(11, "co.cached1", 900)], []) == []
+
+
+def test_two_campaigns_building_the_app_at_once_both_get_it(tmp_path):
+    """Two sweeps on one host (a lab, or the suite's two engines side by side) build the app into
+    the same cache at the same moment: each writes a partial of its own, neither loses its rename."""
+    import threading
+
+    abi = HOST_ABI[platform.machine()]
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(_build_or_error(abi, tmp_path))) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert len(results) == 4 and all(isinstance(r, Path) for r in results), results
+    assert len(set(results)) == 1 and os.access(results[0], os.X_OK)
+    assert [p.name for p in results[0].parent.iterdir()] == [results[0].name]      # no partial left
+
+
+def _build_or_error(abi, cache):
+    try:
+        return coapps.build(abi, cache)
+    except Exception as e:   # reported by the assertion
+        return e

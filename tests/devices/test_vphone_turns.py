@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,10 +37,8 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
-def test_a_session_cell_records_its_turns_and_gaps(tmp_path, adb_server, make_phone, phone_home, model, engine):
-    phone = make_phone("turns", 256 * MIB)
-    out = tmp_path / "turns"
-    data = {"version": 1, "name": "turns",
+def _campaign(name: str, phone, adb_server, phone_home, model, engine: dict) -> dict:
+    return {"version": 1, "name": name,
             "fleet": {"devices": [f"virtual:{phone.name}"], "virtual_home": str(phone_home),
                       "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
             "models": {"m": str(model)}, "engine": engine,
@@ -46,11 +46,44 @@ def test_a_session_cell_records_its_turns_and_gaps(tmp_path, adb_server, make_ph
             "run": {"n_predict": TOKENS, "threads": 1, "retries": 0, "turns": TURNS, "idle_s": IDLE_S,
                     "gap_apps": GAP_APPS, "timeout_s": 600},
             "gate": {"max_wait_s": 2}}
-    run_campaign(parse_campaign(data, source="turns.toml"), out, progress_stream=io.StringIO())
+
+
+def test_session_cells_record_their_turns_and_gaps(request, tmp_path, adb_server, make_phone, phone_home, model):
+    """bmoe-py and bmoe-cli each on a phone of its own, at the same time (each decodes 16 tokens
+    with -t 1 and idles 20 s twice: two engines fit this host's two cores; one after the other took
+    84 s of the suite's 20 minutes)."""
+    engines = {"bmoe-py": {"kind": "python"}}
+    if os.environ.get("BMOE_CLI"):
+        engines["bmoe-cli"] = {"kind": "native", "native": {"host": {"cli": str(request.getfixturevalue("bmoe_cli"))}}}
+    else:
+        print("BMOE_CLI is unset: the bmoe-cli half of this test did not run")
+    phones = {name: make_phone(f"turns{i}", 256 * MIB) for i, name in enumerate(engines)}
+    outs = {name: tmp_path / name for name in engines}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            data = _campaign(name, phones[name], adb_server, phone_home, model, engines[name])
+            run_campaign(parse_campaign(data, source=f"{name}.toml"), outs[name], progress_stream=io.StringIO())
+        except BaseException as e:      # re-raised below, in the test's own thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in engines]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(900)
+    if errors:
+        raise errors[0]
+    for name, out in outs.items():
+        _check(name, out)
+
+
+def _check(name: str, out: Path) -> None:
     (camp,) = read_campaigns([out])
     (run,) = camp.runs
     rec = run.record
-    assert rec["outcome"] == "ok", rec["evidence"]
+    assert rec["outcome"] == "ok", (name, rec["evidence"])
     assert "--session" in rec["argv"] and rec["config"]["turns"] == TURNS and rec["config"]["idle_s"] == IDLE_S
     turns = rec["turns"]
     assert [t["turn"] for t in turns] == [1, 2, 3] and all(t["outcome"] == "done" for t in turns), turns
@@ -65,6 +98,7 @@ def test_a_session_cell_records_its_turns_and_gaps(tmp_path, adb_server, make_ph
         # the sampler went on sampling the engine through the gap (~1 Hz over adb)
         assert gap["samples"] >= 5 and gap["vm_rss_min_kb"] > 0 and gap["rss_file_min_kb"] > 0, gap
         assert gap["vm_swap_max_kb"] == 0                       # no zram on this phone: nothing in swap
+        assert len(gap["apps"]) == 1, (name, gap)
         (app,) = gap["apps"]
         assert app["name"] == "co.gcached1" and app["ready"] and app["size_mib"] == 48, app
         assert app["gone_by_end"] is False and app["lmk_killed"] is False

@@ -59,7 +59,7 @@ def test_one_campaign_over_two_adb_servers_survives_one_going_away(tmp_path, adb
             "fleet": {"devices": [serial_a, serial_b],
                       "adb": [{"host": "127.0.0.1", "port": adb_port}, {"host": "127.0.0.1", "port": port_b}]},
             "models": {"tiny": str(tiny_model)}, "axes": {"cache_mb": CELLS},
-            "run": {"n_predict": 48, "threads": 1, "retries": 1, "retry_backoff_s": 0.1},
+            "run": {"n_predict": 48, "threads": 1, "retries": 1, "retry_backoff_s": 0.1, "device_timeout_s": 5},
             "gate": {"max_wait_s": 2}}, source="lab.toml")
         out = tmp_path / "out"
 
