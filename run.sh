@@ -19,6 +19,10 @@ need_debian_packages() {
     if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then
         for tool in mksh toybox; do command -v "$tool" >/dev/null || missing+=("$tool"); done
     fi
+    # The other-apps allocator built for an arm64 phone is run under qemu's user emulation.
+    if [ "${1:-}" = test ] && [ "$(uname -m)" != aarch64 ] && [ ! -e /usr/bin/qemu-aarch64-static ]; then
+        missing+=(qemu-user-static)
+    fi
     # bmoe-py's compiled kernels are built with the host's C compiler (without one it multiplies
     # in numpy, ~10x slower; the tests check the compiled path).
     if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then

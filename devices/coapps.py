@@ -21,11 +21,13 @@ but run as the shell user, not as app uids the way `virtual up --apps` starts th
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +47,10 @@ FILL_MIN_S = 20.0
 CFLAGS = ("-O2", "-static", "-std=c11")
 # Android ABIs (ro.product.cpu.abi) and the clang target of the NDK that builds for them
 NDK_TARGETS = {"arm64-v8a": "aarch64-linux-android26", "x86_64": "x86_64-linux-android26"}
+# ... and, without an NDK, zig's clang (the ziglang wheel: `pip install 'bmoe-fleet[phone]'`), which
+# links musl statically: a static binary needs nothing of Android's libc, only its kernel
+ZIG_TARGETS = {"arm64-v8a": "aarch64-linux-musl", "armeabi-v7a": "arm-linux-musleabihf",
+               "x86_64": "x86_64-linux-musl", "x86": "x86-linux-musl"}
 
 
 class CoAppError(DeviceError):
@@ -82,24 +88,27 @@ def build(abi: str, cache_dir: Path) -> Path:
     out = cache_dir / key / BINARY
     if out.is_file():
         return out
+    env = None
     if HOST_ABI.get(platform.machine()) == abi:
         cc = shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             raise CoAppError(f"the apps axis builds {SOURCE.name} with a C compiler: none here (install gcc)")
         argv = [cc]
+    elif (clang := _ndk_clang()) is not None and abi in NDK_TARGETS:
+        argv = [clang, f"--target={NDK_TARGETS[abi]}"]
+    elif abi in ZIG_TARGETS and importlib.util.find_spec("ziglang") is not None:
+        argv = [sys.executable, "-m", "ziglang", "cc", "-target", ZIG_TARGETS[abi]]
+        env = dict(os.environ, ZIG_GLOBAL_CACHE_DIR=str(cache_dir / "zig-cache"))   # ours, not ~/.cache
     else:
-        target = NDK_TARGETS.get(abi)
-        clang = _ndk_clang()
-        if target is None or clang is None:
-            raise CoAppError(f"the apps axis needs {SOURCE.name} built for a {abi or 'unknown'} phone: set "
-                             "ANDROID_NDK_HOME to an Android NDK (its clang builds it)")
-        argv = [clang, f"--target={target}"]
+        raise CoAppError(f"the apps axis needs {SOURCE.name} built for a {abi or 'unknown'} phone: set "
+                         "ANDROID_NDK_HOME to an Android NDK, or pip install ziglang (bmoe-fleet[phone])")
     out.parent.mkdir(parents=True, exist_ok=True)
     # a partial of this build's own: two campaigns on one host may build it at once (the same
     # source and flags: whichever rename comes last leaves the same binary)
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}-{threading.get_ident()}")
     try:
-        r = subprocess.run([*argv, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([*argv, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True,
+                           timeout=300, env=env)
         if r.returncode != 0:
             raise CoAppError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
         tmp.replace(out)
