@@ -43,10 +43,12 @@ setup() {
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
         || { echo "run.sh: Python >= 3.11 is required ($PYTHON is $("$PYTHON" -V 2>&1))" >&2; exit 1; }
     need_debian_packages "${1:-}"
-    local stamp="$VENV/.installed"
+    # the demo needs the package alone; the tests and lint add their tools (pyproject's `test` extra)
+    local extras="" stamp="$VENV/.installed"
+    if [ "${1:-}" != demo ]; then extras="[test]"; stamp="$VENV/.installed-test"; fi
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-        "$PYTHON" -m venv "$VENV"
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[test]'
+        [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".$extras"
         touch "$stamp"
     fi
 }
