@@ -85,10 +85,10 @@ def gap_taken(turns: Sequence[Mapping[str, Any]]) -> str:
             why.append(f"turn {k} re-read {extra:.3g} MiB")
         faults = _f(turn, "majflt_per_tok")
         if not math.isnan(faults) and faults >= GAP_MAJFLT_PER_TOK:
-            why.append(f"turn {k} {faults:.3g} major faults/token")
+            why.append(f"turn {k} had {faults:.3g} major faults/token")
         swap = _f(turn, "swap_in_mib") / tokens if tokens and not math.isnan(tokens) and tokens > 0 else math.nan
         if not math.isnan(swap) and swap >= GAP_SWAP_IN_MIB_PER_TOK:
-            why.append(f"turn {k} {swap:.3g} MiB/token swapped in")
+            why.append(f"turn {k} swapped in {swap:.3g} MiB/token")
         if why:
             return "taken in the gap: " + "; ".join(why)
     return ""

@@ -176,14 +176,14 @@ def test_the_gap_rule_reads_rereads_faults_and_swap_in():
     lru = [turn(1, 20.0, evictions=30), turn(2, 9.0), turn(3, 9.5)]
     assert warm_need_mib(lru) == 9.0 and gap_rereads(lru) == [0.0, 0.5] and gap_taken(lru) == ""
     assert gap_taken([turn(1, 20.0), turn(2, 9.0), turn(3, 9.0, majflt=3.0)]) == \
-        "taken in the gap: turn 3 3 major faults/token"
-    assert gap_taken([turn(1, 20.0), turn(2, 9.0, swap_in=16.0)]) == "taken in the gap: turn 2 2 MiB/token swapped in"
+        "taken in the gap: turn 3 had 3 major faults/token"
+    assert gap_taken([turn(1, 20.0), turn(2, 9.0, swap_in=16.0)]) == "taken in the gap: turn 2 swapped in 2 MiB/token"
     assert gap_taken([turn(1, 20.0, evictions=0), turn(2, 1.5)]) == ""        # under 10 % of turn 1's reads
     assert gap_taken([turn(1, 20.0)]) == ""
     # budget 0 holds no cache and evicts nothing: each turn reads what the first did, none is taken
     no_cache = [{**turn(k, 20.0, evictions=0, hit=-1.0), "cache_resident_mib": 0.0} for k in (1, 2, 3)]
     assert warm_need_mib(no_cache) == 20.0 and gap_rereads(no_cache) == [0.0, 0.0] and gap_taken(no_cache) == ""
-    assert gap_taken([no_cache[0], {**no_cache[1], "majflt_per_tok": 4.0}]) == "taken in the gap: turn 2 4 major faults/token"
+    assert gap_taken([no_cache[0], {**no_cache[1], "majflt_per_tok": 4.0}]) == "taken in the gap: turn 2 had 4 major faults/token"
     assert demand_hit_pct(turn(2, 8.0)) == 75.0 and math.isnan(demand_hit_pct({"tokens": 8}))
     cols = turn_columns(held)
     assert cols["turns"] == 3 and json.loads(cols["turn_read_mib"]) == [20.0, 6.0, 0.0]
