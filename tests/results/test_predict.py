@@ -1,0 +1,129 @@
+"""results.predict on real runs: bmoe-py on this host (-t 1), a knee probe, cache 0 and budgets under
+and over the token cycle of the small model (cycle 3.2 MiB, working set 10.8 MiB)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from results.lru_replay import access_sequence, lru_curve
+from results.predict import PhoneRam, PredictionError, cache0_rates, cell_errors, missing_inputs, predict
+from results.route_trace import read_route_trace
+from results.table import build_table
+from store import names
+from tests.results.conftest import local_campaign_data, run_local
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory, small_model):
+    out = tmp_path_factory.mktemp("predict") / "predict-sweep"
+    return run_local(out, local_campaign_data(
+        "predict-sweep", small_model,
+        {"cache_mb": [0, "cycle*0.5", "cycle*1.5", "cycle*3", "knee"]},
+        run={"route_trace": True, "threads": 1}))
+
+
+@pytest.fixture(scope="module")
+def table(campaign):
+    return build_table([campaign])
+
+
+@pytest.fixture(scope="module")
+def prediction(table):
+    predictions = predict(table, phones={"local": PhoneRam(mem_total_mib=36.0, low_watermark_mib=1.0)},
+                          extra_budgets_mib=(16, 32))
+    assert list(predictions) == [("local", "small", 2, "anon")]
+    return next(iter(predictions.values()))
+
+
+def test_the_probe_and_a_cache0_sweep_run_are_the_inputs(prediction, table):
+    probe = table[table["run_id"] == prediction.probe_run_id].iloc[0]
+    cache0 = table[table["run_id"] == prediction.cache0_run_id].iloc[0]
+    assert bool(probe["probe"]) and probe["has_route_trace"]
+    assert cache0["cache_mb"] == 0 and not cache0["probe"]
+
+
+def test_every_measured_cell_has_a_finite_prediction(prediction, table):
+    errors = cell_errors(table, {prediction.key: prediction})
+    sweep = table[(table["outcome"] == "ok") & ~table["probe"]]
+    assert sorted(e.run_id for e in errors) == sorted(sweep["run_id"])
+    assert len(errors) >= 4
+    for e in errors:
+        assert math.isfinite(e.predicted_s_per_tok) and e.predicted_s_per_tok > 0
+        assert math.isfinite(e.error_pct)
+        assert math.isfinite(e.predicted_anon_mib)
+
+
+def test_budgets_under_the_first_reuse_predict_exactly_zero_decode_hits(prediction):
+    under = [b for b in prediction.budgets if b.budget_mib < prediction.cycle_mib * 0.8]
+    assert len(under) >= 3
+    assert prediction.first_decode_hit_mib is not None and prediction.first_decode_hit_mib <= prediction.cycle_mib
+    for b in prediction.budgets:
+        if b.budget_mib < prediction.first_decode_hit_mib:
+            assert b.hit_pct_decode == 0.0 and b.under_cycle
+            assert b.miss_mib_per_tok == prediction.at(0.0).miss_mib_per_tok
+            assert b.s_per_tok == prediction.at(0.0).s_per_tok
+    assert prediction.at(0.0).hit_pct_cum == 0.0
+
+
+def test_predicted_hit_equals_the_replay_and_the_engine(prediction, table, campaign):
+    probe = table[table["run_id"] == prediction.probe_run_id].iloc[0]
+    trace = read_route_trace(f"{probe['run_dir']}/{names.ROUTE_CSV}")
+    budgets = [b.budget_mib for b in prediction.budgets]
+    replayed = lru_curve(access_sequence(trace), budgets, trace.cycle_bytes)
+    assert [b.hit_pct_cum for b in prediction.budgets] == [p.hit_pct_cum for p in replayed]
+    assert [b.hit_pct_decode for b in prediction.budgets] == [p.hit_pct_decode for p in replayed]
+    # the probe runs the sweep's prompt and tokens, so the engine's own hit % is the replay's too
+    for e in cell_errors(table, {prediction.key: prediction}):
+        assert e.measured_hit_pct == pytest.approx(e.predicted_hit_pct, abs=0.05)
+
+
+def test_io_falls_with_misses_and_compute_is_the_floor(prediction):
+    s = [b.s_per_tok for b in prediction.budgets]
+    assert all(a >= b for a, b in itertools.pairwise(s))
+    rates = prediction.rates
+    assert rates.io_s_per_tok > 0 and rates.read_mib_per_s > 0
+    assert prediction.budgets[-1].s_per_tok >= rates.compute_s_per_tok
+    assert prediction.at(0.0).s_per_tok == pytest.approx(rates.wall_s_per_tok)
+    assert 1.0 <= prediction.alignment < 1.2     # O_DIRECT reads round entries up to 4 KiB pages
+
+
+def test_anon_is_monotone_and_flat_past_the_working_set(prediction):
+    anon = [b.anon_mib for b in prediction.budgets]
+    assert all(a <= b for a, b in itertools.pairwise(anon))
+    ws = prediction.working_set_mib
+    past = [b.anon_mib for b in prediction.budgets if b.budget_mib >= ws]
+    assert len(past) >= 2 and len(set(past)) == 1
+    assert prediction.at(0.0).anon_mib == pytest.approx(prediction.rates.rss_anon_peak_mib)
+    assert past[0] == pytest.approx(prediction.rates.rss_anon_peak_mib + ws)
+
+
+def test_the_ram_budget_is_where_anon_meets_the_phone(prediction, table):
+    capacity = 36.0 - 1.0
+    assert prediction.ram_capacity_mib == capacity
+    b = prediction.ram_budget_mib
+    assert b is not None and not prediction.ram_fits_every_budget
+    assert prediction.rates.rss_anon_peak_mib + b == pytest.approx(capacity)
+    roomy = predict(table, phones={"local": PhoneRam(mem_total_mib=4096)})[prediction.key]
+    assert roomy.ram_fits_every_budget and roomy.ram_budget_mib == roomy.working_set_mib
+    tiny = predict(table, phones={"local": PhoneRam(mem_total_mib=8)})[prediction.key]
+    assert tiny.ram_budget_mib is None and not tiny.ram_fits_every_budget
+    # zram: what it frees is counted at (1 - 1/ratio) of what can be swapped before lmkd's low swap
+    zram = PhoneRam(mem_total_mib=36.0, low_watermark_mib=1.0, zram_disksize_mib=10, zram_ratio=2.0)
+    assert zram.engine_capacity_mib == pytest.approx(capacity + 10 * 0.9 * 0.5)
+    assert predict(table, phones={"local": PhoneRam(mem_total_mib=36)})[prediction.key].ram_budget_mib > b
+
+
+def test_a_group_without_its_inputs_is_named(table):
+    no_zero = table[table["cache_mb"] != 0]
+    assert missing_inputs(no_zero) == {("local", "small", 2, "anon"): "no cache-0 run"}
+    assert predict(no_zero) == {}
+
+
+def test_a_cache0_run_without_tokens_is_one_line(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    with pytest.raises(PredictionError, match="no token rows"):
+        cache0_rates(path, "r")
