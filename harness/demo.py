@@ -104,10 +104,11 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
 
     return campaign_from_options(
         devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "knee", "auto", "1400"],
-        # auto capped at 384 (fills on both phones) and at 600 (fills the large one: this prompt routes
+        # auto capped at 384 (fills on both phones), 480 (past the small one's RAM left beside its app:
+        # swapped, fought) and 600 (fills the large one: this prompt routes
         # to ~640 MiB of experts, so an uncapped or 1400 MiB cache survives there without filling, which
         # proves nothing over what it held)
-        cache_ceil_mb=[0, 384, 600], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
+        cache_ceil_mb=[0, 384, 480, 600], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
         # on the phones, beside an app the user keeps open: a cached one (lmkd's first victim) and a
         # perceptible one (which it spares until the min watermark breaks)
         apps=list(APPS) if any(d.startswith("virtual:") for d in devices) else [],
