@@ -32,18 +32,20 @@ from devices.adb_phone import WORK_DIR as ADB_WORK_DIR
 from devices.base import DeviceIdentity
 from engine.errors import BmoeError
 from engine.fsutil import fleet_home
+from engine.interface.flags import DENSE_WEIGHTS, THREADS
 from engine.safetext import one_line
 from harness.defaults import SWEEP
+from store.engine_argv import THREADS_AUTO as THREADS_AUTO  # the campaign file spells it
 
 FORMAT_VERSION = 1
 LOCAL = "local"
 VIRTUAL_PREFIX = "virtual:"
 DEVICE_PREFIX = "device:"   # a model already on the devices (at that path on each)
 HOST_BUILD = "host"         # the engine.native entry for this host and virtual phones
-DENSE_MODES = ("mmap", "warm", "anon", "ahwb")  # ahwb: Android only; elsewhere both engines fail at load
+DENSE_MODES = DENSE_WEIGHTS.choices  # ahwb: Android only; elsewhere both engines fail at load
 ENGINE_KINDS = ("python", "native")
-THREADS_AUTO = "auto"       # run.threads: the device's online cores …
-THREADS_AUTO_MAX = 4        # … at most this many (bmoe-cli's own default)
+# run.threads THREADS_AUTO ("auto", store.engine_argv): the device's online cores …
+THREADS_AUTO_MAX = int(THREADS.default)   # … at most this many (bmoe-cli's own default)
 PROBE_TOKENS_MAX = 64       # the default knee probe is short even when the sweep's runs are long
 # A plan is bounded before it is expanded: 10,000 runs are weeks of phone time, and a larger
 # matrix only costs memory and minutes to refuse later.

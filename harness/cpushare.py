@@ -39,9 +39,11 @@ from typing import Any
 
 import psutil
 
+from engine.interface.flags import THREADS
+
 ENGINE_NAMES = ("bmoe-cli", "bmoe-py")
 PYTHON_ENGINE_NAME = "bmoe-py"
-CLI_DEFAULT_THREADS = 4              # bmoe-cli's -t when none is given
+CLI_DEFAULT_THREADS = int(THREADS.default)   # bmoe-cli's -t when none is given
 POLL_S = 0.5
 _MARK = "@@BMOE-CPU"
 # one shell line, so a phone answers in one adb round trip; each part may fail on its own
@@ -133,7 +135,7 @@ def engine_threads(name: str, argv: Sequence[str]) -> int:
     (bmoe-py's kernels run on -t threads too, and its default is bmoe-cli's)."""
     args = list(argv)
     for i, arg in enumerate(args[:-1]):
-        if arg in ("-t", "--threads") and args[i + 1].isdigit():
+        if arg in THREADS.spellings and args[i + 1].isdigit():
             return max(1, int(args[i + 1]))
     return CLI_DEFAULT_THREADS
 

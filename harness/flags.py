@@ -20,35 +20,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from engine.flags import FlagValue
+from engine.interface import flags as interface
+from engine.interface.flags import AXIS, BUDGET, HARNESS, NO_RUN, PLANNER, RUN, SESSION
 
 _FLAG = re.compile(r"^(-[A-Za-z]|--[A-Za-z][A-Za-z0-9_-]*)$")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
-# flags the harness writes itself -> where a campaign sets what they mean
-RESERVED: dict[str, str] = {
-    "-m": "use [models]", "--model": "use [models]",
-    "-p": "use run.prompt", "--prompt": "use run.prompt",
-    "-n": "use run.n_predict", "--n-predict": "use run.n_predict",
-    "--csv": "it writes the metrics CSV itself",
-    "--route-trace": "use run.route_trace",
-    "--moe-stream": "use axes.cache_mb (\"mmap\" and \"resident\" run without it)",
-    "--cache-mb": "use axes.cache_mb",
-    "--force-cache": "use axes.cache_mb (the harness adds it for budgets of 1..1499 MiB)",
-    "--no-mmap": "use axes.cache_mb (\"resident\")",
-    "--cache-floor-mb": "use axes.cache_floor_mb",
-    "--cache-ceil-mb": "use axes.cache_ceil_mb",
-    "--no-odirect": "use run.o_direct",
-    "--dense-odirect": "use axes.dense_weights (a deprecated alias of --dense-weights anon)",
-    "--no-warm-dense": "use axes.dense_weights (a deprecated alias of --dense-weights mmap)",
-}
+# flags the harness writes itself -> where a campaign sets what they mean (engine.interface.flags)
+RESERVED: dict[str, str] = {s: f.harness for f in interface.with_role(RUN, BUDGET, HARNESS, PLANNER)
+                            for s in f.spellings}
 # flags that map onto an axis the campaign already has (the axis name in Axes)
-MAPPED: dict[str, str] = {
-    "-t": "threads", "--threads": "threads", "--n-expert-used": "n_expert_used",
-    "--io-threads": "io_threads", "--dense-weights": "dense_weights",
-}
+MAPPED: dict[str, str] = {s: f.axis for f in interface.with_role(AXIS) for s in f.spellings}
 # flags after which the engine makes no measurement run
-NOT_A_RUN = ("-h", "--help", "--version", "--list-archs", "--session")
+NOT_A_RUN = interface.spellings(interface.with_role(NO_RUN, SESSION))
 
 
 def name_problem(name: str) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import ModelError
-from engine.flags import flag_argv, flags_label, needs_force
+from engine.flags import flags_label, needs_force
 from engine.model import ModelShape, load_model_shape
 from harness.budgets import budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
@@ -36,6 +36,7 @@ from harness.campaign import (
 from store import versioned
 from store.campaign_dir import CampaignDir
 from store.cells import CellConfig
+from store.engine_argv import engine_argv
 
 CELL_KEYS = ("cell_id", "device", "model", "engine", "config", "repeat", "pass", "order", "argv")
 
@@ -297,35 +298,6 @@ def out_paths(device: str, cell_id: str) -> tuple[str, str]:
 def engine_path(campaign: Campaign, device: str) -> str:
     """Where a campaign's engine is staged on a device."""
     return f"{device_work_dir(device)}/{campaign.engine.staged_name}"
-
-
-def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
-                route_path: str | None) -> list[str]:
-    """The engine command line for one config (bmoe-cli's flags; bmoe-py takes the same)."""
-    c = config
-    threads = f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)
-    argv = [engine, "-m", model_path, "-p", c.prompt, "-n", str(c.n_predict), "-t", threads,
-            "--n-expert-used", str(c.n_expert_used)]
-    if c.moe_stream:
-        budget = "auto" if c.cache_auto else f"<{c.budget_spec}>" if c.cache_mb is None else str(c.cache_mb)
-        argv += ["--moe-stream", "--cache-mb", budget]
-        if c.cache_auto:
-            argv += ["--cache-floor-mb", str(c.cache_floor_mb), "--cache-ceil-mb", str(c.cache_ceil_mb)]
-        if c.force_cache:
-            argv.append("--force-cache")
-        argv += ["--io-threads", str(c.io_threads)]
-    elif c.no_mmap:
-        argv.append("--no-mmap")
-    argv += ["--dense-weights", c.dense_weights]
-    if not c.o_direct:
-        argv.append("--no-odirect")
-    argv += list(c.engine_args) + flag_argv(c.engine_flags)
-    if c.turns is not None and c.turns > 1:
-        argv.append("--session")          # its requests come on stdin (harness.turns)
-    argv += ["--csv", csv_path]
-    if route_path and c.route_trace:
-        argv += ["--route-trace", route_path]
-    return argv
 
 
 def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None) -> Plan:

@@ -39,6 +39,7 @@ from typing import Any
 
 from devices.adb import ENV_SERIAL, default_serial
 from engine.errors import BmoeError
+from engine.interface.flags import CACHE_MB, MODEL, MOE_STREAM, N_PREDICT, OVERLAP, PROMPT, THREADS, VERSION
 from harness.campaign import LOCAL, Campaign, CampaignError, remote_model_path, safe_id
 from harness.campaign_options import campaign_from_options
 from harness.defaults import PYTHON_ENGINE, SWEEP
@@ -201,19 +202,21 @@ def protocol_flags(engine: str, model_path: str | None,
     kept: list[tuple[str, ...]] = []
     notes: list[str] = []
     for flag in flags:
-        answer = _run(argv0 + list(flag) + ["--version"], env)
+        answer = _run(argv0 + list(flag) + [VERSION.typed], env)
         if answer is None:
             raise CampaignError(f"--engine {engine}: cannot be run on this host to check the protocol's flags")
         if answer[0] != 0:
             notes.append(f"{flag[0]} left out: the engine does not take it ({_line(answer[1], flag[0])})")
             continue
         kept.append(flag)
-    if ("--overlap",) in kept and model_path and os.path.isfile(model_path):
-        answer = _run(argv0 + ["-m", model_path, "-p", "x", "-n", "1", "-t", "1", "--moe-stream", "--cache-mb", "0",
-                               "--overlap"], env, timeout_s=600)
+    overlap = (OVERLAP.typed,)
+    if overlap in kept and model_path and os.path.isfile(model_path):
+        one_token = [MODEL.typed, model_path, PROMPT.typed, "x", N_PREDICT.typed, "1", THREADS.typed, "1",
+                     MOE_STREAM.typed, CACHE_MB.typed, "0", OVERLAP.typed]
+        answer = _run(argv0 + one_token, env, timeout_s=600)
         if answer is not None and answer[0] != 0 and "overlap" in answer[1]:
-            kept.remove(("--overlap",))
-            notes.append(f"--overlap left out: the engine refuses it at load ({_line(answer[1], 'overlap')})")
+            kept.remove(overlap)
+            notes.append(f"{OVERLAP.typed} left out: the engine refuses it at load ({_line(answer[1], 'overlap')})")
     return kept, notes
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from devices import coapps
 from devices.base import Device, DeviceError, DeviceLost, RunOutcome
 from engine import fsutil, native
+from engine.interface.flags import VERSION
 from engine.model import split_paths
 from harness.campaign import Campaign, fleet_home, remote_model_path
 from harness.device_resolution import DeviceRef
@@ -192,7 +193,7 @@ class Stager:
         hint = (f"; engine.python ({c.engine.python}) must be an interpreter path this device has"
                 if c.engine.kind == "python" else "")
         try:
-            version = device.run([target, "--version"], env=engine_env(device, staged.env), timeout_s=120)
+            version = device.run([target, VERSION.typed], env=engine_env(device, staged.env), timeout_s=120)
         except DeviceLost:
             raise
         except DeviceError as e:  # not a push failure: retrying cannot help

@@ -1,0 +1,79 @@
+"""A cell's engine command line from its typed configuration: the one function that writes it.
+
+The harness builds every measured argv with `engine_argv` (harness.plan); a recommendation builds
+the argv it ships with `settings_argv` from the chosen runs' own configuration, changed only in its
+budget (results.recommend_argv), so a recommended command line is the measured one by construction,
+never one edited as strings. The flag names come from engine.interface.flags.
+
+`settings_argv` is the part that is a setting: the argv without the engine, its files, prompt,
+length and the session switch (what `settings_of` in results.recommend_argv reads back from a
+stored argv; tests hold the two to each other on every run of a campaign).
+"""
+
+from __future__ import annotations
+
+from engine.flags import flag_argv
+from engine.interface.flags import (
+    CACHE_CEIL_MB,
+    CACHE_FLOOR_MB,
+    CACHE_MB,
+    CSV,
+    DENSE_WEIGHTS,
+    FORCE_CACHE,
+    IO_THREADS,
+    MODEL,
+    MOE_STREAM,
+    N_EXPERT_USED,
+    N_PREDICT,
+    NO_MMAP,
+    NO_ODIRECT,
+    PROMPT,
+    ROUTE_TRACE,
+    SESSION_MODE,
+    THREADS,
+)
+from store.cells import CellConfig
+
+THREADS_AUTO = "auto"     # a plan's `-t` before the device says how many cores it has
+
+
+def _num(value: float | int | None) -> str:
+    """A number as the engine reads it: whole numbers without a decimal point (JSON may hold 230.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def settings_argv(c: CellConfig) -> list[str]:
+    """The settings of a cell's command line, in the order the harness writes them. A plan's
+    unresolved values show as placeholders (`<auto>` threads, `<knee*1>` for a knee budget)."""
+    threads = f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)
+    argv = [THREADS.typed, threads, N_EXPERT_USED.typed, str(c.n_expert_used)]
+    if c.moe_stream:
+        budget = "auto" if c.cache_auto else f"<{c.budget_spec}>" if c.cache_mb is None else _num(c.cache_mb)
+        argv += [MOE_STREAM.typed, CACHE_MB.typed, budget]
+        if c.cache_auto:
+            argv += [CACHE_FLOOR_MB.typed, _num(c.cache_floor_mb), CACHE_CEIL_MB.typed, _num(c.cache_ceil_mb)]
+        if c.force_cache:
+            argv.append(FORCE_CACHE.typed)
+        argv += [IO_THREADS.typed, str(c.io_threads)]
+    elif c.no_mmap:
+        argv.append(NO_MMAP.typed)
+    argv += [DENSE_WEIGHTS.typed, c.dense_weights]
+    if c.o_direct is False:
+        argv.append(NO_ODIRECT.typed)
+    return argv + list(c.engine_args) + flag_argv(c.engine_flags)
+
+
+def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
+                route_path: str | None) -> list[str]:
+    """The engine command line for one config (bmoe-cli's flags; bmoe-py takes the same)."""
+    c = config
+    argv = [engine, MODEL.typed, model_path, PROMPT.typed, c.prompt, N_PREDICT.typed, str(c.n_predict)]
+    argv += settings_argv(c)
+    if c.turns is not None and c.turns > 1:
+        argv.append(SESSION_MODE.typed)          # its requests come on stdin (harness.turns)
+    argv += [CSV.typed, csv_path]
+    if route_path and c.route_trace:
+        argv += [ROUTE_TRACE.typed, route_path]
+    return argv
