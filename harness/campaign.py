@@ -196,6 +196,9 @@ class RunSettings:
     # -t: an integer, or "auto" = the device's online cores (at most THREADS_AUTO_MAX), read on
     # the device right before each run (harness.cpushare) and recorded; the plan keeps "auto"
     threads: int | str = SWEEP.threads
+    # … except on this host (device `local`), where "auto" is at most this many: upstream's community
+    # protocol runs min(8, cores) on a computer and 4 on a phone
+    host_threads_max: int = THREADS_AUTO_MAX
     engine_args: tuple[str, ...] = ()            # passed through to every cell (harness.flags)
     repeats: int = SWEEP.repeats
     reverse_pass: bool = False
@@ -227,7 +230,8 @@ class RunSettings:
 
 
 # run keys written to campaign.toml only when they differ from these (files written before them stay equal)
-_RUN_OMITTED = {"device_timeout_s": SWEEP.device_timeout_s, "turns": 1, "idle_s": 0.0, "gap_apps": ""}
+_RUN_OMITTED = {"device_timeout_s": SWEEP.device_timeout_s, "turns": 1, "idle_s": 0.0, "gap_apps": "",
+                "host_threads_max": THREADS_AUTO_MAX}
 
 
 @dataclass(frozen=True)

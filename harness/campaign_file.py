@@ -293,6 +293,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         n_predict=rd.scalar(r, "n_predict", "run", int, d.n_predict, check=_at_least(1, INT_MAX)),
         prompt=rd.scalar(r, "prompt", "run", str, d.prompt, check=lambda v: None if v else "is empty"),
         threads=_threads_value(rd.scalar(r, "threads", "run", (int, str), d.threads, check=_threads_problem)),
+        host_threads_max=rd.scalar(r, "host_threads_max", "run", int, d.host_threads_max, check=_at_least(1, 256)),
         engine_args=rd.list_of(r, "engine_args", "run", str, (), check=flag_rules.arg_problem, allow_scalar=False,
                                allow_empty=True),
         repeats=rd.scalar(r, "repeats", "run", int, d.repeats, check=_at_least(1, MAX_CELLS)),

@@ -24,6 +24,7 @@ from engine.flags import flags_label, needs_force
 from engine.model import ModelShape, load_model_shape
 from harness.budgets import budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
+    LOCAL,
     THREADS_AUTO,
     THREADS_AUTO_MAX,
     Campaign,
@@ -268,17 +269,19 @@ def _with_config(campaign: Campaign, cell: Cell, config: CellConfig) -> Cell:
     return replace(cell, config=config, argv=cell_argv(campaign, cell.device, model, config, cell.cell_id))
 
 
-def auto_threads(cores: int | None) -> int:
-    """What `-t auto` means on a device with this many usable cores: all of them, at most
-    THREADS_AUTO_MAX; bmoe-cli's own default (4) when the device did not say."""
-    return min(cores, THREADS_AUTO_MAX) if cores else THREADS_AUTO_MAX
+def auto_threads(cores: int | None, most: int = THREADS_AUTO_MAX) -> int:
+    """What `-t auto` means on a device with this many usable cores: all of them, at most `most`
+    (THREADS_AUTO_MAX, bmoe-cli's own default, on a phone); that default when the device did not say."""
+    return min(cores, most) if cores else THREADS_AUTO_MAX
 
 
 def resolve_threads(campaign: Campaign, cell: Cell, cores: int | None) -> Cell:
-    """A cell whose threads are "auto", with the device's count (recorded as `threads_auto`)."""
+    """A cell whose threads are "auto", with the device's count (recorded as `threads_auto`): at
+    most run.host_threads_max on this host, THREADS_AUTO_MAX on a phone."""
     if cell.config.threads != THREADS_AUTO:
         return cell
-    return _with_config(campaign, cell, cell.config.with_(threads=auto_threads(cores), threads_auto=True))
+    most = campaign.run.host_threads_max if cell.device == LOCAL else THREADS_AUTO_MAX
+    return _with_config(campaign, cell, cell.config.with_(threads=auto_threads(cores, most), threads_auto=True))
 
 
 def cell_argv(campaign: Campaign, device: str, model: ModelSpec, config: CellConfig,

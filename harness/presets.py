@@ -7,8 +7,8 @@
 - community: BigMoeOnEdge's community-benchmark protocol (its docs/community-benchmarks.md and
   scripts/bench-report.sh), run on every attached phone and this host: 256 greedy tokens of its
   reference prompt, `--cache-mb auto`, 4 read lanes, `--dense-weights anon`, `--ubatch 512`,
-  `--chatml`, `--overlap` where the engine has it, threads "auto" (the device's cores, at most 4:
-  the protocol's 4 on a phone; `-t N` overrides), run twice (the report takes the second). The
+  `--chatml`, `--overlap` where the engine has it, threads "auto" (the device's cores, at most 8 on
+  this host and 4 on a phone, as the protocol says; `-t N` overrides), run twice (the report takes the second). The
   protocol flags are checked against the engine first: one it does not know, or refuses at load
   (bmoe-cli 0.19.0 lists `--overlap` but its build lacks the hook), is left out and named in
   community.json. After the runs, each device's storage is probed as upstream probes it: O_DIRECT
@@ -153,6 +153,7 @@ def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     model = opts["models"][0]
     flags, notes = protocol_flags(engine, None if str(model).startswith("device:") else str(model))
     extra = _with_prompt(opts, COMMUNITY_PROMPT)
+    extra["run"]["host_threads_max"] = COMMUNITY_HOST_THREADS_MAX
     opts.update(devices=devices, cache_mb=["auto"], cache_ceil_mb=[0], dense_weights=["anon"], n_expert_used=[0],
                 io_threads=[COMMUNITY_LANES], repeats=COMMUNITY_RUNS, n_predict=COMMUNITY_TOKENS, reverse_pass=False,
                 engine_args=[" ".join(f) for f in flags], flags=(), extra=extra)
@@ -189,6 +190,9 @@ def _engine_command(engine: str) -> tuple[list[str], dict[str, str]]:
     env["LD_LIBRARY_PATH"] = os.path.dirname(path)
     return [path], env
 
+
+# bench-report.sh's threads on a computer: min(8, cores) (a phone runs the protocol's 4, THREADS_AUTO_MAX)
+COMMUNITY_HOST_THREADS_MAX = 8
 
 _UNKNOWN_RE = re.compile(r"(unknown arg: .*|config error: .*|error: .*)")
 

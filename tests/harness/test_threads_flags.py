@@ -352,3 +352,22 @@ def test_a_flag_bmoe_py_does_not_implement_is_a_config_error_as_in_bmoe_cli(tmp_
     (refused,) = [r for r in runs(tmp_path / "out") if r["outcome"] == "config_error"]
     assert "--ngram" in refused["argv"] and refused["exit_status"] == 1
     assert refused["evidence"] == ["exit status 1", "unknown arg: --ngram"]       # bmoe-cli's own words
+
+
+def test_auto_threads_are_capped_at_4_on_a_phone_and_at_run_host_threads_max_here(tiny_model):
+    """Upstream's community protocol runs min(8, cores) on a computer and 4 on a phone: "auto"
+    follows it per device, with the host's cap a run setting (4 unless a campaign says)."""
+    from harness.plan import resolve_threads
+
+    def resolved(run: dict) -> dict[str, int]:
+        c = parse_campaign(data(tiny_model, fleet={"devices": ["local", "virtual:p"]}, run=run))
+        plan = make_plan(c)
+        return {cell.device: resolve_threads(c, cell, 16).config.threads for cell in plan.cells}
+
+    assert resolved({}) == {"local": 4, "virtual:p": 4}
+    assert resolved({"host_threads_max": 8}) == {"local": 8, "virtual:p": 4}
+    c = parse_campaign(data(tiny_model, run={"host_threads_max": 8}))
+    assert tomllib.loads(c.to_toml())["run"]["host_threads_max"] == 8
+    assert "host_threads_max" not in tomllib.loads(parse_campaign(data(tiny_model)).to_toml())["run"]
+    with pytest.raises(CampaignError, match=r"run\.host_threads_max"):
+        parse_campaign(data(tiny_model, run={"host_threads_max": 0}))
