@@ -43,7 +43,7 @@ from results.android_app import app_rung
 from results.fleet_rules import device_default, fleet_rules, identity_of
 from results.noise import differs
 from results.publish import Redactor
-from results.recommend_argv import argv_of_runs, flag_value, with_auto, with_fixed_budget
+from results.recommend_argv import argv_of_runs
 from results.recommend_records import (
     HIGH_SPREAD_PCT,
     MEDIUM_SPREAD_PCT,
@@ -104,14 +104,6 @@ def _in_dense(points: Sequence[BudgetPoint], dense: str | None) -> list[BudgetPo
     return mine or list(points)
 
 
-def _asked_mib(settings: Sequence[str]) -> float | None:
-    value = flag_value(settings, "--cache-mb")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 def _fixed(g: GroupAnalysis, ceiling: float | None, dense: str | None,
            rows: Mapping[str, Mapping[str, Any]]) -> FixedChoice | None:
     """The fastest measured budget in {0} ∪ [cycle, ceiling] whose every run finished, with the
@@ -127,19 +119,18 @@ def _fixed(g: GroupAnalysis, ceiling: float | None, dense: str | None,
     # the smallest budget within noise of the fastest wins: the same speed for less RAM
     near = [p for p in cands if p is best or not differs(list(p.tok_s_values), list(best.tok_s_values))[0]]
     for choice in sorted(near, key=lambda p: p.budget_mib):
-        settings, source, ids = argv_of_runs(choice.run_ids, rows)
-        asked = _asked_mib(settings)
+        m = argv_of_runs(choice.run_ids, rows)
+        asked = m.asked_mib
         mib = int(asked) if asked is not None else int(choice.budget_mib)
         if 0 < mib < g.cycle_mib:
             continue                      # never a fixed budget under the cycle (the engine reported another)
-        if source == "rebuilt" or asked is None:
-            settings = with_fixed_budget(settings, mib)
+        settings = m.fixed(mib)
         why = (f"fastest measured: {choice.tok_s:.3g} tok/s over {choice.ok} run(s)" if choice is best else
                f"within noise of the fastest ({best.label}, {best.tok_s:.3g} tok/s) with less RAM")
         if choice.flags:                  # the engine flags the fastest series ran with go along
             why += f", with {shlex.join(choice.flags)}"
-        return FixedChoice(mib, settings, source, True, choice.tok_s, choice.hit_pct, choice.ok, choice.spread_pct,
-                           ids, choice.series, why)
+        return FixedChoice(mib, settings, m.source, True, choice.tok_s, choice.hit_pct, choice.ok, choice.spread_pct,
+                           m.run_ids, choice.series, why)
     return None
 
 
@@ -149,13 +140,13 @@ def _cache_off_choice(g: GroupAnalysis, dense: str | None, rows: Mapping[str, Ma
     zero.sort(key=lambda p: (-(p.ok == p.runs and p.ok > 0), -p.ok))
     if zero:
         p = zero[0]
-        settings, source, ids = argv_of_runs(p.run_ids, rows)
-        return FixedChoice(0, with_fixed_budget(settings, 0) if source == "rebuilt" else settings, source,
-                           p.ok > 0, p.tok_s, math.nan, p.ok, p.spread_pct, ids, p.series, UNDER)
+        m = argv_of_runs(p.run_ids, rows)
+        return FixedChoice(0, m.fixed(0), m.source, p.ok > 0, p.tok_s, math.nan, p.ok, p.spread_pct, m.run_ids,
+                           p.series, UNDER)
     streamed = _in_dense([p for p in g.points if p.ok or p.killed], dense)
     ids = tuple(r for p in streamed for r in p.run_ids)
-    settings, source, used = argv_of_runs(ids, rows)
-    return FixedChoice(0, with_fixed_budget(settings, 0), source, False, math.nan, math.nan, 0, 0.0, used,
+    m = argv_of_runs(ids, rows)
+    return FixedChoice(0, m.fixed(0), m.source, False, math.nan, math.nan, 0, 0.0, m.run_ids,
                        streamed[0].series if streamed else "",
                        UNDER + " (cache 0 itself was not run: the other flags are the measured runs')")
 
@@ -171,15 +162,15 @@ def _auto(g: GroupAnalysis, ceiling: int, series: str | None, dense: str | None,
     autos = mine([p for p in g.points if p.auto])
     autos.sort(key=lambda p: (-(p.ok == p.runs and p.ok > 0), -p.ok))
     for p in autos:
-        settings, source, ids = argv_of_runs(p.run_ids, rows, prefer_ok=True)
-        if settings and source == "measured":
-            return with_auto(settings, ceiling, None), "measured auto runs", ids
+        m = argv_of_runs(p.run_ids, rows, prefer_ok=True)
+        if m.settings and m.source == "measured":
+            return m.auto(ceiling), "measured auto runs", m.run_ids
     at_safe = mine(_points_at(g, safe))
     ids = tuple(r for p in at_safe for r in p.run_ids)
-    settings, source, used = argv_of_runs(ids, rows)
-    floors = [_text(rows[r].get("cache_floor_mb")) for r in used if r in rows]
+    m = argv_of_runs(ids, rows)
+    floors = [_text(rows[r].get("cache_floor_mb")) for r in m.run_ids if r in rows]
     floor = next((int(float(f)) for f in floors if f), None)
-    return with_auto(settings, ceiling, floor), ("measured fixed runs" if source == "measured" else "rebuilt"), used
+    return m.auto(ceiling, floor), ("measured fixed runs" if m.source == "measured" else "rebuilt"), m.run_ids
 
 
 def _short(text: str, limit: int = 90) -> str:

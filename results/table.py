@@ -348,6 +348,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
         "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
         "argv": json.dumps(list(rec.get("argv") or ())),
+        "config": json.dumps(config.to_dict()),       # the typed config a recommendation builds its argv from
         "csv_problem": parse_problem or "",
         # summary
         "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),

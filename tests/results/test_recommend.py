@@ -119,3 +119,26 @@ def test_a_largest_safe_budget_under_1_mib_recommends_cache_off_not_a_ceiling_of
     rec = recommend_group(g)
     assert rec.cache_off and rec.auto is None, rec
     assert "0.5 MiB, is under 1 MiB" in rec.reason and rec.reason.endswith("recommend --cache-mb 0")
+
+
+def test_every_runs_stored_argv_is_its_typed_config_and_recommendations_are_built_from_it(vphone_campaign,
+                                                                                          local_campaign):
+    """Issue 26 item 2: the recommended argv is the chosen runs' CellConfig put through the function
+    that built the argv they ran (store.engine_argv); the stored argv stays the record, and on
+    every run of a real campaign the two agree."""
+    from results.recommend_argv import argv_of_runs, config_of, settings_of
+    from results.table import build_table
+    from store.engine_argv import settings_argv
+
+    for camp in (vphone_campaign, local_campaign):
+        rows = {r["run_id"]: r for r in build_table([camp]).to_dict("records")}
+        assert rows
+        for r in rows.values():
+            assert settings_of(json.loads(r["argv"])) == tuple(settings_argv(config_of(r))), r["run_id"]
+        for device in recommend([camp]).devices:
+            for rec in device.recommendations:
+                m = argv_of_runs(rec.fixed.run_ids, rows)
+                assert m.source == "measured" and rec.fixed.argv == m.fixed(rec.fixed.cache_mb)
+                c = m.config.with_(moe_stream=True, cache_auto=False, cache_mb=rec.fixed.cache_mb,
+                                   force_cache=0 < rec.fixed.cache_mb < 1500)
+                assert rec.fixed.argv == tuple(settings_argv(c))
