@@ -21,16 +21,15 @@ import numpy as np
 
 from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 from .errors import BmoeError
+from .interface import flags as interface
+from .interface.flags import DENSE_WEIGHTS, HELP, PROGRESS, VERSION
+from .interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
+from .interface.releases import V0_19
 
 # ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
-DENSE_MODES = ("mmap", "warm", "anon", "ahwb")
+DENSE_MODES = DENSE_WEIGHTS.choices
 # bmoe-cli 0.19.0 flags bmoe-py does not implement: each is refused as an unknown flag would be.
-NOT_IMPLEMENTED = (
-    "--ubatch", "--chatml", "--no-think", "--compute-trace", "--compute-trace-layers",
-    "--io-trace", "--mtp", "--ngram", "--draft", "--mtp-p-min", "--ngram-min-match", "--load-all",
-    "--overlap", "--io-two-wave", "--drop-cold-experts", "--drop-no-renorm", "--drop-in-prefill",
-    "--route-ahead", "--predict-log", "--predict-prefetch", "--predict-spec-max",
-)
+NOT_IMPLEMENTED = interface.refused_by_bmoe_py(V0_19)
 # Env overrides bmoe-cli honours for features bmoe-py lacks: refused at validation, never ignored.
 _ENV_NOT_IMPLEMENTED = {"BMOE_OVERLAP": "moe.overlap", "BMOE_PREDICT_LOG": "moe.predict_log",
                         "BMOE_PREDICT_PREFETCH": "moe.predict_prefetch"}
@@ -125,23 +124,20 @@ USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
   bmoe-cli flags bmoe-py does not implement are refused as unknown: {", ".join(NOT_IMPLEMENTED)}
 """
 
-_INT_FLAGS = {
-    "-n": "n_predict", "--n-predict": "n_predict", "-t": "n_threads", "--threads": "n_threads",
-    "-c": "n_ctx", "--ctx-size": "n_ctx", "--n-expert-used": "n_expert_used", "--top-k": "top_k",
-    "--cache-floor-mb": "cache_floor_mb", "--cache-ceil-mb": "cache_ceil_mb", "--io-threads": "io_threads",
-    "--prefetch": "prefetch",
-}
-_FLOAT_FLAGS = {"--temp": "temp", "--top-p": "top_p"}
-_STR_FLAGS = {"-m": "model_path", "--model": "model_path", "-p": "prompt", "--prompt": "prompt",
-              "--csv": "csv_path", "--route-trace": "route_trace_path"}
-_BOOL_FLAGS = {"--moe-stream": ("moe_stream", True), "--force-cache": ("force_cache", True),
-               "--no-mmap": ("no_mmap", True), "--prefetch-sync": ("prefetch_sync", True),
-               "--no-odirect": ("o_direct", False), "--progress": ("progress", True),
-               "--session": ("session", True)}
+# bmoe-py's flags by the kind of value they take (engine.interface.flags: name, short form, field)
+_OURS = [f for f in interface.FLAGS if f.bmoe_py]
+_INT_FLAGS = {s: f.field for f in _OURS if f.value == interface.INT for s in f.spellings}
+_FLOAT_FLAGS = {s: f.field for f in _OURS if f.value == interface.FLOAT for s in f.spellings}
+_STR_FLAGS = {s: f.field for f in _OURS if f.value in (interface.PATH, interface.TEXT) for s in f.spellings}
+# switches: the field and the value they set (the deprecated dense aliases are silent, as in bmoe-cli:
+# "kept so existing scripts keep working")
+_BOOL_FLAGS = {s: (f.field, f.sets) for f in _OURS if f.value == interface.NONE and f.field for s in f.spellings}
+_BY_KIND = {kind: {s for f in _OURS if f.value == kind for s in f.spellings}
+            for kind in (interface.U32, interface.TOKENS, interface.MIB_OR_AUTO, interface.CHOICE)}
 # bmoe-cli names a missing value by the flag's short form where it has one (cli/main.cpp next()).
-_VALUE_NAME = {"--model": "-m", "--prompt": "-p", "--n-predict": "-n", "--threads": "-t", "--ctx-size": "-c"}
-_ENV_INT = {"--cache-mb": "BMOE_CACHE_MB", "--io-threads": "BMOE_IO_THREADS", "--prefetch": "BMOE_PREFETCH",
-            "--n-expert-used": "BMOE_N_EXPERT_USED"}
+_VALUE_NAME = {s: f.typed for f in _OURS for s in f.spellings}
+# the env override of each value flag (flag wins)
+_ENV = {f.name: (f.env, f.field) for f in _OURS if f.env and f.takes_value}
 
 
 # C's isspace() in the "C" locale, and its digits: Python's \s and \d also take Unicode ones
@@ -227,34 +223,32 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         elif a in _BOOL_FLAGS:
             field, value = _BOOL_FLAGS[a]
             values[field] = value
-        elif a == "--seed":
-            values["seed"] = _strtoul32(next_value(a))
-        elif a == "--prompt-tokens":
+        elif a in _BY_KIND[interface.U32]:
+            values[interface.flag(a).field] = _strtoul32(next_value(a))
+        elif a in _BY_KIND[interface.TOKENS]:
             raw = next_value(a)
             try:
-                values["prompt_tokens"] = tuple(int(t) for t in raw.split(",") if t.strip())
+                values[interface.flag(a).field] = tuple(int(t) for t in raw.split(",") if t.strip())
             except ValueError:
-                raise UsageExit(f"bmoe: --prompt-tokens expects comma-separated token ids, got '{raw}'", 2) from None
-        elif a == "--cache-mb":
+                raise UsageExit(f"bmoe: {a} expects comma-separated token ids, got '{raw}'", 2) from None
+        elif a in _BY_KIND[interface.MIB_OR_AUTO]:
             v = next_value(a)
             if v == "auto":
                 values["cache_auto"] = True
             else:
-                values["cache_mb"] = _atoi(v)
-        elif a == "--dense-weights":
+                values[interface.flag(a).field] = _atoi(v)
+        elif a in _BY_KIND[interface.CHOICE]:
             m = next_value(a)
-            if m not in DENSE_MODES:
-                raise UsageExit(f"bmoe: --dense-weights expects mmap|warm|anon|ahwb, got '{m}'", 2)
-            values["dense_weights"] = m
-        elif a in ("--no-warm-dense", "--dense-odirect"):
-            # Silent aliases, as in bmoe-cli ("kept so existing scripts keep working").
-            values["dense_weights"] = "mmap" if a == "--no-warm-dense" else "anon"
-        elif a == "--list-archs":
+            choices = interface.flag(a).choices
+            if m not in choices:
+                raise UsageExit(f"bmoe: {a} expects {'|'.join(choices)}, got '{m}'", 2)
+            values[interface.flag(a).field] = m
+        elif a in LIST_ARCHS_FLAG.spellings:
             raise UsageExit("supported MoE architectures:\n" + "".join(f"  {arch}\n" for arch in LIST_ARCHS), 0,
                             to_stdout=True)
-        elif a in ("-h", "--help"):
+        elif a in HELP.spellings:
             raise UsageExit(USAGE, 0, to_stdout=True)
-        elif a == "--version":
+        elif a in VERSION.spellings:
             from . import __version__
 
             raise UsageExit(f"bmoe-py {__version__}", 0, to_stdout=True)
@@ -263,12 +257,11 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         i += 1
 
     # Environment overrides apply only where the flag was not typed (bmoe-cli's rule).
-    for flag, env in _ENV_INT.items():
+    for flag, (env, field) in _ENV.items():
         if flag not in seen and environ.get(env):
-            field = "cache_mb" if flag == "--cache-mb" else _INT_FLAGS[flag]
             values[field] = _atoi(environ[env])
-    if "--progress" not in seen and environ.get("BMOE_PROGRESS"):
-        values["progress"] = _atoi(environ["BMOE_PROGRESS"]) != 0
+    if PROGRESS.name not in seen and environ.get(PROGRESS.env):
+        values[PROGRESS.field] = _atoi(environ[PROGRESS.env]) != 0
     values["unimplemented_env"] = tuple((env, field) for env, field in _ENV_NOT_IMPLEMENTED.items()
                                         if environ.get(env) and _atoi(environ[env]) != 0)
     cfg = RunConfig(**values)  # type: ignore[arg-type]
@@ -277,13 +270,9 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
     return cfg
 
 
-_OTHER_FLAGS = ("--seed", "--prompt-tokens", "--cache-mb", "--dense-weights", "--no-warm-dense", "--dense-odirect",
-                "--list-archs", "-h", "--help", "--version")
-
-
 def implemented_flags() -> set[str]:
     """Every flag parse_args accepts (the rest, bmoe-cli's included, are `unknown arg`)."""
-    return {*_INT_FLAGS, *_FLOAT_FLAGS, *_STR_FLAGS, *_BOOL_FLAGS, *_OTHER_FLAGS}
+    return set(interface.spellings(_OURS))
 
 
 def validate_run(cfg: RunConfig) -> None:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.interface.flags import CHATML, CTX_SIZE, NO_THINK, OVERLAP, UBATCH
 from results.analyze import BudgetPoint, LmkBoundary
 
 UPSTREAM_SETTINGS_COMMIT = "07045c19a009f48cd92c1d39c053199f7bf45c99"   # AppSettings.kt, SettingsScreen.kt
@@ -34,7 +35,7 @@ APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   #
 # the session-open flags the harness does not set itself, in sessionArgv's order; each is kept only
 # where the engine takes it (harness.presets.protocol_flags). --no-think stands for the app's
 # per-request `"think": false`: the harness's requests carry no think key (harness.turns).
-APP_FLAGS = (("-c", "4096"), ("--ubatch", "512"), ("--chatml",), ("--no-think",), ("--overlap",))
+APP_FLAGS = ((CTX_SIZE.typed, "4096"), (UBATCH.typed, "512"), (CHATML.typed,), (NO_THINK.typed,), (OVERLAP.typed,))
 # what the app sends and the preset does not, with the reason (recorded in app.json)
 APP_LEFT_OUT = (
     "--drop-cold-experts 0.75 left out: the app sends it only with a cache on, the engine refuses it at "

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.interface.flags import CHATML, OVERLAP, UBATCH
 from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
@@ -49,7 +50,7 @@ COMMUNITY_TOKENS = 256
 COMMUNITY_RUNS = 2
 COMMUNITY_LANES = 4
 # in the order bench-report.sh passes them; each is kept only where the engine has it
-COMMUNITY_FLAGS = (("--chatml",), ("--ubatch", "512"), ("--overlap",))
+COMMUNITY_FLAGS = ((CHATML.typed,), (UBATCH.typed, "512"), (OVERLAP.typed,))
 
 COLUMNS = ("Hardware", "Storage (512 KiB rate)", "Model, quant", "k", "Cache", "Decode tok/s", "Prefill tok/s",
            "Stall s/tok", "Flash/token", "Cache hit", "Engine", "By")

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
+from engine.interface.flags import CACHE_MB, MOE_STREAM
 from results.recommend_argv import cache_flags
 from results.recommend_records import DeviceDefault, DeviceRecommendations, Recommendation
 
@@ -36,7 +37,7 @@ def device_default(recs: Sequence[Recommendation]) -> DeviceDefault:
     want `--cache-mb 0` under it."""
     autos = [(r, r.auto) for r in recs if r.auto is not None]
     if not autos:
-        return DeviceDefault(None, ("--moe-stream", "--cache-mb", "0"),
+        return DeviceDefault(None, (MOE_STREAM.typed, CACHE_MB.typed, "0"),
                              "--cache-mb 0 (no model has a safe budget over its cycle)",
                              tuple(f"{r.model}: {r.reason}" for r in recs), tuple(r.model for r in recs))
     lowest, auto = min(autos, key=lambda pair: pair[1].cache_ceil_mb)

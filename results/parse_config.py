@@ -35,6 +35,7 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.interface.flags import CACHE_MB, FLAGS, reader_keys
 from results.console_records import ConsoleRun
 from results.parse_text import to_number
 
@@ -61,23 +62,12 @@ _TOKENS: tuple[tuple[re.Pattern, Callable[[re.Match], dict[str, object]]], ...] 
 _MODEL_CACHE_RE = re.compile(r"([a-z]+)(\d+)k")  # qwen5k: Qwen at a 5000 MiB cache
 _TAG_PARAMS = {"k": "top_k", "io": "io_threads", "n": "n_predict", "t": "threads", "cache": "cache_mib"}
 
-# bmoe-cli flags (upstream cli/main.cpp) -> key, and how the value reads
-_VALUE_FLAGS = {
-    "--cache-floor-mb": "cache_floor_mib", "--cache-ceil-mb": "cache_ceil_mib", "--io-threads": "io_threads",
-    "--n-expert-used": "top_k", "--prefetch": "prefetch", "--dense-weights": "dense_weights",
-    "-t": "threads", "--threads": "threads", "-n": "n_predict", "--n-predict": "n_predict",
-    "-c": "n_ctx", "--ctx-size": "n_ctx", "-m": "model_path", "--model": "model_path", "--ubatch": "n_ubatch",
-}
-_BOOL_FLAGS: dict[str, dict[str, object]] = {
-    "--moe-stream": {"moe_stream": True}, "--overlap": {"overlap": True}, "--force-cache": {"force_cache": True},
-    "--no-odirect": {"o_direct": False}, "--progress": {"progress": True}, "--spec-gate": {"spec_gate": True},
-    "--no-warm-dense": {"dense_weights": "mmap"}, "--dense-odirect": {"dense_weights": "anon"},
-    "--chatml": {"chatml": True}, "--no-think": {"think": False}, "--load-all": {"load_all": True},
-}
+# bmoe-cli flags -> the key a capture's config records, and how the value reads (engine.interface.flags)
+_VALUE_FLAGS = {s: key for s, (key, sets) in reader_keys().items() if sets is None}
+_BOOL_FLAGS: dict[str, dict[str, object]] = {s: {key: sets} for s, (key, sets) in reader_keys().items()
+                                             if sets is not None}
 # flags whose value is not configuration (but must be skipped over)
-_OTHER_VALUE_FLAGS = {"-p", "--prompt", "--csv", "--route-trace", "--compute-trace", "--compute-trace-layers",
-                      "--io-trace", "--draft", "--mtp-p-min", "--ngram-min-match", "--drop-cold-experts",
-                      "--route-ahead", "--predict-spec-max"}
+_OTHER_VALUE_FLAGS = {s for f in FLAGS if f.takes_value and not f.key and f is not CACHE_MB for s in f.spellings}
 
 _N_EXPERT_USED_RE = re.compile(r"^print_info: n_expert_used\s*=\s*(\d+)")
 _N_EXPERT_RE = re.compile(r"^print_info: n_expert\s*=\s*(\d+)")
@@ -137,7 +127,7 @@ def config_from_command(line: str) -> dict[str, object]:
     config: dict[str, object] = {}
     args = iter(argv)
     for arg in args:
-        if arg == "--cache-mb":
+        if arg in CACHE_MB.spellings:
             value = next(args, "")
             auto = value == "auto"
             config.update({"cache_auto": True} if auto else {"cache_auto": False, "cache_mib": to_number(value, arg)})

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.fsutil import fleet_home
+from engine.interface.flags import FLAGS, PATH
 
-# flags whose value is a file on the device the engine ran on
-PATH_FLAGS = frozenset({"-m", "--model", "--csv", "--route-trace", "--compute-trace", "--compute-trace-layers",
-                        "--io-trace"})
+# flags whose value is a file on the device the engine ran on (every PATH flag of the table)
+PATH_FLAGS = frozenset(s for f in FLAGS if f.value == PATH for s in f.spellings)
 
 
 

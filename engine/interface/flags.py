@@ -83,6 +83,8 @@ class Flag:
     sets: bool | str | None = None   # a NONE flag: the value it sets its field to
     axis: str = ""                   # AXIS: the campaign axis it maps onto (harness.campaign.Axes)
     harness: str = ""                # where a campaign sets it instead (RUN, BUDGET, HARNESS, PLANNER)
+    key: str = ""                    # the key a reader of a captured command line records it under
+                                     # (an imported run's config; results.parse_config), with `sets`
     env: str = ""                    # the env override the engine reads for it (flag wins)
     changes: tuple[Change, ...] = ()
 
@@ -119,18 +121,18 @@ _USE_CACHE = "use axes.cache_mb"
 FLAGS: tuple[Flag, ...] = (
     # ── the run: files, prompt, length (0.19 --help order, then bmoe-py's own) ──
     Flag("--model", PATH, RUN, "gguf model (required; a split model by its first shard)", short="-m",
-         harness="use [models]", **_py("model_path")),
+         harness="use [models]", key="model_path", **_py("model_path")),
     Flag("--prompt", TEXT, RUN, "prompt text", short="-p", harness="use run.prompt", **_py("prompt")),
     Flag("--prompt-tokens", TOKENS, RUN, "comma-separated token ids instead of -p (any vocabulary)",
          harness="use run.prompt", engines=PY_ONLY, bmoe_py=True, field="prompt_tokens"),
-    Flag("--n-predict", INT, RUN, "tokens to generate", short="-n", default="128", harness="use run.n_predict",
+    Flag("--n-predict", INT, RUN, "tokens to generate", short="-n", default="128", harness="use run.n_predict", key="n_predict",
          **_py("n_predict")),
-    Flag("--threads", INT, AXIS, "compute threads", short="-t", default="4", axis="threads", **_py("n_threads")),
-    Flag("--ctx-size", INT, TUNING, "context size", short="-c", default="2048", **_py("n_ctx")),
-    Flag("--ubatch", INT, TUNING, "widest graph computed at once (0 = as wide as the context)"),
-    Flag("--chatml", NONE, TUNING, "wrap the prompt in the model family's chat turn"),
-    Flag("--no-think", NONE, TUNING, "render the chat template with reasoning disabled"),
-    Flag("--progress", NONE, TUNING, "machine telemetry, one JSON line per token", env="BMOE_PROGRESS",
+    Flag("--threads", INT, AXIS, "compute threads", short="-t", default="4", axis="threads", key="threads", **_py("n_threads")),
+    Flag("--ctx-size", INT, TUNING, "context size", short="-c", default="2048", key="n_ctx", **_py("n_ctx")),
+    Flag("--ubatch", INT, TUNING, "widest graph computed at once (0 = as wide as the context)", key="n_ubatch"),
+    Flag("--chatml", NONE, TUNING, "wrap the prompt in the model family's chat turn", key="chatml", sets=True),
+    Flag("--no-think", NONE, TUNING, "render the chat template with reasoning disabled", key="think", sets=False),
+    Flag("--progress", NONE, TUNING, "machine telemetry, one JSON line per token", env="BMOE_PROGRESS", key="progress",
          **_py("progress", True)),
     Flag("--session", NONE, SESSION, "keep the model loaded and serve JSON prompt requests from stdin",
          **_py("session", True)),
@@ -141,7 +143,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--compute-trace-layers", PATH, TUNING, "diagnostics: the compute trace at layer granularity"),
     Flag("--io-trace", PATH, TUNING, "diagnostics: one row per expert read"),
     Flag("--n-expert-used", INT, AXIS, "active MoE experts per token (top-k); 0 = the model's", default="0",
-         axis="n_expert_used", env="BMOE_N_EXPERT_USED", **_py("n_expert_used")),
+         axis="n_expert_used", env="BMOE_N_EXPERT_USED", key="top_k", **_py("n_expert_used")),
     Flag("--help", NONE, NO_RUN, "show the usage text and exit", short="-h", engines=BOTH, bmoe_py=True),
     Flag("--version", NONE, NO_RUN, "print the engine version and exit", engines=BOTH, bmoe_py=True),
     # ── sampling ──
@@ -157,34 +159,35 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--ngram-min-match", INT, TUNING, "--ngram only: shortest matching run allowed to draft", default="3",
          since=V0_19),
     # ── expert streaming ──
-    Flag("--moe-stream", NONE, BUDGET, "stream only the routed experts per token",
+    Flag("--moe-stream", NONE, BUDGET, "stream only the routed experts per token", key="moe_stream",
          harness=f"{_USE_CACHE} (\"mmap\" and \"resident\" run without it)",
          changes=(Change(NEXT, "without --cache-mb it sizes the cache automatically (--cache-mb auto)"),),
          **_py("moe_stream", True)),
     Flag("--cache-mb", MIB_OR_AUTO, BUDGET, "LRU expert cache budget in MiB (0 = off), or auto", default="0",
          harness=_USE_CACHE, env="BMOE_CACHE_MB", **_py("cache_mb")),
     Flag("--cache-floor-mb", INT, BUDGET, "with --cache-mb auto: RAM to leave free", default="1536",
-         harness="use axes.cache_floor_mb", **_py("cache_floor_mb")),
+         harness="use axes.cache_floor_mb", key="cache_floor_mib", **_py("cache_floor_mb")),
     Flag("--cache-ceil-mb", INT, BUDGET, "with --cache-mb auto: upper bound on the budget (0 = no cap)",
-         default="0", harness="use axes.cache_ceil_mb", **_py("cache_ceil_mb")),
+         default="0", harness="use axes.cache_ceil_mb", key="cache_ceil_mib", **_py("cache_ceil_mb")),
     Flag("--io-threads", INT, AXIS, "parallel expert-read lanes", default="4", axis="io_threads",
-         env="BMOE_IO_THREADS", **_py("io_threads")),
+         env="BMOE_IO_THREADS", key="io_threads", **_py("io_threads")),
     Flag("--no-odirect", NONE, HARNESS, "do not bypass the page cache for expert reads", harness="use run.o_direct",
-         **_py("o_direct", False)),
+         key="o_direct", **_py("o_direct", False)),
     Flag("--dense-weights", CHOICE, AXIS, "dense (non-expert) weight policy", default="anon",
-         choices=("mmap", "warm", "anon", "ahwb"), axis="dense_weights", **_py("dense_weights")),
+         choices=("mmap", "warm", "anon", "ahwb"), axis="dense_weights", key="dense_weights", **_py("dense_weights")),
     Flag("--dense-odirect", NONE, HARNESS, "deprecated alias of --dense-weights anon",
-         harness="use axes.dense_weights (a deprecated alias of --dense-weights anon)", **_py("dense_weights", "anon")),
+         harness="use axes.dense_weights (a deprecated alias of --dense-weights anon)", key="dense_weights", **_py("dense_weights", "anon")),
     Flag("--no-warm-dense", NONE, HARNESS, "deprecated alias of --dense-weights mmap",
-         harness="use axes.dense_weights (a deprecated alias of --dense-weights mmap)",
+         harness="use axes.dense_weights (a deprecated alias of --dense-weights mmap)", key="dense_weights",
          **_py("dense_weights", "mmap")),
-    Flag("--load-all", NONE, TUNING, "debug: read all experts each token"),
+    Flag("--load-all", NONE, TUNING, "debug: read all experts each token", key="load_all", sets=True),
     Flag("--force-cache", NONE, BUDGET, "allow a cache-mb in the pathological band",
-         harness=f"{_USE_CACHE} (the harness adds it for budgets of 1..1499 MiB)", **_py("force_cache", True)),
-    Flag("--overlap", NONE, TUNING, "overlap async expert reads with FFN compute", env="BMOE_OVERLAP"),
+         harness=f"{_USE_CACHE} (the harness adds it for budgets of 1..1499 MiB)", key="force_cache", **_py("force_cache", True)),
+    Flag("--overlap", NONE, TUNING, "overlap async expert reads with FFN compute", env="BMOE_OVERLAP", key="overlap",
+         sets=True),
     Flag("--io-two-wave", NONE, TUNING, "publish a layer's first-projection reads first", since=V0_19),
     Flag("--prefetch", INT, TUNING, "temporally prefetch the next K layers' experts", default="0",
-         env="BMOE_PREFETCH", **_py("prefetch")),
+         env="BMOE_PREFETCH", key="prefetch", **_py("prefetch")),
     Flag("--prefetch-sync", NONE, TUNING, "debug/tests: complete each speculative read when issued",
          **_py("prefetch_sync", True)),
     Flag("--drop-cold-experts", FLOAT, TUNING, "LOSSY: skip a cold, low-weight routed expert that misses"),
@@ -199,6 +202,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--list-archs", NONE, NO_RUN, "print the supported MoE architectures and exit", engines=BOTH, bmoe_py=True),
     Flag("--no-mmap", NONE, BUDGET, "without --moe-stream: every weight in anonymous memory",
          harness=f"{_USE_CACHE} (\"resident\")", engines=PY_ONLY, bmoe_py=True, field="no_mmap", sets=True),
+    Flag("--spec-gate", NONE, TUNING, "older builds' speculation gate (read in captures)", until=V0_19,
+         key="spec_gate", sets=True),
     # ── 0.24 ──
     Flag("--release-mmap", NONE, TUNING, "unmap the model file after load", since=V0_24),
     Flag("--row-stream", NONE, TUNING, "serve row-gathered dense tables from flash", since=V0_24),
@@ -254,12 +259,13 @@ _BY_SPELLING = _index()
 # (store.engine_argv), the protocols' run flags (community, the app), the version question
 MODEL, PROMPT, N_PREDICT, THREADS, N_EXPERT_USED, MOE_STREAM, CACHE_MB, CACHE_FLOOR_MB, CACHE_CEIL_MB, \
     FORCE_CACHE, IO_THREADS, NO_ODIRECT, DENSE_WEIGHTS, NO_MMAP, SESSION_MODE, CSV, ROUTE_TRACE, \
-    CTX_SIZE, UBATCH, CHATML, NO_THINK, OVERLAP, VERSION = (
+    CTX_SIZE, UBATCH, CHATML, NO_THINK, OVERLAP, VERSION, HELP, LIST_ARCHS, PROGRESS = (
         _BY_SPELLING[s] for s in (
             "--model", "--prompt", "--n-predict", "--threads", "--n-expert-used", "--moe-stream", "--cache-mb",
             "--cache-floor-mb", "--cache-ceil-mb", "--force-cache", "--io-threads", "--no-odirect",
             "--dense-weights", "--no-mmap", "--session", "--csv", "--route-trace",
-            "--ctx-size", "--ubatch", "--chatml", "--no-think", "--overlap", "--version"))
+            "--ctx-size", "--ubatch", "--chatml", "--no-think", "--overlap", "--version", "--help", "--list-archs",
+            "--progress"))
 
 
 def flag(spelling: str) -> Flag:
@@ -285,6 +291,12 @@ def with_role(*roles: str) -> tuple[Flag, ...]:
 def taken_by(engine: str, release: Release | None = None) -> tuple[Flag, ...]:
     """The flags `engine` takes (bmoe-cli at `release`, when given)."""
     return tuple(f for f in FLAGS if f.taken_by(engine, release))
+
+
+def reader_keys() -> dict[str, tuple[str, bool | str | None]]:
+    """{spelling: (the key a captured command line's reader records it under, the value a switch
+    sets it to; None: the flag's own value)} for the flags such a reader keeps."""
+    return {s: (f.key, f.sets) for f in FLAGS if f.key for s in f.spellings}
 
 
 def refused_by_bmoe_py(release: Release = V0_19) -> tuple[str, ...]:

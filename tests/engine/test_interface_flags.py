@@ -104,29 +104,52 @@ def test_harness_rules_are_the_tables_roles():
 
 @pytest.fixture
 def made_up(monkeypatch):
-    """The table with one more flag, and every module that derives from it re-derived."""
+    """The table with one more flag, and the modules that derive from it at import re-derived."""
     import harness.flags
+    import results.parse_config
 
-    def add(extra: Flag) -> object:
+    derived = (harness.flags, results.parse_config)
+
+    def add(extra: Flag) -> None:
         flags = FLAGS + (extra,)
         monkeypatch.setattr(table, "FLAGS", flags)
         monkeypatch.setattr(table, "_BY_SPELLING", {s: f for f in flags for s in f.spellings})
-        return importlib.reload(harness.flags)
+        for module in derived:
+            importlib.reload(module)
 
     yield add
     monkeypatch.undo()
-    importlib.reload(harness.flags)
+    for module in derived:
+        importlib.reload(module)
 
 
-def test_a_made_up_tuning_flag_is_sweepable_and_a_made_up_budget_flag_is_refused_with_no_other_edit(made_up):
-    from harness.flags import parse_option
+def test_a_made_up_flag_parses_is_sweepable_refused_by_bmoe_py_and_shown_with_no_other_edit(made_up):
+    import harness.flags as rules
+    from engine.config import UsageExit, parse_args
+    from engine.flags import flags_text
+    from results.parse_config import config_from_command
+    from store.cells import CellConfig
+    from store.engine_argv import settings_argv
 
-    rules = made_up(Flag("--made-up-knob", INT, TUNING, "a knob no release has", since=NEXT))
-    assert rules.name_problem("--made-up-knob") is None
-    assert parse_option("--made-up-knob=1,2") == ("--made-up-knob", [1, 2])
-    assert not table.flag("--made-up-knob").taken_by(BMOE_PY)
-    rules = made_up(Flag("--made-up-budget", INT, BUDGET, "a budget no release has", since=NEXT,
-                         harness="use axes.cache_mb"))
+    made_up(Flag("--made-up-knob", INT, TUNING, "a knob no release has", since=V0_19, key="made_up_knob"))
+    # sweepable: a campaign's [axes.flags] key and a sweep's --flag
+    assert rules.name_problem("--made-up-knob") is None and rules.arg_problem("--made-up-knob") is None
+    assert rules.parse_option("--made-up-knob=1,2") == ("--made-up-knob", [1, 2])
+    # parsed: a captured command line's reader records it (an imported run's config)
+    assert config_from_command("bmoe-cli -m x.gguf --made-up-knob 3 -t 2") == {
+        "model_path": "x.gguf", "made_up_knob": 3, "threads": 2}
+    # refused by bmoe-py, as every bmoe-cli flag it lacks
+    assert "--made-up-knob" in table.refused_by_bmoe_py(V0_19)
+    with pytest.raises(UsageExit, match="unknown arg: --made-up-knob"):
+        parse_args(["-m", "x.gguf", "--made-up-knob", "3"], {})
+    # shown: a cell that sweeps it runs it, and the run table's flags column names it
+    config = CellConfig.from_dict({"moe_stream": False, "threads": 1, "n_expert_used": 0, "dense_weights": "anon",
+                                   "engine_flags": {"--made-up-knob": 3}})
+    assert settings_argv(config)[-2:] == ["--made-up-knob", "3"]
+    assert flags_text(config.engine_flags) == "--made-up-knob 3"
+    # a made-up budget flag is the harness's, with the reason the table gives
+    made_up(Flag("--made-up-budget", INT, BUDGET, "a budget no release has", since=NEXT,
+                 harness="use axes.cache_mb"))
     assert rules.name_problem("--made-up-budget") == "--made-up-budget is set by the harness: use axes.cache_mb"
 
 
