@@ -39,6 +39,7 @@ from typing import Any
 
 import tomli_w
 
+from engine.interface.outputs import reader_aliases
 from engine.units import parse_number
 from harness.campaign import FORMAT_VERSION, CampaignError, fleet_home, safe_id
 from harness.classify import result_of
@@ -68,8 +69,7 @@ from store.ledger import latest_by_cell
 from store.locks import dir_lock, holding
 
 IMPORT_ENGINE = "native"
-_RENAME = {"cache_mib": "cache_mb", "top_k": "n_expert_used", "cache_ceil_mib": "cache_ceil_mb",
-           "cache_floor_mib": "cache_floor_mb"}
+_RENAME = reader_aliases()          # another reader's name -> the preamble key (engine.interface.outputs)
 _PREAMBLE_BOOL = ("moe_stream", "cache_auto", "force_cache", "o_direct", "overlap", "load_all", "chatml")
 TEXT_CHARS = 200          # a string from a file is stored escaped and cut to this (model names, errors)
 NOTES_SHOWN = 5
