@@ -36,7 +36,9 @@ def build_bmoe_py(python: str) -> Path:
     same source gives the same bytes and a device that has them is not pushed again. Its process
     name (comm) is `bmoe-py`."""
     entries = [("__main__.py", b"from engine.cli import main\nmain()\n")]
-    entries += [(f"engine/{p.name}", p.read_bytes()) for p in sorted(ENGINE_DIR.glob("*.py"))]
+    # every module of the package, its sub-packages (engine/interface/) included
+    entries += [(f"engine/{p.relative_to(ENGINE_DIR).as_posix()}", p.read_bytes())
+                for p in sorted(ENGINE_DIR.rglob("*.py")) if "__pycache__" not in p.parts]
     entries.append((f"engine/{native.SOURCE}", (ENGINE_DIR / native.SOURCE).read_bytes()))
     library = native.built_library()
     if library is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import gguf
@@ -545,3 +546,22 @@ def test_zipapp_ships_its_library_and_runs_without_any_cache_or_compiler(tmp_pat
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.split()[1:] == ["False", value]
     assert plain.stderr.count("\n") == 1 and "no compiled kernels (no C compiler" in plain.stderr
+
+
+def test_the_staged_zipapp_holds_every_module_of_the_engine_package(tmp_path, monkeypatch):
+    """A phone runs bmoe-py from the zipapp alone: every module of engine/ (its sub-packages too:
+    engine/interface/, the flag table the parser derives from) is inside, and it answers --help
+    run from a folder with nothing of this repository on its path."""
+    from harness.staging import build_bmoe_py
+
+    monkeypatch.setenv("BMOE_FLEET_HOME", str(tmp_path / "home"))
+    app = build_bmoe_py(sys.executable)
+    engine_dir = Path(__file__).resolve().parents[2] / "engine"
+    with zipfile.ZipFile(app) as zf:
+        shipped = set(zf.namelist())
+    wanted = {f"engine/{p.relative_to(engine_dir).as_posix()}" for p in engine_dir.rglob("*.py")
+              if "__pycache__" not in p.parts}
+    assert "engine/interface/flags.py" in wanted and wanted <= shipped, sorted(wanted - shipped)
+    done = subprocess.run([sys.executable, str(app), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=_env(PYTHONPATH=""))
+    assert done.returncode == 0 and done.stdout.startswith("usage: bmoe-py"), done.stderr[-500:]
