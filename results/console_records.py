@@ -181,6 +181,13 @@ class ConsoleRun:
     entry_state: Mapping[str, int | float | str] | None = None  # a cooling gate's `ENTRY STATE:` line
     unparsed: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # values stored as missing (None): `path:line: key=value: why`
+    # the lines engine/interface/outputs.py declares field by field (speculative, drop, route-ahead,
+    # row, perplexity, mode and plan lines): {line name: {field: value}}, the last of each kind
+    values: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def value(self, line: str, name: str) -> object:
+        """A declared line's field, None when the line or the field is absent."""
+        return (self.values.get(line) or {}).get(name)
 
     @property
     def finished(self) -> bool:

@@ -21,6 +21,7 @@ rate over 100 %) become None, and `notes` says which.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +57,9 @@ SEPARATOR_RE = re.compile(r"^={5,}\s+(.*?)\s+={5,}\s*$")
 # printed bare; the 2026-07-17 drivers print `=== DONE ===`)
 END_TAGS = frozenset({"DONE", "ALL DONE", "MMAP DONE"})
 _TAG_PARAMS_RE = re.compile(r"^(\S+)\s+\((.*)\)$")
-PERF_PREFIXES = ("generation:", "compute:", "prefill:", "moe-")
+# end-of-run lines (after `generation:`); a line that starts like one and matches no shape is kept in `unparsed`
+PERF_PREFIXES = ("generation:", "compute:", "prefill:", "moe-", "mtp:", "ngram:", "mode:", "ppl:", "ppl-policy:",
+                 "plan: predicted")
 
 # What one line says: ConsoleRun fields by name (values of several types, hence Any), the pressure
 # values of a sidecar line, or a `BMOE_*` event.
@@ -150,39 +153,102 @@ def _dense_anon(m: re.Match[str]) -> Fields:
     return {"dense_anon": DenseAnon(m[1], _num(m[2]), _count(m[3]), None)}
 
 
-_STDOUT: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
-    (re.compile(rf"^generation: (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
-    (re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
+_STDOUT: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
+    ("generation", re.compile(rf"^generation: (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
+    ("compute", re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
      _compute),
-    (re.compile(rf"^prefill: (\d+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
-    (re.compile(rf"^moe-stream: read {N} MiB \({N} MiB/token\), decode {N} s/token \(compute {N}"
+    ("prefill", re.compile(rf"^prefill: (\d+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
+    ("moe-stream", re.compile(rf"^moe-stream: read {N} MiB \({N} MiB/token\), decode {N} s/token \(compute {N}"
                 rf"(?: \+ cache mgmt {N})? \+ flash I/O {N} s/token, {N} MiB/s\)"), _moe_stream),
-    (re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
-    (re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
-    (re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _num(m[1])}),
-    (re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
+    ("moe-cache", re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
+    ("moe-cache-churn", re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
+    ("moe-overlap", re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _num(m[1])}),
+    ("moe-prefetch", re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
      _prefetch),
-    (re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
+    ("moe-spec-gate", re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
      lambda m: {"spec_gate": SpecGate(_num(m[1]), _opt(m[2]))}),
-    (re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
-    (re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
-    (re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
-    (re.compile(r"^warning: (.*)"), lambda m: {"warnings": m[1].strip()}),
+    ("config-error", re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
+    ("arg-error", re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
+    ("runtime-error", re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
+    ("warning", re.compile(r"^warning: (.*)"), lambda m: {"warnings": m[1].strip()}),
 )
-_STDERR: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
-    (re.compile(rf"bmoe: cache auto.*?{N} MiB available, leaving {N} MiB free.*?{N} MiB budget \(cap {N} MiB\)"),
+_STDERR: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
+    ("cache-auto", re.compile(rf"bmoe: cache auto.*?{N} MiB available, leaving {N} MiB free.*?{N} MiB budget \(cap {N} MiB\)"),
      lambda m: {"cache_auto": CacheAuto(_num(m[1]), _num(m[2]), _num(m[3]), _num(m[4]))}),
-    (re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": _num(m[1])}),
-    (re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
+    ("cache-reserve", re.compile(rf"bmoe: cache auto.*?reserving {N} MiB"), lambda m: {"cache_reserve_mib": _num(m[1])}),
+    ("dense-warmup", re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
      lambda m: {"dense_warmup": DenseWarmup(_num(m[1]), _num(m[2]))}),
-    (re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _num(m[1])}),
-    (re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
-    (re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
-    (re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
+    ("dense-dropped", re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _num(m[1])}),
+    ("dense-anon", re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
+    ("streaming-on", re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
+    ("cycle-warning", re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
      _cycle_warning),
     # a bad --dense-weights value is refused like a config error (exit 2 instead of 1)
-    (re.compile(r"bmoe: (--dense-weights expects .*)"), lambda m: {"config_error": m[1].strip()}),
+    ("dense-weights-refused", re.compile(r"bmoe: (--dense-weights expects .*)"), lambda m: {"config_error": m[1].strip()}),
 )
+# Lines whose values are declared field by field in engine/interface/outputs.py: each group is
+# named as its field, so a line's values arrive as {field: value} under the line's name
+# (ConsoleRun.values). Matched at the start of a line, after the record lines above.
+S = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"     # a signed numeral (`%+.0f`)
+_VALUE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
+    ("plan-check", rf"^plan: predicted (?P<plan_predicted_s_per_tok>{NUMBER}) s/token, measured "
+                   rf"(?P<plan_measured_s_per_tok>{NUMBER}) \((?P<plan_error_pct>{S})%\)"
+                   rf"(?:; cache hits credited (?P<plan_credited_hit_pct>{NUMBER})%, measured "
+                   rf"(?P<plan_measured_hit_pct>{NUMBER})%)?"),
+    ("spec-accepted", rf"^(?P<spec_source>mtp|ngram): (?P<spec_accepted>\d+)/(?P<spec_drafted>\d+) drafts accepted "
+                      rf"\((?P<spec_accept_pct>{NUMBER})%\), (?P<tokens_per_decode>{NUMBER}) tokens per verify decode "
+                      rf"\((?P<spec_decodes>\d+) decodes for (?P<spec_tokens>\d+) tokens\)"),
+    ("spec-effective", rf"^(?P<spec_source>mtp|ngram): drafting costs (?P<spec_draft_s_per_tok>{NUMBER}) s/token on top "
+                       rf"of decode .*? (?P<effective_tok_s>{NUMBER}) tok/s effective "
+                       rf"\(vs (?P<reported_tok_s>{NUMBER}) reported\)"),
+    ("ngram-coverage", rf"^ngram: drafted on (?P<drafted_steps>\d+) of (?P<spec_decodes>\d+) steps "
+                       rf"\((?P<drafted_steps_pct>{NUMBER})%\)"),
+    ("mtp-read-split", rf"^mtp: of (?P<read_mib>{NUMBER}) MiB streamed, (?P<mtp_head_read_mib>{NUMBER}) MiB "
+                       rf"\((?P<mtp_head_read_pct>{NUMBER})%\) was the head's own routing, "
+                       rf"(?P<verify_read_mib>{NUMBER}) MiB the widened verify batch"),
+    ("mode", r"^mode: (?P<mode>expert streaming|mmap)(?:, (?P<mode_cache>cache (?:auto|off|\d+ MiB)), "
+             r"dense (?P<mode_dense>[\w-]+)(?:, (?P<mode_overlap>overlap))?)?"),
+    ("moe-rows", rf"^moe-rows: (?P<row_table_mib>{NUMBER}) MiB of row-gathered table\(s\) off the resident set, "
+                 rf"(?P<row_resident_mib>{NUMBER}) MiB resident, (?P<row_rows>\d+) rows gathered, "
+                 rf"(?P<row_reads>\d+) reads \((?P<row_read_mib>{NUMBER}) MiB\)"),
+    ("moe-rows-failed", r"^moe-rows: (?P<row_io_errors>\d+) FAILED reads"),
+    ("moe-waits", rf"^moe-waits: drain (?P<drain_s_per_token>{NUMBER}) s/token \(inside compute\), "
+                  rf"adopt (?P<adopt_s_per_token>{NUMBER}) s/token"),
+    ("moe-drop", rf"^moe-drop: (?P<experts_dropped>\d+)/(?P<experts_routed>\d+) routed experts dropped "
+                 rf"\((?P<drop_pct>{NUMBER})%\), threshold (?P<drop_threshold>{NUMBER}) x uniform"),
+    ("moe-substitute", rf"^moe-substitute: (?P<experts_substituted>\d+)/(?P<experts_reranked>\d+) reranked slots went "
+                       rf"to a resident expert \((?P<substituted_pct>{NUMBER})%\), margin "
+                       rf"(?P<substitute_margin>{NUMBER}) x score range"),
+    ("moe-route-ahead", rf"^moe-route-ahead: (?P<route_ahead_layers>\d+) layers early .*? (?P<ra_committed>\d+) "
+                        rf"routings committed, (?P<ra_passthrough>\d+) passed through; committed selection agreed "
+                        rf"with the router on (?P<ra_agree_pct>{NUMBER})% of slots"),
+    ("moe-route-ahead-cost", rf"^moe-route-ahead: prediction (?P<ra_gemv_ms_per_tok>{NUMBER}) ms/token of worker CPU "
+                             rf"\((?P<ra_gemv_jobs>\d+) GEMVs, (?P<ra_gemv_ms>{NUMBER}) ms each\) \+ "
+                             rf"(?P<ra_issue_ms_per_tok>{NUMBER}) ms/token issuing the reads \+ "
+                             rf"(?P<ra_wd_ms_per_tok>{NUMBER}) ms/token watchdog"),
+    ("ppl", rf"^ppl: (?P<ppl>{NUMBER})\s+nll: (?P<ppl_nll>{NUMBER})\s+next-token hits: (?P<ppl_hits>\d+)/"
+            rf"(?P<ppl_scored>\d+) \((?P<ppl_hit_pct>{NUMBER})%\)\s+(?P<ppl_seconds>{NUMBER}) s"),
+    ("ppl-policy", r"^ppl-policy: (?P<experts_dropped>\d+)/(?P<experts_routed>\d+) routed experts dropped, "
+                   r"(?P<experts_substituted>\d+)/(?P<experts_reranked>\d+) reranked slots substituted"),
+    ("plan-reproduce", r"^plan: reproduce with\s*$"),
+    ("plan-explain", r"^plan: "),
+))
+# the names of the lines every pattern above reads (the table's line names; a test holds them equal)
+HANDLED_LINES = frozenset(name for name, _, _ in (*_STDOUT, *_STDERR)) | {name for name, _ in _VALUE_LINES}
+_TEXT_FIELDS = frozenset({"spec_source", "mode", "mode_cache", "mode_dense", "mode_overlap", "plan_flags"})
+
+
+def _line_values(name: str, m: re.Match[str]) -> Fields:
+    values: dict[str, object] = {}
+    for key, text in m.groupdict().items():
+        if text is None:
+            continue
+        values[key] = text if key in _TEXT_FIELDS else _num(text.removeprefix("+"))
+    if name == "plan-explain":
+        values["plan_lines"] = 1
+    return {"values": {name: values}}
+
+
 _PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[\d.]*)\s*$")
 _ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
 EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
@@ -225,6 +291,7 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
     warnings: list[str] = []
     events: list[Event] = []
     pressure: dict[str, int | float | None] = {}
+    line_values: dict[str, dict[str, object]] = {}   # the table-declared lines' values, by line name
     unparsed: list[str] = []
     notes: list[str] = []
     answer: list[str] | None = None       # the `=== answer ===` section's lines, once seen
@@ -251,6 +318,16 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
             events.append(found[1])
             continue
         kind, values = found
+        if kind == "fields" and "values" in values:
+            for name, read in values["values"].items():
+                if name == "plan-explain":
+                    seen = line_values.setdefault(name, {"plan_lines": 0})
+                    seen["plan_lines"] = int(str(seen["plan_lines"])) + 1
+                    continue
+                if name == "plan-reproduce":
+                    read = _plan_flags(lines[index + 1] if index + 1 < len(lines) else "")
+                line_values[name] = dict(read)
+            continue
         if kind == "pressure":
             pressure.update(values)
         elif "warnings" in values:
@@ -270,7 +347,28 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         paths=paths, lines=tuple(lines), tag=tag, declared_config=MappingProxyType(dict(declared_config or {})),
         warnings=tuple(warnings), events=tuple(events), answer=None if answer is None else "\n".join(answer),
         pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), notes=tuple(notes),
-        **fields)
+        values=MappingProxyType({k: MappingProxyType(v) for k, v in line_values.items()}), **fields)
+
+
+def _plan_flags(command: str) -> dict[str, object]:
+    """The flags of the planner's `plan: reproduce with` command line (the line after it:
+    `  bmoe-cli -m MODEL FLAGS`), and the budget they pin (`--cache-mb N`; None for auto)."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    if words[:1] and not words[0].startswith("-"):
+        words = words[1:]                       # the program
+    if words[:1] in (["-m"], ["--model"]):
+        words = words[2:]
+    out: dict[str, object] = {"plan_flags": shlex.join(words)}
+    if "--cache-mb" in words[:-1]:
+        value = to_number(words[words.index("--cache-mb") + 1], "plan_cache_mb")
+        if isinstance(value, (int, float)):
+            out["plan_cache_mb"] = value
+    return out
 
 
 def _checked_match(lines: list[str], index: int, where: Callable[[int], str], notes: list[str]) -> Found | None:
@@ -317,11 +415,15 @@ def _plausible(values: Fields, where: str, notes: list[str]) -> Fields:
 
 
 def _match(line: str) -> Found | None:
-    for pattern, handler in _STDOUT:
+    for _name, pattern, handler in _STDOUT:
         if m := pattern.match(line):
             values = _handled(handler, m)
             return ("fields", values) if values else None
-    for pattern, handler in _STDERR:
+    for name, pattern in _VALUE_LINES:
+        if m := pattern.match(line):
+            values = _handled(functools.partial(_line_values, name), m)
+            return ("fields", values) if values else None
+    for _name, pattern, handler in _STDERR:
         if m := pattern.search(line):
             values = _handled(handler, m)
             return ("fields", values) if values else None
@@ -405,7 +507,7 @@ def _line_kind(line: str) -> str:
         return "end"
     if line == "=== answer ===" or line.startswith(_LOADER_START) or _ENTRY_RE.match(line) or EVENT_RE.match(line):
         return "start"
-    if "bmoe:" in line and any(p.search(line) for p, _ in _STDERR):
+    if "bmoe:" in line and any(p.search(line) for _, p, _ in _STDERR):
         return "start"
     if re.match(r"^(config error: |unknown arg: |missing value for |error: )", line):
         return "start"

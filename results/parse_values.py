@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.interface.outputs import count_keys
 from results.parse_text import NumberError, check_magnitude, excerpt, located
 
 NOT_MEASURED = -1
@@ -35,7 +36,7 @@ COUNTS = frozenset({
     "cache_resizes", "spec_experts", "spec_useful", "experts_routed", "experts_dropped", "mtp_batch",
     "mtp_drafted", "mtp_accepted", "mtp_decodes", "drafted_steps", "ra_committed", "ra_passthrough", "cache_cuts",
     "experts", "useful_experts", "buffers", "resized_count", "mib", "seconds", "repeat", "attempt",
-})
+}) | count_keys()     # and every key and line field engine/interface/outputs.py declares a count
 NON_NEGATIVE_SUFFIXES = ("_ms", "_s", "/tok", "/s", "_tps", "_token", "_bytes", "_mib", "_mb", "_kb", "_khz",
                          "_uah", "_count")
 # Engine settings bmoe-cli reads into a C int, with its own ranges (docs/engine-contract.md): a
@@ -48,7 +49,8 @@ ENGINE_INTS: dict[str, tuple[int, int]] = {
                      "n_prompt", "prefetch", "cache_mb", "cache_mib", "budget_mib", "cache_floor_mib",
                      "cache_ceil_mib"), (0, INT_MAX)),
 }
-SIGNED_MARKS = ("overhead", "temp", "_dc", "_mc")  # a clock difference, temperatures: below 0 is real
+# a clock difference, temperatures, the planner's signed error against what it measured: below 0 is real
+SIGNED_MARKS = ("overhead", "temp", "_dc", "_mc", "_error_pct")
 _FREE = (-math.inf, math.inf, None)
 
 

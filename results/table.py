@@ -27,6 +27,8 @@ from typing import Any
 import pandas as pd
 
 from engine.flags import flags_text
+from engine.interface import outputs as out_table
+from engine.interface.releases import Release, reported_as
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.rundir import CampaignData, RunFolder, read_campaigns
@@ -42,12 +44,15 @@ KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_cei
 # config keys that are columns of their own under another meaning
 _CONFIG_RENAMES = {"cache_mb": "cache_mb_config", "n_expert_used": "n_expert_used_config",
                    "cycle_mb": "cycle_mb_config", "model": "model_config", "repeat": "repeat_config"}
-_SUMMARY = {"s/tok": "s_per_tok", "read_MiB": "read_mib", "compute_s/tok": "compute_s_per_tok",
-            "io_s/tok": "io_s_per_tok", "mgmt_s/tok": "mgmt_s_per_tok", "stall_s/tok": "stall_s_per_tok",
-            "majflt/tok": "majflt_per_tok", "cpu_s/tok": "cpu_s_per_tok", "token_demand_MiB": "token_demand_mib",
-            "layer_demand_MiB": "layer_demand_mib", "evictions": "evictions", "rereads": "rereads",
-            "load_s": "load_s", "prefill_s": "prefill_s", "n_prompt": "n_prompt",
-            "cache_resident_MiB": "cache_resident_mib"}
+# the trailer keys the run table takes, from the declared outputs (engine/interface/outputs.py);
+# these four are worked out with other sources below (tokens, rates, hit % and budget)
+_SUMMARY_OWN = frozenset({"tokens", "tok/s", "cache_hit_pct", "cache_budget_MiB"})
+_SUMMARY = {k: v for k, v in out_table.columns(out_table.SUMMARY).items() if k not in _SUMMARY_OWN}
+# BMOE_DONE keys that fill a column the trailer left empty (an imported session's last turn)
+_DONE = {k: v for k, v in out_table.columns(out_table.DONE).items() if v in set(_SUMMARY.values())}
+# the declared stdout/stderr lines' values: {line: {field: column}}
+_LINE_COLUMNS = out_table.line_columns()
+_TEXT_COLUMNS = frozenset({"spec_source", "mode", "mode_cache", "plan_flags"})
 
 
 class ShapeCache:
@@ -172,12 +177,17 @@ def _top_k(config: CellConfig, pre: Mapping[str, str], model_rec: Mapping[str, A
 
 
 def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: CellConfig,
-           model_rec: Mapping[str, Any] | None, shape, k: float) -> tuple[float, str]:
+           model_rec: Mapping[str, Any] | None, shape, k: float,
+           releases: tuple[Release, Release] | None = None) -> tuple[float, str]:
     v = to_float(pre.get("cache_cycle_mb"))
     if not math.isnan(v):
-        # the engine prints one decimal; the plan priced the same quantity to three
+        # bmoe-py prints one decimal; upstream from 0.21 an integer rounded up (%d of a ceil); the
+        # plan priced the same quantity to three
         planned = to_float(config.cycle_mb)
-        return (planned if not math.isnan(planned) and abs(planned - v) <= 0.051 else v), "csv"
+        same = not math.isnan(planned) and abs(planned - v) <= 0.051
+        if releases is not None and out_table.cycle_is_rounded_up(releases[0]) and not math.isnan(planned):
+            same = same or 0 <= v - planned < 1
+        return (planned if same else v), "csv"
     if shape is not None and not math.isnan(k) and k >= 1:
         return round(shape.cycle_mib(min(int(k), shape.n_expert)), 3), "gguf"
     v = to_float(config.cycle_mb)
@@ -225,6 +235,99 @@ def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> d
     }
 
 
+def _console(run: RunFolder):
+    """What the run printed (its stdout and stderr, read as one capture); None when neither was
+    kept or the capture does not read."""
+    from results.parse_console import parse_console
+    from results.parse_text import NumberError, ParseError, read_lines
+
+    lines: list[str] = []
+    for name in (names.STDOUT_TXT, names.STDERR_TXT):
+        path = run.file(name)
+        if path is not None:
+            try:
+                lines += read_lines(path)[0]
+            except (OSError, ValueError):
+                continue
+    if not lines:
+        return None
+    try:
+        return parse_console(lines)
+    except (ParseError, NumberError, ValueError):
+        return None
+
+
+def release_range(engine_version: str) -> tuple[Release, Release] | None:
+    """The bmoe-cli releases a run's engine may be, from the version it reported (`0.19.0` is 0.19
+    or the 0.20.0 build that still said 0.19.0); None for bmoe-py or an unknown engine."""
+    try:
+        return reported_as(engine_version)
+    except ValueError:
+        return None
+
+
+def _release_columns(engine_version: str) -> dict[str, Any]:
+    """Which releases the engine may be, and what its release-dependent figures mean."""
+    span = release_range(engine_version)
+    if span is None:
+        return {"engine_release": "", "engine_release_max": "", "stall_basis": "", "o_direct_basis": ""}
+    oldest, newest = span
+    return {"engine_release": str(oldest), "engine_release_max": str(newest),
+            "stall_basis": out_table.stall_basis(oldest, newest),
+            "o_direct_basis": "outcome" if out_table.o_direct_is_outcome(oldest) else "requested"}
+
+
+def _line_columns(console, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared lines' values as run-table columns, where the CSV trailer left them empty."""
+    out: dict[str, Any] = {}
+    for column in {c for fields in _LINE_COLUMNS.values() for c in fields.values()}:
+        if column not in row:
+            out[column] = "" if column in _TEXT_COLUMNS else math.nan
+    if console is None:
+        return out
+    for line, fields in _LINE_COLUMNS.items():
+        for field, column in fields.items():
+            value = console.value(line, field)
+            if value is None:
+                continue
+            if column in _TEXT_COLUMNS:
+                if not (row.get(column) or out.get(column)):
+                    out[column] = str(value)
+            elif math.isnan(to_float(row.get(column, out.get(column)))):
+                out[column] = to_float(value)
+    return out
+
+
+def _derived(row: dict[str, Any], pre: Mapping[str, str]) -> None:
+    """Columns worked out from others: the rate a speculative run really gave, acceptance, the drop
+    and substitution shares, the draft source, what the planner chose."""
+    def pct(part: Any, whole: Any) -> float:
+        a, b = to_float(part), to_float(whole)
+        return 100.0 * a / b if not math.isnan(a) and not math.isnan(b) and b > 0 else math.nan
+
+    if not row["spec_source"]:
+        spec = str(pre.get("spec") or "")
+        row["spec_source"] = "" if spec in ("", "off") else spec
+    if math.isnan(row["spec_accept_pct"]):
+        row["spec_accept_pct"] = pct(row["spec_accepted"], row["spec_drafted"])
+    if math.isnan(row["drafted_steps_pct"]):
+        row["drafted_steps_pct"] = pct(row["drafted_steps"], row["spec_decodes"])
+    if math.isnan(row["tokens_per_decode"]):
+        decodes, tokens = to_float(row["spec_decodes"]), to_float(row["tokens"])
+        row["tokens_per_decode"] = tokens / decodes if decodes > 0 and not math.isnan(tokens) else math.nan
+    if math.isnan(row["effective_tok_s"]):
+        # decode time plus drafting time, which tok/s leaves out (CHANGELOG 0.19.0); = tok/s when nothing drafted
+        per_tok, draft = to_float(row["s_per_tok"]), to_float(row["spec_draft_s_per_tok"])
+        if not math.isnan(per_tok) and per_tok > 0:
+            row["effective_tok_s"] = 1.0 / (per_tok + (0.0 if math.isnan(draft) else draft))
+    if math.isnan(row["drop_pct"]):
+        row["drop_pct"] = pct(row["experts_dropped"], row["experts_routed"])
+    if math.isnan(row["substituted_pct"]):
+        row["substituted_pct"] = pct(row["experts_substituted"], row["experts_reranked"])
+    for key in ("route_ahead", "drop_cold_frac", "substitute_lambda"):
+        row[key] = to_float(pre.get(key))
+
+
 def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str, Any]:
     """One table row for one attempt."""
     rec = run.record
@@ -239,13 +342,21 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     result = dict(rec.get("result") or {})
     shape = shapes.for_model(model, model_rec)
     k = _top_k(config, pre, model_rec, shape)
-    cycle, cycle_source = _cycle(pre, summary, config, model_rec, shape, k)
+    engine = dict(rec.get("engine") or {})
+    engine_version = str(engine.get("version") or pre.get("engine") or "")
+    releases = _release_columns(engine_version)
+    cycle, cycle_source = _cycle(pre, summary, config, model_rec, shape, k, release_range(engine_version))
     rows = metrics.rows if metrics is not None else None
     stats = token_stats(rows) if rows is not None and len(rows) else None
 
+    console = _console(run)
+    mode = str(console.value("mode", "mode") or "") if console is not None else ""
     stream = _bool(config.moe_stream)
     if stream is None and pre.get("moe_stream") is not None:
         stream = _bool(pre.get("moe_stream"))
+    if mode:
+        # the engine's own word on what ran (after 0.24: `mode: mmap` is a baseline, not this engine)
+        stream = mode == "expert streaming"
     auto = _bool(config.cache_auto)
     if auto is None and pre.get("cache_auto") is not None:
         auto = _bool(pre.get("cache_auto"))
@@ -275,8 +386,6 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
             sample_hwm = to_float(samples["vm_hwm_kb"].max())
     csv_floor_kb = stats.mem_available_min_mib * 1024 if stats else math.nan
     csv_rss_kb = stats.rss_max_mib * 1024 if stats else math.nan
-    engine = dict(rec.get("engine") or {})
-    engine_version = str(engine.get("version") or pre.get("engine") or "")
     outcome = str(rec.get("outcome") or "")
     under = bool(stream is not False and not math.isnan(budget) and budget > 0 and not math.isnan(cycle)
                  and budget < cycle)
@@ -355,6 +464,14 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     }
     for key, column in _SUMMARY.items():
         row[column] = to_float(summary.get(key))
+    last_done = next((t.get("bmoe_done") for t in reversed(rec.get("turns") or ()) if t.get("bmoe_done")), None)
+    for key, column in _DONE.items():
+        if last_done and math.isnan(row[column]):
+            row[column] = to_float(last_done.get(key))
+    row.update(_line_columns(console, row))
+    row.update(releases)
+    row["mode"] = mode
+    row["baseline"] = stream is False          # no expert streaming: mmap or resident, a baseline
     row["read_mib_per_tok"] = row["read_mib"] / tokens if tokens and not math.isnan(tokens) and tokens > 0 \
         else math.nan
     row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
@@ -381,6 +498,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "cpu_temp_max_mc": to_float(pressure.get("cpu_temp_max_mC")),
         "batt_temp_max_dc": to_float(pressure.get("batt_temp_max_dC")),
     })
+    _derived(row, pre)
     row.update(_entry(rec.get("entry_state"), rec.get("gate")))
     # a session run's turns and the idle gaps between them (results/turns.py)
     row.update(turn_columns(rec.get("turns")))

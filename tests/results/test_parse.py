@@ -654,8 +654,9 @@ def test_lenient_shapes_and_unknown_lines():
     assert run.dense_warmup.mib == 12 and not run.streaming.o_direct and run.streaming.shards == 3
     assert dict(run.streaming.extra) == {"lanes": "odd"}
     assert run.moe_cache.resized_count == 2  # a capture that lost the × to its code page
-    assert run.unparsed == ("moe-waits: drain 0.004 s/token (inside compute), adopt 0.001 s/token (inside mgmt)",
-                            "moe-stream: read lots", "bmoe: something new")
+    assert run.unparsed == ("moe-stream: read lots", "bmoe: something new")
+    # moe-waits: is a line upstream declares after 0.24 (engine/interface/outputs.py): read, not kept unparsed
+    assert run.value("moe-waits", "drain_s_per_token") == 0.004 and run.value("moe-waits", "adopt_s_per_token") == 0.001
     assert run.moe_stream is None
 
 
