@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.interface.flags import CHATML, OVERLAP, UBATCH
+from engine.interface.outputs import STALL_UNION
 from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
@@ -222,6 +223,11 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
         io = to_float(pick.get("io_threads"))
         if not math.isnan(io) and io and io != COMMUNITY_LANES and not mode_mmap:
             notes.append(f"{io:.0f} read lanes, not the protocol's {COMMUNITY_LANES}")
+        basis = str(pick.get("stall_basis") or "")
+        if basis != STALL_UNION and not mode_mmap:
+            # upstream's table holds 0.22+ rows, whose stall is a union of stalled intervals (CHANGELOG 0.22.0)
+            notes.append(f"stall is {'a per-thread mean (before 0.22)' if basis else 'of an unknown basis'}, "
+                         "not comparable with the union of stalled intervals 0.22 and later report")
         budget = to_float(pick["cache_mb"])
         if mode_mmap:
             cache = "mmap (baseline)"

@@ -6,6 +6,7 @@ they fix, and `--preset publish` asks what a published number needs."""
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 from click.testing import CliRunner
@@ -44,6 +45,8 @@ def test_the_community_preset_runs_the_protocol_on_every_device(community):
     assert result.exit_code == 0, result.output
     plan = json.loads((out / "plan.json").read_text())
     assert len(plan["cells"]) == 3 * 2                           # each device, twice
+    # upstream's protocol: "auto" threads are min(8, cores) on this host, 4 on a phone (-t 1 here overrides)
+    assert tomllib.loads((out / "campaign.toml").read_text())["run"]["host_threads_max"] == 8
     for cell in plan["cells"]:
         c, argv = cell["config"], cell["argv"]
         assert (c["cache_auto"], c["dense_weights"], c["io_threads"], c["n_predict"]) == (True, "anon", 4, 256)
@@ -100,6 +103,10 @@ def test_report_community_prints_one_filled_row_per_device_in_upstreams_order(co
     assert all(row["run_id"] for row in as_json["rows"]) and len(as_json["rows"]) == 3
     plan = {c["cell_id"]: c for c in json.loads((out / "plan.json").read_text())["cells"]}
     assert all(plan[row["run_id"].split("/")[1]]["repeat"] == 1 for row in as_json["rows"])
+    # bmoe-cli 0.19.0 (the 0.20 source) reports stall as a per-thread mean: every row says it is not
+    # comparable with upstream's 0.22+ rows, whose stall is a union of stalled intervals
+    assert all(any(n.startswith("stall is a per-thread mean (before 0.22)") for n in row["notes"])
+               for row in as_json["rows"]), as_json["rows"]
 
 
 def test_hardware_is_named_by_class():
