@@ -78,13 +78,19 @@ def seen(analysis) -> list[tuple]:
 
 
 @needs_zram
-def test_a_budget_that_survives_while_swapping_is_rejected(tmp_path, adb_server, make_phone, phone_home, model,
-                                                           engine):
-    phone, (_, perceptible) = phone_of(make_phone, "fought")
-    out = sweep(tmp_path / "fought", adb_server, phone_home, phone, model, engine, BUDGETS, [perceptible])
+def test_a_fought_budget_is_rejected_and_other_apps_give_ceilings_in_lmkds_order(tmp_path, adb_server, make_phone,
+                                                                                 phone_home, model, engine):
+    """One sweep with other apps as an axis (a cached and a perceptible app): beside the perceptible
+    one a budget survives while swapping and is rejected (done-when point 1); the two loads' ceilings
+    differ in lmkd's order (point 2)."""
+    phone, (cached, perceptible) = phone_of(make_phone, "loads")
+    loads = [cached, perceptible]
+    out = sweep(tmp_path / "loads", adb_server, phone_home, phone, model, engine, BUDGETS, loads)
     analysis = analyze(build_table(read_campaigns([out])))
     print(seen(analysis))
-    (g,) = analysis.groups
+
+    # point 1, beside the perceptible app
+    (g,) = [g for g in analysis.groups if g.apps == perceptible]
     fought = [p for p in g.points if p.fought]
     assert fought, seen(analysis)
     survived = [p for p in fought if p.ok == p.runs and p.filled]                 # survived, cache filled
@@ -93,31 +99,24 @@ def test_a_budget_that_survives_while_swapping_is_rejected(tmp_path, adb_server,
     old = _boundary([dataclasses.replace(p, fought="") for p in g.points], pd.DataFrame({"run_id": [], "evidence": []}))
     assert old.largest_safe_mib is not None and old.largest_safe_mib >= survived[0].budget_mib
     recs = recommend([out], verify=verifier())
-    (r,) = recs.all()
-    ceiling = r.auto.cache_ceil_mb if r.auto is not None else 0
-    assert ceiling < fought[0].budget_mib, (r.reason, seen(analysis))
-    assert r.lmk["fought"] and r.lmk["fought"][0]["budget_mib"] == fought[0].budget_mib
-    assert "fought: " in r.lmk["fought"][0]["reason"] and "fought" in " ".join(r.confidence_reasons + (r.reason,))
-    assert r.verification and all(v["status"] == "accepted" for v in r.verification.values()), r.verification
-
-
-@needs_zram
-def test_other_apps_as_an_axis_give_ceilings_in_lmkds_order(tmp_path, adb_server, make_phone, phone_home, model,
-                                                             engine):
-    phone, (cached, perceptible) = phone_of(make_phone, "loads")
-    loads = [cached, perceptible]
-    out = sweep(tmp_path / "loads", adb_server, phone_home, phone, model, engine, BUDGETS, loads)
-    analysis = analyze(build_table(read_campaigns([out])))
-    print(seen(analysis))
-    recs = recommend([out])
     by_load = {r.apps: r for r in recs.all()}
     assert set(by_load) == set(loads), seen(analysis)
-    cached, perceptible = (by_load[x] for x in loads)
+    r = by_load[perceptible]
 
     def ceiling(r):
         return r.auto.cache_ceil_mb if r.auto is not None else 0
 
-    assert ceiling(cached) > ceiling(perceptible), (cached.reason, perceptible.reason, seen(analysis))
-    assert cached.reason.startswith(f"with {loads[0]} open: ") and perceptible.reason.startswith(f"with {loads[1]} open")
+    assert ceiling(r) < fought[0].budget_mib, (r.reason, seen(analysis))
+    assert r.lmk["fought"] and r.lmk["fought"][0]["budget_mib"] == fought[0].budget_mib
+    assert "fought: " in r.lmk["fought"][0]["reason"] and "fought" in " ".join(r.confidence_reasons + (r.reason,))
+    for rec in recs.all():
+        assert rec.verification and all(v["status"] == "accepted" for v in rec.verification.values()), rec.verification
+
+    # point 2: the ceilings in lmkd's order, each recommendation naming its load
+    beside_cached, beside_perceptible = (by_load[x] for x in loads)
+    assert ceiling(beside_cached) > ceiling(beside_perceptible), (
+        beside_cached.reason, beside_perceptible.reason, seen(analysis))
+    assert beside_cached.reason.startswith(f"with {loads[0]} open: ")
+    assert beside_perceptible.reason.startswith(f"with {loads[1]} open")
     (device,) = recs.devices
     assert any(loads[0] in n and loads[1] in n for n in device.default.notes), device.default.notes
