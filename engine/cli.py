@@ -11,7 +11,7 @@ import sys
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import __version__
+from . import __version__, claim
 from .budget import ConfigError
 from .config import RunConfig, UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
@@ -19,8 +19,6 @@ from .safetext import printable
 from .session import Session
 from .session_protocol import serve
 from .telemetry import CsvSink, RouteTraceSink, csv_preamble, progress_lines
-
-ENGINE_NAME = f"bmoe-py-{__version__}"
 
 
 def _err(line: str) -> None:
@@ -52,7 +50,7 @@ def _preamble(session: Session) -> str:
              "n_ctx": cfg.n_ctx, "n_ubatch": 0, "chatml": 0}
     streaming = {
         "moe_stream": int(cfg.moe_stream), "cache_mb": budget.cache_mb if stream else 0,
-        "cache_cycle_mb": f"{budget.cycle_bytes / (1 << 20):.1f}", "cache_auto": int(cfg.cache_auto),
+        "cache_cycle_mb": claim.cycle_text(budget.cycle_bytes, cfg.release), "cache_auto": int(cfg.cache_auto),
         "cache_floor_mb": cfg.cache_floor_mb, "cache_ceil_mb": cfg.cache_ceil_mb,
         "force_cache": int(cfg.force_cache), "load_all": 0,
         "io_threads": stream.io_threads if stream else 0, "o_direct": int(stream.o_direct) if stream else 0,
@@ -63,7 +61,7 @@ def _preamble(session: Session) -> str:
     }
     sampling = {"temp": _g4(cfg.temp), "top_k": cfg.top_k, "top_p": _g4(cfg.top_p), "seed": cfg.seed,
                 "compute_trace_layers": 0, "spec": "off", "spec_draft_max": 0, "mtp_p_min": 0, "ngram_min_match": 0}
-    return csv_preamble(ENGINE_NAME, model, streaming, sampling)
+    return csv_preamble(claim.engine_name(__version__, cfg.release), model, streaming, sampling)
 
 
 def run(argv: list[str], environ: dict[str, str]) -> int:

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import claim
 from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 from .errors import BmoeError
 from .interface import flags as interface
-from .interface.flags import DENSE_WEIGHTS, HELP, PROGRESS, VERSION
+from .interface.flags import CACHE_MB, DENSE_WEIGHTS, HELP, PROGRESS, VERSION
 from .interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
-from .interface.releases import V0_19
+from .interface.releases import V0_19, Release
 
 # ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
 DENSE_MODES = DENSE_WEIGHTS.choices
@@ -78,6 +79,7 @@ class RunConfig:
     route_trace_path: str = ""
     # Env overrides bmoe-py cannot honour ({"BMOE_OVERLAP": "moe.overlap"}), refused by validate_run.
     unimplemented_env: tuple[tuple[str, str], ...] = ()
+    release: Release = claim.DEFAULT  # the bmoe-cli release bmoe-py speaks (BMOE_PY_RELEASE, engine.claim)
 
 
 USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
@@ -200,7 +202,11 @@ def _atof(text: str) -> float:
 
 
 def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
-    values: dict[str, object] = {}
+    try:
+        release = claim.claimed(environ)
+    except ValueError as e:
+        raise UsageExit(f"bmoe-py: {e}", 1) from None
+    values: dict[str, object] = {"release": release}
     seen: set[str] = set()
     i = 0
 
@@ -251,7 +257,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         elif a in VERSION.spellings:
             from . import __version__
 
-            raise UsageExit(f"bmoe-py {__version__}", 0, to_stdout=True)
+            raise UsageExit(claim.version_line(__version__, release), 0, to_stdout=True)
         else:
             raise UsageExit(f"unknown arg: {a}", 1, with_usage=True)
         i += 1
@@ -262,6 +268,10 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
             values[field] = _atoi(environ[env])
     if PROGRESS.name not in seen and environ.get(PROGRESS.env):
         values[PROGRESS.field] = _atoi(environ[PROGRESS.env]) != 0
+    # after 0.24 a streamed run given no budget sizes its cache as auto (engine.claim)
+    if (claim.auto_when_alone(release) and values.get("moe_stream") and not values.get("cache_auto")
+            and CACHE_MB.name not in seen and not environ.get(CACHE_MB.env)):
+        values["cache_auto"] = True
     values["unimplemented_env"] = tuple((env, field) for env, field in _ENV_NOT_IMPLEMENTED.items()
                                         if environ.get(env) and _atoi(environ[env]) != 0)
     cfg = RunConfig(**values)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import claim
 from .budget import CacheBudget, resolve_budget
 from .config import RunConfig, cache_flags
 from .errors import BmoeError, ModelError
@@ -433,6 +434,8 @@ class Session:
             spec_read_mib=(stream_stats.spec_read_bytes / MIB) if stream_stats else 0.0,
             spec_experts=stream_stats.spec_experts if stream_stats else 0,
             spec_useful=cache.spec_useful if cache else 0,
+            mode=claim.mode_line(self.cfg.release, self.cfg.moe_stream, self.budget.cache_auto, self.cfg.cache_mb,
+                                 self.cfg.dense_weights, self.shape.arch),
         )
 
     # ---- embedders' API -------------------------------------------------------------------------

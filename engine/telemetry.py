@@ -97,6 +97,7 @@ class RunSummary:
     spec_read_mib: float = 0.0    # payload of the speculative reads that landed before their layer
     spec_experts: int = 0         # prefetched experts that entered the cache
     spec_useful: int = 0          # of those, the ones a later lookup hit
+    mode: str = ""                # the `mode:` line of a claimed release after 0.24 (engine.claim), else ""
 
     @property
     def tok_per_s(self) -> float:
@@ -135,6 +136,8 @@ class RunSummary:
         if s.n_prompt > 0:
             lines.append(f"prefill: {s.n_prompt} tokens, {s.prefill_s:.3f} s ({s.prefill_tps:.1f} tok/s) | model load "
                          f"{s.load_s:.3f} s | TTFT {s.load_s + s.prefill_s:.3f} s")
+        if s.mode:
+            lines.append(s.mode)
         if s.moe_stream:
             per_tok = s.read_mib / s.tokens if s.tokens else 0.0
             bandwidth = s.read_mib / s.io_s if s.io_s > 0 else 0.0

@@ -24,6 +24,7 @@ import bisect
 import functools
 import json
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields as dataclass_fields
 from dataclasses import is_dataclass, replace
@@ -31,6 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from engine.interface.flags import CACHE_MB, MODEL
 from results.console_records import (
     CacheAuto,
     CacheChurn,
@@ -353,19 +355,18 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
 def _plan_flags(command: str) -> dict[str, object]:
     """The flags of the planner's `plan: reproduce with` command line (the line after it:
     `  bmoe-cli -m MODEL FLAGS`), and the budget they pin (`--cache-mb N`; None for auto)."""
-    import shlex
-
     try:
         words = shlex.split(command)
     except ValueError:
         words = command.split()
     if words[:1] and not words[0].startswith("-"):
         words = words[1:]                       # the program
-    if words[:1] in (["-m"], ["--model"]):
+    if words[:1] and words[0] in MODEL.spellings:
         words = words[2:]
     out: dict[str, object] = {"plan_flags": shlex.join(words)}
-    if "--cache-mb" in words[:-1]:
-        value = to_number(words[words.index("--cache-mb") + 1], "plan_cache_mb")
+    budget = next((i for i, w in enumerate(words[:-1]) if w in CACHE_MB.spellings), None)
+    if budget is not None:
+        value = to_number(words[budget + 1], "plan_cache_mb")
         if isinstance(value, (int, float)):
             out["plan_cache_mb"] = value
     return out

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.claim import release_of
 from engine.flags import flags_text
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
@@ -259,7 +260,11 @@ def _console(run: RunFolder):
 
 def release_range(engine_version: str) -> tuple[Release, Release] | None:
     """The bmoe-cli releases a run's engine may be, from the version it reported (`0.19.0` is 0.19
-    or the 0.20.0 build that still said 0.19.0); None for bmoe-py or an unknown engine."""
+    or the 0.20.0 build that still said 0.19.0), or the one bmoe-py claims; None for bmoe-py at its
+    default or an unknown engine."""
+    claimed = release_of(engine_version)            # bmoe-py speaking a release (engine.claim)
+    if claimed is not None:
+        return claimed, claimed
     try:
         return reported_as(engine_version)
     except ValueError:

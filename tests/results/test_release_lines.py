@@ -49,3 +49,10 @@ def test_every_line_field_with_a_run_table_column_is_read_by_some_pattern():
     from results.parse_console import HANDLED_LINES
 
     assert set(line_columns()) <= HANDLED_LINES
+
+
+def test_the_planners_reproduce_line_gives_its_flags_and_the_budget_it_chose():
+    run = parse_console(["plan: machine host", "plan: reproduce with",
+                         "  bmoe-cli -m /m/q.gguf --moe-stream --cache-mb 2300 --io-threads 4 --overlap"])
+    assert run.value("plan-reproduce", "plan_flags") == "--moe-stream --cache-mb 2300 --io-threads 4 --overlap"
+    assert run.value("plan-reproduce", "plan_cache_mb") == 2300
