@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import ModelError
-from engine.flags import flags_label, needs_force
+from engine.flags import auto_label, flags_label, needs_force
 from engine.model import ModelShape, load_model_shape
 from harness.budgets import budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
@@ -74,7 +74,7 @@ class Cell:
         if not c.moe_stream:
             budget = "resident (no stream, --no-mmap)" if c.no_mmap else "mmap (no stream)"
         elif c.cache_auto:
-            budget = "auto" + (f" ceil {c.cache_ceil_mb}" if c.cache_ceil_mb else "")
+            budget = auto_label(c.cache_ceil_mb)
         elif c.probe:
             budget = f"route-trace probe, cache 0, {c.n_predict} tokens"
         elif c.cache_mb is None:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.flags import auto_label
 from results.noise import differs, median
 from results.numbers import is_missing, to_float
 from results.run_keys import SERIES_KEYS, budget_asked, column_of, numbers_of, series_label, top_k_key
@@ -356,7 +357,7 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
             for budget, part in sub.groupby(numbers_of(sub, "cache_mb"), dropna=False, sort=True):
                 b = float(budget)
                 ceil = to_float(part["cache_ceil_mb"].iloc[0])
-                label = "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "") + (f" → {b:g} MiB" if not math.isnan(b) else "")
+                label = auto_label(ceil) + (f" → {b:g} MiB" if not math.isnan(b) else "")
                 streamed.append(_point(part, series, b, cycle, True, label))
             continue
         b = to_float(asked)

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from engine.claim import release_of
-from engine.flags import flags_text
+from engine.flags import auto_label, flags_text
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
 from results.errors import ResultsError
@@ -567,8 +567,7 @@ def _budget_label(stream: bool | None, auto: bool | None, budget: float, config:
     if stream is False:
         return "resident" if config.no_mmap else "mmap"
     if auto:
-        ceil = to_float(config.cache_ceil_mb)
-        return "auto" + (f" ceil {ceil:g}" if ceil and not math.isnan(ceil) else "")
+        return auto_label(config.cache_ceil_mb)
     return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
 
 
