@@ -285,7 +285,7 @@ def _release_columns(engine_version: str) -> dict[str, Any]:
 def _line_columns(console, row: Mapping[str, Any]) -> dict[str, Any]:
     """The declared lines' values as run-table columns, where the CSV trailer left them empty."""
     out: dict[str, Any] = {}
-    for column in {c for fields in _LINE_COLUMNS.values() for c in fields.values()}:
+    for column in dict.fromkeys(c for fields in _LINE_COLUMNS.values() for c in fields.values()):   # table order
         if column not in row:
             out[column] = "" if column in _TEXT_COLUMNS else math.nan
     if console is None:
@@ -370,7 +370,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         last_budget = to_float(rows["cache_budget_mib"].iloc[-1])
     fixed = math.nan if auto else _first(pre.get("cache_mb"), config.cache_mb)
     # an auto run killed before its first token has no per-token budget: its stderr said what it sized
-    sized = _auto_sized_mib(run) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
+    sized = _auto_sized_mib(run, console) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
                                                                result.get("budget_mib"), last_budget)) else math.nan
     budget = _first(summary.get("cache_budget_MiB"), result.get("budget_mib"), last_budget, sized, fixed)
     if stream is False:
@@ -526,12 +526,15 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     return row
 
 
-def _auto_sized_mib(run: RunFolder) -> float:
+def _auto_sized_mib(run: RunFolder, console) -> float:
     """The budget an `auto` run was sized to, from its stderr's `bmoe: cache auto — … → B MiB
-    budget` line (both engines print it at load, before anything can be killed)."""
+    budget` line (both engines print it at load, before anything can be killed): from the run's
+    console as _console read it, else from its stderr alone (when its stdout did not read)."""
     from results.parse_console import parse_console
     from results.parse_text import ParseError, read_lines
 
+    if console is not None and console.cache_auto is not None:
+        return to_float(console.cache_auto.budget_mib)
     path = run.file(names.STDERR_TXT)
     if path is None:
         return math.nan
