@@ -246,9 +246,7 @@ def _line_values(name: str, m: re.Match[str]) -> Fields:
         if text is None:
             continue
         values[key] = text if key in _TEXT_FIELDS else _num(text.removeprefix("+"))
-    if name == "plan-explain":
-        values["plan_lines"] = 1
-    return {"values": {name: values}}
+    return {"values": {name: values}}       # plan-explain lines are counted, plan-reproduce read, by parse_console
 
 
 _PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[\d.]*)\s*$")

@@ -273,10 +273,6 @@ def flag(spelling: str) -> Flag:
     return _BY_SPELLING[spelling]
 
 
-def lookup(spelling: str) -> Flag | None:
-    return _BY_SPELLING.get(spelling)
-
-
 def spellings(flags: Iterable[Flag]) -> tuple[str, ...]:
     return tuple(s for f in flags for s in f.spellings)
 
