@@ -15,6 +15,8 @@ from . import __version__, claim
 from .budget import ConfigError
 from .config import RunConfig, UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
+from .plan_probe import plan_for, with_knobs
+from .planner import check_line
 from .safetext import printable
 from .session import Session
 from .session_protocol import serve
@@ -69,6 +71,15 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
         cfg = parse_args(argv, environ)
     except UsageExit as e:
         return print_usage_exit(e)
+    plan = None
+    if cfg.auto_plan:           # after the flags and env overrides, which pin what they set (cli/main.cpp)
+        plan, explained = plan_for(cfg, environ)
+        if cfg.plan_explain:
+            for line in explained:
+                _err(printable(line))
+        if cfg.plan_only:
+            return 0
+        cfg = with_knobs(cfg, plan.knobs)
     try:
         validate_run(cfg)
     except ConfigError as e:
@@ -137,7 +148,11 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
         _out(b"=== answer ===\n" + result.text + b"\n=== perf ===\n")
     else:
         _out(b"\n\n")
-    _out(("\n".join(result.summary.stdout_lines()) + "\n").encode())
+    lines = result.summary.stdout_lines()
+    checked = check_line(plan, result.summary.s_per_tok, result.summary.cache_hit_pct) if plan else ""
+    if checked:
+        lines.insert(1, checked)     # right after `generation:`, as bmoe-cli prints it
+    _out(("\n".join(lines) + "\n").encode())
     return 0
 
 

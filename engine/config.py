@@ -23,7 +23,7 @@ from . import claim
 from .budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 from .errors import BmoeError
 from .interface import flags as interface
-from .interface.flags import CACHE_MB, DENSE_WEIGHTS, HELP, PROGRESS, VERSION
+from .interface.flags import CACHE_MB, DENSE_WEIGHTS, HELP, PROBE_IO, PROGRESS, VERSION
 from .interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
 from .interface.releases import V0_19, Release
 
@@ -80,6 +80,14 @@ class RunConfig:
     # Env overrides bmoe-py cannot honour ({"BMOE_OVERLAP": "moe.overlap"}), refused by validate_run.
     unimplemented_env: tuple[tuple[str, str], ...] = ()
     release: Release = claim.DEFAULT  # the bmoe-cli release bmoe-py speaks (BMOE_PY_RELEASE, engine.claim)
+    # the planner (engine.planner; bmoe-cli after 0.24, so only at that claim): --auto runs it, --plan
+    # prints it and exits, --plan-explain prints it before the run, --no-probe-io skips the read probe
+    auto_plan: bool = False
+    plan_only: bool = False
+    plan_explain: bool = False
+    probe_io: bool = True
+    probe_mem_when_decisive: bool = True   # --no-probe-mem: bmoe-py never probes memory, so a no-op
+    typed: frozenset[str] = frozenset()    # the flags typed, by name: what the planner may not touch
 
 
 USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
@@ -140,6 +148,9 @@ _BY_KIND = {kind: {s for f in _OURS if f.value == kind for s in f.spellings}
 _VALUE_NAME = {s: f.typed for f in _OURS for s in f.spellings}
 # the env override of each value flag (flag wins)
 _ENV = {f.name: (f.env, f.field) for f in _OURS if f.env and f.takes_value}
+# flags of a later release than 0.19: unknown unless bmoe-py claims that release (engine.claim)
+_KNOWN = frozenset(interface.spellings(_OURS))
+_SINCE = {s: f.since for f in _OURS if f.since is not None for s in f.spellings}
 
 
 # C's isspace() in the "C" locale, and its digits: Python's \s and \d also take Unicode ones
@@ -220,6 +231,9 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
     while i < len(argv):
         a = argv[i]
         seen.add(a)
+        later = _SINCE.get(a)
+        if later is not None and release < later:
+            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True)
         if a in _STR_FLAGS:
             values[_STR_FLAGS[a]] = next_value(a)
         elif a in _INT_FLAGS:
@@ -272,6 +286,12 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
     if (claim.auto_when_alone(release) and values.get("moe_stream") and not values.get("cache_auto")
             and CACHE_MB.name not in seen and not environ.get(CACHE_MB.env)):
         values["cache_auto"] = True
+    # --plan is --auto that prints its plan and exits; --probe-io asks for the planner too (cli/main.cpp)
+    if values.get("plan_only"):
+        values["auto_plan"] = values["plan_explain"] = True
+    if any(s in seen for s in PROBE_IO.spellings):
+        values["auto_plan"] = True
+    values["typed"] = frozenset(interface.flag(s).name for s in seen if s in _KNOWN)
     values["unimplemented_env"] = tuple((env, field) for env, field in _ENV_NOT_IMPLEMENTED.items()
                                         if environ.get(env) and _atoi(environ[env]) != 0)
     cfg = RunConfig(**values)  # type: ignore[arg-type]

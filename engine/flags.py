@@ -49,6 +49,11 @@ def flags_text(flags: Mapping[str, FlagValue] | None) -> str:
     return shlex.join(flag_argv(sorted((flags or {}).items())))
 
 
+# the budget the engine's own planner picks (`--auto`): the axes.cache_mb value, the run table's
+# budget_asked and the start of its budget label
+PLANNER_BUDGET = "planner"
+
+
 def auto_label(ceil_mb: float | int | str | None) -> str:
     """The budget label of `--cache-mb auto` with this ceiling ("auto ceil 600"; "auto" with none or
     0): the one spelling the plan, the run table and the analysis give it."""

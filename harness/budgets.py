@@ -3,7 +3,8 @@
 A value is 0 (no cache), a whole MiB number, "auto" (the engine sizes it; `axes.cache_ceil_mb`
 caps it), "cycle*F" (F times the model's token cycle, priced from its header), "knee*F" (F times
 the knee of the LRU curve replayed from a route-traced probe on the device, harness.probe),
-"mmap" or "resident" (no expert streaming at all). docs/campaigns.md is the reference.
+"planner" (the engine's own planner picks it: `--auto`, where the engine has it), "mmap" or
+"resident" (no expert streaming at all). docs/campaigns.md is the reference.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import json
 import math
 import re
 
+from engine.flags import PLANNER_BUDGET
 from harness.campaign import INT_MAX, describe_value, number_text
 
 # cache_mb values that are not a budget: no --moe-stream (the mmap baseline), or no --moe-stream
 # and --no-mmap (every weight resident in anonymous memory; bmoe-py only).
 NO_STREAM_MODES = ("mmap", "resident")
+# the engine's own planner picks the budget (`--auto`, bmoe-cli after 0.24 and bmoe-py claiming it)
+PLANNER = PLANNER_BUDGET
 MAX_FACTOR = 1000.0             # cycle*F, knee*F
 # budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
 # LRU curve replayed from a route-traced probe run on the device (harness.probe)
@@ -44,7 +48,7 @@ def parse_cache_value(value: int | str) -> int | str:
     if "auto" in text and re.search(r"[0-9]", text):
         raise ValueError(f"{json.dumps(value)} mixes auto with a number (the engine refuses both at once); "
                          "write \"auto\" (with cache_ceil_mb for a cap) or the number alone")
-    if text == "auto" or text in NO_STREAM_MODES:
+    if text in ("auto", PLANNER) or text in NO_STREAM_MODES:
         return text
     if re.fullmatch(r"[0-9]{1,12}", text):
         return parse_cache_value(int(text))
@@ -58,7 +62,7 @@ def parse_cache_value(value: int | str) -> int | str:
         return f"{m[1]}*{format(factor, '.12g')}"
     raise ValueError(f"{json.dumps(value[:40] + ('…' if len(value) > 40 else ''))} is not a budget: use 0, a MiB number, \"auto\", \"cycle*F\" "
                      "(F times the model's token cycle), \"knee*F\" (F times the knee of the replayed LRU "
-                     "curve), \"mmap\" or \"resident\"")
+                     "curve), \"planner\" (the engine's own pick), \"mmap\" or \"resident\"")
 
 
 def cycle_factor(spec: str) -> float:

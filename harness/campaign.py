@@ -126,6 +126,7 @@ class EngineSpec:
     kind: str = "python"            # python = bmoe-py (this project's engine) | native = bmoe-cli
     python: str = sys.executable    # interpreter that runs bmoe-py on a device (a path the device sees)
     native: tuple[NativeBuild, ...] = ()
+    claim: str = ""                 # python: the bmoe-cli release bmoe-py speaks (BMOE_PY_RELEASE; "" = 0.19.0)
 
     @property
     def stray_names(self) -> tuple[str, ...]:
@@ -286,6 +287,8 @@ class Campaign:
             fleet["virtual_home"] = self.virtual_home
         fleet["adb"] = [{"host": s.host, "port": s.port} for s in self.adb]
         engine: dict[str, Any] = {"kind": self.engine.kind, "python": self.engine.python}
+        if self.engine.claim:
+            engine["claim"] = self.engine.claim
         if self.engine.native:
             engine["native"] = {b.abi: {"cli": b.cli, "libs": list(b.libs)} for b in self.engine.native}
         a, r, g = self.axes, self.run, self.gate

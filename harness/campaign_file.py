@@ -24,9 +24,12 @@ from typing import Any
 from devices.adb import DEFAULT_ADB_PORT, ENV_SERIAL, AdbServer, default_serial, default_server
 from devices.base import OOM_SCORE_ADJ_MAX, DeviceError
 from engine.budget import IO_THREADS_MAX
+from engine.claim import CLAIM_ENV, claimed
+from engine.interface.flags import AUTO, BMOE_PY
+from engine.interface.releases import NEXT
 from engine.safetext import one_line
 from harness import flags as flag_rules
-from harness.budgets import parse_cache_value
+from harness.budgets import PLANNER, parse_cache_value
 from harness.campaign import (
     DENSE_MODES,
     DEVICE_PREFIX,
@@ -68,7 +71,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("version", "name", "fleet", "models", "engine", "axes", "run", "gate"),
     "fleet": ("devices", "connect", "adb", "virtual_home"),
     "fleet.adb": ("host", "port"),
-    "engine": ("kind", "python", "native"),
+    "engine": ("kind", "python", "native", "claim"),
     "engine.native.*": ("cli", "libs"),
     "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags", "apps"),
     "run": tuple(RunSettings.__dataclass_fields__),
@@ -256,7 +259,11 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         natives.append(NativeBuild(abi, cli, libs))
     if kind == "native" and not natives:
         raise rd.fail("engine.native", "missing: engine.kind = \"native\" needs [engine.native.ABI] cli = \"…\"")
-    engine = EngineSpec(kind=kind, python=python, native=tuple(natives))
+    claim = rd.scalar(eng, "claim", "engine", str, "", check=_claim_problem)
+    if claim and kind != "python":
+        raise rd.fail("engine.claim", "is bmoe-py's (the bmoe-cli release it speaks); a native engine is the "
+                                      "release it was built from")
+    engine = EngineSpec(kind=kind, python=python, native=tuple(natives), claim=claim)
 
     ax = rd.table(top.get("axes"), "axes", "axes")
     mapped, flags = _flag_axes(rd, ax)
@@ -273,6 +280,9 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         except ValueError as e:
             raise rd.fail(f"axes.cache_mb[{i}]" if isinstance(ax.get("cache_mb"), list) else "axes.cache_mb",
                           str(e)) from None
+    if PLANNER in cache_values and kind == "python" and not claim_has_planner(claim):
+        raise rd.fail("axes.cache_mb", f"\"{PLANNER}\" runs the engine's own planner, which bmoe-py has only when "
+                                       f"it speaks bmoe-cli {NEXT} or later: set engine.claim = \"{NEXT}\"")
     axes = Axes(
         cache_mb=tuple(dict.fromkeys(cache_values)),
         cache_ceil_mb=tuple(dict.fromkeys(rd.list_of(ax, "cache_ceil_mb", "axes", int, Axes.cache_ceil_mb,
@@ -429,6 +439,19 @@ def _apps_problem(value: str) -> str | None:
     except AppSpecError as e:
         return f"{e} (several apps in one value: joined by +; none: no apps)"
     return None
+
+
+def _claim_problem(value: str) -> str | None:
+    try:
+        claimed({CLAIM_ENV: value})
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def claim_has_planner(claim: str) -> bool:
+    """Does bmoe-py, claiming this release ("" = its default), take the planner's flags?"""
+    return AUTO.taken_by(BMOE_PY, claimed({CLAIM_ENV: claim}))
 
 
 def _dense_problem(value: str) -> str | None:

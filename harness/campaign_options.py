@@ -16,7 +16,9 @@ from typing import Any
 
 from devices.adb import AdbServer
 from engine.errors import BmoeError
+from engine.interface.releases import NEXT
 from harness import flags as flag_rules
+from harness.budgets import PLANNER
 from harness.campaign import FORMAT_VERSION, HOST_BUILD, Campaign, CampaignError, safe_id
 from harness.campaign_file import parse_campaign
 from harness.defaults import PYTHON_ENGINE, SWEEP
@@ -33,14 +35,17 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
                           engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
                           flags: Sequence[str] = (), apps: Sequence[str] = (), turns: int | None = None,
-                          idle_s: float | None = None, gap_apps: str | None = None) -> Campaign:
+                          idle_s: float | None = None, gap_apps: str | None = None,
+                          planner: bool = False) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
     bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
     A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
     number); each `engine_args` item is split like a shell line into run.engine_args; each
     `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.flags); each
     `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps;
-    `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells)."""
+    `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells).
+    `planner` (sweep --plan) adds the "planner" budget: the engine's own planner picks it on each
+    device; bmoe-py then claims bmoe-cli NEXT, the release that has the planner (engine.claim)."""
     model_table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
@@ -75,8 +80,12 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     }
     if apps:
         data["axes"]["apps"] = list(apps)
+    if planner and PLANNER not in data["axes"]["cache_mb"]:
+        data["axes"]["cache_mb"].append(PLANNER)
     if engine != PYTHON_ENGINE:
         data["engine"] = {"kind": "native", "native": {HOST_BUILD: {"cli": _engine_binary(engine)}}}
+    elif planner:
+        data["engine"] = {"claim": str(NEXT)}
     _sweep_threads_and_flags(data, threads, engine_args, flags,
                              {"dense_weights": tuple(dense_weights) == SWEEP.dense_weights,
                               "n_expert_used": tuple(n_expert_used) == SWEEP.n_expert_used,

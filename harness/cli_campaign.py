@@ -81,7 +81,8 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="bmoe-py, or the path of a bmoe-cli binary (the lib*.so* beside it go along) for this host "
                    "and virtual phones.")
 @click.option("--cache-mb", "cache_mb", multiple=True, default=tuple(map(str, SWEEP.cache_mb)), show_default=True,
-              help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, mmap, resident.")
+              help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, planner (the engine's "
+                   "own pick), mmap, resident.")
 @click.option("--cache-ceil-mb", multiple=True, callback=_ints,
               help=f"Caps for the auto budgets (default {_listed(SWEEP.cache_ceil_mb)}: none).")
 @click.option("--dense-weights", multiple=True, default=SWEEP.dense_weights, show_default=True,
@@ -108,6 +109,10 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--gap-apps", "gap_apps", metavar="LOAD",
               help="One load of other apps started during each gap and stopped at its end (run.gap_apps), e.g. "
                    "cached:64MiB; phones only.")
+@click.option("--plan", "planner", is_flag=True,
+              help="Also run the engine's own planner on each device: a \"planner\" budget per dense mode, "
+                   "recorded with its plan and shown beside the measured boundary (bmoe-cli after 0.24; bmoe-py "
+                   "then claims that release).")
 @click.option("--repeats", type=click.IntRange(min=1), default=SWEEP.repeats, show_default=True,
               help="Runs of every config, interleaved across configs.")
 @click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
@@ -133,7 +138,7 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
                   rerun_failed: bool, as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
                   flags: tuple[str, ...], apps: tuple[str, ...], preset: str | None, turns: int | None,
-                  idle_s: float | None, gap_apps: str | None) -> None:
+                  idle_s: float | None, gap_apps: str | None, planner: bool) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
@@ -149,7 +154,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
         repeats=repeats, n_predict=n_predict, adb=_split(adb),
         reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
         device_timeout_s=device_timeout_s, threads=threads,
-        engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps))
+        engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps,
+        planner=planner))
     for note in sweep.notes:              # a preset's flag the engine lacks is left out, never silently
         click.echo(f"--preset {preset}: {note}", err=True)
     prepared = prepare(sweep.campaign)

@@ -5,7 +5,8 @@
    has two) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle, at the knee of the LRU curve replayed
-   from a route-traced probe on each device, and past the small phone's RAM.
+   from a route-traced probe on each device, and past the small phone's RAM; and let the engine's
+   own planner pick one (`--auto`: bmoe-py claims bmoe-cli 0.25, the release with the planner).
 4. Run every recommended command line once on its phone (`recommend --verify`), while the phones
    are still up.
 5. Render the site, print the recommendations and the path of index.html.
@@ -113,7 +114,9 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
         # perceptible one (which it spares until the min watermark breaks)
         apps=list(APPS) if any(d.startswith("virtual:") for d in devices) else [],
         extra={"fleet": {"virtual_home": str(home)}, "axes": {"cache_floor_mb": 256}, "run": {"prompt": PROMPT},
-               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
+               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}},
+        # and the engine's own planner on each phone, beside the boundary the sweep measures (sweep --plan)
+        planner=True)
 
 
 def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):

@@ -21,8 +21,9 @@ from typing import Any
 
 from engine.errors import ModelError
 from engine.flags import auto_label, flags_label, needs_force
+from engine.interface.flags import AUTO
 from engine.model import ModelShape, load_model_shape
-from harness.budgets import budget_from_cycle, cycle_factor, is_knee
+from harness.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
     LOCAL,
     THREADS_AUTO,
@@ -71,7 +72,9 @@ class Cell:
     def label(self) -> str:
         """A short human description of the config (progress lines, dry-run)."""
         c = self.config
-        if not c.moe_stream:
+        if c.planner:
+            budget = f"the engine's planner ({AUTO.name})"
+        elif not c.moe_stream:
             budget = "resident (no stream, --no-mmap)" if c.no_mmap else "mmap (no stream)"
         elif c.cache_auto:
             budget = auto_label(c.cache_ceil_mb)
@@ -220,7 +223,8 @@ def _flag_settings(campaign: Campaign) -> list[dict[str, Any]]:
 
 def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: float,
             campaign: Campaign, threads: int | str, flags: Mapping[str, Any]) -> CellConfig:
-    stream = spec not in ("mmap", "resident")
+    planner = spec == PLANNER
+    stream = spec not in ("mmap", "resident") and not planner
     auto = spec == "auto"
     cache_mb: int | None
     if isinstance(spec, str) and spec.startswith("cycle"):
@@ -233,13 +237,14 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
         cache_mb = 0
     force = stream and cache_mb is not None and needs_force(cache_mb)
     r = campaign.run
-    return CellConfig.planned(
+    config = CellConfig.planned(
         moe_stream=stream, no_mmap=spec == "resident", cache_mb=cache_mb, cache_auto=auto,
         cache_ceil_mb=ceil if auto else 0, cache_floor_mb=campaign.axes.cache_floor_mb,
         force_cache=force, force_cache_auto=force, dense_weights=dense, n_expert_used=k,
         io_threads=io if stream else 0, threads=threads, n_predict=r.n_predict, prompt=r.prompt,
         o_direct=r.o_direct, route_trace=r.route_trace and stream, budget_spec=str(spec), cycle_mb=cycle_mb,
         engine_args=r.engine_args, engine_flags=flags)
+    return config.with_(planner=True) if planner else config
 
 
 def probe_config(campaign: Campaign, k: int, cycle_mb: float) -> CellConfig:

@@ -19,6 +19,7 @@ from typing import Any
 from devices import coapps
 from devices.base import Device, DeviceError, DeviceLost, RunOutcome
 from engine import fsutil, native
+from engine.claim import CLAIM_ENV
 from engine.interface.flags import VERSION
 from engine.model import split_paths
 from harness.campaign import Campaign, fleet_home, remote_model_path
@@ -173,6 +174,8 @@ class Stager:
         if c.engine.kind == "python":
             source = str(build_bmoe_py(c.engine.python))
             files = [(source, target)]
+            if c.engine.claim:                    # the bmoe-cli release bmoe-py speaks (engine.claim)
+                staged.env = {CLAIM_ENV: c.engine.claim}
         else:
             identity = device.identity()
             build = c.engine.build_for_device(identity)

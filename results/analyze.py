@@ -26,13 +26,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.flags import auto_label
+from engine.flags import PLANNER_BUDGET, auto_label
+from results import planner_check
 from results.noise import differs, median
 from results.numbers import is_missing, to_float
+from results.planner_check import PlannerPick
 from results.run_keys import SERIES_KEYS, budget_asked, column_of, numbers_of, series_label, top_k_key
 from results.tells import Tell, find_tells
 from store import names
-from store.outcomes import RESULTS
+from store.outcomes import CONFIG_ERROR, RESULTS
 
 UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
 # A cache counts as filled when it ends holding this much of its budget (or of the expert bank,
@@ -227,6 +229,7 @@ class GroupAnalysis:
     engines: tuple[str, ...]
     campaigns: tuple[str, ...]
     apps: str = ""                          # the other apps open beside the engine ("" none; axes.apps)
+    planner: tuple[PlannerPick, ...] = ()   # the engine's own planner's picks, by series (results.planner_check)
 
     @property
     def key(self) -> tuple[str, str, int | None, str]:
@@ -467,8 +470,36 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     return None
 
 
+def _planner_picks(rows: pd.DataFrame, points: Sequence[BudgetPoint], boundary: LmkBoundary,
+                   varying: Sequence[str], cycle: float) -> tuple[PlannerPick, ...]:
+    """The planner cells of a group, one pick per series, judged like a budget point (fought
+    against its series' cache 0) and set against the boundary the sweep measured."""
+    if rows is None or not len(rows):
+        return ()
+    zero = {p.series: p for p in points if p.budget_mib == 0 and not p.auto}
+    rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")])
+    picks = []
+    for series, sub in rows.groupby("_series", sort=True):
+        budgets = numbers_of(sub, "cache_mb")
+        budget = float(np.nanmedian(budgets)) if np.isfinite(budgets).any() else math.nan
+        point = _point(sub, str(series), budget, cycle, False, PLANNER_BUDGET)
+        point = replace(point, fought=fought_reason(point, zero.get(str(series))))
+        predicted = median(numbers_of(sub, "plan_predicted_s_per_tok"))
+        if math.isnan(predicted):
+            predicted = median(numbers_of(sub, "plan_cost_ms_per_tok")) / 1000
+        picks.append(planner_check.pick(
+            point, boundary.largest_safe_mib, _text_of(sub, "plan_regime"), _text_of(sub, "plan_declined"), _text_of(sub, "plan_flags"),
+            predicted, refused=bool(len(sub)) and bool((sub["outcome"] == CONFIG_ERROR).all())))
+    return tuple(picks)
+
+
+def _text_of(rows: pd.DataFrame, column: str) -> str:
+    """The first non-empty text of a column ("" when it has none)."""
+    return next((str(v) for v in column_of(rows, column).dropna() if str(v)), "")
+
+
 def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell],
-           probes: pd.DataFrame | None = None, apps: str = "") -> GroupAnalysis:
+           probes: pd.DataFrame | None = None, apps: str = "", planner: pd.DataFrame | None = None) -> GroupAnalysis:
     results = rows[rows["outcome"].isin(RESULTS)]
     cycles = numbers_of(results, "cache_cycle_mb")
     cycle = float(np.nanmax(cycles)) if np.isfinite(cycles).any() else math.nan
@@ -481,6 +512,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         cycle, sources = round(replay.cycle_mib, 3), ["route-trace"]
     varying = [k for k in SERIES_KEYS if k in results.columns and results[k].astype(str).nunique() > 1]
     points, baselines = _points(results, varying, cycle)
+    boundary = _boundary(points, results)
     ids = set(results["run_id"])
     ram = numbers_of(rows, "ram_total_kb")
     before = numbers_of(rows, "mem_avail_before_kb")
@@ -488,13 +520,14 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
     return GroupAnalysis(
         device=device, model=model, top_k=top_k, cycle_mib=cycle,
         cycle_source=max(set(sources), key=sources.count) if sources else "",
-        points=tuple(points), baselines=tuple(baselines), boundary=_boundary(points, results), dense=_dense(results),
+        points=tuple(points), baselines=tuple(baselines), boundary=boundary, dense=_dense(results),
         replay=replay,
         tells=tuple(t for t in tells if ids & set(t.run_ids)), n_runs=len(results),
         ram_total_kb=float(np.nanmax(ram)) if np.isfinite(ram).any() else math.nan,
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
         tokens_min=_least(tokens),
-        engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps)
+        engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps,
+        planner=_planner_picks(planner, points, boundary, varying, cycle) if planner is not None else ())
 
 
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
@@ -502,22 +535,26 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
 
 def analyze(table: pd.DataFrame) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group."""
-    # knee probes (harness.probe) lend their route traces to the replay, never a sweep point
+    # knee probes (harness.probe) lend their route traces to the replay, never a sweep point; the
+    # planner's own picks are set beside the boundary (results.planner_check), never on the curve
     is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
-    tells = find_tells(table[~is_probe])
+    is_planner = column_of(table, "planner").map(lambda v: str(v).lower() == "true").astype(bool)
+    tells = find_tells(table[~is_probe & ~is_planner])
     groups = []
-    keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]], _probe=is_probe)
+    keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]], _probe=is_probe, _planner=is_planner)
     for (device, model), sub in keys.groupby(["device", "model"], sort=True):
         ks = {None if is_missing(k) else int(k) for k in sub["_k"]}
         for k in sorted(ks, key=lambda v: (v is None, v or 0)):
             part = sub[sub["_k"].isna()] if k is None else sub[sub["_k"] == k]
-            runs, probes = part[~part["_probe"]], part[part["_probe"]]
+            runs = part[~part["_probe"] & ~part["_planner"]]
+            probes, picked = part[part["_probe"]], part[part["_planner"]]
             # each load of other apps is a phone of its own: its own boundary and recommendation
             loads = column_of(runs, "apps").fillna("").astype(str)
+            picked_loads = column_of(picked, "apps").fillna("").astype(str)
             for load in sorted(set(loads)):
                 these = runs[loads == load]
                 if len(these[these["outcome"].isin(RESULTS)]):
-                    groups.append(_group(these, device, model, k, tells, probes, load))
+                    groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load]))
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

@@ -135,6 +135,7 @@ class GroupView:
     replay: str
     tells: tuple[str, ...]
     recommendation: RecRow | None
+    planner: tuple[str, ...] = ()    # the engine's own planner beside the boundary (results.planner_check)
 
 
 @dataclass(frozen=True)

@@ -233,11 +233,16 @@ _VALUE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(
     ("ppl-policy", r"^ppl-policy: (?P<experts_dropped>\d+)/(?P<experts_routed>\d+) routed experts dropped, "
                    r"(?P<experts_substituted>\d+)/(?P<experts_reranked>\d+) reranked slots substituted"),
     ("plan-reproduce", r"^plan: reproduce with\s*$"),
+    ("plan-regime", r"^plan: regime (?P<plan_regime>[\w-]+)\s*$"),
+    ("plan-cost", rf"^plan:   cost (?P<plan_cost_ms_per_tok>{NUMBER}) ms/token predicted, "
+                  rf"(?P<plan_worst_ms_per_tok>{NUMBER}) ms/token with nothing resident"),
+    ("plan-declined", r"^plan:   declined: (?P<plan_declined>.+)$"),
     ("plan-explain", r"^plan: "),
 ))
 # the names of the lines every pattern above reads (the table's line names; a test holds them equal)
 HANDLED_LINES = frozenset(name for name, _, _ in (*_STDOUT, *_STDERR)) | {name for name, _ in _VALUE_LINES}
-_TEXT_FIELDS = frozenset({"spec_source", "mode", "mode_cache", "mode_dense", "mode_overlap", "plan_flags"})
+_TEXT_FIELDS = frozenset({"spec_source", "mode", "mode_cache", "mode_dense", "mode_overlap", "plan_flags", "plan_regime",
+                          "plan_declined"})
 
 
 def _line_values(name: str, m: re.Match[str]) -> Fields:
@@ -361,6 +366,9 @@ def _plan_flags(command: str) -> dict[str, object]:
         words = words[1:]                       # the program
     if words[:1] and words[0] in MODEL.spellings:
         words = words[2:]
+    comment = command.find("#")
+    if words[:1] and words[0].startswith("#") and comment >= 0:
+        return {"plan_flags": command[comment:].strip()}     # "# streaming declined; run without …"
     out: dict[str, object] = {"plan_flags": shlex.join(words)}
     budget = next((i for i, w in enumerate(words[:-1]) if w in CACHE_MB.spellings), None)
     if budget is not None:

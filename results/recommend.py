@@ -305,7 +305,7 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps, app_rung_mb=rung.rung_mb,
-        app_rung_reason=rung.reason)
+        app_rung_reason=rung.reason, planner=tuple(p.to_dict() for p in g.planner))
 
 
 UNDER = "--cache-mb 0 is strictly better: the same reads with no RAM and no cache management"
@@ -421,7 +421,7 @@ def redact(recs: Recommendations, redactor: Redactor) -> Recommendations:
             out.append(replace(r, reason=redactor.text(r.reason), evidence=redactor.value(r.evidence),
                                app_rung_reason=redactor.text(r.app_rung_reason),
                                confidence_reasons=tuple(redactor.text(x) for x in r.confidence_reasons),
-                               lmk=redactor.value(r.lmk)))
+                               lmk=redactor.value(r.lmk), planner=tuple(redactor.value(p) for p in r.planner)))
         devices.append(replace(d, recommendations=tuple(out),
                                default=replace(d.default, notes=tuple(redactor.text(n) for n in d.default.notes))))
     return replace(recs, devices=tuple(devices))

@@ -102,6 +102,8 @@ class Recommendation:
     apps: str = ""                    # the other apps open while it was measured ("" none; axes.apps)
     app_rung_mb: int | None = None    # the app's cache rung it maps to (results.android_app); None: none safe
     app_rung_reason: str = ""
+    # the engine's own planner beside the measured boundary (results.planner_check PlannerPick.to_dict)
+    planner: tuple[dict, ...] = ()
 
     @property
     def load(self) -> str:
@@ -214,6 +216,8 @@ class Recommendations:
                 lines.append(f"    {r.reason}")
                 if r.app_rung_reason:
                     lines.append(f"    {r.app_rung_reason}")
+                for p in r.planner:
+                    lines.append(f"    {p['text']}")
                 for name, v in (r.verification or {}).items():
                     lines.append(f"    verify {name}: {v['status']}" + (f" — {v['line']}" if v.get("line") else ""))
         rule = self.rules.get("unmeasured") if self.rules else None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.flags import PLANNER_BUDGET
 from results.numbers import is_missing, to_float
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
@@ -49,7 +50,9 @@ def numbers_of(frame: pd.DataFrame, name: str) -> np.ndarray:
 
 def budget_asked(row: Mapping[str, Any]) -> str:
     """The budget a run was asked for (what makes two runs the same cell): `auto`, a MiB number, or
-    the no-stream mode."""
+    the no-stream mode; `planner` where the engine's planner chose)."""
+    if row.get("planner") is True:
+        return PLANNER_BUDGET
     if row.get("moe_stream") is False:
         return "resident" if row.get("no_mmap") is True else "mmap"
     if row.get("cache_auto"):
@@ -66,12 +69,15 @@ def cell_key(row: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+ALL_RUNS = "all runs"       # the series of a group in which no knob varies
+
+
 def series_label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
     """The series a run belongs to on a budget curve: its values of the knobs that vary."""
     # no pass-through flag is a setting of its own ("none"); any other empty knob is unknown
     parts = [f"{_SERIES_NAMES[k]}={text_of(row.get(k)) or ('none' if k in ('engine_flags', 'engine_args') else '?')}"
              for k in varying]
-    return " ".join(parts) or "all runs"
+    return " ".join(parts) or ALL_RUNS
 
 
 def load_text(apps: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from engine.claim import release_of
-from engine.flags import auto_label, flags_text
+from engine.flags import PLANNER_BUDGET, auto_label, flags_text
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
 from results.errors import ResultsError
@@ -53,7 +53,7 @@ _SUMMARY = {k: v for k, v in out_table.columns(out_table.SUMMARY).items() if k n
 _DONE = {k: v for k, v in out_table.columns(out_table.DONE).items() if v in set(_SUMMARY.values())}
 # the declared stdout/stderr lines' values: {line: {field: column}}
 _LINE_COLUMNS = out_table.line_columns()
-_TEXT_COLUMNS = frozenset({"spec_source", "mode", "mode_cache", "plan_flags"})
+_TEXT_COLUMNS = frozenset({"spec_source", "mode", "mode_cache", "plan_flags", "plan_regime", "plan_declined"})
 
 
 class ShapeCache:
@@ -356,19 +356,24 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
 
     console = _console(run)
     mode = str(console.value("mode", "mode") or "") if console is not None else ""
-    stream = _bool(config.moe_stream)
+    # the engine's planner chose (--auto): what ran is the plan's, never the cell's placeholders
+    planner = bool(config.planner or config.extra.get("auto_plan"))
+    planned = _plan_of(console) if planner else {}
+    stream = None if planner else _bool(config.moe_stream)
     if stream is None and pre.get("moe_stream") is not None:
         stream = _bool(pre.get("moe_stream"))
     if mode:
         # the engine's own word on what ran (after 0.24: `mode: mmap` is a baseline, not this engine)
         stream = mode == "expert streaming"
+    if stream is None and planner:
+        stream = planned.get("moe_stream")
     auto = _bool(config.cache_auto)
     if auto is None and pre.get("cache_auto") is not None:
         auto = _bool(pre.get("cache_auto"))
     last_budget = math.nan
     if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
         last_budget = to_float(rows["cache_budget_mib"].iloc[-1])
-    fixed = math.nan if auto else _first(pre.get("cache_mb"), config.cache_mb)
+    fixed = math.nan if auto else _first(pre.get("cache_mb"), planned.get("cache_mb") if planner else config.cache_mb)
     # an auto run killed before its first token has no per-token budget: its stderr said what it sized
     sized = _auto_sized_mib(run, console) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
                                                                result.get("budget_mib"), last_budget)) else math.nan
@@ -447,7 +452,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
                                    max((to_float(x.get("expert_bytes")) for x in (model_rec or {}).get("layers") or ()),
                                        default=math.nan) / (1 << 20)),
         "moe_stream": stream,
-        "budget_label": _budget_label(stream, auto, budget, config),
+        "budget_label": _budget_label(stream, auto, budget, config, planner),
+        "planner": planner,
         # run
         "pass": int(rec.get("pass", 0) or 0),
         "order": int(rec.get("order", 0) or 0),
@@ -566,7 +572,27 @@ def engines_text(engines: Sequence[Mapping[str, Any]] | None) -> str:
     return "; ".join(parts)
 
 
-def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: CellConfig) -> str:
+def _plan_of(console) -> dict[str, Any]:
+    """What a planner run's plan chose, from its `plan: reproduce with` line: whether it streams and
+    its --cache-mb (a run killed before its CSV has only these)."""
+    if console is None:
+        return {}
+    flags = str(console.value("plan-reproduce", "plan_flags") or "")
+    if not flags:
+        return {}
+    out: dict[str, Any] = {"moe_stream": not flags.startswith("#")}
+    budget = console.value("plan-reproduce", "plan_cache_mb")
+    if budget is not None:
+        out["cache_mb"] = budget
+    return out
+
+
+def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: CellConfig,
+                  planner: bool = False) -> str:
+    if planner:
+        chose = ("mmap (declined streaming)" if stream is False else f"{budget:g} MiB" if not math.isnan(budget)
+                 else "?")
+        return f"{PLANNER_BUDGET} → {chose}"
     if stream is False:
         return "resident" if config.no_mmap else "mmap"
     if auto:

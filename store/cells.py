@@ -58,6 +58,7 @@ class CellConfig:
     knee_mb: float | None = None            # a knee cell's knee, from its probe (run.json only)
     probe_cell_id: str | None = None        # … and that probe's cell
     threads_auto: bool | None = None        # `-t auto` resolved on the device (run.json only)
+    planner: bool | None = None             # the engine's own planner picks the budget (--auto; axes.cache_mb "planner")
     extra: Mapping[str, Any] = field(default_factory=_no_flags)   # keys no planner writes, as read
     keys: tuple[str, ...] = ()              # the keys this config has, in their written order
 

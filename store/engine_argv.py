@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from engine.flags import flag_argv
 from engine.interface.flags import (
+    AUTO,
     CACHE_CEIL_MB,
     CACHE_FLOOR_MB,
     CACHE_MB,
@@ -27,6 +28,7 @@ from engine.interface.flags import (
     N_PREDICT,
     NO_MMAP,
     NO_ODIRECT,
+    PLAN_EXPLAIN,
     PROMPT,
     ROUTE_TRACE,
     SESSION_MODE,
@@ -49,7 +51,11 @@ def settings_argv(c: CellConfig) -> list[str]:
     unresolved values show as placeholders (`<auto>` threads, `<knee*1>` for a knee budget)."""
     threads = f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)
     argv = [THREADS.typed, threads, N_EXPERT_USED.typed, str(c.n_expert_used)]
-    if c.moe_stream:
+    if c.planner:
+        # the engine's planner sizes the cache, the lanes and whether to stream at all; what the
+        # harness still writes (threads, top-k, dense mode, O_DIRECT) it pins, as a caller's flags do
+        argv += [AUTO.typed, PLAN_EXPLAIN.typed]
+    elif c.moe_stream:
         budget = "auto" if c.cache_auto else f"<{c.budget_spec}>" if c.cache_mb is None else _num(c.cache_mb)
         argv += [MOE_STREAM.typed, CACHE_MB.typed, budget]
         if c.cache_auto:

@@ -104,8 +104,8 @@ class Flag:
 
     def taken_by(self, engine: str, release: Release | None = None) -> bool:
         """Whether `engine` takes it (for bmoe-cli at `release`, when given; bmoe-py: when it implements it)."""
-        if engine == BMOE_PY:
-            return self.bmoe_py
+        if engine == BMOE_PY:   # at a claimed release (engine.claim), only what that release has
+            return self.bmoe_py and (release is None or self.since is None or self.since <= release)
         if engine not in self.engines:
             return False
         return release is None or ((self.since is None or self.since <= release)
@@ -118,6 +118,7 @@ def _py(field: str, sets: bool | str | None = None) -> dict[str, Any]:
 
 
 _USE_CACHE = "use axes.cache_mb"
+_USE_PLANNER = "use axes.cache_mb = [\"planner\"] (or sweep --plan): the harness runs --auto --plan-explain"
 FLAGS: tuple[Flag, ...] = (
     # ── the run: files, prompt, length (0.19 --help order, then bmoe-py's own) ──
     Flag("--model", PATH, RUN, "gguf model (required; a split model by its first shard)", short="-m",
@@ -225,18 +226,20 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--devices", CHOICE, TUNING, "which compute devices llama.cpp may use", default="all",
          choices=("all", "cpu"), since=NEXT),
     Flag("--auto", NONE, PLANNER, "resolve the streaming knobs with the hardware planner", aliases=("--plan-run",),
-         harness="the planner's pick is not a campaign axis yet (issue 26 item 5)", since=NEXT),
+         harness=_USE_PLANNER, since=NEXT, key="auto_plan", **_py("auto_plan", True)),
     Flag("--plan", NONE, NO_RUN, "print the plan and the flags that reproduce it, then exit",
-         aliases=("--plan-only",), since=NEXT),
-    Flag("--plan-explain", NONE, PLANNER, "with --auto: print the plan, then run it",
-         harness="the planner's pick is not a campaign axis yet (issue 26 item 5)", since=NEXT),
+         aliases=("--plan-only",), since=NEXT, **_py("plan_only", True)),
+    Flag("--plan-explain", NONE, PLANNER, "with --auto: print the plan, then run it", harness=_USE_PLANNER,
+         since=NEXT, **_py("plan_explain", True)),
     Flag("--probe", NONE, NO_RUN, "--plan, plus the memory probe", since=NEXT),
-    Flag("--probe-io", NONE, PLANNER, "plan with the storage read probe",
-         harness="the planner's pick is not a campaign axis yet (issue 26 item 5)", since=NEXT),
-    Flag("--no-probe-io", NONE, TUNING, "plan without the storage read probe", since=NEXT),
+    Flag("--probe-io", NONE, PLANNER, "plan with the storage read probe (--auto does by default)",
+         harness=_USE_PLANNER, since=NEXT, **_py("probe_io", True)),
+    Flag("--no-probe-io", NONE, TUNING, "plan without the storage read probe", since=NEXT,
+         **_py("probe_io", False)),
     Flag("--probe-mem", NONE, PLANNER, "measure how much memory the machine lets the engine keep",
-         harness="the planner's pick is not a campaign axis yet (issue 26 item 5)", since=NEXT),
-    Flag("--no-probe-mem", NONE, TUNING, "never measure memory unasked", since=NEXT),
+         harness="a planner cell runs the planner as --auto does (bmoe-py has no memory probe)", since=NEXT),
+    Flag("--no-probe-mem", NONE, TUNING, "never measure memory unasked", since=NEXT,
+         **_py("probe_mem_when_decisive", False)),
     Flag("--show-config", NONE, NO_RUN, "print the resolved configuration as JSON and exit", since=NEXT),
     Flag("--describe-params", NONE, NO_RUN, "print every engine parameter as JSON and exit", since=NEXT),
 )
@@ -259,13 +262,15 @@ _BY_SPELLING = _index()
 # (store.engine_argv), the protocols' run flags (community, the app), the version question
 MODEL, PROMPT, N_PREDICT, THREADS, N_EXPERT_USED, MOE_STREAM, CACHE_MB, CACHE_FLOOR_MB, CACHE_CEIL_MB, \
     FORCE_CACHE, IO_THREADS, NO_ODIRECT, DENSE_WEIGHTS, NO_MMAP, SESSION_MODE, CSV, ROUTE_TRACE, \
-    CTX_SIZE, UBATCH, CHATML, NO_THINK, OVERLAP, VERSION, HELP, LIST_ARCHS, PROGRESS = (
+    CTX_SIZE, UBATCH, CHATML, NO_THINK, OVERLAP, VERSION, HELP, LIST_ARCHS, PROGRESS, \
+    AUTO, PLAN, PLAN_EXPLAIN, PROBE, PROBE_IO, NO_PROBE_IO, PROBE_MEM, NO_PROBE_MEM = (
         _BY_SPELLING[s] for s in (
             "--model", "--prompt", "--n-predict", "--threads", "--n-expert-used", "--moe-stream", "--cache-mb",
             "--cache-floor-mb", "--cache-ceil-mb", "--force-cache", "--io-threads", "--no-odirect",
             "--dense-weights", "--no-mmap", "--session", "--csv", "--route-trace",
             "--ctx-size", "--ubatch", "--chatml", "--no-think", "--overlap", "--version", "--help", "--list-archs",
-            "--progress"))
+            "--progress", "--auto", "--plan", "--plan-explain", "--probe", "--probe-io", "--no-probe-io",
+            "--probe-mem", "--no-probe-mem"))
 
 
 def flag(spelling: str) -> Flag:

@@ -388,6 +388,15 @@ _LINES: tuple[Output, ...] = (
                                          "line; its --cache-mb is the budget the plan chose", since=NEXT,
            prefix="plan: reproduce with",
            fields=(_f("plan_flags", "text", "plan_flags"), _f("plan_cache_mb", "MiB", "plan_cache_mb"))),
+    Output(STDERR, "plan-regime", "", "the planner's regime: fits | experts-stream | dense-oversized | not-moe | "
+                                      "unknown (--plan-explain)", since=NEXT, prefix="plan: regime",
+           fields=(_f("plan_regime", "text", "plan_regime"),)),
+    Output(STDERR, "plan-cost", "", "the plan's predicted cost per token, and with nothing resident (--plan-explain)",
+           since=NEXT, prefix="plan:   cost",
+           fields=(_f("plan_cost_ms_per_tok", "ms/token", "plan_cost_ms_per_tok"),
+                   _f("plan_worst_ms_per_tok", "ms/token"))),
+    Output(STDERR, "plan-declined", "", "why the plan declined streaming (the run is then a baseline)", since=NEXT,
+           prefix="plan:   declined:", fields=(_f("plan_declined", "text", "plan_declined"),)),
     Output(STDERR, "plan-explain", "", "the planner's other lines (machine, devices, model, decisions, probes)",
            since=NEXT, prefix="plan:", fields=(_f("plan_lines", "count", "plan_lines"),)),
     # either stream: refusals and errors

@@ -127,6 +127,7 @@ def test_a_campaign_toml_written_before_tomli_w_reads_as_the_same_campaign(tmp_p
 @pytest.mark.parametrize("value, expected", [
     (0, 0), (4000, 4000), ("4000", 4000), ("auto", "auto"), ("AUTO", "auto"), ("cycle*1.2", "cycle*1.2"),
     ("cycle * 0.90", "cycle*0.9"), ("cycle", "cycle*1"), ("mmap", "mmap"), ("resident", "resident"),
+    ("planner", "planner"), ("Planner", "planner"),
 ])
 def test_cache_values(value, expected):
     assert parse_cache_value(value) == expected
@@ -168,6 +169,13 @@ BAD_CASES = {
     "bad app state": ('[axes]\napps = ["none", "asleep:1GiB"]\n', "axes.apps[1]: bad app 'asleep:1GiB'"),
     "bad app size": ('[axes]\napps = ["cached:lots"]\n', "axes.apps[0]: bad app size 'lots'"),
     "apps on local": ('[axes]\napps = ["cached:1GiB"]\n', "axes.apps: other apps run on phones"),
+    "planner without a claim": ('[axes]\ncache_mb = [0, "planner"]\n',
+                                'axes.cache_mb: "planner" runs the engine\'s own planner, which bmoe-py has only when '
+                                'it speaks bmoe-cli 0.25.0 or later: set engine.claim = "0.25.0"'),
+    "claim not a release": ('[engine]\nclaim = "latest"\n', "engine.claim: BMOE_PY_RELEASE='latest' is not a "
+                                                           "bmoe-cli release"),
+    "claim before 0.19": ('[engine]\nclaim = "0.18"\n', "engine.claim: BMOE_PY_RELEASE='0.18': bmoe-py speaks "
+                                                        "bmoe-cli 0.19.0 to 0.25.0"),
 }
 
 
@@ -229,6 +237,20 @@ def test_sweep_options_make_the_campaign_a_file_would(tmp_path, tiny_model, mid_
         campaign_from_options(["local"], [str(tiny_model)], ["0", "auto4000"])
     with pytest.raises(CampaignError, match="--adb: --adb expects HOST:PORT"):
         campaign_from_options(["local"], [str(tiny_model)], ["0"], adb=["nohostport"])
+
+
+def test_sweep_plan_adds_the_planners_budget_and_bmoe_py_claims_the_release_that_has_it(tmp_path, tiny_model):
+    from harness.plan import make_plan
+
+    c = campaign_from_options(["local"], [str(tiny_model)], ["0", "cycle*2"], planner=True)
+    assert c.axes.cache_mb == (0, "cycle*2", "planner") and c.engine.claim == "0.25.0"
+    assert load_campaign(write_campaign(tmp_path, c.to_toml(), "campaign.toml")) == c
+    (cell,) = [cell for cell in make_plan(c).cells if cell.config.planner]
+    # the planner's own pick: none of the harness's budget or lane flags, and what it does write it pins
+    argv = list(cell.argv)
+    assert "--auto" in argv and "--plan-explain" in argv
+    assert not {"--moe-stream", "--cache-mb", "--cache-ceil-mb", "--force-cache", "--io-threads"} & set(argv)
+    assert {"-t", "--n-expert-used", "--dense-weights"} <= set(argv)
 
 
 def test_every_campaign_command_and_option_has_help(cli):

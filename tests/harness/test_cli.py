@@ -171,3 +171,24 @@ def test_demo_writes_and_prices_a_model(tmp_path):
                 assert budget == 0 or budget >= r["cycle_mib"], (d["device"], name, budget, r["cycle_mib"])
                 verified += 1
     assert verified >= 3 and "verify fixed: accepted" in result.output
+    # issue 26 item 5: the engine's own planner ran on each phone beside each load, its plan recorded
+    # (the budget it chose is the one its run had) and set beside the boundary the sweep measured
+    from results.parse import read_metrics_csv
+
+    planned = {(r["device"], r["config"].get("apps")): r for r in recs if r["config"].get("planner")}
+    assert set(planned) == {(d, a) for d in probes for a in APPS}
+    for r in all_recs:
+        (pick,) = r.planner
+        run = planned[(r.device, r.apps)]
+        folder = tmp_path / "demo" / "campaign" / "runs" / run["cell_id"] / "1"
+        assert "plan: reproduce with" in (folder / "stderr.txt").read_text()
+        assert pick["regime"] == "experts-stream" and pick["runs"] == 1, pick   # the bank is larger than RAM
+        if run["outcome"] == "ok":
+            assert int(read_metrics_csv(folder / "metrics.csv").preamble["cache_mb"]) == pick["budget_mib"]
+        assert pick["budget_mib"] >= r.cycle_mib and pick["verdict"], pick
+        safe = r.lmk["largest_safe_mib"]
+        if run["outcome"] == "ok" and not pick["fought"] and safe is not None:
+            assert ("within the measured boundary" in pick["verdict"]) == (pick["budget_mib"] <= safe), pick
+        assert f"planner: {pick['budget_mib']:g} MiB (experts-stream) — {pick['verdict']}" in result.output
+    pages = "".join(p.read_text() for p in (tmp_path / "demo" / "site").glob("devices/*.html"))
+    assert pages.count("the engine&#39;s own planner") + pages.count("the engine's own planner") >= 4
