@@ -30,7 +30,7 @@ from bench_io import raw_pass
 from engine.model import MIB, load_model_shape
 from engine.pagecache import drop_page_cache
 from engine.synth import synth_options, write_model
-from results.parse import read_metrics_csv
+from results.read.parse import read_metrics_csv
 
 
 def decode_read_batches(route_csv: str) -> list[tuple[int, list[int]]]:

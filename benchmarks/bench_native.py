@@ -36,7 +36,7 @@ from devices.adb import adb_binary  # noqa: E402
 from devices.virtual import manager  # noqa: E402
 from harness.campaign_file import parse_campaign  # noqa: E402
 from harness.runner import run_campaign  # noqa: E402
-from results.parse import read_metrics_csv  # noqa: E402
+from results.read.parse import read_metrics_csv  # noqa: E402
 
 PEER = ROOT.parent / "shared"
 DEFAULT_CLI = PEER / "peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from engine.model import MIB, load_model_shape  # noqa: E402
 from engine.pagecache import drop_page_cache  # noqa: E402
 from engine.synth import synth_options, write_model  # noqa: E402
-from results.parse_console import parse_console  # noqa: E402
+from results.read.parse_console import parse_console  # noqa: E402
 
 DEFAULT_CLI = ROOT.parent / "shared/peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"
 TINY = ROOT / "tests/fixtures/upstream/host-v2-0.19.0/tiny-qwen3moe.gguf"

@@ -1,4 +1,4 @@
-"""How far results.predict's decode s/token is from measured, budget by budget, on this host.
+"""How far results.replay.predict's decode s/token is from measured, budget by budget, on this host.
 
 Runs one campaign per engine on this host (`local`, -t 1): a knee probe (route-traced, cache 0),
 cache 0, and budgets above the token cycle, on a synthetic qwen3moe whose experts are streamed
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
-from results.predict import cell_errors, predict
-from results.table import build_table
+from results.read.table import build_table
+from results.replay.predict import cell_errors, predict
 
 BUDGETS = [0, "cycle*1.2", "cycle*2", "cycle*3", "cycle*5", "knee"]
 

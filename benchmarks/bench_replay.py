@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from results.lru_replay import access_sequence, lru_curve, mib_to_bytes, stack_distances
-from results.policy_replay import simulate
-from results.route_trace import RouteTrace, TraceRows, read_route_trace
+from results.read.route_trace import RouteTrace, TraceRows, read_route_trace
+from results.replay.lru_replay import access_sequence, lru_curve, mib_to_bytes, stack_distances
+from results.replay.policy_replay import simulate
 
 TRACE = Path(__file__).resolve().parent.parent / "tests/fixtures/upstream/2026-07-15-route-trace/gptoss.route.csv"
 

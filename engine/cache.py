@@ -161,7 +161,7 @@ class ExpertCache:
 
         Like upstream, a batch wider than the budget is kept whole until the next batch (the
         cache overshoots rather than dropping experts the batch is using): the replay of a route
-        trace (results/replay.py) relies on exactly this rule.
+        trace (results/replay/replay.py) relies on exactly this rule.
         """
         if self._budget_bytes == 0:
             return False

@@ -5,7 +5,7 @@ A setting is a flag and a value typed as in TOML: `false` leaves the flag out, `
 alone, an integer, a float or a string passes it with that value, rendered exactly (`0.1` stays
 `0.1`). Both sides of the engine contract render settings with these functions: the harness when
 it builds a cell's command line (harness.plan), the results when they name the flags a run had
-(results.table), so two runs with the same text ran the same command line. Which flags a campaign
+(results.read.table), so two runs with the same text ran the same command line. Which flags a campaign
 may pass through is the harness's rule (harness.flags).
 """
 

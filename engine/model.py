@@ -18,6 +18,15 @@ from .gguf_header import GGUFHeader, TensorInfo, read_header
 from .safetext import one_line
 
 MIB = 1 << 20
+# A token cycle's price in MiB, rounded one way in one place: the plan's `cycle_mb`, the model
+# records, the run table (from a GGUF), the route-trace replay and the analysis all price it so.
+# (What an engine prints is its own: bmoe-py's one decimal, upstream's integer rounded up from 0.21.)
+CYCLE_PRICE_DIGITS = 3
+
+
+def cycle_price_mib(cycle_bytes: float) -> float:
+    """A token cycle of `cycle_bytes` priced in MiB (CYCLE_PRICE_DIGITS decimals)."""
+    return round(cycle_bytes / MIB, CYCLE_PRICE_DIGITS)
 # the shape record's format (`model inspect --json`, and a campaign directory's models/*.json)
 SHAPE_FORMAT, SHAPE_VERSION = "bmoe-fleet.model-shape", 1
 
@@ -209,7 +218,7 @@ class ModelShape:
                 {
                     "top_k": k,
                     "cycle_bytes": self.cycle_bytes(k),
-                    "cycle_mib": round(self.cycle_mib(k), 3),
+                    "cycle_mib": cycle_price_mib(self.cycle_bytes(k)),
                     "layer_demand_bytes": self.layer_demand_bytes(k),
                     "layer_demand_mib": round(self.layer_demand_mib(k), 3),
                 }

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -85,12 +84,6 @@ def number_text(v: float) -> str:
     """A number for a message: a 400-digit integer is shown by its size, not its digits."""
     return f"{v:g}" if isinstance(v, float) else str(v) if abs(v) < 10 ** 30 else f"a {len(str(abs(v)))}-digit number"
 
-
-
-def safe_id(text: str) -> str:
-    """A device or model string made safe as one path component (it is data, never a path)."""
-    out = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
-    return out[:80] or "x"
 
 
 # ── the resolved campaign ──────────────────────────────────────────────────────────────────────

@@ -51,8 +51,8 @@ from harness.campaign import (
     check_cell_bound,
     describe_value,
     number_text,
-    safe_id,
 )
+from store.names import safe_id
 
 _PHONE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")

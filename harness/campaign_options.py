@@ -19,9 +19,10 @@ from engine.errors import BmoeError
 from engine.interface.releases import NEXT
 from harness import flags as flag_rules
 from harness.budgets import PLANNER
-from harness.campaign import FORMAT_VERSION, HOST_BUILD, Campaign, CampaignError, safe_id
+from harness.campaign import FORMAT_VERSION, HOST_BUILD, Campaign, CampaignError
 from harness.campaign_file import parse_campaign
 from harness.defaults import PYTHON_ENGINE, SWEEP
+from store.names import safe_id
 
 
 def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_mb: Sequence[str],

@@ -45,7 +45,7 @@ def o_direct_in_effect(stderr: bytes, metrics) -> int | None:
 
 def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_asked: bool,
              moe_stream: bool) -> Classified:
-    """docs/method.md rule 4, from what one run left behind. `metrics` is a results.parse.MetricsFile
+    """docs/method.md rule 4, from what one run left behind. `metrics` is a results.read.parse.MetricsFile
     (or None when the engine wrote no CSV); `kills` are the lmkd/kernel kill lines of this process."""
     status = outcome.exit_status
     err_lines = [line for line in outcome.stderr.decode("utf-8", "replace").splitlines() if line.strip()]

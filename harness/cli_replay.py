@@ -1,4 +1,4 @@
-"""`bmoe-fleet replay`: parse options, call results.replay.replay_traces, print its report.
+"""`bmoe-fleet replay`: parse options, call results.replay.replay.replay_traces, print its report.
 
 Registered into the main group by harness/cli.py (`main.add_command(replay)`), whose group turns
 library errors (BmoeError) into one-line `Error: …` messages with exit 1.
@@ -10,8 +10,8 @@ import click
 
 from engine.errors import BmoeError
 from harness.campaign import INT_MAX, number_text
-from results.lru_replay import POLICIES
-from results.replay import PHASES, replay_traces
+from results.replay.lru_replay import POLICIES
+from results.replay.replay import PHASES, replay_traces
 
 
 def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:

@@ -1,4 +1,5 @@
-"""`bmoe-fleet table|recommend|report|compare`: parse options, call one results function, print.
+"""`bmoe-fleet table|recommend|report|compare`: parse options, call a results function and its
+renderer, write what it rendered (atomically, to -o) or print it.
 
 Registered into the main group by harness/cli.py, whose group turns library errors (BmoeError,
 here results.errors.ResultsError) into one-line `Error: …` messages with exit status 1.
@@ -25,6 +26,14 @@ def _format(extra: tuple[str, ...] = ()):
                         help="Output format (md: a GitHub table). Default: from -o's suffix, else text.")
 
 
+def _write(data: str | bytes, out: str | None, what: str) -> None:
+    """Rendered output to `out` (atomically; `-` or none: stdout), and the line that says where."""
+    from results import formats
+
+    printed = formats.emit(data, out or None, what)
+    click.echo(printed, nl=bool(out) and out != formats.STDOUT)
+
+
 def _out(what: str):
     return click.option("-o", "--out", "out", default="-", show_default=True, type=click.Path(dir_okay=False),
                         help=f"Write {what} to this file (atomically); - for stdout.")
@@ -40,9 +49,12 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
 
     text and md show the columns a person reads; csv, json, jsonl and parquet carry every column
     (parquet needs pyarrow: pip install 'bmoe-fleet[parquet]')."""
-    from results.table import parse_model_files, write_table
+    from results import formats
+    from results.read.table import TABLE_FORMATS, build_table, parse_model_files, render_table, table_what
 
-    click.echo(write_table(list(dirs), out, parse_model_files(model_files), fmt), nl=out != "-")
+    fmt = formats.choose_format(fmt, out, TABLE_FORMATS)
+    frame = build_table(list(dirs), parse_model_files(model_files))
+    _write(render_table(frame, fmt), out, table_what(frame))
 
 
 @click.command("recommend")
@@ -59,12 +71,15 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
     """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
     as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
     from harness.verify import verifier
-    from results.recommend import recommend_command as run
-    from results.table import parse_model_files
+    from results import formats
+    from results.analysis.recommend import recommend
+    from results.analysis.recommend_records import render
+    from results.read.table import parse_model_files
 
-    printed = run(list(dirs), "json" if as_json else fmt, out, parse_model_files(model_files),
-                  verifier(lambda line: click.echo(line, err=True)) if verify else None)
-    click.echo(printed, nl=out != "-")
+    fmt = formats.choose_format("json" if as_json else fmt, out)
+    recs = recommend(list(dirs), parse_model_files(model_files),
+                     verifier(lambda line: click.echo(line, err=True)) if verify else None)
+    _write(render(recs, fmt), out, "the recommendations")
 
 
 @click.command("report")
@@ -81,15 +96,15 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
 def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as_json: bool,
                    model_files: tuple[str, ...]) -> None:
     """Render the static benchmark site (works offline from file://), or upstream's community rows."""
-    from results.table import parse_model_files
+    from results.read.table import parse_model_files
 
     if fmt == "community":
-        from results.community import community_command
+        from results.analysis.community import community_rows, render_community
 
-        printed = community_command(list(dirs), out, by, as_json, parse_model_files(model_files))
-        click.echo(printed, nl=bool(out) and out != "-")
+        rows = community_rows(list(dirs), by, parse_model_files(model_files))
+        _write(render_community(rows, as_json), out, "the community rows")
         return
-    from results.report import build_site
+    from results.site.report import build_site
 
     if not out:
         raise click.UsageError("report --format site needs -o SITE_FOLDER")
@@ -116,13 +131,13 @@ def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, 
     """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
 
     Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
-    from results.compare import FAIL_EXIT_STATUS
-    from results.compare import compare_command as run
-    from results.table import parse_model_files
+    from results import formats
+    from results.analysis.compare import FAIL_EXIT_STATUS, compare, render
+    from results.read.table import parse_model_files
 
-    result = run(a, b, "json" if as_json else fmt, out, threshold_pct, engine_a, engine_b,
-                 parse_model_files(model_files))
-    click.echo(result.printed, nl=out != "-")
+    fmt = formats.choose_format("json" if as_json else fmt, out)
+    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct)
+    _write(render(result, fmt), out, "the comparison")
     if fail_on_regression and result.failed:
         click.get_current_context().exit(FAIL_EXIT_STATUS)
 

@@ -135,8 +135,8 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
     """The whole demo (module doc), into out_dir."""
     from harness.runner import run_campaign
     from harness.verify import verifier
-    from results.recommend import recommend
-    from results.report import build_site
+    from results.analysis.recommend import recommend
+    from results.site.report import build_site
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -189,8 +189,8 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
 
 def _turns_text(turns_dir: Path) -> str:
     """Each phone's session cell, turn by turn (the run table's turn columns)."""
-    from results.rundir import read_campaigns
-    from results.table import build_table
+    from results.read.rundir import read_campaigns
+    from results.read.table import build_table
 
     table = build_table(read_campaigns([turns_dir]))
     lines = [f"session cells ({TURNS} turns, {IDLE_S:g} s idle, {GAP_APP} allocating in each gap):"]

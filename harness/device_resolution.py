@@ -15,7 +15,8 @@ from devices import adb as adbmod
 from devices.adb import AdbServer
 from devices.base import Device
 from engine.errors import BmoeError
-from harness.campaign import LOCAL, VIRTUAL_PREFIX, Campaign, CampaignError, device_work_dir, safe_id
+from harness.campaign import LOCAL, VIRTUAL_PREFIX, Campaign, CampaignError, device_work_dir
+from store.names import device_id
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,12 @@ class DeviceRef:
     @property
     def device_id(self) -> str:
         """The device as one path component of the campaign directory."""
-        return safe_id(self.spec.replace(":", "-"))
+        return device_id(self.spec)
 
     @property
     def lock_key(self) -> str:
         """Two campaigns naming one phone differently (virtual:x, 127.0.0.1:PORT) share its serial."""
-        return safe_id(self.serial.replace(":", "-"))
+        return device_id(self.serial)
 
     @property
     def work_dir(self) -> str:

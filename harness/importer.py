@@ -1,17 +1,17 @@
 """`bmoe-fleet import SRC… -o DIR`: upstream bench-data folders as runs of a campaign directory.
 
-Each engine run found under a source folder (results.parse.discover groups its CSV, `.metrics`
+Each engine run found under a source folder (results.read.parse.discover groups its CSV, `.metrics`
 sidecar, `.log`/`.out`/`.err` captures, route trace, `.state` and its section of a multi-run
 capture) becomes one cell with one attempt, written like a campaign's own runs. The
 configuration comes from the CSV preamble (v1/v2); for older files, from the file name, the
-driver's separator tag and the engine's own log lines — parsed by results.parse, never here.
+driver's separator tag and the engine's own log lines — parsed by results.read.parse, never here.
 Upstream kept no exit status, so the outcome is read from what the files show: the engine's
 refusal (`config_error`), its runtime error (`engine_error`), a summary or end-of-run block
 (`ok`), or neither (`invalid`: killed or cut short, nobody recorded which).
 
 Importing the same folder again adds nothing: a cell's id hashes its source path and config.
 
-Values are range-checked where they enter, by the parsers (results.parse_values): a number no
+Values are range-checked where they enter, by the parsers (results.read.parse_values): a number no
 engine prints refuses the whole import (one line naming file, line and key; nothing written);
 nan/inf and impossible values are stored as null, each with a line in the run's `notes`. Strings
 from the files (model names, error lines, file names) are stored with control characters escaped.
@@ -40,11 +40,12 @@ from typing import Any
 import tomli_w
 
 from engine.interface.outputs import reader_aliases
+from engine.safetext import printable
 from engine.units import parse_number
-from harness.campaign import FORMAT_VERSION, CampaignError, fleet_home, safe_id
+from harness.campaign import FORMAT_VERSION, CampaignError, fleet_home
 from harness.classify import result_of
 from harness.plan import Cell, Plan, cell_id_of, read_plan, write_plan
-from results.parse import (
+from results.read.parse import (
     ConsoleRun,
     RunFiles,
     config_from_command,
@@ -57,16 +58,17 @@ from results.parse import (
     read_sidecar,
     read_state,
 )
-from results.parse_config import MODEL_ALIASES
-from results.parse_discover import campaign_dirs, source_files
-from results.parse_session import REPORT, SessionCapture, find_sessions, missing_notes, session_turns
-from results.parse_text import NumberError, excerpt, located, printable
-from results.parse_values import checked
+from results.read.parse_config import MODEL_ALIASES
+from results.read.parse_discover import campaign_dirs, source_files
+from results.read.parse_session import REPORT, SessionCapture, find_sessions, missing_notes, session_turns
+from results.read.parse_text import NumberError, excerpt, located
+from results.read.parse_values import checked
 from store import names, outcomes, versioned
 from store.campaign_dir import CampaignDir
 from store.cells import CellConfig
 from store.ledger import latest_by_cell
 from store.locks import dir_lock, holding
+from store.names import device_id, safe_id
 
 IMPORT_ENGINE = "native"
 _RENAME = reader_aliases()          # another reader's name -> the preamble key (engine.interface.outputs)
@@ -175,7 +177,7 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
                 "import": {"sources": [str(f) for f in folders], "device": device}}))
         if new_cells or old_plan is None:
             write_plan(cdir, Plan(old_plan.campaign if old_plan else root.name, base_cells + tuple(new_cells)))
-        cdir.write_device(safe_id(device), {"device": device, "kind": "imported", "serial": device}, {})
+        cdir.write_device(device_id(device), {"device": device, "kind": "imported", "serial": device}, {})
         added = 0
         notes: list[str] = []
         counts: Counter[str] = Counter()
@@ -296,7 +298,7 @@ def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: i
     """One imported run's run.json (docs/campaign-dir.md "Imported runs"), checked to be strict JSON."""
     record: dict[str, Any] = {
         **versioned.RUN.stamp(), "cell_id": cid, "attempt": 1, "device": device,
-        "device_id": safe_id(device), "model": model, "model_id": safe_id(model),
+        "device_id": device_id(device), "model": model, "model_id": safe_id(model),
         "engine": {"kind": IMPORT_ENGINE, "version": engine_version},
         "config": cell_config.to_dict(), "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
         "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
@@ -316,7 +318,7 @@ def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: i
 
 
 def _import_session(source: Path, capture: SessionCapture, device: str, index: int) -> _Imported:
-    """An upstream session capture (results.parse_session) as one session cell: its turns in the
+    """An upstream session capture (results.read.parse_session) as one session cell: its turns in the
     shape a live session cell's run.json has them, what the capture lacks null and noted."""
     first = capture.paths[0]
     rel = first.parent.relative_to(source)

@@ -22,7 +22,7 @@ from typing import Any
 from engine.errors import ModelError
 from engine.flags import auto_label, flags_label, needs_force
 from engine.interface.flags import AUTO
-from engine.model import ModelShape, load_model_shape
+from engine.model import ModelShape, cycle_price_mib, load_model_shape
 from harness.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee
 from harness.campaign import (
     LOCAL,
@@ -194,7 +194,7 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
             for dense in a.dense_weights:
                 for k_axis in a.n_expert_used:
                     k = k_axis or shape.top_k or 0      # >= 1: checked above
-                    cycle_mb = round(shape.cycle_mib(k), 3)
+                    cycle_mb = cycle_price_mib(shape.cycle_bytes(k))
                     for io in a.io_threads:
                         for threads in a.threads or (campaign.run.threads,):
                             for flags in _flag_settings(campaign):

@@ -14,8 +14,8 @@
   community.json. After the runs, each device's storage is probed as upstream probes it: O_DIRECT
   reads of 512 KiB from the model file itself, from a quarter into it (past a freshly copied
   head), up to 1 GiB; the rate is kept in `storage/<device>.json`. `report --format community`
-  prints the rows (results/community.py).
-- app: what upstream's Android app runs (results/android_app.py, from its examples/android): every
+  prints the rows (results/analysis/community.py).
+- app: what upstream's Android app runs (results/analysis/android_app.py, from its examples/android): every
   cache rung its settings offer (0, 500 … 6000 MiB, and Auto capped at 3000) as the budgets, its
   session-open flags as run flags where the engine has them (`-c 4096`, `--ubatch 512`, `--chatml`,
   `--no-think` for its per-request think=false, `--overlap`), 4 lanes, `--dense-weights anon`, the
@@ -40,12 +40,18 @@ from typing import Any
 from devices.adb import ENV_SERIAL, default_serial
 from engine.errors import BmoeError
 from engine.interface.flags import CACHE_MB, MODEL, MOE_STREAM, N_PREDICT, OVERLAP, PROMPT, THREADS, VERSION
-from harness.campaign import LOCAL, Campaign, CampaignError, remote_model_path, safe_id
+from harness.campaign import LOCAL, Campaign, CampaignError, remote_model_path
 from harness.campaign_options import campaign_from_options
 from harness.defaults import PYTHON_ENGINE, SWEEP
-from results import android_app as app
-from results.community import COMMUNITY_FLAGS, COMMUNITY_LANES, COMMUNITY_PROMPT, COMMUNITY_RUNS, COMMUNITY_TOKENS
-from results.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
+from results.analysis import android_app as app
+from results.analysis.community import (
+    COMMUNITY_FLAGS,
+    COMMUNITY_LANES,
+    COMMUNITY_PROMPT,
+    COMMUNITY_RUNS,
+    COMMUNITY_TOKENS,
+)
+from results.read.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from store import names, versioned
 
 PRESETS = ("quick", "publish", "community", "app")
@@ -123,7 +129,7 @@ def _with_prompt(opts: Mapping[str, Any], prompt: str) -> dict[str, Any]:
 
 def app_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     """The campaign of upstream's Android app: its cache rungs as budgets, its session flags, its
-    session (options its settings fix are refused; results.android_app holds what was read)."""
+    session (options its settings fix are refused; results.analysis.android_app holds what was read)."""
     _refuse_fixed("app", APP_OPTIONS, explicit, "upstream's Android app")
     turns = opts.get("turns") if "turns" in explicit else app.APP_TURNS
     if turns is None or turns < 2:
@@ -290,7 +296,7 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, rerun_failed: bool = Fal
             probe = probe_storage(ref, remote_model_path(ref.spec, model), model.name)
         except BmoeError as e:
             probe = StorageProbe(ref.spec, model.name, 0, 0, None, None, False, f"not measured: {e}", time.time())
-        versioned.write_json(names.storage_record(root, safe_id(ref.spec.replace(":", "-"))), probe.to_dict())
+        versioned.write_json(names.storage_record(root, ref.device_id), probe.to_dict())
     return end
 
 

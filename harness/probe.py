@@ -3,7 +3,7 @@
 One short route-traced probe run per (device, model, top-k) — cache 0, `run.probe_tokens` tokens
 (default: the sweep's n_predict, at most 64, so the trace is the sweep runs' own),
 the campaign's prompt (harness.plan.probe_config) — and its trace replayed through the exact LRU
-curve (results.replay): the knee is where more MiB start buying fewer decode hits. The sweep then
+curve (results.replay.replay): the knee is where more MiB start buying fewer decode hits. The sweep then
 measures F x that budget on the device; the probe's run folder keeps the trace, so pages draw the
 predicted curve with the measured points on it.
 """
@@ -28,8 +28,8 @@ class Knee:
 
 def knee_of_trace(path: str | Path) -> Knee:
     from results.errors import ReplayError
-    from results.lru_replay import access_sequence, first_decode_hit_mib, knee_mib, stack_distances
-    from results.route_trace import TraceError, read_route_trace
+    from results.read.route_trace import TraceError, read_route_trace
+    from results.replay.lru_replay import access_sequence, first_decode_hit_mib, knee_mib, stack_distances
 
     try:
         seq = access_sequence(read_route_trace(path))

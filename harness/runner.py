@@ -29,7 +29,7 @@ from pathlib import Path
 
 from devices.base import DeviceError
 from engine.model import split_paths
-from harness.campaign import Campaign, CampaignError, ModelSpec, fleet_home, safe_id
+from harness.campaign import Campaign, CampaignError, ModelSpec, fleet_home
 from harness.campaign_file import load_campaign
 from harness.device_models import DeviceModel, price_device_models
 from harness.device_resolution import DeviceRef, resolve_devices
@@ -44,6 +44,7 @@ from store.campaign_dir import CampaignDir
 from store.errors import StoreError
 from store.ledger import latest_by_cell
 from store.locks import device_lock, dir_lock, holding
+from store.names import safe_id
 
 
 @dataclass(frozen=True)

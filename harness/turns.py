@@ -14,7 +14,7 @@ figures (tokens, tok/s, s/token, hit %, MiB read, major faults per token), the d
 while it ran (pswpin between the samples around it), and for each turn after the first the gap
 before it: when it ran, the apps started in it, and the engine's VmSwap, VmRSS and RssFile lows
 and highs over the samples taken in it (run()'s sampler keeps sampling through the gaps). The
-rule that reads these (re-reads after a gap) is results/turns.py.
+rule that reads these (re-reads after a gap) is results/read/turns.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 from devices import reclaim
 from devices.base import PressureSample
 from engine import session_protocol
-from results.parse_session import done_figures, extremes
+from results.read.parse_session import done_figures, extremes
 
 READY, DONE, ERROR = (kind.encode() for kind in (session_protocol.READY, session_protocol.DONE, session_protocol.ERROR))
 FINISH_WAIT_S = 60.0        # finish() waits this long for the feeder's thread (a gap's apps being stopped)

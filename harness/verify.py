@@ -10,7 +10,7 @@ the engine's `bmoe: expert streaming ON … cache=N MiB` line), `refused` (the e
 `config error:` / `unknown arg:` line), or `failed` (any other end, with its line). Imported
 campaigns name no engine and no reachable device: theirs are `not run`, saying why.
 
-It lives in the harness because it runs engines on devices; results.recommend takes it as its
+It lives in the harness because it runs engines on devices; results.analysis.recommend takes it as its
 `verify` step (`verifier`), so the results package never needs a device.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 from engine.errors import BmoeError
 from harness.campaign_file import load_campaign
 from harness.session import DeviceSession
+from results.analysis.recommend import Verify
+from results.analysis.recommend_records import Recommendation, Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
-from results.recommend import Verify
-from results.recommend_records import Recommendation, Recommendations
-from results.rundir import CampaignData
+from results.read.rundir import CampaignData
 from store import names
 
 VERIFY_TOKENS = 1
@@ -43,7 +43,7 @@ def _campaign_of(r: Recommendation, name: str) -> str | None:
 
 
 def verifier(echo: Callable[[str], None] | None = None) -> Verify:
-    """`recommend --verify` as results.recommend's `verify` step: every line run once, the
+    """`recommend --verify` as results.analysis.recommend's `verify` step: every line run once, the
     answers redacted for publishing, progress to `echo`."""
     def run_each(recs: Recommendations, camps: Sequence[CampaignData]) -> Recommendations:
         return verify(recs, camps, Redactor(camps).text, echo)

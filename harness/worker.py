@@ -41,7 +41,7 @@ from devices.base import (
 from devices.lmk import LmkEvent, hard_kills_of_others, kills_of
 from engine.fsutil import naming
 from harness.budgets import is_knee
-from harness.campaign import Campaign, safe_id
+from harness.campaign import Campaign
 from harness.classify import classify, o_direct_in_effect, result_of
 from harness.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
 from harness.device_resolution import DeviceRef
@@ -55,6 +55,7 @@ from harness.turns import SessionFeeder, gap_app_specs, turns_record
 from store import names, outcomes, versioned
 from store.campaign_dir import CampaignDir
 from store.ledger import latest_by_cell, ledger_line
+from store.names import safe_id
 
 EVIDENCE_WAIT_S = 3.0
 SERVICES_FRESH_S = 5.0     # a previous exit state's dumpsys battery/thermalservice serve the next gate this long
@@ -383,7 +384,7 @@ class Worker(threading.Thread):
             CampaignDir.put(tmp, name, data)
         metrics, parse_problem = None, None
         if pulled:
-            from results.parse import ParseError, read_metrics_csv
+            from results.read.parse import ParseError, read_metrics_csv
 
             try:
                 metrics = read_metrics_csv(metrics_path)

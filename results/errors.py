@@ -1,7 +1,15 @@
 """The errors the results commands raise (the CLI turns each into a one-line message, exit 1)."""
 
 from engine.errors import BmoeError
-from results.parse_text import safe_message
+from engine.safetext import printable
+
+MESSAGE_CHARS = 1000
+
+
+def safe_message(message: str) -> str:
+    """One terminal-safe line: control characters escaped (newlines too), at most MESSAGE_CHARS."""
+    text = printable(str(message).replace("\n", "\\n"))
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "…"
 
 
 class ResultsError(BmoeError):

@@ -2,7 +2,7 @@
 
 The planner (harness.plan) makes one per cell; it is stored as the cell's `config` object in
 plan.json and in each attempt's run.json, and read back by the runner, the importer and the run
-table (results.table). It lives in the store because both the harness and results read it.
+table (results.read.table). It lives in the store because both the harness and results read it.
 
 On disk it stays the JSON object it always was, byte for byte: `to_dict` gives the keys the
 config has, in the order they were written (a planned cell: the planner's order; an imported

@@ -2,11 +2,11 @@
 
 The harness builds every measured argv with `engine_argv` (harness.plan); a recommendation builds
 the argv it ships with `settings_argv` from the chosen runs' own configuration, changed only in its
-budget (results.recommend_argv), so a recommended command line is the measured one by construction,
+budget (results.analysis.recommend_argv), so a recommended command line is the measured one by construction,
 never one edited as strings. The flag names come from engine.interface.flags.
 
 `settings_argv` is the part that is a setting: the argv without the engine, its files, prompt,
-length and the session switch (what `settings_of` in results.recommend_argv reads back from a
+length and the session switch (what `settings_of` in results.analysis.recommend_argv reads back from a
 stored argv; tests hold the two to each other on every run of a campaign).
 """
 

@@ -7,14 +7,27 @@ DIR/campaign.toml  plan.json  ledger.jsonl  community.json
     runs/<cell_id>/<attempt>/run.json metrics.csv route.csv stdout.txt stderr.txt samples.csv run.metrics
 ```
 
-Ids passed in are already safe as one path component (harness.campaign.safe_id made them).
+Ids passed in are already safe as one path component: `safe_id` and `device_id` below made them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
+
+
+def safe_id(text: str) -> str:
+    """A device or model string made safe as one path component (it is data, never a path)."""
+    out = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
+    return out[:80] or "x"
+
+
+def device_id(spec: str) -> str:
+    """A device as the campaign names it (local, a serial, HOST:PORT, virtual:NAME) as one path
+    component: devices/<device_id>.json, storage/<device_id>.json, a run's `device_id`."""
+    return safe_id(spec.replace(":", "-"))
 
 # ── the directory ──────────────────────────────────────────────────────────────────────────────
 CAMPAIGN_TOML = "campaign.toml"       # the resolved campaign (an import's: an [import] table)

@@ -84,7 +84,7 @@ class Flag:
     axis: str = ""                   # AXIS: the campaign axis it maps onto (harness.campaign.Axes)
     harness: str = ""                # where a campaign sets it instead (RUN, BUDGET, HARNESS, PLANNER)
     key: str = ""                    # the key a reader of a captured command line records it under
-                                     # (an imported run's config; results.parse_config), with `sets`
+                                     # (an imported run's config; results.read.parse_config), with `sets`
     env: str = ""                    # the env override the engine reads for it (flag wins)
     changes: tuple[Change, ...] = ()
 

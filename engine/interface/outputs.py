@@ -41,7 +41,7 @@ from .releases import NEXT, V0_19, V0_21, V0_22, V0_23, V0_24, Release
 PREAMBLE, COLUMN, SUMMARY, DONE, READY, PROGRESS, STDOUT, STDERR = (
     "preamble", "column", "summary", "done", "ready", "progress", "stdout", "stderr")
 PLACES = (PREAMBLE, COLUMN, SUMMARY, DONE, READY, PROGRESS, STDOUT, STDERR)
-# the units a value can have; "count" is a non-negative whole number (results.parse_values)
+# the units a value can have; "count" is a non-negative whole number (results.read.parse_values)
 UNITS = ("count", "count/token", "MiB", "MiB/token", "MiB/s", "bytes", "s", "s/token", "ms", "ms/token", "tok/s",
          "%", "frac", "x", "bool", "text", "ppl", "nats")
 

@@ -25,10 +25,10 @@ import pytest
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 from harness.verify import verifier
-from results.analyze import _boundary, analyze
-from results.recommend import recommend
-from results.rundir import read_campaigns
-from results.table import build_table
+from results.analysis.analyze import _boundary, analyze
+from results.analysis.recommend import recommend
+from results.read.rundir import read_campaigns
+from results.read.table import build_table
 from tests.devices.conftest import needs_zram
 
 MIB = 1 << 20

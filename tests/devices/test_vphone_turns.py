@@ -21,9 +21,9 @@ import pytest
 from engine.synth import synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
-from results.rundir import read_campaigns
-from results.table import build_table
-from results.turns import gap_rereads
+from results.read.rundir import read_campaigns
+from results.read.table import build_table
+from results.read.turns import gap_rereads
 
 MIB = 1 << 20
 TURNS, IDLE_S, TOKENS = 3, 20.0, 16

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine.interface.releases import NEXT, Release
-from results.parse_console import parse_console
-from results.parse_csv import read_metrics_csv
-from results.table import release_range
+from results.read.parse_console import parse_console
+from results.read.parse_csv import read_metrics_csv
+from results.read.table import release_range
 from tests.conftest import UPSTREAM_HOST
 
 MODEL = UPSTREAM_HOST / "tiny-qwen3moe.gguf"

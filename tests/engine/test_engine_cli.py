@@ -17,7 +17,7 @@ from gguf import GGUFWriter
 from engine.config import parse_args
 from engine.session import Session, SessionError
 from engine.synth import synth_options, write_model
-from results.parse import read_metrics_csv
+from results.read.parse import read_metrics_csv
 from tests.conftest import UPSTREAM_HOST, in_cgroup
 
 TINY = str(UPSTREAM_HOST / "tiny-qwen3moe.gguf")

@@ -1,5 +1,5 @@
 """engine.interface.flags, the one declared table of bmoe-cli's flags, against the real build and
-against everything derived from it (harness.flags, store.engine_argv, results.recommend_argv)."""
+against everything derived from it (harness.flags, store.engine_argv, results.analysis.recommend_argv)."""
 
 from __future__ import annotations
 
@@ -106,9 +106,9 @@ def test_harness_rules_are_the_tables_roles():
 def made_up(monkeypatch):
     """The table with one more flag, and the modules that derive from it at import re-derived."""
     import harness.flags
-    import results.parse_config
+    import results.read.parse_config
 
-    derived = (harness.flags, results.parse_config)
+    derived = (harness.flags, results.read.parse_config)
 
     def add(extra: Flag) -> None:
         flags = FLAGS + (extra,)
@@ -127,7 +127,7 @@ def test_a_made_up_flag_parses_is_sweepable_refused_by_bmoe_py_and_shown_with_no
     import harness.flags as rules
     from engine.config import UsageExit, parse_args
     from engine.flags import flags_text
-    from results.parse_config import config_from_command
+    from results.read.parse_config import config_from_command
     from store.cells import CellConfig
     from store.engine_argv import settings_argv
 

@@ -11,7 +11,7 @@ from engine.budget import MIB, AvailableMemory, CacheFlags, ConfigError, resolve
 from engine.config import NOT_IMPLEMENTED, UsageExit, parse_args, validate_run
 from engine.model import load_model_shape
 from engine.weights import DenseResidency
-from results.parse import read_metrics_csv
+from results.read.parse import read_metrics_csv
 from tests.conftest import UPSTREAM_HOST
 from tests.engine.test_engine_cli import bmoe_py as run_py
 

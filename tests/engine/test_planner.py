@@ -32,8 +32,8 @@ from engine.planner import (
     plan_run,
 )
 from engine.synth import synth_options, write_model
-from results.parse import read_metrics_csv
-from results.parse_console import parse_console
+from results.read.parse import read_metrics_csv
+from results.read.parse_console import parse_console
 from tests.conftest import UPSTREAM_HOST, in_cgroup, memory_cgroup
 
 MIB = 1 << 20

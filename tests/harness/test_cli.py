@@ -105,8 +105,8 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert "top-k 4: token cycle" in result.output
     # each phone ran one route-traced probe, and its knee cell ran at the knee the probe replays to
     from harness.probe import knee_of_trace
-    from results.lru_replay import access_sequence, lru_curve, stack_distances
-    from results.route_trace import read_route_trace
+    from results.read.route_trace import read_route_trace
+    from results.replay.lru_replay import access_sequence, lru_curve, stack_distances
 
     recs = [json.loads(p.read_text()) for p in (tmp_path / "demo" / "campaign").glob("runs/*/*/run.json")]
     probes = {r["device"]: r for r in recs if r["probe"]}
@@ -127,7 +127,7 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert checked >= 8
     # both phones' recommendations cite their probe's replayed curve, and the site shows it
     from harness.demo import APPS
-    from results.recommend import recommend
+    from results.analysis.recommend import recommend
 
     all_recs = recommend([tmp_path / "demo" / "campaign"]).all()
     assert sorted((r.device, r.apps) for r in all_recs) == sorted((d, a) for d in probes for a in APPS)
@@ -148,8 +148,8 @@ def test_demo_writes_and_prices_a_model(tmp_path):
             unsafe = [f["budget_mib"] for f in r.lmk["fought"]] + [r.lmk["smallest_killed_mib"] or math.inf]
             assert r.lmk["fought"] and r.auto.cache_ceil_mb < min(unsafe), r.lmk
     # the session cells: three turns on each phone, each turn's hit % and reads recorded
-    from results.rundir import read_campaigns
-    from results.table import build_table
+    from results.read.rundir import read_campaigns
+    from results.read.table import build_table
 
     turns = build_table(read_campaigns([tmp_path / "demo" / "turns"]))
     assert sorted(turns["device"]) == sorted(probes) and set(turns["outcome"]) == {"ok"}
@@ -173,7 +173,7 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert verified >= 3 and "verify fixed: accepted" in result.output
     # issue 26 item 5: the engine's own planner ran on each phone beside each load, its plan recorded
     # (the budget it chose is the one its run had) and set beside the boundary the sweep measured
-    from results.parse import read_metrics_csv
+    from results.read.parse import read_metrics_csv
 
     planned = {(r["device"], r["config"].get("apps")): r for r in recs if r["config"].get("planner")}
     assert set(planned) == {(d, a) for d in probes for a in APPS}

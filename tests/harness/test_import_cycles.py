@@ -95,3 +95,19 @@ def test_the_loop_finder_finds_a_loop_of_three_and_nothing_else():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}, "f": {"f"}}
     assert _cycles(graph) == [["a", "b", "c"]]
 
+
+
+# results/'s rooms, top down (CONTRIBUTING.md): each imports only the rooms under it and the shared
+# modules at results/'s top (errors, numbers, formats, publish), which import no room but read/'s
+ROOMS = ("site", "analysis", "replay", "read")
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_each_room_of_results_imports_only_the_rooms_under_it(room):
+    above = set(ROOMS[:ROOMS.index(room)])
+    for path in (ROOT / "results" / room).rglob("*.py"):
+        up = {n for n in _imports(path) if n.startswith("results.") and n.split(".")[1] in above}
+        assert not up, f"{path.relative_to(ROOT)} imports {sorted(up)}, a room above it"
+    for path in (ROOT / "results").glob("*.py"):
+        rooms = {n.split(".")[1] for n in _imports(path) if n.startswith("results.") and n.count(".") >= 2}
+        assert not rooms & set(ROOMS), f"{path.relative_to(ROOT)} (shared by every room) imports {sorted(rooms)}"

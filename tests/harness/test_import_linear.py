@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import results.parse_console as parse_console_module
+import results.read.parse_console as parse_console_module
 from harness.importer import import_runs
 from tests.harness.big_captures import driver_log, v2_capture
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.importer import import_runs
-from results.turns import turn_columns
+from results.read.turns import turn_columns
 
 SESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "sessions"
 HOST = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "host-v2-0.19.0"

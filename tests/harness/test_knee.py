@@ -16,11 +16,11 @@ from harness.campaign_file import parse_campaign
 from harness.plan import make_plan
 from harness.probe import knee_of_trace
 from harness.runner import run_campaign
-from results.analyze import analyze
-from results.recommend import recommendations_from
-from results.report import build_site
-from results.site_format import Urls
-from results.table import build_table
+from results.analysis.analyze import analyze
+from results.analysis.recommend import recommendations_from
+from results.read.table import build_table
+from results.site.report import build_site
+from results.site.site_format import Urls
 
 
 def knee_campaign(model: Path, name: str, cache_mb: list, devices=("local",), run: dict | None = None):

@@ -11,7 +11,7 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from results import android_app as app
+from results.analysis import android_app as app
 
 
 def _dry(cli, *args: str) -> tuple[list[dict], list[str]]:

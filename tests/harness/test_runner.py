@@ -25,7 +25,7 @@ from harness.plan import make_plan
 from harness.run_errors import RunnerError
 from harness.runner import run_campaign
 from harness.status import campaign_status
-from results.parse import read_metrics_csv
+from results.read.parse import read_metrics_csv
 from store.campaign_dir import CampaignDir
 from store.errors import LockBusy
 from store.locks import device_lock, dir_lock

@@ -34,8 +34,8 @@ from harness.cpushare import (
 )
 from harness.plan import make_plan
 from harness.runner import run_campaign
-from results.analyze import analyze
-from results.table import build_table
+from results.analysis.analyze import analyze
+from results.read.table import build_table
 from tests.conftest import UPSTREAM_HOST
 
 from .conftest import write_campaign

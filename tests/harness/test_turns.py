@@ -1,7 +1,7 @@
 """Session cells (issue 25 item 4): run.turns / run.idle_s / run.gap_apps read and written back,
 the cells they plan, the sweep options, the SessionFeeder driving the real bmoe-py `--session`
 on this host through LocalDevice.run's stdin (the same feeder a phone's run() takes), and the
-rule that reads a session's turns (results/turns.py) as far as the fought rule."""
+rule that reads a session's turns (results/read/turns.py) as far as the fought rule."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from harness.campaign import CampaignError
 from harness.campaign_file import load_campaign, parse_campaign
 from harness.plan import make_plan
 from harness.turns import SessionFeeder, request_line, turns_record
-from results.analyze import BudgetPoint, fought_reason
-from results.turns import demand_hit_pct, gap_rereads, gap_taken, turn_columns, warm_need_mib
+from results.analysis.analyze import BudgetPoint, fought_reason
+from results.read.turns import demand_hit_pct, gap_rereads, gap_taken, turn_columns, warm_need_mib
 from tests.engine.test_engine_cli import BMOE_PY
 
 from .conftest import write_campaign
@@ -49,7 +49,7 @@ def test_turns_are_run_keys_that_change_cells_only_when_set(tmp_path, tiny_model
         assert c.argv.count("--session") == 1 and c.argv.index("--session") < c.argv.index("--csv")
         assert c.label().endswith("turns=3 idle=20s gap-apps=cached:64MiB r0 p0"), c.label()
     # a recommended command line is the run's settings, without how the harness drove it
-    from results.recommend_argv import settings_of
+    from results.analysis.recommend_argv import settings_of
 
     assert "--session" not in settings_of(cells[0].argv) and "--csv" not in settings_of(cells[0].argv)
     assert settings_of(cells[0].argv) == settings_of(make_plan(one_shot).cells[0].argv)
@@ -213,8 +213,8 @@ def test_a_local_session_cell_through_the_runner_and_the_analysis(tmp_path, tiny
     rule's thresholds, turn 1 evicting nothing), and the analysis calls that budget fought with the
     gap's reason, while the untouched budget stays safe."""
     from harness.runner import run_campaign
-    from results.analyze import analyze
-    from results.table import build_table
+    from results.analysis.analyze import analyze
+    from results.read.table import build_table
 
     data = {"version": 1, "name": "s", "fleet": {"devices": ["local"]}, "models": {"m": str(tiny_model)},
             "axes": {"cache_mb": [0, 1, 2], "dense_weights": ["anon"]},

@@ -302,7 +302,7 @@ def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -
         manager.up("tight", 1 << 30, model=SCRIPT_TAG, home=phone_home, adb_host="127.0.0.1", adb_port=port)
         run_campaign(campaign("probe", {"cache_mb": [102, 256], "n_expert_used": [2, 8]}, {}), root / "probe",
                      progress_stream=io.StringIO())
-        from results.parse import read_metrics_csv
+        from results.read.parse import read_metrics_csv
 
         anon_mib: dict[int, list[float]] = {102: [], 256: []}
         for run_json in (root / "probe").glob("runs/*/1/run.json"):
@@ -324,7 +324,7 @@ def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory, local_campaign, vphone_campaign, imported) -> Path:
-    from results.report import build_site
+    from results.site.report import build_site
 
     out = tmp_path_factory.mktemp("site") / "site"
     build_site([local_campaign, vphone_campaign, imported], out,

@@ -28,12 +28,21 @@ from pathlib import Path
 
 from engine.errors import BmoeError
 from harness.importer import import_runs
-from results.parse import read_console, read_console_runs, read_driver_log, read_metrics_csv, read_sidecar, read_state
-from results.parse_text import MESSAGE_CHARS, to_number
-from results.parse_values import bad_in_column, problem
-from results.replay import replay_trace
-from results.route_trace import read_route_trace
-from results.table import write_table
+from results.errors import MESSAGE_CHARS
+from results.formats import emit
+from results.read.parse import (
+    read_console,
+    read_console_runs,
+    read_driver_log,
+    read_metrics_csv,
+    read_sidecar,
+    read_state,
+)
+from results.read.parse_text import to_number
+from results.read.parse_values import bad_in_column, problem
+from results.read.route_trace import read_route_trace
+from results.read.table import build_table, render_table
+from results.replay.replay import replay_trace
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
 Pick = Callable[[int], int]
@@ -156,7 +165,7 @@ def strict_json(obj: object) -> None:
 
 
 def plausible(values: Mapping[str, object]) -> None:
-    """Every number possible for its key (results.parse_values), nested mappings included."""
+    """Every number possible for its key (results.read.parse_values), nested mappings included."""
     for key, value in values.items():
         if isinstance(value, Mapping):
             plausible(value)
@@ -238,7 +247,7 @@ def check_import(out: Path) -> None:
                 plausible(data.get(key) or {})
     for line in (out / "ledger.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=refuse)
-    write_table([out], out.parent / "runs.csv")
+    emit(render_table(build_table([out]), "csv"), str(out.parent / "runs.csv"))
 
 
 # ── readers ─────────────────────────────────────────────────────────────────────────────────────

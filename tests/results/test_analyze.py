@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from results.analyze import UNDER_CYCLE_ADVICE, analyze
-from results.table import build_table
+from results.analysis.analyze import UNDER_CYCLE_ADVICE, analyze
+from results.read.table import build_table
 
 from .conftest import local_campaign_data, run_local, write_engine
 
@@ -51,8 +51,8 @@ def test_the_lmk_boundary_brackets_the_kills_with_the_floor_reached(vphone_campa
 
 def test_a_budget_whose_cache_never_filled_proves_only_what_it_held(local_campaign, small_model):
     from engine.model import MIB, load_model_shape
-    from results.analyze import FILLED_FRACTION
-    from results.recommend import recommend
+    from results.analysis.analyze import FILLED_FRACTION
+    from results.analysis.recommend import recommend
 
     shape = load_model_shape(small_model)
     table = build_table([local_campaign])

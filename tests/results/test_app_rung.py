@@ -10,11 +10,11 @@ import math
 
 import pandas as pd
 
-from results import android_app as app
-from results.analyze import BudgetPoint, DenseComparison, GroupAnalysis, _boundary, _with_fights
-from results.fleet_rules import device_default, fleet_rules
-from results.recommend import recommend_group
-from results.recommend_records import DeviceRecommendations, Recommendations
+from results.analysis import android_app as app
+from results.analysis.analyze import BudgetPoint, DenseComparison, GroupAnalysis, _boundary, _with_fights
+from results.analysis.fleet_rules import device_default, fleet_rules
+from results.analysis.recommend import recommend_group
+from results.analysis.recommend_records import DeviceRecommendations, Recommendations
 
 from .test_recommend_v2 import SCHEMA, validate
 

@@ -11,7 +11,7 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 
-from results.community import COLUMNS, COMMUNITY_PROMPT, MACHINE_COLUMNS, hardware_class, soc_family
+from results.analysis.community import COLUMNS, COMMUNITY_PROMPT, MACHINE_COLUMNS, hardware_class, soc_family
 from tests.conftest import UPSTREAM_HOST, running_adb_server
 
 from .test_outputs import md_table

@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from results.compare import compare
+from results.analysis.compare import compare
 
 
 def _cells(a, b):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from results.analyze import FOUGHT_SWAP_IN_MIB_PER_TOK, BudgetPoint, _boundary, _with_fights, fought_reason
+from results.analysis.analyze import FOUGHT_SWAP_IN_MIB_PER_TOK, BudgetPoint, _boundary, _with_fights, fought_reason
 
 
 def point(budget: float, tok_s: float, *, swap_in: float = 0.0, vm_swap: float = 0.0, majflt: float = 0.0,
@@ -61,7 +61,7 @@ def test_the_largest_safe_budget_sits_under_the_first_fought_one():
 
 
 def test_the_device_page_tags_a_fought_row():
-    from results.page_views import _point_row
+    from results.site.page_views import _point_row
 
     pts = _with_fights([point(0, 2.0), point(300, 3.5), point(400, 0.8, vm_swap=90.0)])
     table = pd.DataFrame({"run_id": [r for p in pts for r in p.run_ids], "outcome": "ok", "tokens": 64, "pass": 0})

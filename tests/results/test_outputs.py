@@ -11,7 +11,7 @@ import math
 
 from click.testing import CliRunner
 
-from results.compare import FAIL_EXIT_STATUS, compare, comparison_rows
+from results.analysis.compare import FAIL_EXIT_STATUS, compare, comparison_rows
 
 
 def md_table(text: str) -> list[list[str]]:
@@ -101,7 +101,7 @@ def test_a_newly_failing_cell_is_a_regression_whatever_the_threshold(compare_pai
 def test_the_run_table_carries_each_runs_reclaim(local_campaign):
     """issue 25 item 1: the engine's own RssAnon/RssFile lows and highs per run, the device's swap
     MiB per token as numbers (0 without swap activity), and the refused files named."""
-    from results.table import build_table
+    from results.read.table import build_table
 
     table = build_table([local_campaign])
     ok = table[(table["outcome"] == "ok")]

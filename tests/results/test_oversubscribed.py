@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 
 from harness.cpushare import local_cpu
-from results.analyze import analyze
-from results.compare import compare
-from results.recommend import recommendations_from
-from results.report import build_site
-from results.site_format import Urls
-from results.table import build_table
+from results.analysis.analyze import analyze
+from results.analysis.compare import compare
+from results.analysis.recommend import recommendations_from
+from results.read.table import build_table
+from results.site.report import build_site
+from results.site.site_format import Urls
 
 from .conftest import local_campaign_data, run_local, write_engine
 from .test_site import page

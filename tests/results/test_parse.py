@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from engine.errors import BmoeError
-from results.parse import (
+from results.read.parse import (
     ConsoleRun,
     ParseError,
     config_from_command,

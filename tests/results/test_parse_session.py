@@ -1,4 +1,4 @@
-"""results.parse_session: upstream's session captures (scripts/rewarm-ab.sh's .out/.mem pair, its
+"""results.read.parse_session: upstream's session captures (scripts/rewarm-ab.sh's .out/.mem pair, its
 printed report, JSON lines of BMOE_DONE), read into turns shaped like a live session cell's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from results.parse_session import (
+from results.read.parse_session import (
     ENGINE,
     JSONL,
     REPORT,
@@ -19,7 +19,7 @@ from results.parse_session import (
     read_report,
     session_turns,
 )
-from results.parse_text import ParseError
+from results.read.parse_text import ParseError
 
 SESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "sessions"
 REAL = SESSIONS / "upstream-2026-07-15-rewarm"

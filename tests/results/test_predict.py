@@ -1,4 +1,4 @@
-"""results.predict on real runs: bmoe-py on this host (-t 1), a knee probe, cache 0 and budgets under
+"""results.replay.predict on real runs: bmoe-py on this host (-t 1), a knee probe, cache 0 and budgets under
 and over the token cycle of the small model (cycle 3.2 MiB, working set 10.8 MiB)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from results.lru_replay import access_sequence, lru_curve
-from results.predict import PhoneRam, PredictionError, cache0_rates, cell_errors, missing_inputs, predict
-from results.route_trace import read_route_trace
-from results.table import build_table
+from results.read.route_trace import read_route_trace
+from results.read.table import build_table
+from results.replay.lru_replay import access_sequence, lru_curve
+from results.replay.predict import PhoneRam, PredictionError, cache0_rates, cell_errors, missing_inputs, predict
 from store import names
 from tests.results.conftest import local_campaign_data, run_local
 

@@ -27,8 +27,8 @@ from harness.campaign import CampaignError
 from harness.campaign_file import load_campaign
 from harness.cli import main
 from harness.flags import MAPPED, RESERVED, arg_problem
-from results.parse import read_metrics_csv
-from results.parse_values import ENGINE_INTS, problem
+from results.read.parse import read_metrics_csv
+from results.read.parse_values import ENGINE_INTS, problem
 from tests.harness.campaign_mutants import seed_texts
 from tests.results.mutants import UPSTREAM
 

@@ -10,9 +10,9 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from results.recommend import ceiling_mib, recommend, recommend_group, round_down
-from results.recommend_argv import flag_value
-from results.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
+from results.analysis.recommend import ceiling_mib, recommend, recommend_group, round_down
+from results.analysis.recommend_argv import flag_value
+from results.analysis.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
 
 from .conftest import UPSTREAM
 
@@ -126,8 +126,8 @@ def test_every_runs_stored_argv_is_its_typed_config_and_recommendations_are_buil
     """Issue 26 item 2: the recommended argv is the chosen runs' CellConfig put through the function
     that built the argv they ran (store.engine_argv); the stored argv stays the record, and on
     every run of a real campaign the two agree."""
-    from results.recommend_argv import argv_of_runs, config_of, settings_of
-    from results.table import build_table
+    from results.analysis.recommend_argv import argv_of_runs, config_of, settings_of
+    from results.read.table import build_table
     from store.engine_argv import settings_argv
 
     for camp in (vphone_campaign, local_campaign):

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from engine.budget import CACHE_MIN_MB
 from harness.campaign_file import load_campaign
 from harness.session import DeviceSession
-from results.fleet_rules import rule_ceiling
-from results.recommend import recommend
-from results.recommend_argv import flag_value, settings_of
-from results.recommend_records import FORMAT, FORMAT_VERSION
-from results.rundir import read_campaigns
+from results.analysis.fleet_rules import rule_ceiling
+from results.analysis.recommend import recommend
+from results.analysis.recommend_argv import flag_value, settings_of
+from results.analysis.recommend_records import FORMAT, FORMAT_VERSION
+from results.read.rundir import read_campaigns
 
 from .conftest import PROJECT
 
@@ -161,7 +161,7 @@ def test_a_phone_is_keyed_by_what_it_reports_and_an_unmeasured_one_gets_the_rule
 
 
 def test_the_rule_is_the_lower_hull_of_the_phones_it_rests_on():
-    from results.fleet_rules import envelope_mib, lower_hull
+    from results.analysis.fleet_rules import envelope_mib, lower_hull
 
     # two phones: 640 MiB safe at 380, 2 GiB at 1400; a third over the line between them
     hull = lower_hull([(0, 0), (640, 380), (2048, 1400), (1024, 900)])

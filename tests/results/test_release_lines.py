@@ -8,7 +8,7 @@ import re
 import pytest
 
 from engine.interface.outputs import line_columns
-from results.parse_console import parse_console
+from results.read.parse_console import parse_console
 from tests.conftest import FIXTURES
 
 _BLOCK = re.compile(r"```([\w-]+)\n(.*?)```", re.S)
@@ -46,7 +46,7 @@ def test_the_mode_line_says_whether_the_run_streamed(block, mode, cache):
 
 
 def test_every_line_field_with_a_run_table_column_is_read_by_some_pattern():
-    from results.parse_console import HANDLED_LINES
+    from results.read.parse_console import HANDLED_LINES
 
     assert set(line_columns()) <= HANDLED_LINES
 

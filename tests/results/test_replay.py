@@ -19,7 +19,8 @@ from engine.units import MIB
 from harness.cli import _Group
 from harness.cli_replay import replay
 from results.errors import ReplayError
-from results.lru_replay import (
+from results.read.route_trace import TraceError, read_route_trace
+from results.replay.lru_replay import (
     COLD,
     POLICIES,
     _nested_reuse_bytes,
@@ -31,9 +32,8 @@ from results.lru_replay import (
     mib_to_bytes,
     stack_distances,
 )
-from results.policy_replay import simulate, simulated_point
-from results.replay import CSV_HEADER, FORMAT, FORMAT_VERSION, replay_trace, replay_traces
-from results.route_trace import TraceError, read_route_trace
+from results.replay.policy_replay import simulate, simulated_point
+from results.replay.replay import CSV_HEADER, FORMAT, FORMAT_VERSION, replay_trace, replay_traces
 
 UPSTREAM = Path(__file__).parent.parent / "fixtures" / "upstream"
 GPTOSS = UPSTREAM / "2026-07-15-route-trace" / "gptoss.route.csv"

@@ -288,8 +288,8 @@ def test_a_budget_whose_cache_never_filled_is_tagged_on_its_row(site):
 
 
 def test_a_killed_auto_run_sits_at_the_budget_it_was_sized_to(killed_auto_campaign, tmp_path):
-    from results.report import build_site
-    from results.table import build_table
+    from results.read.table import build_table
+    from results.site.report import build_site
 
     table = build_table([killed_auto_campaign])
     (killed,) = table[table["cache_auto"]].to_dict("records")
@@ -377,8 +377,8 @@ def test_index_device_and_run_pages_fit_the_screen(site, browser, width):
 
 
 def test_no_tells_is_not_shown_as_an_alarm(browser, tmp_path):
-    from results.pages import IndexPage
-    from results.report import make_environment, templates_dir
+    from results.site.pages import IndexPage
+    from results.site.report import make_environment, templates_dir
 
     (tmp_path / "assets").mkdir()
     for name in ("site.css", "site.js"):

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from results.report import build_site
+from results.site.report import build_site
 
 from .conftest import local_campaign_data, run_local
 from .test_site import page
@@ -63,7 +63,7 @@ def test_a_session_run_page_shows_its_turns_and_gaps(session_campaign, tmp_path,
 
 
 def test_a_run_whose_gap_took_the_cache_says_so(session_campaign, tmp_path):
-    """The same rule as the analysis (results.turns.gap_taken): a copy of the campaign whose turn 2
+    """The same rule as the analysis (results.read.turns.gap_taken): a copy of the campaign whose turn 2
     re-read 5 MiB more than a first turn that evicted nothing."""
     copy = tmp_path / "copy"
     shutil.copytree(session_campaign, copy)

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 from click.testing import CliRunner
 
-from results.parse import read_metrics_csv
-from results.table import KEY_COLUMNS, build_table
+from results.read.parse import read_metrics_csv
+from results.read.table import KEY_COLUMNS, build_table
 
 from .conftest import UPSTREAM
 

@@ -1,0 +1,99 @@
+"""Upstream's Android app as data: the command line its settings open a session with, the cache rungs
+its settings offer, and a recommendation mapped onto those rungs.
+
+Read (never copied) from BigMoeOnEdge's examples/android: `AppSettings.kt` (its `sessionArgv`, the
+field defaults and `CACHE_CHOICES`) and `SettingsScreen.kt` at commit 07045c19a009; `RunService.kt`
+(the foreground service that execs bmoe-cli once with `--session` and writes one JSON request per
+prompt) and `MainActivity.kt` at commit 03753187b176. docs/campaigns.md ("The app's command line")
+lists what was found and what the preset leaves out. `sweep --preset app` (harness.presets) runs it;
+results.analysis.recommend names the rung (`app_rung_mb`) in every recommendation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.interface.flags import CHATML, CTX_SIZE, NO_THINK, OVERLAP, UBATCH
+from results.analysis.analyze import BudgetPoint, LmkBoundary
+
+UPSTREAM_SETTINGS_COMMIT = "07045c19a009f48cd92c1d39c053199f7bf45c99"   # AppSettings.kt, SettingsScreen.kt
+UPSTREAM_SERVICE_COMMIT = "03753187b1769ab0e5dd0cc80ac7fc5f4b3761c0"    # RunService.kt, MainActivity.kt
+
+# CACHE_CHOICES without its Auto entry (-1, run as `auto` with the ceiling below): the fixed budgets,
+# in MiB, a user can pick. 500 and 1000 sit under the engine's 1500 MiB floor; the app (and the
+# harness, for 1..1499) adds --force-cache to them.
+APP_RUNGS_MB = (0, 500, 1000, 1250, 1500, 1750, 2000, 3000, 4000, 5000, 6000)
+APP_AUTO_CEIL_MB = 3000          # cacheCeilMb's default: the cap the Auto rung runs with
+APP_DEFAULT_CACHE_MB = 2000      # cacheMb's default: what the app ships
+APP_THREADS = 4                  # -t
+APP_IO_THREADS = 4               # --io-threads
+APP_DENSE_WEIGHTS = "anon"       # --dense-weights
+APP_N_PREDICT = 128              # DEFAULT_N_PREDICT: tokens a turn asks for
+APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   # MainActivity's default prompt
+# the session-open flags the harness does not set itself, in sessionArgv's order; each is kept only
+# where the engine takes it (harness.presets.protocol_flags). --no-think stands for the app's
+# per-request `"think": false`: the harness's requests carry no think key (harness.turns).
+APP_FLAGS = ((CTX_SIZE.typed, "4096"), (UBATCH.typed, "512"), (CHATML.typed,), (NO_THINK.typed,), (OVERLAP.typed,))
+# what the app sends and the preset does not, with the reason (recorded in app.json)
+APP_LEFT_OUT = (
+    "--drop-cold-experts 0.75 left out: the app sends it only with a cache on, the engine refuses it at "
+    "--cache-mb 0 (the 0 rung), and it is lossy (it changes the output, not the budget)",
+)
+# session use: two turns with an idle gap between them, as upstream's scripts/rewarm-ab.sh ("same argv
+# the Android app uses") measures the app's session; the app itself unloads after 10 minutes idle
+APP_TURNS = 2
+APP_IDLE_S = 240.0
+
+
+@dataclass(frozen=True)
+class AppRung:
+    """The app rung a recommendation maps to (None: no rung is safe) and why."""
+
+    rung_mb: int | None
+    reason: str
+
+
+def rung_problem(rung_mb: int, points: Sequence[BudgetPoint], boundary: LmkBoundary, ceiling_mib: float,
+                 cycle_mib: float) -> str:
+    """Why one rung cannot be named ("" when it can): over the ceiling, under the token cycle, never
+    measured, killed, fought over, a run that did not finish, or a cache that never filled."""
+    if rung_mb > ceiling_mib + 1e-9:
+        return f"over the {ceiling_mib:g} MiB ceiling"
+    if rung_mb > 0 and not math.isnan(cycle_mib) and rung_mb < cycle_mib:
+        return f"under the {cycle_mib:g} MiB token cycle"
+    at = [p for p in points if not p.auto and p.budget_mib == rung_mb]
+    if not at:
+        return "not measured"
+    killed = boundary.smallest_killed_mib
+    if any(p.killed for p in at) or (rung_mb > 0 and killed is not None and rung_mb >= killed):
+        return "killed" if any(p.killed for p in at) else f"at or over the {killed:g} MiB that was killed"
+    fought = next((p.fought or p.gap_taken for p in at if p.fought or p.gap_taken), "")
+    if fought or (rung_mb > 0 and boundary.fought and rung_mb >= boundary.fought[0][0]):
+        return fought or f"at or over {boundary.fought_text()}"
+    if any(p.ok < p.runs or p.ok == 0 for p in at):
+        return "not every run finished"
+    if not all(p.filled for p in at):
+        return "survived without filling its cache"
+    return ""
+
+
+def app_rung(points: Sequence[BudgetPoint], boundary: LmkBoundary, ceiling_mib: float,
+             cycle_mib: float) -> AppRung:
+    """The largest app rung at or under the recommended ceiling (0 when the recommendation is
+    --cache-mb 0) that was measured and survived every run with its cache filled, never killed or
+    fought over; None, with each rung's reason, when there is none."""
+    skipped: list[str] = []
+    for rung in sorted(APP_RUNGS_MB, reverse=True):
+        problem = rung_problem(rung, points, boundary, ceiling_mib, cycle_mib)
+        if not problem:
+            runs = sum(p.runs for p in points if not p.auto and p.budget_mib == rung)
+            name = "0 (cache off)" if rung == 0 else f"{rung} MiB"
+            passed = f"; above it: {'; '.join(skipped)}" if skipped else ""
+            return AppRung(rung, f"app rung {name}: the largest of the app's rungs at or under the "
+                                 f"{ceiling_mib:g} MiB ceiling measured safe ({runs} run(s)){passed}")
+        if rung <= ceiling_mib + 1e-9:         # the rungs over the ceiling go without saying
+            skipped.append(f"{rung} MiB {problem}" if rung else f"0 {problem}")
+    return AppRung(None, f"no app rung is measured safe at or under the {ceiling_mib:g} MiB ceiling: "
+                         + "; ".join(skipped))

@@ -1,0 +1,690 @@
+"""The tidy run table: one row per run (every attempt) of any number of campaign directories.
+
+A row carries who ran (device identity), what (model, its shape and token cycle, engine version,
+every configuration key), what happened (outcome and its evidence), the engine's summary numbers,
+the per-token distribution (results.read.tokens), the pressure it ran under (peak RSS, MemAvailable
+floor, temperatures), the state it started from, and per-run flags. Budgets are MiB as the engine
+reports them (`cache_mb` is the budget the run actually had: the summary's cache_budget_MiB, or
+for a run that died first the last per-token budget, or the fixed value asked for).
+
+The token cycle `cache_cycle_mb` comes, in order of preference, from the CSV preamble, from the
+GGUF (when the model file is reachable: its models/*.json path, or a path given by the caller),
+from the plan's own pricing (`cycle_mb` in the cell config), from the models/*.json prices, and
+last from the summary's measured `token_demand_MiB`. `cycle_source` says which.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.claim import release_of
+from engine.flags import PLANNER_BUDGET, auto_label, flags_text
+from engine.interface import outputs as out_table
+from engine.interface.releases import Release, reported_as
+from engine.model import cycle_price_mib
+from results.errors import ResultsError
+from results.numbers import to_float
+from results.read.rundir import CampaignData, RunFolder, read_campaigns
+from results.read.tokens import PUBLISHED_MIN_TOKENS, token_stats
+from results.read.turns import turn_columns
+from store import names, outcomes
+from store.cells import CellConfig
+
+# columns every table has, first, in this order (docs/results.md lists them all)
+KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
+               "n_expert_used", "repeat", "outcome", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb",
+               "under_cycle", "mem_avail_floor_kb", "peak_rss_kb")
+# config keys that are columns of their own under another meaning
+_CONFIG_RENAMES = {"cache_mb": "cache_mb_config", "n_expert_used": "n_expert_used_config",
+                   "cycle_mb": "cycle_mb_config", "model": "model_config", "repeat": "repeat_config"}
+# the trailer keys the run table takes, from the declared outputs (engine/interface/outputs.py);
+# these four are worked out with other sources below (tokens, rates, hit % and budget)
+_SUMMARY_OWN = frozenset({"tokens", "tok/s", "cache_hit_pct", "cache_budget_MiB"})
+_SUMMARY = {k: v for k, v in out_table.columns(out_table.SUMMARY).items() if k not in _SUMMARY_OWN}
+# BMOE_DONE keys that fill a column the trailer left empty (an imported session's last turn)
+_DONE = {k: v for k, v in out_table.columns(out_table.DONE).items() if v in set(_SUMMARY.values())}
+# the declared stdout/stderr lines' values: {line: {field: column}}
+_LINE_COLUMNS = out_table.line_columns()
+_TEXT_COLUMNS = frozenset({"spec_source", "mode", "mode_cache", "plan_flags", "plan_regime", "plan_declined"})
+
+
+class ShapeCache:
+    """GGUF shapes by path, read once (headers only)."""
+
+    def __init__(self, model_files: Mapping[str, str] | None = None):
+        self.model_files = dict(model_files or {})
+        self._shapes: dict[str, Any] = {}
+
+    def shape(self, path: str | None):
+        """The shape of a GGUF on this host (None when unreachable or not a MoE GGUF)."""
+        if not path or not os.path.isfile(path):
+            return None
+        if path not in self._shapes:
+            from engine.errors import ModelError
+            from engine.model import load_model_shape
+
+            try:
+                self._shapes[path] = load_model_shape(path)
+            except ModelError:
+                self._shapes[path] = None
+        return self._shapes[path]
+
+    def for_model(self, name: str, record: Mapping[str, Any] | None):
+        """A model's shape from the first of its paths that reads."""
+        paths = [self.model_files.get(name)]
+        if record:
+            paths += [record.get("path")] + list(record.get("paths") or ())
+        for p in paths:
+            s = self.shape(p)
+            if s is not None:
+                return s
+        return None
+
+
+def _first(*values: Any) -> float:
+    for v in values:
+        x = to_float(v)
+        if not math.isnan(x):
+            return x
+    return math.nan
+
+
+def _min(*values: float) -> float:
+    xs = [v for v in values if not math.isnan(v)]
+    return min(xs) if xs else math.nan
+
+
+def _max(*values: float) -> float:
+    xs = [v for v in values if not math.isnan(v)]
+    return max(xs) if xs else math.nan
+
+
+def _bool(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip() not in ("", "0", "false", "False")
+    return bool(value)
+
+
+def _read_metrics(run: RunFolder):
+    from results.read.parse import ParseError, read_metrics_csv
+
+    path = run.file(names.METRICS_CSV)
+    if path is None:
+        return None, None
+    try:
+        return read_metrics_csv(path), None
+    except ParseError as e:
+        return None, str(e)
+
+
+def _samples(run: RunFolder) -> pd.DataFrame | None:
+    path = run.file(names.SAMPLES_CSV)
+    if path is None:
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, OSError):
+        return None
+    return frame if len(frame) else None
+
+
+def _reclaim_columns(reclaim: Mapping[str, Any], tokens: float) -> dict[str, Any]:
+    """run.json's `reclaim` (devices/reclaim.py) as run-table columns: the device's swap-in and
+    swap-out MiB per generated token (counted over the whole run: load, prefill and decode), the
+    engine's VmSwap high and its RssAnon and RssFile low and high, PSI avg10 highs, zram's high,
+    and which files the device refused."""
+    per_tok = tokens if tokens and not math.isnan(tokens) and tokens > 0 else math.nan
+
+    def mib(key: str) -> float:
+        return to_float(reclaim.get(key)) / 1024
+
+    return {
+        "swap_in_mib_per_tok": mib("swap_in_kb") / per_tok,
+        "swap_out_mib_per_tok": mib("swap_out_kb") / per_tok,
+        "sampled_majflt_per_tok": to_float(reclaim.get("maj_flt")) / per_tok,
+        "vm_swap_max_mib": mib("vm_swap_max_kb"),
+        "rss_anon_min_mib": mib("rss_anon_min_kb"), "rss_anon_max_mib": mib("rss_anon_max_kb"),
+        "rss_file_min_mib": mib("rss_file_min_kb"), "rss_file_max_mib": mib("rss_file_max_kb"),
+        "psi_some_avg10_max": to_float(reclaim.get("psi_some_avg10_max")),
+        "psi_full_avg10_max": to_float(reclaim.get("psi_full_avg10_max")),
+        "zram_used_max_mib": mib("zram_used_max_kb"),
+        "reclaim_refused": " ".join(str(x) for x in reclaim.get("refused") or ()),
+        "reclaim_samples": to_float(reclaim.get("samples")),
+    }
+
+
+def _top_k(config: CellConfig, pre: Mapping[str, str], model_rec: Mapping[str, Any] | None, shape) -> float:
+    k = to_float(pre.get("n_expert_used"))
+    if not math.isnan(k) and k > 0:
+        return k
+    k = to_float(config.n_expert_used)
+    if not math.isnan(k) and k > 0:
+        return k
+    for v in ((model_rec or {}).get("top_k"), shape.top_k if shape is not None else None):
+        k = to_float(v)
+        if not math.isnan(k) and k > 0:
+            return k
+    return math.nan
+
+
+def _cycle(pre: Mapping[str, str], summary: Mapping[str, Any], config: CellConfig,
+           model_rec: Mapping[str, Any] | None, shape, k: float,
+           releases: tuple[Release, Release] | None = None) -> tuple[float, str]:
+    v = to_float(pre.get("cache_cycle_mb"))
+    if not math.isnan(v):
+        # bmoe-py prints one decimal; upstream from 0.21 an integer rounded up (%d of a ceil); the
+        # plan priced the same quantity to three
+        planned = to_float(config.cycle_mb)
+        same = not math.isnan(planned) and abs(planned - v) <= 0.051
+        if releases is not None and out_table.cycle_is_rounded_up(releases[0]) and not math.isnan(planned):
+            same = same or 0 <= v - planned < 1
+        return (planned if same else v), "csv"
+    if shape is not None and not math.isnan(k) and k >= 1:
+        return cycle_price_mib(shape.cycle_bytes(min(int(k), shape.n_expert))), "gguf"
+    v = to_float(config.cycle_mb)
+    if not math.isnan(v) and v > 0:
+        return v, "plan"
+    for price in (model_rec or {}).get("prices") or ():
+        if not math.isnan(k) and int(price.get("top_k", -1)) == int(k):
+            return float(price["cycle_mib"]), "models-json"
+    layers = (model_rec or {}).get("layers")
+    if layers and not math.isnan(k):
+        n_expert = int((model_rec or {}).get("n_expert") or k)
+        return cycle_price_mib(sum(int(x["expert_bytes"]) for x in layers) * min(int(k), n_expert)), "models-json"
+    v = to_float(summary.get("token_demand_MiB"))
+    if not math.isnan(v) and v > 0:
+        return v, "token_demand"
+    return math.nan, ""
+
+
+def _entry(entry: Mapping[str, Any] | None, gate: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Entry-state fields from the runner's DeviceState or an imported driver's ENTRY STATE."""
+    e = dict(entry or {})
+    g = dict(gate or {})
+    cpu = to_float(e.get("cpu_temp_mc"))
+    if math.isnan(cpu):
+        temps = [to_float(v) for v in (e.get("temperatures_c") or {}).values()]
+        temps += [to_float(v) / 1000 for v in (e.get("thermal_mc") or {}).values()]
+        temps = [t for t in temps if not math.isnan(t)]
+        cpu = max(temps) * 1000 if temps else math.nan
+    capped = None
+    policies = e.get("cpufreq")
+    if isinstance(policies, list) and policies:
+        capped = any(bool(p.get("capped")) for p in policies)
+    elif isinstance(e.get("cpufreq_khz"), dict) and e["cpufreq_khz"]:
+        capped = any(to_float(p.get("scaling_max")) < to_float(p.get("hw_max")) for p in e["cpufreq_khz"].values())
+    return {
+        "entry_mem_available_kb": to_float(e.get("mem_available_kb")),
+        "entry_cpu_temp_mc": cpu,
+        "entry_battery_temp_dc": _first(e.get("battery_temp_dc"), e.get("batt_temp_dC")),
+        "entry_thermal_status": to_float(e.get("thermal_status")),
+        "entry_freq_capped": capped,
+        "gate_waited_s": _first(g.get("waited_s"), e.get("waited_s")),
+        "gate_gave_up": bool(g.get("gave_up")) if g else False,
+        "gate_reason": str(g.get("reason") or ""),
+    }
+
+
+def _console(run: RunFolder):
+    """What the run printed (its stdout and stderr, read as one capture); None when neither was
+    kept or the capture does not read."""
+    from results.read.parse_console import parse_console
+    from results.read.parse_text import NumberError, ParseError, read_lines
+
+    lines: list[str] = []
+    for name in (names.STDOUT_TXT, names.STDERR_TXT):
+        path = run.file(name)
+        if path is not None:
+            try:
+                lines += read_lines(path)[0]
+            except (OSError, ValueError):
+                continue
+    if not lines:
+        return None
+    try:
+        return parse_console(lines)
+    except (ParseError, NumberError, ValueError):
+        return None
+
+
+def release_range(engine_version: str) -> tuple[Release, Release] | None:
+    """The bmoe-cli releases a run's engine may be, from the version it reported (`0.19.0` is 0.19
+    or the 0.20.0 build that still said 0.19.0), or the one bmoe-py claims; None for bmoe-py at its
+    default or an unknown engine."""
+    claimed = release_of(engine_version)            # bmoe-py speaking a release (engine.claim)
+    if claimed is not None:
+        return claimed, claimed
+    try:
+        return reported_as(engine_version)
+    except ValueError:
+        return None
+
+
+def _release_columns(engine_version: str) -> dict[str, Any]:
+    """Which releases the engine may be, and what its release-dependent figures mean."""
+    span = release_range(engine_version)
+    if span is None:
+        return {"engine_release": "", "engine_release_max": "", "stall_basis": "", "o_direct_basis": ""}
+    oldest, newest = span
+    return {"engine_release": str(oldest), "engine_release_max": str(newest),
+            "stall_basis": out_table.stall_basis(oldest, newest),
+            "o_direct_basis": "outcome" if out_table.o_direct_is_outcome(oldest) else "requested"}
+
+
+def _line_columns(console, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared lines' values as run-table columns, where the CSV trailer left them empty."""
+    out: dict[str, Any] = {}
+    for column in dict.fromkeys(c for fields in _LINE_COLUMNS.values() for c in fields.values()):   # table order
+        if column not in row:
+            out[column] = "" if column in _TEXT_COLUMNS else math.nan
+    if console is None:
+        return out
+    for line, fields in _LINE_COLUMNS.items():
+        for field, column in fields.items():
+            value = console.value(line, field)
+            if value is None:
+                continue
+            if column in _TEXT_COLUMNS:
+                if not (row.get(column) or out.get(column)):
+                    out[column] = str(value)
+            elif math.isnan(to_float(row.get(column, out.get(column)))):
+                out[column] = to_float(value)
+    return out
+
+
+def _derived(row: dict[str, Any], pre: Mapping[str, str]) -> None:
+    """Columns worked out from others: the rate a speculative run really gave, acceptance, the drop
+    and substitution shares, the draft source, what the planner chose."""
+    def pct(part: Any, whole: Any) -> float:
+        a, b = to_float(part), to_float(whole)
+        return 100.0 * a / b if not math.isnan(a) and not math.isnan(b) and b > 0 else math.nan
+
+    if not row["spec_source"]:
+        spec = str(pre.get("spec") or "")
+        row["spec_source"] = "" if spec in ("", "off") else spec
+    if math.isnan(row["spec_accept_pct"]):
+        row["spec_accept_pct"] = pct(row["spec_accepted"], row["spec_drafted"])
+    if math.isnan(row["drafted_steps_pct"]):
+        row["drafted_steps_pct"] = pct(row["drafted_steps"], row["spec_decodes"])
+    if math.isnan(row["tokens_per_decode"]):
+        decodes, tokens = to_float(row["spec_decodes"]), to_float(row["tokens"])
+        row["tokens_per_decode"] = tokens / decodes if decodes > 0 and not math.isnan(tokens) else math.nan
+    if math.isnan(row["effective_tok_s"]):
+        # decode time plus drafting time, which tok/s leaves out (CHANGELOG 0.19.0); = tok/s when nothing drafted
+        per_tok, draft = to_float(row["s_per_tok"]), to_float(row["spec_draft_s_per_tok"])
+        if not math.isnan(per_tok) and per_tok > 0:
+            row["effective_tok_s"] = 1.0 / (per_tok + (0.0 if math.isnan(draft) else draft))
+    if math.isnan(row["drop_pct"]):
+        row["drop_pct"] = pct(row["experts_dropped"], row["experts_routed"])
+    if math.isnan(row["substituted_pct"]):
+        row["substituted_pct"] = pct(row["experts_substituted"], row["experts_reranked"])
+    for key in ("route_ahead", "drop_cold_frac", "substitute_lambda"):
+        row[key] = to_float(pre.get(key))
+
+
+def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str, Any]:
+    """One table row for one attempt."""
+    rec = run.record
+    config = CellConfig.from_dict(rec.get("config") or {})
+    device = str(rec.get("device", ""))
+    model = str(rec.get("model", ""))
+    identity = camp.devices.get(device) or {}
+    model_rec = camp.models.get(model)
+    metrics, parse_problem = _read_metrics(run)
+    pre = dict(metrics.preamble) if metrics is not None else {}
+    summary = dict(rec.get("summary") or (metrics.summary if metrics is not None and metrics.summary else {}) or {})
+    result = dict(rec.get("result") or {})
+    shape = shapes.for_model(model, model_rec)
+    k = _top_k(config, pre, model_rec, shape)
+    engine = dict(rec.get("engine") or {})
+    engine_version = str(engine.get("version") or pre.get("engine") or "")
+    releases = _release_columns(engine_version)
+    cycle, cycle_source = _cycle(pre, summary, config, model_rec, shape, k, release_range(engine_version))
+    rows = metrics.rows if metrics is not None else None
+    stats = token_stats(rows) if rows is not None and len(rows) else None
+
+    console = _console(run)
+    mode = str(console.value("mode", "mode") or "") if console is not None else ""
+    # the engine's planner chose (--auto): what ran is the plan's, never the cell's placeholders
+    planner = bool(config.planner or config.extra.get("auto_plan"))
+    planned = _plan_of(console) if planner else {}
+    stream = None if planner else _bool(config.moe_stream)
+    if stream is None and pre.get("moe_stream") is not None:
+        stream = _bool(pre.get("moe_stream"))
+    if mode:
+        # the engine's own word on what ran (after 0.24: `mode: mmap` is a baseline, not this engine)
+        stream = mode == "expert streaming"
+    if stream is None and planner:
+        stream = planned.get("moe_stream")
+    auto = _bool(config.cache_auto)
+    if auto is None and pre.get("cache_auto") is not None:
+        auto = _bool(pre.get("cache_auto"))
+    last_budget = math.nan
+    if rows is not None and len(rows) and "cache_budget_mib" in rows.columns:
+        last_budget = to_float(rows["cache_budget_mib"].iloc[-1])
+    fixed = math.nan if auto else _first(pre.get("cache_mb"), planned.get("cache_mb") if planner else config.cache_mb)
+    # an auto run killed before its first token has no per-token budget: its stderr said what it sized
+    sized = _auto_sized_mib(run, console) if auto and math.isnan(_first(summary.get("cache_budget_MiB"),
+                                                               result.get("budget_mib"), last_budget)) else math.nan
+    budget = _first(summary.get("cache_budget_MiB"), result.get("budget_mib"), last_budget, sized, fixed)
+    if stream is False:
+        budget = math.nan                      # no streaming: there is no expert cache at all
+    hit = _first(summary.get("cache_hit_pct"), result.get("cache_hit_pct"))
+    if not math.isnan(hit) and hit < 0:
+        hit = math.nan                         # -1: not measured (no cache)
+    tokens = _first(summary.get("tokens"), result.get("tokens"), stats.tokens if stats else None)
+    tok_s = _first(stats.mean_tok_s if stats else None, summary.get("tok/s"), result.get("tok_per_s"))
+
+    pressure = dict(rec.get("pressure") or {})
+    samples = _samples(run)
+    sample_floor = sample_hwm = math.nan
+    if samples is not None:
+        if "mem_available_kb" in samples.columns:
+            sample_floor = to_float(samples["mem_available_kb"].min())
+        if "vm_hwm_kb" in samples.columns:
+            sample_hwm = to_float(samples["vm_hwm_kb"].max())
+    csv_floor_kb = stats.mem_available_min_mib * 1024 if stats else math.nan
+    csv_rss_kb = stats.rss_max_mib * 1024 if stats else math.nan
+    outcome = str(rec.get("outcome") or "")
+    under = bool(stream is not False and not math.isnan(budget) and budget > 0 and not math.isnan(cycle)
+                 and budget < cycle)
+
+    row: dict[str, Any] = {
+        "device": device,
+        "model": model,
+        "engine": engine_version or str(engine.get("kind") or ""),
+        "cache_mb": budget,
+        "cache_auto": bool(auto),
+        "cache_ceil_mb": to_float(config.cache_ceil_mb if config.cache_ceil_mb is not None
+                                  else pre.get("cache_ceil_mb")),
+        "dense_weights": str(config.dense_weights or pre.get("dense_weights") or ""),
+        "n_expert_used": k,
+        "repeat": int(rec.get("repeat", 0) or 0),
+        "outcome": outcome,
+        "tokens": tokens,
+        "tok_s": tok_s,
+        "cache_hit_pct": hit,
+        "cache_cycle_mb": cycle,
+        "under_cycle": under,
+        "mem_avail_floor_kb": _min(to_float(pressure.get("mem_avail_floor_kb")), sample_floor, csv_floor_kb),
+        "peak_rss_kb": _max(to_float(pressure.get("peak_rss_kb")), sample_hwm, csv_rss_kb),
+        # identity
+        "campaign": camp.label,
+        "campaign_dir": str(camp.root),
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "cell_id": str(rec.get("cell_id", "")),
+        "attempt": int(rec.get("attempt", 1)),
+        "latest": run.latest,
+        "imported": camp.imported,
+        "device_id": str(rec.get("device_id", "")),
+        "device_kind": str(identity.get("kind") or ""),
+        "device_model": str(identity.get("model") or ""),
+        "device_manufacturer": str(identity.get("manufacturer") or ""),
+        "device_soc": str(identity.get("soc") or ""),
+        "android_release": str(identity.get("android_release") or ""),
+        "ram_total_kb": to_float(identity.get("ram_total_kb")),
+        "engine_kind": str(engine.get("kind") or ""),
+        "engine_sha256": str(engine.get("sha256") or ""),
+        # model shape
+        "arch": str(pre.get("arch") or config.extra.get("arch") or (shape.arch if shape else "") or
+                    (model_rec or {}).get("arch") or ""),
+        "n_layer": _first(pre.get("n_layer"), config.extra.get("n_layer"), shape.n_layer if shape else None,
+                          (model_rec or {}).get("n_layer")),
+        "n_expert": _first(pre.get("n_expert"), config.extra.get("n_expert"), shape.n_expert if shape else None,
+                           (model_rec or {}).get("n_expert")),
+        "cycle_source": cycle_source,
+        # the most any cache of this model can hold (a budget over it fills at the bank)
+        "expert_bank_mib": _first(shape.expert_bytes / (1 << 20) if shape else None,
+                                  to_float((model_rec or {}).get("expert_bytes")) / (1 << 20)),
+        "expert_entry_mib": _first(shape.widest_expert_bytes / (1 << 20) if shape else None,
+                                   max((to_float(x.get("expert_bytes")) for x in (model_rec or {}).get("layers") or ()),
+                                       default=math.nan) / (1 << 20)),
+        "moe_stream": stream,
+        "budget_label": _budget_label(stream, auto, budget, config, planner),
+        "planner": planner,
+        # run
+        "pass": int(rec.get("pass", 0) or 0),
+        "order": int(rec.get("order", 0) or 0),
+        "evidence": " | ".join(str(e) for e in rec.get("evidence") or ()),
+        "exit_status": to_float(rec.get("exit_status")),
+        "timed_out": bool(rec.get("timed_out")),
+        "wall_s": to_float(rec.get("wall_s")),
+        "killed": outcome in outcomes.KILLS,
+        "infra": outcome in outcomes.INFRA,
+        "started_at": to_float(rec.get("started_at")),
+        "o_direct": to_float(rec.get("o_direct")),
+        "has_route_trace": run.file(names.ROUTE_CSV) is not None,
+        "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
+        "argv": json.dumps(list(rec.get("argv") or ())),
+        "config": json.dumps(config.to_dict()),       # the typed config a recommendation builds its argv from
+        "csv_problem": parse_problem or "",
+        # summary
+        "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),
+    }
+    for key, column in _SUMMARY.items():
+        row[column] = to_float(summary.get(key))
+    last_done = next((t.get("bmoe_done") for t in reversed(rec.get("turns") or ()) if t.get("bmoe_done")), None)
+    for key, column in _DONE.items():
+        if last_done and math.isnan(row[column]):
+            row[column] = to_float(last_done.get(key))
+    row.update(_line_columns(console, row))
+    row.update(releases)
+    row["mode"] = mode
+    row["baseline"] = stream is False          # no expert streaming: mmap or resident, a baseline
+    row["read_mib_per_tok"] = row["read_mib"] / tokens if tokens and not math.isnan(tokens) and tokens > 0 \
+        else math.nan
+    row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
+    if math.isnan(row["majflt_per_tok"]) and stats is not None:
+        row["majflt_per_tok"] = stats.majflt_per_tok
+    row.update(_reclaim_columns(dict(rec.get("reclaim") or {}), tokens))
+    if math.isnan(row["majflt_per_tok"]):
+        row["majflt_per_tok"] = row.pop("sampled_majflt_per_tok")
+    else:
+        row.pop("sampled_majflt_per_tok")
+    # distribution
+    for field in ("mean_tok_s", "median_tok_s", "p5_tok_s", "p95_tok_s", "min_tok_s", "max_tok_s",
+                  "steady_from_step", "steady_tokens", "steady_mean_tok_s", "wall_ms_mean", "io_ms_mean",
+                  "compute_ms_mean", "mgmt_ms_mean"):
+        value = getattr(stats, field) if stats is not None else None
+        row[field] = math.nan if value is None else float(value)
+    if math.isnan(row["compute_s_per_tok"]) and stats is not None:
+        row["compute_s_per_tok"] = stats.compute_ms_mean / 1000
+    # pressure and entry state
+    row.update({
+        "mem_avail_before_kb": to_float(pressure.get("mem_avail_before_kb")),
+        "mem_avail_after_kb": to_float(pressure.get("mem_avail_after_kb")),
+        "cpu_temp_before_mc": to_float(pressure.get("cpu_temp_before_mC")),
+        "cpu_temp_max_mc": to_float(pressure.get("cpu_temp_max_mC")),
+        "batt_temp_max_dc": to_float(pressure.get("batt_temp_max_dC")),
+    })
+    _derived(row, pre)
+    row.update(_entry(rec.get("entry_state"), rec.get("gate")))
+    # a session run's turns and the idle gaps between them (results/read/turns.py)
+    row.update(turn_columns(rec.get("turns")))
+    # every configuration key (those with a column of their own under another name are renamed)
+    for key, value in sorted(config.to_dict().items()):
+        column = _CONFIG_RENAMES.get(key, key)
+        if column in row:
+            column = f"config_{key}"
+        row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    # the pass-through flags as the command line had them: runs with equal text ran the same flags
+    row["engine_flags"] = flags_text(config.engine_flags)
+    row["engine_args"] = shlex.join(str(a) for a in config.engine_args)
+    # the other apps open beside it (axes.apps), and those lmkd took while the engine ran
+    row["apps"] = config.apps
+    row["apps_lmk_killed"] = ",".join(a["name"] for a in rec.get("apps") or () if a.get("lmk_killed"))
+    # any other process lmkd killed past its soft level (perceptible or in front) while it ran
+    row["others_hard_killed"] = ",".join(rec.get("others_hard_killed") or ())
+    row.update(_cpu(rec.get("cpu")))
+    row["flags"] = ",".join(_flags(row))
+    return row
+
+
+def _auto_sized_mib(run: RunFolder, console) -> float:
+    """The budget an `auto` run was sized to, from its stderr's `bmoe: cache auto — … → B MiB
+    budget` line (both engines print it at load, before anything can be killed): from the run's
+    console as _console read it, else from its stderr alone (when its stdout did not read)."""
+    from results.read.parse_console import parse_console
+    from results.read.parse_text import ParseError, read_lines
+
+    if console is not None and console.cache_auto is not None:
+        return to_float(console.cache_auto.budget_mib)
+    path = run.file(names.STDERR_TXT)
+    if path is None:
+        return math.nan
+    try:
+        found = parse_console(read_lines(path)[0]).cache_auto
+    except (ParseError, ValueError, OSError):
+        return math.nan
+    return to_float(found.budget_mib) if found is not None else math.nan
+
+
+def _cpu(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cores a run had and the engines that shared them (harness.cpushare); unknown for runs
+    recorded before the harness kept them, and for imports."""
+    c = dict(cpu or {})
+    return {"cores": to_float(c.get("cores")), "cpu_threads": to_float(c.get("threads")),
+            "threads_sum": to_float(c.get("threads_sum")), "oversubscribed": c.get("oversubscribed") is True,
+            "cpu_engines": engines_text(c.get("engines"))}
+
+
+def engines_text(engines: Sequence[Mapping[str, Any]] | None) -> str:
+    """The other engines a run shared its cores with, one phrase each."""
+    parts = []
+    for e in engines or ():
+        threads = f"{e.get('threads')} thread{'s' if e.get('threads') != 1 else ''}"
+        if e.get("outside"):
+            parts.append(f"pid {e.get('pid')} {e.get('name')} outside the campaign: {threads}")
+        else:
+            parts.append(f"{e.get('device')} {e.get('cell_id')}: {threads}")
+    return "; ".join(parts)
+
+
+def _plan_of(console) -> dict[str, Any]:
+    """What a planner run's plan chose, from its `plan: reproduce with` line: whether it streams and
+    its --cache-mb (a run killed before its CSV has only these)."""
+    if console is None:
+        return {}
+    flags = str(console.value("plan-reproduce", "plan_flags") or "")
+    if not flags:
+        return {}
+    out: dict[str, Any] = {"moe_stream": not flags.startswith("#")}
+    budget = console.value("plan-reproduce", "plan_cache_mb")
+    if budget is not None:
+        out["cache_mb"] = budget
+    return out
+
+
+def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: CellConfig,
+                  planner: bool = False) -> str:
+    if planner:
+        chose = ("mmap (declined streaming)" if stream is False else f"{budget:g} MiB" if not math.isnan(budget)
+                 else "?")
+        return f"{PLANNER_BUDGET} → {chose}"
+    if stream is False:
+        return "resident" if config.no_mmap else "mmap"
+    if auto:
+        return auto_label(config.cache_ceil_mb)
+    return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
+
+
+def _flags(row: Mapping[str, Any]) -> list[str]:
+    flags = []
+    if row["under_cycle"]:
+        flags.append("under_cycle")
+    tokens = row["tokens"]
+    if row["outcome"] == "ok" and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
+        flags.append("probe")
+    if row["gate_gave_up"]:
+        flags.append("gate_gave_up")
+    if row["entry_freq_capped"]:
+        flags.append("freq_capped")
+    if row["moe_stream"] and row["o_direct"] == 0:
+        flags.append("o_direct_off")
+    if row["oversubscribed"]:
+        flags.append("oversubscribed")
+    return flags
+
+
+def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
+                model_files: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The run table of campaign directories (paths, or CampaignData already read)."""
+    camps = [d for d in dirs if isinstance(d, CampaignData)]
+    if not dirs or len(camps) < len(dirs):
+        camps = read_campaigns([d for d in dirs if not isinstance(d, CampaignData)])
+    shapes = ShapeCache(model_files)
+    rows = [run_row(c, r, shapes) for c in camps for r in c.runs]
+    if not rows:
+        raise ResultsError("no runs in " + ", ".join(str(c.root) for c in camps))
+    frame = pd.DataFrame(rows)
+    rest = [c for c in frame.columns if c not in KEY_COLUMNS]
+    frame = frame[list(KEY_COLUMNS) + rest]
+    return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
+
+
+# the columns a person reads (text, md); csv, json, jsonl and parquet carry every column
+SHORT_COLUMNS = ("device", "model", "engine", "budget_label", "dense_weights", "n_expert_used", "repeat", "pass",
+                 "outcome", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb", "flags")
+_SHORT_HEADERS = ("device", "model", "engine", "cache", "dense", "k", "repeat", "pass", "outcome", "tokens",
+                  "tok/s", "hit %", "cycle MiB", "flags")
+_NUMERIC = ("n_expert_used", "repeat", "pass", "tokens", "tok_s", "cache_hit_pct", "cache_cycle_mb")
+TABLE_FORMAT = "bmoe-fleet.table"
+
+
+TABLE_FORMATS = ("text", "csv", "json", "jsonl", "md", "parquet")
+
+
+def table_what(frame: pd.DataFrame) -> str:
+    """What a written table holds, for the line that says where it went."""
+    n_camps = frame["campaign"].nunique()
+    return f"{len(frame)} runs of {n_camps} campaign{'s' if n_camps != 1 else ''}"
+
+
+def render_table(frame: pd.DataFrame, fmt: str) -> str | bytes:
+    """The run table as text, csv, json, jsonl, md or parquet (bytes); the CLI writes it."""
+    from results import formats
+
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ResultsError(f"--format parquet: {formats.PARQUET_HINT}, or write .csv instead") from None
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        return buf.getvalue()
+    records = frame.to_dict("records")
+    if fmt == "csv":
+        data = frame.to_csv(index=False)
+    elif fmt == "json":
+        data = formats.to_json({"format": TABLE_FORMAT, "version": 1, "columns": list(frame.columns),
+                                "runs": records})
+    elif fmt == "jsonl":
+        data = formats.to_jsonl(records)
+    elif fmt == "md":
+        data = formats.to_md(records, SHORT_COLUMNS, _SHORT_HEADERS, _NUMERIC)
+    else:
+        data = formats.to_text(records, SHORT_COLUMNS, _SHORT_HEADERS, _NUMERIC)
+    return data
+
+
+def parse_model_files(items: Sequence[str]) -> dict[str, str]:
+    """`NAME=PATH` pairs (the CLI's --model-file) as a mapping."""
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ResultsError(f"--model-file expects NAME=PATH, got {item!r}")
+        out[name] = path
+    return out

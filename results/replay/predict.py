@@ -1,0 +1,376 @@
+"""Predict a budget's decode s/token, hit % and resident anonymous MiB from one route-traced probe
+and one cache-0 run of the same device, model, top-k and dense mode (issue 27 item 1).
+
+The model (docs/prediction.md has each term, where it is measured, and the error it makes):
+
+- misses: the exact LRU replay of the probe's trace (results.replay.lru_replay) gives, at any budget b,
+  the decode lookups that miss and their entry bytes; per decode token that is miss_mib(b);
+- read rate: the cache-0 run reads every routed expert, so its measured read MiB per token over
+  its I/O seconds per token is the device's rate at the run's lanes (`--io-threads`), and its read
+  MiB over the replay's miss MiB at 0 is the O_DIRECT alignment factor;
+- s/token(b) = compute + other + cache management (all measured at cache 0) + visible x
+  miss_mib(b) x alignment / rate, where visible is 1 without `--overlap` and the engine's reported
+  stall / I/O with it;
+- anon MiB(b) = dense set + min(b, working set the trace reaches) + overhead, the overhead being
+  the cache-0 run's peak RssAnon minus its dense set;
+- the RAM-meeting budget: the largest b whose anon MiB fits what the phone can give the engine
+  (PhoneRam: MemTotal, lmkd's low watermark, what else stays resident, zram with its ratio and
+  lmkd's swap-free-low percentage), found exactly since anon MiB is piecewise linear in b.
+
+Pure functions over a campaign's run table (results.read.table.build_table) and its run folders.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.units import MIB
+from results.errors import ResultsError
+from results.read.parse_csv import read_metrics_csv
+from results.read.route_trace import PHASE_DECODE, RouteTrace, read_route_trace
+from results.read.table import build_table
+from results.replay.lru_replay import (
+    AccessSequence,
+    access_sequence,
+    default_budgets_mib,
+    first_decode_hit_mib,
+    lru_curve,
+    mib_to_bytes,
+    stack_distances,
+)
+from store import names
+
+
+class PredictionError(ResultsError):
+    """The runs a prediction needs are missing or unusable; one line naming what and where."""
+
+
+@dataclass(frozen=True)
+class PhoneRam:
+    """What a phone can give the engine's anonymous memory, as inputs (docs/virtual-phones.md,
+    devices/virtual/lmkd_policy.py): lmkd stays silent while free memory is over its low
+    watermark and SwapFree is over swap_free_low_pct of SwapTotal."""
+
+    mem_total_mib: float
+    low_watermark_mib: float = 0.0
+    others_resident_mib: float = 0.0
+    zram_disksize_mib: float = 0.0
+    zram_ratio: float = 3.0            # uncompressed / compressed (lz4 on model weights: measure it)
+    swap_free_low_pct: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (self.mem_total_mib > 0 and self.low_watermark_mib >= 0 and self.others_resident_mib >= 0
+                and self.zram_disksize_mib >= 0 and self.zram_ratio >= 1 and 0 <= self.swap_free_low_pct <= 100):
+            raise ValueError(f"impossible phone RAM {self}")
+
+    @property
+    def engine_capacity_mib(self) -> float:
+        """Anonymous MiB the engine can hold before lmkd acts: RAM over the watermark and the
+        others, plus what zram frees (each MiB swapped costs 1/ratio MiB of RAM) until SwapFree
+        falls to lmkd's low percentage."""
+        ram = self.mem_total_mib - self.low_watermark_mib - self.others_resident_mib
+        swappable = self.zram_disksize_mib * (1 - self.swap_free_low_pct / 100)
+        return ram + swappable * (1 - 1 / self.zram_ratio)
+
+
+@dataclass(frozen=True)
+class CacheZeroRates:
+    """Per decode token, from the cache-0 run's metrics CSV rows (means over its tokens)."""
+
+    run_id: str
+    tokens: int
+    wall_s_per_tok: float
+    compute_s_per_tok: float
+    mgmt_s_per_tok: float
+    io_s_per_tok: float
+    visible_io_s_per_tok: float    # io without --overlap; the engine's stall with it
+    read_mib_per_tok: float
+    overlap: bool
+    rss_anon_peak_mib: float
+
+    @property
+    def other_s_per_tok(self) -> float:
+        """Wall time that is neither compute, visible I/O nor cache management (sampling, the loop).
+        Signed: the columns are rounded to 1 us each, so it may be a hair under 0, and keeping the
+        sign makes the prediction at 0 the cache-0 run's own wall time."""
+        return self.wall_s_per_tok - self.compute_s_per_tok - self.visible_io_s_per_tok - self.mgmt_s_per_tok
+
+    @property
+    def read_mib_per_s(self) -> float:
+        return self.read_mib_per_tok / self.io_s_per_tok if self.io_s_per_tok > 0 else math.inf
+
+    @property
+    def visible_io_fraction(self) -> float:
+        return self.visible_io_s_per_tok / self.io_s_per_tok if self.io_s_per_tok > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class BudgetPrediction:
+    budget_mib: float
+    under_cycle: bool
+    hit_pct_cum: float
+    hit_pct_decode: float
+    miss_mib_per_tok: float
+    io_s_per_tok: float
+    s_per_tok: float
+    anon_mib: float
+
+    def __post_init__(self) -> None:
+        values = (self.budget_mib, self.hit_pct_cum, self.hit_pct_decode, self.miss_mib_per_tok, self.io_s_per_tok,
+                  self.s_per_tok, self.anon_mib)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or self.hit_pct_decode > 100:
+            raise ValueError(f"impossible prediction {self}")
+
+    @property
+    def tok_s(self) -> float:
+        return 1 / self.s_per_tok if self.s_per_tok > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One (device, model, top-k, dense mode): the runs it used and the curve it predicts."""
+
+    device: str
+    model: str
+    n_expert_used: int
+    dense_weights: str
+    probe_run_id: str
+    cache0_run_id: str
+    cycle_mib: float
+    first_decode_hit_mib: float | None
+    working_set_mib: float
+    dense_mib: float
+    overhead_mib: float
+    alignment: float                 # cache-0 read MiB / replayed miss MiB at 0
+    rates: CacheZeroRates
+    budgets: tuple[BudgetPrediction, ...]
+    ram_capacity_mib: float | None   # PhoneRam.engine_capacity_mib, None without a phone
+    ram_budget_mib: float | None     # largest budget that fits; None: no phone, or nothing fits
+    ram_fits_every_budget: bool      # even the whole working set fits
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        return (self.device, self.model, self.n_expert_used, self.dense_weights)
+
+    def at(self, budget_mib: float) -> BudgetPrediction:
+        for b in self.budgets:
+            if b.budget_mib == budget_mib:
+                return b
+        raise KeyError(budget_mib)
+
+
+@dataclass(frozen=True)
+class CellError:
+    """A measured run beside its prediction."""
+
+    run_id: str
+    budget_mib: float
+    under_cycle: bool
+    measured_s_per_tok: float
+    predicted_s_per_tok: float
+    measured_hit_pct: float
+    predicted_hit_pct: float
+    measured_anon_mib: float
+    predicted_anon_mib: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100 * (self.predicted_s_per_tok - self.measured_s_per_tok) / self.measured_s_per_tok
+
+
+# ── inputs ───────────────────────────────────────────────────────────────────────────────────
+
+
+def _column_sum(rows: pd.DataFrame, column: str) -> float:
+    return float(rows[column].sum()) if column in rows.columns else 0.0
+
+
+def cache0_rates(metrics_path: str | Path, run_id: str) -> CacheZeroRates:
+    """The cache-0 run's per-token means from its CSV rows (the summary's are rounded to 1 ms)."""
+    m = read_metrics_csv(metrics_path)
+    rows = m.rows
+    if rows is None or not len(rows):
+        raise PredictionError(f"{metrics_path}: the cache-0 run has no token rows")
+    n = len(rows)
+    overlap = str(m.preamble.get("overlap", "0")) == "1"
+    io_s = _column_sum(rows, "io_ms") / 1000 / n
+    visible = _column_sum(rows, "stall_ms") / 1000 / n if overlap else io_s
+    anon = float(rows["rss_anon_mib"].max()) if "rss_anon_mib" in rows.columns else math.nan
+    return CacheZeroRates(
+        run_id=run_id, tokens=n, wall_s_per_tok=_column_sum(rows, "wall_ms") / 1000 / n,
+        compute_s_per_tok=_column_sum(rows, "compute_ms") / 1000 / n,
+        mgmt_s_per_tok=_column_sum(rows, "mgmt_ms") / 1000 / n, io_s_per_tok=io_s, visible_io_s_per_tok=visible,
+        read_mib_per_tok=_column_sum(rows, "read_bytes") / MIB / n, overlap=overlap, rss_anon_peak_mib=anon)
+
+
+def measured_s_per_tok(metrics_path: str | Path) -> float:
+    """Mean wall s per generated token from the CSV rows (the same mean the prediction models)."""
+    rows = read_metrics_csv(metrics_path).rows
+    return _column_sum(rows, "wall_ms") / 1000 / len(rows) if rows is not None and len(rows) else math.nan
+
+
+def _decode_tokens(trace: RouteTrace) -> int:
+    rows = trace.rows
+    decode = rows.phase == PHASE_DECODE
+    if not decode.any():
+        return 0
+    return len(np.unique(rows.turn[decode].astype(np.int64) * (1 << 32) + rows.step[decode].astype(np.int64)))
+
+
+def _working_set_bytes(seq: AccessSequence) -> int:
+    keys, first = np.unique(seq.key, return_index=True)
+    return int(seq.entry_bytes[first].sum()) if len(keys) else 0
+
+
+def _decode_miss_bytes(seq: AccessSequence, distance: np.ndarray, budget_mib: float) -> int:
+    b = mib_to_bytes(budget_mib)
+    miss = seq.decode & ((distance > b) if b > 0 else np.ones(len(seq), dtype=bool))
+    return int(seq.entry_bytes[miss].sum())
+
+
+def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) -> tuple[float | None, bool]:
+    """anon(b) = base + min(b, ws): the largest b with anon(b) <= capacity (None if even 0 does not fit)."""
+    if base_mib > capacity_mib:
+        return None, False
+    if base_mib + working_set_mib <= capacity_mib:
+        return working_set_mib, True
+    return capacity_mib - base_mib, False
+
+
+# ── the model ────────────────────────────────────────────────────────────────────────────────
+
+
+def predict_from_runs(trace: RouteTrace, rates: CacheZeroRates, budgets_mib: Sequence[float], *,
+                      device: str = "", model: str = "", dense_weights: str = "anon", probe_run_id: str = "",
+                      phone: PhoneRam | None = None) -> Prediction:
+    """The prediction at every budget from a parsed trace and the cache-0 run's rates."""
+    seq = access_sequence(trace)
+    distance = stack_distances(seq)
+    n_tokens = _decode_tokens(trace)
+    if n_tokens == 0:
+        raise PredictionError(f"{trace.path}: the route trace has no decode tokens to replay")
+    cycle = trace.cycle_bytes
+    first_hit = first_decode_hit_mib(seq, distance)
+    miss0_mib = _decode_miss_bytes(seq, distance, 0) / MIB / n_tokens
+    alignment = rates.read_mib_per_tok / miss0_mib if miss0_mib > 0 else 1.0
+    ws_mib = _working_set_bytes(seq) / MIB
+    dense_mib = sum(trace.dense_bytes_by_layer.values()) / MIB if dense_weights == "anon" else 0.0
+    overhead_mib = rates.rss_anon_peak_mib - dense_mib
+    fixed_s = rates.compute_s_per_tok + rates.other_s_per_tok + rates.mgmt_s_per_tok
+    budgets = sorted({float(b) for b in budgets_mib} | {0.0})
+    points = lru_curve(seq, budgets, cycle, distance)
+    out = []
+    for b, point in zip(budgets, points, strict=True):
+        # the seed's rule, which the replay gives: no decode lookup hits under the first reuse distance
+        # (at most one cycle), so a budget under it reads exactly what cache 0 reads
+        if (first_hit is None or b < first_hit) and point.hit_pct_decode != 0.0:
+            raise AssertionError(f"replay hit {point.hit_pct_decode} % at {b} MiB, under its first decode hit")
+        miss_mib = _decode_miss_bytes(seq, distance, b) / MIB / n_tokens
+        io_s = miss_mib * alignment / rates.read_mib_per_s if math.isfinite(rates.read_mib_per_s) else 0.0
+        out.append(BudgetPrediction(
+            budget_mib=b, under_cycle=point.under_cycle, hit_pct_cum=point.hit_pct_cum,
+            hit_pct_decode=point.hit_pct_decode, miss_mib_per_tok=miss_mib, io_s_per_tok=io_s,
+            s_per_tok=fixed_s + rates.visible_io_fraction * io_s,
+            anon_mib=max(0.0, dense_mib + min(b, ws_mib) + overhead_mib)))
+    capacity = phone.engine_capacity_mib if phone else None
+    ram_budget, fits_all = _ram_budget(capacity, rates.rss_anon_peak_mib, ws_mib) if capacity is not None \
+        else (None, False)
+    return Prediction(
+        device=device, model=model, n_expert_used=trace.n_expert_used, dense_weights=dense_weights,
+        probe_run_id=probe_run_id, cache0_run_id=rates.run_id, cycle_mib=cycle / MIB, first_decode_hit_mib=first_hit,
+        working_set_mib=ws_mib, dense_mib=dense_mib, overhead_mib=overhead_mib, alignment=alignment, rates=rates,
+        budgets=tuple(out), ram_capacity_mib=capacity, ram_budget_mib=ram_budget, ram_fits_every_budget=fits_all)
+
+
+# ── from a run table ─────────────────────────────────────────────────────────────────────────
+
+GROUP_KEYS = ("device", "model", "n_expert_used", "dense_weights")
+
+
+def _usable(table: pd.DataFrame) -> pd.DataFrame:
+    ok = table[(table["outcome"] == "ok") & (table["moe_stream"] != False)]  # noqa: E712 (None: unknown, streamed)
+    return ok[ok["cache_mb"].notna()]
+
+
+def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, PhoneRam] | None = None,
+            extra_budgets_mib: Sequence[float] = ()) -> dict[tuple[str, str, int, str], Prediction]:
+    """Per (device, model, top-k, dense mode) of a run table (or campaign dirs): the prediction
+    from its probe (a route-traced run, the knee probe first) and its cache-0 sweep run, at every
+    measured budget, the replay's default budgets, the working set (whole MiB) and
+    `extra_budgets_mib`. Groups without both
+    inputs are left out (`missing_inputs` says which and why)."""
+    if not isinstance(table, pd.DataFrame):
+        table = build_table(list(table))
+    out: dict[tuple[str, str, int, str], Prediction] = {}
+    for key, group in _usable(table).groupby(list(GROUP_KEYS), sort=True, dropna=False):
+        inputs = _inputs(group)
+        if isinstance(inputs, str):
+            continue
+        probe, cache0 = inputs
+        trace = read_route_trace(Path(probe["run_dir"]) / names.ROUTE_CSV)
+        rates = cache0_rates(Path(cache0["run_dir"]) / names.METRICS_CSV, str(cache0["run_id"]))
+        measured = [float(b) for b in group["cache_mb"]]
+        budgets = measured + default_budgets_mib(trace.cycle_bytes / MIB) + list(extra_budgets_mib)
+        budgets.append(math.ceil(_working_set_bytes(access_sequence(trace)) / MIB))   # where anon goes flat
+        device, model, k, dense = key
+        out[(str(device), str(model), int(k), str(dense))] = predict_from_runs(
+            trace, rates, budgets, device=str(device), model=str(model), dense_weights=str(dense),
+            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)))
+    return out
+
+
+def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], Mapping[str, Any]] | str:
+    traced = group[group["has_route_trace"]]
+    if not len(traced):
+        return "no route-traced run"
+    probes = traced[traced["probe"]]
+    probe = (probes if len(probes) else traced).iloc[0]
+    zero = group[(group["cache_mb"] == 0) & ~group["probe"]]
+    if not len(zero):
+        zero = group[group["cache_mb"] == 0]        # the knee probe is a cache-0 run too
+    if not len(zero):
+        return "no cache-0 run"
+    return probe.to_dict(), zero.iloc[0].to_dict()
+
+
+def missing_inputs(table: pd.DataFrame) -> dict[tuple[str, str, int, str], str]:
+    """The groups predict leaves out, each with the reason."""
+    out = {}
+    for key, group in _usable(table).groupby(list(GROUP_KEYS), sort=True, dropna=False):
+        reason = _inputs(group)
+        if isinstance(reason, str):
+            device, model, k, dense = key
+            out[(str(device), str(model), int(k), str(dense))] = reason
+    return out
+
+
+def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, str], Prediction]) -> list[CellError]:
+    """Every measured ok sweep run (not the probe) beside the prediction of its group."""
+    out = []
+    for row in _usable(table).itertuples(index=False):
+        r = row._asdict()
+        p = predictions.get((str(r["device"]), str(r["model"]), int(r["n_expert_used"]), str(r["dense_weights"])))
+        if p is None or r["probe"]:
+            continue
+        b = p.at(float(r["cache_mb"]))
+        path = Path(r["run_dir"]) / names.METRICS_CSV
+        rows = read_metrics_csv(path).rows
+        anon = float(rows["rss_anon_mib"].max()) if "rss_anon_mib" in rows.columns and len(rows) else math.nan
+        hit = float(r["cache_hit_pct"]) if not pd.isna(r["cache_hit_pct"]) else 0.0
+        out.append(CellError(
+            run_id=str(r["run_id"]), budget_mib=b.budget_mib, under_cycle=b.under_cycle,
+            measured_s_per_tok=measured_s_per_tok(path), predicted_s_per_tok=b.s_per_tok,
+            measured_hit_pct=hit, predicted_hit_pct=b.hit_pct_cum, measured_anon_mib=anon,
+            predicted_anon_mib=b.anon_mib))
+    return out
+
+
+__all__ = ["BudgetPrediction", "CacheZeroRates", "CellError", "PhoneRam", "Prediction", "PredictionError",
+           "cache0_rates", "cell_errors", "measured_s_per_tok", "missing_inputs", "predict", "predict_from_runs"]

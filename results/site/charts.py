@@ -1,0 +1,245 @@
+"""Plotly figures (plain `{"data": [...], "layout": {...}}` dicts) for the site's pages.
+
+The pages embed them with jinja's `tojson` inside `<script type="application/json">` and
+templates/site.js hands them to the plotly.min.js copied into the site, so charts work offline
+from file://. Every number is JSON-safe (NaN becomes null, which plotly draws as a gap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from results.analysis.analyze import GroupAnalysis
+from results.read.run_keys import load_text
+from store.versioned import json_safe
+
+PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+KILL = "#d62728"
+FOUGHT = "#e67e00"        # budgets that survived while the device fought over them
+CYCLE = "#ff7f0e"
+SAFE = "#2ca02c"
+FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
+
+
+def _layout(title: str, **extra) -> dict[str, Any]:
+    layout = {"title": {"text": title, "font": {"size": 14}}, "font": FONT, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+              "legend": {"orientation": "h", "y": -0.18}, "hovermode": "closest", "paper_bgcolor": "#ffffff",
+              "plot_bgcolor": "#fafafa"}
+    layout.update(extra)
+    return layout
+
+
+def _vline(x: float, color: str, dash: str, label: str, y_top: float = 1.0) -> tuple[dict, dict]:
+    shape = {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": y_top,
+             "line": {"color": color, "width": 1.5, "dash": dash}}
+    note = {"x": x, "xref": "x", "y": y_top, "yref": "paper", "text": label, "showarrow": False, "xanchor": "left",
+            "yanchor": "bottom", "font": {"size": 10, "color": color}}
+    return shape, note
+
+
+RECOMMENDED = "#00695c"
+
+
+def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
+    """Hit % (top) and tok/s (bottom) against the budget, per series, with the token cycle, the LMK
+    boundary, killed runs (an `auto` run at the budget it was sized to; one whose budget is not known
+    at all marked along the axis's right end), the replayed LRU curve as the predicted hit % line,
+    and the recommendation (results.analysis.recommend.Recommendation): its ceiling and its fixed budget."""
+    data: list[dict[str, Any]] = []
+    series = g.series()
+    for i, name in enumerate(series):
+        color = PALETTE[i % len(PALETTE)]
+        pts = [p for p in g.points if p.series == name and p.ok and not math.isnan(p.budget_mib)]
+        label = name if len(series) > 1 else "measured"
+        hover = [f"{p.label}<br>{p.ok}/{p.runs} runs ok" + (f"<br>{p.advice}" if p.advice else "") for p in pts]
+        data.append({"type": "scatter", "mode": "markers+lines", "name": f"hit % ({label})",
+                     "x": [p.budget_mib for p in pts], "y": [p.hit_pct for p in pts], "text": hover,
+                     "marker": {"color": color, "size": 9, "symbol": ["diamond" if p.auto else "circle" for p in pts]},
+                     "line": {"color": color, "width": 1}, "xaxis": "x", "yaxis": "y"})
+        data.append({"type": "scatter", "mode": "markers+lines", "name": f"tok/s ({label})",
+                     "x": [p.budget_mib for p in pts], "y": [p.tok_s for p in pts], "text": hover,
+                     "error_y": {"type": "data", "symmetric": False,
+                                 "array": [p.tok_s_max - p.tok_s for p in pts],
+                                 "arrayminus": [p.tok_s - p.tok_s_min for p in pts], "color": color},
+                     "marker": {"color": color, "size": 9, "symbol": ["diamond" if p.auto else "circle" for p in pts]},
+                     "line": {"color": color, "width": 1, "dash": "dot"}, "xaxis": "x", "yaxis": "y2",
+                     "showlegend": True})
+    fought = [p for p in g.points if p.fought and not math.isnan(p.budget_mib)]
+    if fought:
+        # survived, but the device fought over it: drawn apart from the safe points, on the tok/s panel
+        data.append({"type": "scatter", "mode": "markers", "name": "fought (not safe)",
+                     "x": [p.budget_mib for p in fought], "y": [p.tok_s for p in fought],
+                     "text": [f"{p.label}: {p.fought}" for p in fought],
+                     "marker": {"color": FOUGHT, "size": 15, "symbol": "square-open", "line": {"width": 2}},
+                     "xaxis": "x", "yaxis": "y2"})
+    killed = [p for p in g.points if p.killed and not math.isnan(p.budget_mib)]
+    if killed:
+        data.append({"type": "scatter", "mode": "markers", "name": "killed (LMK)",
+                     "x": [p.budget_mib for p in killed for _ in range(p.killed)],
+                     "y": [0 for p in killed for _ in range(p.killed)],
+                     "text": [f"{rid} ({p.label})" for p in killed for rid in p.killed_run_ids],
+                     "marker": {"color": KILL, "size": 13, "symbol": "x"}, "xaxis": "x", "yaxis": "y2"})
+    lost = [p for p in g.points if p.killed and math.isnan(p.budget_mib)]
+    if lost:
+        # killed before it printed the budget it was sized to: marked along the axis, at its right end
+        known = [p.budget_mib for p in g.points if not math.isnan(p.budget_mib)]
+        edge = max(known + [g.cycle_mib if not math.isnan(g.cycle_mib) else 0.0, 1.0]) * 1.05
+        data.append({"type": "scatter", "mode": "markers", "name": "killed, budget unknown",
+                     "x": [edge for p in lost for _ in range(p.killed)], "y": [0 for p in lost for _ in range(p.killed)],
+                     "text": [f"{rid} ({p.label}): killed before it reported its budget" for p in lost
+                              for rid in p.killed_run_ids],
+                     "marker": {"color": KILL, "size": 13, "symbol": "x-open"}, "xaxis": "x", "yaxis": "y2"})
+    if g.replay is not None:
+        r = g.replay
+        data.append({"type": "scatter", "mode": "lines", "name": "replayed LRU (predicted hit %)",
+                     "x": list(r.budgets_mib), "y": list(r.hit_pct_cum),
+                     "line": {"color": "#444444", "width": 2, "dash": "dash"}, "xaxis": "x", "yaxis": "y"})
+    shapes, notes = [], []
+    if not math.isnan(g.cycle_mib):
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": g.cycle_mib, "y0": 0, "y1": 1,
+                       "fillcolor": "rgba(255,127,14,0.08)", "line": {"width": 0}, "layer": "below"})
+        s, n = _vline(g.cycle_mib, CYCLE, "solid", f"token cycle {g.cycle_mib:g} MiB")
+        shapes.append(s)
+        notes.append(n)
+    b = g.boundary
+    if b.smallest_killed_mib is not None:
+        s, n = _vline(b.smallest_killed_mib, KILL, "dash", f"killed at {b.smallest_killed_mib:g} MiB", 0.93)
+        shapes.append(s)
+        notes.append(n)
+    if b.largest_safe_mib is not None:
+        s, n = _vline(b.largest_safe_mib, SAFE, "dot", f"always survived {b.largest_safe_mib:g} MiB", 0.86)
+        shapes.append(s)
+        notes.append(n)
+    if rec is not None and rec.auto is not None:
+        s, n = _vline(rec.auto.cache_ceil_mb, RECOMMENDED, "dashdot",
+                      f"recommended ceiling {rec.auto.cache_ceil_mb} MiB", 0.79)
+        shapes.append(s)
+        notes.append(n)
+    if rec is not None and rec.fixed is not None:
+        s, n = _vline(rec.fixed.cache_mb, RECOMMENDED, "solid", f"recommended --cache-mb {rec.fixed.cache_mb}", 0.72)
+        shapes.append(s)
+        notes.append(n)
+    k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
+    if g.apps:
+        k += f", {load_text(g.apps)}"
+    layout = _layout(f"{g.model} ({k}) on {g.device}: hit % and tok/s against the cache budget",
+                     xaxis={"title": {"text": "expert cache budget (MiB)"}, "rangemode": "tozero", "anchor": "y2"},
+                     yaxis={"title": {"text": "hit %"}, "domain": [0.55, 1.0], "range": [0, 100]},
+                     yaxis2={"title": {"text": "tok/s"}, "domain": [0.0, 0.45], "rangemode": "tozero"},
+                     shapes=shapes, annotations=notes, height=520)
+    return json_safe({"data": data, "layout": layout})
+
+
+def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any] | None:
+    """Per-token wall / io / compute / mgmt ms, and the cumulative hit %."""
+    if rows is None or not len(rows) or "wall_ms" not in rows.columns:
+        return None
+    x = list(rows["step"]) if "step" in rows.columns else list(range(1, len(rows) + 1))
+    data = []
+    for column, color in (("wall_ms", "#222222"), ("io_ms", "#1f77b4"), ("compute_ms", "#2ca02c"),
+                          ("mgmt_ms", "#9467bd")):
+        if column in rows.columns:
+            data.append({"type": "scatter", "mode": "lines+markers", "name": column.replace("_ms", " ms"),
+                         "x": x, "y": list(rows[column]), "line": {"color": color, "width": 1.5},
+                         "marker": {"size": 4}, "yaxis": "y"})
+    if "cache_hit_pct" in rows.columns:
+        hit = rows["cache_hit_pct"].astype(float)
+        data.append({"type": "scatter", "mode": "lines", "name": "hit % (cumulative)", "x": x,
+                     "y": list(hit.where(hit >= 0)), "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
+    shapes, notes = [], []
+    if steady_from is not None and not math.isnan(steady_from):
+        s, n = _vline(steady_from, "#7f7f7f", "dot", "steady state from here")
+        shapes.append(s)
+        notes.append(n)
+    layout = _layout("per token: wall, flash I/O, compute, cache management (ms) and hit %",
+                     xaxis={"title": {"text": "decode step"}},
+                     yaxis={"title": {"text": "ms"}, "rangemode": "tozero"},
+                     yaxis2={"title": {"text": "hit %"}, "overlaying": "y", "side": "right", "range": [0, 100]},
+                     shapes=shapes, annotations=notes, height=380,
+                     margin={"l": 60, "r": 60, "t": 50, "b": 50})
+    return json_safe({"data": data, "layout": layout})
+
+
+def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> dict[str, Any] | None:
+    """MemAvailable and RSS over the run: the ~1 Hz pressure samples (seconds) and the engine's own
+    per-token columns (decode steps)."""
+    data = []
+    if samples is not None and len(samples):
+        t = list(samples["t_s"])
+        for column, name, color in (("mem_available_kb", "MemAvailable (samples)", "#1f77b4"),
+                                    ("vm_rss_kb", "RSS (samples)", "#d62728"), ("vm_hwm_kb", "peak RSS (samples)",
+                                                                               "#ff9896")):
+            if column in samples.columns:
+                data.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": t,
+                             "y": list(samples[column] / 1024), "line": {"color": color}, "xaxis": "x", "yaxis": "y"})
+    if rows is not None and len(rows):
+        x = list(rows["step"]) if "step" in rows.columns else list(range(1, len(rows) + 1))
+        for column, name, color in (("mem_available_mib", "MemAvailable (per token)", "#1f77b4"),
+                                    ("rss_mib", "RSS (per token)", "#d62728"),
+                                    ("rss_anon_mib", "anon RSS (per token)", "#9467bd"),
+                                    ("cache_budget_mib", "cache budget", CYCLE)):
+            if column in rows.columns:
+                data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": list(rows[column]),
+                             "line": {"color": color, "dash": "dot"}, "xaxis": "x2", "yaxis": "y2"})
+    if not data:
+        return None
+    layout = _layout("memory: MemAvailable and RSS (MiB)",
+                     xaxis={"title": {"text": "seconds since start (samples)"}, "domain": [0, 0.47]},
+                     xaxis2={"title": {"text": "decode step (engine)"}, "domain": [0.53, 1.0], "anchor": "y2"},
+                     yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
+                     yaxis2={"anchor": "x2", "rangemode": "tozero"}, height=360)
+    return json_safe({"data": data, "layout": layout})
+
+
+def session_figure(samples: pd.DataFrame | None, turns: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+    """A session run's memory through its turns and gaps: the engine's VmRSS, VmSwap and RssFile
+    from the ~1 Hz samples (seconds), each idle gap shaded and each turn's answer marked, so what
+    the gap took (RSS down, swap up) sits beside the turn that paid for it."""
+    if not turns or samples is None or not len(samples):
+        return None
+    t = list(samples["t_s"])
+    data = [{"type": "scatter", "mode": "lines+markers", "name": name, "x": t, "y": list(samples[column] / 1024),
+             "line": {"color": color}}
+            for column, name, color in (("vm_rss_kb", "VmRSS", "#d62728"), ("vm_swap_kb", "VmSwap", FOUGHT),
+                                        ("rss_file_kb", "RssFile", "#1f77b4"))
+            if column in samples.columns and samples[column].notna().any()]
+    if not data:
+        return None
+    shapes, notes = [], []
+    for turn in turns:
+        gap = turn.get("gap")
+        if isinstance(gap, Mapping) and gap.get("start_t_s") is not None and gap.get("end_t_s") is not None:
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": gap["start_t_s"], "x1": gap["end_t_s"],
+                           "y0": 0, "y1": 1, "fillcolor": "#bbbbbb", "opacity": 0.25, "line": {"width": 0},
+                           "layer": "below"})
+        if turn.get("answered_t_s") is not None:
+            shape, note = _vline(turn["answered_t_s"], "#555555", "dot", f"turn {turn.get('turn')}")
+            shapes.append(shape)
+            notes.append(note)
+    layout = _layout("session: the engine's memory through its turns (gaps shaded, MiB)",
+                     xaxis={"title": {"text": "seconds since start"}},
+                     yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"}, shapes=shapes, annotations=notes,
+                     height=360)
+    return json_safe({"data": data, "layout": layout})
+
+
+def cycle_figure(model: str, prices: Sequence[tuple[int, float]],
+                 measured: Sequence[tuple[int, float]]) -> dict[str, Any] | None:
+    """The token cycle per top-k (priced), with the measured token_demand_MiB per top-k."""
+    if not prices and not measured:
+        return None
+    data = []
+    if prices:
+        data.append({"type": "bar", "name": "token cycle (priced, worst case)", "x": [k for k, _ in prices],
+                     "y": [c for _, c in prices], "marker": {"color": CYCLE}})
+    if measured:
+        data.append({"type": "scatter", "mode": "markers", "name": "token_demand_MiB (measured)",
+                     "x": [k for k, _ in measured], "y": [c for _, c in measured],
+                     "marker": {"color": "#222222", "size": 10, "symbol": "diamond"}})
+    layout = _layout(f"{model}: token cycle per top-k", xaxis={"title": {"text": "top-k"}, "dtick": 1},
+                     yaxis={"title": {"text": "MiB per token"}, "rangemode": "tozero"}, height=360)
+    return json_safe({"data": data, "layout": layout})

@@ -1,0 +1,188 @@
+"""`bmoe-fleet report DIR… -o SITE`: the static benchmark site, recomputed from campaign directories.
+
+SITE/index.html (campaigns, devices, models, the recommendations table), SITE/devices/*.html (a
+device's identity, recommendations, and per model and top-k the hit % and tok/s against the
+budget with the cycle, the LMK boundary, the kills and the replayed LRU curve), SITE/models/*.html
+(shape, cycle per top-k), SITE/runs/<campaign>/<cell>-<attempt>.html (per-token wall/io/compute/
+mgmt and hit %, memory over time, entry and exit state, evidence, the exact argv), plus
+recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
+site works offline from file://).
+
+The jinja Environment is built in one place, make_environment(), with autoescape on: device
+strings are data and always render as text (figures travel as `tojson` inside
+`<script type="application/json">`, which escapes `<`, `>`, `&` and `'`). File names derived from
+device and model strings go through slug(). The site is written into a temporary folder and
+swapped in whole, so a reader never sees half a site; an existing folder that is not a site is
+refused rather than overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from results.analysis.analyze import Analysis, analyze
+from results.analysis.recommend import recommendations_for
+from results.analysis.recommend_records import Recommendations
+from results.errors import ResultsError
+from results.publish import Redactor
+from results.read.rundir import CampaignData, read_campaigns
+from results.read.table import build_table
+from results.site.page_views import Ids, device_page, index_page, model_page, run_page
+from results.site.site_format import Urls, fmt_mib, fmt_num
+from store import names
+
+# run-table columns a published runs.csv leaves out: where the campaign lived on this host
+HOST_COLUMNS = ("run_dir", "campaign_dir")
+
+SITE_MARKER = ".bmoe-fleet-site"
+
+
+# ── the one Environment ──────────────────────────────────────────────────────────────────────
+
+
+def templates_dir() -> Path:
+    """The installed templates/ folder."""
+    return Path(str(resources.files("templates")))
+
+
+def make_environment() -> Environment:
+    """The site's only jinja Environment: autoescaped, strict about missing fields; filters next."""
+    env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["mib"] = fmt_mib
+    env.filters["num"] = fmt_num
+    return env
+
+
+# ── writing ──────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    """What `report` wrote: the folder and how many pages, runs, devices and models."""
+
+    out_dir: str
+    pages: int
+    runs: int
+    devices: int
+    models: int
+
+    def text(self) -> str:
+        """One line for the terminal."""
+        return (f"wrote {self.pages} pages ({self.devices} devices, {self.models} models, {self.runs} runs) to "
+                f"{self.out_dir}/index.html")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as `report --json` prints it."""
+        return {"format": "bmoe-fleet.site", "version": 1, "dir": self.out_dir, "pages": self.pages,
+                "runs": self.runs, "devices": self.devices, "models": self.models}
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise ResultsError(f"plotly.min.js not found at {path}: the installed plotly does not ship it")
+    return path
+
+
+def _prepare_out(out: Path) -> Path:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / SITE_MARKER).exists())):
+        raise ResultsError(f"{out}: exists and is not a bmoe-fleet site; choose another -o folder")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None,
+               recommendations: Recommendations | None = None) -> SiteReport:
+    """Render the site for these campaign directories into `out` (with `recommendations` made of
+    the same directories, e.g. verified ones, instead of computing them again)."""
+    camps = read_campaigns(list(dirs))
+    table = build_table(camps, model_files)
+    analysis = analyze(table)
+    recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
+    out = Path(out).resolve()
+    tmp = _prepare_out(out)
+    try:
+        pages = _render(tmp, camps, analysis, recs)
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique())
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
+    """The run table as the site publishes it: no host folders, host paths in its text replaced,
+    and this host's command lines with file names only."""
+    out = table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
+    local = out["device_kind"] == "local" if "device_kind" in out.columns else pd.Series(False, index=out.index)
+    out["argv"] = [json.dumps(redactor.argv(json.loads(a or "[]"), bool(is_local)))
+                   for a, is_local in zip(out["argv"], local)]
+    for column in out.columns:
+        if out[column].dtype == object and column != "argv":
+            out[column] = [redactor.text(v) if isinstance(v, str) else v for v in out[column]]
+    return out
+
+
+def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations) -> int:
+    env = make_environment()
+    table = analysis.table
+    redactor = Redactor(camps)
+    ids = Ids()
+    (site / "assets").mkdir()
+    shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
+    for name in ("site.css", "site.js"):
+        shutil.copyfile(templates_dir() / name, site / "assets" / name)
+    (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
+    _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
+    published_runs(table, redactor).to_csv(site / names.SITE_RUNS_CSV, index=False)
+    pages = 0
+    # pages in this order: a chart's id (fig-N) counts up across the whole site
+    rec_by_key = {r.key: r for r in recs.all()}
+    for device in sorted(set(table["device"])):
+        page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor)
+        _write(site / Urls.device(device), _page(env, "device.html", page))
+        pages += 1
+    for model in sorted(set(table["model"])):
+        _write(site / Urls.model(model),
+               _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor)))
+        pages += 1
+    rows = {r["run_id"]: r for r in table.to_dict("records")}
+    for camp in camps:
+        for run in camp.runs:
+            _write(site / Urls.run(run.run_id),
+                   _page(env, "run.html", run_page(run, rows[run.run_id], analysis, ids, redactor)))
+            pages += 1
+    _write(site / "index.html", _page(env, "index.html", index_page(analysis, recs)))
+    return pages + 1
+
+
+def _page(env: Environment, template: str, page: Any) -> str:
+    return env.get_template(template).render(page=page)
