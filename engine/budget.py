@@ -335,10 +335,12 @@ def cycle_mb_of(cycle_bytes: int) -> int:
     return -(-cycle_bytes // MIB)
 
 
-def cycle_warning(budget_bytes: int, cycle_bytes: int, top_k: int) -> str | None:
-    """The load-time warning when the budget is below the worst-case token cycle (two lines).
+def cycle_warning(budget_bytes: int, cycle_bytes: int, top_k: int, one_line: bool = False) -> str | None:
+    """The load-time warning when the budget is below the worst-case token cycle.
 
-    The text is the seed's (docs/cache-sizing.md upstream), on its two lines. Compared in whole
+    The text is the seed's (docs/cache-sizing.md upstream), on its two lines; `one_line` is
+    upstream's own from 0.21 (core/src/session.cpp, the store's newest: the same words, one
+    line, engine.claim decides). Compared in whole
     MiB: the budget rounded down and the cycle rounded UP, so a budget a fraction of a MiB under
     the cycle is still warned about (gpt-oss-120b at top-4 prints 1816 for its 1815.4 MiB).
     No warning with the cache off.
@@ -347,8 +349,8 @@ def cycle_warning(budget_bytes: int, cycle_bytes: int, top_k: int) -> str | None
     if cache_mb > 0 and cycle_mb > 0 and cache_mb < cycle_mb:
         return (
             f"bmoe: WARNING expert cache {cache_mb} MiB is below this model's worst-case token cycle of "
-            f"{cycle_mb} MiB\nat top-k {top_k} — no entry can survive to the next token, so expect a hit "
-            "rate near zero."
+            f"{cycle_mb} MiB{' ' if one_line else chr(10)}at top-k {top_k} — no entry can survive to the next "
+            "token, so expect a hit rate near zero."
         )
     return None
 
@@ -391,6 +393,7 @@ def resolve_budget(
     shape: ModelShape,
     top_k: int,
     available: AvailableMemory | None = None,
+    one_line_warning: bool = False,
 ) -> CacheBudget:
     """Validate the flags, size the budget, price the cycle. Raises ConfigError.
 
@@ -426,4 +429,4 @@ def resolve_budget(
         )
     else:
         budget = replace(base, budget_bytes=flags.cache_mb * MIB)
-    return replace(budget, warning=cycle_warning(budget.budget_bytes, cycle, top_k))
+    return replace(budget, warning=cycle_warning(budget.budget_bytes, cycle, top_k, one_line_warning))

@@ -5,7 +5,8 @@ defines, so that is the release it claims by default. `BMOE_PY_RELEASE=0.21` (â€
 upstream has after 0.24.0) makes it speak a newer contract where the two agree:
 
 - from 0.21, `cache_cycle_mb` in the CSV preamble is an integer rounded up, as upstream writes it
-  (bmoe-py wrote it with one decimal before upstream had it);
+  (bmoe-py wrote it with one decimal before upstream had it), and the cycle warning is upstream's
+  own line (the seed's words on one line, not two);
 - after 0.24 (NEXT), every run prints a `mode:` line after `prefill:` (cli/main.cpp, the store's
   newest version: "mode: expert streaming, cache 230 MiB, dense anon" or "mode: mmap. Expert
   streaming is OFF â€¦"), and `--moe-stream` without `--cache-mb` (nor BMOE_CACHE_MB) sizes the cache
@@ -61,6 +62,11 @@ def release_of(engine: str) -> Release | None:
 def cycle_text(cycle_bytes: int, release: Release) -> str:
     """`cache_cycle_mb` as the claimed release writes it."""
     return str(cycle_mb_of(cycle_bytes)) if release >= V0_21 else f"{cycle_bytes / (1 << 20):.1f}"
+
+
+def cycle_warning_one_line(release: Release) -> bool:
+    """The cycle warning on one line, upstream's own from 0.21 (bmoe-py's before: the seed's two)."""
+    return release >= V0_21
 
 
 def auto_when_alone(release: Release) -> bool:

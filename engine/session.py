@@ -152,7 +152,8 @@ class Session:
             raise SessionError(f"{cfg.model_path}: no {self.shape.arch}.expert_used_count; pass --n-expert-used")
         if self.top_k > self.shape.n_expert:
             raise SessionError(f"n_expert_used={self.top_k} exceeds the model's expert count ({self.shape.n_expert})")
-        self.budget: CacheBudget = resolve_budget(cache_flags(cfg), self.shape, self.top_k)
+        self.budget: CacheBudget = resolve_budget(cache_flags(cfg), self.shape, self.top_k,
+                                                  one_line_warning=claim.cycle_warning_one_line(cfg.release))
         self._n_prompt = 0
         source: object
         if cfg.moe_stream:

@@ -48,9 +48,13 @@ def _num(value: float | int | None) -> str:
 
 def settings_argv(c: CellConfig) -> list[str]:
     """The settings of a cell's command line, in the order the harness writes them. A plan's
-    unresolved values show as placeholders (`<auto>` threads, `<knee*1>` for a knee budget)."""
-    threads = f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)
-    argv = [THREADS.typed, threads, N_EXPERT_USED.typed, str(c.n_expert_used)]
+    unresolved values show as placeholders (`<auto>` threads, `<knee*1>` for a knee budget). A
+    setting the config does not know (an imported run's, results' rebuilt_config) is left out."""
+    argv: list[str] = []
+    if c.threads is not None:
+        argv += [THREADS.typed, f"<{THREADS_AUTO}>" if c.threads == THREADS_AUTO else str(c.threads)]
+    if c.n_expert_used is not None:
+        argv += [N_EXPERT_USED.typed, str(c.n_expert_used)]
     if c.planner:
         # the engine's planner sizes the cache, the lanes and whether to stream at all; what the
         # harness still writes (threads, top-k, dense mode, O_DIRECT) it pins, as a caller's flags do
@@ -59,13 +63,17 @@ def settings_argv(c: CellConfig) -> list[str]:
         budget = "auto" if c.cache_auto else f"<{c.budget_spec}>" if c.cache_mb is None else _num(c.cache_mb)
         argv += [MOE_STREAM.typed, CACHE_MB.typed, budget]
         if c.cache_auto:
-            argv += [CACHE_FLOOR_MB.typed, _num(c.cache_floor_mb), CACHE_CEIL_MB.typed, _num(c.cache_ceil_mb)]
+            for bound, value in ((CACHE_FLOOR_MB, c.cache_floor_mb), (CACHE_CEIL_MB, c.cache_ceil_mb)):
+                if value is not None:
+                    argv += [bound.typed, _num(value)]
         if c.force_cache:
             argv.append(FORCE_CACHE.typed)
-        argv += [IO_THREADS.typed, str(c.io_threads)]
+        if c.io_threads is not None:
+            argv += [IO_THREADS.typed, str(c.io_threads)]
     elif c.no_mmap:
         argv.append(NO_MMAP.typed)
-    argv += [DENSE_WEIGHTS.typed, c.dense_weights]
+    if c.dense_weights:
+        argv += [DENSE_WEIGHTS.typed, c.dense_weights]
     if c.o_direct is False:
         argv.append(NO_ODIRECT.typed)
     return argv + list(c.engine_args) + flag_argv(c.engine_flags)

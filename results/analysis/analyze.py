@@ -271,10 +271,22 @@ class Analysis:
 # ── building ─────────────────────────────────────────────────────────────────────────────────
 
 
+def speeds(rows: pd.DataFrame) -> list[float]:
+    """Each run's tok/s as a user waits for it: a speculative run's effective rate (decode plus
+    drafting, its `mtp:`/`ngram:` line), which the reported tok/s leaves out; else tok/s."""
+    spec = column_of(rows, "spec_source").fillna("").astype(str)
+    out = []
+    for reported, effective, source in zip(numbers_of(rows, "tok_s"), numbers_of(rows, "effective_tok_s"), spec):
+        value = effective if source and not math.isnan(effective) else reported
+        if not math.isnan(value):
+            out.append(float(value))
+    return out
+
+
 def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: bool, label: str) -> BudgetPoint:
     ok = rows[rows["outcome"] == "ok"]
     killed = rows[rows["killed"]]
-    tok = [x for x in numbers_of(ok, "tok_s") if not math.isnan(x)]
+    tok = speeds(ok)
     med = median(tok)
     under = bool(not math.isnan(budget) and budget > 0 and not math.isnan(cycle) and budget < cycle)
     return BudgetPoint(
@@ -419,7 +431,7 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
     out = []
     for m in modes:
         mine = use[use["dense_weights"] == m]
-        tok = tuple(x for x in numbers_of(mine, "tok_s") if not math.isnan(x))
+        tok = tuple(speeds(mine))
         out.append(DenseMode(m, int((rows["dense_weights"] == m).sum()), len(mine), median(tok),
                              median(numbers_of(mine, "majflt_per_tok")), tok))
     ranked = sorted((m for m in out if not math.isnan(m.tok_s)), key=lambda m: -m.tok_s)
@@ -472,14 +484,18 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     return None
 
 
-def _planner_picks(rows: pd.DataFrame, points: Sequence[BudgetPoint], boundary: LmkBoundary,
+def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoundary,
                    varying: Sequence[str], cycle: float) -> tuple[PlannerPick, ...]:
     """The planner cells of a group, one pick per series, judged like a budget point (fought
-    against its series' cache 0) and set against the boundary the sweep measured."""
+    against the cache-0 runs of its series) and set against the boundary the sweep measured."""
     if rows is None or not len(rows):
         return ()
-    zero = {p.series: p for p in points if p.budget_mib == 0 and not p.auto}
+    # the planner chooses the lanes itself (a planner cell writes no --io-threads): not its series
+    varying = [k for k in varying if k != "io_threads"]
     rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")])
+    cache0 = measured[[budget_asked(r) == "0" for r in measured.to_dict("records")]] if len(measured) else measured
+    cache0 = cache0.assign(_series=[series_label(r, varying) for r in cache0.to_dict("records")])
+    zero = {str(s): _point(sub, str(s), 0.0, cycle, False, "off") for s, sub in cache0.groupby("_series", sort=True)}
     picks = []
     for series, sub in rows.groupby("_series", sort=True):
         budgets = numbers_of(sub, "cache_mb")
@@ -529,7 +545,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
         tokens_min=_least(tokens),
         engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps,
-        planner=_planner_picks(planner, points, boundary, varying, cycle) if planner is not None else ())
+        planner=_planner_picks(planner, results, boundary, varying, cycle) if planner is not None else ())
 
 
 # ── entry point ──────────────────────────────────────────────────────────────────────────────

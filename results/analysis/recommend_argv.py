@@ -5,8 +5,8 @@ Every command line a recommendation prints is the one that was measured (issue 1
 2): the chosen runs' `CellConfig` with only its budget changed (and `--force-cache` exactly when
 the engines need it), written by `settings_argv`, which leaves out the run's own files, prompt and
 token count. The stored argv stays the record of what ran (settings_of reads it back; a test holds
-the two equal on every run). Imported runs, which kept no argv, get theirs rebuilt from their table
-columns (rebuilt_settings).
+the two equal on every run). Imported runs, which kept no argv, get a configuration rebuilt from
+their table columns (rebuilt_config), written by the same function.
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ from engine.interface.flags import (
     CACHE_CEIL_MB,
     CACHE_FLOOR_MB,
     CACHE_MB,
-    DENSE_WEIGHTS,
-    FORCE_CACHE,
-    IO_THREADS,
     MOE_STREAM,
-    N_EXPERT_USED,
     RUN,
     SESSION,
-    THREADS,
 )
 from engine.interface.flags import with_role as _with_role
 from results.read.run_keys import text_of as _text
@@ -69,8 +64,9 @@ def flag_value(settings: Sequence[str], flag: str) -> str | None:
 
 @dataclass(frozen=True)
 class Measured:
-    """What the chosen runs ran with: their typed configuration (None for imported runs, which
-    kept no argv) and its settings, "measured" or "rebuilt", and the runs that had them."""
+    """What the chosen runs ran with: their typed configuration (run.json's; for imported runs,
+    which kept no argv, rebuilt from their table columns: rebuilt_config), its settings, "measured"
+    or "rebuilt", and the runs that had them."""
 
     settings: tuple[str, ...]
     source: str
@@ -80,14 +76,14 @@ class Measured:
     def fixed(self, cache_mb: int) -> tuple[str, ...]:
         """These settings with a fixed `--cache-mb` (and `--force-cache` exactly when the engines need it)."""
         if self.config is None:
-            return with_fixed_budget(self.settings, cache_mb)
+            return ()
         return tuple(settings_argv(self.config.with_(moe_stream=True, no_mmap=False, cache_auto=False,
                                                      cache_mb=int(cache_mb), force_cache=needs_force(cache_mb))))
 
     def auto(self, ceil_mb: int, floor_mb: int | None = None) -> tuple[str, ...]:
         """These settings as `--cache-mb auto` with this ceiling, and the floor they were measured with."""
         if self.config is None:
-            return with_auto(self.settings, ceil_mb, floor_mb)
+            return ()
         floor = self.config.cache_floor_mb if self.config.cache_floor_mb is not None else floor_mb
         return tuple(settings_argv(self.config.with_(moe_stream=True, no_mmap=False, cache_auto=True,
                                                      cache_ceil_mb=int(ceil_mb), cache_floor_mb=floor,
@@ -96,88 +92,39 @@ class Measured:
     @property
     def asked_mib(self) -> float | None:
         """The fixed budget these runs asked for (None: auto, no cache flag, or unreadable)."""
-        if self.config is not None:
-            c = self.config
-            return None if c.cache_auto or not c.moe_stream or c.cache_mb is None else float(c.cache_mb)
-        value = flag_value(self.settings, CACHE_MB.typed)
-        try:
-            return float(value) if value is not None else None
-        except ValueError:
+        c = self.config
+        if c is None or c.cache_auto or not c.moe_stream or c.cache_mb is None:
             return None
+        return float(c.cache_mb)
 
 
-def _without(settings: Sequence[str], flag: str, takes_value: bool) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for a in settings:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = takes_value
-            continue
-        out.append(a)
-    return out
+def _whole(value: Any) -> int | None:
+    """A table cell as a whole number (None when empty or not a number)."""
+    text = _text(value)
+    try:
+        return int(float(text)) if text else None
+    except ValueError:
+        return None
 
 
-_BUDGET_FLAGS = ((CACHE_FLOOR_MB.typed, True), (CACHE_CEIL_MB.typed, True), (CACHE_MB.typed, True))
-
-
-def _without_budget(settings: Sequence[str]) -> list[str]:
-    """The settings with every budget flag taken out (a recommendation sets its own)."""
-    s = _without(settings, FORCE_CACHE.typed, False)
-    for flag, takes_value in _BUDGET_FLAGS:
-        s = _without(s, flag, takes_value)
-    return s
-
-
-def with_fixed_budget(settings: Sequence[str], cache_mb: int) -> tuple[str, ...]:
-    """Rebuilt settings (an imported run's, no config to build from) with a fixed `--cache-mb`."""
-    s = _without_budget(settings)
-    if MOE_STREAM.typed not in s:
-        s.insert(0, MOE_STREAM.typed)
-    at = s.index(MOE_STREAM.typed) + 1
-    budget = [CACHE_MB.typed, str(int(cache_mb))] + ([FORCE_CACHE.typed] if needs_force(cache_mb) else [])
-    return tuple(s[:at] + budget + s[at:])
-
-
-def with_auto(settings: Sequence[str], ceil_mb: int, floor_mb: int | None) -> tuple[str, ...]:
-    """Rebuilt settings as `--cache-mb auto` with this ceiling (and the floor they were measured with)."""
-    floor = flag_value(settings, CACHE_FLOOR_MB.typed)
-    if floor is None and floor_mb is not None:
-        floor = str(int(floor_mb))
-    s = _without_budget(settings)
-    if MOE_STREAM.typed not in s:
-        s.insert(0, MOE_STREAM.typed)
-    at = s.index(MOE_STREAM.typed) + 1
-    auto = [CACHE_MB.typed, "auto"] + ([CACHE_FLOOR_MB.typed, floor] if floor is not None else []) + \
-        [CACHE_CEIL_MB.typed, str(int(ceil_mb))]
-    return tuple(s[:at] + auto + s[at:])
-
-
-def rebuilt_settings(row: Mapping[str, Any]) -> tuple[str, ...]:
-    """Settings for a run that kept no argv (imported upstream files), from its table columns."""
-    s: list[str] = []
-    for flag, key in ((THREADS, "threads"), (N_EXPERT_USED, "n_expert_used")):
-        if _text(row.get(key)):
-            s += [flag.typed, _text(row.get(key))]
-    if row.get("moe_stream") is not False:
-        budget = _text(row.get("cache_mb_config")) or _text(row.get("cache_mb"))
-        if row.get("cache_auto"):
-            s += [MOE_STREAM.typed, CACHE_MB.typed, "auto"]
-            for flag, key in ((CACHE_FLOOR_MB, "cache_floor_mb"), (CACHE_CEIL_MB, "cache_ceil_mb")):
-                if _text(row.get(key)):
-                    s += [flag.typed, _text(row.get(key))]
-        elif budget:
-            s = list(with_fixed_budget(s, int(float(budget))))
-        if _text(row.get("io_threads")) and _text(row.get("io_threads")) != "0":
-            s += [IO_THREADS.typed, _text(row.get("io_threads"))]
-    if row.get("dense_weights"):
-        s += [DENSE_WEIGHTS.typed, str(row["dense_weights"])]
-    for extra in ("engine_args", "engine_flags"):
-        if row.get(extra):
-            s += shlex.split(str(row[extra]))
-    return tuple(s)
+def rebuilt_config(row: Mapping[str, Any]) -> CellConfig:
+    """The typed configuration of a run that kept no argv (imported upstream files), from its table
+    columns; store.engine_argv writes its settings as it writes every measured run's."""
+    stream = row.get("moe_stream") is not False
+    auto = bool(row.get("cache_auto")) and stream
+    budget = _whole(row.get("cache_mb_config")) if _text(row.get("cache_mb_config")) else _whole(row.get("cache_mb"))
+    extras = tuple(a for key in ("engine_args", "engine_flags") if row.get(key) for a in shlex.split(str(row[key])))
+    io = _whole(row.get("io_threads"))
+    threads = _text(row.get("threads"))
+    return CellConfig.from_dict({
+        "moe_stream": stream, "cache_auto": auto, "cache_mb": None if auto or not stream else budget,
+        "cache_floor_mb": _whole(row.get("cache_floor_mb")) if auto else None,
+        "cache_ceil_mb": _whole(row.get("cache_ceil_mb")) if auto else None,
+        "force_cache": bool(stream and not auto and budget is not None and needs_force(budget)),
+        "io_threads": io if stream and io else None,
+        "threads": (int(float(threads)) if threads.replace(".", "", 1).isdigit() else threads) or None,
+        "n_expert_used": _whole(row.get("n_expert_used")), "dense_weights": str(row.get("dense_weights") or ""),
+        "engine_args": list(extras)})
 
 
 def config_of(row: Mapping[str, Any]) -> CellConfig | None:
@@ -200,7 +147,8 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
         config = next(c for rid, c in measured if settings[rid] == common)
         return Measured(common, "measured", tuple(rid for rid, _ in measured if settings[rid] == common), config)
     if recs:
-        return Measured(rebuilt_settings(recs[0]), "rebuilt", tuple(r["run_id"] for r in recs))
+        config = rebuilt_config(recs[0])
+        return Measured(tuple(settings_argv(config)), "rebuilt", tuple(r["run_id"] for r in recs), config)
     return Measured((), "rebuilt", ())
 
 

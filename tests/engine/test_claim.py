@@ -51,6 +51,19 @@ def test_from_0_21_the_cycle_is_an_integer_rounded_up(tmp_path):
     assert new.preamble["engine"] == "bmoe-py-0.1.0+bmoe-cli-0.21.0"
 
 
+def test_from_0_21_the_cycle_warning_is_upstreams_one_line(tmp_path):
+    under = ("--moe-stream", "--cache-mb", "1", "--force-cache")
+    old, _ = run(tmp_path, *under)
+    new, _ = run(tmp_path, *under, release="0.21")
+    (two,) = [i for i, line in enumerate(old.stderr.splitlines()) if "WARNING expert cache" in line]
+    assert old.stderr.splitlines()[two + 1].startswith("at top-k 2 — no entry can survive")
+    (one,) = [line for line in new.stderr.splitlines() if "WARNING expert cache" in line]
+    assert one == ("bmoe: WARNING expert cache 1 MiB is below this model's worst-case token cycle of 2 MiB at top-k 2 "
+                   "— no entry can survive to the next token, so expect a hit rate near zero.")
+    # the capture reader takes either, the same numbers
+    assert parse_console(old.stderr.splitlines()).cycle_warning == parse_console([one]).cycle_warning
+
+
 def test_after_0_24_every_run_says_its_mode_and_moe_stream_alone_is_auto(tmp_path):
     assert bmoe_py("--version", release="0.25").stdout == "bmoe-py 0.1.0 (bmoe-cli 0.25.0)\n"
     assert release_range("bmoe-py 0.1.0 (bmoe-cli 0.25.0)") == (NEXT, NEXT)

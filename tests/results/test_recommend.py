@@ -103,6 +103,17 @@ def test_upstream_runs_recommend_with_their_evidence(imported):
     assert traced.replay.first_decode_hit_mib < 907.7 < traced.replay.knee_mib
     tiny = recs.find("<script>alert(1)</script>", "tiny", 2)
     assert tiny.cycle_source == "gguf" and tiny.cycle_mib == 1.5
+    # imported runs kept no argv: theirs is a typed configuration rebuilt from their columns, put
+    # through the function that writes every measured argv (same order, nothing edited as a string)
+    from results.analysis.recommend_argv import rebuilt_config
+    from results.read.table import build_table
+    from store.engine_argv import settings_argv
+
+    rows = {r["run_id"]: r for r in build_table([imported]).to_dict("records")}
+    (run,) = [rows[i] for i in gpt.fixed.run_ids[:1]]
+    assert gpt.fixed.argv_source == "rebuilt"
+    assert gpt.fixed.argv == tuple(settings_argv(rebuilt_config(run).with_(cache_mb=2000, force_cache=False)))
+    assert gpt.fixed.argv[:4] == ("-t", "4", "--n-expert-used", "4") and gpt.fixed.argv.count("--moe-stream") == 1
     # a run the engine refused is no evidence for or against any budget: no recommendation from it
     with pytest.raises(KeyError):
         recs.find("<script>alert(1)</script>", "bad", None)
