@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ from results.analysis.noise import differs, median
 from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
+from results.read.parse_text import NumberError, ParseError
 from results.read.run_keys import SERIES_KEYS, budget_asked, column_of, numbers_of, series_label, top_k_key
+from results.replay.predict import Prediction, PredictionError, predict
 from store import names
 from store.outcomes import CONFIG_ERROR, RESULTS
 
@@ -92,6 +94,11 @@ class BudgetPoint:
     fought: str = ""                         # why the budget counts as fought ("" when it is not): fought_reason
     others_killed: str = ""                  # other apps lmkd killed past its soft level while a run finished
     gap_taken: str = ""                      # a session run's cache taken in an idle gap (results.read.turns.gap_taken)
+    # the prediction at this budget from the group's probe and cache-0 run (results.replay.predict;
+    # NaN where none could be made: no route-traced run, no cache-0 run, or a dense mode without them)
+    predicted_s_per_tok: float = math.nan
+    predicted_hit_pct: float = math.nan
+    predicted_anon_mib: float = math.nan
 
     @property
     def filled(self) -> bool:
@@ -109,6 +116,14 @@ class BudgetPoint:
     def s_per_token(self) -> float:
         """Seconds per token at the median speed."""
         return 1.0 / self.tok_s if self.tok_s and not math.isnan(self.tok_s) else math.nan
+
+    @property
+    def prediction_error_pct(self) -> float:
+        """(predicted - measured) / measured s/token, in % (NaN without both)."""
+        measured = self.s_per_token
+        if math.isnan(self.predicted_s_per_tok) or math.isnan(measured) or measured <= 0:
+            return math.nan
+        return 100.0 * (self.predicted_s_per_tok - measured) / measured
 
 
 @dataclass(frozen=True)
@@ -232,6 +247,7 @@ class GroupAnalysis:
     campaigns: tuple[str, ...]
     apps: str = ""                          # the other apps open beside the engine ("" none; axes.apps)
     planner: tuple[PlannerPick, ...] = ()   # the engine's own planner's picks, by series (results.analysis.planner_check)
+    predictions: tuple[Prediction, ...] = ()  # per dense mode, from the probe and cache 0 (results.replay.predict)
 
     @property
     def key(self) -> tuple[str, str, int | None, str]:
@@ -484,6 +500,32 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     return None
 
 
+def _predictions(results: pd.DataFrame, probes: pd.DataFrame | None) -> dict[str, Prediction]:
+    """The group's predictions by dense mode (results.replay.predict), from its own runs and probes;
+    {} where none can be made (a prediction that cannot be made never stops the analysis)."""
+    rows = results if probes is None or not len(probes) else pd.concat([results, probes])
+    try:
+        made = predict(rows)
+    except (PredictionError, ParseError, NumberError, OSError, ValueError, KeyError):
+        return {}
+    return {key[3]: p for key, p in made.items()}
+
+
+def _predicted(points: list[BudgetPoint], rows: pd.DataFrame, predictions: Mapping[str, Prediction]) -> list[BudgetPoint]:
+    """Each point with its dense mode's prediction at its budget, where there is one."""
+    if not predictions:
+        return points
+    dense = dict(zip(rows["run_id"], rows["dense_weights"].astype(str)))
+    out = []
+    for p in points:
+        modes = {dense.get(r, "") for r in p.run_ids}
+        pred = predictions.get(modes.pop()) if len(modes) == 1 else None
+        at = next((b for b in pred.budgets if b.budget_mib == p.budget_mib), None) if pred is not None else None
+        out.append(replace(p, predicted_s_per_tok=at.s_per_tok, predicted_hit_pct=at.hit_pct_cum,
+                           predicted_anon_mib=at.anon_mib) if at is not None else p)
+    return out
+
+
 def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoundary,
                    varying: Sequence[str], cycle: float) -> tuple[PlannerPick, ...]:
     """The planner cells of a group, one pick per series, judged like a budget point (fought
@@ -530,6 +572,8 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         cycle, sources = cycle_price_mib(replay.cycle_mib * MIB), ["route-trace"]
     varying = [k for k in SERIES_KEYS if k in results.columns and results[k].astype(str).nunique() > 1]
     points, baselines = _points(results, varying, cycle)
+    predictions = _predictions(results, probes)
+    points = _predicted(points, results, predictions)
     boundary = _boundary(points, results)
     ids = set(results["run_id"])
     ram = numbers_of(rows, "ram_total_kb")
@@ -545,7 +589,8 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
         tokens_min=_least(tokens),
         engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps,
-        planner=_planner_picks(planner, results, boundary, varying, cycle) if planner is not None else ())
+        planner=_planner_picks(planner, results, boundary, varying, cycle) if planner is not None else (),
+        predictions=tuple(predictions[m] for m in sorted(predictions)))
 
 
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
@@ -578,4 +623,18 @@ def analyze(table: pd.DataFrame) -> Analysis:
         for rid in t.run_ids:
             run_tells.setdefault(rid, []).append(t.kind)
     table = table.assign(tells=[",".join(dict.fromkeys(run_tells.get(r, []))) for r in table["run_id"]])
-    return Analysis(tuple(groups), tuple(tells), table)
+    return Analysis(tuple(groups), tuple(tells), _with_predictions(table, groups))
+
+
+def _with_predictions(table: pd.DataFrame, groups: Sequence[GroupAnalysis]) -> pd.DataFrame:
+    """The table with each measured run's prediction at its budget, and the error against its own
+    s/token (issue 27 item 2): NaN where its group has no prediction."""
+    at = {rid: p for g in groups for p in g.points for rid in p.run_ids if not math.isnan(p.predicted_s_per_tok)}
+    measured = numbers_of(table, "s_per_tok")
+    predicted = [at[r].predicted_s_per_tok if r in at else math.nan for r in table["run_id"]]
+    return table.assign(
+        predicted_s_per_tok=predicted,
+        predicted_hit_pct=[at[r].predicted_hit_pct if r in at else math.nan for r in table["run_id"]],
+        predicted_anon_mib=[at[r].predicted_anon_mib if r in at else math.nan for r in table["run_id"]],
+        prediction_error_pct=[100.0 * (p - m) / m if not math.isnan(p) and m > 0 else math.nan
+                              for p, m in zip(predicted, measured)])

@@ -48,7 +48,7 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
     """Hit % (top) and tok/s (bottom) against the budget, per series, with the token cycle, the LMK
     boundary, killed runs (an `auto` run at the budget it was sized to; one whose budget is not known
     at all marked along the axis's right end), the replayed LRU curve as the predicted hit % line,
-    and the recommendation (results.analysis.recommend.Recommendation): its ceiling and its fixed budget."""
+    the predicted tok/s curve of each dense mode (results.replay.predict), and the recommendation (results.analysis.recommend.Recommendation): its ceiling and its fixed budget."""
     data: list[dict[str, Any]] = []
     series = g.series()
     for i, name in enumerate(series):
@@ -98,6 +98,13 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
         data.append({"type": "scatter", "mode": "lines", "name": "replayed LRU (predicted hit %)",
                      "x": list(r.budgets_mib), "y": list(r.hit_pct_cum),
                      "line": {"color": "#444444", "width": 2, "dash": "dash"}, "xaxis": "x", "yaxis": "y"})
+    for pred in g.predictions:
+        # the whole predicted curve (docs/prediction.md): every budget, the measured points drawn on it
+        curve = sorted((b.budget_mib, b.tok_s) for b in pred.budgets if math.isfinite(b.tok_s))
+        name = "predicted tok/s" + (f" (dense {pred.dense_weights})" if len(g.predictions) > 1 else "")
+        data.append({"type": "scatter", "mode": "lines", "name": name, "x": [x for x, _ in curve],
+                     "y": [y for _, y in curve], "line": {"color": "#444444", "width": 2, "dash": "dash"},
+                     "xaxis": "x", "yaxis": "y2"})
     shapes, notes = [], []
     if not math.isnan(g.cycle_mib):
         shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": g.cycle_mib, "y0": 0, "y1": 1,

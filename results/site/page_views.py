@@ -116,7 +116,15 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
                   for i, rid in enumerate(p.run_ids))
     return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
                     f"under the cycle: {p.advice}" if p.under_cycle else "", links, publish_shortfall(p.run_ids, table),
-                    _unfilled(p), f"{p.fought}: not counted as safe" if p.fought else "")
+                    _unfilled(p), f"{p.fought}: not counted as safe" if p.fought else "", _predicted_text(p))
+
+
+def _predicted_text(p: BudgetPoint) -> str:
+    """The predicted s/token at the point's budget and its error against the measured median."""
+    if is_missing(p.predicted_s_per_tok):
+        return ""
+    error = p.prediction_error_pct
+    return fmt_num(p.predicted_s_per_tok) + ("" if is_missing(error) else f" ({error:+.0f} %)")
 
 
 def _unfilled(p: BudgetPoint) -> str:

@@ -97,6 +97,7 @@ class PointRow:
     publish: str = ""                # "below the publish bar: 8 tokens < 256, …" or "" when it meets it
     unfilled: str = ""               # "cache never filled (held 638 MiB): not counted as safe" or ""
     fought: str = ""                 # "fought: 42 MiB/token swapped in; …: not counted as safe" or ""
+    predicted: str = ""              # "0.0122 (−84 %)": the predicted s/token and its error, or ""
 
 
 @dataclass(frozen=True)

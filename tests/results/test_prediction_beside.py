@@ -1,0 +1,53 @@
+"""Prediction beside measurement (issue 27 item 2, first part): the analysis carries, for every
+measured streamed budget of a group with a probe and a cache-0 run, the predicted s/token, hit %
+and anon MiB (results.replay.predict), the run table each run's, with the error; the device page
+shows them and the budget chart draws the predicted curve."""
+
+from __future__ import annotations
+
+import math
+
+from results.analysis.analyze import analyze
+from results.read.table import build_table
+from results.replay.predict import predict
+
+
+def test_every_measured_streamed_budget_has_a_finite_prediction_and_its_error(local_campaign):
+    table = build_table([local_campaign])
+    analysis = analyze(table)
+    predictions = predict(table)
+    assert predictions, "the campaign has route-traced runs and cache-0 runs"
+    checked = 0
+    for g in analysis.groups:
+        assert {p.dense_weights for p in g.predictions} == {k[3] for k in predictions if k[:3] == (g.device, g.model,
+                                                                                                  g.top_k)}
+        for p in g.points:
+            if not p.ok or math.isnan(p.budget_mib):
+                continue
+            assert math.isfinite(p.predicted_s_per_tok) and p.predicted_s_per_tok > 0, p
+            assert 0 <= p.predicted_hit_pct <= 100 and p.predicted_anon_mib > 0, p
+            assert math.isfinite(p.prediction_error_pct), p
+            # the same number the prediction module gives at that budget
+            (dense,) = {table.set_index("run_id").loc[r, "dense_weights"] for r in p.run_ids}
+            assert p.predicted_s_per_tok == predictions[(g.device, g.model, g.top_k, dense)].at(p.budget_mib).s_per_tok
+            checked += 1
+    assert checked >= 8
+    runs = analysis.table
+    streamed = runs[(runs["outcome"] == "ok") & runs["moe_stream"].astype(bool) & ~runs["probe"].astype(bool)]
+    assert streamed["predicted_s_per_tok"].notna().all() and streamed["prediction_error_pct"].notna().all()
+    # under the cycle the prediction is cache 0's own s/token: the replay's hit is 0 there
+    for g in analysis.groups:
+        for p in g.points:
+            if p.under_cycle and p.ok and p.budget_mib < (g.replay.first_decode_hit_mib if g.replay else 0):
+                zero = next(z for z in g.points if z.budget_mib == 0 and z.series == p.series)
+                assert p.predicted_s_per_tok == zero.predicted_s_per_tok
+
+
+def test_the_device_page_shows_the_prediction_and_the_chart_draws_its_curve(local_campaign, tmp_path):
+    from results.site.report import build_site
+
+    build_site([local_campaign], tmp_path / "site")
+    page = next((tmp_path / "site" / "devices").glob("*.html")).read_text()
+    assert "predicted s/token (error)" in page
+    assert page.count(" %)</td>") >= 8           # a predicted value with its error in each measured row
+    assert '"name": "predicted tok/s' in page or '"name":"predicted tok/s' in page
