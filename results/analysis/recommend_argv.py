@@ -149,7 +149,7 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
     if recs:
         config = rebuilt_config(recs[0])
         return Measured(tuple(settings_argv(config)), "rebuilt", tuple(r["run_id"] for r in recs), config)
-    return Measured((), "rebuilt", ())
+    return Measured((), "rebuilt", (), CellConfig.from_dict({}))    # no run: the budget flags alone
 
 
 def cache_flags(argv: Sequence[str]) -> tuple[str, ...]:

@@ -280,10 +280,10 @@ def test_a_budget_whose_cache_never_filled_is_tagged_on_its_row(site):
     unfilled = local["lmk"]["unfilled"]
     assert len(unfilled) == 1 and unfilled[0]["held_mib"] < unfilled[0]["budget_mib"]
     (path,) = [p for p in site.glob("devices/*.html") if page(p).h1.strip() == "device local"]
-    rows = [r for r in page(path).rows if len(r) == 8 and r[1] != "budget"]
-    tagged = [r for r in rows if "cache never filled" in r[7]]
+    rows = [r for r in page(path).rows if len(r) == 9 and r[1] != "budget"]     # …, predicted, floor, notes
+    tagged = [r for r in rows if "cache never filled" in r[8]]
     assert tagged and all(r[1].startswith("auto") for r in tagged)
-    assert all(f"(held {unfilled[0]['held_mib']:.3g} MiB): not counted as safe" in r[7] for r in tagged)
+    assert all(f"(held {unfilled[0]['held_mib']:.3g} MiB): not counted as safe" in r[8] for r in tagged)
     assert any(r[1].endswith("MiB") and not r[1].startswith("auto") for r in rows if r not in tagged)
 
 
