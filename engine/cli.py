@@ -15,7 +15,7 @@ from . import __version__, claim
 from .budget import ConfigError
 from .config import RunConfig, UsageExit, parse_args, print_usage_exit, validate_run
 from .errors import BmoeError
-from .plan_probe import plan_for, with_knobs
+from .plan_probe import plan_for
 from .planner import check_line
 from .safetext import printable
 from .session import Session
@@ -79,7 +79,7 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
                 _err(printable(line))
         if cfg.plan_only:
             return 0
-        cfg = with_knobs(cfg, plan.knobs)
+        cfg = plan.config
     try:
         validate_run(cfg)
     except ConfigError as e:

@@ -24,7 +24,6 @@ import re
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 import numpy as np
 
@@ -34,14 +33,13 @@ from .config import RunConfig
 from .errors import BmoeError
 from .io import DirectReader
 from .kernels import matmul, raw_matrix
-from .model import ModelShape, load_model_shape
+from .model import ExpertSlice, ModelShape, load_model_shape
 from .planner import (
     COMPRESS,
     KILL,
     SWAP,
     UNKNOWN,
     Group,
-    Knobs,
     Machine,
     ModelProfile,
     Plan,
@@ -73,9 +71,10 @@ def model_profile(path: str, n_expert_used: int = 0) -> tuple[ModelProfile, Mode
         return ModelProfile(ok=True, arch=shape.arch, n_layer=shape.n_layer, file_bytes=shape.file_bytes,
                             dense_bytes=shape.dense_bytes), shape
     cycle = shape.cycle_bytes(top_k)
+    dense = shape.bound_dense_tensors
     groups: dict[str, list[int]] = {}
     row_gathered = set()
-    for t in shape.bound_dense_tensors:
+    for t in dense:
         name = _group_of(t.name)
         per_token = t.nbytes
         if name == "embedding":
@@ -87,14 +86,24 @@ def model_profile(path: str, n_expert_used: int = 0) -> tuple[ModelProfile, Mode
     out = [Group(n, b, per, row_gathered=n in row_gathered) for n, (b, per) in groups.items()]
     out.append(Group("experts", shape.expert_bytes, cycle, streamable=True))
     order = ("embedding", "attention", "dense-ffn", "experts", "output", "other")
-    slice_bytes = max(t.nbytes // layer.n_expert for layer in shape.moe_layers for t in layer.tensors)
     return ModelProfile(
         ok=True, arch=shape.arch, n_expert=shape.n_expert, n_expert_used=top_k, n_moe_layer=len(shape.moe_layers),
-        n_layer=shape.n_layer, file_bytes=shape.file_bytes, dense_bytes=sum(t.nbytes for t in shape.bound_dense_tensors),
-        expert_bytes=shape.expert_bytes, token_cycle_bytes=cycle, expert_slice_bytes=slice_bytes,
-        largest_dense_tensor_bytes=max((t.nbytes for t in shape.bound_dense_tensors), default=0),
+        n_layer=shape.n_layer, file_bytes=shape.file_bytes, dense_bytes=sum(t.nbytes for t in dense),
+        expert_bytes=shape.expert_bytes, token_cycle_bytes=cycle,
+        expert_slice_bytes=max(s.nbytes for s in request_slices(shape)),
+        largest_dense_tensor_bytes=max((t.nbytes for t in dense), default=0),
         groups=tuple(sorted(out, key=lambda g: order.index(g.name))),
     ), shape
+
+
+def request_slices(shape: ModelShape) -> list[ExpertSlice]:
+    """One read per (layer, expert): the expert's slice of the layer's widest expert tensor, the
+    request size the plan prices (`expert_slice_bytes`) and the storage probe reads."""
+    out = []
+    for layer in shape.moe_layers:
+        widest = max(range(len(layer.tensors)), key=lambda i: layer.tensors[i].nbytes)
+        out += [layer.slices(e)[widest] for e in range(layer.n_expert)]
+    return out
 
 
 def _group_of(tensor: str) -> str:
@@ -161,7 +170,7 @@ def compute_gibs(shape: ModelShape, threads: int) -> float:
 def storage(shape: ModelShape) -> Storage:
     """The read-rate curve at this model's slice size over PROBE_LANES, and whether O_DIRECT held
     (asked whatever the run's own --no-odirect says: a pin decides the knob, not the fact)."""
-    slices = [layer.slices(e)[0] for e in range(shape.n_expert) for layer in shape.moe_layers]
+    slices = request_slices(shape)
     if not slices:
         return Storage()
     stride = 7919 % len(slices) or 1     # spread the requests over the file, not one run of it
@@ -198,24 +207,11 @@ def machine(shape: ModelShape | None, threads: int, probe_io: bool) -> Machine:
     return Machine(avail, anon_overflow(), len(cpus), core_classes(cpus), host, store)
 
 
-def knobs_of(cfg: RunConfig) -> Knobs:
-    return Knobs(moe_stream=cfg.moe_stream, cache_mb=cfg.cache_mb, cache_auto=cfg.cache_auto,
-                 force_cache=cfg.force_cache, io_threads=cfg.io_threads, o_direct=cfg.o_direct,
-                 dense_weights=cfg.dense_weights, n_threads=cfg.n_threads, n_ctx=cfg.n_ctx)
-
-
-def with_knobs(cfg: RunConfig, k: Knobs) -> RunConfig:
-    """The run as the plan resolved it (`cfg = plan.config` upstream)."""
-    return replace(cfg, moe_stream=k.moe_stream, cache_mb=k.cache_mb, cache_auto=k.cache_auto,
-                   force_cache=k.force_cache, io_threads=k.io_threads, o_direct=k.o_direct,
-                   dense_weights=k.dense_weights, n_threads=k.n_threads, n_ctx=k.n_ctx)
-
-
 def plan_for(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[Plan, list[str]]:
     """Probe, then plan `cfg`: the plan and its explanation lines (printed with --plan-explain).
     A flag the caller typed, or its env override, pins its knob (cli/main.cpp)."""
     profile, shape = model_profile(cfg.model_path, cfg.n_expert_used)
     hw = machine(shape, cfg.n_threads, cfg.probe_io)
     pins = pinned_knobs(cfg.typed, (k for k, v in environ.items() if v))
-    plan = plan_run(knobs_of(cfg), hw, profile, pins)
+    plan = plan_run(cfg, hw, profile, pins)
     return plan, explain_lines(hw, profile, plan, cfg.model_path, PROGRAM)

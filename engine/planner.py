@@ -1,5 +1,5 @@
 """bmoe-py's hardware planner (`--auto`, `--plan`): (machine, model, what the caller typed) -> the
-streaming knobs, each with the fact that decided it.
+streaming config, each with the fact that decided it.
 
 The rules and the printed plan follow upstream (Helldez/BigMoeOnEdge): core/src/plan/planner.cpp at
 61bb2dc7 (the rules: regime, the "fits" air test, dense policy, cache budget and its floor, I/O
@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from .budget import CACHE_MIN_MB, IO_THREADS_MAX
+from .config import RunConfig
 from .interface.flags import (
     AUTO,
     CACHE_MB,
@@ -51,7 +52,7 @@ _OVERFLOW_NAME = {COMPRESS: "reclaimed into compressed RAM", SWAP: "swapped to d
 UNKNOWN_REGIME, NOT_MOE, FITS, EXPERTS_STREAM, DENSE_OVERSIZED = \
     "unknown", "not-moe", "fits", "experts-stream", "dense-oversized"
 
-# The knobs a caller pins by typing their flag (or its env override): upstream's parameter keys,
+# The config a caller pins by typing their flag (or its env override): upstream's parameter keys,
 # which are the names the decisions use.
 KNOB_FLAGS = {"cache-mb": CACHE_MB, "io-threads": IO_THREADS, "dense-weights": DENSE_WEIGHTS,
               "threads": THREADS, "ctx-size": CTX_SIZE, "o-direct": NO_ODIRECT}
@@ -158,21 +159,6 @@ class ModelProfile:
 
 
 @dataclass(frozen=True)
-class Knobs:
-    """The part of a run's configuration the planner resolves, at the engine's defaults."""
-
-    moe_stream: bool = False
-    cache_mb: int = 0
-    cache_auto: bool = False
-    force_cache: bool = False
-    io_threads: int = 4
-    o_direct: bool = True
-    dense_weights: str = "anon"
-    n_threads: int = 4
-    n_ctx: int = 2048
-
-
-@dataclass(frozen=True)
 class Decision:
     knob: str
     value: str
@@ -192,7 +178,7 @@ class GroupCost:
 @dataclass(frozen=True)
 class Plan:
     regime: str
-    knobs: Knobs
+    config: RunConfig                      # the run as the plan resolved it (`plan.config` upstream)
     decisions: tuple[Decision, ...]
     token_cycle_bytes: int = 0
     cache_budget_bytes: int = 0
@@ -225,7 +211,7 @@ class Plan:
 
     def to_flags(self) -> str:
         """The flags that reproduce the plan, each only where it differs from the default (plan.cpp)."""
-        k, d = self.knobs, Knobs()
+        k, d = self.config, RunConfig()
         if not k.moe_stream:
             return f"# streaming declined; run without {MOE_STREAM.name}"
         words = [MOE_STREAM.name]
@@ -250,12 +236,12 @@ def _mib(n: int) -> str:
     return str(n >> 20)
 
 
-def plan_run(base: Knobs, hw: Machine, model: ModelProfile, pinned: Iterable[str] = (),
+def plan_run(base: RunConfig, hw: Machine, model: ModelProfile, pinned: Iterable[str] = (),
              policy: Policy = Policy()) -> Plan:
     """Resolve a run (planner.cpp plan_run). Never fails: an unreadable model or an unprofiled
     machine yields a plan that declines streaming and says why."""
     pins = frozenset(pinned)
-    knobs = base
+    config = base
     notes: list[Decision] = []
 
     def note(knob: str, value: str, source: str, reason: str) -> None:
@@ -268,7 +254,7 @@ def plan_run(base: Knobs, hw: Machine, model: ModelProfile, pinned: Iterable[str
         return True
 
     def declined(regime: str, why: str, token_cycle_bytes: int = 0, cache_budget_bytes: int = 0) -> Plan:
-        return Plan(regime, replace(knobs, moe_stream=False), tuple(notes), declined=why,
+        return Plan(regime, replace(config, moe_stream=False), tuple(notes), declined=why,
                     expert_bytes=model.expert_bytes, token_cycle_bytes=token_cycle_bytes,
                     cache_budget_bytes=cache_budget_bytes)
 
@@ -312,7 +298,7 @@ def plan_run(base: Knobs, hw: Machine, model: ModelProfile, pinned: Iterable[str
                               "from flash would only add reads that resident weights do not need")
 
     # ── the dense policy: decided by what a reclaim costs here ──
-    if not is_pinned("dense-weights", knobs.dense_weights):
+    if not is_pinned("dense-weights", config.dense_weights):
         if hw.anon_overflow == UNKNOWN:
             note("dense-weights", "anon", POLICY, "what a reclaim costs here was not probed; anonymous buffers are "
                                                   "the default that at least keeps the dense set off a flash refault")
@@ -320,8 +306,8 @@ def plan_run(base: Knobs, hw: Machine, model: ModelProfile, pinned: Iterable[str
             note("dense-weights", "anon", DERIVED,
                  "no reclaim-exempt store here, so anonymous buffers are what keeps the dense set off a flash "
                  f"refault (a reclaim then means: {_OVERFLOW_NAME[hw.anon_overflow]})")
-        knobs = replace(knobs, dense_weights="anon")
-    converts = knobs.dense_weights in _CONVERTING
+        config = replace(config, dense_weights="anon")
+    converts = config.dense_weights in _CONVERTING
     dense_pending = host_dense if converts else 0
     if converts and model.largest_dense_tensor_bytes > hw.residency_budget_bytes:
         dense_pending = max(dense_pending - model.largest_dense_tensor_bytes, 0)
@@ -344,70 +330,70 @@ def plan_run(base: Knobs, hw: Machine, model: ModelProfile, pinned: Iterable[str
                                 f"{_mib(cycle)} MiB: under that floor the cache evicts what the same token still "
                                 "needs, so it costs its memory and returns no hits at all",
                         token_cycle_bytes=cycle, cache_budget_bytes=budget)
-    knobs = replace(knobs, moe_stream=True)
+    config = replace(config, moe_stream=True)
     note("moe-stream", "on", DERIVED,
          "the experts do not fit but the dense set does" if regime == EXPERTS_STREAM else
          "neither set fits, so the experts stream and the dense policy degrades with them (a tensor larger than "
          "this budget is left mapped rather than made resident)")
-    if not is_pinned("cache-mb", str(max(knobs.cache_mb, 0))):
-        knobs = replace(knobs, cache_auto=False, cache_mb=budget >> 20)
+    if not is_pinned("cache-mb", str(max(config.cache_mb, 0))):
+        config = replace(config, cache_auto=False, cache_mb=budget >> 20)
         note("cache-mb", _mib(budget), DERIVED,
              f"{_mib(usable)} MiB usable less {_mib(dense_pending)} MiB the dense policy is about to make "
              f"non-reclaimable, capped at the {_mib(model.expert_bytes)} MiB the experts occupy")
-        if 0 < knobs.cache_mb < CACHE_MIN_MB:
-            knobs = replace(knobs, force_cache=True)
+        if 0 < config.cache_mb < CACHE_MIN_MB:
+            config = replace(config, force_cache=True)
             note("force-cache", "on", DERIVED,
                  f"the budget clears this model's token cycle of {_mib(cycle)} MiB but sits under the generic "
                  f"{CACHE_MIN_MB} MiB guard, so the derived floor is used as the authority")
 
     # ── the I/O policy: from the machine's own rate curve ──
-    if not is_pinned("io-threads", str(knobs.io_threads)):
+    if not is_pinned("io-threads", str(config.io_threads)):
         want = hw.storage.best_lanes(model.expert_slice_bytes)
         if want > 0:
-            knobs = replace(knobs, io_threads=max(1, min(want, IO_THREADS_MAX)))
-            note("io-threads", str(knobs.io_threads), MEASURED,
+            config = replace(config, io_threads=max(1, min(want, IO_THREADS_MAX)))
+            note("io-threads", str(config.io_threads), MEASURED,
                  f"the highest measured rate for this model's {model.expert_slice_bytes >> 10} KiB expert slice "
                  "on this storage")
         else:
-            note("io-threads", str(knobs.io_threads), UNPROBED,
+            note("io-threads", str(config.io_threads), UNPROBED,
                  "no read-rate curve for this machine; keeping the default lane count")
-    if not is_pinned("o-direct", "on" if knobs.o_direct else "off"):
+    if not is_pinned("o-direct", "on" if config.o_direct else "off"):
         if hw.storage.direct_ok is True:
-            knobs = replace(knobs, o_direct=True)
+            config = replace(config, o_direct=True)
             note("o-direct", "on", MEASURED, "uncached reads return correct bytes on this path")
         elif hw.storage.direct_ok is False:
-            knobs = replace(knobs, o_direct=False)
+            config = replace(config, o_direct=False)
             note("o-direct", "off", MEASURED, "uncached reads do not return correct bytes on this path, so they "
                                               "are not used")
         else:
-            note("o-direct", "on" if knobs.o_direct else "off", UNPROBED,
+            note("o-direct", "on" if config.o_direct else "off", UNPROBED,
                  "unverified here; the reader checks at open and falls back to buffered reads by itself")
     note("release-mmap", "off", UNPROBED, "whether a live mapping serialises reads was not measured on this machine")
     note("lossy", "off", POLICY, "no quality budget was given, and a policy that changes the output must never "
                                  "arm itself")
-    if not is_pinned("threads", str(knobs.n_threads)):
+    if not is_pinned("threads", str(config.n_threads)):
         if len(hw.core_classes) > 1:
             shape = " + ".join(str(n) for n in hw.core_classes)
-            note("threads", str(knobs.n_threads), UNPROBED,
+            note("threads", str(config.n_threads), UNPROBED,
                  f"this machine's cores are not alike ({shape} by reported maximum frequency), which is measured - "
                  "but the rule that turned that into a count was refuted on a machine of exactly this shape, so the "
                  "default stands until a thread sweep says otherwise")
         else:
-            note("threads", str(knobs.n_threads), UNPROBED, "no thread sweep was run; the default stands")
+            note("threads", str(config.n_threads), UNPROBED, "no thread sweep was run; the default stands")
 
-    cost = allocate(hw, model, knobs)
-    return Plan(regime, knobs, tuple(notes), token_cycle_bytes=cycle, cache_budget_bytes=budget,
+    cost = allocate(hw, model, config)
+    return Plan(regime, config, tuple(notes), token_cycle_bytes=cycle, cache_budget_bytes=budget,
                 expert_bytes=model.expert_bytes, **cost)
 
 
-def allocate(hw: Machine, model: ModelProfile, knobs: Knobs) -> dict:
+def allocate(hw: Machine, model: ModelProfile, config: RunConfig) -> dict:
     """The cost of the resolved run per token (allocate.cpp, cut down to bmoe-py's lanes): {} when
     there is no compute rate or no read rate to price with (the plan then predicts nothing)."""
     stream_mibs = hw.storage.rate_at(model.expert_slice_bytes, hw.storage.best_lanes(model.expert_slice_bytes))
-    if hw.host_gibs <= 0 or stream_mibs <= 0 or not knobs.moe_stream:
+    if hw.host_gibs <= 0 or stream_mibs <= 0 or not config.moe_stream:
         return {}
-    resident = knobs.dense_weights in _CONVERTING
-    cache = min(knobs.cache_mb * MIB, model.expert_bytes)
+    resident = config.dense_weights in _CONVERTING
+    cache = min(config.cache_mb * MIB, model.expert_bytes)
     costs: list[GroupCost] = []
     total = worst = 0.0
     for g in model.groups:
@@ -431,7 +417,7 @@ def allocate(hw: Machine, model: ModelProfile, knobs: Knobs) -> dict:
 
 
 def pinned_knobs(typed_flags: Iterable[str], environ_pins: Iterable[str] = ()) -> frozenset[str]:
-    """The knobs a caller pinned: a flag typed (by any spelling's flag name) or its env override set."""
+    """The config a caller pinned: a flag typed (by any spelling's flag name) or its env override set."""
     typed = set(typed_flags)
     env = set(environ_pins)
     return frozenset(k for k, f in KNOB_FLAGS.items() if f.name in typed or (f.env and f.env in env))

@@ -435,6 +435,11 @@ def line_columns() -> dict[str, dict[str, str]]:
             if o.place in (STDOUT, STDERR) and any(f.column for f in o.fields)}
 
 
+def text_fields() -> frozenset[str]:
+    """The stdout/stderr line fields whose unit is text: a reader keeps them as written, never a number."""
+    return frozenset(f.name for o in OUTPUTS if o.place in (STDOUT, STDERR) for f in o.fields if f.unit == "text")
+
+
 def count_keys() -> frozenset[str]:
     """Every key and line field whose unit is a count (the range checks' non-negative whole numbers)."""
     names = {o.name for o in OUTPUTS if o.unit == "count"}

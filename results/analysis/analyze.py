@@ -322,7 +322,7 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
                                               for x in str(v).split(",") if x)),
-        gap_taken=next((str(v) for v in column_of(ok, "gap_taken").dropna() if str(v)), ""))
+        gap_taken=_text_of(ok, "gap_taken"))
 
 
 def _most(values: np.ndarray) -> float:

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from engine.interface import outputs as out_table
 from engine.interface.flags import CACHE_MB, MODEL
 from results.read.console_records import (
     CacheAuto,
@@ -241,8 +242,7 @@ _VALUE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(
 ))
 # the names of the lines every pattern above reads (the table's line names; a test holds them equal)
 HANDLED_LINES = frozenset(name for name, _, _ in (*_STDOUT, *_STDERR)) | {name for name, _ in _VALUE_LINES}
-_TEXT_FIELDS = frozenset({"spec_source", "mode", "mode_cache", "mode_dense", "mode_overlap", "plan_flags", "plan_regime",
-                          "plan_declined"})
+_TEXT_FIELDS = out_table.text_fields()
 
 
 def _line_values(name: str, m: re.Match[str]) -> Fields:

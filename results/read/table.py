@@ -54,7 +54,8 @@ _SUMMARY = {k: v for k, v in out_table.columns(out_table.SUMMARY).items() if k n
 _DONE = {k: v for k, v in out_table.columns(out_table.DONE).items() if v in set(_SUMMARY.values())}
 # the declared stdout/stderr lines' values: {line: {field: column}}
 _LINE_COLUMNS = out_table.line_columns()
-_TEXT_COLUMNS = frozenset({"spec_source", "mode", "mode_cache", "plan_flags", "plan_regime", "plan_declined"})
+_TEXT_COLUMNS = frozenset(c for fields in _LINE_COLUMNS.values() for f, c in fields.items()
+                          if f in out_table.text_fields())
 
 
 class ShapeCache:

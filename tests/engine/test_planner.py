@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from engine.config import RunConfig
 from engine.interface.flags import AUTO, PLAN
 from engine.planner import (
     COMPRESS,
@@ -22,7 +23,6 @@ from engine.planner import (
     MEASURED,
     OPERATOR,
     Group,
-    Knobs,
     Machine,
     ModelProfile,
     RateSample,
@@ -61,13 +61,13 @@ def _decision(plan, knob):
 
 def test_the_budget_is_what_the_machine_holds_less_its_margin_and_the_dense_set():
     hw = Machine(1000 * MIB, KILL, 8, storage=_storage((1, 100.0), (2, 196.0), (4, 200.0)), host_gibs=10.0)
-    plan = plan_run(Knobs(), hw, _model())
+    plan = plan_run(RunConfig(), hw, _model())
     # a kill is fatal: 20 % of 1000 is under the 256 MiB floor, so 256; 744 usable less 100 dense
     assert plan.regime == EXPERTS_STREAM
-    assert (plan.knobs.moe_stream, plan.knobs.cache_mb, plan.knobs.force_cache) == (True, 644, True)
+    assert (plan.config.moe_stream, plan.config.cache_mb, plan.config.force_cache) == (True, 644, True)
     assert _decision(plan, "cache-mb").source == DERIVED
     # the largest lane count within 5 % of the best rate (plan.cpp), measured
-    assert plan.knobs.io_threads == 4 and _decision(plan, "io-threads").source == MEASURED
+    assert plan.config.io_threads == 4 and _decision(plan, "io-threads").source == MEASURED
     assert plan.to_flags() == "--moe-stream --cache-mb 644 --force-cache"
     # priced: compute of every byte a token reads, plus the cycle's uncredited share at the probe's rate
     credited = 644 / 1900
@@ -78,45 +78,45 @@ def test_the_budget_is_what_the_machine_holds_less_its_margin_and_the_dense_set(
 
 def test_lanes_past_the_best_rate_are_not_taken():
     hw = Machine(1000 * MIB, KILL, 8, storage=_storage((1, 100.0), (2, 200.0), (4, 150.0)))
-    assert plan_run(Knobs(), hw, _model()).knobs.io_threads == 2
+    assert plan_run(RunConfig(), hw, _model()).config.io_threads == 2
 
 
 def test_a_budget_under_the_token_cycle_declines_streaming_unless_the_caller_pinned_one():
     hw = Machine(400 * MIB, KILL, 8)         # 144 usable, 44 after the dense set: under the 50 MiB cycle
-    plan = plan_run(Knobs(moe_stream=True), hw, _model())
-    assert not plan.knobs.moe_stream and "below this model's worst-case token cycle of 50 MiB" in plan.declined
+    plan = plan_run(RunConfig(moe_stream=True), hw, _model())
+    assert not plan.config.moe_stream and "below this model's worst-case token cycle of 50 MiB" in plan.declined
     assert plan.to_flags().startswith("# streaming declined")
-    pinned = plan_run(Knobs(moe_stream=True, cache_mb=300, force_cache=True), hw, _model(), pinned={"cache-mb"})
-    assert pinned.knobs.moe_stream and pinned.knobs.cache_mb == 300
+    pinned = plan_run(RunConfig(moe_stream=True, cache_mb=300, force_cache=True), hw, _model(), pinned={"cache-mb"})
+    assert pinned.config.moe_stream and pinned.config.cache_mb == 300
     assert _decision(pinned, "cache-mb").source == OPERATOR
     assert _decision(pinned, "cache-floor").value == "50 MiB"
 
 
 def test_a_model_that_fits_streams_anyway_where_a_reclaim_is_cheap_and_it_has_no_air():
     model = _model(file_mib=2000)
-    assert plan_run(Knobs(), Machine(8000 * MIB, KILL, 8), model).regime == FITS
+    assert plan_run(RunConfig(), Machine(8000 * MIB, KILL, 8), model).regime == FITS
     # 3500 less a 350 MiB margin: it fits with 1150 MiB spare, under the 2000 it would hold
-    squeezed = plan_run(Knobs(), Machine(3500 * MIB, COMPRESS, 8), model)
-    assert squeezed.regime == EXPERTS_STREAM and squeezed.knobs.moe_stream
+    squeezed = plan_run(RunConfig(), Machine(3500 * MIB, COMPRESS, 8), model)
+    assert squeezed.regime == EXPERTS_STREAM and squeezed.config.moe_stream
     assert _decision(squeezed, "residency").value == "not verified"
     # capped at the experts' own size
-    assert squeezed.knobs.cache_mb == 1900
+    assert squeezed.config.cache_mb == 1900
 
 
 def test_a_pinned_knob_is_never_overwritten():
     hw = Machine(1000 * MIB, KILL, 8, storage=_storage((1, 100.0), (4, 400.0)))
-    plan = plan_run(Knobs(io_threads=1, dense_weights="mmap", n_threads=2), hw, _model(),
+    plan = plan_run(RunConfig(io_threads=1, dense_weights="mmap", n_threads=2), hw, _model(),
                     pinned={"io-threads", "dense-weights", "threads"})
-    assert (plan.knobs.io_threads, plan.knobs.dense_weights, plan.knobs.n_threads) == (1, "mmap", 2)
+    assert (plan.config.io_threads, plan.config.dense_weights, plan.config.n_threads) == (1, "mmap", 2)
     assert {d.knob for d in plan.decisions if d.source == OPERATOR} == {"io-threads", "dense-weights", "threads"}
     # nothing converted, so the dense set is not subtracted: 744 usable, all of it cache
-    assert plan.knobs.cache_mb == 744
+    assert plan.config.cache_mb == 744
 
 
 def test_the_printed_plan_reads_back_field_by_field():
     hw = Machine(1000 * MIB, KILL, 8, storage=_storage((1, 100.0), (4, 200.0)), host_gibs=10.0)
     model = _model()
-    plan = plan_run(Knobs(), hw, model)
+    plan = plan_run(RunConfig(), hw, model)
     lines = explain_lines(hw, model, plan, "/m/model.gguf", "bmoe-py")
     assert lines[-2:] == ["plan: reproduce with", f"  bmoe-py -m /m/model.gguf {plan.to_flags()}"]
     check = check_line(plan, 0.2, 35.0)
@@ -127,7 +127,7 @@ def test_the_printed_plan_reads_back_field_by_field():
     assert run.value("plan-reproduce", "plan_cache_mb") == 644
     assert run.value("plan-cost", "plan_cost_ms_per_tok") == pytest.approx(plan.predicted_s_per_tok * 1000, abs=0.05)
     assert run.value("plan-check", "plan_measured_s_per_tok") == 0.2
-    declined = plan_run(Knobs(), Machine(400 * MIB, KILL, 8), model)
+    declined = plan_run(RunConfig(), Machine(400 * MIB, KILL, 8), model)
     back = parse_console(explain_lines(Machine(400 * MIB, KILL, 8), model, declined, "/m/model.gguf", "bmoe-py"))
     assert back.value("plan-declined", "plan_declined") == declined.declined
     assert back.value("plan-reproduce", "plan_flags") == declined.to_flags()
