@@ -16,7 +16,13 @@ from typing import Any
 
 from engine.interface.flags import CACHE_MB, MOE_STREAM
 from results.analysis.recommend_argv import cache_flags
-from results.analysis.recommend_records import DeviceDefault, DeviceRecommendations, Recommendation
+from results.analysis.recommend_records import (
+    MEASURED,
+    UNMEASURED,
+    DeviceDefault,
+    DeviceRecommendations,
+    Recommendation,
+)
 
 PHONE_KINDS = ("adb", "virtual")      # devices an app could be running on (not this host, not imports)
 
@@ -37,9 +43,11 @@ def device_default(recs: Sequence[Recommendation]) -> DeviceDefault:
     want `--cache-mb 0` under it."""
     autos = [(r, r.auto) for r in recs if r.auto is not None]
     if not autos:
+        measured = all(r.fixed is not None and r.fixed.measured for r in recs)
         return DeviceDefault(None, (MOE_STREAM.typed, CACHE_MB.typed, "0"),
                              "--cache-mb 0 (no model has a safe budget over its cycle)",
-                             tuple(f"{r.model}: {r.reason}" for r in recs), tuple(r.model for r in recs))
+                             tuple(f"{r.model}: {r.reason}" for r in recs), tuple(r.model for r in recs),
+                             MEASURED if measured else UNMEASURED)
     lowest, auto = min(autos, key=lambda pair: pair[1].cache_ceil_mb)
     d = auto.cache_ceil_mb
     notes, off = [], []
@@ -52,7 +60,7 @@ def device_default(recs: Sequence[Recommendation]) -> DeviceDefault:
            + (f" at top-k {lowest.top_k}" if lowest.top_k is not None else "") \
            + (f" {lowest.load}" if lowest.apps else "") + ")"
     notes += _load_notes(recs)
-    return DeviceDefault(d, cache_flags(auto.argv), text, tuple(notes), tuple(dict.fromkeys(off)))
+    return DeviceDefault(d, cache_flags(auto.argv), text, tuple(notes), tuple(dict.fromkeys(off)), auto.basis)
 
 
 def _load_notes(recs: Sequence[Recommendation]) -> list[str]:

@@ -49,6 +49,7 @@ from results.analysis.recommend_records import (
     AutoChoice,
     DeviceRecommendations,
     FixedChoice,
+    PredictedChoice,
     Recommendation,
     Recommendations,
     ReplayCitation,
@@ -303,7 +304,31 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
              "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps, app_rung_mb=rung.rung_mb,
-        app_rung_reason=rung.reason, planner=tuple(p.to_dict() for p in g.planner))
+        app_rung_reason=rung.reason, planner=tuple(p.to_dict() for p in g.planner),
+        predicted=_predicted(g, dense, fixed, b.largest_safe_mib))
+
+
+def _predicted(g: GroupAnalysis, dense: str | None, fixed: FixedChoice | None,
+               safe: float | None) -> PredictedChoice | None:
+    """The model's view beside the measured choice: its prediction at the measured budgets the
+    recommendation rests on, with the error against the measured median (docs/prediction.md)."""
+    pred = next((p for p in g.predictions if p.dense_weights == dense), g.predictions[0] if g.predictions else None)
+    if pred is None:
+        return None
+
+    def at(budget: float | None) -> tuple[float | None, float | None]:
+        points = [p for p in _in_dense(_points_at(g, budget), dense) if not math.isnan(p.predicted_s_per_tok)] \
+            if budget is not None else []
+        if not points:
+            return None, None
+        error = points[0].prediction_error_pct
+        return points[0].predicted_s_per_tok, None if math.isnan(error) else error
+
+    at_fixed = at(float(fixed.cache_mb)) if fixed is not None and fixed.measured else (None, None)
+    at_safe = at(safe)
+    return PredictedChoice(pred.dense_weights, pred.probe_run_id, pred.cache0_run_id,
+                           g.replay.knee_mib if g.replay is not None else None, pred.working_set_mib,
+                           *at_fixed, *at_safe)
 
 
 UNDER = "--cache-mb 0 is strictly better: the same reads with no RAM and no cache management"

@@ -27,6 +27,9 @@ RESERVE_FRACTION = 0.10
 HIGH_SPREAD_PCT = 10.0
 MEDIUM_SPREAD_PCT = 25.0
 SAME_PHONE_RAM_FRACTION = 0.03        # MemTotal within 3 %: the same phone model with the same RAM
+# what a shipped setting rests on (docs/recommendations.md, "Measured or predicted"): runs of it on
+# the device, nothing (cache 0 with no run of it), or the model alone (results.replay.predict)
+MEASURED, UNMEASURED, PREDICTED = "measured", "unmeasured", "predicted"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class FixedChoice:
     series: str
     why: str
 
+    @property
+    def basis(self) -> str:
+        """measured: this argv was run on the device and every run of it finished; unmeasured: cache 0
+        recommended without a run of it (never "predicted": a prediction ships no argv)."""
+        return MEASURED if self.measured else UNMEASURED
+
 
 @dataclass(frozen=True)
 class AutoChoice:
@@ -60,6 +69,26 @@ class AutoChoice:
     margin_mib: float
     clamped_to_cycle: bool
     why: str
+    # an auto ceiling always rests on a budget measured to hold (the analysis' largest safe one)
+    basis: str = MEASURED
+
+
+@dataclass(frozen=True)
+class PredictedChoice:
+    """What the model (results.replay.predict) says beside the measured choice: the knee and the
+    working set of the probe's trace and the predicted s/token at the measured budgets, each with its
+    error. Only ever `basis: predicted`, and it carries no argv: no predicted-only setting ships."""
+
+    dense_weights: str
+    probe_run_id: str
+    cache0_run_id: str
+    knee_mib: float | None
+    working_set_mib: float
+    s_per_tok_at_fixed: float | None
+    error_pct_at_fixed: float | None
+    s_per_tok_at_largest_safe: float | None
+    error_pct_at_largest_safe: float | None
+    basis: str = PREDICTED
 
 
 @dataclass(frozen=True)
@@ -104,6 +133,7 @@ class Recommendation:
     app_rung_reason: str = ""
     # the engine's own planner beside the measured boundary (results.analysis.planner_check PlannerPick.to_dict)
     planner: tuple[dict, ...] = ()
+    predicted: PredictedChoice | None = None   # the model's view beside it (None: no probe or no cache-0 run)
 
     @property
     def load(self) -> str:
@@ -128,6 +158,8 @@ class Recommendation:
         """The record as recommendations.json holds it."""
         d = asdict(self)
         d["verification"] = dict(self.verification) if self.verification is not None else None
+        if self.fixed is not None:
+            d["fixed"]["basis"] = self.fixed.basis
         return json_safe(d, 3)
 
 
@@ -140,6 +172,9 @@ class DeviceDefault:
     text: str
     notes: tuple[str, ...]
     cache_off_models: tuple[str, ...] = ()
+    # measured: its ceiling rests on a budget measured to hold (or every model's cache 0 was run);
+    # unmeasured: cache 0 for a model with no run of it
+    basis: str = MEASURED
 
 
 @dataclass(frozen=True)
@@ -162,7 +197,8 @@ class DeviceRecommendations:
         return json_safe({"device": self.device, "identity": dict(self.identity), "ram_total_kb": self.ram_total_kb,
                           "default": {"cache_ceil_mb": self.default.cache_ceil_mb, "argv": list(self.default.argv),
                                       "text": self.default.text, "notes": list(self.default.notes),
-                                      "cache_off_models": list(self.default.cache_off_models)},
+                                      "cache_off_models": list(self.default.cache_off_models),
+                                      "basis": self.default.basis},
                           "recommendations": [r.to_dict() for r in self.recommendations]}, 3)
 
 

@@ -51,3 +51,35 @@ def test_the_device_page_shows_the_prediction_and_the_chart_draws_its_curve(loca
     assert "predicted s/token (error)" in page
     assert page.count(" %)</td>") >= 8           # a predicted value with its error in each measured row
     assert '"name": "predicted tok/s' in page or '"name":"predicted tok/s' in page
+
+
+def test_recommendations_say_measured_and_set_the_prediction_beside_without_an_argv(local_campaign):
+    """recommendations.json (issue 27 item 2): each shipped argv says it was measured; the model's
+    view is beside it, `basis: predicted`, with no argv, its numbers those of the analysis."""
+    import json
+
+    from results.analysis.recommend import recommend
+
+    recs = recommend([local_campaign])
+    doc = json.loads(recs.to_json())
+    analysis = analyze(build_table([local_campaign]))
+    assert doc["devices"]
+    for d, device in zip(doc["devices"], recs.devices):
+        assert d["default"]["basis"] == "measured" and device.default.basis == "measured"
+        for r, rec in zip(d["recommendations"], device.recommendations):
+            for choice in (r["fixed"], r["auto"]):
+                if choice is not None:
+                    assert choice["basis"] == "measured"
+            pred = r["predicted"]
+            assert pred["basis"] == "predicted" and "argv" not in pred and pred["working_set_mib"] > 0
+            # the analysis' own predicted s/token at the measured budgets the recommendation rests on
+            points = analysis.group(rec.device, rec.model, rec.top_k).points
+            for key, budget in (("s_per_tok_at_fixed", rec.fixed.cache_mb if rec.fixed else None),
+                                ("s_per_tok_at_largest_safe", rec.auto.largest_safe_mib if rec.auto else None)):
+                at = [p.predicted_s_per_tok for p in points if p.budget_mib == budget
+                      and not math.isnan(p.predicted_s_per_tok)]
+                if not at:
+                    assert pred[key] is None
+                    continue
+                assert any(math.isclose(pred[key], x, rel_tol=1e-3, abs_tol=5e-4) for x in at), (key, pred, at)
+            assert rec.fixed is None or pred["s_per_tok_at_fixed"] is not None     # a measured, streamed budget
