@@ -249,6 +249,19 @@ class GateSettings:
 
 
 @dataclass(frozen=True)
+class PlanSettings:
+    """[plan]: how the cells are chosen. The default is the grid (every axis value); `adaptive`
+    measures a probe and cache 0, predicts, and spends cells only where the prediction is unsure
+    (harness.adaptive, docs/campaigns.md "The adaptive sweep")."""
+
+    adaptive: bool = False
+    # the width the kill-or-fight bracket closes to (MiB); 0: a quarter of the model's token cycle
+    resolution_mb: int = 0
+    # a measured cell further than this from its prediction (s/token, %) sends its group to the grid
+    max_error_pct: float = 25.0
+
+
+@dataclass(frozen=True)
 class Campaign:
     """A campaign, resolved: every default filled in, paths absolute (harness.campaign_file reads one)."""
 
@@ -259,6 +272,7 @@ class Campaign:
     axes: Axes = Axes()
     run: RunSettings = RunSettings()
     gate: GateSettings = GateSettings()
+    plan: PlanSettings = PlanSettings()
     adb: tuple[AdbServer, ...] = ()
     connect: tuple[str, ...] = ()
     virtual_home: str | None = None
@@ -302,6 +316,9 @@ class Campaign:
                     for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)
                     if (k not in _RUN_OMITTED or v != _RUN_OMITTED[k]) and v is not None},
             "gate": {k: getattr(g, k) for k in GateSettings.__dataclass_fields__},
+            # only an adaptive campaign has the table: a grid's campaign.toml stays what it was
+            **({"plan": {k: getattr(self.plan, k) for k in PlanSettings.__dataclass_fields__}}
+               if self.plan.adaptive else {}),
         }
 
     def to_toml(self) -> str:

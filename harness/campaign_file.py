@@ -47,6 +47,7 @@ from harness.campaign import (
     GateSettings,
     ModelSpec,
     NativeBuild,
+    PlanSettings,
     RunSettings,
     check_cell_bound,
     describe_value,
@@ -68,7 +69,7 @@ MAX_TURNS = 1000                # turns of one session cell
 
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
-    "": ("version", "name", "fleet", "models", "engine", "axes", "run", "gate"),
+    "": ("version", "name", "fleet", "models", "engine", "axes", "run", "gate", "plan"),
     "fleet": ("devices", "connect", "adb", "virtual_home"),
     "fleet.adb": ("host", "port"),
     "engine": ("kind", "python", "native", "claim"),
@@ -76,6 +77,7 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags", "apps"),
     "run": tuple(RunSettings.__dataclass_fields__),
     "gate": tuple(GateSettings.__dataclass_fields__),
+    "plan": tuple(PlanSettings.__dataclass_fields__),
 }
 
 
@@ -343,8 +345,18 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         max_wait_s=rd.scalar(g, "max_wait_s", "gate", float, dg.max_wait_s, check=_at_least(0, MAX_SECONDS)),
         poll_s=rd.scalar(g, "poll_s", "gate", float, dg.poll_s, check=_above(0, MAX_BACKOFF_S)),
     )
+    pl = rd.table(top.get("plan"), "plan", "plan")
+    dp = PlanSettings()
+    plan = PlanSettings(
+        adaptive=rd.scalar(pl, "adaptive", "plan", bool, dp.adaptive),
+        resolution_mb=rd.scalar(pl, "resolution_mb", "plan", int, dp.resolution_mb, check=_at_least(0, INT_MAX)),
+        max_error_pct=rd.scalar(pl, "max_error_pct", "plan", float, dp.max_error_pct, check=_above(0, 1000.0)),
+    )
+    if plan.adaptive and run.reverse_pass:
+        raise rd.fail("run.reverse_pass", "an adaptive plan decides each budget from the runs before it: it has no "
+                                          "whole sequence to run again backwards (leave plan.adaptive or this out)")
     campaign = Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
-                        run=run, gate=gate, adb=tuple(dict.fromkeys(servers)), connect=connect,
+                        run=run, gate=gate, plan=plan, adb=tuple(dict.fromkeys(servers)), connect=connect,
                         virtual_home=virtual_home, source=source)
     if any(axes.apps) and "local" in all_devices:
         raise rd.fail("axes.apps", "other apps run on phones (their lmkd decides who is killed): not on local")

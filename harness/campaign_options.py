@@ -37,7 +37,8 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
                           flags: Sequence[str] = (), apps: Sequence[str] = (), turns: int | None = None,
                           idle_s: float | None = None, gap_apps: str | None = None,
-                          planner: bool = False) -> Campaign:
+                          planner: bool = False, adaptive: bool = False, resolution_mb: int | None = None,
+                          max_error_pct: float | None = None) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
     bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
     A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
@@ -46,7 +47,8 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps;
     `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells).
     `planner` (sweep --plan) adds the "planner" budget: the engine's own planner picks it on each
-    device; bmoe-py then claims bmoe-cli NEXT, the release that has the planner (engine.claim)."""
+    device; bmoe-py then claims bmoe-cli NEXT, the release that has the planner (engine.claim).
+    `adaptive`, `resolution_mb` and `max_error_pct` are the [plan] table (harness.adaptive)."""
     model_table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
@@ -81,6 +83,10 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     }
     if apps:
         data["axes"]["apps"] = list(apps)
+    plan = {key: value for key, value in (("adaptive", adaptive or None), ("resolution_mb", resolution_mb),
+                                          ("max_error_pct", max_error_pct)) if value is not None}
+    if plan:
+        data["plan"] = plan
     if planner and PLANNER not in data["axes"]["cache_mb"]:
         data["axes"]["cache_mb"].append(PLANNER)
     if engine != PYTHON_ENGINE:

@@ -57,7 +57,7 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
     campaign = load_campaign(campaign_file)
     prepared = prepare(campaign)
     if dry_run:
-        _echo_plan(prepared.plan, as_json)
+        _echo_plan(prepared.first(), as_json)
         return
     _finish(run_to_end(campaign, out_dir or default_out_dir(campaign_file, campaign), rerun_failed, prepared),
             as_json)
@@ -113,6 +113,16 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
               help="Also run the engine's own planner on each device: a \"planner\" budget per dense mode, "
                    "recorded with its plan and shown beside the measured boundary (bmoe-cli after 0.24; bmoe-py "
                    "then claims that release).")
+@click.option("--adaptive", is_flag=True,
+              help="Spend cells only where the prediction is unsure ([plan] adaptive): cache 0 with a route trace, "
+                   "then the predicted knee and largest safe budget, then bisection of the kill-or-fight boundary; "
+                   "a group whose cells miss their prediction falls back to the --cache-mb grid.")
+@click.option("--resolution-mb", "resolution_mb", type=click.IntRange(min=0), metavar="MIB",
+              help="With --adaptive: bisect until the bracket is this narrow (default 0: a quarter of the token "
+                   "cycle).")
+@click.option("--max-error-pct", "max_error_pct", type=click.FloatRange(min=0, min_open=True), metavar="PCT",
+              help="With --adaptive: a measured cell further than this from its predicted s/token sends its group "
+                   "to the grid (default 25).")
 @click.option("--repeats", type=click.IntRange(min=1), default=SWEEP.repeats, show_default=True,
               help="Runs of every config, interleaved across configs.")
 @click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
@@ -138,7 +148,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
                   rerun_failed: bool, as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
                   flags: tuple[str, ...], apps: tuple[str, ...], preset: str | None, turns: int | None,
-                  idle_s: float | None, gap_apps: str | None, planner: bool) -> None:
+                  idle_s: float | None, gap_apps: str | None, planner: bool, adaptive: bool,
+                  resolution_mb: int | None, max_error_pct: float | None) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
@@ -155,12 +166,12 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
         reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
         device_timeout_s=device_timeout_s, threads=threads,
         engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps,
-        planner=planner))
+        planner=planner, adaptive=adaptive, resolution_mb=resolution_mb, max_error_pct=max_error_pct))
     for note in sweep.notes:              # a preset's flag the engine lacks is left out, never silently
         click.echo(f"--preset {preset}: {note}", err=True)
     prepared = prepare(sweep.campaign)
     if dry_run:
-        _echo_plan(prepared.plan, as_json)
+        _echo_plan(prepared.first(), as_json)
         return
     _finish(run_sweep(sweep, out_dir, rerun_failed, prepared), as_json)
 

@@ -315,7 +315,6 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
     shapes = dict(shapes) if shapes is not None else load_shapes(campaign)
     per_model = {m.name: configs_for(campaign, m, shapes[m.name]) for m in campaign.models}
     top_ks = {name: tuple(sorted({_top_k(c) for c in cs})) for name, cs in per_model.items()}
-    engine = campaign.engine.kind
     cells: list[Cell] = []
     for device in campaign.devices:
         configs = [(m, c) for m in campaign.models for c in per_model[m.name]]
@@ -324,14 +323,30 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
         order = 0
         for pass_no, sequence in passes:
             for model, config, repeat in sequence:
-                cid = cell_id_of(device, model.name, engine, config, repeat, pass_no)
-                cells.append(Cell(cid, device, model.name, engine, config, repeat, pass_no,
-                                  order, cell_argv(campaign, device, model, config, cid)))
+                cells.append(new_cell(campaign, device, model.name, config, repeat, order, pass_no))
                 order += 1
-    return Plan(campaign.name, tuple(cells), shapes, top_ks, _probes(campaign, cells))
+    return Plan(campaign.name, tuple(cells), shapes, top_ks, probes_for(campaign, cells))
 
 
-def _probes(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:
+def new_cell(campaign: Campaign, device: str, model: str, config: CellConfig, repeat: int, order: int,
+             pass_no: int = 0) -> Cell:
+    """One cell of a campaign: its id (cell_id_of) and its command line on its device."""
+    cid = cell_id_of(device, model, campaign.engine.kind, config, repeat, pass_no)
+    return Cell(cid, device, model, campaign.engine.kind, config, repeat, pass_no, order,
+                cell_argv(campaign, device, campaign.model(model), config, cid))
+
+
+def budget_config(campaign: Campaign, base: CellConfig, budget_mib: int) -> CellConfig:
+    """A streamed configuration like `base` (its dense mode, top-k, lanes, threads, flags, apps and
+    turns) at a whole-MiB budget, as the grid would plan that budget written as a number."""
+    config = _config(budget_mib, 0, base.dense_weights, _top_k(base), int(base.io_threads or 0), _cycle_mb(base),
+                     campaign, base.threads if base.threads is not None else campaign.run.threads,
+                     dict(base.engine_flags))
+    return _with_turns(config.with_(apps=base.apps) if base.apps else config, campaign)
+
+
+def probes_for(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:
+    """The route-trace probes the knee cells among `cells` need (one per device, model and top-k)."""
     engine = campaign.engine.kind
     models = {m.name: m for m in campaign.models}
     out: dict[tuple[str, str, int], Cell] = {}

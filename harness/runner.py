@@ -29,6 +29,7 @@ from pathlib import Path
 
 from devices.base import DeviceError
 from engine.model import split_paths
+from harness.adaptive import AdaptivePlan, adaptive_plan
 from harness.campaign import Campaign, CampaignError, ModelSpec, fleet_home
 from harness.campaign_file import load_campaign
 from harness.device_models import DeviceModel, price_device_models
@@ -56,6 +57,10 @@ class Prepared:
     devices: list[DeviceRef]
     identities: Mapping[str, dict] = field(default_factory=dict)       # device spec -> identity
     device_models: Mapping[str, DeviceModel] = field(default_factory=dict)   # `device:` models, priced
+
+    def first(self) -> Plan | AdaptivePlan:
+        """What `--dry-run` shows: the plan, or an adaptive campaign's first round (harness.adaptive)."""
+        return adaptive_plan(self.campaign, self.plan, None) if self.campaign.plan.adaptive else self.plan
 
 
 def prepare(campaign: Campaign) -> Prepared:
@@ -89,7 +94,8 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
     plan, refs = prepared.plan, prepared.devices
     root = Path(out_dir).resolve()
     cdir = CampaignDir(root)
-    _check_out_dir(cdir, plan)
+    adaptive = adaptive_plan(campaign, plan, cdir) if campaign.plan.adaptive else None
+    _check_out_dir(cdir, plan, adaptive)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
     locks = [dir_lock(fleet_home(), root)] + [device_lock(fleet_home(), r) for r in refs]
     with holding(locks, campaign.run.lock_wait_s, owner):
@@ -99,8 +105,7 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             identities = prepared.identities or _identities(refs, campaign)
             root.mkdir(parents=True, exist_ok=True)
             cdir.write_campaign_toml(toml_text)
-            if read_plan(cdir) != plan:
-                write_plan(cdir, plan)
+            _write_plan(cdir, plan, adaptive)
             device_models = prepared.device_models
             if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
                 device_models = price_device_models(campaign, refs)
@@ -114,42 +119,73 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             if isinstance(e, OSError):
                 raise disk_error(e, root) from None
             raise
-        records = cdir.ledger.read()
-        latest = latest_by_cell(records)
-        todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
-                           if not outcomes.is_done(latest.get(cell.cell_id), rerun_failed)] for ref in refs}
-        progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
-        ctx = RunContext(campaign, plan, cdir, progress, rerun_failed)
-        workers = [Worker(ctx, ref, todo[ref.spec], list(records)) for ref in refs if todo[ref.spec]]
-        with _sigterm_as_interrupt():
-            # Waiting polls the workers' events with sleep(): a Ctrl-C landing inside Thread.join()
-            # makes CPython 3.11 mark the still-running thread as stopped (bpo-45274's fix), and
-            # the process would then exit in the middle of an attempt.
-            try:
-                for w in workers:
-                    w.start()
-                while not all(w.finished.is_set() for w in workers):
-                    time.sleep(0.1)
-            except KeyboardInterrupt:
-                # every worker's run sees ctx.stop within a second (devices.adb_phone's reading
-                # loop); the engines are stopped in threads of their own, and the whole wait is
-                # bounded: a hung phone is never waited for (its attempt is discarded, as any
-                # interrupted one, and the next run's gate stops what it left running)
-                ctx.stop.set()
-                deadline = time.monotonic() + INTERRUPT_WAIT_S
-                for w in workers:
-                    if w.busy:
-                        threading.Thread(target=_stop_strays_quietly, args=(w.ref, campaign.engine.stray_names),
-                                         daemon=True).start()
-                while not all(w.finished.is_set() for w in workers) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                raise
-            finally:
-                progress.close()
-        errors = [w.error for w in workers if w.error is not None]
-        if errors:
-            raise errors[0]
+        if adaptive is None:
+            _run_round(campaign, plan, cdir, refs, rerun_failed, progress_stream, tty)
+        else:
+            # each round runs what the results so far decide, then asks again (harness.adaptive); it
+            # stops when nothing new is decided, or when a cell is still pending (a lost device)
+            while True:
+                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty)
+                rerun_failed = False            # once: the later rounds' failures are results
+                latest = latest_by_cell(cdir.ledger.read())
+                if not ran or not all(outcomes.is_done(latest.get(c.cell_id)) for c in adaptive.plan.cells):
+                    break
+                adaptive = adaptive_plan(campaign, plan, cdir)
+                _write_plan(cdir, plan, adaptive)
     return campaign_status(root)
+
+
+def _write_plan(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None) -> None:
+    """plan.json, when it changed: the grid's plan, or the adaptive plan with its brackets."""
+    if adaptive is not None:
+        doc = adaptive.to_doc()
+        if cdir.read_plan_doc() != doc:
+            cdir.write_plan_doc(doc)
+    elif read_plan(cdir) != plan:
+        write_plan(cdir, plan)
+
+
+def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence[DeviceRef], rerun_failed: bool,
+               progress_stream, tty: bool | None) -> bool:
+    """Run every cell of the plan not yet done, devices in parallel; False when there was none."""
+    records = cdir.ledger.read()
+    latest = latest_by_cell(records)
+    todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
+                       if not outcomes.is_done(latest.get(cell.cell_id), rerun_failed)] for ref in refs}
+    if not any(todo.values()):
+        return False
+    progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
+    ctx = RunContext(campaign, plan, cdir, progress, rerun_failed)
+    workers = [Worker(ctx, ref, todo[ref.spec], list(records)) for ref in refs if todo[ref.spec]]
+    with _sigterm_as_interrupt():
+        # Waiting polls the workers' events with sleep(): a Ctrl-C landing inside Thread.join()
+        # makes CPython 3.11 mark the still-running thread as stopped (bpo-45274's fix), and
+        # the process would then exit in the middle of an attempt.
+        try:
+            for w in workers:
+                w.start()
+            while not all(w.finished.is_set() for w in workers):
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            # every worker's run sees ctx.stop within a second (devices.adb_phone's reading
+            # loop); the engines are stopped in threads of their own, and the whole wait is
+            # bounded: a hung phone is never waited for (its attempt is discarded, as any
+            # interrupted one, and the next run's gate stops what it left running)
+            ctx.stop.set()
+            deadline = time.monotonic() + INTERRUPT_WAIT_S
+            for w in workers:
+                if w.busy:
+                    threading.Thread(target=_stop_strays_quietly, args=(w.ref, campaign.engine.stray_names),
+                                     daemon=True).start()
+            while not all(w.finished.is_set() for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise
+        finally:
+            progress.close()
+    errors = [w.error for w in workers if w.error is not None]
+    if errors:
+        raise errors[0]
+    return True
 
 
 INTERRUPT_WAIT_S = 3.0      # Ctrl-C: the longest wait for the workers (the sweep ends within 5 s)
@@ -160,7 +196,7 @@ def _stop_strays_quietly(ref: DeviceRef, stray_names: Sequence[str]) -> None:
         stop_strays(ref.open(), stray_names)
 
 
-def _check_out_dir(cdir: CampaignDir, plan: Plan) -> None:
+def _check_out_dir(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None = None) -> None:
     root = cdir.root
     if not root.exists():
         return
@@ -172,6 +208,11 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan) -> None:
             raise RunnerError(f"{root}: is not empty and holds no campaign (no plan.json); choose another -o")
         return
     old_ids, new_ids = {c.cell_id for c in old.cells}, {c.cell_id for c in plan.cells}
+    if adaptive is not None:
+        # an adaptive plan grows round by round: the old one is this campaign's when its first
+        # cells (cache 0 with a route trace, per group) are among them, and every old cell stays planned
+        first = {c.cell_id for c in adaptive.plan.cells if c.config.route_trace and c.config.cache_mb == 0}
+        old_ids, new_ids = (old_ids, old_ids) if old_ids and first <= old_ids else (old_ids, first)
     if old_ids != new_ids:
         raise RunnerError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are not in "
                           f"this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")

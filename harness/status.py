@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.safetext import one_line, printable
+from harness.adaptive import Bracket, brackets_of
 from harness.campaign import fleet_home
 from harness.plan import read_plan
 from store import locks
@@ -24,6 +25,32 @@ from store.ledger import latest_by_cell
 from store.outcomes import INFRA, OUTCOMES
 
 STATUS_FORMAT = "bmoe-fleet.status"
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a campaign (or one device's share) cost (issue 27 item 4): the cells the engine ran at
+    least once, and the device time of every attempt that ran, gate and pushes included (each
+    ledger line's ended_at - started_at; a cell recorded without running costs nothing)."""
+
+    cells: int
+    device_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `status --json` gives it."""
+        return {"cells": self.cells, "device_s": round(self.device_s, 3)}
+
+    def text(self) -> str:
+        """'12 cells, 95 s of device time'."""
+        return f"{self.cells} cells, {self.device_s:.0f} s of device time"
+
+
+def spent_of(records: list[dict], ids: set[str] | None = None) -> Spent:
+    """The cells run and device time of the ledger lines (of the cells `ids`, or every one)."""
+    ran = [r for r in records if r.get("attempted", True) and (ids is None or r["cell_id"] in ids)]
+    seconds = sum(max(0.0, float(r.get("ended_at") or 0) - float(r.get("started_at") or 0))
+                  for r in ran if r.get("ended_at") and r.get("started_at"))
+    return Spent(len({r["cell_id"] for r in ran}), seconds)
 
 
 @dataclass(frozen=True)
@@ -37,11 +64,13 @@ class DeviceStatus:
     attempts: int
     outcomes: dict[str, int] = field(default_factory=dict)   # latest outcome per cell
     lost: str | None = None                 # the evidence of its latest device_lost attempt
+    spent: Spent = field(default_factory=lambda: Spent(0, 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON `status --json` gives per device."""
         return {"device": self.device, "planned": self.planned, "done": self.done, "pending": self.pending,
-                "attempts": self.attempts, "outcomes": dict(self.outcomes), "lost": self.lost}
+                "attempts": self.attempts, "outcomes": dict(self.outcomes), "lost": self.lost,
+                "spent": self.spent.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -59,11 +88,13 @@ class CampaignStatus:
     running: str | None                     # "pid N on HOST" while a run holds the directory
     last_activity_at: float | None
     cells: dict[str, str] = field(default_factory=dict)      # cell_id -> latest outcome or "pending"
+    spent: Spent = field(default_factory=lambda: Spent(0, 0.0))   # probes included
+    brackets: tuple[Bracket, ...] = ()      # an adaptive plan's, per group (harness.adaptive)
 
     @property
     def complete(self) -> bool:
-        """Every planned cell has a result."""
-        return self.planned > 0 and self.pending == 0
+        """Every planned cell has a result (and an adaptive plan has decided all it will)."""
+        return self.planned > 0 and self.pending == 0 and all(b.closed for b in self.brackets)
 
     def to_dict(self) -> dict[str, Any]:
         """`status --json`."""
@@ -71,7 +102,8 @@ class CampaignStatus:
                 "planned": self.planned, "done": self.done, "pending": self.pending, "attempts": self.attempts,
                 "complete": self.complete, "running": self.running, "last_activity_at": self.last_activity_at,
                 "outcomes": dict(self.outcomes), "devices": [d.to_dict() for d in self.devices],
-                "cells": dict(self.cells)}
+                "cells": dict(self.cells), "spent": self.spent.to_dict(),
+                **({"adaptive": [b.to_dict() for b in self.brackets]} if self.brackets else {})}
 
     def to_json(self) -> str:
         """`status --json`, as text."""
@@ -84,9 +116,13 @@ class CampaignStatus:
                  f"{self.pending} pending, {self.attempts} attempts — {state}"]
         if self.outcomes:
             lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in _ordered(self.outcomes)))
+        lines.append(f"  spent: {self.spent.text()}")
+        for b in self.brackets:
+            lines.append(f"  adaptive: {b.text()}")
         for d in self.devices:
             counts = ", ".join(f"{k} {v}" for k, v in _ordered(d.outcomes)) or "nothing yet"
-            lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts})")
+            lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts}); "
+                         f"spent {d.spent.text()}")
             if d.lost:
                 lines.append(f"    latest device_lost: {d.lost}")
         return "\n".join(printable(line) for line in lines)   # names come from files and devices
@@ -122,6 +158,8 @@ class RunEnd:
             return f"interrupted{left}: rerun the same command to resume; finished runs are kept"
         if self.exit_status == EXIT_COMPLETE:
             return "complete: every planned cell has a result"
+        if pending == 0:
+            return "incomplete: the adaptive plan has more cells to decide; rerun the same command to resume"
         seen = self.status.outcomes if self.status is not None else {}
         infra = {k: v for k, v in seen.items() if k in INFRA}
         why = ", ".join(f"{k} {v}" for k, v in _ordered(infra))
@@ -188,9 +226,10 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
             if rec is not None and rec["outcome"] in INFRA:
                 states[rec["outcome"]] += 1
         pending = sum(1 for i in ids if cells[i] == "pending")
+        probe_ids = {p.cell_id for p in plan.probes if p.device == device}
         devices.append(DeviceStatus(device, len(ids), len(ids) - pending, pending, sum(attempts[i] for i in ids),
                                     {k: v for k, v in states.items() if k != "pending"},
-                                    _latest_lost(cdir, records, set(ids))))
+                                    _latest_lost(cdir, records, set(ids)), spent_of(records, set(ids) | probe_ids)))
     outcomes: Counter[str] = Counter()
     for d in devices:
         outcomes.update(d.outcomes)
@@ -199,5 +238,6 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
     return CampaignStatus(root=str(root), campaign=plan.campaign, planned=len(plan.cells),
                           done=len(plan.cells) - pending, pending=pending, attempts=sum(attempts.values()),
                           outcomes=dict(outcomes), devices=tuple(devices), running=locks.running(fleet_home(), root),
-                          last_activity_at=max(ends) if ends else None, cells=cells)
+                          last_activity_at=max(ends) if ends else None, cells=cells, spent=spent_of(records),
+                          brackets=brackets_of(cdir.read_plan_doc()))
 

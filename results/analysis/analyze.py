@@ -112,6 +112,12 @@ class BudgetPoint:
             max((1 - FILLED_FRACTION) * room, self.entry_mib)
         return self.held_mib >= room - short_by - 1e-9
 
+    @staticmethod
+    def fillable_mib(working_set_mib: float, entry_mib: float = math.nan) -> float:
+        """The largest budget a run whose cache ends holding `working_set_mib` (all it ever looks
+        up) still counts as filled at (`filled`): past it, surviving proves nothing."""
+        return max(working_set_mib / FILLED_FRACTION, working_set_mib + (0.0 if math.isnan(entry_mib) else entry_mib))
+
     @property
     def s_per_token(self) -> float:
         """Seconds per token at the median speed."""

@@ -159,6 +159,11 @@ class Prediction:
     def key(self) -> tuple[str, str, int, str]:
         return (self.device, self.model, self.n_expert_used, self.dense_weights)
 
+    def ram_budget_for(self, phone: PhoneRam) -> tuple[float | None, bool]:
+        """The largest budget whose predicted anon MiB fits what the phone gives the engine (None:
+        not even cache 0 fits), and whether the whole working set does."""
+        return _ram_budget(phone.engine_capacity_mib, self.rates.rss_anon_peak_mib, self.working_set_mib)
+
     def at(self, budget_mib: float) -> BudgetPrediction:
         for b in self.budgets:
             if b.budget_mib == budget_mib:

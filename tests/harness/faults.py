@@ -187,3 +187,19 @@ def check_dir(campaign_file: Path, out: Path) -> Counter:
         problems["torn"] += not ok
     problems["torn"] += len(set(by_folder) - folders)                 # a ledger line whose folder is gone
     return +problems
+
+
+def stop_phone_when(done, name: str, home: Path, adb_port: int, timeout_s: float = 120.0):
+    """A started thread that stops virtual phone `name` as soon as `done()` holds (or after
+    timeout_s): a phone lost mid-campaign, at the moment a test chooses. Join it after the run."""
+    import threading
+
+    def stop() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not done():
+            time.sleep(0.02)
+        manager.down(name, home=home, adb_host="127.0.0.1", adb_port=adb_port)
+
+    thread = threading.Thread(target=stop)
+    thread.start()
+    return thread

@@ -26,6 +26,7 @@ from harness.runner import run_campaign
 from harness.status import campaign_status
 from store.errors import LockBusy
 from store.locks import device_lock
+from tests.harness.faults import stop_phone_when
 
 
 def vcampaign(name, devices, model, adb_port, phone_home, axes, run=None, gate=None, connect=()):
@@ -208,18 +209,12 @@ def test_a_phone_stopped_mid_campaign_loses_its_cells_and_a_rerun_runs_only_thos
         path = out / "ledger.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
-    def stop_after_first_flaky_run() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if any(json.loads((out / r["run_dir"] / "run.json").read_text())["device"] == "virtual:flaky2"
-                   for r in ledger()):
-                break
-            time.sleep(0.02)
-        manager.down("flaky2", home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+    def flaky_ran() -> bool:
+        return any(json.loads((out / r["run_dir"] / "run.json").read_text())["device"] == "virtual:flaky2"
+                   for r in ledger())
 
     try:
-        killer = threading.Thread(target=stop_after_first_flaky_run)
-        killer.start()
+        killer = stop_phone_when(flaky_ran, "flaky2", phone_home, adb_port)
         first = run_campaign(c, out, progress_stream=io.StringIO())
         killer.join(120)
         by_device = {d.device: d for d in first.devices}

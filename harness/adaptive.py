@@ -1,0 +1,384 @@
+"""The adaptive sweep (`[plan] adaptive = true`, `sweep --adaptive`; issue 27 item 3): spend cells
+only where the prediction (results.replay.predict) is unsure.
+
+Per group, the analysis' own (device, model, top-k, other apps), every series of it (dense mode,
+lanes, threads, flags) at each budget, every repeat:
+
+1. cache 0 with a route trace: the probe and the cache-0 run of the prediction in one cell;
+2. predict; measure the replayed LRU curve's knee and the budget the model expects to be the
+   largest safe one (the smallest of: the working set the trace reaches, past which a cache never
+   fills and proves nothing; what the phone had left while cache 0 ran, zram's share included; the
+   grid's largest budget, so both sweeps answer the same question);
+3. bisect between the largest budget that held and the smallest measured above it: "held" is the
+   analysis' own largest safe budget (results.analysis.analyze.LmkBoundary: every run finished, the
+   cache filled, neither killed nor fought), so the bracket only ever rests on measured budgets;
+   until the two are `plan.resolution_mb` apart, or the grid's largest budget held, or nothing from
+   the cycle up did;
+4. a group with a measured cell that held (or cache 0) further than `plan.max_error_pct` from its
+   predicted s/token, or with no prediction at all, falls back to the grid: the axes' cells.
+
+The plan is a function of the campaign, plan.json and the runs on disk: each round adds the cells
+the results so far decide (the runner runs them, then asks again), a group whose cells are not all
+done waits, and a rerun after Ctrl-C or a lost device recomputes the same decisions. Each round's
+brackets go to plan.json's `adaptive` list, which `status` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.campaign import Campaign
+from harness.plan import Cell, Plan, budget_config, new_cell, plan_from_dict, probes_for
+from store import names, outcomes
+from store.campaign_dir import CampaignDir
+from store.cells import CellConfig
+from store.ledger import latest_by_cell
+
+MEASURING_GRID = "; measuring the grid"
+GroupKey = tuple[str, str, int, str]         # device, model, top-k, other apps: the analysis' group
+
+PROBING, PREDICTING, BISECTING, BRACKETED, GRID, WAITING = (
+    "probing", "measuring the prediction", "bisecting", "bracketed", "grid", "waiting")
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """Where one group's kill-or-fight boundary stands: the largest budget that held, the smallest
+    measured above it, and what the plan does next."""
+
+    device: str
+    model: str
+    top_k: int
+    apps: str
+    state: str
+    held_mib: float | None = None            # the analysis' largest safe budget (measured)
+    failed_mib: float | None = None          # the smallest budget measured above it (did not hold)
+    resolution_mib: int = 0
+    predicted_knee_mib: int | None = None
+    predicted_safe_mib: int | None = None
+    next_mib: tuple[int, ...] = ()
+    reason: str = ""
+
+    @property
+    def closed(self) -> bool:
+        """The ceiling is bracketed to the resolution (or the grid answers it)."""
+        return self.state in (BRACKETED, GRID) and not self.next_mib
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plan.json's `adaptive` list holds it."""
+        return {"device": self.device, "model": self.model, "top_k": self.top_k, "apps": self.apps,
+                "state": self.state, "held_mib": self.held_mib, "failed_mib": self.failed_mib,
+                "resolution_mib": self.resolution_mib, "predicted_knee_mib": self.predicted_knee_mib,
+                "predicted_safe_mib": self.predicted_safe_mib, "next_mib": list(self.next_mib),
+                "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bracket:
+        """A bracket from plan.json."""
+        return cls(str(d["device"]), str(d["model"]), int(d["top_k"]), str(d.get("apps") or ""), str(d["state"]),
+                   d.get("held_mib"), d.get("failed_mib"), int(d.get("resolution_mib") or 0),
+                   d.get("predicted_knee_mib"), d.get("predicted_safe_mib"), tuple(d.get("next_mib") or ()),
+                   str(d.get("reason") or ""))
+
+    def text(self) -> str:
+        """One line for `status`."""
+        held = f"{self.held_mib:g} MiB" if self.held_mib is not None else "none"
+        failed = f"{self.failed_mib:g} MiB" if self.failed_mib is not None else "none yet"
+        width = f", width {self.failed_mib - self.held_mib:g}" if self.held_mib is not None and \
+            self.failed_mib is not None else ""
+        load = f" with {self.apps}" if self.apps else ""
+        predicted = (f"; predicted knee {self.predicted_knee_mib} MiB, largest safe {self.predicted_safe_mib} MiB"
+                     if self.predicted_safe_mib is not None or self.predicted_knee_mib is not None else "")
+        nxt = f"; next {', '.join(map(str, self.next_mib))} MiB" if self.next_mib else ""
+        why = f" ({self.reason})" if self.reason else ""
+        return (f"{self.device} {self.model} k={self.top_k}{load}: {self.state}{why}: held {held}, did not hold "
+                f"{failed}{width} (resolution {self.resolution_mib} MiB){predicted}{nxt}")
+
+
+@dataclass(frozen=True)
+class AdaptivePlan:
+    """The cells decided so far and each group's bracket."""
+
+    plan: Plan
+    brackets: tuple[Bracket, ...] = field(default=())
+
+    def to_doc(self) -> dict[str, Any]:
+        """plan.json: the plan, with the brackets under `adaptive`."""
+        return {**self.plan.to_dict(), "adaptive": [b.to_dict() for b in self.brackets]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `--dry-run --json` prints it: plan.json."""
+        return self.to_doc()
+
+    def text(self) -> str:
+        """The dry-run listing: the cells decided so far, then each group's bracket."""
+        return "\n".join([self.plan.text(), "", "adaptive: the next cells are decided from these runs' results"]
+                         + [f"  {b.text()}" for b in self.brackets])
+
+
+def brackets_of(doc: Mapping[str, Any] | None) -> tuple[Bracket, ...]:
+    """The brackets a plan.json holds (none for a grid's)."""
+    return tuple(Bracket.from_dict(b) for b in (doc or {}).get("adaptive") or ())
+
+
+def group_key(cell: Cell) -> GroupKey:
+    """The analysis group a cell belongs to."""
+    return (cell.device, cell.model, int(cell.config.n_expert_used or 0), cell.config.apps or "")
+
+
+def _series_key(config: CellConfig) -> str:
+    """A configuration without its budget: the series it is a point of."""
+    d = config.to_dict()
+    for k in ("cache_mb", "cache_auto", "cache_ceil_mb", "force_cache", "force_cache_auto", "budget_spec",
+              "route_trace", "moe_stream", "no_mmap"):
+        d.pop(k, None)
+    return json.dumps(d, sort_keys=True)
+
+
+def _streamed(cell: Cell) -> bool:
+    c = cell.config
+    return bool(c.moe_stream) and not c.cache_auto and not c.planner and not c.probe
+
+
+def _bases(grid: Plan) -> dict[GroupKey, list[Cell]]:
+    """Per group, one streamed grid cell per series, in plan order."""
+    out: dict[GroupKey, dict[str, Cell]] = {}
+    for cell in grid.cells:
+        if _streamed(cell) and cell.pass_no == 0:
+            out.setdefault(group_key(cell), {}).setdefault(_series_key(cell.config), cell)
+    return {k: list(v.values()) for k, v in out.items()}
+
+
+def _analysis(cdir: CampaignDir):
+    """The analysis of the runs so far (None before any)."""
+    from results.analysis.analyze import analyze
+    from results.read.rundir import read_campaigns
+    from results.read.table import build_table
+
+    if not cdir.has_runs():
+        return None
+    table = build_table(read_campaigns([cdir.root]))
+    return analyze(table) if len(table) else None
+
+
+def resolution_mib(campaign: Campaign, cycle_mib: float) -> int:
+    """plan.resolution_mb, or a quarter of the token cycle (whole MiB, at least 1)."""
+    return campaign.plan.resolution_mb or max(1, math.ceil(cycle_mib / 4))
+
+
+def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> AdaptivePlan:
+    """The cells the results on disk decide, added to those plan.json already holds (module doc);
+    without a directory, the first round."""
+    doc = cdir.read_plan_doc() if cdir is not None and cdir.has_plan() else None
+    old = plan_from_dict(doc).cells if doc is not None else ()
+    latest = latest_by_cell(cdir.ledger.read()) if cdir is not None and doc is not None else {}
+    analysis = _analysis(cdir) if cdir is not None and doc is not None else None
+    # a group that fell back to the grid stays there (its grid cells are planned; plan.json says so)
+    fallen = {(b.device, b.model, b.top_k, b.apps): b.reason for b in brackets_of(doc) if b.state == GRID}
+    cells: dict[str, Cell] = {c.cell_id: c for c in old}
+    brackets = []
+    for key, series in _bases(grid).items():
+        group = _Group(campaign, grid, key, series, latest, analysis, [c for c in old if group_key(c) == key],
+                       cdir, fallen.get(key))
+        wanted, bracket = group.decide()
+        for cell in wanted:
+            cells.setdefault(cell.cell_id, cell)
+        brackets.append(bracket)
+    ordered: list[Cell] = []
+    for device in dict.fromkeys(c.device for c in cells.values()):
+        mine = [c for c in cells.values() if c.device == device]
+        ordered += [Cell(c.cell_id, c.device, c.model, c.engine, c.config, c.repeat, c.pass_no, i, c.argv)
+                    for i, c in enumerate(mine)]
+    plan = Plan(campaign.name, tuple(ordered), grid.models, grid.top_ks, probes_for(campaign, ordered))
+    return AdaptivePlan(plan, tuple(brackets))
+
+
+class _Group:
+    """One group's decision (adaptive_plan)."""
+
+    def __init__(self, campaign: Campaign, grid: Plan, key: GroupKey, series: Sequence[Cell],
+                 latest: Mapping[str, Mapping[str, Any]], analysis, planned: Sequence[Cell], cdir: CampaignDir | None,
+                 fallen: str | None = None):
+        self.campaign, self.grid, self.key, self.series = campaign, grid, key, series
+        self.latest, self.planned, self.cdir, self.fallen = latest, list(planned), cdir, fallen
+        self.g = None
+        if analysis is not None:
+            with contextlib.suppress(KeyError):     # no run of it finished yet
+                self.g = analysis.group(key[0], key[1], key[2], key[3])
+        self.cycle_mib = float(series[0].config.cycle_mb or 0.0)
+        self.resolution = resolution_mib(campaign, self.cycle_mib)
+        self.lowest = max(1, math.ceil(self.cycle_mib))      # the least budget a ceiling can rest on
+        grid_budgets = [float(c.config.cache_mb) for c in self._grid_cells() if c.config.cache_mb]
+        # the largest budget to search: the grid's (so both sweeps answer one question), at most the
+        # largest that can fill (set once predicted)
+        self.top = math.floor(max(grid_budgets)) if grid_budgets else None
+        self.top_why = "the largest budget asked held"
+
+    # -- cells --------------------------------------------------------------------------------
+    def _grid_cells(self) -> list[Cell]:
+        return [c for c in self.grid.cells if group_key(c) == self.key]
+
+    def at(self, budget_mib: int, route_trace: bool = False) -> list[Cell]:
+        """Every series of the group at a budget, every repeat."""
+        out = []
+        for base in self.series:
+            config = budget_config(self.campaign, base.config, budget_mib)
+            if route_trace:
+                config = config.with_(route_trace=True)
+            out += [new_cell(self.campaign, base.device, base.model, config, r, 0)
+                    for r in range(self.campaign.run.repeats)]
+        return out
+
+    def _done(self, cells: Sequence[Cell]) -> bool:
+        return all(outcomes.is_done(self.latest.get(c.cell_id)) for c in cells)
+
+    def _bracket(self, state: str, reason: str = "", next_mib: Sequence[int] = (), knee: int | None = None,
+                 safe: int | None = None) -> Bracket:
+        b = self.g.boundary if self.g is not None else None
+        held = b.largest_safe_mib if b is not None else None
+        measured = self._measured()
+        above = [m for m in measured if held is None or m > held]
+        return Bracket(*self.key, state=state, held_mib=held, failed_mib=min(above) if above else None,
+                       resolution_mib=self.resolution, predicted_knee_mib=knee, predicted_safe_mib=safe,
+                       next_mib=tuple(next_mib), reason=reason)
+
+    def _measured(self) -> list[float]:
+        """The fixed budgets (> 0) the analysis has points at, every run of them finished or killed."""
+        if self.g is None:
+            return []
+        return sorted({p.budget_mib for p in self.g.points if not p.auto and not math.isnan(p.budget_mib)
+                       and p.budget_mib > 0 and (p.ok or p.killed)})
+
+    # -- the decision -------------------------------------------------------------------------
+    def decide(self) -> tuple[list[Cell], Bracket]:
+        """The cells this group needs so far, and its bracket."""
+        base = self.at(0, route_trace=True)
+        wanted = base + self.planned
+        if not self._done(wanted):
+            return wanted, self._bracket(PROBING if not self._done(base) else WAITING)
+        g = self.g
+        if g is None:
+            return self._grid(wanted, "no cache-0 run finished")
+        predictions = g.predictions
+        if self.fallen is not None:
+            return self._grid(wanted, self.fallen.removesuffix(MEASURING_GRID))
+        if not predictions:
+            return self._grid(wanted, "no prediction: the cache-0 route-traced run did not finish")
+        miss = self._missed(self.campaign.plan.max_error_pct)
+        if miss:
+            return self._grid(wanted, miss)
+        from results.analysis.analyze import BudgetPoint
+
+        entry = min((p.entry_mib for p in g.points if not math.isnan(p.entry_mib)), default=math.nan)
+        fillable = math.floor(BudgetPoint.fillable_mib(min(p.working_set_mib for p in predictions), entry))
+        if self.top is None or fillable < self.top:
+            self.top = fillable
+            self.top_why = (f"held at {fillable} MiB, the largest budget a cache fills in these tokens (the probe's "
+                            "working set): a larger one survives without filling, which proves nothing")
+        if self.top is not None and self.top < self.lowest:
+            return wanted, self._bracket(BRACKETED, f"no whole MiB from the {self.lowest} MiB cycle up to {self.top} "
+                                                    "MiB, the largest budget to search")
+        knee = self._clamp(math.ceil(g.replay.knee_mib)) if g.replay is not None and g.replay.knee_mib else None
+        safe = self._predicted_safe(predictions)
+        targets = [self.at(b) for b in dict.fromkeys(x for x in (knee, safe) if x is not None)]
+        wanted += [c for cells in targets for c in cells]
+        if not self._done(wanted):
+            return wanted, self._bracket(PREDICTING, next_mib=[b for b in (knee, safe) if b is not None],
+                                         knee=knee, safe=safe)
+        nxt, why = self._next()
+        if nxt is None:
+            return wanted, self._bracket(BRACKETED, why, knee=knee, safe=safe)
+        return wanted + self.at(nxt), self._bracket(BISECTING, next_mib=[nxt], knee=knee, safe=safe)
+
+    def _grid(self, wanted: list[Cell], reason: str) -> tuple[list[Cell], Bracket]:
+        """The grid's cells of this group, less the budgets already measured in each series."""
+        have = {(_series_key(c.config), c.config.cache_mb, c.repeat) for c in wanted}
+        grid = [c for c in self._grid_cells()
+                if c.config.cache_mb is None or (_series_key(c.config), c.config.cache_mb, c.repeat) not in have]
+        pending = not self._done(wanted + grid)
+        return wanted + grid, self._bracket(GRID, reason + (MEASURING_GRID if pending else ""))
+
+    def _missed(self, max_error_pct: float) -> str:
+        """The first measured point that held (or cache 0) further from its prediction than allowed ("")."""
+        g = self.g
+        held = g.boundary.largest_safe_mib if g is not None else None
+        for p in g.points if g is not None else ():
+            if p.auto or math.isnan(p.budget_mib):
+                continue
+            if p.budget_mib > 0 and (held is None or p.budget_mib > held):
+                continue                  # killed, fought or unfilled: the model does not describe a fight
+            error = p.prediction_error_pct
+            if not math.isnan(error) and abs(error) > max_error_pct:
+                return (f"{p.label} ({p.series or 'all'}) measured {p.s_per_token:.4g} s/token, predicted "
+                        f"{p.predicted_s_per_tok:.4g} ({error:+.0f} %, over {max_error_pct:g} %)")
+        return ""
+
+    def _clamp(self, budget_mib: int) -> int:
+        b = max(self.lowest, budget_mib)
+        return min(b, self.top) if self.top is not None else b
+
+    def _predicted_safe(self, predictions) -> int | None:
+        """The largest budget the model expects to hold: the working set (past it no cache fills),
+        what the phone had left while cache 0 ran (results.replay.predict.PhoneRam), the grid's top."""
+        from results.replay.predict import PhoneRam
+
+        floor_mib, swap_mib = self._room_at_cache0()
+        budgets = []
+        for pred in predictions:
+            b: float | None = pred.working_set_mib
+            anon = pred.rates.rss_anon_peak_mib
+            if floor_mib is not None and not math.isnan(anon):
+                fit, _ = pred.ram_budget_for(PhoneRam(mem_total_mib=floor_mib + anon, zram_disksize_mib=swap_mib))
+                b = None if fit is None else min(fit, pred.working_set_mib)
+            budgets.append(b)
+        if any(b is None for b in budgets):
+            return None                  # not even cache 0 fits: measure from the cycle up
+        return self._clamp(math.floor(min(b for b in budgets if b is not None)))
+
+    def _room_at_cache0(self) -> tuple[float | None, float]:
+        """The least MemAvailable the cache-0 runs left (MiB) and the swap free as they started."""
+        from results.numbers import to_float
+
+        g = self.g
+        rows = [p for p in g.points if p.budget_mib == 0 and not p.auto] if g is not None else []
+        floors = [p.mem_avail_floor_kb for p in rows if not math.isnan(p.mem_avail_floor_kb)]
+        swap = []
+        for cell in self.at(0, route_trace=True):
+            rec = self.latest.get(cell.cell_id)
+            if rec is None or self.cdir is None:
+                continue
+            try:
+                run = json.loads((self.cdir.root / rec["run_dir"] / names.RUN_JSON).read_text())
+            except (OSError, ValueError):
+                continue
+            free = to_float((run.get("entry_state") or {}).get("swap_free_kb"))
+            if not math.isnan(free):
+                swap.append(free / 1024)
+        return (min(floors) / 1024 if floors else None), (min(swap) if swap else 0.0)
+
+    def _next(self) -> tuple[int | None, str]:
+        """The next budget to measure, or None and why the bracket is closed."""
+        b = self.g.boundary if self.g is not None else None
+        held = b.largest_safe_mib if b is not None else None
+        measured = self._measured()
+        above = [m for m in measured if held is None or m > held]
+        failed = min(above) if above else None
+        if held is None:
+            if self.lowest not in measured:
+                return self.lowest, ""
+            return None, f"nothing from the {self.lowest} MiB cycle up held: cache 0"
+        if failed is None:
+            if self.top is None or held >= self.top:
+                return None, self.top_why
+            return self.top, ""
+        if failed - held <= self.resolution:
+            return None, f"bracketed to {failed - held:g} MiB"
+        mid = math.floor((held + failed) / 2)
+        if mid <= held or mid in measured:
+            return None, f"bracketed to {failed - held:g} MiB (no whole MiB between)"
+        return mid, ""

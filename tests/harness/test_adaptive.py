@@ -1,0 +1,201 @@
+"""The adaptive sweep (issue 27 items 3 and 4): `[plan] adaptive = true` / `sweep --adaptive` measures
+cache 0 with a route trace, the predicted knee and largest safe budget, then bisects the kill
+boundary on a real virtual phone; it resumes after the phone dies mid-bisection, never rests a
+recommendation on a budget that was not measured and held, and `status` shows the bracket and what
+was spent."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harness.adaptive import BISECTING, BRACKETED, GRID, brackets_of
+from harness.campaign import CampaignError
+from harness.campaign_file import parse_campaign
+from harness.plan import make_plan
+from harness.runner import run_campaign
+from harness.status import campaign_status
+from results.analysis.analyze import analyze
+from results.analysis.recommend import recommend
+from results.read.table import build_table
+from store.campaign_dir import CampaignDir
+from tests.harness.faults import _CLI, stop_phone_when
+
+
+def adaptive_campaign(model: Path, devices, cache_mb, plan=None, run=None, fleet=None, name="adapt"):
+    return parse_campaign({"version": 1, "name": name, "fleet": {"devices": list(devices), **(fleet or {})},
+                           "models": {"mid": str(model)}, "axes": {"cache_mb": cache_mb},
+                           "run": {"n_predict": 8, **(run or {})}, "gate": {"max_wait_s": 2},
+                           "plan": {"adaptive": True, **(plan or {})}}, source=f"{name}.toml")
+
+
+def ledger(out: Path) -> list[dict]:
+    path = out / "ledger.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def held_budgets(out: Path) -> set[float]:
+    """Every budget the analysis counts as safe: measured, every run finished, cache filled, not fought."""
+    analysis = analyze(build_table([out]))
+    safe = set()
+    for g in analysis.groups:
+        b = g.boundary
+        for p in g.points:
+            if p.ok == p.runs and p.filled and not p.fought and not p.auto and \
+                    (b.smallest_killed_mib is None or p.budget_mib < b.smallest_killed_mib):
+                safe.add(p.budget_mib)
+    return safe
+
+
+def assert_recommends_only_what_held(out: Path) -> None:
+    """Every budget a recommendation rests on was measured and held; every argv is measured."""
+    recs = recommend([out])
+    held = held_budgets(out)
+    for r in recs.all():
+        if r.auto is not None:
+            assert r.auto.largest_safe_mib in held and r.auto.cache_ceil_mb <= r.auto.largest_safe_mib, (r.auto, held)
+        if r.fixed is not None and r.fixed.cache_mb > 0:
+            assert r.fixed.cache_mb in held and r.fixed.measured, (r.fixed, held)
+    doc = json.loads(recs.to_json())
+    for d in doc["devices"]:
+        assert d["default"]["basis"] in ("measured", "unmeasured")
+        for r in d["recommendations"]:
+            for choice in (r["fixed"], r["auto"]):
+                assert choice is None or choice["basis"] in ("measured", "unmeasured")
+            assert r["predicted"] is None or r["predicted"]["basis"] == "predicted"
+
+
+@pytest.mark.parametrize("table, problem", [
+    ({"adaptive": "yes"}, "plan.adaptive: expected true or false"),
+    ({"adaptive": True, "resolution_mb": -1}, "plan.resolution_mb: must be at least 0"),
+    ({"adaptive": True, "max_error_pct": 0}, "plan.max_error_pct: must be above 0"),
+    ({"adaptive": True, "bisect": 3}, "plan.bisect: unknown key"),
+])
+def test_bad_plan_keys_name_the_key(tiny_model, table, problem):
+    with pytest.raises(CampaignError) as e:
+        parse_campaign({"version": 1, "fleet": {"devices": ["local"]}, "models": {"t": str(tiny_model)},
+                        "plan": table}, source="p.toml")
+    assert problem in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(CampaignError, match=r"run\.reverse_pass: an adaptive plan"):
+        adaptive_campaign(tiny_model, ["local"], [0, 4], run={"reverse_pass": True})
+
+
+def test_a_cell_far_from_its_prediction_sends_its_group_to_the_grid(tmp_path, mid_model):
+    """With an error bound nothing meets, the group falls back to the grid once the predicted knee
+    and largest safe budget are measured: every grid budget is measured (cache 0 once, route-traced),
+    the bracket says why, and the file round-trips."""
+    c = adaptive_campaign(mid_model, ["local"], [0, "cycle*1.2", 40], plan={"max_error_pct": 1e-9})
+    out = tmp_path / "grid"
+    status = run_campaign(c, out, progress_stream=io.StringIO())
+    assert status.complete
+    (b,) = status.brackets
+    assert b.state == GRID and "predicted" in b.reason and "%" in b.reason, b
+    budgets = sorted(json.loads(p.read_text())["config"]["cache_mb"] for p in out.glob("runs/*/1/run.json"))
+    grid = {cell.config.cache_mb for cell in make_plan(c).cells}
+    assert grid <= set(budgets) and budgets.count(0) == 1 and len(budgets) >= len(grid) + 1   # cache 0 once
+    assert status.spent.cells == len(budgets) == status.planned and status.spent.device_s > 0
+    assert parse_campaign(tomllib.loads((out / "campaign.toml").read_text()), "x").plan == c.plan
+
+
+def test_the_bisection_closes_the_kill_bracket_and_resumes_after_the_phone_dies(tmp_path, adb_port, phone_home,
+                                                                                mid_model):
+    """On a 72 MiB virtual phone the mid model's cache is killed somewhere between the cycle and
+    the working set. The phone is stopped mid-bisection: the run ends with cells pending, every
+    recommendation rests on a budget measured and held; back up, the same command finishes the
+    bracket to its resolution, re-running nothing that had finished."""
+    from devices.virtual import manager
+
+    manager.up("adapt", 72 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+    c = adaptive_campaign(mid_model, ["virtual:adapt"], [0, "cycle*1.2", 60],
+                          plan={"resolution_mb": 1, "max_error_pct": 1000.0},
+                          run={"retries": 0, "retry_backoff_s": 0.1},
+                          fleet={"virtual_home": str(phone_home), "adb": [{"host": "127.0.0.1", "port": adb_port}]})
+    out = tmp_path / "adapt"
+
+    def bisecting() -> bool:
+        """The predicted budgets are measured and a bisection cell runs: the moment to lose the phone."""
+        doc = CampaignDir(out).read_plan_doc() if (out / "plan.json").exists() else None
+        return any(b.state == BISECTING for b in brackets_of(doc))
+
+    try:
+        killer = stop_phone_when(bisecting, "adapt", phone_home, adb_port)
+        first = run_campaign(c, out, progress_stream=io.StringIO())
+        killer.join(120)
+        assert not first.complete and first.pending >= 1 and "device_lost" in first.outcomes
+        (b,) = first.brackets
+        assert b.state == BISECTING and b.next_mib, b
+        assert_recommends_only_what_held(out)
+        before = ledger(out)
+        finished = {r["cell_id"] for r in before if r["outcome"] != "device_lost"}
+
+        manager.up("adapt", 72 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+        second = run_campaign(c, out, progress_stream=io.StringIO())
+        assert second.complete, second.text()
+        new = ledger(out)[len(before):]
+        assert not {r["cell_id"] for r in new} & finished           # nothing that finished ran again
+        (b,) = second.brackets
+        assert b.state == BRACKETED and b.held_mib is not None, b
+        assert b.failed_mib is None or 0 < b.failed_mib - b.held_mib <= 1, b
+        assert b.held_mib in held_budgets(out)
+        assert_recommends_only_what_held(out)
+        # the budget over the bracket was measured and did not hold (killed, fought or unfilled)
+        assert b.failed_mib is None or b.failed_mib not in held_budgets(out)
+        text = second.text()
+        assert "adaptive: virtual:adapt mid k=4: bracketed" in text and "spent:" in text
+        assert second.spent.cells == len({r["cell_id"] for r in ledger(out) if r.get("attempted", True)})
+        assert json.loads(second.to_json())["adaptive"][0]["state"] == BRACKETED
+        assert brackets_of(CampaignDir(out).read_plan_doc()) == second.brackets
+        # and a rerun has nothing left to decide or run
+        third = run_campaign(c, out, progress_stream=io.StringIO())
+        assert third.complete and len(ledger(out)) == len(before) + len(new) and third.brackets == second.brackets
+        assert campaign_status(out).brackets == second.brackets
+    finally:
+        if manager.info("adapt", phone_home).running:
+            manager.down("adapt", home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+    assert not math.isnan(second.spent.device_s)
+
+
+def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path, mid_model):
+    """`sweep --adaptive` through the CLI: Ctrl-C mid-way exits 130 with the directory valid; the
+    same command again decides the same cells from the runs on disk, runs only what is missing,
+    and `status --json` gives the closed bracket and what was spent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-c", _CLI, "sweep", "--device", "local", "--model", str(mid_model),
+            "--cache-mb", "0,cycle*1.2,40", "--adaptive", "--resolution-mb", "4", "--max-error-pct", "1000",
+            "-n", "8", "-o", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(ledger(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        text = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted" in text and "Traceback" not in text, text[-800:]
+    before = ledger(out)
+    assert before and not campaign_status(out).complete
+    done = subprocess.run(args, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stdout.decode()[-800:]
+    after = ledger(out)
+    assert after[:len(before)] == before
+    assert not {r["cell_id"] for r in after[len(before):]} & {r["cell_id"] for r in before if r["outcome"] == "ok"}
+    status = json.loads(campaign_status(out).to_json())
+    (b,) = status["adaptive"]
+    assert b["state"] == BRACKETED and status["complete"] and status["spent"]["cells"] == status["planned"]
+    assert status["spent"]["device_s"] > 0
+    assert_recommends_only_what_held(out)
