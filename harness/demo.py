@@ -71,7 +71,8 @@ def _model(out: Path, echo: Echo) -> Path:
     return path
 
 
-def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
+def _start_phones(home: Path, port: int, env: dict, echo: Echo,
+                  phones: dict[str, tuple[int, str, str]] = PHONES) -> list[str]:
     from devices.adb import adb_binary
     from devices.virtual import manager
 
@@ -81,14 +82,14 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo) -> list[str]:
         raise BmoeError(f"cannot start an adb server: {done.stderr.strip()}")
     names = []
     # a core of its own per phone where the host has one for each, so no run is oversubscribed
-    cpus = 1 if len(os.sched_getaffinity(0)) >= len(PHONES) else 0
+    cpus = 1 if len(os.sched_getaffinity(0)) >= len(phones) else 0
     # zram of half the RAM, as `virtual up` gives by default, where this host can make zram devices
     from devices.virtual import zram
 
     no_zram = zram.available()
     if no_zram is not None:
         echo(f"virtual phones without zram here ({no_zram})")
-    for name, (ram_bytes, model, soc) in PHONES.items():
+    for name, (ram_bytes, model, soc) in phones.items():
         zram_bytes = ram_bytes // 2 if no_zram is None else 0
         serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port,
                             cpus=cpus, zram_bytes=zram_bytes)
