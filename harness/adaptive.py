@@ -141,8 +141,14 @@ def _series_key(config: CellConfig) -> str:
 
 
 def _streamed(cell: Cell) -> bool:
+    """A grid cell of a series the plan can set a budget in: streamed (auto included), not the planner's."""
     c = cell.config
-    return bool(c.moe_stream) and not c.cache_auto and not c.planner and not c.probe
+    return bool(c.moe_stream) and not c.planner and not c.probe
+
+
+def _fixed(cell: Cell) -> bool:
+    """A streamed cell at a budget the plan knows (not auto, not a knee before its probe)."""
+    return _streamed(cell) and not cell.config.cache_auto and cell.config.cache_mb is not None
 
 
 def _bases(grid: Plan) -> dict[GroupKey, list[Cell]]:
@@ -189,6 +195,11 @@ def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> A
         for cell in wanted:
             cells.setdefault(cell.cell_id, cell)
         brackets.append(bracket)
+    # a device and model with no streamed series (baselines only) has nothing to bisect: its grid
+    bases = {k[:2] for k in _bases(grid)}
+    for cell in grid.cells:
+        if (cell.device, cell.model) not in bases:
+            cells.setdefault(cell.cell_id, cell)
     ordered: list[Cell] = []
     for device in dict.fromkeys(c.device for c in cells.values()):
         mine = [c for c in cells.values() if c.device == device]
@@ -213,10 +224,10 @@ class _Group:
         self.cycle_mib = float(series[0].config.cycle_mb or 0.0)
         self.resolution = resolution_mib(campaign, self.cycle_mib)
         self.lowest = max(1, math.ceil(self.cycle_mib))      # the least budget a ceiling can rest on
-        grid_budgets = [float(c.config.cache_mb) for c in self._grid_cells() if c.config.cache_mb]
+        grid_budgets = [float(c.config.cache_mb or 0) for c in self._grid_cells() if _fixed(c)]
         # the largest budget to search: the grid's (so both sweeps answer one question), at most the
         # largest that can fill (set once predicted)
-        self.top = math.floor(max(grid_budgets)) if grid_budgets else None
+        self.top = math.floor(max(grid_budgets)) if grid_budgets and max(grid_budgets) > 0 else None
         self.top_why = "the largest budget asked held"
 
     # -- cells --------------------------------------------------------------------------------
@@ -298,8 +309,8 @@ class _Group:
     def _grid(self, wanted: list[Cell], reason: str) -> tuple[list[Cell], Bracket]:
         """The grid's cells of this group, less the budgets already measured in each series."""
         have = {(_series_key(c.config), c.config.cache_mb, c.repeat) for c in wanted}
-        grid = [c for c in self._grid_cells()
-                if c.config.cache_mb is None or (_series_key(c.config), c.config.cache_mb, c.repeat) not in have]
+        grid = [c for c in self._grid_cells() if not _fixed(c)
+                or (_series_key(c.config), c.config.cache_mb, c.repeat) not in have]
         pending = not self._done(wanted + grid)
         return wanted + grid, self._bracket(GRID, reason + (MEASURING_GRID if pending else ""))
 
