@@ -21,36 +21,10 @@ from harness.plan import read_plan
 from store import locks
 from store.campaign_dir import CampaignDir
 from store.errors import StoreError
-from store.ledger import latest_by_cell
+from store.ledger import Spent, latest_by_cell, spent_of
 from store.outcomes import INFRA, OUTCOMES
 
 STATUS_FORMAT = "bmoe-fleet.status"
-
-
-@dataclass(frozen=True)
-class Spent:
-    """What a campaign (or one device's share) cost (issue 27 item 4): the cells the engine ran at
-    least once, and the device time of every attempt that ran, gate and pushes included (each
-    ledger line's ended_at - started_at; a cell recorded without running costs nothing)."""
-
-    cells: int
-    device_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """As `status --json` gives it."""
-        return {"cells": self.cells, "device_s": round(self.device_s, 3)}
-
-    def text(self) -> str:
-        """'12 cells, 95 s of device time'."""
-        return f"{self.cells} cells, {self.device_s:.0f} s of device time"
-
-
-def spent_of(records: list[dict], ids: set[str] | None = None) -> Spent:
-    """The cells run and device time of the ledger lines (of the cells `ids`, or every one)."""
-    ran = [r for r in records if r.get("attempted", True) and (ids is None or r["cell_id"] in ids)]
-    seconds = sum(max(0.0, float(r.get("ended_at") or 0) - float(r.get("started_at") or 0))
-                  for r in ran if r.get("ended_at") and r.get("started_at"))
-    return Spent(len({r["cell_id"] for r in ran}), seconds)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ next append cuts it off first so it cannot glue onto the new line.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,29 @@ def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[st
         if cur is None or int(r["attempt"]) >= int(cur["attempt"]):
             latest[r["cell_id"]] = r
     return latest
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a campaign (or one device's share) cost (issue 27 item 4): the cells the engine ran at
+    least once, and the device time of every attempt that ran, gate and pushes included (each
+    ledger line's ended_at - started_at; a cell recorded without running costs nothing)."""
+
+    cells: int
+    device_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `status --json` gives it."""
+        return {"cells": self.cells, "device_s": round(self.device_s, 3)}
+
+    def text(self) -> str:
+        """'12 cells, 95 s of device time'."""
+        return f"{self.cells} cells, {self.device_s:.0f} s of device time"
+
+
+def spent_of(records: Sequence[Mapping[str, Any]], ids: set[str] | None = None) -> Spent:
+    """The cells run and device time of the ledger lines (of the cells `ids`, or every one)."""
+    ran = [r for r in records if r.get("attempted", True) is not False and (ids is None or r["cell_id"] in ids)]
+    spans = [float(r.get("ended_at") or 0) - float(r.get("started_at") or 0) for r in ran
+             if r.get("ended_at") and r.get("started_at")]
+    return Spent(len({r["cell_id"] for r in ran}), sum(s for s in spans if math.isfinite(s) and s > 0))

@@ -60,6 +60,7 @@ from results.read.run_keys import text_of as _text
 from results.read.rundir import CampaignData, read_campaigns
 from results.read.table import build_table
 from results.read.tokens import PUBLISHED_MIN_TOKENS
+from store.ledger import spent_of
 
 CONFIDENCE = ("low", "medium", "high")
 # the `recommend --verify` step: the recommendations and the campaigns they came from in, the
@@ -370,15 +371,18 @@ def _confidence(g: GroupAnalysis, fixed: FixedChoice | None, auto: AutoChoice | 
 
 
 def campaign_summaries(table) -> list[dict[str, Any]]:
-    """Per campaign: its label, engines, dates and outcomes (no folder: labels only)."""
+    """Per campaign: its label, engines, dates, outcomes and what it spent (the cells run and their
+    device time, store.ledger.spent_of over its attempts; no folder: labels only)."""
     out = []
     for label, mine in table.groupby("campaign", sort=True):
         starts = [x for x in mine["started_at"] if isinstance(x, (int, float)) and not math.isnan(x)]
+        spent = spent_of(mine.to_dict("records"))
         out.append({"label": str(label), "imported": bool(mine["imported"].any()),
                     "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": len(mine),
                     "first_run": _iso(min(starts)) if starts else None,
                     "last_run": _iso(max(starts)) if starts else None,
-                    "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())}})
+                    "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())},
+                    "spent": spent.to_dict()})
     return out
 
 

@@ -465,6 +465,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "killed": outcome in outcomes.KILLS,
         "infra": outcome in outcomes.INFRA,
         "started_at": to_float(rec.get("started_at")),
+        "ended_at": to_float(rec.get("ended_at")),
+        "attempted": rec.get("attempted", True) is not False,    # False: recorded without running
         "o_direct": to_float(rec.get("o_direct")),
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
         "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point

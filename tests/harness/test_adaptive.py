@@ -200,3 +200,7 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
     assert b["state"] == BRACKETED and status["complete"] and status["spent"]["cells"] == status["planned"]
     assert status["spent"]["device_s"] > 0
     assert_recommends_only_what_held(out)
+    # recommendations.json counts what the campaign spent as status does, from its runs
+    (camp,) = json.loads(recommend([out]).to_json())["campaigns"]
+    assert camp["spent"]["cells"] == status["spent"]["cells"]
+    assert math.isclose(camp["spent"]["device_s"], status["spent"]["device_s"], abs_tol=0.01)
