@@ -352,6 +352,10 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         resolution_mb=rd.scalar(pl, "resolution_mb", "plan", int, dp.resolution_mb, check=_at_least(0, INT_MAX)),
         max_error_pct=rd.scalar(pl, "max_error_pct", "plan", float, dp.max_error_pct, check=_above(0, 1000.0)),
     )
+    for key in ("resolution_mb", "max_error_pct"):
+        if key in pl and not plan.adaptive:
+            raise rd.fail(f"plan.{key}", "applies to an adaptive plan only: set plan.adaptive = true (sweep "
+                                         "--adaptive)")
     if plan.adaptive and run.reverse_pass:
         raise rd.fail("run.reverse_pass", "an adaptive plan decides each budget from the runs before it: it has no "
                                           "whole sequence to run again backwards (leave plan.adaptive or this out)")

@@ -76,6 +76,7 @@ def assert_recommends_only_what_held(out: Path) -> None:
     ({"adaptive": True, "resolution_mb": -1}, "plan.resolution_mb: must be at least 0"),
     ({"adaptive": True, "max_error_pct": 0}, "plan.max_error_pct: must be above 0"),
     ({"adaptive": True, "bisect": 3}, "plan.bisect: unknown key"),
+    ({"resolution_mb": 8}, "plan.resolution_mb: applies to an adaptive plan only"),
 ])
 def test_bad_plan_keys_name_the_key(tiny_model, table, problem):
     with pytest.raises(CampaignError) as e:
