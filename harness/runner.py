@@ -105,6 +105,8 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             identities = prepared.identities or _identities(refs, campaign)
             root.mkdir(parents=True, exist_ok=True)
             cdir.write_campaign_toml(toml_text)
+            if adaptive is not None and not created:   # decided again under the lock: the runs as they are now
+                adaptive = adaptive_plan(campaign, plan, cdir)
             _write_plan(cdir, plan, adaptive)
             device_models = prepared.device_models
             if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
