@@ -2,7 +2,7 @@
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_swap.py [--ram-mib 1024] [--tokens 24]
         [--repeat N] [--engines bmoe-cli,bmoe-py] [--cases "cache 0,swapping budget,zram exhausted,zram 0"]
-        [--active] [--dense-weights mmap|anon] [--swap-cache-pct P]
+        [--active] [--dense-weights mmap|warm|anon] [--swap-cache-pct P] [--dense-pct D] [--zram-pct Z]
 
 Starts its own adb server and, per case, a virtual phone (--cpus 1) of RAM (1 GiB) with zram of
 half of it (512 MiB) beside one foreground app holding 30 % of the RAM in cold memory lz4
@@ -18,7 +18,13 @@ without BMOE_CLI) and bmoe-py:
 
 `--active`: the app is in use (apps.py `:active`: it reads a few % of its pages every 100 ms
 instead of being marked cold), the reclaim war of upstream's docs/pressure.md: reclaim then takes
-the engine's own cold pages and, with `--dense-weights mmap`, its mapped dense weights.
+the engine's own cold pages and, with `--dense-weights mmap|warm`, its mapped dense weights.
+`--dense-pct D`: the model's vocabulary is chosen so that its dense weights are about D % of the
+RAM (gpt-oss-120b's 4.14 GiB is 36 % of upstream's 11.4 GB phone); the war of upstream's phone,
+at the issue's sizes:
+
+  --active --app-pct 20 --dense-weights warm --dense-pct 50 --swap-cache-pct 45 \
+      --cases "cache 0,swapping budget" --repeat 2
 
 Per run: outcome, decode tok/s and its ratio to the same engine's cache 0 on the same setup, the
 engine's peak VmSwap (its /proc/PID/status, sampled at 5 Hz), its RssFile low and high and major
@@ -46,7 +52,7 @@ from devices.adb import AdbServer, adb_binary, ensure_server
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager
 from devices.virtual.swapwatch import SwapWatch
-from engine.synth import synth_options, write_model
+from engine.synth import plan_tensors, synth_options, write_model
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 
@@ -64,6 +70,18 @@ def pswpout(port: int, serial: str) -> int:
     out = subprocess.run([adb_binary(), "-P", str(port), "-s", serial, "shell", "cat /proc/vmstat"],
                          capture_output=True, text=True, timeout=30).stdout
     return next((int(line.split()[1]) for line in out.splitlines() if line.startswith("pswpout ")), 0)
+
+
+def model_options(model_bytes: int, dense_bytes: int):
+    """A uniform qwen3moe of model_bytes; with dense_bytes, the smallest vocabulary (a multiple of
+    8192) whose dense tensors (everything but the experts) reach it."""
+    if not dense_bytes:
+        return synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0)
+    for vocab in range(8192, 1 << 20, 8192):
+        o = synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0, vocab=vocab)
+        if sum(t.nbytes for t in plan_tensors(o) if t.kind != "expert") >= dense_bytes:
+            return o
+    raise SystemExit(f"no vocabulary gives {dense_bytes // MIB} MiB of dense weights in {model_bytes // MIB} MiB")
 
 
 def run_case(work: Path, home: Path, port: int, model: Path, label: str, engine: dict, case: str, ram: int,
@@ -116,10 +134,13 @@ def main() -> int:
     ap.add_argument("--big-cache-pct", type=int, default=0,
                     help="the zram-exhausted budget, %% of the RAM (0: 110)")
     ap.add_argument("--active", action="store_true", help="the app is in use (apps.py :active), not cold")
-    ap.add_argument("--dense-weights", default="anon", choices=("anon", "mmap"))
+    ap.add_argument("--dense-weights", default="anon", choices=("anon", "mmap", "warm"))
+    ap.add_argument("--dense-pct", type=int, default=0,
+                    help="the model's dense weights, %% of the RAM (0: the synthesizer's own share, a few %%)")
+    ap.add_argument("--zram-pct", type=int, default=50, help="the zram device, %% of the RAM")
     args = ap.parse_args()
     ram = args.ram_mib * MIB
-    zram_bytes = ram // 2
+    zram_bytes = ram * args.zram_pct // 100 // MIB * MIB
     app = f"foreground:{ram * args.app_pct // 100 // MIB}MiB:compressible" + (":active" if args.active else "")
     model_bytes = ram * args.model_pct // 100
     app_mib = ram * args.app_pct // 100 // MIB
@@ -129,13 +150,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         work = Path(tmp)
         model = work / "uniform.gguf"
-        write_model(model, synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0))
+        options = model_options(model_bytes, ram * args.dense_pct // 100)
+        write_model(model, options)
+        dense_mib = sum(t.nbytes for t in plan_tensors(options) if t.kind != "expert") // MIB
         server = AdbServer("127.0.0.1", free_port())
         ensure_server(server)
         home = work / "phones"
         try:
             print(f"RAM {ram // MIB} MiB, zram {zram_bytes // MIB} MiB (lz4), app {app}, model "
-                  f"{model.stat().st_size // MIB} MiB, {args.tokens} tokens, -t 1, --cpus 1, "
+                  f"{model.stat().st_size // MIB} MiB (dense {dense_mib} MiB, vocab {options.vocab}), "
+                  f"{args.tokens} tokens, -t 1, --cpus 1, "
                   f"--dense-weights {args.dense_weights}")
             for label in chosen:
                 # the engine's own footprint (anonymous, resident + swapped) at cache 0 on this phone

@@ -22,6 +22,9 @@ ADB = adb_server_binary()
 NO_ZRAM = zram.available()
 needs_zram = pytest.mark.skipif(NO_ZRAM is not None, reason=f"no zram on this host: {NO_ZRAM}")
 UNIFORM_MODEL_BYTES = 128 << 20
+# The reclaim war's model (issue 24): its dense set is about half a 256 MiB phone's RAM, as gpt-oss-120b's
+# 4.14 GiB is a third to a half of the phones upstream ran it on (docs/decisions.md, "The reclaim war").
+WAR_MODEL_BYTES, WAR_MODEL_VOCAB = 384 << 20, 32768
 
 
 @dataclass(frozen=True)
@@ -119,4 +122,14 @@ def uniform_model(tmp_path_factory) -> Path:
     model the swapping phones run."""
     path = tmp_path_factory.mktemp("swap-models") / "uniform128.gguf"
     write_model(path, synth_options("qwen3moe", size_bytes=UNIFORM_MODEL_BYTES, seed=1, router_skew=0))
+    return path
+
+
+@pytest.fixture(scope="session")
+def war_model(tmp_path_factory) -> Path:
+    """qwen3moe of 384 MiB, uniform routing, a 32768-token vocabulary: 127 MiB of dense weights (96 of
+    them the embeddings and the output head), 258 MiB of experts, cycle 64.5 MiB at its top-k 4."""
+    path = tmp_path_factory.mktemp("war-models") / "war384.gguf"
+    write_model(path, synth_options("qwen3moe", size_bytes=WAR_MODEL_BYTES, seed=1, router_skew=0,
+                                    vocab=WAR_MODEL_VOCAB))
     return path

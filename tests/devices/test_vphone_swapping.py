@@ -13,10 +13,12 @@ not the app at the same adj 0, that a kill takes.
 - A cache of 95 % of the RAM is past what zram can give back: lmkd kills the engine with Android's
   low-swap reason, classified lmk_killed.
 - The 40 % cache on the same phone without zram: killed.
-- Beside a foreground app in use (`:active`: it touches its memory, not marked cold) with the dense
-  weights mapped (`--dense-weights mmap`), a cache of 16 % of the RAM: the run ends ok and the
-  engine's own pages are swapped (its VmSwap over 0), the reclaim war of upstream's
-  docs/pressure.md; the model's page cache is the phone's (the sync service drops a push's pages).
+- The reclaim war (upstream's docs/pressure.md): on a 256 MiB phone beside a foreground app in use
+  (`:active`: it touches its memory, not marked cold), a model whose dense weights are half the RAM
+  and page cache (`--dense-weights warm`), zram as large as the RAM (upstream's phone), a cache of
+  59 % of the RAM: the run ends ok, swapped
+  (VmSwap and pswpout in its run.json), its dense pages re-read every token, slower than cache 0.
+  The model's page cache is the phone's (the sync service drops a push's pages).
 """
 
 from __future__ import annotations
@@ -53,13 +55,13 @@ def pswpout(adb_server, phone) -> int:
 
 
 def run_one(tmp_path, adb_server, phone_home, phone, model: Path, engine: dict, cache_mb: int,
-            dense: str = "anon") -> dict:
+            dense: str = "anon", tokens: int = TOKENS) -> dict:
     name = f"{phone.name}-{cache_mb}-{dense}"
     data = {"version": 1, "name": name,
             "fleet": {"devices": [f"virtual:{phone.name}"], "virtual_home": str(phone_home),
                       "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
             "models": {"bank": str(model)}, "engine": engine, "axes": {"cache_mb": [cache_mb], "dense_weights": [dense]},
-            "run": {"n_predict": TOKENS, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
+            "run": {"n_predict": tokens, "threads": 1, "retries": 0}, "gate": {"max_wait_s": 2}}
     run_campaign(parse_campaign(data, source=f"{name}.toml"), tmp_path / name, progress_stream=io.StringIO())
     (path,) = list((tmp_path / name).glob("runs/*/*/run.json"))
     return json.loads(path.read_text())
@@ -87,34 +89,38 @@ def test_a_cache_past_the_ram_left_runs_to_the_end_while_swapping(tmp_path, adb_
           f"resident {summary['cache_resident_MiB']} MiB, VmSwap {watch.peak_kb}, pswpout {swapped_out}")
 
 
-ACTIVE_APP = f"foreground:{RAM * 30 // 100 // MIB}MiB:compressible:active"
-WAR_CACHE_MB = RAM * 16 // 100 // MIB        # ok 5/5 for both engines beside the active app (25 %: killed 1 in 3)
+WAR_RAM = 256 * MIB
+WAR_ZRAM = WAR_RAM          # upstream's phone: 12 GB of zram for 11.4 GB of RAM (docs/decisions.md, "The reclaim war")
+WAR_APP = f"foreground:{WAR_RAM * 20 // 100 // MIB}MiB:compressible:active"
+WAR_CACHE_MB = WAR_RAM * 59 // 100 // MIB       # 151 MiB: 2.3 cycles, ~100 MiB past what the phone holds
+WAR_TOKENS = 32
 
 
 @needs_zram
-def test_beside_an_active_app_the_engines_own_pages_are_swapped(tmp_path, adb_server, make_phone, phone_home,
-                                                                 model, engine):
-    """The reclaim war: the app keeps its memory warm, so reclaim also takes the engine's own cold
-    pages (cache entries not hit lately: its VmSwap) and its mapped dense weights (RssFile falls,
-    re-read by major faults). Decode speed against cache 0 is printed, not asserted (see
-    docs/decisions.md, issue 24 H5: bmoe-cli slower 5/5 by 7-45 %, bmoe-py faster 5/5)."""
-    phone = make_phone("swapwar", RAM, zram_bytes=ZRAM, apps=(ACTIVE_APP,), lmk=LMK)
-    with SwapWatch(str(phone.cgroup_path)) as base_watch:
-        base = run_one(tmp_path, adb_server, phone_home, phone, model, engine, 0, "mmap")
+def test_a_cache_the_phone_cannot_hold_is_fought_over_and_decodes_slower_than_cache_0(
+        tmp_path, adb_server, make_phone, phone_home, war_model, engine):
+    """The reclaim war of upstream's docs/pressure.md and android-memory.md (0.3 against 1.45 tok/s):
+    a foreground app in use (`:active`, never marked cold) holds a fifth of the RAM, the model's dense
+    weights are page cache (`--dense-weights warm`, upstream's default then) and half the RAM, and the
+    cache takes 59 % more; zram is as large as the RAM, as on the phone upstream measured the war on. Nothing is killed (swap stays free, so lmkd is silent); reclaim takes
+    the engine's cold cache entries into zram and drops its dense pages, which every token faults
+    back from flash. The run ends, swapped (VmSwap and pswpout recorded in its run.json), with more
+    major faults per token than cache 0 and a slower decode, although its cache hits ~59 %."""
+    phone = make_phone("war", WAR_RAM, zram_bytes=WAR_ZRAM, apps=(WAR_APP,), lmk=LMK)
+    base = run_one(tmp_path, adb_server, phone_home, phone, war_model, engine, 0, "warm", WAR_TOKENS)
     assert base["outcome"] == "ok", brief(base)
-    before = pswpout(adb_server, phone)
-    with SwapWatch(str(phone.cgroup_path)) as watch:
-        rec = run_one(tmp_path, adb_server, phone_home, phone, model, engine, WAR_CACHE_MB, "mmap")
-    swapped_out = pswpout(adb_server, phone) - before
-    r = rec.get("reclaim") or {}
-    seen = (watch.peak_kb, swapped_out, r.get("rss_file_min_kb"), r.get("rss_file_max_kb"), watch.engine_majflt)
-    assert rec["outcome"] == "ok", (brief(rec), seen)
-    assert rec["summary"]["cache_resident_MiB"] >= 0.9 * WAR_CACHE_MB, rec["summary"]   # the cache did fill
-    assert swapped_out > 0 and watch.peak_kb["engine"] > 0, seen       # the engine's own pages went to zram
-    print(f"cache 0: {base['summary']['tok/s']} tok/s, engine VmSwap {base_watch.peak_kb['engine']} kB, majflt "
-          f"{base_watch.engine_majflt}; cache {WAR_CACHE_MB} MiB: {rec['summary']['tok/s']} tok/s, VmSwap "
-          f"{watch.peak_kb}, pswpout {swapped_out}, RssFile {r.get('rss_file_min_kb')}-{r.get('rss_file_max_kb')} kB, "
-          f"majflt {watch.engine_majflt}")
+    rec = run_one(tmp_path, adb_server, phone_home, phone, war_model, engine, WAR_CACHE_MB, "warm", WAR_TOKENS)
+    assert rec["outcome"] == "ok", brief(rec)
+    fought, calm, reclaim = rec["summary"], base["summary"], rec.get("reclaim") or {}
+    seen = (calm["s/tok"], fought["s/tok"], calm["majflt/tok"], fought["majflt/tok"], reclaim)
+    assert fought["cache_resident_MiB"] >= 0.9 * WAR_CACHE_MB, fought        # the cache did fill
+    assert reclaim.get("vm_swap_max_kb", 0) > 0 and reclaim.get("swap_out_kb", 0) > 0, seen
+    assert fought["majflt/tok"] > calm["majflt/tok"], seen                   # the dense set re-read
+    assert fought["s/tok"] > calm["s/tok"], seen                             # the war costs more than the hits earn
+    print(f"cache 0: {calm['tok/s']} tok/s, {calm['majflt/tok']} majflt/token; cache {WAR_CACHE_MB} MiB: "
+          f"{fought['tok/s']} tok/s ({calm['s/tok'] / fought['s/tok']:.2f}x), hit {fought['cache_hit_pct']} %, "
+          f"{fought['majflt/tok']} majflt/token, VmSwap high {reclaim['vm_swap_max_kb']} kB, "
+          f"swapped out {reclaim['swap_out_kb']} kB")
 
 
 @needs_zram
