@@ -216,9 +216,11 @@ def test_a_local_session_cell_through_the_runner_and_the_analysis(tmp_path, tiny
     from results.analysis.analyze import analyze
     from results.read.table import build_table
 
+    # a gap longer than the 1 Hz sampling period always holds a sample, whatever the run's phase
+    # (at 0.5 s it held one or none by where the load time put the gap between two samples)
     data = {"version": 1, "name": "s", "fleet": {"devices": ["local"]}, "models": {"m": str(tiny_model)},
             "axes": {"cache_mb": [0, 1, 2], "dense_weights": ["anon"]},
-            "run": {"n_predict": 6, "threads": 1, "turns": 3, "idle_s": 0.5, "retries": 0}, "gate": {"max_wait_s": 1}}
+            "run": {"n_predict": 6, "threads": 1, "turns": 3, "idle_s": 1.2, "retries": 0}, "gate": {"max_wait_s": 1}}
     out = tmp_path / "out"
     run_campaign(parse_campaign(data, source="s.toml"), out, progress_stream=io.StringIO())
     records = {p: json.loads(p.read_text()) for p in sorted(out.glob("runs/*/*/run.json"))}
