@@ -23,11 +23,16 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import BmoeError
 from engine.inspect import inspect_model
 from engine.synth import synth_options, write_model
 from store.campaign_dir import CampaignDir
+
+if TYPE_CHECKING:
+    from harness.campaign import Campaign
+    from harness.status import CampaignStatus
 
 Echo = Callable[[str], None]
 
@@ -134,7 +139,6 @@ def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):
 
 def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
     """The whole demo (module doc), into out_dir."""
-    from harness.runner import run_campaign
     from harness.verify import verifier
     from results.analysis.recommend import recommend
     from results.site.report import build_site
@@ -157,16 +161,11 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
         campaign = _campaign(model, devices, port, home)
         (out / "demo.toml").write_text(campaign.to_toml())  # to rerun or edit by hand
         campaign_dir = out / "campaign"
-        if campaign_dir.exists() and not CampaignDir(campaign_dir).has_plan():
-            shutil.rmtree(campaign_dir)
-        status = run_campaign(campaign, campaign_dir)
-        echo(status.text())
+        echo(run_into(campaign, campaign_dir, echo).text())
         dirs = [campaign_dir]
         if phones:
             turns_dir = out / "turns"
-            if turns_dir.exists() and not CampaignDir(turns_dir).has_plan():
-                shutil.rmtree(turns_dir)
-            echo(run_campaign(_turns_campaign(model, devices, port, home), turns_dir).text())
+            echo(run_into(_turns_campaign(model, devices, port, home), turns_dir, echo).text())
             dirs.append(turns_dir)
         # while the phones are up: every recommended command line, once, on its own device
         recs = recommend([campaign_dir], verify=verifier(echo))
@@ -186,6 +185,26 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
     echo("")
     echo(site.text())
     return DemoResult(str(out), str(campaign_dir), str(Path(site.out_dir) / "index.html"), tuple(devices))
+
+
+def run_into(campaign: Campaign, campaign_dir: Path, echo: Echo = print) -> CampaignStatus:
+    """Run (or resume) one of the demo's campaigns in its folder. A folder without a plan (a run cut
+    before its first write) is started again; one that holds another campaign (an older release's
+    demo, whose plan differs) is kept beside it under a free name, said in one line, and the
+    demo starts afresh: a rerun of the demo never stops on its own earlier output, nor deletes it."""
+    from harness.run_errors import OtherCampaignError
+    from harness.runner import run_campaign
+
+    if campaign_dir.exists() and not CampaignDir(campaign_dir).has_plan():
+        shutil.rmtree(campaign_dir)
+    try:
+        return run_campaign(campaign, campaign_dir)
+    except OtherCampaignError:
+        kept = next(campaign_dir.with_name(f"{campaign_dir.name}.previous-{n}") for n in range(1, 10_000)
+                    if not campaign_dir.with_name(f"{campaign_dir.name}.previous-{n}").exists())
+        campaign_dir.rename(kept)
+        echo(f"{campaign_dir} held another demo's campaign (an earlier release's plan): kept as {kept.name}")
+        return run_campaign(campaign, campaign_dir)
 
 
 def _turns_text(turns_dir: Path) -> str:

@@ -17,6 +17,10 @@ class RunnerError(BmoeError):
     campaign …)."""
 
 
+class OtherCampaignError(RunnerError):
+    """The output folder holds a campaign whose plan is not this one's."""
+
+
 def disk_error(e: OSError, where: str | os.PathLike | None = None) -> RunnerError:
     """One line for a write that failed on this host (a full disk above all): the file, what went
     wrong, and that nothing half-written is kept, so a rerun resumes. Only a full disk or quota is

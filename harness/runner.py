@@ -37,7 +37,7 @@ from harness.device_resolution import DeviceRef, resolve_devices
 from harness.gate import stop_strays
 from harness.plan import Plan, load_shapes, make_plan, read_plan, write_plan
 from harness.progress import Progress
-from harness.run_errors import RunnerError, disk_error
+from harness.run_errors import OtherCampaignError, RunnerError, disk_error
 from harness.staging import file_sha256
 from harness.worker import RunContext, Worker
 from store import names, outcomes
@@ -216,7 +216,7 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None 
         first = {c.cell_id for c in adaptive.plan.cells if c.config.route_trace and c.config.cache_mb == 0}
         old_ids, new_ids = (old_ids, old_ids) if old_ids and first <= old_ids else (old_ids, first)
     if old_ids != new_ids:
-        raise RunnerError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are not in "
+        raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are not in "
                           f"this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
 
 
