@@ -4,7 +4,7 @@ Each row is what the maker publishes (RAM, cores, storage class, launch Android)
 class's sequential read rate and the zram sizing the phone is assumed to use. Scaling, stated once:
 RAM and zram are multiplied by SCALE (1/8: an 8 GB phone becomes a 1 GiB virtual phone, so two
 or three fit on a small host), cores by SCALE too (rounded, at least 1: a 2-core host cannot give
-9 cores, and phones should not share them); the read rate is kept as published (it is what a
+9 cores, and phones should not share them); the read rate is kept as published, its MB/s converted to MiB/s (it is what a
 miss costs; the host's disk must be faster than it for the throttle to be the limit, see
 docs/virtual-phones.md). Flags given explicitly override the profile's values.
 
@@ -54,7 +54,9 @@ class Profile:
         """The values `virtual up` takes, scaled to this host (module doc)."""
         ram = int(self.ram_bytes * SCALE) & ~((1 << 20) - 1)
         return {"ram_bytes": ram, "zram_bytes": int(ram * self.zram_fraction) & ~((1 << 20) - 1),
-                "cpus": max(1, round(self.cores * SCALE)), "storage_mbps": self.read_mbps,
+                "cpus": max(1, round(self.cores * SCALE)),
+                # --storage-mbps is MiB/s; the makers publish MB/s
+                "storage_mbps": round(self.read_mbps * 1_000_000 / (1 << 20)),
                 "android": self.android, "model": self.model, "manufacturer": self.manufacturer,
                 "soc": self.soc, "lmk": dict(self.lmk)}
 
