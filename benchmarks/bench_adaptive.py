@@ -55,8 +55,9 @@ def sweep(name: str, model: Path, devices: list[str], grid: list[str], port: int
         raise SystemExit("--engine native: set BMOE_CLI to the bmoe-cli binary")
     return campaign_from_options(
         devices, [str(model)], grid, repeats=1, n_predict=args.tokens, adb=[f"127.0.0.1:{port}"], name=name,
-        timeout_s=600, engine=engine, threads="1", adaptive=adaptive, resolution_mb=args.resolution_mb,
-        max_error_pct=args.max_error_pct,
+        timeout_s=600, engine=engine, threads="1", adaptive=adaptive,
+        # the grid takes neither: a campaign refuses them without an adaptive plan
+        resolution_mb=args.resolution_mb if adaptive else None, max_error_pct=args.max_error_pct if adaptive else None,
         # the grid writes route traces too, so its budgets get predictions for the error table
         extra={"fleet": {"virtual_home": str(home)}, "run": {"prompt": demo.PROMPT, "route_trace": not adaptive},
                "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
