@@ -189,123 +189,6 @@ class ReusedBuffers:
         return raw[shift : shift + nbytes]
 
 
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault a range in, writable, in one call
-
-
-def prefault(raw: np.ndarray) -> None:
-    """Fault every page of `raw` in, writable, so a read into it takes no page fault.
-
-    madvise(MADV_POPULATE_WRITE) does it in one system call with the GIL released (ctypes drops
-    it), so a lane prefaulting does not stall the compute thread; where the kernel refuses it
-    (before 5.14), one byte per page is written instead.
-    """
-    if raw.size == 0:
-        return
-    addr = raw.ctypes.data
-    start = -(-addr // PAGE_BYTES) * PAGE_BYTES
-    end = (addr + raw.size) // PAGE_BYTES * PAGE_BYTES
-    if end > start and _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
-                                     _MADV_POPULATE_WRITE) == 0:
-        raw[0] = 0  # the partial pages at either end
-        raw[-1] = 0
-        return
-    raw[::PAGE_BYTES] = 0
-    raw[-1] = 0
-
-
-def _mapped(nbytes: int) -> np.ndarray:
-    """A buffer in a mapping of its own, unmapped when the last view of it dies. From the heap,
-    the buffers the cache evicts stayed resident as free heap once most reads came from spares
-    (nothing of their size asked for them again): RssAnon +30-35 MiB at a 51 MiB budget on
-    bench_predict's model."""
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
-
-
-class PrefaultedBuffers:
-    """Aligned read buffers for reads a cache keeps, faulted in before a miss needs them.
-
-    A cache keeps every buffer it reads into, so ReusedBuffers cannot serve it: each miss needs
-    memory the process has never touched, and a fresh buffer pays one page fault per 4 KiB inside
-    the read (the kernel pins the pages for the DMA): 273 faults per 1.07 MiB slice on the
-    reading thread. First-touching 3.2 MiB costs ~1 ms on this VM with memory to spare and more
-    when it must reclaim, the likely cause of the 27-37 ms isolated misses of docs/prediction.md
-    ("The error it makes"), where cache 0's recycled buffers take no fault. Here a read takes the
-    smallest spare that fits, faulted in earlier on a lane (`prefault`), and a lane replaces it at
-    once, off the read path. The spares kept are the capacities reserve() was given (the source
-    asks for one layer's worth: top-k experts' slices); a read no spare fits gets a fresh buffer
-    and faults it in as before. Every buffer is a mapping of its own (`_mapped`): the munmap when
-    the cache drops it is the price of not stranding evicted memory in the heap.
-    """
-
-    def __init__(self) -> None:
-        self._spares: list[np.ndarray] = []
-        self._lock = threading.Lock()
-        self._submit: Callable[[Callable[[], None]], Future[None]] | None = None
-        self._futures: list[Future[None]] = []
-        self.fresh = 0  # reads no spare fitted: a new buffer, faulted in on the read path
-        self.spared = 0  # reads served by a spare
-
-    def attach(self, submit: Callable[[Callable[[], None]], Future[None]]) -> None:
-        """Where the spares are made: the reader's lanes."""
-        self._submit = submit
-
-    @staticmethod
-    def capacity(nbytes: int, align_bytes: int) -> int:
-        """The buffer any O_DIRECT window of an nbytes slice fits: the window covers at most one
-        block more than the slice rounds up to, plus the shift to an aligned start."""
-        return -(-nbytes // align_bytes) * align_bytes + 2 * align_bytes
-
-    def reserve(self, capacities: Sequence[int]) -> None:
-        """Make one spare of each capacity on the lanes (the reads that follow may start before)."""
-        for capacity in capacities:
-            self._make_later(capacity)
-
-    def spare_owners(self) -> set[int]:
-        """Addresses of the spares ready now (tests: a miss reads into one of these)."""
-        with self._lock:
-            return {raw.ctypes.data for raw in self._spares}
-
-    def settle(self) -> None:
-        """Wait for the spares already asked for."""
-        with self._lock:
-            futures, self._futures = self._futures, []
-        for f in futures:
-            f.exception()
-
-    def __call__(self, nbytes: int, align_bytes: int) -> np.ndarray:
-        need = nbytes + align_bytes
-        with self._lock:
-            fits = [i for i, raw in enumerate(self._spares) if raw.size >= need]
-            raw = self._spares.pop(min(fits, key=lambda i: self._spares[i].size)) if fits else None
-            if raw is None:
-                self.fresh += 1
-            else:
-                self.spared += 1
-        if raw is None:
-            raw = _mapped(need)
-        else:
-            self._make_later(raw.size)  # the replacement, on a lane
-        shift = (-raw.ctypes.data) % align_bytes
-        return raw[shift : shift + nbytes]
-
-    def _make_later(self, capacity: int) -> None:
-        def make() -> None:
-            raw = _mapped(capacity)
-            prefault(raw)
-            with self._lock:
-                self._spares.append(raw)
-
-        if self._submit is None:
-            return
-        try:
-            future = self._submit(make)
-        except RuntimeError:  # the reader is closing: no lane takes work any more
-            return
-        with self._lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(future)
-
-
 def _direct_preadv(fd: int, view: np.ndarray, offset: int) -> int:
     """One direct read. A module function so tests can stand in for storage that misbehaves."""
     return os.preadv(fd, [view.data], offset)
@@ -458,28 +341,17 @@ class DirectReader:
     (background_window_bytes) the moment each one lands, as upstream's reader counts every read.
     """
 
-    def __init__(self, io_threads: int = 4, o_direct: bool = True, reuse_buffers: bool = False,
-                 spare_buffers: bool = False) -> None:
+    def __init__(self, io_threads: int = 4, o_direct: bool = True, reuse_buffers: bool = False) -> None:
         """reuse_buffers: recycle read buffers the caller has dropped (see ReusedBuffers). Worth it
-        when nothing keeps what is read (the cache is off); a cache keeps everything it reads.
-        spare_buffers: otherwise, read into buffers faulted in ahead (PrefaultedBuffers; which
-        ones, keep_spares()); False allocates each read's buffer as it comes."""
+        when nothing keeps what is read (the cache is off); a cache keeps everything it reads."""
         if not 1 <= io_threads <= IO_THREADS_MAX:
             raise IoError(f"io_threads must be in [1, {IO_THREADS_MAX}], got {io_threads}")
         self.io_threads = io_threads
         self.want_direct = o_direct
-        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="bmoe-io")
-        self.spares: PrefaultedBuffers | None = None
-        if reuse_buffers:
-            self._alloc: Allocator = ReusedBuffers()
-        elif spare_buffers:
-            self.spares = PrefaultedBuffers()
-            self.spares.attach(self._pool.submit)
-            self._alloc = self.spares
-        else:
-            self._alloc = aligned_empty
+        self._alloc: Allocator = ReusedBuffers() if reuse_buffers else aligned_empty
         self._files: dict[str, _File] = {}
         self._open_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="bmoe-io")
         self._reads = 0
         self._read_bytes = 0
         self._window_bytes = 0
@@ -519,14 +391,6 @@ class DirectReader:
     def messages(self) -> list[str]:
         """stderr lines bmoe-cli prints for what happened at open (wrong-data fallback only)."""
         return [WRONG_DATA_MESSAGE for f in self._files.values() if f.fallback_reason == "O_DIRECT returned wrong data"]
-
-    def keep_spares(self, slice_bytes: Sequence[int]) -> None:
-        """Keep a buffer faulted in ahead for one slice of each size given (repeat a size for more),
-        windows sized for the coarsest alignment of the files opened so far."""
-        if self.spares is None:
-            return
-        align = max([PAGE_BYTES, *(max(f.align_bytes, PAGE_BYTES) for f in self._files.values())])
-        self.spares.reserve([PrefaultedBuffers.capacity(n, align) for n in slice_bytes])
 
     # ---- reads ---------------------------------------------------------------------------
     def _read(self, s: SliceLike) -> tuple[np.ndarray, int]:

@@ -120,16 +120,10 @@ class StreamingExpertSource:
         self._cache = ExpertCache(budget_bytes)
         self._started_with_cache = budget_bytes > 0
         # With the cache off nothing keeps what is read past the caller's layer: recycle buffers.
-        # With it on, every miss needs new memory: keep one layer's worth (top-k experts' slices
-        # of the widest layer) faulted in ahead, so a miss takes no page fault inside its read.
-        self._reader = DirectReader(io_threads, o_direct, reuse_buffers=budget_bytes == 0,
-                                    spare_buffers=budget_bytes > 0)
+        self._reader = DirectReader(io_threads, o_direct, reuse_buffers=budget_bytes == 0)
         try:
             for path in shape.paths:  # settle o_direct for every shard now, as upstream does at init
                 self._reader.open(path)
-            if budget_bytes > 0 and shape.moe_layers:
-                widest = max(shape.moe_layers, key=lambda m: m.expert_bytes)
-                self._reader.keep_spares([s.nbytes for s in widest.slices(0)] * (top_k or shape.top_k or 1))
         except BaseException:
             self._reader.close()
             raise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 import shutil
 import threading
 import time
@@ -351,70 +350,3 @@ def test_residency_matches_upstreams_route_trace_on_its_own_model():
     ]
     assert st.io.read_bytes == sum(int(r["expert_bytes"]) for r in rows)  # the rows that read
     assert f"{st.cache.hit_pct:.2f}" == "88.65"  # tiny_auto.csv's last cache_hit_pct
-
-
-def write_wide_moe_gguf(path: Path, n_embd: int = 128, n_ff: int = 1024, n_expert: int = 4) -> None:
-    """One MoE layer whose expert slices span 34-64 pages (F16 gate/up of 256 KiB, Q8_0 down),
-    so a read into a buffer nobody touched yet takes page faults that can be counted."""
-    rng = np.random.default_rng(5)
-    w = GGUFWriter(str(path), "qwen3moe")
-    w.add_block_count(1)
-    w.add_expert_count(n_expert)
-    w.add_expert_used_count(2)
-    w.add_embedding_length(n_embd)
-    w.add_tensor("token_embd.weight", rng.standard_normal((300, n_embd)).astype(np.float32))
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("blk.0.ffn_gate_inp.weight", rng.standard_normal((n_expert, n_embd)).astype(np.float32))
-    w.add_tensor("blk.0.ffn_gate_exps.weight", rng.standard_normal((n_expert, n_ff, n_embd)).astype(np.float16))
-    w.add_tensor("blk.0.ffn_up_exps.weight", rng.standard_normal((n_expert, n_ff, n_embd)).astype(np.float16))
-    down = quantize(rng.standard_normal((n_expert, n_embd, n_ff)).astype(np.float32), GGMLQuantizationType.Q8_0)
-    w.add_tensor("blk.0.ffn_down_exps.weight", down, raw_dtype=GGMLQuantizationType.Q8_0)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def test_an_isolated_miss_reads_into_memory_faulted_in_ahead_not_a_fresh_buffer(tmp_path, monkeypatch):
-    """A cache keeps what it reads, so every miss needs new memory. A fresh buffer took one page
-    fault per 4 KiB inside the read (the kernel pins the pages for the DMA), which on this VM made
-    an isolated miss read at ~100 MiB/s (docs/prediction.md). The miss must land in a spare a lane
-    faulted in beforehand, and its read must take no page fault on the reading thread."""
-    path = tmp_path / "wide.gguf"
-    write_wide_moe_gguf(path)
-    shape, raw = load_model_shape(path), path.read_bytes()
-    faults: list[int] = []
-    real_preadv = eio._direct_preadv
-
-    def counting(fd: int, view: np.ndarray, offset: int) -> int:
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        got = real_preadv(fd, view, offset)
-        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-        return got
-
-    monkeypatch.setattr(eio, "_direct_preadv", counting)
-    # One lane: the demand reads run on this thread, so RUSAGE_THREAD sees their faults and none
-    # of the lane's spares being made.
-    with StreamingExpertSource(shape, shape.expert_bytes, io_threads=1, top_k=2) as src:
-        assert src.o_direct
-        spares = src._reader.spares
-        assert spares is not None
-        spares.settle()
-        ready = spares.spare_owners()
-        assert len(ready) == 2 * 3  # one layer's worth, made at init: top-k experts of three slices
-        first = src.fetch(0, [0, 1])  # the first token
-        assert {a.base.ctypes.data for e in (0, 1) for a in first[e]} == ready
-        spares.settle()
-        ready = spares.spare_owners()
-        assert len(ready) == 2 * 3  # each spare taken was replaced on the lane
-        src.fetch(0, [0, 1])  # a token that reads nothing
-        faults.clear()
-        got = src.fetch(0, [3])  # then an isolated miss
-        assert {a.base.ctypes.data for a in got[3]} <= ready
-        assert faults == [0, 0, 0]
-        assert [a.tobytes() for a in got[3]] == expected(shape, raw, 0, 3)
-        assert [a.tobytes() for a in first[1]] == expected(shape, raw, 0, 1)
-        st = src.stats()
-    assert st.cache.misses == 3 and st.cache.hits == 2 and st.io.reads == 9
-    assert spares.fresh == 0 and spares.spared == 9
