@@ -72,6 +72,11 @@ def pswpout(port: int, serial: str) -> int:
     return next((int(line.split()[1]) for line in out.splitlines() if line.startswith("pswpout ")), 0)
 
 
+def dense_bytes_of(o) -> int:
+    """The model's dense tensors: everything but the experts (expert biases included, as the pricing does)."""
+    return sum(t.nbytes for t in plan_tensors(o) if t.kind != "expert")
+
+
 def model_options(model_bytes: int, dense_bytes: int):
     """A uniform qwen3moe of model_bytes; with dense_bytes, the smallest vocabulary (a multiple of
     8192) whose dense tensors (everything but the experts) reach it."""
@@ -79,7 +84,7 @@ def model_options(model_bytes: int, dense_bytes: int):
         return synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0)
     for vocab in range(8192, 1 << 20, 8192):
         o = synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0, vocab=vocab)
-        if sum(t.nbytes for t in plan_tensors(o) if t.kind != "expert") >= dense_bytes:
+        if dense_bytes_of(o) >= dense_bytes:
             return o
     raise SystemExit(f"no vocabulary gives {dense_bytes // MIB} MiB of dense weights in {model_bytes // MIB} MiB")
 
@@ -152,7 +157,7 @@ def main() -> int:
         model = work / "uniform.gguf"
         options = model_options(model_bytes, ram * args.dense_pct // 100)
         write_model(model, options)
-        dense_mib = sum(t.nbytes for t in plan_tensors(options) if t.kind != "expert") // MIB
+        dense_mib = dense_bytes_of(options) // MIB
         server = AdbServer("127.0.0.1", free_port())
         ensure_server(server)
         home = work / "phones"

@@ -200,8 +200,9 @@ def run_into(campaign: Campaign, campaign_dir: Path, echo: Echo = print) -> Camp
     try:
         return run_campaign(campaign, campaign_dir)
     except OtherCampaignError:
-        kept = next(campaign_dir.with_name(f"{campaign_dir.name}.previous-{n}") for n in range(1, 10_000)
-                    if not campaign_dir.with_name(f"{campaign_dir.name}.previous-{n}").exists())
+        n = 1
+        while (kept := campaign_dir.with_name(f"{campaign_dir.name}.previous-{n}")).exists():
+            n += 1
         campaign_dir.rename(kept)
         echo(f"{campaign_dir} held another demo's campaign (an earlier release's plan): kept as {kept.name}")
         return run_campaign(campaign, campaign_dir)

@@ -216,8 +216,8 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None 
         first = {c.cell_id for c in adaptive.plan.cells if c.config.route_trace and c.config.cache_mb == 0}
         old_ids, new_ids = (old_ids, old_ids) if old_ids and first <= old_ids else (old_ids, first)
     if old_ids != new_ids:
-        raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are not in "
-                          f"this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
+        raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are "
+                                 f"not in this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
 
 
 def _identities(refs: Sequence[DeviceRef], campaign: Campaign) -> dict[str, dict]:
