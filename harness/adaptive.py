@@ -9,7 +9,9 @@ lanes, threads, flags) at each budget, every repeat:
    largest safe one (the smallest of: the working set the trace reaches, past which a cache never
    fills and proves nothing; what the phone had left while cache 0 ran, zram's share included; the
    grid's largest budget, so both sweeps answer the same question);
-3. bisect between the largest budget that held and the smallest measured above it: "held" is the
+3. step from the predicted safe budget by the resolution, doubling each step (up while it holds,
+   down while it does not), then bisect between the largest budget that held and the smallest
+   measured above it: "held" is the
    analysis' own largest safe budget (results.analysis.analyze.LmkBoundary: every run finished, the
    cache filled, neither killed nor fought), so the bracket only ever rests on measured budgets;
    until the two are `plan.resolution_mb` apart, or the grid's largest budget held, or nothing from
@@ -301,7 +303,7 @@ class _Group:
         if not self._done(wanted):
             return wanted, self._bracket(PREDICTING, next_mib=[b for b in (knee, safe) if b is not None],
                                          knee=knee, safe=safe)
-        nxt, why = self._next()
+        nxt, why = self._next(safe)
         if nxt is None:
             return wanted, self._bracket(BRACKETED, why, knee=knee, safe=safe)
         return wanted + self.at(nxt), self._bracket(BISECTING, next_mib=[nxt], knee=knee, safe=safe)
@@ -372,8 +374,11 @@ class _Group:
                 swap.append(free / 1024)
         return (min(floors) / 1024 if floors else None), (min(swap) if swap else 0.0)
 
-    def _next(self) -> tuple[int | None, str]:
-        """The next budget to measure, or None and why the bracket is closed."""
+    def _next(self, anchor: int | None = None) -> tuple[int | None, str]:
+        """The next budget to measure, or None and why the bracket is closed. From the predicted
+        largest safe budget (`anchor`, measured) the search steps away by the resolution, doubling
+        each step (up while it holds, down while it does not), so a boundary the model put within
+        one resolution is bracketed by one cell; a bracket wider than the next step is bisected."""
         b = self.g.boundary if self.g is not None else None
         held = b.largest_safe_mib if b is not None else None
         measured = self._measured()
@@ -383,13 +388,22 @@ class _Group:
             if self.lowest not in measured:
                 return self.lowest, ""
             return None, f"nothing from the {self.lowest} MiB cycle up held: cache 0"
+        if failed is not None and failed - held <= self.resolution:
+            return None, f"bracketed to {failed - held:g} MiB"
+        step = None
+        if anchor is not None and held >= anchor:           # up from the anchor while it holds
+            taken = len([m for m in measured if anchor <= m <= held]) - 1
+            step = math.floor(held) + self.resolution * 2 ** taken
+        elif anchor is not None and failed is not None and failed <= anchor:     # down while it does not
+            taken = len([m for m in measured if failed <= m <= anchor]) - 1
+            step = math.ceil(failed) - self.resolution * 2 ** taken
         if failed is None:
             if self.top is None or held >= self.top:
                 return None, self.top_why
-            return self.top, ""
-        if failed - held <= self.resolution:
-            return None, f"bracketed to {failed - held:g} MiB"
+            nxt = self.top if step is None else min(self.top, step)
+            return (nxt if nxt not in measured else self.top), ""
         mid = math.floor((held + failed) / 2)
-        if mid <= held or mid in measured:
+        nxt = step if step is not None and held < step < failed else mid
+        if nxt <= held or nxt in measured:
             return None, f"bracketed to {failed - held:g} MiB (no whole MiB between)"
-        return mid, ""
+        return nxt, ""
