@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="tokens per run (default 12; --small: 8)")
     ap.add_argument("--resolution-mb", type=int, default=None, help="default 32 (--small: 4)")
     ap.add_argument("--max-error-pct", type=float, default=25.0)
+    ap.add_argument("--storage-mbps", type=int, default=0,
+                    help="each phone's own flash rate (virtual up --storage-mbps); 0: the host's disk, shared")
     ap.add_argument("--small", action="store_true", help="a quick check: a 64 MiB model, phones of 72 and 256 MiB")
     args = ap.parse_args()
     args.tokens = args.tokens or (8 if args.small else 12)
@@ -118,7 +120,13 @@ def main() -> None:
           f"max error {args.max_error_pct:g} %; load {os.getloadavg()[0]:.2f}")
     results = []
     try:
-        devices = [f"virtual:{n}" for n in demo._start_phones(home, port, env, print, phones)]
+        devices = [f"virtual:{n}" for n in demo._start_phones(home, port, env, print, phones, args.storage_mbps)]
+        # one cell per phone first, so the engine and the model are on each phone (and their sha256
+        # stamped) before either sweep: neither pays the one-time push or check in its device time
+        prime = out / f"prime-{args.engine}"
+        shutil.rmtree(prime, ignore_errors=True)
+        run_campaign(sweep("prime", model, devices, ["0"], port, home, args, False), prime,
+                     progress_stream=io.StringIO())
         for name, adaptive in (("grid", False), ("adaptive", True)):
             camp_dir = out / f"{name}-{args.engine}"
             shutil.rmtree(camp_dir, ignore_errors=True)

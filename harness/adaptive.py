@@ -7,7 +7,8 @@ lanes, threads, flags) at each budget, every repeat:
 1. cache 0 with a route trace: the probe and the cache-0 run of the prediction in one cell;
 2. predict; measure the replayed LRU curve's knee and the budget the model expects to be the
    largest safe one (the smallest of: the working set the trace reaches, past which a cache never
-   fills and proves nothing; what the phone had left while cache 0 ran, zram's share included; the
+   fills and proves nothing; what the phone's RAM had left while cache 0 ran, zram left out (past
+   the RAM the cache is fought over before lmkd kills); the
    grid's largest budget, so both sweeps answer the same question);
 3. step from the predicted safe budget by the resolution, doubling each step (up while it holds,
    down while it does not), then bisect between the largest budget that held and the smallest
@@ -36,7 +37,7 @@ from typing import Any
 
 from harness.campaign import Campaign
 from harness.plan import Cell, Plan, budget_config, new_cell, plan_from_dict, probes_for
-from store import names, outcomes
+from store import outcomes
 from store.campaign_dir import CampaignDir
 from store.cells import CellConfig
 from store.ledger import latest_by_cell
@@ -336,43 +337,34 @@ class _Group:
         return min(b, self.top) if self.top is not None else b
 
     def _predicted_safe(self, predictions) -> int | None:
-        """The largest budget the model expects to hold: the working set (past it no cache fills),
-        what the phone had left while cache 0 ran (results.replay.predict.PhoneRam), the grid's top."""
+        """The largest budget the model expects to hold: what the phone's RAM had left while cache 0
+        ran (its MemAvailable floor, results.replay.predict.PhoneRam with no zram), at most the top
+        of the search. zram is left out on purpose: past the RAM the kernel swaps the cache's cold
+        entries to zram and each token faults them back, a fight (docs/method.md), which comes
+        before the kill that zram's room postpones."""
         from results.replay.predict import PhoneRam
 
-        floor_mib, swap_mib = self._room_at_cache0()
+        floor_mib = self._floor_at_cache0()
         budgets = []
         for pred in predictions:
-            b: float | None = pred.working_set_mib
+            # the top of the search is the largest budget that fills (decide): the same bound here
+            most = pred.working_set_mib if self.top is None else self.top
+            b: float | None = most
             anon = pred.rates.rss_anon_peak_mib
             if floor_mib is not None and not math.isnan(anon):
-                fit, _ = pred.ram_budget_for(PhoneRam(mem_total_mib=floor_mib + anon, zram_disksize_mib=swap_mib))
-                b = None if fit is None else min(fit, pred.working_set_mib)
+                fit, _ = pred.ram_budget_for(PhoneRam(mem_total_mib=floor_mib + anon))
+                b = None if fit is None else min(fit, most)
             budgets.append(b)
         if any(b is None for b in budgets):
             return None                  # not even cache 0 fits: measure from the cycle up
         return self._clamp(math.floor(min(b for b in budgets if b is not None)))
 
-    def _room_at_cache0(self) -> tuple[float | None, float]:
-        """The least MemAvailable the cache-0 runs left (MiB) and the swap free as they started."""
-        from results.numbers import to_float
-
+    def _floor_at_cache0(self) -> float | None:
+        """The least MemAvailable the cache-0 runs left (MiB)."""
         g = self.g
         rows = [p for p in g.points if p.budget_mib == 0 and not p.auto] if g is not None else []
         floors = [p.mem_avail_floor_kb for p in rows if not math.isnan(p.mem_avail_floor_kb)]
-        swap = []
-        for cell in self.at(0, route_trace=True):
-            rec = self.latest.get(cell.cell_id)
-            if rec is None or self.cdir is None:
-                continue
-            try:
-                run = json.loads((self.cdir.root / rec["run_dir"] / names.RUN_JSON).read_text())
-            except (OSError, ValueError):
-                continue
-            free = to_float((run.get("entry_state") or {}).get("swap_free_kb"))
-            if not math.isnan(free):
-                swap.append(free / 1024)
-        return (min(floors) / 1024 if floors else None), (min(swap) if swap else 0.0)
+        return min(floors) / 1024 if floors else None
 
     def _next(self, anchor: int | None = None) -> tuple[int | None, str]:
         """The next budget to measure, or None and why the bracket is closed. From the predicted
@@ -400,6 +392,8 @@ class _Group:
         if failed is None:
             if self.top is None or held >= self.top:
                 return None, self.top_why
+            if self.top - held <= self.resolution:
+                return None, f"bracketed to {self.top - held:g} MiB under the top of the search ({self.top} MiB)"
             nxt = self.top if step is None else min(self.top, step)
             return (nxt if nxt not in measured else self.top), ""
         mid = math.floor((held + failed) / 2)

@@ -77,7 +77,7 @@ def _model(out: Path, echo: Echo) -> Path:
 
 
 def _start_phones(home: Path, port: int, env: dict, echo: Echo,
-                  phones: dict[str, tuple[int, str, str]] = PHONES) -> list[str]:
+                  phones: dict[str, tuple[int, str, str]] = PHONES, storage_mbps: int = 0) -> list[str]:
     from devices.adb import adb_binary
     from devices.virtual import manager
 
@@ -97,9 +97,10 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo,
     for name, (ram_bytes, model, soc) in phones.items():
         zram_bytes = ram_bytes // 2 if no_zram is None else 0
         serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port,
-                            cpus=cpus, zram_bytes=zram_bytes)
+                            cpus=cpus, zram_bytes=zram_bytes, storage_mbps=storage_mbps)
         echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM"
              + (f", {zram_bytes >> 20} MiB zram" if zram_bytes else "")
+             + (f", flash {storage_mbps} MiB/s" if storage_mbps else "")
              + (f", core {','.join(map(str, manager.info(name, home).cpus))}" if cpus else ""))
         names.append(name)
     return names

@@ -38,7 +38,7 @@ from harness.gate import stop_strays
 from harness.plan import Plan, load_shapes, make_plan, read_plan, write_plan
 from harness.progress import Progress
 from harness.run_errors import OtherCampaignError, RunnerError, disk_error
-from harness.staging import file_sha256
+from harness.staging import Stager, file_sha256
 from harness.worker import RunContext, Worker
 from store import names, outcomes
 from store.campaign_dir import CampaignDir
@@ -121,13 +121,14 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             if isinstance(e, OSError):
                 raise disk_error(e, root) from None
             raise
+        stagers: dict[str, Stager] = {}        # per device, kept from round to round
         if adaptive is None:
-            _run_round(campaign, plan, cdir, refs, rerun_failed, progress_stream, tty)
+            _run_round(campaign, plan, cdir, refs, rerun_failed, progress_stream, tty, stagers)
         else:
             # each round runs what the results so far decide, then asks again (harness.adaptive); it
             # stops when nothing new is decided, or when a cell is still pending (a lost device)
             while True:
-                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty)
+                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty, stagers)
                 rerun_failed = False            # once: the later rounds' failures are results
                 latest = latest_by_cell(cdir.ledger.read())
                 if not ran or not all(outcomes.is_done(latest.get(c.cell_id)) for c in adaptive.plan.cells):
@@ -148,8 +149,9 @@ def _write_plan(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None) ->
 
 
 def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence[DeviceRef], rerun_failed: bool,
-               progress_stream, tty: bool | None) -> bool:
-    """Run every cell of the plan not yet done, devices in parallel; False when there was none."""
+               progress_stream, tty: bool | None, stagers: dict[str, Stager]) -> bool:
+    """Run every cell of the plan not yet done, devices in parallel; False when there was none.
+    `stagers` holds each device's Stager from an earlier round and gets this round's."""
     records = cdir.ledger.read()
     latest = latest_by_cell(records)
     todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
@@ -158,7 +160,9 @@ def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence
         return False
     progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
     ctx = RunContext(campaign, plan, cdir, progress, rerun_failed)
-    workers = [Worker(ctx, ref, todo[ref.spec], list(records)) for ref in refs if todo[ref.spec]]
+    workers = [Worker(ctx, ref, todo[ref.spec], list(records), stagers.get(ref.spec)) for ref in refs
+               if todo[ref.spec]]
+    stagers.update((w.ref.spec, w.stager) for w in workers)
     with _sigterm_as_interrupt():
         # Waiting polls the workers' events with sleep(): a Ctrl-C landing inside Thread.join()
         # makes CPython 3.11 mark the still-running thread as stopped (bpo-45274's fix), and

@@ -17,6 +17,7 @@ It lives in the harness because it runs engines on devices; results.analysis.rec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -69,11 +70,11 @@ def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callabl
                                                "engine": None, "campaign": label, "n_predict": n_predict}
                     continue
                 jobs.setdefault((label, r.device), []).append((di, ri, name))
-    for (label, device), todo in jobs.items():
+    def run_job(label: str, device: str, todo: list[tuple[int, int, str]]) -> list[str]:
+        """One device's command lines in one session; the lines to echo, in order."""
         camp = by_label[label]
         campaign = load_campaign(camp.root / names.CAMPAIGN_TOML)
-        if echo:
-            echo(f"verifying {len(todo)} command line(s) on {device} ({campaign.engine.kind} engine of {label})")
+        said = [f"verifying {len(todo)} command line(s) on {device} ({campaign.engine.kind} engine of {label})"]
         try:
             with DeviceSession(campaign, device) as session:
                 for di, ri, name in todo:
@@ -82,14 +83,29 @@ def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callabl
                     results[(di, ri)][name] = {"status": run.status, "line": redact(run.line),
                                                "exit_status": run.exit_status, "engine": run.engine,
                                                "campaign": label, "n_predict": n_predict}
-                    if echo:
-                        echo(f"  {r.model} {name}: {run.status} — {redact(run.line)}")
+                    said.append(f"  {r.model} {name}: {run.status} — {redact(run.line)}")
         except ResultsError:
             raise
         except BmoeError as e:                # a device that is gone: say so on each, keep the others
             for di, ri, name in todo:
                 results[(di, ri)][name] = {"status": "not run", "line": redact(str(e)), "exit_status": None,
                                            "engine": None, "campaign": label, "n_predict": n_predict}
+        return said
+
+    def run_device(device_jobs: list[tuple[str, str, list[tuple[int, int, str]]]]) -> list[str]:
+        return [line for job in device_jobs for line in run_job(*job)]
+
+    # each device's lines in a thread of its own (each writes only its own results' keys; one
+    # device's jobs one after another), echoed a device at a time, in the recommendations' order
+    per_device: dict[str, list[tuple[str, str, list[tuple[int, int, str]]]]] = {}
+    for (label, device), todo in jobs.items():
+        per_device.setdefault(device, []).append((label, device, todo))
+    with ThreadPoolExecutor(max_workers=max(1, len(per_device))) as pool:
+        futures = [pool.submit(run_device, device_jobs) for device_jobs in per_device.values()]
+        for future in futures:
+            for line in future.result():
+                if echo:
+                    echo(line)
     devices = []
     for di, d in enumerate(recs.devices):
         out = [replace(r, verification=results[(di, ri)]) for ri, r in enumerate(d.recommendations)]

@@ -101,12 +101,16 @@ def _session_short(turns: Sequence[dict], n_turns: int) -> str:
 class Worker(threading.Thread):
     """The cells of one device, in order, in a thread of their own."""
 
-    def __init__(self, ctx: RunContext, ref: DeviceRef, cells: list[Cell], records: list[dict]):
+    def __init__(self, ctx: RunContext, ref: DeviceRef, cells: list[Cell], records: list[dict],
+                 stager: Stager | None = None):
         super().__init__(name=f"bmoe-{ref.device_id}", daemon=True)
         self.ctx, self.ref, self.cells = ctx, ref, cells
         self.records = records                        # ledger lines so far (attempt numbering)
         self.device: Device | None = None
-        self.stager = Stager(ctx.campaign, ref, lambda msg: ctx.progress.note(ref.spec, msg))
+        # an earlier round's stager (an adaptive campaign's rounds, harness.runner): what it checked
+        # on the device is not checked again (a 1 GiB model's check costs ~13 s of device time)
+        self.stager = stager or Stager(ctx.campaign, ref, lambda msg: None)
+        self.stager.note = lambda msg: ctx.progress.note(ref.spec, msg)
         self.knees: dict[str, Knee] = {}              # probe cell id -> its replayed knee
         self.cpu_seen: CpuSeen | None = None          # the device's CPU at its latest run
         # a phone's lmk lines as its latest cell's last read saw them: the next cell's baseline

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -98,6 +99,42 @@ def test_push_skips_what_is_there_and_resends_what_changed(phone, tmp_path):
     phone.pull(remote, str(back))
     assert back.read_bytes() == src.read_bytes()
     assert phone.remote_sha256(remote) is not None
+
+
+def test_a_files_stamp_spares_the_next_check_and_goes_stale_when_the_file_changes(phone, phones, tmp_path):
+    """The sha256 a push records beside the file answers the next check without reading the file;
+    a stamp is trusted only while the file is the one it describes (size, mtime, inode)."""
+    import hashlib
+    import shlex
+
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(2 << 20))
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    remote = "/data/local/tmp/bmoe/test/stamped.bin"
+    stamp = "/data/local/tmp/bmoe/test/.stamped.bin.sha256"
+    assert phone.push(str(src), remote) is True
+    assert phone.stamped_sha256(remote) == sha
+    assert phone.push(str(src), remote) is False
+    # the stamp is what answers: one that names other bytes (the file unchanged) makes it send again
+    status, out, _ = phone.shell(f"cat {shlex.quote(stamp)}")
+    assert status == 0
+    key = out.decode().rpartition(" ")[0]
+    phone.shell(f"echo {shlex.quote(key + ' ' + '0' * 64)} > {shlex.quote(stamp)}")
+    assert phone.stamped_sha256(remote) == "0" * 64
+    assert phone.push(str(src), remote) is True and phone.stamped_sha256(remote) == sha
+    # a write in place, same size, in the same second (through the phone's folder on this host: its
+    # shell has no dd): the stamp is stale, the file is hashed again
+    with open(Path(phones["a"].root) / remote.lstrip("/"), "r+b") as fh:
+        fh.seek(7)
+        fh.write(b"x")
+    assert phone.stamped_sha256(remote) is None
+    assert phone.push(str(src), remote) is True
+    back = tmp_path / "back.bin"
+    phone.pull(remote, str(back))
+    assert back.read_bytes() == src.read_bytes() and phone.stamped_sha256(remote) == sha
+    # no stamp at all (a file put there by hand): hashed, and stamped for next time
+    phone.shell(f"rm -f {shlex.quote(stamp)}")
+    assert phone.push(str(src), remote) is False and phone.stamped_sha256(remote) == sha
 
 
 def test_a_process_past_the_phones_ram_is_killed_and_lmkd_says_so(phones, server):
