@@ -91,6 +91,31 @@ def error_table(name: str, out: Path) -> None:
                   f"  {g.device:<16} {p.budget_mib:>10g} {p.ok:>5} {p.s_per_token:>15.4f} {'-':>10} {'-':>8}  {note}")
 
 
+def _brackets(out: Path) -> dict[str, tuple[float | None, float | None]]:
+    """Per device: the largest budget measured to hold and the smallest measured above it."""
+    found = {}
+    for g in analyze(build_table([out])).groups:
+        held = g.boundary.largest_safe_mib
+        above = [p.budget_mib for p in g.points if not p.auto and not math.isnan(p.budget_mib) and p.budget_mib > 0
+                 and (held is None or p.budget_mib > held)]
+        found[g.device] = (held, min(above) if above else None)
+    return found
+
+
+def agreement(grid: Path, adaptive: Path, resolution_mb: int) -> None:
+    """Whether each phone's adaptive ceiling lies in the grid's own bracket (its step there), within
+    the adaptive resolution: the grid cannot place a ceiling finer than its budgets."""
+    print("\n-- the same ceiling? (the grid's bracket: its largest budget that held, the next it measured)")
+    g, a = _brackets(grid), _brackets(adaptive)
+    for device in sorted(g):
+        (gh, ga), (ah, _) = g[device], a.get(device, (None, None))
+        lo = (gh or 0) - resolution_mb
+        hi = math.inf if ga is None else ga + resolution_mb
+        same = (ah is not None and gh is not None and lo <= ah <= hi) or (ah is None and gh is None)
+        print(f"  {device}: grid held {gh} MiB, next measured {ga} MiB; adaptive held {ah} MiB: "
+              + ("same" if same else "DIFFERENT"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/bench-adaptive"))
@@ -143,6 +168,7 @@ def main() -> None:
     print(f"\nadaptive / grid: cells {a.spent.cells}/{g.spent.cells} = {a.spent.cells / max(1, g.spent.cells):.2f}, "
           f"device time {a.spent.device_s:.0f}/{g.spent.device_s:.0f} s = "
           f"{a.spent.device_s / max(1e-9, g.spent.device_s):.2f}")
+    agreement(results[0][1], results[1][1], args.resolution_mb)
     for name, camp_dir, _, _ in results:
         error_table(name, camp_dir)
 
