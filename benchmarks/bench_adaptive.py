@@ -5,13 +5,18 @@ The question: each phone's recommended cache ceiling. By default the demo's phon
 (harness/demo.py: 640 MiB and 2 GiB of RAM, zram of half that where this host can make it, one core
 each; the 1 GiB qwen3moe and its long prompt), 12 tokens. The grid is ten budgets from the cycle past
 the small phone's RAM; the adaptive sweep gets the same axes as its fallback (`--adaptive`,
-`--resolution-mb`, `--max-error-pct`). Prints, for each sweep: cells and device time spent
+`--resolution-mb`, `--max-error-pct`). One cell per phone runs first, so the engine and model are
+on each phone before either sweep. Prints, for each sweep: cells and device time spent
 (`status`), each phone's recommended ceiling (the largest budget measured to hold, and the auto
-`--cache-ceil-mb` shipped), and the adaptive sweep's brackets; then the prediction error table of
+`--cache-ceil-mb` shipped), and the adaptive sweep's brackets; whether each phone's adaptive
+ceiling lies in the grid's bracket (within the resolution); then the prediction error table of
 every measured budget (measured and predicted s/token, error %). Needs root (virtual phones).
 
     .venv/bin/python benchmarks/bench_adaptive.py [--dir /var/tmp/bench-adaptive] [--engine bmoe-py|native]
-        [--tokens 12] [--resolution-mb 32] [--max-error-pct 25] [--small]
+        [--tokens 12] [--resolution-mb 32] [--max-error-pct 25] [--storage-mbps 300] [--small]
+
+`--storage-mbps R` gives each phone its own flash of R MiB/s (virtual up --storage-mbps); without
+it the phones share this host's disk and one phone's reads slow the other's (docs/virtual-phones.md).
 
 `--engine native` runs the real bmoe-cli from $BMOE_CLI (used where it is, never copied), at -t 1
 (both engines run -t 1: each phone has one core of this 2-core host). `--small` is a check that the
