@@ -10,6 +10,7 @@ variables, starting one) is devices.adb.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shlex
@@ -49,6 +50,7 @@ _MARK = "@@BMOE"
 _SHELL_STDIN, _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT, _SHELL_CLOSE_STDIN = 0, 1, 2, 3, 4
 SYNC_DATA_MAX = 64 * 1024
 DEVICE_TIMEOUT_S = 30.0     # run.device_timeout_s's default: a phone silent this long is lost
+STAMP_DIR = "/data/local/tmp/.bmoe-sha256"     # AdbPhone.stamped_sha256: what each pushed file hashed to
 SHA256_SILENCE_S = 600.0    # remote_sha256's bound: a whole model read at ~10 MiB/s or better
 _READ_TICK_S = 0.5          # run() wakes this often to check the watch and the stop event
 
@@ -291,15 +293,15 @@ class AdbPhone:
         self._stamp(remote_path, self._local_sha(local_path))
         return True
 
-    # A file's sha256 is kept beside it on the phone (`.NAME.sha256`: "size|mtime|inode sha256"), so
-    # the next campaign's check of a model it already holds is one stat, not a whole read (a 60 GB
+    # A file's sha256 is kept on the phone (STAMP_DIR, one file per path: "size|mtime|inode sha256"),
+    # so the next campaign's check of a model it already holds is one stat, not a whole read (a 60 GB
     # model's sha256sum takes a minute or more; a 1 GiB one on a 300 MiB/s virtual flash, 25 s). A
     # stamp counts only while the file's size, mtime (ns) and inode are the ones it recorded: a push
-    # (a new inode) or any write (a new mtime) makes it stale and the file is hashed again.
+    # (a new inode) or any write (a new mtime) makes it stale and the file is hashed again. The
+    # stamps live in a folder of their own, so no folder the user or the engine reads gains a file.
     @staticmethod
     def _stamp_path(remote_path: str) -> str:
-        folder, _, name = remote_path.rpartition("/")
-        return f"{folder}/.{name}.sha256"
+        return f"{STAMP_DIR}/{hashlib.sha256(remote_path.encode()).hexdigest()[:32]}"
 
     def _file_key(self, remote_path: str) -> str:
         return f"stat -c '%s|%y|%i' -- {shlex.quote(remote_path)}"
@@ -318,7 +320,8 @@ class AdbPhone:
         """Record the file's sha256 beside it (atomically; a phone that refuses is only slower next time)."""
         stamp = self._stamp_path(remote_path)
         tmp = shlex.quote(stamp + ".partial")
-        self.shell(f"k=$({self._file_key(remote_path)}) && printf '%s %s\\n' \"$k\" {shlex.quote(sha)} > {tmp} && "
+        self.shell(f"mkdir -p {STAMP_DIR} && k=$({self._file_key(remote_path)}) && "
+                   f"printf '%s %s\\n' \"$k\" {shlex.quote(sha)} > {tmp} && "
                    f"mv -f {tmp} {shlex.quote(stamp)}")
 
     def pull(self, remote_path: str, local_path: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from devices.adb import AdbServer
-from devices.adb_phone import AdbPhone
+from devices.adb_phone import STAMP_DIR, AdbPhone
 from devices.base import Device, DeviceLost, pressure_metrics
 from devices.virtual import manager
 from harness.cli import main
@@ -110,11 +110,14 @@ def test_a_files_stamp_spares_the_next_check_and_goes_stale_when_the_file_change
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(2 << 20))
     sha = hashlib.sha256(src.read_bytes()).hexdigest()
-    remote = "/data/local/tmp/bmoe/test/stamped.bin"
-    stamp = "/data/local/tmp/bmoe/test/.stamped.bin.sha256"
+    remote = "/data/local/tmp/bmoe/stamped/stamped.bin"
+    stamp = phone._stamp_path(remote)
+    assert stamp.startswith(STAMP_DIR + "/")
     assert phone.push(str(src), remote) is True
     assert phone.stamped_sha256(remote) == sha
     assert phone.push(str(src), remote) is False
+    # the file's own folder gains nothing
+    assert phone.shell("ls -a /data/local/tmp/bmoe/stamped")[1].split() == [b".", b"..", b"stamped.bin"]
     # the stamp is what answers: one that names other bytes (the file unchanged) makes it send again
     status, out, _ = phone.shell(f"cat {shlex.quote(stamp)}")
     assert status == 0

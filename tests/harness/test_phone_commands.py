@@ -19,13 +19,14 @@ import json
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import adbutils
 import pytest
 
 from devices.adb import AdbServer
-from devices.adb_phone import AdbPhone
+from devices.adb_phone import STAMP_DIR, AdbPhone
 from harness.campaign_file import parse_campaign
 from harness.runner import run_campaign
 
@@ -101,6 +102,12 @@ def test_every_command_a_bmoe_py_campaign_sends_works_under_mksh_and_toybox(tmp_
     c = campaign("cmds", models, adb_port, phone_home, {"cache_mb": [0, "cycle*1.2"]})
     run_campaign(c, tmp_path / "out", progress_stream=io.StringIO())
     assert outcomes(tmp_path / "out") == ["ok"] * 4
+    # the pushes stamped each file's sha256; without the stamps (files put there by hand) the next
+    # campaign hashes them on the phone, and stamps them again
+    shutil.rmtree(phone.root / STAMP_DIR.lstrip("/"))
+    again = campaign("cmds-again", {"tiny": str(tiny_model)}, adb_port, phone_home, {"cache_mb": [0]})
+    run_campaign(again, tmp_path / "again", progress_stream=io.StringIO())
+    assert outcomes(tmp_path / "again") == ["ok"]
     # a run that outlives the 1 s pressure sampling and then its timeout (the streamed mid model
     # takes milliseconds a token: 2000 tokens are seconds however fast the engine gets)
     slow = campaign("cmds-timeout", {"mid": str(mid_model)}, adb_port, phone_home, {"cache_mb": [0]},
@@ -111,6 +118,7 @@ def test_every_command_a_bmoe_py_campaign_sends_works_under_mksh_and_toybox(tmp_
     lines = sent_since(phone_home, start)
     # the campaign really sent each kind of command (else the replay below proves little)
     for kind in (r"^getprop; .*; cat /proc/meminfo; .*; uname -r$", r"^sha256sum ", r"^mkdir -p ", r"^mv -f ",
+                 r"^stat -c '%s\|%y\|%i' -- .* && cat -- ", r"k=\$\(stat -c .*printf '%s %s\\n' \"\$k\" ",
                  r"^stat -L -c %s ", r"command -v dd", r"nproc", r"readlink /proc/self/ns/mnt",
                  r"dumpsys thermalservice", r"logcat -d -b main,events,kernel -v epoch", r"^date \+%s$",
                  r"grep -E '\^\(VmHWM\|VmRSS\):' /proc/\d+/status", r"^kill -9 \d+$", r"@@BMOEPID",
