@@ -52,30 +52,20 @@ def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | N
     from devices.virtual.manager import up as start
     from engine.units import parse_bytes
 
-    base: dict = {"model": "vphone", "manufacturer": "bmoe", "soc": "sm8550", "android": 14, "cpus": 0,
-                  "storage_mbps": 0, "lmk": {}}
-    if profile:
-        try:
-            base.update(profiles.get(profile).scaled())
-        except profiles.UnknownProfile as e:
-            raise VirtualPhoneError(str(e)) from None
-    given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
-             "storage_mbps": storage_mbps}
-    base.update({k: v for k, v in given.items() if v is not None})
-    if ram_text is not None:
-        base["ram_bytes"] = parse_bytes(ram_text)
-        if zram_text is None:
-            base.pop("zram_bytes", None)   # the profile's zram was for its own RAM
-    if "ram_bytes" not in base:
-        raise VirtualPhoneError("give --ram or --profile")
-    if zram_text is not None:
-        base["zram_bytes"] = 0 if zram_text.strip() == "0" else parse_bytes(zram_text)
-    elif "zram_bytes" not in base:
-        # the default: half the RAM where the host has zram (docs/decisions.md "zram default"), else none
+    def default_zram(ram_bytes: int) -> int:
+        # half the RAM where the host has zram (docs/decisions.md "zram default"), else none
         from devices.virtual import zram
         has_zram = zram.available() is None and not no_isolation
-        base["zram_bytes"] = (base["ram_bytes"] // 2) & ~((1 << 20) - 1) if has_zram else 0
-    ram_bytes = base.pop("ram_bytes")
+        return (ram_bytes // 2) & ~((1 << 20) - 1) if has_zram else 0
+
+    given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
+             "storage_mbps": storage_mbps}
+    try:
+        ram_bytes, base = profiles.settings(
+            profile, given, None if ram_text is None else parse_bytes(ram_text),
+            None if zram_text is None else 0 if zram_text.strip() == "0" else parse_bytes(zram_text), default_zram)
+    except profiles.ProfileError as e:
+        raise VirtualPhoneError(str(e)) from None
     serial = start(name, ram_bytes, port=port, abi=abi, home=home, isolated=not no_isolation, apps=apps,
                    zram_algorithm=zram_algorithm or "lz4", swappiness=100 if swappiness is None else swappiness,
                    profile=profile or "", **base)

@@ -29,7 +29,9 @@ Sources:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 GIB = 1 << 30
 SCALE = 1 / 8
@@ -73,8 +75,17 @@ PROFILES = {p.name: p for p in (
 )}
 
 
-class UnknownProfile(Exception):
+class ProfileError(Exception):
+    """A phone `virtual up` cannot make from what it was given (one line)."""
+
+
+class UnknownProfile(ProfileError):
     pass
+
+
+# a phone's figures where neither a profile nor a flag gives them
+DEFAULTS: dict[str, Any] = {"model": "vphone", "manufacturer": "bmoe", "soc": "sm8550", "android": 14, "cpus": 0,
+                            "storage_mbps": 0, "lmk": {}}
 
 
 def get(name: str) -> Profile:
@@ -82,3 +93,26 @@ def get(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise UnknownProfile(f"no phone profile {name!r}: choose one of {', '.join(sorted(PROFILES))}") from None
+
+
+def settings(profile: str | None, given: Mapping[str, Any], ram_bytes: int | None, zram_bytes: int | None,
+             default_zram: Callable[[int], int]) -> tuple[int, dict[str, Any]]:
+    """`virtual up`'s phone, as (RAM bytes, the rest of devices.virtual.manager.up's settings): the
+    defaults, the profile's scaled figures over them, the flags given (None: not given) over those.
+    RAM given without zram drops the profile's zram (it was for the profile's RAM); with neither,
+    zram is default_zram(RAM)."""
+    base = dict(DEFAULTS)
+    if profile:
+        base.update(get(profile).scaled())
+    base.update({k: v for k, v in given.items() if v is not None})
+    if ram_bytes is not None:
+        base["ram_bytes"] = ram_bytes
+        if zram_bytes is None:
+            base.pop("zram_bytes", None)
+    if "ram_bytes" not in base:
+        raise ProfileError("give --ram or --profile")
+    if zram_bytes is not None:
+        base["zram_bytes"] = zram_bytes
+    elif "zram_bytes" not in base:
+        base["zram_bytes"] = default_zram(base["ram_bytes"])
+    return base.pop("ram_bytes"), base

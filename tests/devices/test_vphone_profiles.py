@@ -4,6 +4,7 @@ MiB/s --storage-mbps takes, and a flag given beside the profile wins."""
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from devices.virtual import manager, profiles
@@ -37,3 +38,27 @@ def test_a_profile_phone_through_the_cli(adb_server, phone_home):
     finally:
         down = CliRunner().invoke(main, ["virtual", "down", "a05", "--home", str(phone_home)], env=env)
         assert down.exit_code == 0, down.output
+
+
+def test_a_phones_settings_are_the_defaults_then_the_profile_then_the_flags():
+    """`virtual up`'s merge (profiles.settings): a flag beats the profile, the profile the defaults;
+    RAM given without zram drops the profile's zram; no RAM at all is refused."""
+    from devices.virtual import profiles
+
+    def half(ram: int) -> int:
+        return ram // 2
+
+    ram, s = profiles.settings("pixel8", {"cpus": None, "soc": "mine"}, None, None, half)
+    scaled = profiles.get("pixel8").scaled()
+    assert ram == scaled["ram_bytes"] and s["zram_bytes"] == scaled["zram_bytes"] and s["cpus"] == scaled["cpus"]
+    assert s["soc"] == "mine" and s["model"] == "Pixel 8" and "ram_bytes" not in s
+    ram, s = profiles.settings("pixel8", {}, 300 << 20, None, half)
+    assert ram == 300 << 20 and s["zram_bytes"] == 150 << 20              # the profile's zram was for its RAM
+    ram, s = profiles.settings("pixel8", {}, 300 << 20, 0, half)
+    assert s["zram_bytes"] == 0
+    ram, s = profiles.settings(None, {}, 64 << 20, None, half)
+    assert (ram, s["model"], s["zram_bytes"], s["storage_mbps"]) == (64 << 20, "vphone", 32 << 20, 0)
+    with pytest.raises(profiles.ProfileError, match="give --ram or --profile"):
+        profiles.settings(None, {}, None, None, half)
+    with pytest.raises(profiles.ProfileError, match="no phone profile 'x'"):
+        profiles.settings("x", {}, 1 << 30, None, half)
