@@ -205,3 +205,44 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
     (camp,) = json.loads(recommend([out]).to_json())["campaigns"]
     assert camp["spent"]["cells"] == status["spent"]["cells"]
     assert math.isclose(camp["spent"]["device_s"], status["spent"]["device_s"], abs_tol=0.01)
+
+
+def _next_after(measured: dict[float, bool], anchor: int | None, top: int = 668, resolution: int = 32,
+                lowest: int = 58) -> tuple[int | None, str]:
+    """harness.adaptive's next budget for a group whose fixed budgets held (True) or did not
+    (False), the analysis' largest safe budget being the largest (> 0) that held under every failure."""
+    from types import SimpleNamespace
+
+    from harness.adaptive import _Group
+
+    fails = [b for b, ok in measured.items() if not ok]
+    held = [b for b, ok in measured.items() if ok and b > 0 and (not fails or b < min(fails))]
+    g = SimpleNamespace(boundary=SimpleNamespace(largest_safe_mib=max(held) if held else None),
+                        points=[SimpleNamespace(budget_mib=b, auto=False, ok=int(ok), killed=int(not ok))
+                                for b, ok in measured.items()])
+    group = _Group.__new__(_Group)
+    group.g, group.resolution, group.lowest, group.top, group.top_why = g, resolution, lowest, top, "the top held"
+    return group._next(anchor)
+
+
+def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
+    """Up from the predicted safe budget while it holds, down while it does not, each step twice the
+    last; a bracket narrower than the next step is bisected; the resolution or the top closes it."""
+    assert _next_after({0: True, 139: True, 436: True}, 436) == (468, "")
+    assert _next_after({0: True, 139: True, 436: True, 468: True}, 436) == (532, "")
+    assert _next_after({0: True, 139: True, 436: True, 468: True, 532: False}, 436) == (500, "")
+    assert _next_after({0: True, 139: True, 436: True, 468: False}, 436)[0] is None      # bracketed to 32
+    # the prediction too high: down by 32, 64, 128, then the bisection of what is left
+    seen = {0: True, 139: True, 626: False}
+    for want in (594, 530, 402):
+        assert _next_after(seen, 626) == (want, "")
+        seen[want] = want < 500                 # the boundary sits between 402 and 530
+    assert _next_after(seen, 626) == (466, "")
+    # within one resolution of the top: closed without measuring the top
+    nxt, why = _next_after({0: True, 139: True, 640: True}, 640)
+    assert nxt is None and "under the top of the search (668 MiB)" in why
+    assert _next_after({0: True, 139: True, 668: True}, 668) == (None, "the top held")
+    # nothing held from the cycle up: the cycle next; no prediction: the top, then bisection
+    assert _next_after({0: True}, None) == (58, "")
+    assert _next_after({0: True, 139: True}, None) == (668, "")
+    assert _next_after({0: True, 139: True, 668: False}, None) == (403, "")
