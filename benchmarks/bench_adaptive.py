@@ -42,6 +42,7 @@ from devices.adb import adb_binary
 from devices.virtual import manager
 from engine.synth import synth_options, write_model
 from harness import demo
+from harness.adaptive import measured_bracket
 from harness.campaign_options import campaign_from_options
 from harness.runner import run_campaign
 from results.analysis.analyze import analyze
@@ -98,13 +99,7 @@ def error_table(name: str, out: Path) -> None:
 
 def _brackets(out: Path) -> dict[str, tuple[float | None, float | None]]:
     """Per device: the largest budget measured to hold and the smallest measured above it."""
-    found = {}
-    for g in analyze(build_table([out])).groups:
-        held = g.boundary.largest_safe_mib
-        above = [p.budget_mib for p in g.points if not p.auto and not math.isnan(p.budget_mib) and p.budget_mib > 0
-                 and (held is None or p.budget_mib > held)]
-        found[g.device] = (held, min(above) if above else None)
-    return found
+    return {g.device: measured_bracket(g)[:2] for g in analyze(build_table([out])).groups}
 
 
 def agreement(grid: Path, adaptive: Path, resolution_mb: int) -> None:

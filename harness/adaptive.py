@@ -193,7 +193,7 @@ def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> A
     brackets = []
     for key, series in _bases(grid).items():
         group = _Group(campaign, grid, key, series, latest, analysis, [c for c in old if group_key(c) == key],
-                       cdir, fallen.get(key))
+                       fallen.get(key))
         wanted, bracket = group.decide()
         for cell in wanted:
             cells.setdefault(cell.cell_id, cell)
@@ -212,14 +212,26 @@ def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> A
     return AdaptivePlan(plan, tuple(brackets))
 
 
+def measured_bracket(g) -> tuple[float | None, float | None, list[float]]:
+    """An analysis group's bracket as measured: its largest safe budget (LmkBoundary), the smallest
+    budget measured above it, and the fixed budgets (> 0) it has points at, every run of them
+    finished or killed."""
+    if g is None:
+        return None, None, []
+    held = g.boundary.largest_safe_mib
+    measured = sorted({p.budget_mib for p in g.points if not p.auto and not math.isnan(p.budget_mib)
+                       and p.budget_mib > 0 and (p.ok or p.killed)})
+    above = [m for m in measured if held is None or m > held]
+    return held, min(above) if above else None, measured
+
+
 class _Group:
     """One group's decision (adaptive_plan)."""
 
     def __init__(self, campaign: Campaign, grid: Plan, key: GroupKey, series: Sequence[Cell],
-                 latest: Mapping[str, Mapping[str, Any]], analysis, planned: Sequence[Cell], cdir: CampaignDir | None,
-                 fallen: str | None = None):
+                 latest: Mapping[str, Mapping[str, Any]], analysis, planned: Sequence[Cell], fallen: str | None = None):
         self.campaign, self.grid, self.key, self.series = campaign, grid, key, series
-        self.latest, self.planned, self.cdir, self.fallen = latest, list(planned), cdir, fallen
+        self.latest, self.planned, self.fallen = latest, list(planned), fallen
         self.g = None
         if analysis is not None:
             with contextlib.suppress(KeyError):     # no run of it finished yet
@@ -253,20 +265,10 @@ class _Group:
 
     def _bracket(self, state: str, reason: str = "", next_mib: Sequence[int] = (), knee: int | None = None,
                  safe: int | None = None) -> Bracket:
-        b = self.g.boundary if self.g is not None else None
-        held = b.largest_safe_mib if b is not None else None
-        measured = self._measured()
-        above = [m for m in measured if held is None or m > held]
-        return Bracket(*self.key, state=state, held_mib=held, failed_mib=min(above) if above else None,
+        held, failed, _ = measured_bracket(self.g)
+        return Bracket(*self.key, state=state, held_mib=held, failed_mib=failed,
                        resolution_mib=self.resolution, predicted_knee_mib=knee, predicted_safe_mib=safe,
                        next_mib=tuple(next_mib), reason=reason)
-
-    def _measured(self) -> list[float]:
-        """The fixed budgets (> 0) the analysis has points at, every run of them finished or killed."""
-        if self.g is None:
-            return []
-        return sorted({p.budget_mib for p in self.g.points if not p.auto and not math.isnan(p.budget_mib)
-                       and p.budget_mib > 0 and (p.ok or p.killed)})
 
     # -- the decision -------------------------------------------------------------------------
     def decide(self) -> tuple[list[Cell], Bracket]:
@@ -371,11 +373,7 @@ class _Group:
         largest safe budget (`anchor`, measured) the search steps away by the resolution, doubling
         each step (up while it holds, down while it does not), so a boundary the model put within
         one resolution is bracketed by one cell; a bracket wider than the next step is bisected."""
-        b = self.g.boundary if self.g is not None else None
-        held = b.largest_safe_mib if b is not None else None
-        measured = self._measured()
-        above = [m for m in measured if held is None or m > held]
-        failed = min(above) if above else None
+        held, failed, measured = measured_bracket(self.g)
         if held is None:
             if self.lowest not in measured:
                 return self.lowest, ""
