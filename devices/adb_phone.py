@@ -303,7 +303,8 @@ class AdbPhone:
     def _stamp_path(remote_path: str) -> str:
         return f"{STAMP_DIR}/{hashlib.sha256(remote_path.encode()).hexdigest()[:32]}"
 
-    def _file_key(self, remote_path: str) -> str:
+    @staticmethod
+    def _file_key(remote_path: str) -> str:
         return f"stat -c '%s|%y|%i' -- {shlex.quote(remote_path)}"
 
     def stamped_sha256(self, remote_path: str) -> str | None:
@@ -317,7 +318,7 @@ class AdbPhone:
         return sha if key == lines[0] and key.count("|") == 2 and re.fullmatch(r"[0-9a-f]{64}", sha) else None
 
     def _stamp(self, remote_path: str, sha: str) -> None:
-        """Record the file's sha256 beside it (atomically; a phone that refuses is only slower next time)."""
+        """Record the file's sha256 in STAMP_DIR (atomically; a phone that refuses is only slower next time)."""
         stamp = self._stamp_path(remote_path)
         tmp = shlex.quote(stamp + ".partial")
         self.shell(f"mkdir -p {STAMP_DIR} && k=$({self._file_key(remote_path)}) && "

@@ -55,7 +55,7 @@ def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callabl
            echo: Callable[[str], None] | None = None, n_predict: int = VERIFY_TOKENS) -> Recommendations:
     """Every recommendation with `verification`: per command line, how its engine answered."""
     by_label = {c.label: c for c in camps}
-    jobs: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    jobs: dict[str, dict[str, list[tuple[int, int, str]]]] = {}      # device -> campaign -> its lines
     results: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for di, d in enumerate(recs.devices):
         for ri, r in enumerate(d.recommendations):
@@ -69,7 +69,8 @@ def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callabl
                     results[(di, ri)][name] = {"status": "not run", "line": why, "exit_status": None,
                                                "engine": None, "campaign": label, "n_predict": n_predict}
                     continue
-                jobs.setdefault((label, r.device), []).append((di, ri, name))
+                jobs.setdefault(r.device, {}).setdefault(label, []).append((di, ri, name))
+
     def run_job(label: str, device: str, todo: list[tuple[int, int, str]]) -> list[str]:
         """One device's command lines in one session; the lines to echo, in order."""
         camp = by_label[label]
@@ -92,16 +93,13 @@ def verify(recs: Recommendations, camps: Sequence[CampaignData], redact: Callabl
                                            "engine": None, "campaign": label, "n_predict": n_predict}
         return said
 
-    def run_device(device_jobs: list[tuple[str, str, list[tuple[int, int, str]]]]) -> list[str]:
-        return [line for job in device_jobs for line in run_job(*job)]
+    def run_device(device: str, by_campaign: dict[str, list[tuple[int, int, str]]]) -> list[str]:
+        return [line for label, todo in by_campaign.items() for line in run_job(label, device, todo)]
 
     # each device's lines in a thread of its own (each writes only its own results' keys; one
-    # device's jobs one after another), echoed a device at a time, in the recommendations' order
-    per_device: dict[str, list[tuple[str, str, list[tuple[int, int, str]]]]] = {}
-    for (label, device), todo in jobs.items():
-        per_device.setdefault(device, []).append((label, device, todo))
-    with ThreadPoolExecutor(max_workers=max(1, len(per_device))) as pool:
-        futures = [pool.submit(run_device, device_jobs) for device_jobs in per_device.values()]
+    # device's campaigns one after another), echoed a device at a time, in the recommendations' order
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        futures = [pool.submit(run_device, device, by_campaign) for device, by_campaign in jobs.items()]
         for future in futures:
             for line in future.result():
                 if echo:
