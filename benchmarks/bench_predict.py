@@ -21,6 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.synth import synth_options, write_model
@@ -56,24 +58,47 @@ def report(campaign: Path) -> None:
     for p in predictions.values():
         r = p.rates
         print(f"{p.device} {p.model} k={p.n_expert_used} dense={p.dense_weights}: cycle {p.cycle_mib:.1f} MiB, "
-              f"working set {p.working_set_mib:.1f} MiB, first decode hit {p.first_decode_hit_mib} MiB")
+              f"working set {p.working_set_mib:.1f} MiB, first decode hit {p.first_decode_hit_mib} MiB, "
+              f"knee {p.knee_mib} MiB")
         print(f"  inputs: probe {p.probe_run_id}, cache 0 {p.cache0_run_id}")
         print(f"  cache 0: compute {r.compute_s_per_tok * 1e3:.2f} ms/tok, mgmt {r.mgmt_s_per_tok * 1e3:.2f}, "
               f"other {r.other_s_per_tok * 1e3:.2f}, I/O {r.io_s_per_tok * 1e3:.2f} ms/tok "
               f"({r.read_mib_per_tok:.1f} MiB/tok at {r.read_mib_per_s:.0f} MiB/s, overlap={int(r.overlap)}, "
-              f"alignment {p.alignment:.3f}), anon {r.rss_anon_peak_mib:.1f} MiB")
+              f"alignment {p.alignment:.3f}), anon {r.rss_anon_peak_mib:.1f} MiB, over {len(p.cache0_run_ids)} run(s)")
+        a = p.anchor
+        print("  budgets > 0 from " + (f"{a.budget_mib:g} MiB ({len(a.run_ids)} run(s): {a.rates.wall_s_per_tok * 1e3:.2f} "
+                                         f"ms/tok, of which compute {a.rates.compute_s_per_tok * 1e3:.2f}, reads "
+                                         f"{a.rates.visible_io_s_per_tok * 1e3:.2f}, mgmt {a.rates.mgmt_s_per_tok * 1e3:.2f})"
+                                         if a else "cache 0 (no cached cell qualified)")
+              + f"; slope {p.slope_s_per_mib * 1e3:.3f} ms per miss MiB "
+              f"(cache 0's read time alone: {r.visible_io_fraction * p.alignment / r.read_mib_per_s * 1e3:.3f})")
     print(f"{'budget MiB':>10} {'cycle':>5} {'measured s/tok':>14} {'predicted':>10} {'error %':>8} "
           f"{'hit %':>6} {'pred hit':>8} {'anon MiB':>8} {'pred anon':>9}  run")
-    worst = 0.0
-    for e in sorted(cell_errors(table, predictions), key=lambda e: (e.budget_mib, e.run_id)):
+    errors = sorted(cell_errors(table, predictions), key=lambda e: (e.budget_mib, e.run_id))
+    worst_run = 0.0
+    for e in errors:
         over = not e.under_cycle and e.budget_mib > 0
-        if over:
-            worst = max(worst, abs(e.error_pct))
+        if over and not e.anchor:
+            worst_run = max(worst_run, abs(e.error_pct))
         print(f"{e.budget_mib:>10.1f} {'>T' if over else '<T' if e.budget_mib else '0':>5} "
               f"{e.measured_s_per_tok:>14.5f} {e.predicted_s_per_tok:>10.5f} {e.error_pct:>+8.1f} "
               f"{e.measured_hit_pct:>6.1f} {e.predicted_hit_pct:>8.1f} {e.measured_anon_mib:>8.1f} "
-              f"{e.predicted_anon_mib:>9.1f}  {e.run_id}")
-    print(f"worst |error| above the cycle: {worst:.1f} % (target 15 %)")
+              f"{e.predicted_anon_mib:>9.1f}  {e.run_id}{'  (the anchor)' if e.anchor else ''}")
+    # per budget, as the analysis sets it on a budget point: the median of its runs
+    print(f"{'budget MiB':>10} {'median s/tok':>14} {'predicted':>10} {'error %':>8}")
+    worst = 0.0
+    for budget in sorted({e.budget_mib for e in errors}):
+        runs = [e for e in errors if e.budget_mib == budget]
+        median = float(np.median([e.measured_s_per_tok for e in runs]))
+        error = 100 * (runs[0].predicted_s_per_tok - median) / median
+        counted = not runs[0].under_cycle and budget > 0 and not any(e.anchor for e in runs)
+        if counted:
+            worst = max(worst, abs(error))
+        print(f"{budget:>10.1f} {median:>14.5f} {runs[0].predicted_s_per_tok:>10.5f} {error:>+8.1f}"
+              + ("" if counted else "  (not counted: " + ("cache 0, an input" if budget == 0 else "the anchor"
+                                                           if any(e.anchor for e in runs) else "under the cycle") + ")"))
+    print(f"worst |error| above the cycle, not counting the anchor: per budget (median) {worst:.1f} %, "
+          f"per run {worst_run:.1f} % (target 15 %)")
 
 
 def main() -> None:

@@ -99,6 +99,7 @@ class BudgetPoint:
     predicted_s_per_tok: float = math.nan
     predicted_hit_pct: float = math.nan
     predicted_anon_mib: float = math.nan
+    anchor: bool = False                     # its runs are the prediction's anchor (an input, not a test)
 
     @property
     def filled(self) -> bool:
@@ -527,8 +528,10 @@ def _predicted(points: list[BudgetPoint], rows: pd.DataFrame, predictions: Mappi
         modes = {dense.get(r, "") for r in p.run_ids}
         pred = predictions.get(modes.pop()) if len(modes) == 1 else None
         at = next((b for b in pred.budgets if b.budget_mib == p.budget_mib), None) if pred is not None else None
+        anchor = pred is not None and pred.anchor is not None and \
+            bool(set(p.run_ids) & set(pred.anchor.run_ids))
         out.append(replace(p, predicted_s_per_tok=at.s_per_tok, predicted_hit_pct=at.hit_pct_cum,
-                           predicted_anon_mib=at.anon_mib) if at is not None else p)
+                           predicted_anon_mib=at.anon_mib, anchor=anchor) if at is not None else p)
     return out
 
 

@@ -8,9 +8,15 @@ The model (docs/prediction.md has each term, where it is measured, and the error
 - read rate: the cache-0 run reads every routed expert, so its measured read MiB per token over
   its I/O seconds per token is the device's rate at the run's lanes (`--io-threads`), and its read
   MiB over the replay's miss MiB at 0 is the O_DIRECT alignment factor;
-- s/token(b) = compute + other + cache management (all measured at cache 0) + visible x
-  miss_mib(b) x alignment / rate, where visible is 1 without `--overlap` and the engine's reported
-  stall / I/O with it;
+- s/token(0) is the cache-0 runs' own mean. A budget b > 0 costs per token what a measured cached
+  cell costs (its mean wall, s_c) less what its missed MiB cost for the MiB b avoids over it:
+  s/token(b) = s_c - slope x (miss_mib(c) - miss_mib(b)), the slope being that cell's own visible
+  read time and cache management per missed MiB. So every per-miss cost a cached run pays and a
+  cache-0 run does not (the LRU's management, reads at a cached run's rate, compute of a cached
+  run) is measured where it is paid. The cell is the one nearest the replay's knee (the adaptive
+  sweep measures it first). With no cached cell measured: s_c is cache 0's, and the slope its read
+  time per replayed miss MiB (visible x alignment / rate; visible is 1 without `--overlap` and the
+  engine's reported stall / I/O with it);
 - anon MiB(b) = dense set + min(b, working set the trace reaches) + overhead, the overhead being
   the cache-0 run's peak RssAnon minus its dense set;
 - the RAM-meeting budget: the largest b whose anon MiB fits what the phone can give the engine
@@ -41,6 +47,7 @@ from results.replay.lru_replay import (
     access_sequence,
     default_budgets_mib,
     first_decode_hit_mib,
+    knee_mib,
     lru_curve,
     mib_to_bytes,
     stack_distances,
@@ -81,10 +88,10 @@ class PhoneRam:
 
 
 @dataclass(frozen=True)
-class CacheZeroRates:
-    """Per decode token, from the cache-0 run's metrics CSV rows (means over its tokens)."""
+class RunRates:
+    """Per decode token, from one cell's metrics CSV rows (means over every token of its runs)."""
 
-    run_id: str
+    run_ids: tuple[str, ...]
     tokens: int
     wall_s_per_tok: float
     compute_s_per_tok: float
@@ -94,6 +101,15 @@ class CacheZeroRates:
     read_mib_per_tok: float
     overlap: bool
     rss_anon_peak_mib: float
+
+    @property
+    def run_id(self) -> str:
+        return self.run_ids[0]
+
+    @property
+    def missed_s_per_tok(self) -> float:
+        """What the tokens' misses cost beside compute: visible reads and cache management."""
+        return self.visible_io_s_per_tok + self.mgmt_s_per_tok
 
     @property
     def other_s_per_tok(self) -> float:
@@ -109,6 +125,18 @@ class CacheZeroRates:
     @property
     def visible_io_fraction(self) -> float:
         return self.visible_io_s_per_tok / self.io_s_per_tok if self.io_s_per_tok > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class CachedCell:
+    """The finished runs of one budget > 0, pooled: a candidate for the prediction's anchor."""
+
+    budget_mib: float
+    rates: RunRates
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return self.rates.run_ids
 
 
 @dataclass(frozen=True)
@@ -142,18 +170,22 @@ class Prediction:
     n_expert_used: int
     dense_weights: str
     probe_run_id: str
-    cache0_run_id: str
+    cache0_run_id: str               # the first of cache0_run_ids
     cycle_mib: float
     first_decode_hit_mib: float | None
     working_set_mib: float
     dense_mib: float
     overhead_mib: float
     alignment: float                 # cache-0 read MiB / replayed miss MiB at 0
-    rates: CacheZeroRates
+    rates: RunRates                  # the cache-0 runs'
     budgets: tuple[BudgetPrediction, ...]
     ram_capacity_mib: float | None   # PhoneRam.engine_capacity_mib, None without a phone
     ram_budget_mib: float | None     # largest budget that fits; None: no phone, or nothing fits
     ram_fits_every_budget: bool      # even the whole working set fits
+    cache0_run_ids: tuple[str, ...] = ()
+    knee_mib: int | None = None      # the replay's (lru_replay.knee_mib): the anchor is the cell nearest it
+    slope_s_per_mib: float = 0.0     # s/token saved per replayed miss MiB a budget > 0 avoids
+    anchor: CachedCell | None = None   # the anchor of budgets > 0 (its cost and slope); None: cache 0
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -184,6 +216,7 @@ class CellError:
     predicted_hit_pct: float
     measured_anon_mib: float
     predicted_anon_mib: float
+    anchor: bool = False              # an input of the prediction (its anchor), not a test of it
 
     @property
     def error_pct(self) -> float:
@@ -197,19 +230,29 @@ def _column_sum(rows: pd.DataFrame, column: str) -> float:
     return float(rows[column].sum()) if column in rows.columns else 0.0
 
 
-def cache0_rates(metrics_path: str | Path, run_id: str) -> CacheZeroRates:
-    """The cache-0 run's per-token means from its CSV rows (the summary's are rounded to 1 ms)."""
-    m = read_metrics_csv(metrics_path)
-    rows = m.rows
-    if rows is None or not len(rows):
-        raise PredictionError(f"{metrics_path}: the cache-0 run has no token rows")
+def _pooled_rows(metrics_paths: Sequence[str | Path]) -> tuple[pd.DataFrame, Mapping[str, Any]]:
+    """The token rows of one or more runs of one cell, as one table, and the first run's preamble."""
+    files = [read_metrics_csv(path) for path in metrics_paths]
+    for path, m in zip(metrics_paths, files, strict=True):
+        if m.rows is None or not len(m.rows):
+            raise PredictionError(f"{path}: the run has no token rows")
+    return pd.concat([m.rows for m in files], ignore_index=True), files[0].preamble
+
+
+def run_rates(metrics_paths: str | Path | Sequence[str | Path], run_ids: Sequence[str]) -> RunRates:
+    """One cell's per-token means over all its runs' CSV rows (the summary's are rounded to 1 ms):
+    every repeat counts, so one run's disk does not stand for the device's."""
+    paths = [metrics_paths] if isinstance(metrics_paths, (str, Path)) else list(metrics_paths)
+    if not paths:
+        raise PredictionError(f"{', '.join(run_ids)}: no run to read")
+    rows, preamble = _pooled_rows(paths)
     n = len(rows)
-    overlap = str(m.preamble.get("overlap", "0")) == "1"
+    overlap = str(preamble.get("overlap", "0")) == "1"
     io_s = _column_sum(rows, "io_ms") / 1000 / n
     visible = _column_sum(rows, "stall_ms") / 1000 / n if overlap else io_s
     anon = float(rows["rss_anon_mib"].max()) if "rss_anon_mib" in rows.columns else math.nan
-    return CacheZeroRates(
-        run_id=run_id, tokens=n, wall_s_per_tok=_column_sum(rows, "wall_ms") / 1000 / n,
+    return RunRates(
+        run_ids=tuple(run_ids), tokens=n, wall_s_per_tok=_column_sum(rows, "wall_ms") / 1000 / n,
         compute_s_per_tok=_column_sum(rows, "compute_ms") / 1000 / n,
         mgmt_s_per_tok=_column_sum(rows, "mgmt_ms") / 1000 / n, io_s_per_tok=io_s, visible_io_s_per_tok=visible,
         read_mib_per_tok=_column_sum(rows, "read_bytes") / MIB / n, overlap=overlap, rss_anon_peak_mib=anon)
@@ -240,6 +283,17 @@ def _decode_miss_bytes(seq: AccessSequence, distance: np.ndarray, budget_mib: fl
     return int(seq.entry_bytes[miss].sum())
 
 
+def _anchor(cells: Sequence[CachedCell], miss_at, miss0_mib: float, knee: int | None) -> CachedCell | None:
+    """The cached cell budgets > 0 are predicted from: the one nearest the replay's knee (by ratio)
+    among those whose misses read at least a tenth of what cache 0 reads (fewer give no rate) and
+    took time to (visible reads or management)."""
+    usable = [c for c in cells if c.budget_mib > 0 and miss_at(c.budget_mib) >= miss0_mib / 10 > 0
+              and c.rates.missed_s_per_tok > 0]
+    if not usable:
+        return None
+    return min(usable, key=lambda c: (abs(math.log(c.budget_mib / knee)) if knee else c.budget_mib, c.budget_mib))
+
+
 def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) -> tuple[float | None, bool]:
     """anon(b) = base + min(b, ws): the largest b with anon(b) <= capacity (None if even 0 does not fit)."""
     if base_mib > capacity_mib:
@@ -252,10 +306,11 @@ def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) ->
 # ── the model ────────────────────────────────────────────────────────────────────────────────
 
 
-def predict_from_runs(trace: RouteTrace, rates: CacheZeroRates, budgets_mib: Sequence[float], *,
+def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[float], *,
                       device: str = "", model: str = "", dense_weights: str = "anon", probe_run_id: str = "",
-                      phone: PhoneRam | None = None) -> Prediction:
-    """The prediction at every budget from a parsed trace and the cache-0 run's rates."""
+                      phone: PhoneRam | None = None, cached: Sequence[CachedCell] = ()) -> Prediction:
+    """The prediction at every budget from a parsed trace, the cache-0 runs' rates and, where there
+    are any, the cached cells measured (one of them is the anchor of budgets > 0: _anchor)."""
     seq = access_sequence(trace)
     distance = stack_distances(seq)
     n_tokens = _decode_tokens(trace)
@@ -268,7 +323,18 @@ def predict_from_runs(trace: RouteTrace, rates: CacheZeroRates, budgets_mib: Seq
     ws_mib = _working_set_bytes(seq) / MIB
     dense_mib = sum(trace.dense_bytes_by_layer.values()) / MIB if dense_weights == "anon" else 0.0
     overhead_mib = rates.rss_anon_peak_mib - dense_mib
-    fixed_s = rates.compute_s_per_tok + rates.other_s_per_tok + rates.mgmt_s_per_tok
+    def miss_at(b: float) -> float:
+        return _decode_miss_bytes(seq, distance, b) / MIB / n_tokens
+
+    knee = knee_mib(seq, distance)
+    anchor = _anchor(cached, miss_at, miss0_mib, knee)
+    if anchor is not None:      # its own cost, and its own visible reads and management per missed MiB
+        s_anchor, miss_anchor = anchor.rates.wall_s_per_tok, miss_at(anchor.budget_mib)
+        slope = anchor.rates.missed_s_per_tok / miss_anchor
+    else:                       # cache 0's, and its read time per replayed miss MiB
+        s_anchor, miss_anchor = rates.wall_s_per_tok, miss0_mib
+        slope = rates.visible_io_fraction * alignment / rates.read_mib_per_s if math.isfinite(rates.read_mib_per_s) \
+            else 0.0
     budgets = sorted({float(b) for b in budgets_mib} | {0.0})
     points = lru_curve(seq, budgets, cycle, distance)
     out = []
@@ -282,7 +348,7 @@ def predict_from_runs(trace: RouteTrace, rates: CacheZeroRates, budgets_mib: Seq
         out.append(BudgetPrediction(
             budget_mib=b, under_cycle=point.under_cycle, hit_pct_cum=point.hit_pct_cum,
             hit_pct_decode=point.hit_pct_decode, miss_mib_per_tok=miss_mib, io_s_per_tok=io_s,
-            s_per_tok=fixed_s + rates.visible_io_fraction * io_s,
+            s_per_tok=rates.wall_s_per_tok if b == 0 else max(0.0, s_anchor - slope * (miss_anchor - miss_mib)),
             anon_mib=max(0.0, dense_mib + min(b, ws_mib) + overhead_mib)))
     capacity = phone.engine_capacity_mib if phone else None
     ram_budget, fits_all = _ram_budget(capacity, rates.rss_anon_peak_mib, ws_mib) if capacity is not None \
@@ -291,12 +357,15 @@ def predict_from_runs(trace: RouteTrace, rates: CacheZeroRates, budgets_mib: Seq
         device=device, model=model, n_expert_used=trace.n_expert_used, dense_weights=dense_weights,
         probe_run_id=probe_run_id, cache0_run_id=rates.run_id, cycle_mib=cycle / MIB, first_decode_hit_mib=first_hit,
         working_set_mib=ws_mib, dense_mib=dense_mib, overhead_mib=overhead_mib, alignment=alignment, rates=rates,
-        budgets=tuple(out), ram_capacity_mib=capacity, ram_budget_mib=ram_budget, ram_fits_every_budget=fits_all)
+        budgets=tuple(out), ram_capacity_mib=capacity, ram_budget_mib=ram_budget, ram_fits_every_budget=fits_all,
+        cache0_run_ids=rates.run_ids, knee_mib=knee, slope_s_per_mib=slope, anchor=anchor)
 
 
 # ── from a run table ─────────────────────────────────────────────────────────────────────────
 
 GROUP_KEYS = ("device", "model", "n_expert_used", "dense_weights")
+# runs pooled into one input must differ in nothing else that sets their speed
+SERIES_KEYS = ("engine", "threads", "io_threads", "apps", "engine_flags", "planner", "no_mmap", "config_o_direct")
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
@@ -304,13 +373,26 @@ def _usable(table: pd.DataFrame) -> pd.DataFrame:
     return ok[ok["cache_mb"].notna()]
 
 
+def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any]) -> pd.DataFrame:
+    keep = np.ones(len(rows), dtype=bool)
+    for k in SERIES_KEYS:
+        if k in rows.columns:
+            keep &= rows[k].astype(str).to_numpy() == str(ref.get(k))
+    return rows[keep]
+
+
+def _metrics(rows: pd.DataFrame) -> list[Path]:
+    return [Path(d) / names.METRICS_CSV for d in rows["run_dir"]]
+
+
 def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, PhoneRam] | None = None,
             extra_budgets_mib: Sequence[float] = ()) -> dict[tuple[str, str, int, str], Prediction]:
     """Per (device, model, top-k, dense mode) of a run table (or campaign dirs): the prediction
-    from its probe (a route-traced run, the knee probe first) and its cache-0 sweep run, at every
-    measured budget, the replay's default budgets, the working set (whole MiB) and
-    `extra_budgets_mib`. Groups without both
-    inputs are left out (`missing_inputs` says which and why)."""
+    from its probe (a route-traced run, the knee probe first), its cache-0 sweep runs (every repeat
+    of the first one's series) and that series' cached cells (the anchor: predict_from_runs), at
+    every measured budget, the replay's default budgets, the working set (whole MiB) and
+    `extra_budgets_mib`. Groups without a probe and a cache-0 run are left out (`missing_inputs`
+    says which and why)."""
     if not isinstance(table, pd.DataFrame):
         table = build_table(list(table))
     out: dict[tuple[str, str, int, str], Prediction] = {}
@@ -318,20 +400,26 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
         inputs = _inputs(group)
         if isinstance(inputs, str):
             continue
-        probe, cache0 = inputs
+        probe, zero = inputs
+        series = _same_series(group, zero.iloc[0].to_dict())
+        zero = _same_series(zero, zero.iloc[0].to_dict())
         trace = read_route_trace(Path(probe["run_dir"]) / names.ROUTE_CSV)
-        rates = cache0_rates(Path(cache0["run_dir"]) / names.METRICS_CSV, str(cache0["run_id"]))
+        rates = run_rates(_metrics(zero), [str(r) for r in zero["run_id"]])
+        cached = [CachedCell(float(b), run_rates(_metrics(runs), [str(r) for r in runs["run_id"]]))
+                  for b, runs in series[(series["cache_mb"] > 0) & ~series["probe"]].groupby("cache_mb", sort=True)]
         measured = [float(b) for b in group["cache_mb"]]
         budgets = measured + default_budgets_mib(trace.cycle_bytes / MIB) + list(extra_budgets_mib)
         budgets.append(math.ceil(_working_set_bytes(access_sequence(trace)) / MIB))   # where anon goes flat
         device, model, k, dense = key
         out[(str(device), str(model), int(k), str(dense))] = predict_from_runs(
             trace, rates, budgets, device=str(device), model=str(model), dense_weights=str(dense),
-            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)))
+            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)), cached=cached)
     return out
 
 
-def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], Mapping[str, Any]] | str:
+def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], pd.DataFrame] | str:
+    """The probe and the cache-0 runs (sweep runs; the knee probe, itself a cache-0 run, when
+    there are none), or why not."""
     traced = group[group["has_route_trace"]]
     if not len(traced):
         return "no route-traced run"
@@ -342,7 +430,7 @@ def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], Mapping[str, Any]] 
         zero = group[group["cache_mb"] == 0]        # the knee probe is a cache-0 run too
     if not len(zero):
         return "no cache-0 run"
-    return probe.to_dict(), zero.iloc[0].to_dict()
+    return probe.to_dict(), zero
 
 
 def missing_inputs(table: pd.DataFrame) -> dict[tuple[str, str, int, str], str]:
@@ -373,9 +461,10 @@ def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, s
             run_id=str(r["run_id"]), budget_mib=b.budget_mib, under_cycle=b.under_cycle,
             measured_s_per_tok=measured_s_per_tok(path), predicted_s_per_tok=b.s_per_tok,
             measured_hit_pct=hit, predicted_hit_pct=b.hit_pct_cum, measured_anon_mib=anon,
-            predicted_anon_mib=b.anon_mib))
+            predicted_anon_mib=b.anon_mib,
+            anchor=p.anchor is not None and str(r["run_id"]) in p.anchor.run_ids))
     return out
 
 
-__all__ = ["BudgetPrediction", "CacheZeroRates", "CellError", "PhoneRam", "Prediction", "PredictionError",
-           "cache0_rates", "cell_errors", "measured_s_per_tok", "missing_inputs", "predict", "predict_from_runs"]
+__all__ = ["BudgetPrediction", "CachedCell", "CellError", "PhoneRam", "Prediction", "PredictionError", "RunRates",
+           "cell_errors", "measured_s_per_tok", "missing_inputs", "predict", "predict_from_runs", "run_rates"]

@@ -124,7 +124,8 @@ def _predicted_text(p: BudgetPoint) -> str:
     if is_missing(p.predicted_s_per_tok):
         return ""
     error = p.prediction_error_pct
-    return fmt_num(p.predicted_s_per_tok) + ("" if is_missing(error) else f" ({error:+.0f} %)")
+    return fmt_num(p.predicted_s_per_tok) + ("" if is_missing(error) else f" ({error:+.0f} %)") \
+        + (", the prediction's anchor" if p.anchor else "")
 
 
 def _unfilled(p: BudgetPoint) -> str:

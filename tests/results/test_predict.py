@@ -10,8 +10,16 @@ import pytest
 
 from results.read.route_trace import read_route_trace
 from results.read.table import build_table
-from results.replay.lru_replay import access_sequence, lru_curve
-from results.replay.predict import PhoneRam, PredictionError, cache0_rates, cell_errors, missing_inputs, predict
+from results.replay.lru_replay import access_sequence, knee_mib, lru_curve, stack_distances
+from results.replay.predict import (
+    PhoneRam,
+    PredictionError,
+    cell_errors,
+    measured_s_per_tok,
+    missing_inputs,
+    predict,
+    run_rates,
+)
 from store import names
 from tests.results.conftest import local_campaign_data, run_local
 
@@ -64,7 +72,8 @@ def test_budgets_under_the_first_reuse_predict_exactly_zero_decode_hits(predicti
         if b.budget_mib < prediction.first_decode_hit_mib:
             assert b.hit_pct_decode == 0.0 and b.under_cycle
             assert b.miss_mib_per_tok == prediction.at(0.0).miss_mib_per_tok
-            assert b.s_per_tok == prediction.at(0.0).s_per_tok
+            # every budget > 0 there misses all cache 0 misses, at a cached run's cost per miss
+            assert b.budget_mib == 0 or b.s_per_tok == under[-1].s_per_tok
     assert prediction.at(0.0).hit_pct_cum == 0.0
 
 
@@ -81,11 +90,12 @@ def test_predicted_hit_equals_the_replay_and_the_engine(prediction, table, campa
 
 
 def test_io_falls_with_misses_and_compute_is_the_floor(prediction):
-    s = [b.s_per_tok for b in prediction.budgets]
+    # over 0 (a cached run may cost more per token than cache 0: it manages what it misses)
+    s = [b.s_per_tok for b in prediction.budgets if b.budget_mib > 0]
     assert all(a >= b for a, b in itertools.pairwise(s))
     rates = prediction.rates
     assert rates.io_s_per_tok > 0 and rates.read_mib_per_s > 0
-    assert prediction.budgets[-1].s_per_tok >= rates.compute_s_per_tok
+    assert prediction.budgets[-1].s_per_tok > 0
     assert prediction.at(0.0).s_per_tok == pytest.approx(rates.wall_s_per_tok)
     assert 1.0 <= prediction.alignment < 1.2     # O_DIRECT reads round entries up to 4 KiB pages
 
@@ -126,4 +136,54 @@ def test_a_cache0_run_without_tokens_is_one_line(tmp_path):
     path = tmp_path / "empty.csv"
     path.write_text("")
     with pytest.raises(PredictionError, match="no token rows"):
-        cache0_rates(path, "r")
+        run_rates(path, ["r"])
+
+
+def test_budgets_over_0_are_predicted_from_the_cached_cell_nearest_the_knee(prediction, table):
+    probe = table[table["run_id"] == prediction.probe_run_id].iloc[0]
+    seq = access_sequence(read_route_trace(f"{probe['run_dir']}/{names.ROUTE_CSV}"))
+    anchor = prediction.anchor
+    zero = prediction.at(0.0)
+    # of the measured budgets whose misses read at least a tenth of cache 0's, the one nearest the knee
+    knee = knee_mib(seq, stack_distances(seq))
+    sweep = sorted({float(b) for b in table.loc[~table["probe"], "cache_mb"] if b > 0})
+    eligible = [b for b in sweep if prediction.at(b).miss_mib_per_tok >= zero.miss_mib_per_tok / 10]
+    assert len(eligible) >= 2
+    assert anchor is not None and anchor.budget_mib == min(eligible, key=lambda b: abs(math.log(b / knee)))
+    runs = table[(table["cache_mb"] == anchor.budget_mib) & ~table["probe"]]
+    assert sorted(anchor.run_ids) == sorted(runs["run_id"])
+    at = prediction.at(anchor.budget_mib)
+    # its own cost there, and its own visible reads and management per missed MiB as the slope
+    assert at.s_per_tok == pytest.approx(anchor.rates.wall_s_per_tok)
+    assert prediction.slope_s_per_mib == pytest.approx(
+        (anchor.rates.visible_io_s_per_tok + anchor.rates.mgmt_s_per_tok) / at.miss_mib_per_tok)
+    for b in prediction.budgets:
+        if b.budget_mib > 0:
+            assert b.s_per_tok == pytest.approx(max(0.0, at.s_per_tok - prediction.slope_s_per_mib * (
+                at.miss_mib_per_tok - b.miss_mib_per_tok)))
+    assert zero.s_per_tok == pytest.approx(prediction.rates.wall_s_per_tok)
+    marked = {e.run_id for e in cell_errors(table, {prediction.key: prediction}) if e.anchor}
+    assert marked == set(anchor.run_ids)
+
+
+def test_without_a_cached_cell_budgets_are_predicted_from_cache0s_read_time(prediction, table):
+    bare = table[(table["cache_mb"] == 0) | table["probe"]]
+    alone = predict(bare)[prediction.key]
+    rates = alone.rates
+    assert alone.anchor is None
+    assert alone.slope_s_per_mib == pytest.approx(rates.visible_io_fraction * alone.alignment / rates.read_mib_per_s)
+    for b in alone.budgets:
+        assert b.s_per_tok == pytest.approx(rates.wall_s_per_tok - rates.visible_io_fraction * (
+            alone.at(0.0).io_s_per_tok - b.io_s_per_tok))
+
+
+def test_every_cache0_repeat_is_pooled(local_campaign):
+    table = build_table([local_campaign])          # two repeats of every cell
+    p = predict(table)[("local", "small", 2, "anon")]
+    zero = table[(table["cache_mb"] == 0) & ~table["probe"] & (table["outcome"] == "ok")
+                 & (table["dense_weights"] == "anon")]
+    assert len(zero) == 2 and sorted(p.cache0_run_ids) == sorted(zero["run_id"])
+    walls = [measured_s_per_tok(f"{d}/{names.METRICS_CSV}") for d in zero["run_dir"]]
+    tokens = [int(t) for t in zero["tokens"]]
+    assert p.rates.tokens == sum(tokens)
+    assert p.rates.wall_s_per_tok == pytest.approx(sum(w * n for w, n in zip(walls, tokens, strict=True)) / sum(tokens))
