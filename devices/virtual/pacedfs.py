@@ -66,6 +66,11 @@ NO_REPLY = {FORGET, BATCH_FORGET, INTERRUPT}
 ASYNC_READ, ATOMIC_O_TRUNC, BIG_WRITES, AUTO_INVAL_DATA, PARALLEL_DIROPS, MAX_PAGES_FLAG = (
     1 << 0, 1 << 3, 1 << 5, 1 << 12, 1 << 18, 1 << 22)
 WANT = ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | AUTO_INVAL_DATA | PARALLEL_DIROPS | MAX_PAGES_FLAG
+# an open's reply: keep the file's page cache. Without it the kernel drops the inode's pages (mapped
+# ones too) on every open, which a phone's file system never does: the engine opening its expert
+# readers would free the model pages its load mapped, and the phone would fight later than a phone
+# does. AUTO_INVAL_DATA (attributes never cached) still drops them when the file changes.
+FOPEN_KEEP_CACHE = 1 << 1
 # setattr valid bits
 FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE, FATTR_ATIME, FATTR_MTIME = 1, 2, 4, 8, 16, 32
 FATTR_ATIME_NOW, FATTR_MTIME_NOW = 128, 256
@@ -338,7 +343,7 @@ class Server:
                 raise
             fh = self._new_id()
             self.handles[fh] = Handle(fd)
-            return [entry, OPEN_OUT.pack(fh, 0, 0)]
+            return [entry, OPEN_OUT.pack(fh, FOPEN_KEEP_CACHE, 0)]
         if op == MKDIR:
             mode, umask = struct.unpack_from("<II", body)
             name = bytes(body[8:]).split(b"\0", 1)[0]
@@ -362,7 +367,7 @@ class Server:
         fd = os.open(self._path(nodeid), (flags & ~O_STRIP) | os.O_CLOEXEC)
         fh = self._new_id()
         self.handles[fh] = Handle(fd)
-        return OPEN_OUT.pack(fh, 0, 0)
+        return OPEN_OUT.pack(fh, FOPEN_KEEP_CACHE, 0)
 
     def _read(self, fh: int, offset: int, size: int) -> list[bytes | memoryview]:
         size = min(size, MAX_IO)
