@@ -51,9 +51,11 @@ FILLED_FRACTION = 0.95
 # generated token: the engine's pages, or a neighbour's that the engine's cache pushed out) ...
 FOUGHT_SWAP_IN_MIB_PER_TOK = 1.0
 # ... or decoded slower than every run at cache 0 of the same series while reclaim touched the
-# engine: at least this share of its budget in swap (and this many MiB: a few MiB of a small cache
-# swapped is no war, while a budget just over the cycle can decode slower than cache 0 on its own),
-# or major faults per token this many times cache 0's (and over one).
+# engine: at least this share of its budget in swap beyond what cache 0 had in swap (and this many
+# MiB: a few MiB of a small cache swapped is no war, while a budget just over the cycle can decode
+# slower than cache 0 on its own), or major faults per token this many times cache 0's (and over
+# one). Not under the cycle: there a cache hits nothing and manages every miss, so it is slower
+# than cache 0 with no fight at all (a tight phone's load leaves a few MiB of either in swap).
 FOUGHT_VM_SWAP_FRACTION = 0.05
 FOUGHT_VM_SWAP_MIN_MIB = 4.0
 FOUGHT_MAJFLT_FACTOR = 2.0
@@ -353,11 +355,13 @@ def fought_reason(p: BudgetPoint, cache0: BudgetPoint | None) -> str:
         parts.append(f"{p.swap_in_mib_per_tok:.3g} MiB/token swapped in")
     if p.gap_taken:
         parts.append(p.gap_taken)
-    if cache0 is not None and cache0.ok and not math.isnan(p.tok_s) and p.tok_s < cache0.tok_s_min:
+    if cache0 is not None and cache0.ok and not p.under_cycle and not math.isnan(p.tok_s) \
+            and p.tok_s < cache0.tok_s_min:
         base_flt = 0.0 if math.isnan(cache0.majflt_per_tok) else cache0.majflt_per_tok
         faults = not math.isnan(p.majflt_per_tok) and p.majflt_per_tok > max(1.0, FOUGHT_MAJFLT_FACTOR * base_flt)
+        base_swap = 0.0 if math.isnan(cache0.vm_swap_max_mib) else cache0.vm_swap_max_mib
         swapped = not math.isnan(p.vm_swap_max_mib) and \
-            p.vm_swap_max_mib >= max(FOUGHT_VM_SWAP_MIN_MIB, FOUGHT_VM_SWAP_FRACTION * p.budget_mib)
+            p.vm_swap_max_mib - base_swap >= max(FOUGHT_VM_SWAP_MIN_MIB, FOUGHT_VM_SWAP_FRACTION * p.budget_mib)
         if parts or faults or swapped:
             if swapped and not parts:
                 parts.append(f"{p.vm_swap_max_mib:.3g} MiB of the engine in swap")
