@@ -11,7 +11,9 @@ lanes, threads, flags) at each budget, every repeat:
    the RAM the cache is fought over before lmkd kills); the
    grid's largest budget, so both sweeps answer the same question);
 3. step from the predicted safe budget by the resolution, doubling each step (up while it holds,
-   down while it does not), then bisect between the largest budget that held and the smallest
+   down while lmkd kills it; a fought one is bisected at once: the model predicts where the RAM
+   runs out, not where reclaim starts to fight, so a fight says nothing of how far the boundary
+   is), then bisect between the largest budget that held and the smallest
    measured above it: "held" is the
    analysis' own largest safe budget (results.analysis.analyze.LmkBoundary: every run finished, the
    cache filled, neither killed nor fought), so the bracket only ever rests on measured budgets;
@@ -354,8 +356,10 @@ class _Group:
             b: float | None = most
             anon = pred.rates.rss_anon_peak_mib
             if floor_mib is not None and not math.isnan(anon):
-                fit, _ = pred.ram_budget_for(PhoneRam(mem_total_mib=floor_mib + anon))
-                b = None if fit is None else min(fit, most)
+                fit, fits_all = pred.ram_budget_for(PhoneRam(mem_total_mib=floor_mib + anon))
+                # the whole working set fits: so does every budget up to the top (the cache never
+                # holds more than the working set, and the top is the largest it still fills)
+                b = None if fit is None else most if fits_all else min(fit, most)
             budgets.append(b)
         if any(b is None for b in budgets):
             return None                  # not even cache 0 fits: measure from the cycle up
@@ -368,11 +372,18 @@ class _Group:
         floors = [p.mem_avail_floor_kb for p in rows if not math.isnan(p.mem_avail_floor_kb)]
         return min(floors) / 1024 if floors else None
 
+    def _fought_at(self, budget_mib: float) -> bool:
+        """The measured budget survived but was fought (docs/method.md), not killed."""
+        points = [p for p in self.g.points if not p.auto and p.budget_mib == budget_mib] if self.g is not None else []
+        return any(p.fought for p in points) and not any(p.killed for p in points)
+
     def _next(self, anchor: int | None = None) -> tuple[int | None, str]:
         """The next budget to measure, or None and why the bracket is closed. From the predicted
         largest safe budget (`anchor`, measured) the search steps away by the resolution, doubling
-        each step (up while it holds, down while it does not), so a boundary the model put within
-        one resolution is bracketed by one cell; a bracket wider than the next step is bisected."""
+        each step (up while it holds, down while it is killed), so a boundary the model put within
+        one resolution is bracketed by one cell; a bracket wider than the next step is bisected, and
+        so is one under an anchor that was fought (the model places the RAM's end, not a fight's
+        start: session 17, the 640 MiB phone fought from ~300 MiB under a predicted 436)."""
         held, failed, measured = measured_bracket(self.g)
         if held is None:
             if self.lowest not in measured:
@@ -384,7 +395,8 @@ class _Group:
         if anchor is not None and held >= anchor:           # up from the anchor while it holds
             taken = len([m for m in measured if anchor <= m <= held]) - 1
             step = math.floor(held) + self.resolution * 2 ** taken
-        elif anchor is not None and failed is not None and failed <= anchor:     # down while it does not
+        elif anchor is not None and failed is not None and failed <= anchor and not self._fought_at(anchor):
+            # down while it is killed
             taken = len([m for m in measured if failed <= m <= anchor]) - 1
             step = math.ceil(failed) - self.resolution * 2 ** taken
         if failed is None:

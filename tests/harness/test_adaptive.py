@@ -207,18 +207,20 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
     assert math.isclose(camp["spent"]["device_s"], status["spent"]["device_s"], abs_tol=0.01)
 
 
-def _next_after(measured: dict[float, bool], anchor: int | None, top: int = 668, resolution: int = 32,
+def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int = 668, resolution: int = 32,
                 lowest: int = 58) -> tuple[int | None, str]:
-    """harness.adaptive's next budget for a group whose fixed budgets held (True) or did not
-    (False), the analysis' largest safe budget being the largest (> 0) that held under every failure."""
+    """harness.adaptive's next budget for a group whose fixed budgets held (True), were killed
+    (False) or survived fought ("fought"), the analysis' largest safe budget being the largest (> 0)
+    that held under every failure."""
     from types import SimpleNamespace
 
     from harness.adaptive import _Group
 
-    fails = [b for b, ok in measured.items() if not ok]
-    held = [b for b, ok in measured.items() if ok and b > 0 and (not fails or b < min(fails))]
+    fails = [b for b, ok in measured.items() if ok is not True]
+    held = [b for b, ok in measured.items() if ok is True and b > 0 and (not fails or b < min(fails))]
     g = SimpleNamespace(boundary=SimpleNamespace(largest_safe_mib=max(held) if held else None),
-                        points=[SimpleNamespace(budget_mib=b, auto=False, ok=int(ok), killed=int(not ok))
+                        points=[SimpleNamespace(budget_mib=b, auto=False, ok=int(ok is not False),
+                                                killed=int(ok is False), fought="fought" if ok == "fought" else "")
                                 for b, ok in measured.items()])
     group = _Group.__new__(_Group)
     group.g, group.resolution, group.lowest, group.top, group.top_why = g, resolution, lowest, top, "the top held"
@@ -238,6 +240,13 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
         assert _next_after(seen, 626) == (want, "")
         seen[want] = want < 500                 # the boundary sits between 402 and 530
     assert _next_after(seen, 626) == (466, "")
+    # a fought prediction: the model placed the RAM's end, not the fight's start, so it bisects at once
+    seen = {0: True, 139: True, 436: "fought"}
+    for want, outcome in ((287, True), (361, "fought"), (324, "fought"), (305, "fought")):
+        assert _next_after(seen, 436) == (want, "")
+        seen[want] = outcome
+    nxt, why = _next_after(seen, 436)
+    assert nxt is None and why == "bracketed to 18 MiB"
     # within one resolution of the top: closed without measuring the top
     nxt, why = _next_after({0: True, 139: True, 640: True}, 640)
     assert nxt is None and "under the top of the search (668 MiB)" in why
@@ -246,3 +255,23 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
     assert _next_after({0: True}, None) == (58, "")
     assert _next_after({0: True, 139: True}, None) == (668, "")
     assert _next_after({0: True, 139: True, 668: False}, None) == (403, "")
+
+
+def test_the_predicted_safe_budget_is_the_ram_left_at_cache0_or_the_top_when_everything_fits():
+    """What MemAvailable left while cache 0 ran (zram left out), or, when the whole working set fits
+    in it, the top of the search: the largest budget the cache still fills (the demo's phones)."""
+    from types import SimpleNamespace
+
+    from harness.adaptive import _Group
+    from results.replay.predict import _ram_budget
+
+    def safe(floor_mib: float) -> int | None:
+        group = _Group.__new__(_Group)
+        group.g = SimpleNamespace(points=[SimpleNamespace(budget_mib=0, auto=False, mem_avail_floor_kb=floor_mib * 1024)])
+        group.top, group.lowest = 668, 58
+        pred = SimpleNamespace(working_set_mib=634.0, rates=SimpleNamespace(rss_anon_peak_mib=197.0),
+                               ram_budget_for=lambda phone: _ram_budget(phone.engine_capacity_mib, 197.0, 634.0))
+        return group._predicted_safe([pred])
+
+    assert safe(435) == 435            # the 640 MiB phone: what cache 0 left
+    assert safe(1411) == 668           # the 2 GiB phone: all 634 MiB fit, so the top (not 634)
