@@ -11,9 +11,10 @@ lanes, threads, flags) at each budget, every repeat:
    the RAM the cache is fought over before lmkd kills); the
    grid's largest budget, so both sweeps answer the same question);
 3. step from the predicted safe budget by the resolution, doubling each step (up while it holds,
-   down while lmkd kills it; a fought one is bisected at once: the model predicts where the RAM
-   runs out, not where reclaim starts to fight, so a fight says nothing of how far the boundary
-   is), then bisect between the largest budget that held and the smallest
+   down while lmkd kills it; a fought one hands over to where the swap-in rate, between the knee
+   and it, crosses the fought rule's, and the search steps from there: the model predicts where
+   the RAM runs out, not where reclaim starts to fight), then bisect between the largest budget
+   that held and the smallest
    measured above it: "held" is the
    analysis' own largest safe budget (results.analysis.analyze.LmkBoundary: every run finished, the
    cache filled, neither killed nor fought), so the bracket only ever rests on measured budgets;
@@ -308,7 +309,7 @@ class _Group:
         if not self._done(wanted):
             return wanted, self._bracket(PREDICTING, next_mib=[b for b in (knee, safe) if b is not None],
                                          knee=knee, safe=safe)
-        nxt, why = self._next(safe)
+        nxt, why = self._next(safe, knee)
         if nxt is None:
             return wanted, self._bracket(BRACKETED, why, knee=knee, safe=safe)
         return wanted + self.at(nxt), self._bracket(BISECTING, next_mib=[nxt], knee=knee, safe=safe)
@@ -377,14 +378,42 @@ class _Group:
         points = [p for p in self.g.points if not p.auto and p.budget_mib == budget_mib] if self.g is not None else []
         return any(p.fought for p in points) and not any(p.killed for p in points)
 
-    def _next(self, anchor: int | None = None) -> tuple[int | None, str]:
+    def _fight_estimate(self, anchor: int, knee: int | None) -> int | None:
+        """Where the device's swap-in rate crosses the fought rule's (FOUGHT_SWAP_IN_MIB_PER_TOK), by a
+        straight line between the knee (held, under it) and the predicted safe budget (fought, over
+        it); None when either is not so (a fight for another reason, say). The fight is the rule on
+        a measured rate that rises with the budget, which the model does not predict: the two cells
+        measured anyway place it (session 17: 292 MiB from 0.09 MiB/token at 139 and 1.86 at 437,
+        the boundary between 269 and 288)."""
+        from results.analysis.analyze import FOUGHT_SWAP_IN_MIB_PER_TOK as LIMIT
+
+        g = self.g
+        if knee is None or knee >= anchor or g is None:
+            return None
+
+        def rate(budget_mib: float) -> float | None:
+            points = [p for p in g.points if not p.auto and p.budget_mib == budget_mib]
+            rates = [p.swap_in_mib_per_tok for p in points if p.ok and not math.isnan(p.swap_in_mib_per_tok)]
+            return max(rates) if rates and not any(p.killed for p in points) else None
+
+        low, high = rate(knee), rate(anchor)
+        if low is None or high is None or not low < LIMIT <= high:
+            return None
+        return math.ceil(knee + (LIMIT - low) / (high - low) * (anchor - knee))
+
+    def _next(self, anchor: int | None = None, knee: int | None = None) -> tuple[int | None, str]:
         """The next budget to measure, or None and why the bracket is closed. From the predicted
         largest safe budget (`anchor`, measured) the search steps away by the resolution, doubling
-        each step (up while it holds, down while it is killed), so a boundary the model put within
-        one resolution is bracketed by one cell; a bracket wider than the next step is bisected, and
-        so is one under an anchor that was fought (the model places the RAM's end, not a fight's
-        start: session 17, the 640 MiB phone fought from ~300 MiB under a predicted 436)."""
+        each step (up while it holds, down while it does not), so a boundary the model put within
+        one resolution is bracketed by one cell; a bracket wider than the next step is bisected.
+        When the predicted budget was fought, the model (which places the RAM's end, not a fight's
+        start: session 17, the 640 MiB phone fought from ~280 MiB under a predicted 437) gives way to
+        `_fight_estimate`, or, without one, to bisection."""
         held, failed, measured = measured_bracket(self.g)
+        if anchor is not None and self._fought_at(anchor):
+            # the model's budget was fought: step from where the swap-in rate says the fight starts
+            estimate = self._fight_estimate(anchor, knee)
+            anchor = estimate if estimate is not None and estimate < anchor else None
         if held is None:
             if self.lowest not in measured:
                 return self.lowest, ""
@@ -392,11 +421,12 @@ class _Group:
         if failed is not None and failed - held <= self.resolution:
             return None, f"bracketed to {failed - held:g} MiB"
         step = None
-        if anchor is not None and held >= anchor:           # up from the anchor while it holds
+        if anchor is not None and anchor not in measured and held < anchor:     # the anchor itself first
+            step = anchor
+        elif anchor is not None and held >= anchor:           # up from the anchor while it holds
             taken = len([m for m in measured if anchor <= m <= held]) - 1
             step = math.floor(held) + self.resolution * 2 ** taken
-        elif anchor is not None and failed is not None and failed <= anchor and not self._fought_at(anchor):
-            # down while it is killed
+        elif anchor is not None and failed is not None and failed <= anchor:     # down while it does not
             taken = len([m for m in measured if failed <= m <= anchor]) - 1
             step = math.ceil(failed) - self.resolution * 2 ** taken
         if failed is None:

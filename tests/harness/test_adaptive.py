@@ -208,7 +208,8 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
 
 
 def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int = 668, resolution: int = 32,
-                lowest: int = 58) -> tuple[int | None, str]:
+                lowest: int = 58, knee: int | None = None,
+                swap_in: dict[float, float] | None = None) -> tuple[int | None, str]:
     """harness.adaptive's next budget for a group whose fixed budgets held (True), were killed
     (False) or survived fought ("fought"), the analysis' largest safe budget being the largest (> 0)
     that held under every failure."""
@@ -220,11 +221,12 @@ def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int 
     held = [b for b, ok in measured.items() if ok is True and b > 0 and (not fails or b < min(fails))]
     g = SimpleNamespace(boundary=SimpleNamespace(largest_safe_mib=max(held) if held else None),
                         points=[SimpleNamespace(budget_mib=b, auto=False, ok=int(ok is not False),
-                                                killed=int(ok is False), fought="fought" if ok == "fought" else "")
+                                                killed=int(ok is False), fought="fought" if ok == "fought" else "",
+                                                swap_in_mib_per_tok=(swap_in or {}).get(b, math.nan))
                                 for b, ok in measured.items()])
     group = _Group.__new__(_Group)
     group.g, group.resolution, group.lowest, group.top, group.top_why = g, resolution, lowest, top, "the top held"
-    return group._next(anchor)
+    return group._next(anchor, knee)
 
 
 def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
@@ -240,7 +242,18 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
         assert _next_after(seen, 626) == (want, "")
         seen[want] = want < 500                 # the boundary sits between 402 and 530
     assert _next_after(seen, 626) == (466, "")
-    # a fought prediction: the model placed the RAM's end, not the fight's start, so it bisects at once
+    # a fought prediction: the model placed the RAM's end, not the fight's start. Where the swap-in
+    # rate crossed the rule's between the knee and it, the search steps from that crossing (the paced
+    # 640 MiB phone: 0.09 MiB/token at 139, 1.86 at 437, so 293; fought there, and 261 held)
+    rates = {0: 0.06, 139: 0.09, 437: 1.86, 293: 1.69, 261: 0.6}
+    seen = {0: True, 139: True, 437: "fought"}
+    for want, outcome in ((293, "fought"), (261, True)):
+        assert _next_after(seen, 437, knee=139, swap_in=rates) == (want, "")
+        seen[want] = outcome
+    assert _next_after(seen, 437, knee=139, swap_in=rates) == (None, "bracketed to 32 MiB")
+    # held at the crossing: up from it by the resolution
+    assert _next_after({0: True, 139: True, 437: "fought", 293: True}, 437, knee=139, swap_in=rates) == (325, "")
+    # without the rates (a fight for another reason), bisection at once
     seen = {0: True, 139: True, 436: "fought"}
     for want, outcome in ((287, True), (361, "fought"), (324, "fought"), (305, "fought")):
         assert _next_after(seen, 436) == (want, "")
