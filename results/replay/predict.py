@@ -1,5 +1,6 @@
-"""Predict a budget's decode s/token, hit % and resident anonymous MiB from one route-traced probe
-and one cache-0 run of the same device, model, top-k and dense mode (issue 27 item 1).
+"""Predict a budget's decode s/token, hit % and resident anonymous MiB from one route-traced probe,
+the cache-0 runs and, where one was measured, a cached cell (the anchor) of the same device, model,
+top-k and dense mode (issue 27 item 1).
 
 The model (docs/prediction.md has each term, where it is measured, and the error it makes):
 
@@ -129,7 +130,7 @@ class RunRates:
 
 @dataclass(frozen=True)
 class CachedCell:
-    """The finished runs of one budget > 0, pooled: a candidate for the prediction's anchor."""
+    """The finished runs of one budget > 0, pooled: the prediction's anchor."""
 
     budget_mib: float
     rates: RunRates
@@ -137,6 +138,19 @@ class CachedCell:
     @property
     def run_ids(self) -> tuple[str, ...]:
         return self.rates.run_ids
+
+
+@dataclass(frozen=True)
+class CachedRuns:
+    """The finished runs of one budget > 0 of the cache-0 runs' series: a candidate anchor, whose
+    CSV rows are read only when it is the one chosen (an analysis predicts every group)."""
+
+    budget_mib: float
+    metrics_paths: tuple[Path, ...]
+    run_ids: tuple[str, ...]
+
+    def read(self) -> CachedCell:
+        return CachedCell(self.budget_mib, run_rates(self.metrics_paths, self.run_ids))
 
 
 @dataclass(frozen=True)
@@ -283,15 +297,17 @@ def _decode_miss_bytes(seq: AccessSequence, distance: np.ndarray, budget_mib: fl
     return int(seq.entry_bytes[miss].sum())
 
 
-def _anchor(cells: Sequence[CachedCell], miss_at, miss0_mib: float, knee: int | None) -> CachedCell | None:
+def _anchor(cells: Sequence[CachedRuns], miss_at, miss0_mib: float, knee: int | None) -> CachedCell | None:
     """The cached cell budgets > 0 are predicted from: the one nearest the replay's knee (by ratio)
     among those whose misses read at least a tenth of what cache 0 reads (fewer give no rate) and
     took time to (visible reads or management)."""
-    usable = [c for c in cells if c.budget_mib > 0 and miss_at(c.budget_mib) >= miss0_mib / 10 > 0
-              and c.rates.missed_s_per_tok > 0]
-    if not usable:
-        return None
-    return min(usable, key=lambda c: (abs(math.log(c.budget_mib / knee)) if knee else c.budget_mib, c.budget_mib))
+    usable = sorted((c for c in cells if c.budget_mib > 0 and miss_at(c.budget_mib) >= miss0_mib / 10 > 0),
+                    key=lambda c: (abs(math.log(c.budget_mib / knee)) if knee else c.budget_mib, c.budget_mib))
+    for candidate in usable:
+        cell = candidate.read()
+        if cell.rates.missed_s_per_tok > 0:
+            return cell
+    return None
 
 
 def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) -> tuple[float | None, bool]:
@@ -308,7 +324,7 @@ def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) ->
 
 def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[float], *,
                       device: str = "", model: str = "", dense_weights: str = "anon", probe_run_id: str = "",
-                      phone: PhoneRam | None = None, cached: Sequence[CachedCell] = ()) -> Prediction:
+                      phone: PhoneRam | None = None, cached: Sequence[CachedRuns] = ()) -> Prediction:
     """The prediction at every budget from a parsed trace, the cache-0 runs' rates and, where there
     are any, the cached cells measured (one of them is the anchor of budgets > 0: _anchor)."""
     seq = access_sequence(trace)
@@ -323,6 +339,7 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
     ws_mib = _working_set_bytes(seq) / MIB
     dense_mib = sum(trace.dense_bytes_by_layer.values()) / MIB if dense_weights == "anon" else 0.0
     overhead_mib = rates.rss_anon_peak_mib - dense_mib
+
     def miss_at(b: float) -> float:
         return _decode_miss_bytes(seq, distance, b) / MIB / n_tokens
 
@@ -343,7 +360,7 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
         # (at most one cycle), so a budget under it reads exactly what cache 0 reads
         if (first_hit is None or b < first_hit) and point.hit_pct_decode != 0.0:
             raise AssertionError(f"replay hit {point.hit_pct_decode} % at {b} MiB, under its first decode hit")
-        miss_mib = _decode_miss_bytes(seq, distance, b) / MIB / n_tokens
+        miss_mib = miss_at(b)
         io_s = miss_mib * alignment / rates.read_mib_per_s if math.isfinite(rates.read_mib_per_s) else 0.0
         out.append(BudgetPrediction(
             budget_mib=b, under_cycle=point.under_cycle, hit_pct_cum=point.hit_pct_cum,
@@ -405,7 +422,7 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
         zero = _same_series(zero, zero.iloc[0].to_dict())
         trace = read_route_trace(Path(probe["run_dir"]) / names.ROUTE_CSV)
         rates = run_rates(_metrics(zero), [str(r) for r in zero["run_id"]])
-        cached = [CachedCell(float(b), run_rates(_metrics(runs), [str(r) for r in runs["run_id"]]))
+        cached = [CachedRuns(float(b), tuple(_metrics(runs)), tuple(str(r) for r in runs["run_id"]))
                   for b, runs in series[(series["cache_mb"] > 0) & ~series["probe"]].groupby("cache_mb", sort=True)]
         measured = [float(b) for b in group["cache_mb"]]
         budgets = measured + default_budgets_mib(trace.cycle_bytes / MIB) + list(extra_budgets_mib)
@@ -466,5 +483,5 @@ def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, s
     return out
 
 
-__all__ = ["BudgetPrediction", "CachedCell", "CellError", "PhoneRam", "Prediction", "PredictionError", "RunRates",
+__all__ = ["BudgetPrediction", "CachedCell", "CachedRuns", "CellError", "PhoneRam", "Prediction", "PredictionError", "RunRates",
            "cell_errors", "measured_s_per_tok", "missing_inputs", "predict", "predict_from_runs", "run_rates"]
