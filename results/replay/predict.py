@@ -29,7 +29,9 @@ Pure functions over a campaign's run table (results.read.table.build_table) and 
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,9 +246,21 @@ def _column_sum(rows: pd.DataFrame, column: str) -> float:
     return float(rows[column].sum()) if column in rows.columns else 0.0
 
 
+@functools.lru_cache(maxsize=512)
+def _parsed(path: str, mtime_ns: int, size: int):
+    """One metrics CSV, parsed once per version of the file (an analysis predicts each group, and a
+    caller analyses one campaign many times: every run of the cache-0 and anchor cells is read)."""
+    return read_metrics_csv(path)
+
+
+def _metrics_file(path: str | Path):
+    st = os.stat(path)
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
 def _pooled_rows(metrics_paths: Sequence[str | Path]) -> tuple[pd.DataFrame, Mapping[str, Any]]:
     """The token rows of one or more runs of one cell, as one table, and the first run's preamble."""
-    files = [read_metrics_csv(path) for path in metrics_paths]
+    files = [_metrics_file(path) for path in metrics_paths]
     for path, m in zip(metrics_paths, files, strict=True):
         if m.rows is None or not len(m.rows):
             raise PredictionError(f"{path}: the run has no token rows")
@@ -274,7 +288,7 @@ def run_rates(metrics_paths: str | Path | Sequence[str | Path], run_ids: Sequenc
 
 def measured_s_per_tok(metrics_path: str | Path) -> float:
     """Mean wall s per generated token from the CSV rows (the same mean the prediction models)."""
-    rows = read_metrics_csv(metrics_path).rows
+    rows = _metrics_file(metrics_path).rows
     return _column_sum(rows, "wall_ms") / 1000 / len(rows) if rows is not None and len(rows) else math.nan
 
 
@@ -471,7 +485,7 @@ def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, s
             continue
         b = p.at(float(r["cache_mb"]))
         path = Path(r["run_dir"]) / names.METRICS_CSV
-        rows = read_metrics_csv(path).rows
+        rows = _metrics_file(path).rows
         anon = float(rows["rss_anon_mib"].max()) if "rss_anon_mib" in rows.columns and len(rows) else math.nan
         hit = float(r["cache_hit_pct"]) if not pd.isna(r["cache_hit_pct"]) else 0.0
         out.append(CellError(
