@@ -368,14 +368,17 @@ class _Group:
 
     def _floor_at_cache0(self) -> float | None:
         """The least MemAvailable the cache-0 runs left (MiB)."""
-        g = self.g
-        rows = [p for p in g.points if p.budget_mib == 0 and not p.auto] if g is not None else []
+        rows = self._points_at(0)
         floors = [p.mem_avail_floor_kb for p in rows if not math.isnan(p.mem_avail_floor_kb)]
         return min(floors) / 1024 if floors else None
 
+    def _points_at(self, budget_mib: float) -> list:
+        """The analysis' fixed-budget points at one budget (every series)."""
+        return [p for p in self.g.points if not p.auto and p.budget_mib == budget_mib] if self.g is not None else []
+
     def _fought_at(self, budget_mib: float) -> bool:
         """The measured budget survived but was fought (docs/method.md), not killed."""
-        points = [p for p in self.g.points if not p.auto and p.budget_mib == budget_mib] if self.g is not None else []
+        points = self._points_at(budget_mib)
         return any(p.fought for p in points) and not any(p.killed for p in points)
 
     def _fight_estimate(self, anchor: int, knee: int | None) -> int | None:
@@ -387,12 +390,11 @@ class _Group:
         the boundary between 269 and 288)."""
         from results.analysis.analyze import FOUGHT_SWAP_IN_MIB_PER_TOK as LIMIT
 
-        g = self.g
-        if knee is None or knee >= anchor or g is None:
+        if knee is None or knee >= anchor:
             return None
 
         def rate(budget_mib: float) -> float | None:
-            points = [p for p in g.points if not p.auto and p.budget_mib == budget_mib]
+            points = self._points_at(budget_mib)
             rates = [p.swap_in_mib_per_tok for p in points if p.ok and not math.isnan(p.swap_in_mib_per_tok)]
             return max(rates) if rates and not any(p.killed for p in points) else None
 
