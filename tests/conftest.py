@@ -13,6 +13,31 @@ FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
 
 
+# The tests that measure this host's memory, swap, page cache or speed (marked `serial`): `run.sh test`
+# runs them alone, after the rest runs on two workers (pytest-xdist). Beside another test they fail
+# as a phone beside another phone would not: swap devices are the kernel's, so another phone's zram
+# takes a share of this one's swap-outs, and two decodes share two cores. A file, or one test in it.
+SERIAL = (
+    "devices/test_lmk_backstop.py", "devices/test_lmkd_apps.py", "devices/test_lmkd_zram.py",
+    "devices/test_local.py", "devices/test_reclaim.py", "devices/test_vphone_fought.py",
+    "devices/test_vphone_memory.py", "devices/test_vphone_page_cache.py", "devices/test_vphone_profiles.py",
+    "devices/test_vphone_storage.py", "devices/test_vphone_swapping.py", "devices/test_vphone_turns.py",
+    "engine/test_larger_than_ram.py",
+    "harness/test_adaptive.py", "harness/test_cli.py::test_demo_writes_and_prices_a_model",
+    "harness/test_preset_app.py", "harness/test_turns.py",
+    "results/test_analyze.py", "results/test_app_rung.py", "results/test_fought.py",
+    "results/test_outputs.py::test_the_run_table_carries_each_runs_reclaim", "results/test_predict.py",
+    "results/test_site_turns.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        node = item.nodeid.removeprefix("tests/")
+        if any(node == s or node.startswith(s + "::") for s in SERIAL):
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fleet_home(tmp_path_factory) -> Path:
     """Locks, staged engines and virtual phones go to a temp folder, never ~/.bmoe-fleet; HOME too,
