@@ -15,8 +15,9 @@ every measured budget (measured and predicted s/token, error %). Needs root (vir
     .venv/bin/python benchmarks/bench_adaptive.py [--dir /var/tmp/bench-adaptive] [--engine bmoe-py|native]
         [--tokens 12] [--resolution-mb 32] [--max-error-pct 25] [--storage-mbps 300] [--small]
 
-`--storage-mbps R` gives each phone its own flash of R MiB/s (virtual up --storage-mbps); without
-it the phones share this host's disk and one phone's reads slow the other's (docs/virtual-phones.md).
+Each phone has its own flash, as the demo's do (harness/demo.py STORAGE_MBPS, 300 MiB/s; `--storage-mbps R`
+sets another rate, virtual up --storage-mbps); `--storage-mbps 0` shares this host's disk between
+the phones, and one phone's reads slow the other's (docs/virtual-phones.md).
 
 `--engine native` runs the real bmoe-cli from $BMOE_CLI (used where it is, never copied), at -t 1
 (both engines run -t 1: each phone has one core of this 2-core host). `--small` is a check that the
@@ -123,8 +124,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="tokens per run (default 12; --small: 8)")
     ap.add_argument("--resolution-mb", type=int, default=None, help="default 32 (--small: 4)")
     ap.add_argument("--max-error-pct", type=float, default=25.0)
-    ap.add_argument("--storage-mbps", type=int, default=0,
-                    help="each phone's own flash rate (virtual up --storage-mbps); 0: the host's disk, shared")
+    ap.add_argument("--storage-mbps", type=int, default=demo.STORAGE_MBPS,
+                    help=f"each phone's own flash rate (virtual up --storage-mbps; default the demo's, "
+                         f"{demo.STORAGE_MBPS}); 0: the host's disk, shared")
     ap.add_argument("--small", action="store_true", help="a quick check: a 64 MiB model, phones of 72 and 256 MiB")
     args = ap.parse_args()
     args.tokens = args.tokens or (8 if args.small else 12)

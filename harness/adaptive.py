@@ -381,27 +381,34 @@ class _Group:
         points = self._points_at(budget_mib)
         return any(p.fought for p in points) and not any(p.killed for p in points)
 
-    def _fight_estimate(self, anchor: int, knee: int | None) -> int | None:
-        """Where the device's swap-in rate crosses the fought rule's (FOUGHT_SWAP_IN_MIB_PER_TOK), by a
-        straight line between the knee (held, under it) and the predicted safe budget (fought, over
-        it); None when either is not so (a fight for another reason, say). The fight is the rule on
-        a measured rate that rises with the budget, which the model does not predict: the two cells
-        measured anyway place it (session 17: 292 MiB from 0.09 MiB/token at 139 and 1.86 at 437,
-        the boundary between 269 and 288)."""
+    def _swap_in_at(self, budget_mib: float) -> float | None:
+        """The largest swap-in rate (MiB/token) the runs at one budget measured, None when a run of it
+        was killed or none has the rate."""
+        points = self._points_at(budget_mib)
+        rates = [p.swap_in_mib_per_tok for p in points if p.ok and not math.isnan(p.swap_in_mib_per_tok)]
+        return max(rates) if rates and not any(p.killed for p in points) else None
+
+    def _crossing(self, low_mib: float, high_mib: float) -> int | None:
+        """Where the swap-in rate crosses the fought rule's (FOUGHT_SWAP_IN_MIB_PER_TOK) on a straight
+        line between two measured budgets, the lower under it and the higher over it; a whole MiB
+        strictly between them. None when either is not so (a fight for another reason, a kill)."""
         from results.analysis.analyze import FOUGHT_SWAP_IN_MIB_PER_TOK as LIMIT
 
+        low, high = self._swap_in_at(low_mib), self._swap_in_at(high_mib)
+        if low is None or high is None or not low < LIMIT <= high or high_mib - low_mib < 2:
+            return None
+        at = math.ceil(low_mib + (LIMIT - low) / (high - low) * (high_mib - low_mib))
+        return min(max(at, math.floor(low_mib) + 1), math.ceil(high_mib) - 1)
+
+    def _fight_estimate(self, anchor: int, knee: int | None) -> int | None:
+        """Where the device's swap-in rate crosses the fought rule's, between the knee (held, under
+        it) and the predicted safe budget (fought, over it): `_crossing`. The fight is the rule on a
+        measured rate that rises with the budget, which the model does not predict: the two cells
+        measured anyway place it (session 17: 292 MiB from 0.09 MiB/token at 139 and 1.86 at 437,
+        the boundary between 269 and 288)."""
         if knee is None or knee >= anchor:
             return None
-
-        def rate(budget_mib: float) -> float | None:
-            points = self._points_at(budget_mib)
-            rates = [p.swap_in_mib_per_tok for p in points if p.ok and not math.isnan(p.swap_in_mib_per_tok)]
-            return max(rates) if rates and not any(p.killed for p in points) else None
-
-        low, high = rate(knee), rate(anchor)
-        if low is None or high is None or not low < LIMIT <= high:
-            return None
-        return math.ceil(knee + (LIMIT - low) / (high - low) * (anchor - knee))
+        return self._crossing(knee, anchor)
 
     def _next(self, anchor: int | None = None, knee: int | None = None) -> tuple[int | None, str]:
         """The next budget to measure, or None and why the bracket is closed. From the predicted
@@ -410,9 +417,14 @@ class _Group:
         one resolution is bracketed by one cell; a bracket wider than the next step is bisected.
         When the predicted budget was fought, the model (which places the RAM's end, not a fight's
         start: session 17, the 640 MiB phone fought from ~280 MiB under a predicted 437) gives way to
-        `_fight_estimate`, or, without one, to bisection."""
+        `_fight_estimate`, or, without one, to bisection; and each step from it goes no further than
+        where the swap-in rate crosses the rule's between the bracket's two ends (`_crossing`), when
+        that is nearer: the rate rises steeply at the fight's start and flattens past it, so a
+        doubled step overshoots (session 19: 294 and 262 fought, the doubled step 198 held, 230
+        held; the crossing from 262 was 239)."""
         held, failed, measured = measured_bracket(self.g)
-        if anchor is not None and self._fought_at(anchor):
+        fight = anchor is not None and self._fought_at(anchor)
+        if anchor is not None and fight:
             # the model's budget was fought: step from where the swap-in rate says the fight starts
             estimate = self._fight_estimate(anchor, knee)
             anchor = estimate if estimate is not None and estimate < anchor else None
@@ -428,9 +440,13 @@ class _Group:
         elif anchor is not None and held >= anchor:           # up from the anchor while it holds
             taken = len([m for m in measured if anchor <= m <= held]) - 1
             step = math.floor(held) + self.resolution * 2 ** taken
+            if fight and failed is not None and (at := self._crossing(held, failed)) is not None:
+                step = min(step, at)
         elif anchor is not None and failed is not None and failed <= anchor:     # down while it does not
             taken = len([m for m in measured if failed <= m <= anchor]) - 1
             step = math.ceil(failed) - self.resolution * 2 ** taken
+            if fight and (at := self._crossing(held, failed)) is not None:
+                step = max(step, at)
         if failed is None:
             if self.top is None or held >= self.top:
                 return None, self.top_why

@@ -1,8 +1,8 @@
 """`bmoe-fleet demo`: the main job on an embedded default, start to finish on this machine.
 
 1. Synthesise a qwen3moe whose expert bank is larger than the smaller virtual phone's RAM.
-2. Start two virtual phones (640 MiB and 2 GiB of RAM, one core of their own each where the host
-   has two) on a private adb server — or, where virtual
+2. Start two virtual phones (640 MiB and 2 GiB of RAM, one core and a 300 MiB/s flash of their own
+   each where the host has two cores) on a private adb server — or, where virtual
    phones cannot start (no root for cgroups and namespaces, say), use this host alone and say why.
 3. Sweep the cache budget around the model's token cycle, at the knee of the LRU curve replayed
    from a route-traced probe on each device, and past the small phone's RAM; and let the engine's
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 Echo = Callable[[str], None]
 
 PHONES = {"small": (640 << 20, "Demo 640MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+# each phone's own flash (MiB/s, virtual up --storage-mbps): a phone reads its own storage, where
+# unpaced phones share this host's disk and one phone's reads slow the other's
+STORAGE_MBPS = 300
 # the other apps open beside the engine, one load per value (axes.apps), in use (their pages stay warm)
 APPS = ("cached:160MiB:active", "perceptible:160MiB:active")
 # a session cell as the app runs the engine: turns with an idle gap, another app allocating in it
@@ -77,7 +80,7 @@ def _model(out: Path, echo: Echo) -> Path:
 
 
 def _start_phones(home: Path, port: int, env: dict, echo: Echo,
-                  phones: dict[str, tuple[int, str, str]] = PHONES, storage_mbps: int = 0) -> list[str]:
+                  phones: dict[str, tuple[int, str, str]] = PHONES, storage_mbps: int = STORAGE_MBPS) -> list[str]:
     from devices.adb import adb_binary
     from devices.virtual import manager
 
@@ -112,8 +115,9 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
 
     return campaign_from_options(
         devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "knee", "auto", "1400"],
-        # auto capped at 384 (fills on both phones), 480 (past the small one's RAM left beside its app:
-        # swapped, fought) and 600 (fills the large one: this prompt routes
+        # auto capped at 384 (fills on both phones; beside its app the small one swaps the cache out
+        # and back in each token: fought), 480 (past the small one's RAM left beside its app: fought
+        # or killed) and 600 (fills the large one: this prompt routes
         # to ~640 MiB of experts, so an uncapped or 1400 MiB cache survives there without filling, which
         # proves nothing over what it held)
         cache_ceil_mb=[0, 384, 480, 600], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
