@@ -16,7 +16,11 @@ what the phone caches is the FUSE inode's page cache, charged to the reading tas
 as a phone's page cache is.
 
 The server is a child of the phone's daemon (`python -m devices.virtual.pacedfs`), outside the
-phone's cgroup: it stands for the flash controller, not for the phone's CPU. It dies with the
+phone's memory cgroup: it stands for the flash controller, not for the phone's RAM. A phone with
+cores of its own (`--cpus`) runs its server on them: a phone's reads cost its own CPU (its block
+layer and driver), never another phone's, whose decode would slow with this phone's traffic
+(session 19: a 2 GiB demo phone's 668 MiB cell ran 20-38 % slow while the 640 MiB one, fought,
+refaulted its model through its server). It dies with the
 daemon (PR_SET_PDEATHSIG), and a dead server's connection is aborted by the kernel (its /dev/fuse
 is closed): the phone's reads then fail with ENOTCONN instead of hanging, and the mount goes with
 the phone's namespace, whose last process the next `up` kills. Its pid is recorded in the phone's
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -447,14 +452,18 @@ class Flash:
         self.internal = internal
 
     @classmethod
-    def start(cls, data_dir: Path, ns_fd: int, mib_per_s: int, internal: Path, timeout_s: float = 15.0) -> Flash:
+    def start(cls, data_dir: Path, ns_fd: int, mib_per_s: int, internal: Path, timeout_s: float = 15.0,
+              cpus: Sequence[int] = ()) -> Flash:
+        """Mount the paced /data in the phone's namespace; with `cpus` (a phone with cores of its
+        own), the server runs on those cores only."""
         why = available()
         if why is not None:
             raise FlashUnavailable(why)
         r, w = os.pipe()
         proc = subprocess.Popen(
             [sys.executable, "-m", "devices.virtual.pacedfs", "--data", str(data_dir), "--ns-fd", str(ns_fd),
-             "--mbps", str(mib_per_s), "--ready-fd", str(w), "--parent", str(os.getpid())],
+             "--mbps", str(mib_per_s), "--ready-fd", str(w), "--parent", str(os.getpid())]
+            + (["--cpus", ",".join(map(str, cpus))] if cpus else []),
             pass_fds=(ns_fd, w), stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[2]),
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         os.close(w)
@@ -499,7 +508,10 @@ def _serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--mbps", type=float, required=True)
     p.add_argument("--ready-fd", type=int, required=True)
     p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--cpus", default="", help="the phone's own cores, comma-separated (none: any core)")
     a = p.parse_args(argv)
+    if a.cpus:
+        os.sched_setaffinity(0, [int(c) for c in a.cpus.split(",")])
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != a.parent:        # the daemon died before the death signal was set
         return 1

@@ -114,12 +114,13 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
             raise SetupError(f"{e}: a phone's zram, cores or flash need its cgroups") from None
         _warn_once(warnings, f"{e}; falling back to an RSS watchdog that SIGKILLs above "
                              f"{spec.ram_bytes} bytes (still logged as lmkd kills)")
+    own_cpus: list[int] = []            # the cores the phone has to itself (--cpus), if any
     if cgroup is not None:
         leaf = leaf_name(spec.name, layout.root)
         try:
             cpus = cpuinfo.host_cpus()
             if spec.cpus:
-                cpus = cpuinfo.allocate(spec.cpus, leaf)
+                cpus = own_cpus = cpuinfo.allocate(spec.cpus, leaf)
                 cgroup.extra.append(cpuinfo.make_cpuset(leaf, cpus))
             cpuinfo.write(layout.root, cpus)
         except (cpuinfo.ResourceUnavailable, OSError) as e:
@@ -140,7 +141,8 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
     flash = None
     if spec.storage_mbps and ns_fd is not None:
         try:
-            flash = pacedfs.Flash.start(layout.root / "data", ns_fd, spec.storage_mbps, layout.internal)
+            flash = pacedfs.Flash.start(layout.root / "data", ns_fd, spec.storage_mbps, layout.internal,
+                                        cpus=own_cpus)
         except pacedfs.FlashUnavailable as e:
             _remove_all(layout, cgroup, z)
             raise SetupError(f"--storage-mbps {spec.storage_mbps}: {e}") from None

@@ -96,6 +96,20 @@ def test_a_paced_phone_reads_no_burst_past_its_rate(adb_server, make_phone):
     assert fastest <= BOUND_MIBS, fastest      # blk-throttle let such bursts through at 700+ MiB/s
 
 
+def test_a_phone_with_cores_of_its_own_serves_its_flash_on_them(adb_server, make_phone):
+    """Its reads cost its own CPU, never another phone's (pacedfs.py: the server's affinity)."""
+    from devices.virtual.phone import INTERNAL
+
+    phone = make_phone("flashcore", 128 * MIB, storage_mbps=LIMIT_MIBS, cpus=1)
+    server = int((phone.root / INTERNAL / pacedfs.PID_FILE).read_text())
+    own = {int(_sh(adb_server, phone, "cat /sys/devices/system/cpu/online").strip())}
+    assert os.sched_getaffinity(server) == own
+    # a phone that shares the host's cores has a server that does too
+    shared = make_phone("flashany", 128 * MIB, storage_mbps=LIMIT_MIBS)
+    server = int((shared.root / INTERNAL / pacedfs.PID_FILE).read_text())
+    assert os.sched_getaffinity(server) == os.sched_getaffinity(0)
+
+
 def test_without_a_rate_data_is_the_phones_folder(adb_server, make_phone):
     phone = make_phone("noflash", 128 * MIB)
     assert "fuse" not in _sh(adb_server, phone, "grep ' /data ' /proc/self/mountinfo")
