@@ -349,7 +349,7 @@ class _Group:
         before the kill that zram's room postpones."""
         from results.replay.predict import PhoneRam
 
-        floor_mib = self._floor_at_cache0()
+        floor_mib = self._floor_at(0)
         budgets = []
         for pred in predictions:
             # the top of the search is the largest budget that fills (decide): the same bound here
@@ -366,9 +366,9 @@ class _Group:
             return None                  # not even cache 0 fits: measure from the cycle up
         return self._clamp(math.floor(min(b for b in budgets if b is not None)))
 
-    def _floor_at_cache0(self) -> float | None:
-        """The least MemAvailable the cache-0 runs left (MiB)."""
-        rows = self._points_at(0)
+    def _floor_at(self, budget_mib: float) -> float | None:
+        """The least MemAvailable the runs at one budget left (MiB)."""
+        rows = self._points_at(budget_mib)
         floors = [p.mem_avail_floor_kb for p in rows if not math.isnan(p.mem_avail_floor_kb)]
         return min(floors) / 1024 if floors else None
 
@@ -414,7 +414,11 @@ class _Group:
         """The next budget to measure, or None and why the bracket is closed. From the predicted
         largest safe budget (`anchor`, measured) the search steps away by the resolution, doubling
         each step (up while it holds, down while it does not), so a boundary the model put within
-        one resolution is bracketed by one cell; a bracket wider than the next step is bisected.
+        one resolution is bracketed by one cell; a bracket wider than the next step is bisected. A
+        step up goes no further than the MemAvailable the largest budget that held left (at least
+        one resolution): the model's own RAM term, measured again where the cache is larger
+        (session 19: bmoe-py's 640 MiB phone held 541 MiB with 17 MiB left, and the doubled step
+        went to 669, fought, then bisected twice).
         When the predicted budget was fought, the model (which places the RAM's end, not a fight's
         start: session 17, the 640 MiB phone fought from ~280 MiB under a predicted 437) gives way to
         `_fight_estimate`, or, without one, to bisection; and each step from it goes no further than
@@ -440,6 +444,9 @@ class _Group:
         elif anchor is not None and held >= anchor:           # up from the anchor while it holds
             taken = len([m for m in measured if anchor <= m <= held]) - 1
             step = math.floor(held) + self.resolution * 2 ** taken
+            room = self._floor_at(held)
+            if room is not None:      # no further than the RAM the budget that held left (a resolution at least)
+                step = min(step, math.floor(held) + max(self.resolution, math.floor(room)))
             if fight and failed is not None and (at := self._crossing(held, failed)) is not None:
                 step = min(step, at)
         elif anchor is not None and failed is not None and failed <= anchor:     # down while it does not

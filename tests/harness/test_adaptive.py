@@ -209,7 +209,8 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
 
 def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int = 668, resolution: int = 32,
                 lowest: int = 58, knee: int | None = None,
-                swap_in: dict[float, float] | None = None) -> tuple[int | None, str]:
+                swap_in: dict[float, float] | None = None,
+                floors: dict[float, float] | None = None) -> tuple[int | None, str]:
     """harness.adaptive's next budget for a group whose fixed budgets held (True), were killed
     (False) or survived fought ("fought"), the analysis' largest safe budget being the largest (> 0)
     that held under every failure."""
@@ -222,7 +223,8 @@ def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int 
     g = SimpleNamespace(boundary=SimpleNamespace(largest_safe_mib=max(held) if held else None),
                         points=[SimpleNamespace(budget_mib=b, auto=False, ok=int(ok is not False),
                                                 killed=int(ok is False), fought="fought" if ok == "fought" else "",
-                                                swap_in_mib_per_tok=(swap_in or {}).get(b, math.nan))
+                                                swap_in_mib_per_tok=(swap_in or {}).get(b, math.nan),
+                                                mem_avail_floor_kb=(floors or {}).get(b, math.nan) * 1024)
                                 for b, ok in measured.items()])
     group = _Group.__new__(_Group)
     group.g, group.resolution, group.lowest, group.top, group.top_why = g, resolution, lowest, top, "the top held"
@@ -265,6 +267,16 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
     rates = {0: 0.06, 139: 0.09, 437: 1.86, 293: 0.5, 325: 0.95}
     seen = {0: True, 139: True, 437: "fought", 293: True, 325: True}
     assert _next_after(seen, 437, knee=139, swap_in=rates) == (332, "")
+    # a step up goes no further than the RAM the largest budget that held left, one resolution at
+    # least (bmoe-py's 640 MiB phone, session 19: 106 MiB left at 445, 74 at 477, 17 at 541; the
+    # doubled steps were 477, 541, 669, fought, and two bisections; the fight began by 573)
+    floors = {0: 446, 137: 414, 445: 106, 477: 74, 541: 17}
+    seen = {0: True, 137: True, 445: True}
+    for want, outcome in ((477, True), (541, True), (573, "fought")):
+        assert _next_after(seen, 445, top=669, floors=floors) == (want, "")
+        seen[want] = outcome
+    assert _next_after(seen, 445, top=669, floors=floors) == (None, "bracketed to 32 MiB")
+    assert _next_after({0: True, 137: True, 445: True, 477: True}, 445, top=669, floors={477: 40}) == (517, "")
     # held at the crossing: up from it by the resolution
     assert _next_after({0: True, 139: True, 437: "fought", 293: True}, 437, knee=139, swap_in=rates) == (325, "")
     # without the rates (a fight for another reason), bisection at once
