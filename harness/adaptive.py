@@ -425,10 +425,11 @@ class _Group:
         where the swap-in rate crosses the rule's between the bracket's two ends (`_crossing`), when
         that is nearer: the rate rises steeply at the fight's start and flattens past it, so a
         doubled step overshoots (session 19: 294 and 262 fought, the doubled step 198 held, 230
-        held; the crossing from 262 was 239)."""
+        held; the crossing from 262 was 240)."""
         held, failed, measured = measured_bracket(self.g)
-        fight = anchor is not None and self._fought_at(anchor)
-        if anchor is not None and fight:
+        fight = False                      # the predicted budget was fought
+        if anchor is not None and self._fought_at(anchor):
+            fight = True
             # the model's budget was fought: step from where the swap-in rate says the fight starts
             estimate = self._fight_estimate(anchor, knee)
             anchor = estimate if estimate is not None and estimate < anchor else None
