@@ -256,17 +256,17 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
     # the rate rises steeply at the fight's start and flattens past it: a step down goes no further
     # than the crossing between the bracket's ends, where a doubled one would overshoot (session 19:
     # 294 and 262 fought, the doubled step 198; the crossing from 262 is 240, and 230 held)
-    rates = {0: 0.066, 139: 0.091, 438: 1.849, 294: 1.739, 262: 1.209, 240: 0.3}
+    steep = {0: 0.066, 139: 0.091, 438: 1.849, 294: 1.739, 262: 1.209, 240: 0.3}
     seen = {0: True, 139: True, 438: "fought"}
     for want, outcome in ((294, "fought"), (262, "fought"), (240, True)):
-        assert _next_after(seen, 438, knee=139, swap_in=rates) == (want, "")
+        assert _next_after(seen, 438, knee=139, swap_in=steep) == (want, "")
         seen[want] = outcome
-    assert _next_after(seen, 438, knee=139, swap_in=rates) == (None, "bracketed to 22 MiB")
+    assert _next_after(seen, 438, knee=139, swap_in=steep) == (None, "bracketed to 22 MiB")
     # and up: no further than the crossing between the largest budget that held and the fought one
     # (held at 293 and 325, 0.95 MiB/token at 325: the doubled step is 389, the crossing 332)
-    rates = {0: 0.06, 139: 0.09, 437: 1.86, 293: 0.5, 325: 0.95}
+    rising = {0: 0.06, 139: 0.09, 437: 1.86, 293: 0.5, 325: 0.95}
     seen = {0: True, 139: True, 437: "fought", 293: True, 325: True}
-    assert _next_after(seen, 437, knee=139, swap_in=rates) == (332, "")
+    assert _next_after(seen, 437, knee=139, swap_in=rising) == (332, "")
     # a step up goes no further than the RAM the largest budget that held left, one resolution at
     # least (bmoe-py's 640 MiB phone, session 19: 106 MiB left at 445, 74 at 477, 17 at 541; the
     # doubled steps were 477, 541, 669, fought, and two bisections; the fight began by 573)
