@@ -2,14 +2,15 @@
 
 Runs one campaign per engine on this host (`local`, -t 1): a knee probe (route-traced, cache 0),
 cache 0, and budgets above the token cycle, on a synthetic qwen3moe whose experts are streamed
-with O_DIRECT (so reads are real). Predicts every budget from the probe's trace and the cache-0
-run alone (docs/prediction.md) and prints, per measured run: budget, measured s/token (mean wall
+with O_DIRECT (so reads are real), and its buffered twin (cache 0 read through the page cache,
+`--no-odirect`: the fresh-read term). Predicts every budget from the probe's trace, the cache-0
+runs, the anchor and the twin (docs/prediction.md) and prints, per measured run: budget, measured s/token (mean wall
 of its CSV rows), predicted, error %, and measured against predicted hit % and anon MiB. bmoe-py
 always; the real bmoe-cli as well when BMOE_CLI is set. Issue 27's target: within 15 % at every
 budget above the cycle, on a quiet host. Quote `uptime` and what else ran with any number.
 
     .venv/bin/python benchmarks/bench_predict.py [--dir /var/tmp/bench-predict] [--tokens 32]
-        [--repeats 2] [--read CAMPAIGN_DIR ...]
+        [--repeats 5] [--read CAMPAIGN_DIR[,TWIN_DIR] ...]
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ from results.replay.predict import cell_errors, predict
 BUDGETS = [0, "cycle*1.2", "cycle*2", "cycle*3", "cycle*5", "knee"]
 
 
-def campaign_data(name: str, model: Path, tokens: int, repeats: int, engine: dict | None) -> dict:
+def campaign_data(name: str, model: Path, tokens: int, repeats: int, engine: dict | None,
+                  buffered: bool = False) -> dict:
+    """The sweep, or (buffered) its twin: cache 0 alone, read through the page cache."""
     data = {"version": 1, "name": name, "fleet": {"devices": ["local"]}, "models": {model.stem: str(model)},
-            "axes": {"cache_mb": BUDGETS},
-            "run": {"n_predict": tokens, "repeats": repeats, "route_trace": True, "threads": 1},
+            "axes": {"cache_mb": [0] if buffered else BUDGETS},
+            "run": {"n_predict": tokens, "repeats": repeats, "route_trace": not buffered, "threads": 1,
+                    "o_direct": not buffered},
             "gate": {"max_wait_s": 5}}
     if engine:
         data["engine"] = engine
@@ -51,10 +55,10 @@ def run(out: Path, data: dict) -> Path:
     return out
 
 
-def report(campaign: Path) -> None:
-    table = build_table([campaign])
+def report(*campaigns: Path) -> None:
+    table = build_table(list(campaigns))
     predictions = predict(table)
-    print(f"\n== {campaign}")
+    print(f"\n== {', '.join(map(str, campaigns))}")
     for p in predictions.values():
         r = p.rates
         print(f"{p.device} {p.model} k={p.n_expert_used} dense={p.dense_weights}: cycle {p.cycle_mib:.1f} MiB, "
@@ -72,6 +76,10 @@ def report(campaign: Path) -> None:
                                          if a else "cache 0 (no cached cell qualified)")
               + f"; slope {p.slope_s_per_mib * 1e3:.3f} ms per miss MiB "
               f"(cache 0's read time alone: {r.visible_io_fraction * p.alignment / r.read_mib_per_s * 1e3:.3f})")
+        t = p.buffered
+        print("  fresh reads: " + (f"buffered twin computes {t.compute_s_per_tok * 1e3:.2f} ms/tok over {len(t.run_ids)} "
+                                   f"run(s), so {p.fresh_s_per_mib * 1e3:.3f} ms per miss MiB of the slope"
+                                   if t else "no buffered twin, no term"))
     print(f"{'budget MiB':>10} {'cycle':>5} {'measured s/tok':>14} {'predicted':>10} {'error %':>8} "
           f"{'hit %':>6} {'pred hit':>8} {'anon MiB':>8} {'pred anon':>9}  run")
     errors = sorted(cell_errors(table, predictions), key=lambda e: (e.budget_mib, e.run_id))
@@ -105,7 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/bench-predict")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--read", nargs="*", default=None, help="report on these campaign dirs instead of running")
     args = ap.parse_args()
     print(f"host: {os.uname().nodename}, load average {os.getloadavg()[0]:.2f} over 1 min, {os.cpu_count()} cores. "
@@ -113,7 +121,7 @@ def main() -> None:
           "is measured on a quiet host.")
     if args.read is not None:
         for d in args.read:
-            report(Path(d))
+            report(*map(Path, d.split(",")))
         return
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -122,12 +130,15 @@ def main() -> None:
         # 8 layers x 16 experts of ~3.3 MiB (Q8_0), top-2: cycle ~53 MiB, bank ~425 MiB
         write_model(model, synth_options("qwen3moe", layers=8, experts=16, top_k=2, hidden=1024, expert_ffn=1024,
                                          vocab=300, seed=3, quant="Q8_0", router_skew=1.0))
-    report(run(root / "bmoe-py", campaign_data("predict-py", model, args.tokens, args.repeats, None)))
+    engines = [("bmoe-py", "predict-py", None)]
     cli = os.environ.get("BMOE_CLI")
     if cli:
-        engine = {"kind": "native", "native": {"host": {"cli": cli}}}
-        report(run(root / "bmoe-cli", campaign_data("predict-cli", model, args.tokens, args.repeats, engine)))
-    else:
+        engines.append(("bmoe-cli", "predict-cli", {"kind": "native", "native": {"host": {"cli": cli}}}))
+    for folder, name, engine in engines:
+        report(run(root / folder, campaign_data(name, model, args.tokens, args.repeats, engine)),
+               run(root / f"{folder}-buffered", campaign_data(f"{name}-buffered", model, args.tokens, args.repeats,
+                                                              engine, buffered=True)))
+    if not cli:
         print("\nBMOE_CLI is not set: bmoe-cli not measured")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 

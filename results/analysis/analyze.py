@@ -531,6 +531,7 @@ def _predicted(points: list[BudgetPoint], rows: pd.DataFrame, predictions: Mappi
     for p in points:
         modes = {dense.get(r, "") for r in p.run_ids}
         pred = predictions.get(modes.pop()) if len(modes) == 1 else None
+        pred = pred if pred is not None and pred.predicts(p.run_ids) else None
         at = next((b for b in pred.budgets if b.budget_mib == p.budget_mib), None) if pred is not None else None
         anchor = pred is not None and pred.anchor is not None and \
             bool(set(p.run_ids) & set(pred.anchor.run_ids))

@@ -19,14 +19,16 @@ from engine.flags import PLANNER_BUDGET
 from results.numbers import is_missing, to_float
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
-SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args")
+SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args",
+               "config_o_direct")
 # engine_flags / engine_args: the pass-through flags (results.read.table renders them canonically), so
-# two cells that differ only by a flag never pool
+# two cells that differ only by a flag never pool; config_o_direct: `run.o_direct` as asked (a
+# `--no-odirect` run reads through the page cache, another speed)
 CELL_KEYS = ("device", "model", "n_expert_used", "moe_stream", "no_mmap", "cache_auto", "budget_asked",
              "cache_ceil_mb", "dense_weights", "io_threads", "overlap", "prefetch", "threads", "n_predict",
-             "prompt", "source", "engine_flags", "engine_args", "apps")
+             "prompt", "source", "engine_flags", "engine_args", "apps", "config_o_direct")
 _SERIES_NAMES = {"dense_weights": "dense", "io_threads": "io", "overlap": "overlap", "prefetch": "prefetch",
-                 "threads": "threads", "engine_flags": "flags", "engine_args": "args"}
+                 "threads": "threads", "engine_flags": "flags", "engine_args": "args", "config_o_direct": "o_direct"}
 
 
 def text_of(value: Any) -> str:

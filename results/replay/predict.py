@@ -18,6 +18,10 @@ The model (docs/prediction.md has each term, where it is measured, and the error
   sweep measures it first). With no cached cell measured: s_c is cache 0's, and the slope its read
   time per replayed miss MiB (visible x alignment / rate; visible is 1 without `--overlap` and the
   engine's reported stall / I/O with it);
+- fresh reads: where the group has a cache-0 run that read through the page cache (`--no-odirect`,
+  the buffered twin), the compute cache 0 spends over it, per miss MiB, is what computing on experts
+  just read with O_DIRECT costs over experts already in memory (on this host's VM, 1-3 ms a token;
+  docs/prediction.md); it joins the slope, since a budget's avoided misses avoid it too;
 - anon MiB(b) = dense set + min(b, working set the trace reaches) + overhead, the overhead being
   the cache-0 run's peak RssAnon minus its dense set;
 - the RAM-meeting budget: the largest b whose anon MiB fits what the phone can give the engine
@@ -202,10 +206,17 @@ class Prediction:
     knee_mib: int | None = None      # the replay's (lru_replay.knee_mib): the anchor is the cell nearest it
     slope_s_per_mib: float = 0.0     # s/token saved per replayed miss MiB a budget > 0 avoids
     anchor: CachedCell | None = None   # the anchor of budgets > 0 (its cost and slope); None: cache 0
+    buffered: RunRates | None = None   # the buffered twin's (cache 0, --no-odirect); None: not measured
+    fresh_s_per_mib: float = 0.0     # of the slope: compute on just-read experts per miss MiB (the twin's)
 
     @property
     def key(self) -> tuple[str, str, int, str]:
         return (self.device, self.model, self.n_expert_used, self.dense_weights)
+
+    def predicts(self, run_ids: Sequence[str]) -> bool:
+        """Whether these runs are a cell the curve is about: not the buffered twin, an input that
+        reads through the page cache where the curve's runs use O_DIRECT."""
+        return not (self.buffered is not None and set(run_ids) & set(self.buffered.run_ids))
 
     def ram_budget_for(self, phone: PhoneRam) -> tuple[float | None, bool]:
         """The largest budget whose predicted anon MiB fits what the phone gives the engine (None:
@@ -338,9 +349,11 @@ def _ram_budget(capacity_mib: float, base_mib: float, working_set_mib: float) ->
 
 def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[float], *,
                       device: str = "", model: str = "", dense_weights: str = "anon", probe_run_id: str = "",
-                      phone: PhoneRam | None = None, cached: Sequence[CachedRuns] = ()) -> Prediction:
+                      phone: PhoneRam | None = None, cached: Sequence[CachedRuns] = (),
+                      buffered: RunRates | None = None) -> Prediction:
     """The prediction at every budget from a parsed trace, the cache-0 runs' rates and, where there
-    are any, the cached cells measured (one of them is the anchor of budgets > 0: _anchor)."""
+    are any, the cached cells measured (one of them is the anchor of budgets > 0: _anchor) and the
+    buffered twin of cache 0 (the fresh-read term)."""
     seq = access_sequence(trace)
     distance = stack_distances(seq)
     n_tokens = _decode_tokens(trace)
@@ -366,6 +379,10 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
         s_anchor, miss_anchor = rates.wall_s_per_tok, miss0_mib
         slope = rates.visible_io_fraction * alignment / rates.read_mib_per_s if math.isfinite(rates.read_mib_per_s) \
             else 0.0
+    # never negative: a twin that computed slower says the host's O_DIRECT costs compute nothing
+    fresh = max(0.0, rates.compute_s_per_tok - buffered.compute_s_per_tok) / miss0_mib \
+        if buffered is not None and miss0_mib > 0 else 0.0
+    slope += fresh
     budgets = sorted({float(b) for b in budgets_mib} | {0.0})
     points = lru_curve(seq, budgets, cycle, distance)
     out = []
@@ -389,7 +406,8 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
         probe_run_id=probe_run_id, cache0_run_id=rates.run_id, cycle_mib=cycle / MIB, first_decode_hit_mib=first_hit,
         working_set_mib=ws_mib, dense_mib=dense_mib, overhead_mib=overhead_mib, alignment=alignment, rates=rates,
         budgets=tuple(out), ram_capacity_mib=capacity, ram_budget_mib=ram_budget, ram_fits_every_budget=fits_all,
-        cache0_run_ids=rates.run_ids, knee_mib=knee, slope_s_per_mib=slope, anchor=anchor)
+        cache0_run_ids=rates.run_ids, knee_mib=knee, slope_s_per_mib=slope, anchor=anchor, buffered=buffered,
+        fresh_s_per_mib=fresh)
 
 
 # ── from a run table ─────────────────────────────────────────────────────────────────────────
@@ -404,12 +422,29 @@ def _usable(table: pd.DataFrame) -> pd.DataFrame:
     return ok[ok["cache_mb"].notna()]
 
 
-def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any]) -> pd.DataFrame:
+def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any], keys: Sequence[str] = SERIES_KEYS) -> pd.DataFrame:
     keep = np.ones(len(rows), dtype=bool)
-    for k in SERIES_KEYS:
+    for k in keys:
         if k in rows.columns:
             keep &= rows[k].astype(str).to_numpy() == str(ref.get(k))
     return rows[keep]
+
+
+def _buffered(rows: pd.DataFrame, buffered: bool) -> pd.DataFrame:
+    """The runs that read through the page cache (`--no-odirect`), or the others."""
+    if "config_o_direct" not in rows.columns:
+        return rows.iloc[:0] if buffered else rows
+    is_buffered = (rows["config_o_direct"].astype(str) == "False").to_numpy()
+    return rows[is_buffered if buffered else ~is_buffered]
+
+
+def _twin(group: pd.DataFrame, ref: Mapping[str, Any]) -> pd.DataFrame:
+    """The buffered twin of an O_DIRECT cache-0 series: its cache-0 sweep runs with `--no-odirect`
+    and nothing else changed."""
+    if str(ref.get("config_o_direct")) == "False":
+        return group.iloc[:0]
+    zero = _buffered(group[(group["cache_mb"] == 0) & ~group["probe"]], True)
+    return _same_series(zero, ref, [k for k in SERIES_KEYS if k != "config_o_direct"])
 
 
 def _metrics(rows: pd.DataFrame) -> list[Path]:
@@ -420,7 +455,8 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
             extra_budgets_mib: Sequence[float] = ()) -> dict[tuple[str, str, int, str], Prediction]:
     """Per (device, model, top-k, dense mode) of a run table (or campaign dirs): the prediction
     from its probe (a route-traced run, the knee probe first), its cache-0 sweep runs (every repeat
-    of the first one's series) and that series' cached cells (the anchor: predict_from_runs), at
+    of the first one's series, O_DIRECT ones first), that series' cached cells (the anchor:
+    predict_from_runs) and its buffered twin where one was measured (`_twin`), at
     every measured budget, the replay's default budgets, the working set (whole MiB) and
     `extra_budgets_mib`. Groups without a probe and a cache-0 run are left out (`missing_inputs`
     says which and why)."""
@@ -436,6 +472,8 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
         zero = _same_series(zero, zero.iloc[0].to_dict())
         trace = read_route_trace(Path(probe["run_dir"]) / names.ROUTE_CSV)
         rates = run_rates(_metrics(zero), [str(r) for r in zero["run_id"]])
+        twin = _twin(group, zero.iloc[0].to_dict())
+        buffered = run_rates(_metrics(twin), [str(r) for r in twin["run_id"]]) if len(twin) else None
         cached = [CachedRuns(float(b), tuple(_metrics(runs)), tuple(str(r) for r in runs["run_id"]))
                   for b, runs in series[(series["cache_mb"] > 0) & ~series["probe"]].groupby("cache_mb", sort=True)]
         measured = [float(b) for b in group["cache_mb"]]
@@ -444,7 +482,8 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
         device, model, k, dense = key
         out[(str(device), str(model), int(k), str(dense))] = predict_from_runs(
             trace, rates, budgets, device=str(device), model=str(model), dense_weights=str(dense),
-            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)), cached=cached)
+            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)), cached=cached,
+            buffered=buffered)
     return out
 
 
@@ -457,6 +496,8 @@ def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], pd.DataFrame] | str
     probes = traced[traced["probe"]]
     probe = (probes if len(probes) else traced).iloc[0]
     zero = group[(group["cache_mb"] == 0) & ~group["probe"]]
+    if len(_buffered(zero, False)):
+        zero = _buffered(zero, False)               # a buffered twin is no cache-0 input of its own
     if not len(zero):
         zero = group[group["cache_mb"] == 0]        # the knee probe is a cache-0 run too
     if not len(zero):
@@ -476,12 +517,12 @@ def missing_inputs(table: pd.DataFrame) -> dict[tuple[str, str, int, str], str]:
 
 
 def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, str], Prediction]) -> list[CellError]:
-    """Every measured ok sweep run (not the probe) beside the prediction of its group."""
+    """Every measured ok sweep run (not the probe, not the buffered twin) beside the prediction of its group."""
     out = []
     for row in _usable(table).itertuples(index=False):
         r = row._asdict()
         p = predictions.get((str(r["device"]), str(r["model"]), int(r["n_expert_used"]), str(r["dense_weights"])))
-        if p is None or r["probe"]:
+        if p is None or r["probe"] or not p.predicts([str(r["run_id"])]):
             continue
         b = p.at(float(r["cache_mb"]))
         path = Path(r["run_dir"]) / names.METRICS_CSV

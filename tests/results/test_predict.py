@@ -1,8 +1,10 @@
 """results.replay.predict on real runs: bmoe-py on this host (-t 1), a knee probe, cache 0 and budgets under
-and over the token cycle of the small model (cycle 3.2 MiB, working set 10.8 MiB)."""
+and over the token cycle of the small model (cycle 3.2 MiB, working set 10.8 MiB), and cache 0's
+buffered twin (`--no-odirect`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -18,6 +20,7 @@ from results.replay.predict import (
     measured_s_per_tok,
     missing_inputs,
     predict,
+    predict_from_runs,
     run_rates,
 )
 from store import names
@@ -31,6 +34,14 @@ def campaign(tmp_path_factory, small_model):
         "predict-sweep", small_model,
         {"cache_mb": [0, "cycle*0.5", "cycle*1.5", "cycle*3", "knee"]},
         run={"route_trace": True, "threads": 1}))
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory, small_model):
+    """Cache 0 again, reading through the page cache: the same group, another series."""
+    out = tmp_path_factory.mktemp("predict") / "predict-twin"
+    return run_local(out, local_campaign_data("predict-twin", small_model, {"cache_mb": [0]},
+                                              run={"threads": 1, "o_direct": False}))
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +198,53 @@ def test_every_cache0_repeat_is_pooled(local_campaign):
     tokens = [int(t) for t in zero["tokens"]]
     assert p.rates.tokens == sum(tokens)
     assert p.rates.wall_s_per_tok == pytest.approx(sum(w * n for w, n in zip(walls, tokens, strict=True)) / sum(tokens))
+
+
+def test_a_buffered_twin_adds_what_cache0_computes_over_it_per_miss_mib_to_the_slope(prediction, campaign, twin):
+    table = build_table([campaign, twin])
+    with_twin = predict(table)[prediction.key]
+    buffered = table[table["config_o_direct"].astype(str) == "False"]
+    assert len(buffered) == 1 and with_twin.buffered is not None
+    assert with_twin.buffered.run_ids == tuple(buffered["run_id"])
+    # the curve's own inputs are still the O_DIRECT runs
+    assert with_twin.cache0_run_ids == prediction.cache0_run_ids
+    assert prediction.anchor is not None and with_twin.anchor is not None
+    assert with_twin.anchor.run_ids == prediction.anchor.run_ids
+    zero, anchor = with_twin.at(0.0), with_twin.at(with_twin.anchor.budget_mib)
+    fresh = max(0.0, with_twin.rates.compute_s_per_tok - with_twin.buffered.compute_s_per_tok) / zero.miss_mib_per_tok
+    assert with_twin.fresh_s_per_mib == pytest.approx(fresh)
+    assert with_twin.slope_s_per_mib == pytest.approx(prediction.slope_s_per_mib + fresh)
+    for b in with_twin.budgets:
+        if b.budget_mib > 0:
+            assert b.s_per_tok == pytest.approx(max(0.0, anchor.s_per_tok - with_twin.slope_s_per_mib * (
+                anchor.miss_mib_per_tok - b.miss_mib_per_tok)))
+    assert zero.s_per_tok == pytest.approx(prediction.at(0.0).s_per_tok)
+    # without one there is no term
+    assert prediction.buffered is None and prediction.fresh_s_per_mib == 0.0
+    # the twin is an input: no cell of the curve, in the errors or in the analysis
+    errors = cell_errors(table, {prediction.key: with_twin})
+    assert errors and not {e.run_id for e in errors} & set(buffered["run_id"])
+    from results.analysis.analyze import analyze
+
+    runs = analyze(table).table.set_index("run_id")
+    assert math.isnan(runs.loc[buffered["run_id"].iloc[0], "predicted_s_per_tok"])
+    assert runs.loc[list(prediction.cache0_run_ids), "predicted_s_per_tok"].notna().all()
+
+
+def test_a_twin_that_computed_slower_adds_nothing(prediction, campaign, twin):
+    table = build_table([campaign, twin])
+    probe = table[table["run_id"] == prediction.probe_run_id].iloc[0]
+    trace = read_route_trace(f"{probe['run_dir']}/{names.ROUTE_CSV}")
+    twin_runs = table[table["config_o_direct"].astype(str) == "False"]
+    rates = run_rates([f"{d}/{names.METRICS_CSV}" for d in twin_runs["run_dir"]], list(twin_runs["run_id"]))
+    slower = dataclasses.replace(rates, compute_s_per_tok=prediction.rates.compute_s_per_tok * 1.5)
+    faster = dataclasses.replace(rates, compute_s_per_tok=prediction.rates.compute_s_per_tok / 2)
+    alone = predict_from_runs(trace, prediction.rates, [0, 8, 16])
+    assert predict_from_runs(trace, prediction.rates, [0, 8, 16], buffered=slower).budgets == alone.budgets
+    quicker = predict_from_runs(trace, prediction.rates, [0, 8, 16], buffered=faster)
+    assert quicker.fresh_s_per_mib > 0
+    # a budget that misses less is predicted faster by that much more; cache 0 is its own runs' mean
+    assert quicker.at(0.0).s_per_tok == alone.at(0.0).s_per_tok
+    fewer = [(q, a) for q, a in zip(quicker.budgets, alone.budgets, strict=True)
+             if a.miss_mib_per_tok < alone.at(0.0).miss_mib_per_tok]
+    assert fewer and all(q.s_per_tok < a.s_per_tok for q, a in fewer)
