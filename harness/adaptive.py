@@ -21,7 +21,10 @@ lanes, threads, flags) at each budget, every repeat:
    until the two are `plan.resolution_mb` apart, or the grid's largest budget held, or nothing from
    the cycle up did;
 4. a group with a measured cell that held (or cache 0) further than `plan.max_error_pct` from its
-   predicted s/token, or with no prediction at all, falls back to the grid: the axes' cells.
+   predicted s/token, or with no prediction at all, falls back to the grid: the axes' cells. A
+   miss is measured again first (a second round of that budget's cells, repeats R..2R-1): the
+   group falls back only when every run of the budget missed, so one run that something else on
+   the device slowed does not cost the grid.
 
 The plan is a function of the campaign, plan.json and the runs on disk: each round adds the cells
 the results so far decide (the runner runs them, then asks again), a group whose cells are not all
@@ -48,8 +51,8 @@ from store.ledger import latest_by_cell
 MEASURING_GRID = "; measuring the grid"
 GroupKey = tuple[str, str, int, str]         # device, model, top-k, other apps: the analysis' group
 
-PROBING, PREDICTING, BISECTING, BRACKETED, GRID, WAITING = (
-    "probing", "measuring the prediction", "bisecting", "bracketed", "grid", "waiting")
+PROBING, PREDICTING, BISECTING, BRACKETED, GRID, WAITING, CONFIRMING = (
+    "probing", "measuring the prediction", "bisecting", "bracketed", "grid", "waiting", "measuring a miss again")
 
 
 @dataclass(frozen=True)
@@ -236,9 +239,14 @@ class _Group:
         self.campaign, self.grid, self.key, self.series = campaign, grid, key, series
         self.latest, self.planned, self.fallen = latest, list(planned), fallen
         self.g = None
+        self.run_errors: dict[str, float] = {}      # each run's own error against its prediction, %
+        self.run_cells: dict[str, str] = {}
         if analysis is not None:
             with contextlib.suppress(KeyError):     # no run of it finished yet
                 self.g = analysis.group(key[0], key[1], key[2], key[3])
+            runs = analysis.table["run_id"].astype(str)
+            self.run_errors = dict(zip(runs, analysis.table["prediction_error_pct"].astype(float)))
+            self.run_cells = dict(zip(runs, analysis.table["cell_id"].astype(str)))
         self.cycle_mib = float(series[0].config.cycle_mb or 0.0)
         self.resolution = resolution_mib(campaign, self.cycle_mib)
         self.lowest = max(1, math.ceil(self.cycle_mib))      # the least budget a ceiling can rest on
@@ -252,15 +260,17 @@ class _Group:
     def _grid_cells(self) -> list[Cell]:
         return [c for c in self.grid.cells if group_key(c) == self.key]
 
-    def at(self, budget_mib: int, route_trace: bool = False) -> list[Cell]:
-        """Every series of the group at a budget, every repeat."""
+    def at(self, budget_mib: int, route_trace: bool = False, round_no: int = 0) -> list[Cell]:
+        """Every series of the group at a budget, every repeat (round 1: the repeats after them,
+        which measure a miss again)."""
         out = []
+        repeats = self.campaign.run.repeats
         for base in self.series:
             config = budget_config(self.campaign, base.config, budget_mib)
             if route_trace:
                 config = config.with_(route_trace=True)
             out += [new_cell(self.campaign, base.device, base.model, config, r, 0)
-                    for r in range(self.campaign.run.repeats)]
+                    for r in range(round_no * repeats, (round_no + 1) * repeats)]
         return out
 
     def _done(self, cells: Sequence[Cell]) -> bool:
@@ -288,9 +298,14 @@ class _Group:
             return self._grid(wanted, self.fallen.removesuffix(MEASURING_GRID))
         if not predictions:
             return self._grid(wanted, "no prediction: the cache-0 route-traced run did not finish")
-        miss = self._missed(self.campaign.plan.max_error_pct)
+        miss, again = self._missed(self.campaign.plan.max_error_pct)
+        have = {c.cell_id for c in wanted}
+        wanted += [c for c in again if c.cell_id not in have]
         if miss:
             return self._grid(wanted, miss)
+        if not self._done(again):
+            return wanted, self._bracket(CONFIRMING, "it missed its prediction in every run",
+                                         next_mib=sorted({int(c.config.cache_mb or 0) for c in again}))
         from results.analysis.analyze import BudgetPoint
 
         entry = min((p.entry_mib for p in g.points if not math.isnan(p.entry_mib)), default=math.nan)
@@ -322,20 +337,31 @@ class _Group:
         pending = not self._done(wanted + grid)
         return wanted + grid, self._bracket(GRID, reason + (MEASURING_GRID if pending else ""))
 
-    def _missed(self, max_error_pct: float) -> str:
-        """The first measured point that held (or cache 0) further from its prediction than allowed ("")."""
+    def _missed(self, max_error_pct: float) -> tuple[str, list[Cell]]:
+        """The first measured point that held (or cache 0) further from its prediction than allowed
+        in every run of it, measured again ("" when none), and the cells that measure a miss again:
+        a budget whose every run missed gets a second round of cells, and misses only if those do too."""
         g = self.g
         held = g.boundary.largest_safe_mib if g is not None else None
+        again: list[Cell] = []
         for p in g.points if g is not None else ():
             if p.auto or math.isnan(p.budget_mib):
                 continue
             if p.budget_mib > 0 and (held is None or p.budget_mib > held):
                 continue                  # killed, fought or unfilled: the model does not describe a fight
-            error = p.prediction_error_pct
-            if not math.isnan(error) and abs(error) > max_error_pct:
-                return (f"{p.label} ({p.series or 'all'}) measured {p.s_per_token:.4g} s/token, predicted "
-                        f"{p.predicted_s_per_tok:.4g} ({error:+.0f} %, over {max_error_pct:g} %)")
-        return ""
+            errors = [self.run_errors.get(r, math.nan) for r in p.run_ids]
+            if not errors or any(math.isnan(e) or abs(e) <= max_error_pct for e in errors):
+                continue
+            miss = (f"{p.label} ({p.series or 'all'}) measured {p.s_per_token:.4g} s/token, predicted "
+                    f"{p.predicted_s_per_tok:.4g} ({p.prediction_error_pct:+.0f} %, over {max_error_pct:g} % "
+                    f"in all {len(errors)} run(s))")
+            if not float(p.budget_mib).is_integer():
+                return miss, again        # no budget the search plans: nothing to measure again
+            second = self.at(int(p.budget_mib), route_trace=p.budget_mib == 0, round_no=1)
+            if self._done(second) and {c.cell_id for c in second} <= {self.run_cells.get(r) for r in p.run_ids}:
+                return miss, again
+            again += second
+        return "", again
 
     def _clamp(self, budget_mib: int) -> int:
         b = max(self.lowest, budget_mib)

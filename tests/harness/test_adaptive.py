@@ -88,21 +88,52 @@ def test_bad_plan_keys_name_the_key(tiny_model, table, problem):
 
 
 def test_a_cell_far_from_its_prediction_sends_its_group_to_the_grid(tmp_path, mid_model):
-    """With an error bound nothing meets (two cache-0 runs: their median is never exactly the one
-    the prediction was made from), the group falls back to the grid: every grid budget is measured,
-    cache 0 only as the route-traced cells, the bracket says why, and the file round-trips."""
+    """With an error bound nothing meets (two cache-0 runs: neither is exactly the mean the
+    prediction was made from), cache 0 is measured again (repeats 2 and 3), misses in all four
+    runs, and the group falls back to the grid: every grid budget is measured, cache 0 only as the
+    route-traced cells, the bracket says why, and the file round-trips."""
     c = adaptive_campaign(mid_model, ["local"], [0, "cycle*1.2", 40], plan={"max_error_pct": 1e-9},
                           run={"repeats": 2})
     out = tmp_path / "grid"
     status = run_campaign(c, out, progress_stream=io.StringIO())
     assert status.complete
     (b,) = status.brackets
-    assert b.state == GRID and "predicted" in b.reason and "%" in b.reason, b
-    budgets = sorted(json.loads(p.read_text())["config"]["cache_mb"] for p in out.glob("runs/*/1/run.json"))
+    assert b.state == GRID and "predicted" in b.reason and "in all 4 run(s)" in b.reason, b
+    runs = [json.loads(p.read_text()) for p in out.glob("runs/*/1/run.json")]
+    budgets = sorted(r["config"]["cache_mb"] for r in runs)
     grid = {cell.config.cache_mb for cell in make_plan(c).cells}
-    assert grid <= set(budgets) and budgets.count(0) == 2 and len(budgets) == 2 * len(grid)   # cache 0 once
+    # cache 0 twice over (the second round measures the miss again), every other grid budget once
+    assert grid <= set(budgets) and budgets.count(0) == 4 and len(budgets) == 2 * len(grid) + 2
+    assert sorted(r["repeat"] for r in runs if r["config"]["cache_mb"] == 0) == [0, 1, 2, 3]
     assert status.spent.cells == len(budgets) == status.planned and status.spent.device_s > 0
     assert parse_campaign(tomllib.loads((out / "campaign.toml").read_text()), "x").plan == c.plan
+
+
+def test_one_run_slowed_by_something_else_is_measured_again_and_costs_no_grid(tmp_path, mid_model):
+    """One run of the predicted safe budget is slowed five-fold (as another app on the phone
+    would). Every run of that budget missed, so the sweep measures it again (repeat 1) before it
+    spends the grid; the second run meets the prediction, and the search goes on from there. Both
+    runs stay on the record and in the accounting."""
+    from tests.results.conftest import write_engine
+
+    engine = write_engine(tmp_path / "engine", "slow-once", slow_when="call:3", slow_ms=20)
+    data = {"version": 1, "name": "adapt", "fleet": {"devices": ["local"]}, "models": {"mid": str(mid_model)},
+            "axes": {"cache_mb": [0, "cycle*1.2", 40]}, "run": {"n_predict": 8, "threads": 1},
+            "gate": {"max_wait_s": 2}, "plan": {"adaptive": True, "max_error_pct": 50}, "engine": engine}
+    c = parse_campaign(data, source="adapt.toml")
+    out = tmp_path / "slow-once"
+    status = run_campaign(c, out, progress_stream=io.StringIO())
+    assert status.complete
+    (b,) = status.brackets
+    assert b.state != GRID, b
+    table = build_table([out])
+    third = table[table["started_at"] == sorted(table["started_at"])[2]].iloc[0]
+    again = table[(table["cache_mb"] == third["cache_mb"]) & (table["run_id"] != third["run_id"])]
+    assert len(again) == 1 and third["s_per_tok"] > 3 * float(again["s_per_tok"].iloc[0]), (third, again)
+    repeats = sorted(json.loads((Path(d) / "run.json").read_text())["repeat"]
+                     for d in table.loc[table["cache_mb"] == third["cache_mb"], "run_dir"])
+    assert repeats == [0, 1]
+    assert status.spent.cells == len(table) == status.planned
 
 
 def test_the_bisection_closes_the_kill_bracket_and_resumes_after_the_phone_dies(tmp_path, adb_port, phone_home,
