@@ -196,10 +196,11 @@ def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> A
     # a group that fell back to the grid stays there (its grid cells are planned; plan.json says so)
     fallen = {(b.device, b.model, b.top_k, b.apps): b.reason for b in brackets_of(doc) if b.state == GRID}
     cells: dict[str, Cell] = {c.cell_id: c for c in old}
+    runs = RunIndex.of(analysis)
     brackets = []
     for key, series in _bases(grid).items():
         group = _Group(campaign, grid, key, series, latest, analysis, [c for c in old if group_key(c) == key],
-                       fallen.get(key))
+                       fallen.get(key), runs)
         wanted, bracket = group.decide()
         for cell in wanted:
             cells.setdefault(cell.cell_id, cell)
@@ -231,22 +232,36 @@ def measured_bracket(g) -> tuple[float | None, float | None, list[float]]:
     return held, min(above) if above else None, measured
 
 
+@dataclass(frozen=True)
+class RunIndex:
+    """Each analysed run's cell and its own error against its prediction (%), by run id: made once
+    per round for every group."""
+
+    errors: Mapping[str, float] = field(default_factory=dict)
+    cells: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, analysis) -> RunIndex:
+        if analysis is None:
+            return cls()
+        runs = analysis.table["run_id"].astype(str)
+        return cls(dict(zip(runs, analysis.table["prediction_error_pct"].astype(float))),
+                   dict(zip(runs, analysis.table["cell_id"].astype(str))))
+
+
 class _Group:
     """One group's decision (adaptive_plan)."""
 
     def __init__(self, campaign: Campaign, grid: Plan, key: GroupKey, series: Sequence[Cell],
-                 latest: Mapping[str, Mapping[str, Any]], analysis, planned: Sequence[Cell], fallen: str | None = None):
+                 latest: Mapping[str, Mapping[str, Any]], analysis, planned: Sequence[Cell], fallen: str | None = None,
+                 runs: RunIndex | None = None):
         self.campaign, self.grid, self.key, self.series = campaign, grid, key, series
         self.latest, self.planned, self.fallen = latest, list(planned), fallen
         self.g = None
-        self.run_errors: dict[str, float] = {}      # each run's own error against its prediction, %
-        self.run_cells: dict[str, str] = {}
+        self.runs = runs if runs is not None else RunIndex()
         if analysis is not None:
             with contextlib.suppress(KeyError):     # no run of it finished yet
                 self.g = analysis.group(key[0], key[1], key[2], key[3])
-            runs = analysis.table["run_id"].astype(str)
-            self.run_errors = dict(zip(runs, analysis.table["prediction_error_pct"].astype(float)))
-            self.run_cells = dict(zip(runs, analysis.table["cell_id"].astype(str)))
         self.cycle_mib = float(series[0].config.cycle_mb or 0.0)
         self.resolution = resolution_mib(campaign, self.cycle_mib)
         self.lowest = max(1, math.ceil(self.cycle_mib))      # the least budget a ceiling can rest on
@@ -349,7 +364,7 @@ class _Group:
                 continue
             if p.budget_mib > 0 and (held is None or p.budget_mib > held):
                 continue                  # killed, fought or unfilled: the model does not describe a fight
-            errors = [self.run_errors.get(r, math.nan) for r in p.run_ids]
+            errors = [self.runs.errors.get(r, math.nan) for r in p.run_ids]
             if not errors or any(math.isnan(e) or abs(e) <= max_error_pct for e in errors):
                 continue
             miss = (f"{p.label} ({p.series or 'all'}) measured {p.s_per_token:.4g} s/token, predicted "
@@ -358,7 +373,7 @@ class _Group:
             if not float(p.budget_mib).is_integer():
                 return miss, again        # no budget the search plans: nothing to measure again
             second = self.at(int(p.budget_mib), route_trace=p.budget_mib == 0, round_no=1)
-            if self._done(second) and {c.cell_id for c in second} <= {self.run_cells.get(r) for r in p.run_ids}:
+            if self._done(second) and {c.cell_id for c in second} <= {self.runs.cells.get(r) for r in p.run_ids}:
                 return miss, again
             again += second
         return "", again

@@ -235,8 +235,8 @@ def test_a_twin_that_computed_slower_adds_nothing(prediction, campaign, twin):
     table = build_table([campaign, twin])
     probe = table[table["run_id"] == prediction.probe_run_id].iloc[0]
     trace = read_route_trace(f"{probe['run_dir']}/{names.ROUTE_CSV}")
-    twin_runs = table[table["config_o_direct"].astype(str) == "False"]
-    rates = run_rates([f"{d}/{names.METRICS_CSV}" for d in twin_runs["run_dir"]], list(twin_runs["run_id"]))
+    rates = predict(table)[prediction.key].buffered
+    assert rates is not None
     slower = dataclasses.replace(rates, compute_s_per_tok=prediction.rates.compute_s_per_tok * 1.5)
     faster = dataclasses.replace(rates, compute_s_per_tok=prediction.rates.compute_s_per_tok / 2)
     alone = predict_from_runs(trace, prediction.rates, [0, 8, 16])
