@@ -48,6 +48,7 @@ from engine.units import MIB
 from results.errors import ResultsError
 from results.read.parse_csv import read_metrics_csv
 from results.read.route_trace import PHASE_DECODE, RouteTrace, read_route_trace
+from results.read.run_keys import SERIES_KEYS
 from results.read.table import build_table
 from results.replay.lru_replay import (
     AccessSequence,
@@ -413,8 +414,9 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
 # ── from a run table ─────────────────────────────────────────────────────────────────────────
 
 GROUP_KEYS = ("device", "model", "n_expert_used", "dense_weights")
-# runs pooled into one input must differ in nothing else that sets their speed
-SERIES_KEYS = ("engine", "threads", "io_threads", "apps", "engine_flags", "planner", "no_mmap", "config_o_direct")
+# runs pooled into one input must differ in nothing else that sets their speed: the analysis' series
+# keys, and what it keeps apart in other ways (the engine build, the apps open, the planner, --no-mmap)
+MATCH_KEYS = SERIES_KEYS + ("engine", "apps", "planner", "no_mmap")
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
@@ -422,7 +424,7 @@ def _usable(table: pd.DataFrame) -> pd.DataFrame:
     return ok[ok["cache_mb"].notna()]
 
 
-def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any], keys: Sequence[str] = SERIES_KEYS) -> pd.DataFrame:
+def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any], keys: Sequence[str] = MATCH_KEYS) -> pd.DataFrame:
     keep = np.ones(len(rows), dtype=bool)
     for k in keys:
         if k in rows.columns:
@@ -444,7 +446,7 @@ def _twin(group: pd.DataFrame, ref: Mapping[str, Any]) -> pd.DataFrame:
     if str(ref.get("config_o_direct")) == "False":
         return group.iloc[:0]
     zero = _buffered(group[(group["cache_mb"] == 0) & ~group["probe"]], True)
-    return _same_series(zero, ref, [k for k in SERIES_KEYS if k != "config_o_direct"])
+    return _same_series(zero, ref, [k for k in MATCH_KEYS if k != "config_o_direct"])
 
 
 def _metrics(rows: pd.DataFrame) -> list[Path]:

@@ -188,6 +188,20 @@ def test_without_a_cached_cell_budgets_are_predicted_from_cache0s_read_time(pred
             alone.at(0.0).io_s_per_tok - b.io_s_per_tok))
 
 
+@pytest.mark.parametrize(("key", "other"), [("engine_args", "['--no-think']"), ("engine_flags", "--overlap")])
+def test_cached_cells_of_another_series_are_no_anchor(prediction, table, key, other):
+    """The analysis' series keys (results.read.run_keys) keep inputs apart too: cached cells run with
+    other engine arguments than cache 0 do not set its slope."""
+    moved = table.copy()
+    cached = (moved["cache_mb"] > 0) & ~moved["probe"]
+    assert key in moved.columns and str(other) not in set(moved[key].astype(str))
+    moved[key] = moved[key].astype(object)
+    moved.loc[cached, key] = other
+    apart = predict(moved)[prediction.key]
+    assert prediction.anchor is not None and apart.anchor is None
+    assert apart.cache0_run_ids == prediction.cache0_run_ids
+
+
 def test_every_cache0_repeat_is_pooled(local_campaign):
     table = build_table([local_campaign])          # two repeats of every cell
     p = predict(table)[("local", "small", 2, "anon")]
