@@ -39,13 +39,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import adb_binary
+from devices.adb.server import adb_binary
 from devices.virtual import manager
-from engine.synth import synth_options, write_model
+from engine.gguf.synth import synth_options, write_model
 from harness import demo
-from harness.adaptive import measured_bracket
-from harness.campaign_options import campaign_from_options
-from harness.runner import run_campaign
+from harness.campaign.options import campaign_from_options
+from harness.plan.adaptive import measured_bracket
+from harness.run.runner import run_campaign
 from results.analysis.analyze import analyze
 from results.analysis.recommend import recommend
 from results.read.table import build_table

@@ -34,12 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import AdbServer, adb_binary, ensure_server
-from devices.adb_phone import AdbPhone
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer, adb_binary, ensure_server
 from devices.virtual import manager
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 
 PHONE = "cellbench"
 CALLS = ("shell", "shell_in_run", "reads", "state", "push", "pull", "lmk_events", "stop_strays", "remote_sha256", "run", "identity")

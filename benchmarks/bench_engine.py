@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_io import raw_pass
 
-from engine.model import MIB, load_model_shape
-from engine.pagecache import drop_page_cache
-from engine.synth import synth_options, write_model
+from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from engine.stream.pagecache import drop_page_cache
 from results.read.parse import read_metrics_csv
 
 

@@ -32,11 +32,11 @@ from gguf import GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.cache import ExpertCache
-from engine.io import O_DIRECT, memory_filesystem, read_alignment_bytes
-from engine.model import ModelShape, load_model_shape
-from engine.pagecache import drop_page_cache
-from engine.stream import StreamingExpertSource
+from engine.gguf.model import ModelShape, load_model_shape
+from engine.stream.cache import ExpertCache
+from engine.stream.io import O_DIRECT, memory_filesystem, read_alignment_bytes
+from engine.stream.pagecache import drop_page_cache
+from engine.stream.source import StreamingExpertSource
 
 MIB = 1 << 20
 ROWS, COLS = 1031, 1024  # F16: 2,111,488 B per expert (2.01 MiB), not a multiple of 4096

@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.adb import adb_binary  # noqa: E402
+from devices.adb.server import adb_binary  # noqa: E402
 from devices.virtual import manager  # noqa: E402
-from harness.campaign_file import parse_campaign  # noqa: E402
-from harness.runner import run_campaign  # noqa: E402
+from harness.campaign.file import parse_campaign  # noqa: E402
+from harness.run.runner import run_campaign  # noqa: E402
 from results.read.parse import read_metrics_csv  # noqa: E402
 
 PEER = ROOT.parent / "shared"

@@ -15,9 +15,9 @@ and prefill s, then bmoe-py / bmoe-cli for each. Done when (issue 15)
 decode <= 1.5 and compute <= 2 on both models at both budgets.
 
 Then (unless --no-startup) the cost of starting, CPU seconds and peak RSS (VmHWM) of 4-token
-runs: upstream's tiny model (its matrices are under engine.kernels.COMPILED_MIN_WEIGHTS, so the
+runs: upstream's tiny model (its matrices are under engine.kernels.matmul.COMPILED_MIN_WEIGHTS, so the
 compiled kernels are never loaded) and a small qwen3moe whose 1024x1024 matrices take them, each
-with an empty kernel cache (cold: the host's C compiler builds engine/_kernels.c), then twice
+with an empty kernel cache (cold: the host's C compiler builds engine/kernels/_kernels.c), then twice
 warm, and bmoe-cli's same run.
 
 bmoe-cli at -t 2 spins when the two cores are not free: run this with nothing else running, and
@@ -42,9 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.model import MIB, load_model_shape  # noqa: E402
-from engine.pagecache import drop_page_cache  # noqa: E402
-from engine.synth import synth_options, write_model  # noqa: E402
+from engine.gguf.model import MIB, load_model_shape  # noqa: E402
+from engine.gguf.synth import synth_options, write_model  # noqa: E402
+from engine.stream.pagecache import drop_page_cache  # noqa: E402
 from results.read.parse_console import parse_console  # noqa: E402
 
 DEFAULT_CLI = ROOT.parent / "shared/peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"

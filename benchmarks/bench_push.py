@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import AdbServer, adb_binary
-from devices.adb_phone import AdbPhone
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer, adb_binary
 from devices.virtual import manager
-from engine.synth import synth_options, write_model
+from engine.gguf.synth import synth_options, write_model
 from engine.units import parse_bytes
 
 MIB = 1 << 20

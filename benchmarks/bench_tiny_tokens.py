@@ -8,7 +8,7 @@ Both engines run the same greedy decode at -t 1, in pairs (bmoe-py, then bmoe-cl
 so a drift of the machine's speed hits both); a run's s/token is the mean of its CSV's per-token
 wall_ms rows (the summary's s/tok has three decimals: bmoe-cli's is ~0.0001). Both engines' wall_ms
 is the same span: the decode call alone (llama_decode in upstream's Session::generate; Model.decode
-in engine/session.py), sampling, detokenizing, /proc reads and the CSV row outside it, in each
+in engine/app/session.py), sampling, detokenizing, /proc reads and the CSV row outside it, in each
 row's loop_overhead_ms. Prints each engine's median ms/token, the min-max, the load average, and
 bmoe-py / bmoe-cli (aim <= 3).
 """

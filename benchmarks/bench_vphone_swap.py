@@ -48,13 +48,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import AdbServer, adb_binary, ensure_server
+from devices.adb.server import AdbServer, adb_binary, ensure_server
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager
 from devices.virtual.swapwatch import SwapWatch
-from engine.synth import plan_tensors, synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from engine.gguf.synth import plan_tensors, synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 
 MIB = 1 << 20
 APP_LZ4_RATIO = 2.9   # what zram keeps of an app's :compressible memory (apps.py, measured)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb import adb_binary
+from devices.adb.server import adb_binary
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}
@@ -46,7 +46,7 @@ def fleet(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProc
 def campaign_toml(path: Path, model: Path, devices: list[str], port: int, home: Path, cache_mb: list[str],
                   repeats: int, n_predict: int) -> None:
     """Write the campaign file, built the way `bmoe-fleet sweep` builds one."""
-    from harness.campaign_options import campaign_from_options
+    from harness.campaign.options import campaign_from_options
 
     campaign = campaign_from_options(
         devices, [str(model)], cache_mb, dense_weights=["anon", "warm"], repeats=repeats, n_predict=n_predict,

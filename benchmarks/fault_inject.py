@@ -53,7 +53,7 @@ def main() -> int:
     os.environ["BMOE_FLEET_HOME"] = str(folder / "home")     # locks and staged engines, never ~/.bmoe-fleet
 
     from devices.virtual import manager
-    from engine.synth import synth_options, write_model
+    from engine.gguf.synth import synth_options, write_model
     from tests.conftest import running_adb_server
     from tests.harness import faults
 

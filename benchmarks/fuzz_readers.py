@@ -59,7 +59,7 @@ class Inputs:
             self.port, self.log = stack.enter_context(_phone(folder))
 
     def _model(self) -> Path:
-        from engine.synth import synth_options, write_model
+        from engine.gguf.synth import synth_options, write_model
 
         if not self.model.exists():
             write_model(self.model, synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96,

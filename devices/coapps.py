@@ -149,7 +149,7 @@ class AppSession:
 def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
     """Push the app binary (when the phone lacks it), stop any leftovers of these names, start
     each app on a held shell connection, and wait until each holds its memory or is gone. `phone`
-    is a devices.adb_phone.AdbPhone."""
+    is a devices.adb.phone.AdbPhone."""
     if not apps:
         return AppSession([])
     work = phone.work_dir()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from devices.adb import AdbServer, default_server, ensure_server
-from devices.adb_phone import list_phones
+from devices.adb.phone import list_phones
+from devices.adb.server import AdbServer, default_server, ensure_server
 from devices.base import DeviceError, DeviceIdentity, DeviceState
 from devices.local import LocalDevice
 from engine.safetext import one_line

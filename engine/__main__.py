@@ -1,5 +1,5 @@
 """`python -m engine` runs bmoe-py."""
 
-from engine.cli import main
+from engine.app.cli import main
 
 main()

@@ -1,7 +1,7 @@
 """Error types shared by every bmoe-fleet package.
 
 Library code raises these; the two CLIs turn them into one-line messages and exit codes in one
-place each (harness/cli.py, engine/cli.py).
+place each (harness/cli/main.py, engine/app/cli.py).
 """
 
 

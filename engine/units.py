@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import BmoeError
+from engine.errors import BmoeError
 
 MIB = 1 << 20
 GIB = 1 << 30

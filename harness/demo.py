@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import BmoeError
-from engine.inspect import inspect_model
-from engine.synth import synth_options, write_model
+from engine.gguf.inspect import inspect_model
+from engine.gguf.synth import synth_options, write_model
 from store.campaign_dir import CampaignDir
 
 if TYPE_CHECKING:
-    from harness.campaign import Campaign
-    from harness.status import CampaignStatus
+    from harness.campaign.model import Campaign
+    from harness.run.status import CampaignStatus
 
 Echo = Callable[[str], None]
 
@@ -81,7 +81,7 @@ def _model(out: Path, echo: Echo) -> Path:
 
 def _start_phones(home: Path, port: int, env: dict, echo: Echo,
                   phones: dict[str, tuple[int, str, str]] = PHONES, storage_mbps: int = STORAGE_MBPS) -> list[str]:
-    from devices.adb import adb_binary
+    from devices.adb.server import adb_binary
     from devices.virtual import manager
 
     done = subprocess.run([adb_binary(), "-P", str(port), "start-server"], env=env, capture_output=True, text=True,
@@ -111,7 +111,7 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo,
 
 def _campaign(model: Path, devices: list[str], port: int, home: Path):
     """The demo's sweep, built the way `bmoe-fleet sweep` builds one."""
-    from harness.campaign_options import campaign_from_options
+    from harness.campaign.options import campaign_from_options
 
     return campaign_from_options(
         devices, [str(model)], ["0", "cycle*0.9", "cycle*1.2", "cycle*4", "knee", "auto", "1400"],
@@ -133,7 +133,7 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
 def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):
     """The app's way of running the engine on each phone: one session of TURNS turns at the
     cycle*4 budget, IDLE_S between them, a cached app allocating in each gap."""
-    from harness.campaign_options import campaign_from_options
+    from harness.campaign.options import campaign_from_options
 
     return campaign_from_options(
         devices, [str(model)], ["cycle*4"], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo-turns",
@@ -144,7 +144,7 @@ def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):
 
 def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
     """The whole demo (module doc), into out_dir."""
-    from harness.verify import verifier
+    from harness.run.verify import verifier
     from results.analysis.recommend import recommend
     from results.site.report import build_site
 
@@ -176,7 +176,7 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
         recs = recommend([campaign_dir], verify=verifier(echo))
     finally:
         if phones:
-            from devices.adb import adb_binary
+            from devices.adb.server import adb_binary
             from devices.virtual import manager
 
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
@@ -197,8 +197,8 @@ def run_into(campaign: Campaign, campaign_dir: Path, echo: Echo = print) -> Camp
     before its first write) is started again; one that holds another campaign (an older release's
     demo, whose plan differs) is kept beside it under a free name, said in one line, and the
     demo starts afresh: a rerun of the demo never stops on its own earlier output, nor deletes it."""
-    from harness.run_errors import OtherCampaignError
-    from harness.runner import run_campaign
+    from harness.run.errors import OtherCampaignError
+    from harness.run.runner import run_campaign
 
     if campaign_dir.exists() and not CampaignDir(campaign_dir).has_plan():
         shutil.rmtree(campaign_dir)

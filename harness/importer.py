@@ -42,9 +42,9 @@ import tomli_w
 from engine.interface.outputs import reader_aliases
 from engine.safetext import printable
 from engine.units import parse_number
-from harness.campaign import FORMAT_VERSION, CampaignError, fleet_home
-from harness.classify import result_of
-from harness.plan import Cell, Plan, cell_id_of, read_plan, write_plan
+from harness.campaign.model import FORMAT_VERSION, CampaignError, fleet_home
+from harness.plan.grid import Cell, Plan, cell_id_of, read_plan, write_plan
+from harness.run.classify import result_of
 from results.read.parse import (
     ConsoleRun,
     RunFiles,

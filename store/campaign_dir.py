@@ -49,13 +49,13 @@ class CampaignDir:
         return (self.root / names.RUNS_DIR).is_dir()
 
     def read_plan_doc(self) -> dict[str, Any] | None:
-        """plan.json at the current version (None when there is none); harness.plan makes it a Plan."""
+        """plan.json at the current version (None when there is none); harness.plan.grid makes it a Plan."""
         if not self.plan_path.exists():
             return None
         return versioned.read_json(self.plan_path, versioned.PLAN.name)
 
     def write_plan_doc(self, doc: Mapping[str, Any]) -> None:
-        """plan.json (a harness.plan.Plan's to_dict)."""
+        """plan.json (a harness.plan.grid.Plan's to_dict)."""
         versioned.write_json(self.plan_path, doc)
 
     def read_campaign_toml(self) -> dict[str, Any] | None:
@@ -87,7 +87,7 @@ class CampaignDir:
         return versioned.read_json(path, versioned.MODEL.name) if path.exists() else None
 
     def write_model(self, model_id: str, record: Mapping[str, Any]) -> None:
-        """models/<id>.json: the shape record (engine.model.ModelShape.to_dict) plus what identifies it."""
+        """models/<id>.json: the shape record (engine.gguf.model.ModelShape.to_dict) plus what identifies it."""
         versioned.write_json(names.model_record(self.root, model_id), record)
 
     # -- attempts ------------------------------------------------------------------------------

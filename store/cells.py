@@ -1,6 +1,6 @@
 """A cell's engine configuration, typed (docs/campaign-dir.md, "Cell").
 
-The planner (harness.plan) makes one per cell; it is stored as the cell's `config` object in
+The planner (harness.plan.grid) makes one per cell; it is stored as the cell's `config` object in
 plan.json and in each attempt's run.json, and read back by the runner, the importer and the run
 table (results.read.table). It lives in the store because both the harness and results read it.
 

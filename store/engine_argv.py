@@ -1,6 +1,6 @@
 """A cell's engine command line from its typed configuration: the one function that writes it.
 
-The harness builds every measured argv with `engine_argv` (harness.plan); a recommendation builds
+The harness builds every measured argv with `engine_argv` (harness.plan.grid); a recommendation builds
 the argv it ships with `settings_argv` from the chosen runs' own configuration, changed only in its
 budget (results.analysis.recommend_argv), so a recommended command line is the measured one by construction,
 never one edited as strings. The flag names come from engine.interface.flags.
@@ -12,7 +12,7 @@ stored argv; tests hold the two to each other on every run of a campaign).
 
 from __future__ import annotations
 
-from engine.flags import flag_argv
+from engine.contract.flags import flag_argv
 from engine.interface.flags import (
     AUTO,
     CACHE_CEIL_MB,
@@ -86,7 +86,7 @@ def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
     argv = [engine, MODEL.typed, model_path, PROMPT.typed, c.prompt, N_PREDICT.typed, str(c.n_predict)]
     argv += settings_argv(c)
     if c.turns is not None and c.turns > 1:
-        argv.append(SESSION_MODE.typed)          # its requests come on stdin (harness.turns)
+        argv.append(SESSION_MODE.typed)          # its requests come on stdin (harness.run.turns)
     argv += [CSV.typed, csv_path]
     if route_path and c.route_trace:
         argv += [ROUTE_TRACE.typed, route_path]

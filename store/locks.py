@@ -36,7 +36,7 @@ POLL_S = 0.05
 
 
 def locks_dir(home: str | os.PathLike) -> Path:
-    """Where the lock files live under the fleet's home (harness.campaign.fleet_home)."""
+    """Where the lock files live under the fleet's home (harness.campaign.model.fleet_home)."""
     return Path(home) / names.LOCKS_DIR
 
 

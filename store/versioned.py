@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine import fsutil
-from engine.model import SHAPE_FORMAT, SHAPE_VERSION
+from engine.gguf.model import SHAPE_FORMAT, SHAPE_VERSION
 from store.errors import StoreError
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
@@ -66,12 +66,12 @@ def format_of(name: str) -> Format:
 RUN = register("bmoe-fleet.run")
 LEDGER = register("bmoe-fleet.ledger")
 DEVICE = register("bmoe-fleet.device")
-MODEL = register(SHAPE_FORMAT, SHAPE_VERSION)       # the engine writes it (engine.model.ModelShape.to_dict)
+MODEL = register(SHAPE_FORMAT, SHAPE_VERSION)       # the engine writes it (engine.gguf.model.ModelShape.to_dict)
 PLAN = register("bmoe-fleet.plan")
 COMMUNITY = register("bmoe-fleet.community")
 APP = register("bmoe-fleet.app")
 STORAGE = register("bmoe-fleet.storage")
-# campaign.toml carries a `version` too: the campaign file's own (harness.campaign.FORMAT_VERSION)
+# campaign.toml carries a `version` too: the campaign file's own (harness.campaign.model.FORMAT_VERSION)
 
 
 def upgrade(doc: Any, fmt: str, where: str | os.PathLike) -> dict[str, Any]:

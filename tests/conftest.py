@@ -1,4 +1,4 @@
-"""Shared fixtures: real GGUF files written with engine.synth (small, so the suite stays fast)."""
+"""Shared fixtures: real GGUF files written with engine.gguf.synth (small, so the suite stays fast)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.synth import synth_options, write_model
+from engine.gguf.synth import synth_options, write_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
@@ -197,6 +197,6 @@ def stop_adb_server(port: int, env: dict) -> None:
 @pytest.fixture
 def cli():
     """The bmoe-fleet click group, every command registered."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     return main

@@ -63,7 +63,7 @@ def test_the_simulation_refuses_fcntl_as_a_python_without_it_would():
 
 def test_every_module_imports_without_fcntl():
     modules = _modules()
-    assert len(modules) > 80 and "harness.status" in modules and "devices.virtual.phone" in modules
+    assert len(modules) > 80 and "harness.run.status" in modules and "devices.virtual.phone" in modules
     failed = _run_without_fcntl(f"""
         import importlib
         failed = {{}}

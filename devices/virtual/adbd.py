@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wire
+from devices.virtual import wire
 
 log = logging.getLogger("bmoe.vphone.adbd")
 

@@ -63,8 +63,8 @@ def start(apps: list[App], procs_files: list[str], ns_fd: int | None) -> list[su
 
 
 def _setup(app: App, procs_files: list[str], ns_fd: int | None):
-    from . import namespace
-    from .phone import join_cgroup
+    from devices.virtual import namespace
+    from devices.virtual.phone import join_cgroup
 
     def setup() -> None:
         try:

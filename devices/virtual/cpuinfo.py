@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from .cgroup import PREFIX, _mounts, _own_path
+from devices.virtual.cgroup import PREFIX, _mounts, _own_path
 
 ONLINE_PATH = Path("sys/devices/system/cpu/online")   # under the phone's root
 CPUINFO_PATH = Path("proc/cpuinfo")
@@ -98,7 +98,7 @@ def make_cpuset(leaf: str, cpus: list[int]) -> Path:
 
 def write(root: Path, cpus: list[int]) -> None:
     """The phone's /sys/devices/system/cpu/online and /proc/cpuinfo for its cores (in place: bound over)."""
-    from .meminfo import write_in_place
+    from devices.virtual.meminfo import write_in_place
 
     (root / ONLINE_PATH).parent.mkdir(parents=True, exist_ok=True)
     write_in_place(root / ONLINE_PATH, _ranges(cpus) + "\n")

@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logbuf
-from .lmkd_policy import (
+from devices.lmkd_policy import (
     POLL_LONG_S,
     Candidate,
     Decision,
@@ -40,7 +39,8 @@ from .lmkd_policy import (
     choose_victim,
     read_psi_full_total_us,
 )
-from .meminfo import MemInfo
+from devices.virtual import logbuf
+from devices.virtual.meminfo import MemInfo
 
 log = logging.getLogger("bmoe.vphone.lmkd")
 

@@ -27,11 +27,18 @@ from pathlib import Path
 from typing import TypeGuard
 
 from devices.android import AppSpecError, parse_apps
+from devices.virtual import cgroup as cgroups
+from devices.virtual import cpuinfo, zram
+from devices.virtual.phone import (
+    INTERNAL,
+    NotLinux,
+    PhoneSpec,
+    UserlandMissing,
+    default_home,
+    host_userland,
+    require_linux,
+)
 from engine.errors import BmoeError
-
-from . import cgroup as cgroups
-from . import cpuinfo, zram
-from .phone import INTERNAL, NotLinux, PhoneSpec, UserlandMissing, default_home, host_userland, require_linux
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_RAM_BYTES = 32 << 20
@@ -123,9 +130,9 @@ def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInf
 
 
 def _adb(adb_host: str | None, adb_port: int | None, start: bool = False):
-    """A client of the adb server given, or of the one adb's environment names (devices.adb, the
+    """A client of the adb server given, or of the one adb's environment names (devices.adb.server, the
     one place that reads it); start=True starts a local server there when none answers."""
-    from devices import adb  # a heavy import (adbutils), only for up/down
+    from devices.adb import server as adb  # a heavy import (adbutils), only for up/down
 
     server = adb.server_at(adb_host, adb_port)
     if start:
@@ -135,7 +142,7 @@ def _adb(adb_host: str | None, adb_port: int | None, start: bool = False):
 
 def _server_listening(adb_host: str | None, adb_port: int | None) -> bool:
     """Is an adb server there? (Asking one that is not would start it just to be told to disconnect.)"""
-    from devices.adb import server_at
+    from devices.adb.server import server_at
 
     try:
         server = server_at(adb_host, adb_port)

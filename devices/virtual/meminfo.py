@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cgroup import MemStat
+from devices.virtual.cgroup import MemStat
 
 MEMINFO_PATH = Path("proc/meminfo")  # under the phone's root
 VMSTAT_PATH = Path("proc/vmstat")

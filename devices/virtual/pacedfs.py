@@ -519,7 +519,7 @@ def _serve_main(argv: list[str] | None = None) -> int:
         # opened at their host paths, before entering the phone's namespace
         dev = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         backing = os.open(a.data, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        from .namespace import MS_NODEV, MS_NOSUID, NamespaceUnavailable, _mount, setns
+        from devices.virtual.namespace import MS_NODEV, MS_NOSUID, NamespaceUnavailable, _mount, setns
     except OSError as e:
         os.write(a.ready_fd, f"{e}".encode()[:60])
         return 1

@@ -34,14 +34,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from devices.android import HOST_ABI
+from devices.lmkd_policy import LmkProps
+from devices.virtual import cpuinfo, logbuf, namespace, thermal
+from devices.virtual.cgroup import MemoryCgroup, MemStat
+from devices.virtual.meminfo import MEMINFO_PATH, VMSTAT_PATH, MemInfo, compute, vmstat_text, write_in_place
+from devices.virtual.zram import Zram
+from devices.virtual.zram_charge import Ballast
 from engine.fsutil import atomic_write, fleet_home, replacing
-
-from . import cpuinfo, logbuf, namespace, thermal
-from .cgroup import MemoryCgroup, MemStat
-from .lmkd_policy import LmkProps
-from .meminfo import MEMINFO_PATH, VMSTAT_PATH, MemInfo, compute, vmstat_text, write_in_place
-from .zram import Zram
-from .zram_charge import Ballast
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
@@ -309,7 +308,7 @@ def install_tools(layout: Layout, in_namespace: bool) -> None:
     paths of the phone's folder."""
     import py_compile
 
-    from . import tools as phone_tools
+    from devices.virtual import tools as phone_tools
 
     if in_namespace:
         sh, lib, root = "/system/bin/sh", "/system/lib/bmoe-vphone", "/"

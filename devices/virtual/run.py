@@ -22,15 +22,23 @@ import time
 from pathlib import Path
 
 from devices.android import parse_apps
+from devices.lmkd_policy import POLL_SHORT_S, LmkProps, Policy, watermarks
+from devices.virtual import apps, cpuinfo, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
+from devices.virtual.adbd import Banner, Connection, Daemon, Service, Stream
+from devices.virtual.cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
+from devices.virtual.lmkd import Lmkd
+from devices.virtual.phone import (
+    SHELL_GID,
+    SHELL_UID,
+    Layout,
+    PhoneSpec,
+    UserlandMissing,
+    VirtualPhone,
+    install_tools,
+    prepare,
+)
+from devices.virtual.zram_charge import Ballast
 from engine.fsutil import atomic_write
-
-from . import apps, cpuinfo, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
-from .adbd import Banner, Connection, Daemon, Service, Stream
-from .cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
-from .lmkd import Lmkd
-from .lmkd_policy import POLL_SHORT_S, LmkProps, Policy, watermarks
-from .phone import SHELL_GID, SHELL_UID, Layout, PhoneSpec, UserlandMissing, VirtualPhone, install_tools, prepare
-from .zram_charge import Ballast
 
 log = logging.getLogger("bmoe.vphone")
 TICK_S = 1.0

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
-from .adbd import Stream, StreamClosed
+from devices.virtual.adbd import Stream, StreamClosed
 
 log = logging.getLogger("bmoe.vphone.shell")
 

@@ -36,7 +36,7 @@ import struct
 from pathlib import Path
 from typing import NoReturn
 
-from .adbd import Stream
+from devices.virtual.adbd import Stream
 
 log = logging.getLogger("bmoe.vphone.sync")
 

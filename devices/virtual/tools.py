@@ -152,7 +152,7 @@ def logcat(root: str | Path, args: list[str]) -> int:
     import time
 
     if TYPE_CHECKING or __package__:
-        from . import logbuf
+        from devices.virtual import logbuf
     else:
         import logbuf
     opts = logcat_options(args)
@@ -221,7 +221,7 @@ def logcat(root: str | Path, args: list[str]) -> int:
 def dumpsys(root: str | Path, args: list[str]) -> int:
     """`dumpsys battery|thermalservice`: the phone's battery and thermal state as Android prints them."""
     if TYPE_CHECKING or __package__:
-        from . import thermal
+        from devices.virtual import thermal
     else:
         import thermal
     zones = thermal.read_zones(root)

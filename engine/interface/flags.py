@@ -19,8 +19,8 @@ ROLE, which is what every other layer needs to know about it:
 - NO_RUN: the engine makes no measurement run after it (help, version, plans, configuration dumps).
 - TUNING: everything else. Passed through as written, sweepable as an `[axes.flags]` key.
 
-Derived from it: bmoe-py's flag vocabulary and what it refuses (engine.config), the flags a campaign
-may pass through (harness.flags), the settings of a recommended command line (results), and the
+Derived from it: bmoe-py's flag vocabulary and what it refuses (engine.contract.config), the flags a campaign
+may pass through (harness.campaign.flags), the settings of a recommended command line (results), and the
 argv of a cell (store.settings). docs/engine-contract.md says where the table lives;
 tests/engine/test_interface_flags.py holds it to the real build's `--help` and greps the tree for
 flag names written anywhere else.
@@ -51,8 +51,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .outputs import Change
-from .releases import NEXT, V0_19, V0_24, Release
+from engine.interface.outputs import Change
+from engine.interface.releases import NEXT, V0_19, V0_24, Release
 
 # the kinds of value a flag takes
 NONE, INT, U32, FLOAT, TEXT, PATH, CHOICE, MIB_OR_AUTO, LIST, TOKENS = (
@@ -81,7 +81,7 @@ class Flag:
     bmoe_py: bool = False            # bmoe-py implements it (engines includes bmoe-py)
     field: str = ""                  # bmoe-py's RunConfig field it sets
     sets: bool | str | None = None   # a NONE flag: the value it sets its field to
-    axis: str = ""                   # AXIS: the campaign axis it maps onto (harness.campaign.Axes)
+    axis: str = ""                   # AXIS: the campaign axis it maps onto (harness.campaign.model.Axes)
     harness: str = ""                # where a campaign sets it instead (RUN, BUDGET, HARNESS, PLANNER)
     key: str = ""                    # the key a reader of a captured command line records it under
                                      # (an imported run's config; results.read.parse_config), with `sets`

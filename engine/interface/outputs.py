@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .releases import NEXT, V0_19, V0_21, V0_22, V0_23, V0_24, Release
+from engine.interface.releases import NEXT, V0_19, V0_21, V0_22, V0_23, V0_24, Release
 
 PREAMBLE, COLUMN, SUMMARY, DONE, READY, PROGRESS, STDOUT, STDERR = (
     "preamble", "column", "summary", "done", "ready", "progress", "stdout", "stderr")

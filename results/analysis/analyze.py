@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.flags import PLANNER_BUDGET, auto_label
-from engine.model import cycle_price_mib
+from engine.contract.flags import PLANNER_BUDGET, auto_label
+from engine.gguf.model import cycle_price_mib
 from engine.units import MIB
 from results.analysis import planner_check
 from results.analysis.noise import differs, median
@@ -612,7 +612,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
 
 def analyze(table: pd.DataFrame) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group."""
-    # knee probes (harness.probe) lend their route traces to the replay, never a sweep point; the
+    # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
     is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
     is_planner = column_of(table, "planner").map(lambda v: str(v).lower() == "true").astype(bool)

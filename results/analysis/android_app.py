@@ -5,7 +5,7 @@ Read (never copied) from BigMoeOnEdge's examples/android: `AppSettings.kt` (its 
 field defaults and `CACHE_CHOICES`) and `SettingsScreen.kt` at commit 07045c19a009; `RunService.kt`
 (the foreground service that execs bmoe-cli once with `--session` and writes one JSON request per
 prompt) and `MainActivity.kt` at commit 03753187b176. docs/campaigns.md ("The app's command line")
-lists what was found and what the preset leaves out. `sweep --preset app` (harness.presets) runs it;
+lists what was found and what the preset leaves out. `sweep --preset app` (harness.campaign.presets) runs it;
 results.analysis.recommend names the rung (`app_rung_mb`) in every recommendation.
 """
 
@@ -33,8 +33,8 @@ APP_DENSE_WEIGHTS = "anon"       # --dense-weights
 APP_N_PREDICT = 128              # DEFAULT_N_PREDICT: tokens a turn asks for
 APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   # MainActivity's default prompt
 # the session-open flags the harness does not set itself, in sessionArgv's order; each is kept only
-# where the engine takes it (harness.presets.protocol_flags). --no-think stands for the app's
-# per-request `"think": false`: the harness's requests carry no think key (harness.turns).
+# where the engine takes it (harness.campaign.engine_probe.protocol_flags). --no-think stands for the app's
+# per-request `"think": false`: the harness's requests carry no think key (harness.run.turns).
 APP_FLAGS = ((CTX_SIZE.typed, "4096"), (UBATCH.typed, "512"), (CHATML.typed,), (NO_THINK.typed,), (OVERLAP.typed,))
 # what the app sends and the preset does not, with the reason (recorded in app.json)
 APP_LEFT_OUT = (

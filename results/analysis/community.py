@@ -9,7 +9,7 @@ from the campaign directories given (a `sweep --preset community` run is the pro
   second"); a note says when the two differ by more than DIFFER_PCT;
 - Hardware names a phone by its class (RAM, SoC family), never its model: upstream publishes no
   identifying name; this host by architecture, cores and RAM;
-- Storage is the device's storage probe (`storage/<device>.json`, written by harness.presets),
+- Storage is the device's storage probe (`storage/<device>.json`, written by harness.campaign.presets),
   else n/a;
 - o_direct and the engine's mode are checked: a run whose expert reads fell back to buffered I/O
   is marked, and one that did not stream (no `bmoe: expert streaming ON` line: mmap) is labelled
@@ -44,7 +44,7 @@ from store.names import COMMUNITY_JSON, STDERR_TXT, STORAGE_DIR
 from store.versioned import STORAGE, read_json
 
 # ── the protocol (upstream's docs/community-benchmarks.md and scripts/bench-report.sh): the
-# sweep runs it (harness.presets), the rows say where a run departs from it ──────────────────
+# sweep runs it (harness.campaign.presets), the rows say where a run departs from it ──────────────────
 COMMUNITY_PROMPT = ("Write a long detailed essay about the history of computing including its origins its key "
                     "milestones the people involved and the future directions of the field")
 COMMUNITY_TOKENS = 256

@@ -24,7 +24,7 @@ configuration and say so (results.analysis.recommend_argv).
 This module decides one (device, model, top-k) group and runs the whole job; the records and
 their formats are results.analysis.recommend_records, the per-phone default and the rule for phones never
 measured results.analysis.fleet_rules. `recommend --verify` runs each command line on its device: a
-harness job (harness.verify), passed in as `verify`.
+harness job (harness.run.verify), passed in as `verify`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from store.ledger import spent_of
 
 CONFIDENCE = ("low", "medium", "high")
 # the `recommend --verify` step: the recommendations and the campaigns they came from in, the
-# recommendations with their verification out (harness.verify.verifier makes one)
+# recommendations with their verification out (harness.run.verify.verifier makes one)
 Verify = Callable[[Recommendations, Sequence[CampaignData]], Recommendations]
 
 
@@ -420,7 +420,7 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
 
 def recommend(dirs: Sequence[str | Path], model_files: Mapping[str, str] | None = None,
               verify: Verify | None = None) -> Recommendations:
-    """`bmoe-fleet recommend`: campaign directories in, recommendations out; `verify` (harness.verify's
+    """`bmoe-fleet recommend`: campaign directories in, recommendations out; `verify` (harness.run.verify's
     `recommend --verify`) then gets them with the campaigns they came from."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.flags import needs_force
+from engine.contract.flags import needs_force
 from engine.interface.flags import (
     CACHE_CEIL_MB,
     CACHE_FLOOR_MB,
@@ -34,7 +34,7 @@ from store.engine_argv import settings_argv
 
 # argv elements that belong to one run, not to its settings (engine.interface.flags' RUN role):
 # its files, prompt and length; and those without a value, a session cell's --session, how the
-# harness drove the run (harness/turns.py), not a setting: a recommended command line runs one-shot
+# harness drove the run (harness/run/turns.py), not a setting: a recommended command line runs one-shot
 RUN_ONLY = frozenset(s for f in _with_role(RUN) if f.takes_value for s in f.spellings)
 RUN_ONLY_ALONE = frozenset(s for f in _with_role(SESSION) for s in f.spellings)
 

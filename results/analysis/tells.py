@@ -79,7 +79,7 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
         out.append(Tell("gate_gave_up", (rec["run_id"],),
                         f"the cooling gate gave up before this run ({rec.get('gate_reason') or 'no reason recorded'})"))
 
-    # engines sharing the cores ran more compute threads than there were cores (harness.cpushare)
+    # engines sharing the cores ran more compute threads than there were cores (harness.run.cpushare)
     for rec in table[column_of(table, "oversubscribed") == True].to_dict("records"):  # noqa: E712
         sharing = rec.get("cpu_engines") or ""
         out.append(Tell("oversubscribed", (rec["run_id"],),

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from engine import session_protocol as protocol
+from engine.app import protocol
 from results.read.console_records import ConsoleRun
 from results.read.parse_console import EVENT_RE, event_json, parse_console
 from results.read.parse_text import ParseError, one_line, read_lines, to_number
@@ -321,7 +321,7 @@ def find_sessions(files: Iterable[Path]) -> tuple[list[SessionCapture], set[Path
 
 
 
-# ── run.json `turns` (the shape harness/turns.py writes for a live session cell) ─────────────────
+# ── run.json `turns` (the shape harness/run/turns.py writes for a live session cell) ─────────────────
 
 
 def _num(obj: Mapping[str, Any], key: str) -> float | None:
@@ -337,7 +337,7 @@ DONE_KEYS = {"tokens": "tokens", "tok_s": "tok_s", "cache_hit_pct": "cache_hit_p
 
 def done_figures(done: Mapping[str, Any]) -> dict[str, Any]:
     """A turn's figures from its BMOE_DONE object (None where it has no such key), s/token its
-    tok/s inverted: the same for a live session cell (harness/turns.py) and an imported one."""
+    tok/s inverted: the same for a live session cell (harness/run/turns.py) and an imported one."""
     out: dict[str, Any] = {key: _num(done, src) for key, src in DONE_KEYS.items()}
     tok_s = out["tok_s"]
     out = {"tokens": out["tokens"], "tok_s": tok_s, "s_per_token": round(1 / tok_s, 6) if tok_s else None,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.flags import PLANNER_BUDGET
+from engine.contract.flags import PLANNER_BUDGET
 from results.numbers import is_missing, to_float
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)

@@ -26,11 +26,11 @@ from typing import Any
 
 import pandas as pd
 
-from engine.claim import release_of
-from engine.flags import PLANNER_BUDGET, auto_label, flags_text
+from engine.contract.claim import release_of
+from engine.contract.flags import PLANNER_BUDGET, auto_label, flags_text
+from engine.gguf.model import cycle_price_mib
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
-from engine.model import cycle_price_mib
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
@@ -71,7 +71,7 @@ class ShapeCache:
             return None
         if path not in self._shapes:
             from engine.errors import ModelError
-            from engine.model import load_model_shape
+            from engine.gguf.model import load_model_shape
 
             try:
                 self._shapes[path] = load_model_shape(path)
@@ -555,7 +555,7 @@ def _auto_sized_mib(run: RunFolder, console) -> float:
 
 
 def _cpu(cpu: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The cores a run had and the engines that shared them (harness.cpushare); unknown for runs
+    """The cores a run had and the engines that shared them (harness.run.cpushare); unknown for runs
     recorded before the harness kept them, and for imports."""
     c = dict(cpu or {})
     return {"cores": to_float(c.get("cores")), "cpu_threads": to_float(c.get("threads")),

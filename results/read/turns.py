@@ -1,7 +1,7 @@
 """Session runs: what their turns say about the idle gaps between them (docs/method.md, "Turns
 after an idle gap").
 
-A session cell (harness/turns.py) repeats one prompt for N turns with an idle gap between them;
+A session cell (harness/run/turns.py) repeats one prompt for N turns with an idle gap between them;
 run.json's `turns` holds per turn the engine's `BMOE_DONE` figures and, for each turn after the
 first, the engine's VmSwap / VmRSS / RssFile over the gap before it. Routing is greedy and the
 prompt the same, so every turn asks for the experts the first one did: a warm cache needs the

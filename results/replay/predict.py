@@ -70,7 +70,7 @@ class PredictionError(ResultsError):
 @dataclass(frozen=True)
 class PhoneRam:
     """What a phone can give the engine's anonymous memory, as inputs (docs/virtual-phones.md,
-    devices/virtual/lmkd_policy.py): lmkd stays silent while free memory is over its low
+    devices/lmkd_policy.py): lmkd stays silent while free memory is over its low
     watermark and SwapFree is over swap_free_low_pct of SwapTotal."""
 
     mem_total_mib: float

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.fsutil import write_output
-from engine.model import cycle_price_mib
+from engine.gguf.model import cycle_price_mib
 from engine.safetext import printable
 from engine.units import MIB
 from results.errors import ReplayError

@@ -193,7 +193,7 @@ class RunPage:
     pressure: tuple[tuple[str, str], ...]
     charts: tuple[Chart, ...] = field(default=())
     files: tuple[str, ...] = field(default=())
-    # the cores the run had and the engines that shared them (harness.cpushare); () when not recorded
+    # the cores the run had and the engines that shared them (harness.run.cpushare); () when not recorded
     cpu: tuple[tuple[str, str], ...] = field(default=())
     when: str = ""                   # started, local time
     turns: tuple[TurnRow, ...] = field(default=())     # a session run's turns; () for a one-shot run

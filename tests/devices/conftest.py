@@ -15,7 +15,7 @@ import adbutils
 import pytest
 
 from devices.virtual import manager, zram
-from engine.synth import synth_options, write_model
+from engine.gguf.synth import synth_options, write_model
 from tests.conftest import adb_server_binary, running_adb_server
 
 ADB = adb_server_binary()

@@ -1,4 +1,4 @@
-"""devices.adb against virtual phones through the real adb server: the same code path as a phone."""
+"""devices.adb.server against virtual phones through the real adb server: the same code path as a phone."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from devices.adb import AdbServer
-from devices.adb_phone import STAMP_DIR, AdbPhone
+from devices.adb.files import STAMP_DIR
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
 from devices.base import Device, DeviceLost, pressure_metrics
 from devices.virtual import manager
-from harness.cli import main
+from harness.cli.main import main
 
 # the pause lets the phone's lmkd (10 Hz) see the process before the kernel kills it: a process it
 # never saw is named by its comm ("python"), as the kernel's line names it

@@ -1,4 +1,4 @@
-"""adb's environment variables, read in one place (devices.adb): which server, which device.
+"""adb's environment variables, read in one place (devices.adb.server): which server, which device.
 
 The precedence is adb's own (client/commandline.cpp): ADB_SERVER_SOCKET wins over
 ANDROID_ADB_SERVER_ADDRESS/ANDROID_ADB_SERVER_PORT; an explicit --adb or [[fleet.adb]] wins over
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from devices.adb import AdbServer, default_serial, default_server, server_at
+from devices.adb.server import AdbServer, default_serial, default_server, server_at
 from devices.base import DeviceError
-from harness.campaign import CampaignError
-from harness.campaign_file import parse_campaign
-from harness.campaign_options import campaign_from_options
-from harness.presets import sweep_campaign
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError
+from harness.campaign.options import campaign_from_options
+from harness.campaign.presets import sweep_campaign
 
 ADB_VARS = ("ADB_SERVER_SOCKET", "ANDROID_ADB_SERVER_ADDRESS", "ANDROID_ADB_SERVER_PORT", "ANDROID_SERIAL",
             "ANDROID_ADB_SERVER_HOST")

@@ -108,7 +108,7 @@ def knocks_on_default_port():
 
 
 def bmoe_fleet(env: dict[str, str], *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], env=env,
+    done = subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", *args], env=env,
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, f"bmoe-fleet {' '.join(args)}: {done.stderr}{done.stdout}"
@@ -160,7 +160,7 @@ def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_pat
             assert len(adb_server_pids(port)) == 1
         finally:
             if serial is not None:
-                subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "virtual", "down",
+                subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", "virtual", "down",
                                 "envphone", "--home", str(home)], env=by_socket, capture_output=True, timeout=60)
             stop_adb_server(port, by_socket)
         assert knocks == [], f"something reached for adb's default port: {knocks}"
@@ -172,7 +172,7 @@ def test_a_malformed_port_variable_is_one_line_naming_it_not_adbutils_traceback(
     # be what fails (devices/adbutils_import.py)
     env = {**os.environ, "ANDROID_ADB_SERVER_PORT": "abc"}
     env.pop("ADB_SERVER_SOCKET", None)
-    done = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "devices"], env=env,
+    done = subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", "devices"], env=env,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 1, (done.returncode, done.stderr)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from devices import coapps
-from devices.adb import AdbServer as Server
-from devices.adb_phone import AdbPhone
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer as Server
 from devices.android import HOST_ABI, parse_load
 from devices.lmk import LmkEvent, hard_kills_of_others
 

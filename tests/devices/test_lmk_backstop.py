@@ -17,12 +17,12 @@ from pathlib import Path
 
 from devices import lmk
 from devices.base import RunOutcome
+from devices.lmkd_policy import LmkProps, Policy, watermarks
 from devices.virtual import logbuf
 from devices.virtual.cgroup import MemStat
 from devices.virtual.lmkd import Lmkd
-from devices.virtual.lmkd_policy import LmkProps, Policy, watermarks
 from devices.virtual.meminfo import MemInfo, compute
-from harness.classify import classify
+from harness.run.classify import classify
 from store import outcomes
 
 RAM = 512 << 20

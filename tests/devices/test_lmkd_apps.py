@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from devices import android as apps_mod
 from devices.virtual import manager
 from engine.errors import BmoeError
-from harness.cli_virtual import virtual
+from harness.cli.virtual import virtual
 
 MIB = 1 << 20
 # an engine stand-in: allocates MiB in 8 MiB steps (touching every page), then says it survived

@@ -1,10 +1,10 @@
-"""Android 14 lmkd's decision (devices/virtual/lmkd_policy.py) on recorded meminfo/vmstat values of
+"""Android 14 lmkd's decision (devices/lmkd_policy.py) on recorded meminfo/vmstat values of
 a 512 MiB phone with 128 MiB of zram: silent while swap is free, low-swap and thrashing kills with
 lmkd's own reason texts, victims by oom_score_adj."""
 
+from devices import lmkd_policy as lp
 from devices.android import PERCEPTIBLE_APP_ADJ
 from devices.lmk import KILL_REASONS, parse_line
-from devices.virtual import lmkd_policy as lp
 
 RAM_KB = 512 * 1024
 ZRAM_KB = 128 * 1024

@@ -13,7 +13,7 @@ import pytest
 from devices import lmk
 from devices.base import RunOutcome
 from devices.virtual import zram
-from harness.classify import classify
+from harness.run.classify import classify
 from store import outcomes
 
 MIB = 1 << 20

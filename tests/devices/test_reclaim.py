@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from devices import reclaim
-from devices.adb import AdbServer as Server
-from devices.adb_phone import AdbPhone
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer as Server
 from devices.local import LocalDevice
 from devices.virtual import zram
 

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from devices.virtual import manager, wire
 from devices.virtual.phone import Layout
 from engine.errors import BmoeError
-from harness.cli_virtual import virtual
+from harness.cli.virtual import virtual
 
 MIB = 1 << 20
 PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py's interpreter is reachable

@@ -22,9 +22,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
-from harness.verify import verifier
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
+from harness.run.verify import verifier
 from results.analysis.analyze import _boundary, analyze
 from results.analysis.recommend import recommend
 from results.read.rundir import read_campaigns

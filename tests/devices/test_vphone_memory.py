@@ -23,11 +23,11 @@ import pytest
 
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager, pacedfs, zram
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.cpushare import CPU_SCRIPT, parse_cpu_report
-from harness.plan import auto_threads
-from harness.runner import run_campaign
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.plan.grid import auto_threads
+from harness.run.cpushare import CPU_SCRIPT, parse_cpu_report
+from harness.run.runner import run_campaign
 from tests.devices.conftest import needs_zram
 
 MIB = 1 << 20

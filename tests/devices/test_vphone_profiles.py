@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from devices.virtual import manager, profiles
-from harness.cli import main
+from harness.cli.main import main
 from tests.devices.conftest import needs_zram
 
 MIB = 1 << 20

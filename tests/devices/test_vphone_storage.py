@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from devices.virtual import manager, pacedfs
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 
 MIB = 1 << 20
 LIMIT_MIBS = 200

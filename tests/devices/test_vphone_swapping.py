@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from devices.virtual.swapwatch import SwapWatch
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 from tests.devices.conftest import UNIFORM_MODEL_BYTES, needs_zram
 
 MIB = 1 << 20

@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devices import adb_phone
-from devices.adb import AdbServer
-from devices.adb_phone import AdbPhone
+from devices.adb import phone as adb_phone  # the logcat command it runs
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
 from devices.virtual import thermal, tools
 from devices.virtual.phone import TOOL_MODULES, Layout, _userland, install_tools
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from results.read.turns import gap_rereads

@@ -16,7 +16,7 @@ EXEMPT = ("engine/interface/",)
 # file -> flags it may spell, and why
 ALLOWED: dict[str, set[str]] = {
     # `bmoe-fleet sweep`'s own options, named after the engine flags they set (PROTOCOL_OPTIONS)
-    "harness/presets.py": {"--cache-mb", "--cache-ceil-mb", "--dense-weights", "--io-threads", "--n-expert-used"},
+    "harness/campaign/presets.py": {"--cache-mb", "--cache-ceil-mb", "--dense-weights", "--io-threads", "--n-expert-used"},
 }
 
 

@@ -1,10 +1,10 @@
-"""Damaged GGUF headers, and the reader they are fed to (`model inspect`: engine.gguf_header and
-engine.model through engine.inspect).
+"""Damaged GGUF headers, and the reader they are fed to (`model inspect`: engine.gguf.header and
+engine.gguf.model through engine.gguf.inspect).
 
 Shared by the fuzz test (tests/engine/test_fuzz_gguf.py, hypothesis draws the choices) and the fuzz
 benchmark (benchmarks/fuzz_readers.py, random.Random draws them): every choice is `pick(n)`.
 
-A seed is the header of a real synthetic model (engine.synth); a mutant is that header with one to
+A seed is the header of a real synthetic model (engine.gguf.synth); a mutant is that header with one to
 three operations applied — a count, length, type, dimension or offset field set to an edge value
 (0, 1, 2^32, 2^63, 2^64 - 1 …), a string given an escape sequence and a bidi override (its length
 fixed up, so the header stays valid), a type changed to an array of arrays, and the byte-level
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import BmoeError
-from engine.inspect import inspect_model
+from engine.gguf.inspect import inspect_model
+from engine.gguf.synth import synth_options, write_model
 from engine.safetext import printable
-from engine.synth import synth_options, write_model
 from tests.results.mutants import flip_byte, junk, truncate
 
 Pick = Callable[[int], int]

@@ -1,4 +1,4 @@
-"""engine/budget.py: bmoe-cli 0.19.0's cache flags, refusals, `auto` sizing and the cycle guard."""
+"""engine/stream/budget.py: bmoe-cli 0.19.0's cache flags, refusals, `auto` sizing and the cycle guard."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.budget import (
+from engine.gguf.model import load_model_shape
+from engine.stream.budget import (
     CACHE_MIN_MB,
     MIB,
     AvailableMemory,
@@ -25,7 +26,6 @@ from engine.budget import (
     resolve_budget,
     validate,
 )
-from engine.model import load_model_shape
 
 PROJECT = Path(__file__).parents[2]
 UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0"
@@ -294,7 +294,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 Path(sys.argv[1], "cgroup.procs").write_text(str(__import__("os").getpid()))
-from engine.budget import MIB, auto_budget, available_memory
+from engine.stream.budget import MIB, auto_budget, available_memory
 am = available_memory()
 auto = auto_budget(64 * 1024 * MIB, am.bytes, cache_floor_mb=64)
 print(json.dumps({"mem": am.mem_available_bytes, "cg": am.cgroup_headroom_bytes, "avail": am.bytes,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cache import CacheError, ExpertCache
+from engine.stream.cache import CacheError, ExpertCache
 
 
 class ReferenceLRU:

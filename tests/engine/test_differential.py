@@ -19,7 +19,7 @@ The grid is a covering design, not a cartesian product (that would be thousands 
   those axes meets, in particular cache x prefetch, cache x dense and top-k x cache. The other axes
   rotate with r: `--io-threads` 4/1, `--no-odirect` every third run, `--route-trace` on two runs in
   three, `--progress` every fourth. Prefetch with cache 0 is refused by both engines (crossed too).
-* synthetic qwen3moe with Q8_0 experts and synthetic gpt-oss with MXFP4 experts (engine.synth,
+* synthetic qwen3moe with Q8_0 experts and synthetic gpt-oss with MXFP4 experts (engine.gguf.synth,
   4 layers x 8 experts, 13 MiB of experts): one run per cache level, the other axes rotating.
 * odd inputs on the tiny model (special-token and UTF-8 prompts, a long prompt with prefetch, a
   budget beyond the bank at top-k = n_expert, junk numbers, the resident mode, flags ignored
@@ -60,8 +60,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import NOT_IMPLEMENTED, implemented_flags
-from engine.synth import synth_options, write_model
+from engine.contract.config import NOT_IMPLEMENTED, implemented_flags
+from engine.gguf.synth import synth_options, write_model
 from tests.conftest import UPSTREAM_HOST
 from tests.engine.test_engine_cli import BMOE_PY, bmoe_py
 

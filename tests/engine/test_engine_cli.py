@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 from gguf import GGUFWriter
 
-from engine.config import parse_args
-from engine.session import Session, SessionError
-from engine.synth import synth_options, write_model
+from engine.app.session import Session, SessionError
+from engine.contract.config import parse_args
+from engine.gguf.synth import synth_options, write_model
 from results.read.parse import read_metrics_csv
 from tests.conftest import UPSTREAM_HOST, in_cgroup
 
@@ -144,7 +144,7 @@ def cliff_model(tmp_path_factory):
 
 
 def test_the_cliff_is_measured(cliff_model, tmp_path):
-    from engine.model import MIB, load_model_shape
+    from engine.gguf.model import MIB, load_model_shape
 
     shape = load_model_shape(cliff_model)
     cycle_mib = shape.cycle_mib(4)

@@ -1,7 +1,7 @@
-"""engine.fastpath: the fused one-token decode gives the numpy path's logits bit for bit.
+"""engine.forward.fastpath: the fused one-token decode gives the numpy path's logits bit for bit.
 
 Each test decodes the same tokens twice, through the fused calls (Model's default) and through
-engine.forward's numpy steps (`fast_decode=False`), and compares every logit's bits, the KV cache
+engine.forward.graph's numpy steps (`fast_decode=False`), and compares every logit's bits, the KV cache
 and what the expert source and the route observer saw.
 """
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine import native
-from engine.experts import ResidentExpertSource
-from engine.forward import Model
-from engine.model import load_model_shape
-from engine.stream import StreamingExpertSource
-from engine.synth import synth_options, write_model
+from engine.forward.experts import ResidentExpertSource
+from engine.forward.graph import Model
+from engine.gguf.model import load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from engine.kernels import native
+from engine.stream.source import StreamingExpertSource
 from tests.engine.test_kernels import random_blocks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +194,7 @@ def test_k_quants_of_compiled_size(k_quant_model, monkeypatch, threads):
     multiply them with the compiled loops (these are smaller than COMPILED_MIN_WEIGHTS, so the
     floor is lowered for the test, for both paths alike). At -t 2 the q/k/v step and the experts'
     gate/up step are big enough to be shared out among two threads."""
-    from engine import kernels
+    from engine.kernels import matmul as kernels
 
     monkeypatch.setattr(kernels, "COMPILED_MIN_WEIGHTS", 0)
     model = _same(k_quant_model, n=16, threads=threads)
@@ -225,7 +225,7 @@ def test_fused_swiglu_oai_is_the_numpy_one_at_and_past_its_clamps():
     past the ±7 clamps (a synthetic model's activations never reach them)."""
     import ctypes
 
-    from engine.ops import swiglu_oai
+    from engine.kernels.ops import swiglu_oai
 
     kernels = native.load()
     assert kernels is not None

@@ -1,4 +1,4 @@
-"""engine.forward: bmoe-cli's bytes on its own tiny model, and gpt-oss against a float64 reference."""
+"""engine.forward.graph: bmoe-cli's bytes on its own tiny model, and gpt-oss against a float64 reference."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 
-from engine.attention import FA_TILE_Q, attend, attention_mask
 from engine.errors import ForwardError, ModelError
-from engine.experts import ResidentExpertSource, dequantize_expert
-from engine.forward import Model, Sampler
-from engine.gguf_header import TensorInfo
-from engine.hparams import Hparams
-from engine.model import ExpertLayer, load_model_shape
-from engine.ops import mul_mat, rope_cos_sin, swiglu_oai
-from engine.tokenizer import load_tokenizer
-from engine.weights import DenseWeights
+from engine.forward.attention import FA_TILE_Q, attend, attention_mask
+from engine.forward.experts import ResidentExpertSource, dequantize_expert
+from engine.forward.graph import Model, Sampler
+from engine.forward.weights import DenseWeights
+from engine.gguf.header import TensorInfo
+from engine.gguf.hparams import Hparams
+from engine.gguf.model import ExpertLayer, load_model_shape
+from engine.gguf.tokenizer import load_tokenizer
+from engine.kernels.ops import mul_mat, rope_cos_sin, swiglu_oai
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0"
@@ -285,9 +285,9 @@ def test_results_do_not_depend_on_blas_threads():
     # Big enough that OpenBLAS splits the products across threads when it may.
     script = (
         "import hashlib, numpy as np\n"
-        "from engine.ops import mul_mat\nfrom engine.attention import attend, attention_mask\n"
-        "from engine.model import load_model_shape\n"
-        "from engine.forward import Model\n"
+        "from engine.kernels.ops import mul_mat\nfrom engine.forward.attention import attend, attention_mask\n"
+        "from engine.gguf.model import load_model_shape\n"
+        "from engine.forward.graph import Model\n"
         "rng = np.random.default_rng(0)\n"
         "x = rng.standard_normal((96, 1024)).astype(np.float32)\n"
         "w = rng.standard_normal((1536, 1024)).astype(np.float32)\n"
@@ -387,7 +387,7 @@ def gptoss_path(tmp_path_factory) -> Path:
 
 
 def _reader_weights(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor as float64, through gguf's own reader (not engine.weights)."""
+    """Every tensor as float64, through gguf's own reader (not engine.forward.weights)."""
     out = {}
     for t in GGUFReader(str(path)).tensors:
         data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)

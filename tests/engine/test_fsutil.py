@@ -129,7 +129,7 @@ def test_dash_is_stdout_and_a_folder_is_refused_not_replaced(tmp_path, capfd):
 
 
 def test_only_a_full_disk_is_told_to_free_space():
-    from harness.run_errors import disk_error
+    from harness.run.errors import disk_error
 
     full = str(disk_error(OSError(errno.ENOSPC, "No space left on device", "/x/run.json")))
     assert full == ("/x/run.json: no space left on device; nothing half-written was kept: free space and rerun "

@@ -1,5 +1,5 @@
-"""Property-based fuzzing of the GGUF header reader behind `model inspect` (engine.gguf_header,
-engine.model, engine.inspect): damaged headers of real synthetic models (tests/engine/gguf_mutants.py)
+"""Property-based fuzzing of the GGUF header reader behind `model inspect` (engine.gguf.header,
+engine.gguf.model, engine.gguf.inspect): damaged headers of real synthetic models (tests/engine/gguf_mutants.py)
 are priced, or refused with one short terminal-safe ModelError; never an uncaught exception, never
 raw control characters in the text, never a non-strict JSON record.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ModelError
-from engine.inspect import inspect_model
+from engine.gguf.inspect import inspect_model
 from tests.engine import gguf_mutants as gm
 from tests.fuzzing import fuzz
 

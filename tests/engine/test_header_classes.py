@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ModelError
-from engine.gguf_header import read_header
-from engine.inspect import inspect_model
-from engine.synth import synth_options, write_model
+from engine.gguf.header import read_header
+from engine.gguf.inspect import inspect_model
+from engine.gguf.synth import synth_options, write_model
 from tests.engine.gguf_classes import CLASSES, Parsed, build, parse
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def _cli(cli: str, model: Path) -> tuple[int, list[str]]:
 def test_bmoe_py_gives_bmoe_cli_s_exit_code_and_words_on_every_malformed_header_class(seeds, tmp_path, capfd):
     """bmoe-cli as the real process; bmoe-py as its entry point's run() (what `main` exits with),
     in this process, so nine Python start-ups do not cost the suite ~40 s."""
-    from engine.cli import run as bmoe_py
+    from engine.app.cli import run as bmoe_py
 
     cli = os.environ.get("BMOE_CLI")
     if not cli:

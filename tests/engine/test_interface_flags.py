@@ -1,5 +1,5 @@
 """engine.interface.flags, the one declared table of bmoe-cli's flags, against the real build and
-against everything derived from it (harness.flags, store.engine_argv, results.analysis.recommend_argv)."""
+against everything derived from it (harness.campaign.flags, store.engine_argv, results.analysis.recommend_argv)."""
 
 from __future__ import annotations
 
@@ -80,14 +80,14 @@ def test_every_spelling_is_declared_once_and_every_row_is_well_formed():
 
 
 def test_bmoe_py_refuses_exactly_the_0_19_flags_the_table_says_it_lacks():
-    from engine.config import NOT_IMPLEMENTED, implemented_flags
+    from engine.contract.config import NOT_IMPLEMENTED, implemented_flags
 
     assert set(NOT_IMPLEMENTED) == set(table.refused_by_bmoe_py(V0_19))
     assert implemented_flags() == {s for f in FLAGS if f.bmoe_py for s in f.spellings}
 
 
 def test_harness_rules_are_the_tables_roles():
-    from harness import flags as rules
+    from harness.campaign import flags as rules
 
     for f in FLAGS:
         for s in f.spellings:
@@ -105,10 +105,10 @@ def test_harness_rules_are_the_tables_roles():
 @pytest.fixture
 def made_up(monkeypatch):
     """The table with one more flag, and the modules that derive from it at import re-derived."""
-    import harness.flags
+    import harness.campaign.flags
     import results.read.parse_config
 
-    derived = (harness.flags, results.read.parse_config)
+    derived = (harness.campaign.flags, results.read.parse_config)
 
     def add(extra: Flag) -> None:
         flags = FLAGS + (extra,)
@@ -124,9 +124,9 @@ def made_up(monkeypatch):
 
 
 def test_a_made_up_flag_parses_is_sweepable_refused_by_bmoe_py_and_shown_with_no_other_edit(made_up):
-    import harness.flags as rules
-    from engine.config import UsageExit, parse_args
-    from engine.flags import flags_text
+    import harness.campaign.flags as rules
+    from engine.contract.config import UsageExit, parse_args
+    from engine.contract.flags import flags_text
     from results.read.parse_config import config_from_command
     from store.cells import CellConfig
     from store.engine_argv import settings_argv

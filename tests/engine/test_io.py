@@ -1,4 +1,4 @@
-"""engine/io.py on real files: O_DIRECT bytes, lanes, fallbacks, and the page cache left alone."""
+"""engine/stream/io.py on real files: O_DIRECT bytes, lanes, fallbacks, and the page cache left alone."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import engine.io as eio
-from engine.io import (
+import engine.stream.io as eio
+from engine.gguf.model import load_model_shape
+from engine.stream.io import (
     ENGINE_ALIGN_BYTES,
     WRONG_DATA_MESSAGE,
     DirectReader,
@@ -21,8 +22,7 @@ from engine.io import (
     dio_alignment_bytes,
     memory_filesystem,
 )
-from engine.model import load_model_shape
-from engine.pagecache import drop_page_cache, page_cache_residency
+from engine.stream.pagecache import drop_page_cache, page_cache_residency
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "upstream" / "host-v2-0.19.0" / "tiny-qwen3moe.gguf"
 FILE_BYTES = 3 * (1 << 20) + 12345  # not a multiple of any alignment: the last block is partial

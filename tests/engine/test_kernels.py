@@ -1,4 +1,4 @@
-"""engine.kernels: products on GGUF blocks as stored, checked against gguf's own decoding and
+"""engine.kernels.matmul: products on GGUF blocks as stored, checked against gguf's own decoding and
 ggml's vec_dot formulas written out here independently; thread-count and path independence;
 bounded memory; where the compiled library is kept (zipapp, unwritable places, no compiler)."""
 
@@ -16,12 +16,12 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from engine import activation as A
-from engine import kernels as K
-from engine import native as J
-from engine.forward import Model
-from engine.model import load_model_shape
-from engine.synth import synth_options, write_model
+from engine.forward.graph import Model
+from engine.gguf.model import load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from engine.kernels import activation as A
+from engine.kernels import matmul as K
+from engine.kernels import native as J
 
 REPO = Path(__file__).resolve().parents[2]
 TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K)
@@ -194,7 +194,7 @@ def test_an_exact_activation_is_not_converted():
 def test_compiled_flash_attention_cells_equal_the_numpy_loop(monkeypatch, T):
     """attention._f16acc_chunk's compiled loop (used once a product has loaded the compiled code)
     is the numpy loop bit for bit: the f16 accumulator's roundings included."""
-    from engine import attention
+    from engine.forward import attention
 
     rng = np.random.default_rng(T)
     H, Hkv, N, D = 8, 2, 40, 64
@@ -286,7 +286,7 @@ def test_a_batch_of_products_is_each_product_alone():
 _TWO_CALLERS = """
 import threading, numpy as np, sys
 sys.path.insert(0, "tests/engine")
-import engine.kernels as K, engine.activation as A
+import engine.kernels.matmul as K, engine.kernels.activation as A
 from gguf import GGMLQuantizationType as Q
 from test_kernels import random_blocks
 K.COMPILED_MIN_WEIGHTS = 0
@@ -315,7 +315,7 @@ def test_parallel_products_from_several_threads_at_once():
 _BLOCK_PRODUCTS = """
 import sys, hashlib, numpy as np
 sys.path.insert(0, "tests/engine")
-import engine.kernels as K, engine.activation as A, engine.native as N
+import engine.kernels.matmul as K, engine.kernels.activation as A, engine.kernels.native as N
 from gguf import GGMLQuantizationType as Q
 from test_kernels import random_blocks, TYPES
 K.COMPILED_MIN_WEIGHTS = 0
@@ -347,7 +347,7 @@ def test_block_products_are_the_same_with_and_without_x86_instructions():
 _FORK = """
 import os, sys, numpy as np
 sys.path.insert(0, "tests/engine")
-import engine.kernels as K, engine.activation as A
+import engine.kernels.matmul as K, engine.kernels.activation as A
 from gguf import GGMLQuantizationType as Q
 from test_kernels import random_blocks
 w = K.RawMatrix(random_blocks(Q.Q8_0, 2048, 1024), Q.Q8_0, 1024)
@@ -408,7 +408,7 @@ def test_a_model_generates_the_same_tokens_on_any_thread_count(q4_model):
 _PEAK = """
 import sys, numpy as np
 sys.path.insert(0, "tests/engine")
-import engine.kernels as K, engine.activation as A
+import engine.kernels.matmul as K, engine.kernels.activation as A
 from gguf import GGMLQuantizationType as Q
 from test_kernels import random_blocks
 
@@ -459,7 +459,7 @@ def test_wrong_sizes_are_one_line_errors():
 
 
 # ---- where the compiled library is kept ----------------------------------------------------------
-_PROBE = ("import numpy as np, engine.kernels as K, engine.activation as A, engine.native as J\n"
+_PROBE = ("import numpy as np, engine.kernels.matmul as K, engine.kernels.activation as A, engine.kernels.native as J\n"
           "K.COMPILED_MIN_WEIGHTS = 0\n"
           "from gguf import GGMLQuantizationType as Q\n"
           "w = K.RawMatrix(np.arange(34 * 8, dtype=np.uint8).reshape(8, 34) % 7, Q.Q8_0, 32)\n"
@@ -501,7 +501,7 @@ def test_zipapp_ships_its_library_and_runs_without_any_cache_or_compiler(tmp_pat
     here travels inside it and lands in .bmoe-py-cache next to it; where nothing is writable it
     still loads it (an anonymous file); with neither a library nor a compiler it says so in one
     line and multiplies in numpy, with the same numbers."""
-    from harness.staging import build_bmoe_py
+    from harness.run.staging import build_bmoe_py
 
     monkeypatch.setenv("BMOE_FLEET_HOME", str(tmp_path / "home"))
     app = build_bmoe_py(sys.executable)
@@ -552,7 +552,7 @@ def test_the_staged_zipapp_holds_every_module_of_the_engine_package(tmp_path, mo
     """A phone runs bmoe-py from the zipapp alone: every module of engine/ (its sub-packages too:
     engine/interface/, the flag table the parser derives from) is inside, and it answers --help
     run from a folder with nothing of this repository on its path."""
-    from harness.staging import build_bmoe_py
+    from harness.run.staging import build_bmoe_py
 
     monkeypatch.setenv("BMOE_FLEET_HOME", str(tmp_path / "home"))
     app = build_bmoe_py(sys.executable)

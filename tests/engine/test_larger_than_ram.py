@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from engine.model import MIB, load_model_shape
-from engine.pagecache import drop_page_cache, page_cache_residency
-from engine.synth import synth_options, write_model
+from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from engine.stream.pagecache import drop_page_cache, page_cache_residency
 from tests.conftest import in_cgroup, memory_cgroup
 
 LIMIT_BYTES = 320 * MIB

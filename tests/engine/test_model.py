@@ -1,4 +1,4 @@
-"""engine.model: shapes and prices from GGUF headers, checked against hand-computed bytes."""
+"""engine.gguf.model: shapes and prices from GGUF headers, checked against hand-computed bytes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 
 from engine.errors import ModelError
-from engine.model import MIB, load_model_shape
-from engine.synth import synth_options, write_model
+from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.synth import synth_options, write_model
 from tests.conftest import UPSTREAM_HOST
 
 # Q8_0: 34 bytes per 32 weights; MXFP4: 17 bytes per 32; F16: 2 bytes; F32: 4 bytes.

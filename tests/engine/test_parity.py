@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from engine.budget import MIB, AvailableMemory, CacheFlags, ConfigError, resolve_budget
-from engine.config import NOT_IMPLEMENTED, UsageExit, parse_args, validate_run
-from engine.model import load_model_shape
-from engine.weights import DenseResidency
+from engine.contract.config import NOT_IMPLEMENTED, UsageExit, parse_args, validate_run
+from engine.forward.weights import DenseResidency
+from engine.gguf.model import load_model_shape
+from engine.stream.budget import MIB, AvailableMemory, CacheFlags, ConfigError, resolve_budget
 from results.read.parse import read_metrics_csv
 from tests.conftest import UPSTREAM_HOST
 from tests.engine.test_engine_cli import bmoe_py as run_py

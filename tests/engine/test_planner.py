@@ -1,4 +1,4 @@
-"""bmoe-py's hardware planner (engine.planner, engine.plan_probe): upstream's rules on made-up
+"""bmoe-py's hardware planner (engine.plan.planner, engine.plan.probe): upstream's rules on made-up
 machines, its printed plan read back by the capture reader, and the real engine planning and
 running inside a real memory cgroup (root; CI is root)."""
 
@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
+from engine.gguf.synth import synth_options, write_model
 from engine.interface.flags import AUTO, PLAN
-from engine.planner import (
+from engine.plan.planner import (
     COMPRESS,
     DERIVED,
     EXPERTS_STREAM,
@@ -31,7 +32,6 @@ from engine.planner import (
     explain_lines,
     plan_run,
 )
-from engine.synth import synth_options, write_model
 from results.read.parse import read_metrics_csv
 from results.read.parse_console import parse_console
 from tests.conftest import UPSTREAM_HOST, in_cgroup, memory_cgroup
@@ -176,7 +176,7 @@ def test_auto_plans_inside_a_memory_cgroup_and_runs_what_it_planned(planned_mode
         assert _bmoe_py(["-m", planned_model, PLAN.name, "-t", 1], env=NEXT_ENV, cgroup=cg).returncode == 0
         with open(os.path.join(cg, "memory.max_usage_in_bytes")) as f:
             footprint = int(f.read())
-    from engine.model import load_model_shape
+    from engine.gguf.model import load_model_shape
 
     shape = load_model_shape(planned_model)
     cycle, dense = shape.cycle_bytes(2), shape.dense_bytes

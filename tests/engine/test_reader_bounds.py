@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ModelError
-from engine.inspect import inspect_model
-from engine.model import MAX_LAYERS, load_model_shape, split_paths
-from engine.synth import synth_options, write_model
+from engine.gguf.inspect import inspect_model
+from engine.gguf.model import MAX_LAYERS, load_model_shape, split_paths
+from engine.gguf.synth import synth_options, write_model
 from tests.engine.gguf_mutants import _walk
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.session_protocol import CLOSE, Request, parse_request
-from engine.synth import synth_options, write_model
+from engine.app.protocol import CLOSE, Request, parse_request
+from engine.gguf.synth import synth_options, write_model
 from tests.conftest import UPSTREAM_HOST
 from tests.engine.test_engine_cli import BMOE_PY
 

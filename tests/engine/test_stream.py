@@ -12,11 +12,11 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
-import engine.io as eio
-from engine.io import IoError, memory_filesystem
-from engine.model import ModelShape, load_model_shape
-from engine.pagecache import drop_page_cache, page_cache_residency
-from engine.stream import PREFETCH_NEEDS_CACHE, Residency, StreamError, StreamingExpertSource
+import engine.stream.io as eio
+from engine.gguf.model import ModelShape, load_model_shape
+from engine.stream.io import IoError, memory_filesystem
+from engine.stream.pagecache import drop_page_cache, page_cache_residency
+from engine.stream.source import PREFETCH_NEEDS_CACHE, Residency, StreamError, StreamingExpertSource
 
 N_LAYER, N_EXPERT, N_EMBD, N_FF = 3, 8, 64, 100
 

@@ -1,4 +1,4 @@
-"""engine.synth: real GGUF files in llama.cpp's conventions, bounded memory, atomic output."""
+"""engine.gguf.synth: real GGUF files in llama.cpp's conventions, bounded memory, atomic output."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from gguf import GGUFReader
 
 from engine.errors import SynthError
-from engine.model import MIB, load_model_shape
-from engine.synth import build_vocab, estimate_file_bytes, synth_options, write_model
+from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.synth import build_vocab, estimate_file_bytes, synth_options, write_model
 
 TINY = dict(layers=2, experts=4, top_k=2, hidden=64, expert_ffn=64, vocab=260)
 
@@ -192,7 +192,7 @@ def test_writer_memory_is_bounded(tmp_path):
     out = tmp_path / "big.gguf"
     code = (
         "import sys\n"
-        "from engine.synth import synth_options, write_model\n"
+        "from engine.gguf.synth import synth_options, write_model\n"
         f"write_model({str(out)!r}, synth_options('qwen3moe', size_bytes=320 << 20, layers=4))\n"
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report pytest's own size.
         "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))\n"

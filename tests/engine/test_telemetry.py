@@ -1,10 +1,18 @@
-"""engine.telemetry writes what bmoe-cli 0.19.0 writes (checked against its real output)."""
+"""engine.contract.telemetry writes what bmoe-cli 0.19.0 writes (checked against its real output)."""
 
 from __future__ import annotations
 
 import re
 
-from engine.telemetry import CSV_COLUMNS, CsvSink, RouteTraceSink, RunSummary, TokenRow, csv_preamble, progress_lines
+from engine.contract.telemetry import (
+    CSV_COLUMNS,
+    CsvSink,
+    RouteTraceSink,
+    RunSummary,
+    TokenRow,
+    csv_preamble,
+    progress_lines,
+)
 from tests.conftest import UPSTREAM_HOST
 
 

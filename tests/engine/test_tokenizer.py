@@ -1,4 +1,4 @@
-"""engine.tokenizer: llama.cpp's SPM tokenizer semantics, checked by hand-worked vocabularies."""
+"""engine.gguf.tokenizer: llama.cpp's SPM tokenizer semantics, checked by hand-worked vocabularies."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.model import load_model_shape
-from engine.tokenizer import (
+from engine.gguf.model import load_model_shape
+from engine.gguf.tokenizer import (
     TYPE_BYTE,
     TYPE_CONTROL,
     TYPE_NORMAL,

@@ -1,4 +1,4 @@
-"""Damaged campaign files, and the reader they are fed to (harness.campaign_file.load_campaign, then the
+"""Damaged campaign files, and the reader they are fed to (harness.campaign.file.load_campaign, then the
 plan a dry run prints).
 
 Shared by the fuzz test (tests/harness/test_fuzz_campaign.py, hypothesis draws the choices) and the
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from engine.errors import BmoeError
 from engine.safetext import printable
-from harness.campaign import MAX_CELLS
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.plan import make_plan
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import MAX_CELLS
+from harness.plan.grid import make_plan
 from tests.results.mutants import OPERATIONS as BYTE_OPERATIONS
 
 Pick = Callable[[int], int]

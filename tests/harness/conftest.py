@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.synth import synth_options, write_model
+from engine.gguf.synth import synth_options, write_model
 from tests.conftest import running_adb_server
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devices.virtual import manager
-from harness.campaign_file import load_campaign
-from harness.plan import make_plan
-from harness.runner import run_to_end
+from harness.campaign.file import load_campaign
+from harness.plan.grid import make_plan
+from harness.run.runner import run_to_end
 from store.campaign_dir import CampaignDir
 from store.errors import StoreError
 from store.outcomes import INFRA
@@ -40,7 +40,7 @@ KINDS = ("phone-sigterm", "phone-sigkill", "sweep-sigkill", "sweep-sigint")
 # Ctrl-C as on a terminal even when the suite runs in the background (a shell starts background
 # jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler)
 _CLI = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from harness.cli import main; sys.argv[0] = 'bmoe-fleet'; main()")
+        "from harness.cli.main import main; sys.argv[0] = 'bmoe-fleet'; main()")
 
 
 @dataclass

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.adaptive import BISECTING, BRACKETED, GRID, brackets_of
-from harness.campaign import CampaignError
-from harness.campaign_file import parse_campaign
-from harness.plan import make_plan
-from harness.runner import run_campaign
-from harness.status import campaign_status
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError
+from harness.plan.adaptive import BISECTING, BRACKETED, GRID, brackets_of
+from harness.plan.grid import make_plan
+from harness.run.runner import run_campaign
+from harness.run.status import campaign_status
 from results.analysis.analyze import analyze
 from results.analysis.recommend import recommend
 from results.read.table import build_table
@@ -242,12 +242,12 @@ def _next_after(measured: dict[float, bool | str], anchor: int | None, top: int 
                 lowest: int = 58, knee: int | None = None,
                 swap_in: dict[float, float] | None = None,
                 floors: dict[float, float] | None = None) -> tuple[int | None, str]:
-    """harness.adaptive's next budget for a group whose fixed budgets held (True), were killed
+    """harness.plan.adaptive's next budget for a group whose fixed budgets held (True), were killed
     (False) or survived fought ("fought"), the analysis' largest safe budget being the largest (> 0)
     that held under every failure."""
     from types import SimpleNamespace
 
-    from harness.adaptive import _Group
+    from harness.plan.adaptive import _Group
 
     fails = [b for b, ok in measured.items() if ok is not True]
     held = [b for b, ok in measured.items() if ok is True and b > 0 and (not fails or b < min(fails))]
@@ -332,7 +332,7 @@ def test_the_predicted_safe_budget_is_the_ram_left_at_cache0_or_the_top_when_eve
     in it, the top of the search: the largest budget the cache still fills (the demo's phones)."""
     from types import SimpleNamespace
 
-    from harness.adaptive import _Group
+    from harness.plan.adaptive import _Group
     from results.replay.predict import _ram_budget
 
     def safe(floor_mib: float) -> int | None:

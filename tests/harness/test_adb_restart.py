@@ -11,12 +11,12 @@ import os
 import signal
 import threading
 
-from devices import adb
-from devices.adb import AdbServer
+from devices.adb import server as adb
+from devices.adb.server import AdbServer
 from devices.virtual import manager
-from harness.campaign_file import load_campaign
-from harness.runner import run_to_end
-from harness.status import campaign_status
+from harness.campaign.file import load_campaign
+from harness.run.runner import run_to_end
+from harness.run.status import campaign_status
 from tests.conftest import adb_server_pids, free_port, running_adb_server, stop_adb_server
 from tests.harness import faults
 from tests.harness.test_hardening_faults import _engine_in_phone

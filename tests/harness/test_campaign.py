@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.flags import needs_force
-from harness.budgets import budget_from_cycle, parse_cache_value
-from harness.campaign import Campaign, CampaignError
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.campaign_options import campaign_from_options
-from harness.cli_campaign import COMMANDS
-
-from .conftest import write_campaign
+from engine.contract.flags import needs_force
+from harness.campaign.budgets import budget_from_cycle, parse_cache_value
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import Campaign, CampaignError
+from harness.campaign.options import campaign_from_options
+from harness.cli.campaign import COMMANDS
+from tests.harness.conftest import write_campaign
 
 GOOD = """
 version = 1
@@ -240,7 +239,7 @@ def test_sweep_options_make_the_campaign_a_file_would(tmp_path, tiny_model, mid_
 
 
 def test_sweep_plan_adds_the_planners_budget_and_bmoe_py_claims_the_release_that_has_it(tmp_path, tiny_model):
-    from harness.plan import make_plan
+    from harness.plan.grid import make_plan
 
     c = campaign_from_options(["local"], [str(tiny_model)], ["0", "cycle*2"], planner=True)
     assert c.axes.cache_mb == (0, "cycle*2", "planner") and c.engine.claim == "0.25.0"

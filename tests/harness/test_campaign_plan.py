@@ -8,12 +8,11 @@ import shlex
 
 from click.testing import CliRunner
 
-from engine.model import load_model_shape
-from harness.campaign import fleet_home
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.plan import make_plan
-
-from .conftest import write_campaign
+from engine.gguf.model import load_model_shape
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import fleet_home
+from harness.plan.grid import make_plan
+from tests.harness.conftest import write_campaign
 
 # gpt-oss-120b per the engine contract: 13,219,200 B per expert, 36 MoE layers.
 EXPERT_BYTES, LAYERS = 13_219_200, 36

@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import main
+from harness.cli.main import main
 
 
 def _invoke(*args):
@@ -104,7 +104,7 @@ def test_demo_writes_and_prices_a_model(tmp_path):
     assert (tmp_path / "demo" / "demo-qwen3moe.gguf").stat().st_size > 60 * 2**20
     assert "top-k 4: token cycle" in result.output
     # each phone ran one route-traced probe, and its knee cell ran at the knee the probe replays to
-    from harness.probe import knee_of_trace
+    from harness.plan.probe import knee_of_trace
     from results.read.route_trace import read_route_trace
     from results.replay.lru_replay import access_sequence, lru_curve, stack_distances
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 
-from harness.campaign_file import parse_campaign
+from harness.campaign.file import parse_campaign
 from harness.demo import run_into
 
 

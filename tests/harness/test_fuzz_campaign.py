@@ -1,5 +1,5 @@
-"""Property-based fuzzing of the campaign file reader (harness.campaign_file) and the plan a dry run
-prints (harness.plan): damaged campaign files (tests/harness/campaign_mutants.py) load into a
+"""Property-based fuzzing of the campaign file reader (harness.campaign.file) and the plan a dry run
+prints (harness.plan.grid): damaged campaign files (tests/harness/campaign_mutants.py) load into a
 campaign that writes back to the same TOML and plans within the cell bound with every number
 finite, or are refused with one short terminal-safe CampaignError; never an uncaught exception.
 

@@ -22,17 +22,16 @@ from click.testing import CliRunner
 
 from devices.base import DeviceIdentity, DeviceState
 from devices.inventory import DeviceReport
-from harness.campaign import MAX_CELLS, CampaignError, fleet_home
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.plan import make_plan
-from harness.progress import Progress
-from harness.runner import run_campaign
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import MAX_CELLS, CampaignError, fleet_home
+from harness.plan.grid import make_plan
+from harness.run.progress import Progress
+from harness.run.runner import run_campaign
 from store.campaign_dir import CampaignDir
 from store.errors import LockBusy
 from store.locks import FileLock, locks_dir
 from tests.harness import faults
-
-from .conftest import write_campaign
+from tests.harness.conftest import write_campaign
 
 
 def _campaign(tmp_path: Path, model: Path, extra: str = "", axes: str = 'cache_mb = [0]', name: str = "c") -> Path:
@@ -143,7 +142,7 @@ def test_numbers_and_plans_are_bounded_when_the_file_is_read(tmp_path, tiny_mode
 def test_the_cell_bound_is_counted_without_expanding_the_plan(tmp_path, tiny_model, monkeypatch):
     """The bound is a product of the axes' lengths: a campaign over it never reaches the planner,
     and one at it plans exactly."""
-    import harness.plan as plan_module
+    import harness.plan.grid as plan_module
 
     def no_expanding(*_a, **_k):
         raise AssertionError("the plan was expanded")
@@ -220,7 +219,7 @@ class _Tty(_Plain):
 
 def test_model_inspect_prints_gguf_strings_escaped(tmp_path, cli):
     """Issue 14 item 9 through the CLI: the model's name carries a title-setting sequence."""
-    from engine.synth import synth_options, write_model
+    from engine.gguf.synth import synth_options, write_model
 
     path = tmp_path / "nasty.gguf"
     write_model(path, synth_options("qwen3moe", layers=2, experts=4, top_k=2, hidden=64, expert_ffn=32, vocab=260,

@@ -22,7 +22,7 @@ import psutil
 from click.testing import CliRunner
 
 from devices.virtual import manager
-from harness.campaign_file import load_campaign
+from harness.campaign.file import load_campaign
 from tests.harness import faults
 
 EPISODES_PER_KIND = 2        # each kind of fault at two random moments (3 took 49 s of the suite)
@@ -120,7 +120,7 @@ def test_an_adbd_stopped_with_sigterm_mid_run_is_device_lost_not_an_abort(adb_po
 
 def test_the_summary_says_complete_incomplete_or_interrupted(tmp_path):
     """The exit statuses of `run` and `sweep` (README "Exit statuses")."""
-    from harness.status import CampaignStatus, DeviceStatus, RunEnd
+    from harness.run.status import CampaignStatus, DeviceStatus, RunEnd
 
     def status(pending: int, outcomes: dict) -> CampaignStatus:
         return CampaignStatus(str(tmp_path), "c", 4, 4 - pending, pending, 4, outcomes,

@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 from devices.virtual import manager
-from harness.campaign_file import load_campaign
-from harness.runner import run_to_end
+from harness.campaign.file import load_campaign
+from harness.run.runner import run_to_end
 from tests.harness import faults
 from tests.harness.test_hardening_faults import _engine_in_phone
 

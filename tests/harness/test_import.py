@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError
-from harness.campaign_file import load_campaign
+from harness.campaign.file import load_campaign
+from harness.campaign.model import CampaignError
 from harness.importer import import_runs
-from harness.status import campaign_status
+from harness.run.status import campaign_status
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
 FOLDERS = ("2026-07-12", "2026-07-13", "2026-07-14", "2026-07-15-route-trace", "2026-07-17", "host-v2-0.19.0")

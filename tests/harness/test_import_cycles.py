@@ -111,3 +111,39 @@ def test_each_room_of_results_imports_only_the_rooms_under_it(room):
     for path in (ROOT / "results").glob("*.py"):
         rooms = {n.split(".")[1] for n in _imports(path) if n.startswith("results.") and n.count(".") >= 2}
         assert not rooms & set(ROOMS), f"{path.relative_to(ROOT)} (shared by every room) imports {sorted(rooms)}"
+
+
+# The rooms of harness/ and engine/, bottom up (CONTRIBUTING.md): each imports only the rooms under it;
+# the modules at the package's top sit above every room (harness: the importer and the demo; the CLI
+# is the top room) or below every room (engine: units, errors, fsutil, safetext, procfs, interface).
+PACKAGE_ROOMS = {
+    "harness": ("campaign", "plan", "run", "<top>", "cli"),
+    "engine": ("<top>", "interface", "gguf", "kernels", "stream", "forward", "contract", "plan", "app"),
+}
+
+
+def _room(package: str, dotted: str) -> str:
+    parts = dotted.split(".")
+    rooms = PACKAGE_ROOMS[package]
+    return parts[1] if len(parts) > 1 and parts[1] in rooms and (ROOT / package / parts[1]).is_dir() else "<top>"
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_ROOMS))
+def test_each_room_imports_only_the_rooms_under_it(package):
+    rooms = PACKAGE_ROOMS[package]
+    for path in (ROOT / package).rglob("*.py"):
+        here = _room(package, ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if path.stem == "__main__":
+            continue                     # `python -m engine` starts the app
+        for name in _imports(path):
+            if name.split(".")[0] != package:
+                continue
+            there = _room(package, name)
+            assert rooms.index(there) <= rooms.index(here), \
+                f"{path.relative_to(ROOT)} ({here}) imports {name} ({there}), a room above it"
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_ROOMS))
+def test_a_package_top_holds_at_most_eight_modules(package):
+    top = sorted(p.name for p in (ROOT / package).glob("*.py"))
+    assert len(top) <= 8, f"{package}/ has {len(top)} modules at its top: {top}; give each a room"

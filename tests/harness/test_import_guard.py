@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError
-from harness.campaign_file import parse_campaign
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError
 from harness.importer import import_runs
-from harness.runner import run_campaign
-from harness.status import campaign_status
+from harness.run.runner import run_campaign
+from harness.run.status import campaign_status
 
 UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign import CampaignError
-from harness.campaign_file import parse_campaign
-from harness.plan import make_plan
-from harness.probe import knee_of_trace
-from harness.runner import run_campaign
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError
+from harness.plan.grid import make_plan
+from harness.plan.probe import knee_of_trace
+from harness.run.runner import run_campaign
 from results.analysis.analyze import analyze
 from results.analysis.recommend import recommendations_from
 from results.read.table import build_table

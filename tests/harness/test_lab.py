@@ -16,10 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from devices.adb import AdbServer, adb_binary, connect
+from devices.adb.server import AdbServer, adb_binary, connect
 from devices.virtual import manager
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 from tests.conftest import free_port, stop_adb_server
 
 CELLS = [0, "auto", "cycle*1.2", "cycle*4"]

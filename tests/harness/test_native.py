@@ -19,13 +19,13 @@ from click.testing import CliRunner
 from devices.base import DeviceIdentity
 from devices.local import LocalDevice
 from engine.errors import ModelError
-from engine.model import load_model_shape
-from engine.synth import synth_options, write_model
-from harness.campaign import CampaignError, ModelSpec, remote_model_path
-from harness.campaign_file import parse_campaign
-from harness.campaign_options import campaign_from_options
-from harness.device_models import load_device_model
-from harness.runner import prepare
+from engine.gguf.model import load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.device_models import load_device_model
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError, ModelSpec, remote_model_path
+from harness.campaign.options import campaign_from_options
+from harness.run.runner import prepare
 
 
 def base(tmp_path, model, **sections):

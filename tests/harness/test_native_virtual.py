@@ -25,15 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from devices.adb import AdbServer
-from devices.adb_phone import WORK_DIR, AdbPhone
-from engine.model import load_model_shape
-from engine.synth import synth_options, write_model
-from harness.campaign import CampaignError, ModelSpec
-from harness.campaign_file import libs_beside, parse_campaign
-from harness.device_models import load_device_model
-from harness.run_errors import RunnerError
-from harness.runner import prepare, run_campaign
+from devices.adb.link import WORK_DIR
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
+from engine.gguf.model import load_model_shape
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.device_models import load_device_model
+from harness.campaign.file import libs_beside, parse_campaign
+from harness.campaign.model import CampaignError, ModelSpec
+from harness.run.errors import RunnerError
+from harness.run.runner import prepare, run_campaign
 
 PHONE = "nsmall"
 PHONE_RAM = 84 << 20

@@ -25,10 +25,11 @@ from pathlib import Path
 import adbutils
 import pytest
 
-from devices.adb import AdbServer
-from devices.adb_phone import STAMP_DIR, AdbPhone
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from devices.adb.files import STAMP_DIR
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 
 PHONE = "cmdrec"
 REPLAY_S = 8
@@ -152,7 +153,7 @@ def test_stray_engines_are_stopped_on_their_own_phone_only(tmp_path, phone, adb_
     import time
 
     from devices.virtual import manager
-    from harness.gate import stop_strays
+    from harness.run.gate import stop_strays
 
     stray = "#!/system/bin/sh\nsleep 300\n"          # a #! script: its process is named after it
     manager.up("cmdrec2", 128 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)

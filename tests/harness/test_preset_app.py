@@ -89,8 +89,8 @@ def app_sweep(tmp_path_factory):
     turn, two turns 0.2 s apart, then `recommend` of the directory as JSON. The model's 3.2 MiB cycle
     keeps any ceiling in whole MiB (a sub-MiB one would round to 0)."""
     from devices.virtual import manager
-    from engine.synth import synth_options, write_model
-    from harness.cli import main as cli
+    from engine.gguf.synth import synth_options, write_model
+    from harness.cli.main import main as cli
     from tests.conftest import running_adb_server
 
     out = tmp_path_factory.mktemp("app") / "camp"

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from rich.cells import cell_len
 from rich.console import Console
 
-from harness.cli import _ProgressLine
-from harness.progress import Progress
+from harness.cli.main import _ProgressLine
+from harness.run.progress import Progress
 
 # what rich writes to move and colour: SGR, cursor up, erase line, cursor hide/show
 _RICH_CONTROL = re.compile(r"\x1b\[(?:\?25[lh]|[0-9;]*m|[0-9]*[AK])")

@@ -18,20 +18,19 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import fleet_home
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.device_resolution import DeviceRef
-from harness.plan import make_plan
-from harness.run_errors import RunnerError
-from harness.runner import run_campaign
-from harness.status import campaign_status
+from harness.campaign.device_resolution import DeviceRef
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import fleet_home
+from harness.plan.grid import make_plan
+from harness.run.errors import RunnerError
+from harness.run.runner import run_campaign
+from harness.run.status import campaign_status
 from results.read.parse import read_metrics_csv
 from store.campaign_dir import CampaignDir
 from store.errors import LockBusy
 from store.locks import device_lock, dir_lock
 from store.outcomes import INFRA
-
-from .conftest import write_campaign
+from tests.harness.conftest import write_campaign
 
 PROJECT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"format", "version", "cell_id", "attempt", "device", "device_id", "model", "model_id", "engine", "config",
@@ -225,7 +224,7 @@ max_wait_s = 1
     # Ctrl-C as on a terminal, even when this suite runs in the background (where a shell starts
     # jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler)
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from harness.runner import run_campaign_file; run_campaign_file(sys.argv[1], sys.argv[2])")
+            "from harness.run.runner import run_campaign_file; run_campaign_file(sys.argv[1], sys.argv[2])")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path), str(out)], cwd=PROJECT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -17,13 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from devices.adb_phone import WORK_DIR
-from harness.campaign import CampaignError, fleet_home
-from harness.campaign_file import parse_campaign
-from harness.cpushare import host_boot_id, local_cpu
-from harness.device_resolution import resolve_devices
-from harness.runner import run_campaign
-from harness.status import campaign_status
+from devices.adb.link import WORK_DIR
+from harness.campaign.device_resolution import resolve_devices
+from harness.campaign.file import parse_campaign
+from harness.campaign.model import CampaignError, fleet_home
+from harness.run.cpushare import host_boot_id, local_cpu
+from harness.run.runner import run_campaign
+from harness.run.status import campaign_status
 from store.errors import LockBusy
 from store.locks import device_lock
 from tests.harness.faults import stop_phone_when

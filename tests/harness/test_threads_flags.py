@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.campaign import CampaignError
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.campaign_options import campaign_from_options
-from harness.cpushare import (
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import CampaignError
+from harness.campaign.options import campaign_from_options
+from harness.plan.grid import make_plan
+from harness.run.cpushare import (
     CpuSeen,
     CpuShare,
     EngineProcess,
@@ -32,13 +33,11 @@ from harness.cpushare import (
     local_cpu,
     parse_cpu_report,
 )
-from harness.plan import make_plan
-from harness.runner import run_campaign
+from harness.run.runner import run_campaign
 from results.analysis.analyze import analyze
 from results.read.table import build_table
 from tests.conftest import UPSTREAM_HOST
-
-from .conftest import write_campaign
+from tests.harness.conftest import write_campaign
 
 TINY_UPSTREAM = UPSTREAM_HOST / "tiny-qwen3moe.gguf"     # upstream's own tiny model: bmoe-cli runs it
 CORES = local_cpu().cores
@@ -357,7 +356,7 @@ def test_a_flag_bmoe_py_does_not_implement_is_a_config_error_as_in_bmoe_cli(tmp_
 def test_auto_threads_are_capped_at_4_on_a_phone_and_at_run_host_threads_max_here(tiny_model):
     """Upstream's community protocol runs min(8, cores) on a computer and 4 on a phone: "auto"
     follows it per device, with the host's cap a run setting (4 unless a campaign says)."""
-    from harness.plan import resolve_threads
+    from harness.plan.grid import resolve_threads
 
     def resolved(run: dict) -> dict[str, int]:
         c = parse_campaign(data(tiny_model, fleet={"devices": ["local", "virtual:p"]}, run=run))

@@ -15,15 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 from devices.local import LocalDevice
-from harness.campaign import CampaignError
-from harness.campaign_file import load_campaign, parse_campaign
-from harness.plan import make_plan
-from harness.turns import SessionFeeder, request_line, turns_record
+from harness.campaign.file import load_campaign, parse_campaign
+from harness.campaign.model import CampaignError
+from harness.plan.grid import make_plan
+from harness.run.turns import SessionFeeder, request_line, turns_record
 from results.analysis.analyze import BudgetPoint, fought_reason
 from results.read.turns import demand_hit_pct, gap_rereads, gap_taken, turn_columns, warm_need_mib
 from tests.engine.test_engine_cli import BMOE_PY
-
-from .conftest import write_campaign
+from tests.harness.conftest import write_campaign
 
 
 def campaign(model, devices=("R58N12345",), **run):
@@ -212,7 +211,7 @@ def test_a_local_session_cell_through_the_runner_and_the_analysis(tmp_path, tiny
     turn 2 is made to have re-read what its first turn held (its recorded read raised past the
     rule's thresholds, turn 1 evicting nothing), and the analysis calls that budget fought with the
     gap's reason, while the untouched budget stays safe."""
-    from harness.runner import run_campaign
+    from harness.run.runner import run_campaign
     from results.analysis.analyze import analyze
     from results.read.table import build_table
 

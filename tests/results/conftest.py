@@ -45,9 +45,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.runner import run_campaign
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.run.runner import run_campaign
 from tests.conftest import running_adb_server
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -166,7 +166,7 @@ if wanted({fail_when!r}):
     sys.exit(1)
 if wanted({kill_when!r}):
     import signal
-    import engine.forward as forward
+    import engine.forward.graph as forward
 
     def killed(self, *args, **kwargs):
         # as a low-memory killer takes an engine during prefill: after the load, before any token
@@ -176,7 +176,7 @@ if wanted({kill_when!r}):
     forward.Model.decode = killed
 SLOW_FACTOR = 5
 if wanted({slow_when!r}):
-    import engine.forward as forward
+    import engine.forward.graph as forward
     decode = forward.Model.decode
 
     def slowed(self, *args, **kwargs):
@@ -208,7 +208,7 @@ if wanted({squeeze_when!r}):
             time.sleep(0.0002)
 
     threading.Thread(target=squeeze, daemon=True).start()
-from engine.cli import main
+from engine.app.cli import main
 sys.argv = ["bmoe-cli"] + argv
 main()
 '''

@@ -11,8 +11,7 @@ import pytest
 
 from results.analysis.analyze import UNDER_CYCLE_ADVICE, analyze
 from results.read.table import build_table
-
-from .conftest import local_campaign_data, run_local, write_engine
+from tests.results.conftest import local_campaign_data, run_local, write_engine
 
 
 def test_budgets_under_the_cycle_are_flagged_and_really_hit_nothing(vphone_campaign, local_campaign):
@@ -50,7 +49,7 @@ def test_the_lmk_boundary_brackets_the_kills_with_the_floor_reached(vphone_campa
 
 
 def test_a_budget_whose_cache_never_filled_proves_only_what_it_held(local_campaign, small_model):
-    from engine.model import MIB, load_model_shape
+    from engine.gguf.model import MIB, load_model_shape
     from results.analysis.analyze import FILLED_FRACTION
     from results.analysis.recommend import recommend
 

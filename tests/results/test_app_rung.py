@@ -15,8 +15,7 @@ from results.analysis.analyze import BudgetPoint, DenseComparison, GroupAnalysis
 from results.analysis.fleet_rules import device_default, fleet_rules
 from results.analysis.recommend import recommend_group
 from results.analysis.recommend_records import DeviceRecommendations, Recommendations
-
-from .test_recommend_v2 import SCHEMA, validate
+from tests.results.test_recommend_v2 import SCHEMA, validate
 
 NO_ROWS = pd.DataFrame({"run_id": [], "evidence": []})
 

@@ -13,8 +13,7 @@ from click.testing import CliRunner
 
 from results.analysis.community import COLUMNS, COMMUNITY_PROMPT, MACHINE_COLUMNS, hardware_class, soc_family
 from tests.conftest import UPSTREAM_HOST, running_adb_server
-
-from .test_outputs import md_table
+from tests.results.test_outputs import md_table
 
 PHONES = {"pa": ("Pixel 42 Ultra", "sm8650", 2 << 30), "pb": ("Galaxy Z 9", "MT6989", 3 << 30)}
 
@@ -22,7 +21,7 @@ PHONES = {"pa": ("Pixel 42 Ultra", "sm8650", 2 << 30), "pb": ("Galaxy Z 9", "MT6
 @pytest.fixture(scope="module")
 def community(tmp_path_factory, bmoe_cli):
     from devices.virtual import manager
-    from harness.cli import main as cli
+    from harness.cli.main import main as cli
 
     out = tmp_path_factory.mktemp("community") / "camp"
     with running_adb_server(tmp_path_factory.mktemp("community-adb")) as (port, _env):

@@ -33,7 +33,7 @@ for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout
 os.mkdir("/dev/shm")
 work, campaign, trace = sys.argv[1:4]
 def fleet(*args):
-    done = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], cwd=work,
+    done = subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", *args], cwd=work,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     return {"rc": done.returncode, "out": done.stdout, "err": done.stderr}
 results = {

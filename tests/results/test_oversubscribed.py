@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cpushare import local_cpu
+from harness.run.cpushare import local_cpu
 from results.analysis.analyze import analyze
 from results.analysis.compare import compare
 from results.analysis.recommend import recommendations_from
 from results.read.table import build_table
 from results.site.report import build_site
 from results.site.site_format import Urls
-
-from .conftest import local_campaign_data, run_local, write_engine
-from .test_site import page
+from tests.results.conftest import local_campaign_data, run_local, write_engine
+from tests.results.test_site import page
 
 CORES = local_cpu().cores
 

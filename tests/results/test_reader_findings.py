@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ModelError
-from engine.gguf_header import read_header
-from harness.budgets import parse_cache_value
-from harness.campaign import CampaignError
-from harness.campaign_file import load_campaign
-from harness.cli import main
-from harness.flags import MAPPED, RESERVED, arg_problem
+from engine.gguf.header import read_header
+from harness.campaign.budgets import parse_cache_value
+from harness.campaign.file import load_campaign
+from harness.campaign.flags import MAPPED, RESERVED, arg_problem
+from harness.campaign.model import CampaignError
+from harness.cli.main import main
 from results.read.parse import read_metrics_csv
 from results.read.parse_values import ENGINE_INTS, problem
 from tests.harness.campaign_mutants import seed_texts

@@ -13,8 +13,7 @@ from click.testing import CliRunner
 from results.analysis.recommend import ceiling_mib, recommend, recommend_group, round_down
 from results.analysis.recommend_argv import flag_value
 from results.analysis.recommend_records import FORMAT, FORMAT_VERSION, RESERVE_FRACTION
-
-from .conftest import UPSTREAM
+from tests.results.conftest import UPSTREAM
 
 
 def test_on_a_phone_that_kills_the_largest_budget_the_ceiling_sits_between_cycle_and_kill(vphone_campaign, cli):
@@ -124,7 +123,7 @@ def test_a_largest_safe_budget_under_1_mib_recommends_cache_off_not_a_ceiling_of
     survived (cycle 0.4 MiB) and whose 2 MiB was killed must not get `--cache-ceil-mb 0`."""
     import dataclasses
 
-    from .test_app_rung import group, point
+    from tests.results.test_app_rung import group, point
 
     g = dataclasses.replace(group([point(0, tok_s=2.0), point(0.5), point(2, killed=2)]), cycle_mib=0.4)
     rec = recommend_group(g)

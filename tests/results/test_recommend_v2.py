@@ -14,16 +14,15 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from engine.budget import CACHE_MIN_MB
-from harness.campaign_file import load_campaign
-from harness.session import DeviceSession
+from engine.stream.budget import CACHE_MIN_MB
+from harness.campaign.file import load_campaign
+from harness.run.session import DeviceSession
 from results.analysis.fleet_rules import rule_ceiling
 from results.analysis.recommend import recommend
 from results.analysis.recommend_argv import flag_value, settings_of
 from results.analysis.recommend_records import FORMAT, FORMAT_VERSION
 from results.read.rundir import read_campaigns
-
-from .conftest import PROJECT
+from tests.results.conftest import PROJECT
 
 SCHEMA = json.loads((PROJECT / "results" / "schemas" / "recommendations-v2.schema.json").read_text())
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from engine.errors import BmoeError
 from engine.units import MIB
-from harness.cli import _Group
-from harness.cli_replay import replay
+from harness.cli.main import _Group
+from harness.cli.replay import replay
 from results.errors import ReplayError
 from results.read.route_trace import TraceError, read_route_trace
 from results.replay.lru_replay import (

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from engine.model import load_model_shape
-from engine.synth import synth_options, write_model
+from engine.gguf.model import load_model_shape
+from engine.gguf.synth import synth_options, write_model
 from results.read.parse import read_metrics_csv
 from results.read.route_trace import read_route_trace
 from results.replay.lru_replay import access_sequence, lru_curve

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from .conftest import PROJECT, SCRIPT_TAG
+from tests.results.conftest import PROJECT, SCRIPT_TAG
 
 
 class Page(HTMLParser):

@@ -11,9 +11,8 @@ import shutil
 import pytest
 
 from results.site.report import build_site
-
-from .conftest import local_campaign_data, run_local
-from .test_site import page
+from tests.results.conftest import local_campaign_data, run_local
+from tests.results.test_site import page
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from click.testing import CliRunner
 
 from results.read.parse import read_metrics_csv
 from results.read.table import KEY_COLUMNS, build_table
-
-from .conftest import UPSTREAM
+from tests.results.conftest import UPSTREAM
 
 
 def run_records(out):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.synth import synth_options, write_model
-from harness.campaign_file import parse_campaign
-from harness.plan import make_plan, read_plan, resolve_knee, resolve_threads, write_plan
+from engine.gguf.synth import synth_options, write_model
+from harness.campaign.file import parse_campaign
+from harness.plan.grid import make_plan, read_plan, resolve_knee, resolve_threads, write_plan
 from store.campaign_dir import CampaignDir
 from store.cells import PLANNED_KEYS, CellConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.plan import read_plan
+from harness.plan.grid import read_plan
 from store.campaign_dir import CampaignDir
 from store.engine_argv import engine_argv, settings_argv
 

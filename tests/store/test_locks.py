@@ -72,7 +72,7 @@ def test_run_sweep_and_status_import_and_lock_without_fcntl(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.modules["fcntl"] = None            # `import fcntl` now fails, as where there is none
-        import harness.cli, harness.runner, harness.status, harness.presets, harness.importer, store.locks
+        import harness.cli.main, harness.run.runner, harness.run.status, harness.campaign.presets, harness.importer, store.locks
         from store.locks import dir_lock, running
         home = {str(tmp_path)!r}
         lock = dir_lock(home, "/camp")

@@ -1,0 +1,56 @@
+"""`bmoe-fleet replay`: parse options, call results.replay.replay.replay_traces, print its report.
+
+Registered into the main group by harness/cli/main.py (`main.add_command(replay)`), whose group turns
+library errors (BmoeError) into one-line `Error: …` messages with exit 1.
+"""
+
+from __future__ import annotations
+
+import click
+
+from engine.errors import BmoeError
+from harness.campaign.model import INT_MAX, number_text
+from results.replay.lru_replay import POLICIES
+from results.replay.replay import PHASES, replay_traces
+
+
+def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:
+    if value is None or not value.strip():
+        return None
+    try:
+        budgets = [float(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of MiB values, e.g. 250,500,1000") from None
+    for budget in budgets:
+        # a budget is MiB the engine's int can hold: 1e308 or inf would overflow the replay's byte counts
+        if not 0 <= budget <= INT_MAX:
+            raise BmoeError(f"replay: --budgets {number_text(budget)} is not a budget: 0 to {INT_MAX} MiB")
+    return budgets
+
+
+def _policies(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+@click.command("replay")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--budgets", callback=_budgets,
+              help="Cache budgets in MiB, comma separated. Default: about twenty from 0 to 2 x T, plus T.")
+@click.option("--policies", default="lru", show_default=True, callback=_policies,
+              help=f"Comma-separated policies to replay, of {','.join(POLICIES)}. lru is exact at every "
+                   "budget in one pass; the others are simulated once per budget.")
+@click.option("--phase", type=click.Choice(PHASES), default="decode", show_default=True,
+              help="Hit rate shown in the text table: decode-only, or all phases (the engine's cache_hit_pct).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
+              help="Also write upstream's curve CSV (budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib) "
+                   "for one trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON record instead of text.")
+def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[str], phase: str,
+           csv_path: str | None, as_json: bool) -> None:
+    """Replay bmoe-cli route traces (--route-trace) through expert-cache policies.
+
+    Prints each trace's token cycle T and the hit rate and flash reads at each budget, global LRU
+    exactly as the engine runs it.
+    """
+    report = replay_traces(traces, budgets, policies, phase, csv_path)
+    click.echo(report.to_json() if as_json else report.text)

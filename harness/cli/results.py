@@ -1,0 +1,145 @@
+"""`bmoe-fleet table|recommend|report|compare`: parse options, call a results function and its
+renderer, write what it rendered (atomically, to -o) or print it.
+
+Registered into the main group by harness/cli/main.py, whose group turns library errors (BmoeError,
+here results.errors.ResultsError) into one-line `Error: …` messages with exit status 1.
+Everything is recomputed from campaign directories; no command talks to a device, except
+`recommend --verify`, which runs each recommended command line once on its device.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+_DIRS = click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+_MODEL_FILE = click.option(
+    "--model-file", "model_files", multiple=True, metavar="NAME=PATH",
+    help="The GGUF of a model the runs name (repeatable): its token cycle is priced from the header when a "
+         "CSV predates the cache_cycle_mb key (imported upstream runs, for instance).")
+_FORMATS = ("text", "csv", "json", "jsonl", "md")
+
+
+def _format(extra: tuple[str, ...] = ()):
+    return click.option("--format", "fmt", type=click.Choice(_FORMATS + extra),
+                        help="Output format (md: a GitHub table). Default: from -o's suffix, else text.")
+
+
+def _write(data: str | bytes, out: str | None, what: str) -> None:
+    """Rendered output to `out` (atomically; `-` or none: stdout), and the line that says where."""
+    from results import formats
+
+    printed = formats.emit(data, out or None, what)
+    click.echo(printed, nl=bool(out) and out != formats.STDOUT)
+
+
+def _out(what: str):
+    return click.option("-o", "--out", "out", default="-", show_default=True, type=click.Path(dir_okay=False),
+                        help=f"Write {what} to this file (atomically); - for stdout.")
+
+
+@click.command("table")
+@_DIRS
+@_out("the run table")
+@_format(("parquet",))
+@_MODEL_FILE
+def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files: tuple[str, ...]) -> None:
+    """Write the tidy run table (one row per run) of campaign directories DIRS.
+
+    text and md show the columns a person reads; csv, json, jsonl and parquet carry every column
+    (parquet needs pyarrow: pip install 'bmoe-fleet[parquet]')."""
+    from results import formats
+    from results.read.table import TABLE_FORMATS, build_table, parse_model_files, render_table, table_what
+
+    fmt = formats.choose_format(fmt, out, TABLE_FORMATS)
+    frame = build_table(list(dirs), parse_model_files(model_files))
+    _write(render_table(frame, fmt), out, table_what(frame))
+
+
+@click.command("recommend")
+@_DIRS
+@_out("the recommendations")
+@_format()
+@click.option("--json", "as_json", is_flag=True, help="Print recommendations.json (version 2), as --format json.")
+@click.option("--verify", is_flag=True,
+              help="Run every recommended command line once (-n 1) on its device with the campaign's engine, and "
+                   "record whether the engine accepted or refused it, with the engine's line.")
+@_MODEL_FILE
+def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json: bool, verify: bool,
+                      model_files: tuple[str, ...]) -> None:
+    """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
+    as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
+    from harness.run.verify import verifier
+    from results import formats
+    from results.analysis.recommend import recommend
+    from results.analysis.recommend_records import render
+    from results.read.table import parse_model_files
+
+    fmt = formats.choose_format("json" if as_json else fmt, out)
+    recs = recommend(list(dirs), parse_model_files(model_files),
+                     verifier(lambda line: click.echo(line, err=True)) if verify else None)
+    _write(render(recs, fmt), out, "the recommendations")
+
+
+@click.command("report")
+@_DIRS
+@click.option("-o", "--out", "out", type=click.Path(),
+              help="Site folder (created, or replaced when it holds a previous report); with --format community, "
+                   "a file (default: stdout).")
+@click.option("--format", "fmt", type=click.Choice(["site", "community"]), default="site", show_default=True,
+              help="site: the static benchmark site; community: one Markdown row per device in the column order "
+                   "of upstream's docs/community-benchmarks.md, ready to paste.")
+@click.option("--by", "by", default="bmoe-fleet", show_default=True, help="The community table's `By` column.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written (or the rows) as JSON.")
+@_MODEL_FILE
+def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as_json: bool,
+                   model_files: tuple[str, ...]) -> None:
+    """Render the static benchmark site (works offline from file://), or upstream's community rows."""
+    from results.read.table import parse_model_files
+
+    if fmt == "community":
+        from results.analysis.community import community_rows, render_community
+
+        rows = community_rows(list(dirs), by, parse_model_files(model_files))
+        _write(render_community(rows, as_json), out, "the community rows")
+        return
+    from results.site.report import build_site
+
+    if not out:
+        raise click.UsageError("report --format site needs -o SITE_FOLDER")
+    site = build_site(list(dirs), out, parse_model_files(model_files))
+    click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
+
+
+@click.command("compare")
+@click.argument("a", type=click.Path(exists=True, file_okay=False))
+@click.argument("b", type=click.Path(exists=True, file_okay=False))
+@click.option("--engine-a", help="Only A's runs of this engine version (compare two engines of one directory).")
+@click.option("--engine-b", help="Only B's runs of this engine version.")
+@_out("the comparison")
+@_format()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON, as --format json.")
+@click.option("--threshold", "threshold_pct", type=float, default=0.0, show_default=True, metavar="PCT",
+              help="Count a change beyond noise as a regression or improvement only past PCT %.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit with status 4 when a cell regressed past noise and threshold, or newly fails (for CI).")
+@_MODEL_FILE
+def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, out: str, fmt: str | None,
+                    as_json: bool, threshold_pct: float, fail_on_regression: bool,
+                    model_files: tuple[str, ...]) -> None:
+    """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
+
+    Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
+    from results import formats
+    from results.analysis.compare import FAIL_EXIT_STATUS, compare, render
+    from results.read.table import parse_model_files
+
+    fmt = formats.choose_format("json" if as_json else fmt, out)
+    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct)
+    _write(render(result, fmt), out, "the comparison")
+    if fail_on_regression and result.failed:
+        click.get_current_context().exit(FAIL_EXIT_STATUS)
+
+
+COMMANDS = (table_command, recommend_command, report_command, compare_command)

@@ -1,0 +1,110 @@
+"""`bmoe-fleet virtual up|down|list`: parse options, call one devices.virtual.manager function.
+
+Registered by harness/cli/main.py; library errors are engine.errors.BmoeError subclasses, which the
+main group prints as `Error: ...` with exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from engine.safetext import printable
+
+
+@click.group("virtual")
+def virtual() -> None:
+    """Virtual phones: a local adbd per phone with its own RAM limit, reached through adb."""
+
+
+@virtual.command("up")
+@click.option("--name", required=True, help="Phone name (letters, digits, '_', '.', '-').")
+@click.option("--ram", "ram_text", help="RAM, e.g. 3GiB or 512MiB (a memory cgroup limit); required without --profile.")
+@click.option("--model", help="ro.product.model (default vphone).")
+@click.option("--manufacturer", help="ro.product.manufacturer (default bmoe).")
+@click.option("--soc", help="ro.soc.model; picks the cpufreq layout (sm8650, sm8550 the default, sm8450, "
+                            "tensor-g3, mt6989).")
+@click.option("--android", type=int, help="Android release (9-16, default 14).")
+@click.option("--zram", "zram_text", help="The phone's own zram swap, e.g. 512MiB; 0 for none (default: half "
+                                          "the RAM, refused where the host has no zram).")
+@click.option("--zram-algorithm", help="zram's compressor (default lz4, as on Android).")
+@click.option("--swappiness", type=int, help="The phone's swappiness (default 100, Android's).")
+@click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
+@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, every read paced (default: none).")
+@click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
+                                "pixel8, galaxy-s24, redmi-note12, galaxy-a05; flags given override them.")
+@click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")
+@click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
+@click.option("--no-isolation", is_flag=True,
+              help="No memory cgroup or mount namespace: an RSS watchdog enforces the RAM instead.")
+@click.option("--apps", "apps", default="",
+              help="Other open apps: STATE:SIZE[:compressible][:active],... with STATE foreground, visible, perceptible, "
+                   "previous or cached (e.g. cached:300MiB,perceptible:200MiB).")
+@click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
+def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | None, soc: str | None,
+       android: int | None, zram_text: str | None, zram_algorithm: str | None, swappiness: int | None,
+       cpus: int | None, storage_mbps: int | None, profile: str | None, abi: str,
+       port: int | None, no_isolation: bool, apps: str, home: str | None) -> None:
+    """Start a virtual phone and `adb connect` it; prints its serial."""
+    from devices.virtual import profiles
+    from devices.virtual.manager import VirtualPhoneError
+    from devices.virtual.manager import up as start
+    from engine.units import parse_bytes
+
+    def default_zram(ram_bytes: int) -> int:
+        # half the RAM where the host has zram (docs/decisions.md "zram default"), else none
+        from devices.virtual import zram
+        has_zram = zram.available() is None and not no_isolation
+        return (ram_bytes // 2) & ~((1 << 20) - 1) if has_zram else 0
+
+    given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
+             "storage_mbps": storage_mbps}
+    try:
+        ram_bytes, base = profiles.settings(
+            profile, given, None if ram_text is None else parse_bytes(ram_text),
+            None if zram_text is None else 0 if zram_text.strip() == "0" else parse_bytes(zram_text), default_zram)
+    except profiles.ProfileError as e:
+        raise VirtualPhoneError(str(e)) from None
+    serial = start(name, ram_bytes, port=port, abi=abi, home=home, isolated=not no_isolation, apps=apps,
+                   zram_algorithm=zram_algorithm or "lz4", swappiness=100 if swappiness is None else swappiness,
+                   profile=profile or "", **base)
+    click.echo(serial)
+
+
+@virtual.command("down")
+@click.argument("name", required=False)
+@click.option("--all", "all_phones", is_flag=True, help="Stop every virtual phone.")
+@click.option("--purge", is_flag=True, help="Also delete the phone's folder (its /data, logcat buffers).")
+@click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
+def down(name: str | None, all_phones: bool, purge: bool, home: str | None) -> None:
+    """Disconnect and stop NAME (or --all); its folder is kept unless --purge."""
+    from devices.virtual.manager import down as stop
+
+    for stopped in stop(name, all_phones=all_phones, purge=purge, home=home):
+        click.echo(f"stopped {stopped}")
+
+
+@virtual.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
+def list_(as_json: bool, home: str | None) -> None:
+    """List virtual phones, running or not."""
+    from devices.virtual.manager import list_phones
+
+    phones = list_phones(home)
+    if as_json:
+        click.echo(json.dumps([p.to_dict() for p in phones], indent=2))
+        return
+    for p in phones:
+        # a phone's strings are what `virtual up` was given: shown escaped, never as raw control bytes
+        status = printable(p.serial or "?") if p.running else "stopped"
+        click.echo(f"{printable(p.name):<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {printable(p.model)} "
+                   f"({printable(p.soc)}, Android {printable(str(p.android))})")
+        extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
+                  f"cores {','.join(map(str, p.cpus))}" if p.cpus else "",
+                  f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else ""]
+        if any(extras):
+            click.echo(f"{'':<16} " + ", ".join(e for e in extras if e))
+        for app in p.apps:
+            click.echo(f"{'':<16} app {printable(str(app))}")
