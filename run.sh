@@ -2,6 +2,7 @@
 # Set up everything bmoe-fleet needs (a virtualenv in .venv) and run one of:
 #   ./run.sh demo   the main job on the embedded default (see README)
 #   ./run.sh test   lint (ruff, mypy), then the whole test suite; extra arguments go to pytest
+#   ./run.sh test --quick   lint, then the tests that need no root, phone, browser, bmoe-cli, qemu or quiet host
 #   ./run.sh lint   ruff and mypy only
 # Works on a fresh Debian machine with Python >= 3.11; as root it installs what is missing.
 set -euo pipefail
@@ -24,8 +25,8 @@ need_debian_packages() {
         missing+=(qemu-user-static)
     fi
     # bmoe-py's compiled kernels are built with the host's C compiler (without one it multiplies
-    # in numpy, ~10x slower; the tests check the compiled path).
-    if [ "${1:-}" = test ] || [ "$(id -u)" = 0 ]; then
+    # in numpy, ~10x slower; the tests check the compiled path). `test --quick` needs no more.
+    if [ "${1:-}" = test ] || [ "${1:-}" = quick ] || [ "$(id -u)" = 0 ]; then
         if ! command -v "${CC:-cc}" >/dev/null || [ ! -e /usr/include/stdlib.h ]; then missing+=(gcc libc6-dev); fi
     fi
     if [ ${#missing[@]} -gt 0 ]; then
@@ -76,23 +77,42 @@ verdict() {
 case "${1:-}" in
     demo) setup demo; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
     test)
-        setup test; shift
+        # --quick: the tests marked none of serial, root, phone, browser, bmoe_cli, qemu
+        # (pyproject.toml's markers, set in tests/conftest.py), which any user can run in about two
+        # minutes; the serial part is left out with the rest (it wants a quiet host)
+        quick="" mode=test parts=(serial "not serial")
+        if [ "${2:-}" = --quick ]; then
+            quick=" and not (root or phone or browser or bmoe_cli or qemu)" mode=quick parts=("not serial")
+            set -- "$1" "${@:3}"
+        fi
+        setup "$mode"; shift
+        started=$SECONDS
         lint
-        # two runs of pytest: first what may share the host (two workers), then, alone, the tests
-        # that measure its memory, swap or speed (marked serial: tests/conftest.py). A run that
-        # selects nothing (exit 5: the arguments name tests of the other part only) is not a failure.
+        timings=("lint $((SECONDS - started)) s")
+        # What both parts read and build once (the results tests' campaigns: tests/conftest.py
+        # built_once) goes to one folder for this run, removed afterwards, pass or fail.
+        BMOE_TEST_SHARED="$(mktemp -d "${TMPDIR:-/tmp}/bmoe-test-shared.XXXXXX")"
+        export BMOE_TEST_SHARED
+        trap 'rm -rf "$BMOE_TEST_SHARED"' EXIT
+        # two runs of pytest: first, alone, the tests that measure the host's memory, swap or speed
+        # (marked serial: tests/conftest.py), then the rest on two workers. Serial first: what both
+        # parts build once (a campaign whose runs sample the host's memory) is then built alone. A
+        # run that selects nothing (exit 5: the arguments name tests of the other part only) is not
+        # a failure.
         status=0 ran=0
-        for part in "not serial" serial; do
+        for part in "${parts[@]}"; do
             workers=(); [ "$part" = serial ] || workers=(-n 2)
-            echo "run.sh: pytest -m '$part' ${workers[*]}" >&2
-            code=0
-            "$VENV/bin/python" -m pytest -q -m "$part" "${workers[@]}" "$@" || code=$?
+            echo "run.sh: pytest -m '$part$quick' ${workers[*]}" >&2
+            code=0 started=$SECONDS
+            "$VENV/bin/python" -m pytest -q -m "$part$quick" "${workers[@]}" "$@" || code=$?
+            timings+=("pytest '$part' $((SECONDS - started)) s")
             if [ "$code" -eq 5 ]; then continue; fi
             ran=1
             if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; failed+=(pytest); fi
         done
         if [ "$ran" -eq 0 ]; then status=5; failed+=("pytest (no tests selected)"); fi
+        echo "run.sh: time: $(IFS=,; echo "${timings[*]}" | sed 's/,/, /g') (total $SECONDS s)" >&2
         verdict "$status" ;;
     lint) setup test; lint; verdict ;;
-    *) echo "usage: ./run.sh demo|test|lint [args...]" >&2; exit 2 ;;
+    *) echo "usage: ./run.sh demo|test [--quick]|lint [args...]" >&2; exit 2 ;;
 esac

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -14,16 +15,21 @@ UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
 
 
 # The tests that measure this host's memory, swap, page cache or speed (marked `serial`): `run.sh test`
-# runs them alone, after the rest runs on two workers (pytest-xdist). Beside another test they fail
-# as a phone beside another phone would not: swap devices are the kernel's, so another phone's zram
-# takes a share of this one's swap-outs, and two decodes share two cores. A file, or one test in it.
+# runs them alone, before the rest runs on two workers (pytest-xdist). Beside another test they fail
+# as a phone beside another phone would not: swap areas are the kernel's, so another phone's pages
+# fill this one's zram device (its counters stay its own: devices/virtual/cgroup.py SwapTraffic),
+# the host's free memory and page cache are shared, and two decodes share two cores. A file, or one
+# test in it.
 SERIAL = (
-    "devices/test_lmk_backstop.py", "devices/test_lmkd_apps.py", "devices/test_lmkd_zram.py",
+    "devices/test_app_verdict_phone.py",
+    "devices/test_lmk_backstop.py", "devices/test_lmkd_apps.py", "devices/test_lmkd_registry.py",
+    "devices/test_lmkd_zram.py",
     "devices/test_local.py", "devices/test_reclaim.py", "devices/test_vphone_fought.py",
     "devices/test_vphone_memory.py", "devices/test_vphone_page_cache.py", "devices/test_vphone_profiles.py",
-    "devices/test_vphone_storage.py", "devices/test_vphone_swapping.py", "devices/test_vphone_turns.py",
+    "devices/test_vphone_storage.py", "devices/test_vphone_swap_counters.py", "devices/test_vphone_swapping.py",
+    "devices/test_vphone_turns.py",
     "engine/test_larger_than_ram.py",
-    "harness/test_adaptive.py", "harness/test_cli.py::test_demo_writes_and_prices_a_model",
+    "harness/test_adaptive.py",
     "harness/test_preset_app.py", "harness/test_turns.py",
     "results/test_analyze.py", "results/test_app_rung.py", "results/test_fought.py",
     "results/test_outputs.py::test_the_run_table_carries_each_runs_reclaim", "results/test_predict.py",
@@ -31,11 +37,42 @@ SERIAL = (
 )
 
 
+# What a test needs of this host, as markers (pyproject.toml declares them; `run.sh test --quick`
+# runs what is marked none of them, nor serial). A test that uses one of these fixtures is marked by
+# it; a test that needs a marker without such a fixture (it starts phones itself, makes a memory
+# cgroup) carries it (a decorator, a module's pytestmark), and tests/test_markers.py checks that it does.
+# tests/*/conftest.py's: the phones they start, and phone_home, the folder a test starts its own in
+PHONE_FIXTURES = ("phones", "make_phone", "phone_home", "vphone_campaign")
+MARKED_BY_FIXTURE = {"phone": PHONE_FIXTURES, "browser": ("browser",), "bmoe_cli": ("bmoe_cli",)}
+# Virtual phones need root: without it their memory cgroup, mount and network namespaces fall back
+# to weaker stand-ins (devices/virtual/run.py says so on stderr), so they would not fail where a
+# phone fails. The other root tests say what they need in their marker: pytest.mark.root("why").
+PHONE_NEEDS = "a virtual phone's memory cgroup and mount and network namespaces"
+
+
+def needs_root_reason(item) -> str | None:
+    """Why `item` is skipped here (it is marked root or phone and this process is not root), or None."""
+    if os.geteuid() == 0:
+        return None
+    marker = item.get_closest_marker("root")
+    if marker is None and item.get_closest_marker("phone") is None:
+        return None
+    why = marker.args[0] if marker is not None and marker.args else PHONE_NEEDS
+    return f"needs root (this is uid {os.geteuid()}): {why}"
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         node = item.nodeid.removeprefix("tests/")
         if any(node == s or node.startswith(s + "::") for s in SERIAL):
             item.add_marker(pytest.mark.serial)
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in MARKED_BY_FIXTURE.items():
+            if used.intersection(fixtures) and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+        reason = needs_root_reason(item)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,6 +86,66 @@ def fleet_home(tmp_path_factory) -> Path:
         mp.setenv("BMOE_FLEET_HOME", str(home))
         mp.setenv("HOME", str(user_home))
         yield home
+
+
+# ---- what one test run builds once (the campaigns the results tests read, their models) -------------
+# `run.sh test` points SHARED_ENV at a folder it makes for the run and removes afterwards; both of its
+# pytest parts (and both workers of the first) then build each such folder once, under a file lock,
+# instead of once per process. Plain pytest, without it, builds in its own temp folder, as before.
+SHARED_ENV = "BMOE_TEST_SHARED"
+_BUILT = ".built"               # written last: a folder without it is a build that failed half way
+_KEYED = ("engine", "devices", "harness", "results", "store", "templates", "tests")
+
+
+@functools.cache
+def tree_key() -> str:
+    """A hash of the source tree (the packages, templates, tests and their fixtures): a folder built
+    by other sources is never reused, even where SHARED_ENV outlives a run."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for top in _KEYED:
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `build(folder)` fills: built once per `run.sh test` run (SHARED_ENV), keyed by the
+    source tree, else in this process's temp folder. What is built there is read, never changed: a
+    test that writes into a campaign works on a copy (`copied_once`)."""
+    shared = os.environ.get(SHARED_ENV)
+    if not shared:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    from filelock import FileLock
+
+    folder = Path(shared) / f"{name}-{tree_key()}"
+    with FileLock(f"{folder}.lock"):
+        if not (folder / _BUILT).exists():
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / _BUILT).touch()
+    return folder
+
+
+def copied_once(tmp_path_factory, name: str, build) -> Path:
+    """built_once's folder, copied into this process's temp folder (a campaign directory is plain
+    files, relocatable: docs/campaign-dir.md), so no test sees what another process's test wrote."""
+    import shutil
+
+    built = built_once(tmp_path_factory, name, build)
+    if not os.environ.get(SHARED_ENV):
+        return built
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(built, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(_BUILT))
+    return copy
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +266,11 @@ def running_adb_server(user_home: Path):
     process's environment at it, and stop it afterwards, pass or fail. Yields (port, env)."""
     adb = adb_server_binary()
     port = free_port()
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(user_home))
+    user_home.mkdir(parents=True, exist_ok=True)
+    # TMPDIR: the server writes its log to $TMPDIR/adb.UID.log, else /tmp (GetLogFilePath in AOSP's
+    # packages/modules/adb adb_utils.cpp): kept in this test's folder
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", ANDROID_USER_HOME=str(user_home),
+               TMPDIR=str(user_home))
     started = subprocess.run([str(adb), "-P", str(port), "start-server"], env=env, capture_output=True, timeout=60,
                              stdin=subprocess.DEVNULL)
     assert started.returncode == 0, started.stderr
