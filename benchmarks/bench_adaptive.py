@@ -1,4 +1,4 @@
-"""One question both ways: the grid sweep and the adaptive sweep (issue 27 items 3 and 4) on the same
+"""One question both ways: the grid sweep and the adaptive sweep (docs/decisions/adaptive-sweep.md) on the same
 virtual phones, the same model, the same engine.
 
 The question: each phone's recommended cache ceiling. By default the demo's phones and model

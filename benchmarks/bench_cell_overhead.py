@@ -1,4 +1,4 @@
-"""Benchmark what a cell costs outside its engine run, on a virtual phone (issue 28, item 8).
+"""Benchmark what a cell costs outside its engine run, on a virtual phone (docs/decisions/cell-reads.md).
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_cell_overhead.py [--cells 8] [--tokens 4]
 

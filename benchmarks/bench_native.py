@@ -6,12 +6,12 @@ Starts its own adb server (the real binary from the adbutils wheel) on a free po
 virtual phone (1 GiB), then:
   1. runs a campaign with engine.native.host = BMOE_CLI on the phone: `--runs` repeats of one
      streamed cell (cache 0 by default), -t as given — threads that fit this host's cores, since a
-     virtual phone runs on them (issue 11: -t above the free cores makes ggml's pool spin);
+     virtual phone runs on them (-t above the free cores makes ggml's pool spin: CONTRIBUTING.md);
   2. runs the same bmoe-cli directly on this host `--runs` times with the phone cells' own flags,
      on the phone's staged copy of the model as this host sees it (same bytes, same filesystem:
      only where the process runs differs);
 and prints the median decode s/token of each (1 / the CSV summary's tok/s), and phone / host.
-Target (issue 11): the ratio is at most 2. The two sides alternate run by run, so a change in
+Target: the ratio is at most 2. The two sides alternate run by run, so a change in
 the machine's load touches both. Quote it with what else was running.
 """
 

@@ -1,17 +1,18 @@
-"""bmoe-py against bmoe-cli, side by side (issue 15): same model, same flags, alternating runs.
+"""bmoe-py against bmoe-cli, side by side (docs/lab-notes/2026-12-01-kernels.md): same model, same flags,
+alternating runs.
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_peer.py [--runs 3] [-n 8] [-t 2]
         [--models-dir /var/tmp/bmoe-peer] [--model qwen3moe|gpt-oss ...] [--no-startup]
 
 Writes (once; reused while their options match) two synthetic models on a real filesystem: a
-1.27 GiB qwen3moe (13 layers x 16 experts, top-4, Q8_0 experts: issue 15's model) and a 1 GiB
+1.27 GiB qwen3moe (13 layers x 16 experts, top-4, Q8_0 experts: the kernels' reference model) and a 1 GiB
 gpt-oss (12 x 16, top-4, MXFP4 experts). For each model and each budget — `--cache-mb 0` and a
 budget above the token cycle (the cycle x 1.25, `--force-cache` when under 1500 MiB) — it runs
 bmoe-cli and bmoe-py `--runs` times each, alternating (cli, py, cli, py, …), `--moe-stream -t T
 -n N`, dropping the model's pages from the page cache before every run (fsync + fadvise
 DONTNEED), and prints per engine the median decode, compute and flash-I/O s/token (the engines'
 own `moe-stream:` line), CPU s/token (their `compute:` line: all threads, for a busy machine)
-and prefill s, then bmoe-py / bmoe-cli for each. Done when (issue 15)
+and prefill s, then bmoe-py / bmoe-cli for each. The target:
 decode <= 1.5 and compute <= 2 on both models at both budgets.
 
 Then (unless --no-startup) the cost of starting, CPU seconds and peak RSS (VmHWM) of 4-token

@@ -1,4 +1,5 @@
-"""Import time against the number of runs in one capture: linear, not quadratic (issue 28).
+"""Import time against the number of runs in one capture: linear, not quadratic
+(tests/harness/test_import_linear.py counts it).
 
 Two captures are grown from the real upstream fixtures, 1x to 1,000x:
 - a driver log (tests/fixtures/upstream/2026-07-17/driver-lanes.log): its `==== TAG ====`

@@ -1,4 +1,4 @@
-"""Benchmark bmoe-py's per-token cost against bmoe-cli's on upstream's tiny model (issue 28, item 8).
+"""Benchmark bmoe-py's per-token cost against bmoe-cli's on upstream's tiny model (docs/decisions/fused-decode.md).
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_tiny_tokens.py [--tokens 64] [--pairs 5]
 

@@ -1,4 +1,4 @@
-"""Benchmark a virtual phone's flash read rate (issue 24, item 4): `--storage-mbps` against none.
+"""Benchmark a virtual phone's flash read rate (docs/decisions/vphone-paced-flash.md): `--storage-mbps` against none.
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_storage.py [--limit 200] [--tokens 8]
 

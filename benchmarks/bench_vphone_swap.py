@@ -1,4 +1,4 @@
-"""Benchmark a virtual phone that swaps to its zram (issue 24, done-when point 1), at the issue's sizes.
+"""Benchmark a virtual phone that swaps to its zram (docs/decisions/reclaim-war.md), at a phone's scale.
 
     BMOE_CLI=…/bmoe-cli .venv/bin/python benchmarks/bench_vphone_swap.py [--ram-mib 1024] [--tokens 24]
         [--repeat N] [--engines bmoe-cli,bmoe-py] [--cases "cache 0,swapping budget,zram exhausted,zram 0"]
@@ -21,7 +21,7 @@ instead of being marked cold), the reclaim war of upstream's docs/pressure.md: r
 the engine's own cold pages and, with `--dense-weights mmap|warm`, its mapped dense weights.
 `--dense-pct D`: the model's vocabulary is chosen so that its dense weights are about D % of the
 RAM (gpt-oss-120b's 4.14 GiB is 36 % of upstream's 11.4 GB phone); the war of upstream's phone,
-at the issue's sizes:
+at a 1 GiB phone's sizes:
 
   --active --app-pct 20 --dense-weights warm --dense-pct 50 --swap-cache-pct 45 \
       --cases "cache 0,swapping budget" --repeat 2

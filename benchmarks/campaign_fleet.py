@@ -1,4 +1,4 @@
-"""The issue-5 demonstration: a campaign on three virtual phones (2, 3 and 4 GiB) plus this host.
+"""A fleet demonstration: a campaign on three virtual phones (2, 3 and 4 GiB) plus this host.
 
     .venv/bin/python benchmarks/campaign_fleet.py [--dir /var/tmp/fleetdemo] [--tokens 8]
 

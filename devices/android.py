@@ -30,6 +30,9 @@ FIRST_APP_UID = 10100
 STATES = {"foreground": FOREGROUND_APP_ADJ, "visible": VISIBLE_APP_ADJ,
           "perceptible": PERCEPTIBLE_APP_ADJ, "previous": PREVIOUS_APP_ADJ,
           "cached": CACHED_APP_MIN_ADJ}
+# `open:PACKAGE`: an installed app opened by its launcher activity (am start), as a user opens it
+OPEN = "open"
+_PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)+", re.A)
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
 _UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
@@ -53,7 +56,17 @@ class App:
     oom_score_adj: int
     active: bool = False
 
+    @property
+    def opened(self) -> bool:
+        """An installed app opened through ActivityManager (`open:PKG`): registered with lmkd, which
+        may kill it. A campaign starts every other item as ballast (devices/coapps.py: a shell
+        allocator at the state's adj, which lmkd never considers on a real phone, since only
+        ActivityManager registers processes with it); a virtual phone's own --apps are registered."""
+        return self.state == OPEN
+
     def describe(self) -> str:
+        if self.opened:
+            return f"{self.name} (opened by ActivityManager: lmkd's to kill)"
         kind = "compressible" if self.compressible else "incompressible"
         use = ", active" if self.active else ""
         return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind}{use})"
@@ -66,11 +79,17 @@ def parse_apps(items: str | list[str] | tuple[str, ...]) -> list[App]:
     per_state: dict[str, int] = {}
     for n, item in enumerate(raw):
         parts = item.split(":")
+        if parts[0] == OPEN:
+            if len(parts) != 2 or not _PACKAGE.fullmatch(parts[1]):
+                raise AppSpecError(f"bad app {item!r}: use open:PACKAGE, an installed app's package name "
+                                   "(e.g. open:com.android.chrome)")
+            apps.append(App(OPEN, 0, False, parts[1], 0, FOREGROUND_APP_ADJ))
+            continue
         flags = parts[2:]
         if (len(parts) < 2 or parts[0] not in STATES or len(set(flags)) != len(flags)
                 or not set(flags) <= {"compressible", "active"}):
             raise AppSpecError(f"bad app {item!r}: use STATE:SIZE[:compressible][:active], STATE one of "
-                               f"{', '.join(STATES)} (e.g. cached:300MiB)")
+                               f"{', '.join(STATES)} (e.g. cached:300MiB), or open:PACKAGE")
         m = _SIZE.match(parts[1])
         if not m or float(m[1]) <= 0:
             raise AppSpecError(f"bad app size {parts[1]!r} in {item!r} (e.g. 300MiB)")

@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from devices import thermal_zones
 from devices.lmk import LmkEvent
+from devices.lmkd_inputs import LmkdSample
 from devices.reclaim import Reclaim
 from engine.errors import BmoeError
 from engine.procfs import parse_kb_fields
@@ -19,10 +21,19 @@ from engine.procfs import parse_kb_fields
 # read_range offsets are multiples of this: a phone reads them with dd's block skip (toybox dd
 # has no byte-granular skip), and a GGUF header is read in whole pieces of it anyway.
 RANGE_ALIGN = 64 * 1024
+# the page size a device that cannot say its own is taken to have: arm64 Android and x86 kernels
+# before 16 KiB pages (developer.android.com, "Support 16 KB page sizes")
+PAGE_SIZE_DEFAULT_BYTES = 4096
 
 
 class DeviceError(BmoeError):
     """A device refused or failed an operation (push failed, command could not start…)."""
+
+
+class PushRefused(DeviceError):
+    """The device refused a push for a reason another try cannot change: no room, no permission, a
+    read-only or impossible path (adbd's `couldn't create file: …`/`write failed: …` answers). The
+    runner does not retry it (a rerun does, after the user freed space or chose another folder)."""
 
 
 class DeviceLost(DeviceError):
@@ -52,6 +63,9 @@ class DeviceIdentity:
     # itself, or a virtual phone (it reports a phone ABI but runs host programs; getprop
     # ro.bmoe.host_abi). Empty on a real phone, which runs only builds for `abi`.
     host_abi: str = ""
+    # the kernel's page size (`getconf PAGESIZE`): counters kept in pages (pswpin, pswpout) are in
+    # pages of this size; Android 15 phones may run 16 KiB pages
+    page_size_bytes: int = PAGE_SIZE_DEFAULT_BYTES
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -77,31 +91,43 @@ class DeviceState:
     mem_available_kb: int | None
     mem_free_kb: int | None
     swap_free_kb: int | None
-    thermal_mc: Mapping[str, int] = field(default_factory=dict)   # zone type -> milli-°C
+    thermal_mc: Mapping[str, int] = field(default_factory=dict)   # zone type -> milli-°C (devices.thermal_zones.to_mc)
     battery_temp_dc: int | None = None                            # deci-°C, dumpsys battery
     thermal_status: int | None = None                             # dumpsys thermalservice
     cpufreq: tuple[CpuFreqPolicy, ...] = ()
     vmstat: Mapping[str, int] = field(default_factory=dict)        # reclaim counters (devices.reclaim.VMSTAT_KEYS)
+    # the zones the device's history found constant up to this read (devices.thermal_zones.ZoneHistory),
+    # and those whose value was no temperature (zone -> why)
+    constant_zones: tuple[str, ...] = ()
+    unreadable_zones: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cpu_zone(self) -> str | None:
+        """The CPU sensor to gate on (devices.thermal_zones.cpu_zone: the hottest CPU zone that is
+        neither a trip point nor constant; upstream reads the first `cpu-*` zone, the hottest is
+        the conservative choice when there are several)."""
+        return thermal_zones.cpu_zone(self.thermal_mc, self.constant_zones)[0]
 
     @property
     def cpu_temp_mc(self) -> int | None:
-        """The CPU sensor to gate on: the hottest zone whose type names a CPU (upstream reads the
-        first `cpu-*` zone; the hottest is the conservative choice when there are several)."""
-        cpu = [v for k, v in self.thermal_mc.items() if _CPU_ZONE.match(k)]
-        return max(cpu) if cpu else None
+        """The temperature of `cpu_zone` (m°C), None without one."""
+        zone = self.cpu_zone
+        return self.thermal_mc[zone] if zone is not None else None
+
+    def zones_ignored(self) -> dict[str, str]:
+        """The CPU zones left out of `cpu_zone` and the zones that read no temperature, each with why."""
+        return {**thermal_zones.cpu_zone(self.thermal_mc, self.constant_zones)[1], **self.unreadable_zones}
 
     def to_dict(self) -> dict:
         return {
             "taken_at_s": self.taken_at_s, "mem_available_kb": self.mem_available_kb,
             "mem_free_kb": self.mem_free_kb, "swap_free_kb": self.swap_free_kb,
-            "thermal_mc": dict(self.thermal_mc), "cpu_temp_mc": self.cpu_temp_mc,
+            "thermal_mc": dict(self.thermal_mc), "cpu_temp_mc": self.cpu_temp_mc, "cpu_zone": self.cpu_zone,
+            "zones_ignored": self.zones_ignored(),
             "battery_temp_dc": self.battery_temp_dc, "thermal_status": self.thermal_status,
             "cpufreq": [p.__dict__ | {"capped": p.capped} for p in self.cpufreq],
             "vmstat": dict(self.vmstat),
         }
-
-
-_CPU_ZONE = re.compile(r"^(cpu|cpuss|x86_pkg|soc_thermal|cpu_thermal|tsens_tz_sensor|mtktscpu|apc)", re.I)
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,7 @@ class PressureSample:
     cpu_temp_mc: int | None
     battery_temp_dc: int | None = None
     reclaim: Reclaim = field(default_factory=Reclaim)   # swap, RSS split, faults, PSI (devices/reclaim.py)
+    lmkd: LmkdSample = field(default_factory=LmkdSample)  # what an lmkd wakeup reads (devices/lmkd_inputs.py; phones)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,26 @@
-"""Other open apps beside the engine on a phone, for one cell (a campaign's `apps` axis, issue 25).
+"""Other open apps beside the engine on a phone, for one cell (a campaign's `apps` axis, docs/decisions/other-apps.md).
 
-The same on every phone, virtual or real: devices/coapp.c, built here for the phone's ABI (this
-host's C compiler for a phone of this host's architecture, as a virtual phone is; the Android
-NDK's clang, from $ANDROID_NDK_HOME, for an arm64 phone), is pushed beside the engine and started
-each on an adb shell connection held open while it runs: the shell says its pid, writes the app
-state's oom_score_adj (devices.android.STATES: cached 900 and up, previous 700, perceptible
-200, foreground 0) and execs the app, so adbd is its parent and nothing else of ours sits in the
-phone for lmkd to pick. The shell user may raise its own adj, never lower it, and adb's shell
-runs at 0, so every state is in reach. Each app names itself (`co.cached1`, `co.perceptible1` …:
-what lmkd's kill line shows), fills its memory and says "ready" on its connection; `start`
-returns once all have (or have died: lmkd took them while the phone filled). `stop` closes the
-connections, which takes the apps down (adbd hangs up each command), and kills any that outlived
-that. A campaign that crashed closed its connections with it; a phone that lost the connection
-may still run them, so `start` kills every process of those names first.
+Two kinds, told apart in run.json (`registered`, `ballast`):
 
-On a virtual phone they are the phone's own processes (its memory cgroup, its lmkd's candidates),
-but run as the shell user, not as app uids the way `virtual up --apps` starts them.
+- `open:PACKAGE`: an installed app opened as a user opens it, by its launcher activity through
+  ActivityManager (`am start -W`; monkey's launcher intent where the activity is not resolved),
+  stopped with `am force-stop`. ActivityManager registers it with lmkd, so it is lmkd's to kill:
+  the run's collateral when the engine squeezes the phone (harness/run/app_verdict.py).
+- `STATE:SIZE[...]`: ballast, a shell allocator holding memory at the state's adj. On a real
+  phone lmkd never considers it (only ActivityManager registers processes with lmkd: AOSP lmkd.cpp,
+  lmkd.rc), and neither does a virtual phone's lmkd; the kernel's OOM killer may take it. It
+  stands for memory other apps hold, not for apps lmkd would kill.
+
+The ballast is devices/coapp.c, built here for the phone's ABI (this host's C compiler for a phone
+of this host's architecture, as a virtual phone is; the Android NDK's clang, from
+$ANDROID_NDK_HOME, for an arm64 phone), pushed beside the engine and started each on an adb shell
+connection held open while it runs: the shell says its pid, writes the state's oom_score_adj
+(devices.android.STATES: cached 900 and up, previous 700, perceptible 200, foreground 0) and execs
+the allocator, so adbd is its parent. Each names itself (`co.cached1`, `co.perceptible1` …), fills
+its memory and says "ready" on its connection; `start` returns once all have (or have died). `stop`
+closes the connections, which takes them down (adbd hangs up each command), and kills any that
+outlived that. A campaign that crashed closed its connections with it; a phone that lost the
+connection may still run them, so `start` kills every process of those names first.
 """
 
 from __future__ import annotations
@@ -70,14 +75,42 @@ class RunningApp:
         return process_name(self.app)
 
     def to_dict(self) -> dict:
+        """run.json's `apps` entry. `registered`: opened through ActivityManager, so lmkd may kill it;
+        otherwise `ballast`: a shell allocator, which lmkd on a real phone never considers."""
         return {"name": self.process_name, "state": self.app.state, "size_mib": self.app.size_bytes / (1 << 20),
                 "compressible": self.app.compressible, "active": self.app.active,
-                "oom_score_adj": self.app.oom_score_adj, "pid": self.pid, "ready": self.ready}
+                "oom_score_adj": self.app.oom_score_adj, "pid": self.pid, "ready": self.ready,
+                "registered": self.app.opened, "ballast": not self.app.opened}
 
 
 def process_name(app: App) -> str:
-    """The app's comm (15 bytes at most): `co.` and its state and number (`co.perceptible1`)."""
+    """The name lmkd's line gives the app: an opened app's process name (its package), else the
+    ballast's comm (15 bytes at most): `co.` and its state and number (`co.perceptible1`)."""
+    if app.opened:
+        return app.name
     return (NAME_PREFIX + app.name.rsplit(".", 1)[-1])[:15]
+
+
+# An installed app opened as a user opens it: its launcher activity through ActivityManager (`am
+# start -W`, the activity `cmd package resolve-activity --brief` names), else monkey's launcher
+# intent; then its process's pid. ActivityManager registers it with lmkd (ProcessList.setOomAdj),
+# so it is lmkd's to kill, where a shell process never is. $1: the package.
+OPEN_SH = (
+    'a=$(cmd package resolve-activity --brief "$1" 2>/dev/null | tail -n 1); '
+    'case "$a" in */*) am start -W -n "$a" >/dev/null 2>&1;; '
+    '*) monkey -p "$1" -c android.intent.category.LAUNCHER 1 >/dev/null 2>&1;; esac; '
+    'i=0; while [ $i -lt 50 ]; do p=$(pidof "$1" 2>/dev/null); [ -n "$p" ] && { echo "${p%% *}"; exit 0; }; '
+    'sleep 0.1; i=$((i+1)); done; echo "no process of $1 after it was opened" >&2; exit 1'
+)
+
+
+def _open(phone, app: App) -> RunningApp:
+    status, out, err = phone.shell(f"sh -c {shlex.quote(OPEN_SH)} sh {shlex.quote(app.name)}", timeout_s=30)
+    pid = out.decode(errors="replace").strip()
+    if status != 0 or not pid.isdigit():
+        raise CoAppError(f"{app.describe()} could not be opened: "
+                         f"{(err.decode(errors='replace').strip() or 'no pid')[:200]}")
+    return RunningApp(app, int(pid), True)
 
 
 def build(abi: str, cache_dir: Path) -> Path:
@@ -152,6 +185,22 @@ def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
     is a devices.adb.phone.AdbPhone."""
     if not apps:
         return AppSession([])
+    opened = [a for a in apps if a.opened]
+    apps = [a for a in apps if not a.opened]
+    session = AppSession([])
+    try:
+        for app in opened:
+            session.running.append(_open(phone, app))
+        if apps:
+            _start_ballast(phone, apps, binary_local, session)
+    except BaseException:
+        stop(phone, session)
+        raise
+    return session
+
+
+def _start_ballast(phone, apps: Sequence[App], binary_local: Path, session: AppSession) -> None:
+    """The shell allocators of a load, started on `session`."""
     work = phone.work_dir()
     binary = f"{work}/{BINARY}"
     phone.push(str(binary_local), binary)
@@ -159,20 +208,17 @@ def start(phone, apps: Sequence[App], binary_local: Path) -> AppSession:
     if status != 0:
         raise CoAppError(f"chmod of {binary} failed: {err.decode(errors='replace').strip()}")
     phone.stop_strays([process_name(a) for a in apps])
-    session = AppSession([])
-    try:
-        for app in apps:
-            session.connections.append(phone.open_shell(start_command(binary, app)))
-        deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / (1 << 30))
-        for app, conn in zip(apps, session.connections):
-            lines = _lines_until(conn, "ready", deadline)
-            if not lines or not lines[0].isdigit():
-                raise CoAppError(f"{app.describe()} did not start: {' '.join(lines)[:200]!r}")
-            session.running.append(RunningApp(app, int(lines[0]), "ready" in lines[1:]))
-    except BaseException:
-        stop(phone, session)
-        raise
-    return session
+    connections = []
+    for app in apps:
+        conn = phone.open_shell(start_command(binary, app))
+        connections.append(conn)
+        session.connections.append(conn)
+    deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / (1 << 30))
+    for app, conn in zip(apps, connections):
+        lines = _lines_until(conn, "ready", deadline)
+        if not lines or not lines[0].isdigit():
+            raise CoAppError(f"{app.describe()} did not start: {' '.join(lines)[:200]!r}")
+        session.running.append(RunningApp(app, int(lines[0]), "ready" in lines[1:]))
 
 
 def _lines_until(conn, word: str, deadline: float) -> list[str]:
@@ -196,8 +242,12 @@ def stop(phone, session: AppSession) -> list[str]:
     """Kill the apps still running and hang up their connections, in one shell round trip; the
     names of those already gone before (lmkd took them during the run)."""
     running = session.running
-    script = "; ".join(f"if {_alive_test(r)}; then kill -9 {r.pid}; else echo {shlex.quote(r.process_name)}; fi"
-                       for r in running)
+    # an opened app is stopped as a user's app is (am force-stop), a shell allocator killed
+    script = "; ".join(
+        # an opened app: said gone when its pid is no longer its package's, force-stopped either way
+        (f"pidof {shlex.quote(r.app.name)} 2>/dev/null | grep -qw {r.pid} || echo {shlex.quote(r.process_name)}; "
+         f"am force-stop {shlex.quote(r.app.name)} >/dev/null 2>&1") if r.app.opened else
+        f"if {_alive_test(r)}; then kill -9 {r.pid}; else echo {shlex.quote(r.process_name)}; fi" for r in running)
     gone = phone.shell(script)[1].decode(errors="replace").split() if running else []
     for conn in session.connections:
         conn.close()

@@ -8,10 +8,16 @@ the engine contract is read:
 - Android 11     `Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB; reason: TEXT`
 - Android 10     `Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB`
 - Android 9      `Killing 'NAME' (PID), uid UID, adj ADJ …`
-- events buffer  `killinfo: [pid,uid,oom_adj,min_oom_score,rss_kb,kill_reason,<meminfo kB…>]` (Android 11+)
+- events buffer  `killinfo: [pid,uid,oom_adj,min_oom_score,rss_kb,kill_reason,<meminfo kB…>]` (Android 11+),
+                 then lmkd's wakeup counts, the victim's swap (Android 12+) and, since Android 13, five
+                 PSI avg10 floats printed `%f` (lmkd.cpp `killinfo_log`, its event.logtags; liblog
+                 logprint.cpp `android_log_printBinaryEvent`)
 - old kernels    `lowmemorykiller: Killing 'NAME' (PID), adj ADJ, …` in dmesg
 - the kernel's own OOM killer (`Out of memory: Killed process PID (NAME) … anon-rss:NkB …`),
   which is what kills inside a memory cgroup on a Linux host or a virtual phone.
+
+Each line may carry logcat's prefix: `-v epoch` prints the seconds `%19lld`, padded with spaces to
+19 columns (liblog logprint.cpp `android_log_formatLogLine`), so a line starts with spaces.
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ KILLINFO_MEM_FIELDS = (
 )
 
 
+# What killinfo carries after the meminfo fields (lmkd.cpp killinfo_log): lmkd's wakeup figures (4),
+# the victim's swap, GPU memory, thrashing and its maximum (ints), then the PSI avg10 values (floats).
+KILLINFO_SWAP_INDEX = 6 + len(KILLINFO_MEM_FIELDS) + 4
+KILLINFO_INTS_MAX = KILLINFO_SWAP_INDEX + 4        # a longer list is a vendor's layout: its tail is not read
+KILLINFO_PSI_FIELDS = ("mem_some", "mem_full", "io_some", "io_full", "cpu_some")
+
+
 @dataclass(frozen=True)
 class LmkEvent:
     """One kill, as one log line told it. Fields a format does not carry are None."""
@@ -55,18 +68,20 @@ class LmkEvent:
     timestamp: str | None = None     # as the log printed it (logcat has no year)
     memory_kb: dict[str, int] = field(default_factory=dict)
     line: str = ""
+    psi_avg10: dict[str, float] = field(default_factory=dict)   # killinfo's PSI tail (Android 13+), %
 
 
 # logcat prefixes: threadtime `MM-DD HH:MM:SS.mmm  PID  TID L TAG: `, time `MM-DD HH:MM:SS.mmm L/TAG(PID): `,
-# brief `L/TAG(PID): `, epoch `SSSS.mmm  PID  TID L TAG: `; dmesg `[  123.456] `.
+# brief `L/TAG(PID): `, epoch `%19lld.mmm  PID  TID L TAG: ` (the seconds space-padded), with -v year
+# `YYYY-MM-DD HH:MM:SS.mmm`; dmesg `[  123.456] `.
 _PREFIX_RE = re.compile(
-    r"^(?:(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d\.\d+|\d{9,}\.\d+)\s+)?"
+    r"^\s*(?:(?P<ts>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d\.\d+|\d{9,}\.\d+)\s+)?"
     r"(?:\s*\d+\s+\d+\s+[VDIWEF]\s+(?P<tag1>[^:]+?)\s*:\s|[VDIWEF]/(?P<tag2>[^(]+?)\(\s*\d+\):\s)?"
     r"(?:\[\s*(?P<ktime>\d+\.\d+)\]\s*)?"
 )
 _LMKD_12 = re.compile(
     r"Kill '(?P<name>[^']*)' \((?P<pid>\d+)\), uid (?P<uid>\d+), oom_score_adj (?P<adj>-?\d+) "
-    r"to free (?P<rss>\d+)kB rss, (?P<swap>\d+)kB swap(?:; reason: (?P<reason>.*))?"
+    r"to free (?P<rss>\d+)kB rss, (?P<swap>\d+)k[Bb] swap(?:; reason: (?P<reason>.*))?"
 )
 _LMKD_11 = re.compile(
     r"Kill '(?P<name>[^']*)' \((?P<pid>\d+)\), uid (?P<uid>\d+), oom_adj (?P<adj>-?\d+) "
@@ -78,7 +93,7 @@ _KERNEL_OOM = re.compile(
     r"(?:Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)"
     r"(?P<rest>.*)"
 )
-_KILLINFO = re.compile(r"killinfo\s*:\s*\[(?P<fields>[-\d,\s]+)\]")
+_KILLINFO = re.compile(r"killinfo\s*:\s*\[(?P<fields>[-\d.,\s]+)\]")
 _TO_FREE = re.compile(r"to free (\d+)kB")
 
 
@@ -94,14 +109,17 @@ def parse_line(line: str) -> LmkEvent | None:
     line = line.rstrip("\r\n")
     ts, _tag, body = _prefix(line)
     if m := _KILLINFO.search(line):
-        values = [int(v) for v in m["fields"].replace(" ", "").split(",") if v]
-        if len(values) < 6:
+        fields = _killinfo_fields(m["fields"])
+        if fields is None:
             return None
+        values, psi = fields
         reason_code = values[5]
         reason = KILL_REASONS[reason_code] if 0 <= reason_code < len(KILL_REASONS) else f"reason {reason_code}"
         memory = dict(zip(KILLINFO_MEM_FIELDS, values[6:]))
+        swap = values[KILLINFO_SWAP_INDEX] if KILLINFO_SWAP_INDEX < len(values) <= KILLINFO_INTS_MAX else None
         return LmkEvent("killinfo", "killinfo", values[0], uid=values[1], oom_score_adj=values[2],
-                        rss_kb=values[4], reason=reason, timestamp=ts, memory_kb=memory, line=line)
+                        rss_kb=values[4], swap_kb=swap, reason=reason, timestamp=ts, memory_kb=memory, line=line,
+                        psi_avg10=psi)
     if m := _KERNEL_LMK.search(line):
         free = _TO_FREE.search(m["rest"])
         return LmkEvent("kernel-lmk", "kernel-lmk", int(m["pid"]), name=m["name"], oom_score_adj=int(m["adj"]),
@@ -131,6 +149,19 @@ def parse_line(line: str) -> LmkEvent | None:
                         reason="memory cgroup out of memory" if "Memory cgroup" in line else "out of memory",
                         timestamp=ts, line=line)
     return None
+
+
+def _killinfo_fields(text: str) -> tuple[list[int], dict[str, float]] | None:
+    """killinfo's list: its integers (at least the six process fields), then the PSI floats lmkd
+    appends since Android 13 (named when there are the five of killinfo_log); None for a list that
+    is neither (a float among the integers, too few fields)."""
+    items = [v for v in text.replace(" ", "").split(",") if v]
+    n_ints = next((i for i, v in enumerate(items) if not re.fullmatch(r"-?\d+", v)), len(items))
+    tail = items[n_ints:]
+    if n_ints < 6 or not all(re.fullmatch(r"-?\d+\.\d+", v) for v in tail):
+        return None
+    psi = dict(zip(KILLINFO_PSI_FIELDS, map(float, tail))) if len(tail) == len(KILLINFO_PSI_FIELDS) else {}
+    return [int(v) for v in items[:n_ints]], psi
 
 
 def parse_log(lines: Iterable[str] | str) -> list[LmkEvent]:

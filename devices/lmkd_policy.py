@@ -19,9 +19,14 @@ which is how a phone that still has free swap swaps instead of killing. The reas
 lmkd's kill_desc texts; the codes its kill_reasons enum (statslog.h), carried by killinfo.
 
 Victims (find_and_kill_process): from oom_score_adj 1000 down to min_score_adj, the first adj with
-a process; within it the heaviest (RSS) when ro.lmk.kill_heaviest_task, else the oldest, which is
-the tail of lmkd's per-adj list. min_score_adj is 0, raised to 201 (PERCEPTIBLE_APP_ADJ + 1) while
-the min watermark still holds and thrashing is under twice the limit.
+a registered process (lmkd's per-adj lists hold only what ActivityManager registered with
+LMK_PROCPRIO); within it the heaviest (RSS) when ro.lmk.kill_heaviest_task or at
+PERCEPTIBLE_APP_ADJ and under, else the oldest, which is the tail of lmkd's per-adj list.
+min_score_adj is 0, raised to 201 (PERCEPTIBLE_APP_ADJ + 1) while the min watermark still holds and
+thrashing is under twice the limit.
+
+Pure: the virtual phone's lmkd (devices/virtual/lmkd.py) and the harness's replay of a real phone's
+samples give it the numbers. Its one reading helper, read_psi_full_total_us, is kept apart at the end.
 """
 
 from __future__ import annotations
@@ -213,13 +218,15 @@ class Candidate:
 
 def choose_victim(procs: Sequence[Candidate], min_score_adj: int, heaviest: bool) -> Candidate | None:
     """find_and_kill_process: the highest oom_score_adj >= min_score_adj that has a process with
-    memory; within it the heaviest, or the oldest."""
+    memory; within it the heaviest, or the oldest. At PERCEPTIBLE_APP_ADJ and under, always the
+    heaviest, "to hopefully minimize the number of victims" (Android 12+). `procs` are lmkd's
+    registered processes, never every process of the phone."""
     eligible = [c for c in procs if c.oom_score_adj >= min_score_adj and c.rss_kb > 0]
     if not eligible:
         return None
     top = max(c.oom_score_adj for c in eligible)
     level = [c for c in eligible if c.oom_score_adj == top]
-    if heaviest:
+    if heaviest or top <= PERCEPTIBLE_APP_ADJ:
         return max(level, key=lambda c: (c.rss_kb, -c.started))
     return min(level, key=lambda c: (c.started, c.pid))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import mmap
 import os
 import platform
 import shutil
@@ -161,7 +162,8 @@ class LocalDevice:
         return DeviceIdentity(serial=self.serial, backend="local", model=model, manufacturer=vendor,
                               soc=_cpu_model(), abi=platform.machine(), android_release="", sdk=None,
                               ram_total_kb=vm.total // 1024, swap_total_kb=swap.total // 1024,
-                              kernel=platform.release(), host_abi=platform.machine())
+                              kernel=platform.release(), host_abi=platform.machine(),
+                              page_size_bytes=mmap.PAGESIZE)
 
     def state(self) -> DeviceState:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()

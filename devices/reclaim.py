@@ -1,4 +1,4 @@
-"""What reclaim does to a running engine, read the same way on every device kind (issue 25, item 1).
+"""What reclaim does to a running engine, read the same way on every device kind (docs/decisions/reclaim-sampling.md).
 
 One ~1 Hz sample reads, besides MemAvailable and VmHWM/VmRSS (devices.base.PressureSample):
 
@@ -6,9 +6,12 @@ One ~1 Hz sample reads, besides MemAvailable and VmHWM/VmRSS (devices.base.Press
   (`/proc/PID/stat` field 12, majflt): upstream saw a second turn slowed with swap flat because
   reclaim dropped the mmap'd dense weights, which only RssFile and major faults show;
 - the device's `/proc/vmstat` counters pswpin, pswpout, pgmajfault, allocstall_* (summed),
-  pgsteal_direct and workingset_refault_* (anon + file, or the older single counter);
+  pgsteal_direct and workingset_refault_* (anon + file, or the older single counter); a virtual
+  phone's are generated from its memory cgroup, so another phone's swapping is not in them
+  (docs/virtual-phones.md, "How a phone's swap counters are derived");
 - `/proc/pressure/memory`'s some/full avg10 (percent), where the reader may open it;
-- what every zram device holds in RAM (`/sys/block/zram*/mm_stat` mem_used_total), where readable.
+- what every zram device holds in RAM (`/sys/block/zram*/mm_stat` mem_used_total), where readable
+  (a virtual phone sees this host's devices: every zram phone's pool, not its own share).
 
 On a phone all of it is one shell call as the shell user (`command`, split at markers); this
 host reads the files directly (`read_local`). A file the reader may not open gives no value
@@ -137,6 +140,13 @@ def _read(path: str) -> str:
         return ""
 
 
+def read_process(pid: int) -> Reclaim:
+    """Only the process's own values (VmSwap, RssAnon, RssFile, majflt), from its /proc files:
+    what a watcher of one phone's processes on this host may read (the host-wide files below
+    are every phone's at once)."""
+    return parse({"STATUS": _read(f"/proc/{pid}/status"), "STAT": _read(f"/proc/{pid}/stat")})
+
+
 def read_local(pid: int) -> Reclaim:
     """The same sample on this host, from the files themselves."""
     return parse({"STATUS": _read(f"/proc/{pid}/status"), "STAT": _read(f"/proc/{pid}/stat"),
@@ -144,17 +154,18 @@ def read_local(pid: int) -> Reclaim:
                   "ZRAM": "".join(_read(p) for p in sorted(glob.glob("/sys/block/zram*/mm_stat")))})
 
 
-PAGE_BYTES = 4096   # pswpin/pswpout count pages; Android's arm64 kernels (and this host) use 4 KiB
+PAGE_BYTES = 4096   # pswpin/pswpout count pages: 4 KiB unless the device says (DeviceIdentity.page_size_bytes)
 
 
 def metrics(samples: Sequence[Reclaim], entry: Mapping[str, int] | None = None,
-            exit: Mapping[str, int] | None = None) -> dict[str, Any]:
+            exit: Mapping[str, int] | None = None, page_bytes: int = PAGE_BYTES) -> dict[str, Any]:
     """A run's reclaim figures from its samples (run.json `reclaim`): the engine's VmSwap high,
     RssAnon and RssFile low and high, PSI avg10 high, zram's high; the engine's major faults (first
     sample to last); and the device's counters' deltas (swap-in/out in KiB, pgmajfault, allocstall,
     pgsteal_direct, workingset_refault) from the device state read before the run (`entry`, the
     gate's) to the one after it (`exit`), or, where those lack a counter, from the first sample to the last.
-    `refused` names the files no sample could read. Keys whose values no sample had are left out."""
+    `refused` names the files no sample could read. Keys whose values no sample had are left out.
+    `page_bytes`: the device's page size (its identity's), in which pswpin/pswpout count."""
     out: dict[str, Any] = {"samples": len(samples)}
 
     def values(name: str) -> list:
@@ -166,8 +177,8 @@ def metrics(samples: Sequence[Reclaim], entry: Mapping[str, int] | None = None,
                             ("psi_full_avg10", "psi_full_avg10_max", max), ("zram_used_kb", "zram_used_max_kb", max)):
         if vals := values(name):
             out[key] = pick(vals)
-    for name, key, scale in (("maj_flt", "maj_flt", 1), ("pswpin", "swap_in_kb", PAGE_BYTES // 1024),
-                             ("pswpout", "swap_out_kb", PAGE_BYTES // 1024), ("pgmajfault", "pgmajfault", 1),
+    for name, key, scale in (("maj_flt", "maj_flt", 1), ("pswpin", "swap_in_kb", page_bytes // 1024),
+                             ("pswpout", "swap_out_kb", page_bytes // 1024), ("pgmajfault", "pgmajfault", 1),
                              ("allocstall", "allocstall", 1), ("pgsteal_direct", "pgsteal_direct", 1),
                              ("workingset_refault", "workingset_refault", 1)):
         around = [v for v in ((entry or {}).get(name), (exit or {}).get(name)) if v is not None]

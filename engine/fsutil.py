@@ -9,7 +9,7 @@ What callers differ in is a parameter, not a copy: `fsync` (a campaign's records
 a power cut; a phone's thermal file need not), `mode` (executables get 0o755), `tmp` (a caller
 whose temporary name others see, or clean up, keeps its own), `mkdir` (create the folder).
 
-A path a user points a write at is not always a file to replace (issue 28). Only a regular file,
+A path a user points a write at is not always a file to replace (docs/decisions/output-formats.md). Only a regular file,
 or no file, gets the temporary file and the rename. A device, a FIFO or a socket (`/dev/full`,
 `/dev/stdout` on a pipe or a terminal, a named pipe) is written through, never replaced. A
 symlink is followed: its target is replaced atomically when it is a regular file or missing, and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-_KB_LINE = re.compile(r"^(\w+):\s+(\d+)\s*kB", re.MULTILINE)
+_KB_LINE = re.compile(r"^([\w()]+):\s+(\d+)\s*kB", re.MULTILINE)   # Active(file) too
 _KB_VALUE = re.compile(rb"\s+(\d+)\s*kB")    # what follows "Key:" on such a line
 
 

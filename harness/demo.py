@@ -9,7 +9,9 @@
    own planner pick one (`--auto`: bmoe-py claims bmoe-cli 0.25, the release with the planner).
 4. Run every recommended command line once on its phone (`recommend --verify`), while the phones
    are still up.
-5. Render the site, print the recommendations and the path of index.html.
+5. Render the site, print the recommendations (per phone and load: what the runs showed over adb,
+   where lmkd never kills the engine, beside the app's verdict replayed from them) and the path of
+   index.html.
 
 Everything it starts it stops; the campaign directory and the site stay in --out.
 """
@@ -40,8 +42,11 @@ PHONES = {"small": (640 << 20, "Demo 640MB", "sm6375"), "large": (2 << 30, "Demo
 # each phone's own flash (MiB/s, virtual up --storage-mbps): a phone reads its own storage, where
 # unpaced phones share this host's disk and one phone's reads slow the other's
 STORAGE_MBPS = 300
-# the other apps open beside the engine, one load per value (axes.apps), in use (their pages stay warm)
-APPS = ("cached:160MiB:active", "perceptible:160MiB:active")
+# the other apps open beside the engine, one load per value (axes.apps): two installed apps opened
+# through ActivityManager (the browser behind, at 700, then the maps in front, at 0: registered with
+# lmkd, which kills them before a foreground app), and 160 MiB of ballast in use (a shell allocator at
+# a perceptible adj, which lmkd never considers: memory other apps hold)
+APPS = ("open:com.bmoe.app.browser+open:com.bmoe.app.maps", "perceptible:160MiB:active")
 # a session cell as the app runs the engine: turns with an idle gap, another app allocating in it
 TURNS, IDLE_S, GAP_APP = 3, 5.0, "cached:160MiB:active"
 # Long enough that prefill routes through most experts (~640 MiB of the 1032 MiB bank).
@@ -121,8 +126,8 @@ def _campaign(model: Path, devices: list[str], port: int, home: Path):
         # to ~640 MiB of experts, so an uncapped or 1400 MiB cache survives there without filling, which
         # proves nothing over what it held)
         cache_ceil_mb=[0, 384, 480, 600], repeats=1, n_predict=12, adb=[f"127.0.0.1:{port}"], name="demo", timeout_s=600,
-        # on the phones, beside an app the user keeps open: a cached one (lmkd's first victim) and a
-        # perceptible one (which it spares until the min watermark breaks)
+        # on the phones, beside other apps: two the user opened (lmkd's to kill: the run's collateral
+        # over adb) and a load of ballast (memory lmkd cannot take back)
         apps=list(APPS) if any(d.startswith("virtual:") for d in devices) else [],
         extra={"fleet": {"virtual_home": str(home)}, "axes": {"cache_floor_mb": 256}, "run": {"prompt": PROMPT},
                "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}},

@@ -22,6 +22,10 @@ sweep's campaign directory is refused, since cells added to its plan would stop 
 Campaign directories inside a source folder (the output folder among them) are skipped, not read
 as upstream runs; a source that is itself a campaign directory, or lies inside the output
 folder, is refused.
+
+Long because: it is one command's pipeline, from the source folders to the runs committed under
+one directory lock, and its two kinds of source (a run's group of files, a session capture) share
+the record, renaming and escaping helpers; the parsing it could have grown is results.read's.
 """
 
 from __future__ import annotations

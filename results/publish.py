@@ -1,4 +1,4 @@
-"""What a published file may say about where things lived: no host paths (issue 12).
+"""What a published file may say about where things lived: no host paths (docs/decisions/recommendations.md).
 
 recommendations.json, the site's pages and its runs.csv travel: into an app, a pull request, a
 web server. A host path in them says nothing to a reader elsewhere and tells everyone the layout

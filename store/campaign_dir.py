@@ -169,7 +169,7 @@ class CampaignDir:
         return out
 
     def device_records(self) -> list[tuple[Path, dict[str, Any]]]:
-        """devices/*.json, sorted by file name."""
+        """The campaign's root/devices/*.json, sorted by file name."""
         return [(p, versioned.read_json(p, versioned.DEVICE.name))
                 for p in sorted((self.root / names.DEVICES_DIR).glob("*.json"))]
 

@@ -54,6 +54,8 @@ class CellConfig:
     turns: int | None = None                # run.turns of a session cell (present only when > 1) …
     idle_s: float | None = None             # … run.idle_s between its turns …
     gap_apps: str = ""                      # … and run.gap_apps, allocating in each gap (only when some)
+    run_as: str = ""                        # [axes] run_as: "app-service"/"app-top" runs the engine as the app
+                                            # (a virtual phone's `am run-as-app`); absent: the shell, over adb
     probe: bool | None = None               # a knee probe's route-trace run
     knee_mb: float | None = None            # a knee cell's knee, from its probe (run.json only)
     probe_cell_id: str | None = None        # … and that probe's cell

@@ -90,7 +90,7 @@ def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[st
 
 @dataclass(frozen=True)
 class Spent:
-    """What a campaign (or one device's share) cost (issue 27 item 4): the cells the engine ran at
+    """What a campaign (or one device's share) cost (docs/decisions/adaptive-sweep.md): the cells the engine ran at
     least once, and the device time of every attempt that ran, gate and pushes included (each
     ledger line's ended_at - started_at; a cell recorded without running costs nothing)."""
 

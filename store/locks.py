@@ -8,7 +8,7 @@ host, campaign directory, since) for the next one's message; on Windows the lock
 lock file itself cannot be read by others. A lock a crashed process held is free again (the
 kernel drops it), so a stale file only ever costs its bytes.
 
-A released lock's file is removed (issue 14: ~900 of them were left behind). That is safe only
+A released lock's file is removed (~900 of them were once left behind). That is safe only
 with a check on the waiting side: a waiter that opened the file before its holder removed it
 gets its lock on the removed inode; filelock then sees the inode unlinked and opens the path
 again, so that lock never counts.

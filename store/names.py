@@ -51,7 +51,7 @@ STDERR_TXT = "stderr.txt"
 SAMPLES_CSV = "samples.csv"           # pressure samples (SAMPLE_COLUMNS)
 RUN_METRICS = "run.metrics"           # upstream's `.metrics` sidecar keys
 SAMPLE_COLUMNS = ("t_s", "mem_available_kb", "vm_hwm_kb", "vm_rss_kb", "cpu_temp_mc", "battery_temp_dc")
-# ... then devices.reclaim.COLUMNS (vm_swap_kb … zram_used_kb); files written before issue 25 stop at the six
+# ... then devices.reclaim.COLUMNS (vm_swap_kb … zram_used_kb); files written before the reclaim columns stop at the six
 TMP_PREFIX = ".tmp-"                  # an attempt being assembled; readers skip dot-folders
 
 # ── the site `report` writes (not a campaign directory, but the same kind of contract) ─────────

@@ -2,11 +2,13 @@
 the low-memory killer's evidence, on top of its shell (devices/adb/link.py), files (devices/adb/files.py)
 and runs (devices/adb/runs.py) — virtual phones included.
 
-Everything sent to `adb shell` is quoted with shlex.quote. Commands run under a small
-device-side wrapper that reports the engine's pid and exit status on stderr, so the status is
-known even where adb relays none (no shell_v2); with shell_v2 the protocol's exit packet is used
-and the wrapper's line is the cross-check. The server side (its address, adb's environment
-variables, starting one) is devices.adb.
+Everything sent to `adb shell` is quoted with shlex.quote. Commands run (PhoneRuns.run) under a
+small device-side wrapper that reports the engine's pid and exit status on stderr and leaves a pid
+file while the engine lives; they need adbd's shell protocol v2 (the `shell_v2` feature, Android
+7.0+): its exit packet is the shell's status, the wrapper's line the engine's. A phone without it
+is refused in one line, there is no pre-v2 fallback (docs/decisions/shell-protocol.md). One-off
+shell commands (PhoneLink.shell) go through adbutils, which falls back to the v1 shell itself. The
+server side (its address, adb's environment variables, starting one) is devices.adb.server.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from devices import reclaim
+from devices import lmkd_inputs, reclaim, thermal_zones
 from devices.adb.files import PhoneFiles
 from devices.adb.link import MARK, WORK_DIR, int_or_none, sections_of
-from devices.adb.runs import PhoneRuns
+from devices.adb.runs import ZONES_COMMAND, PhoneRuns
 from devices.adb.server import TRANSPORT_ERRORS, AdbServer
 from devices.base import (
+    PAGE_SIZE_DEFAULT_BYTES,
     CpuFreqPolicy,
     DeviceError,
     DeviceIdentity,
@@ -53,10 +56,10 @@ class AdbPhone(PhoneRuns, PhoneFiles):
 
     # ---- identity and state ---------------------------------------------------------------------
     def identity(self) -> DeviceIdentity:
-        """Who the phone is (getprop, meminfo, uname, in one shell call); a virtual phone also says
-        its host ABI."""
-        sections = sections_of(self._text(f"getprop; echo {MARK}MEMINFO; cat /proc/meminfo; echo {MARK}UNAME; "
-                                        "uname -r"))
+        """Who the phone is (getprop, its page size, meminfo, uname, in one shell call); a virtual
+        phone also says its host ABI."""
+        sections = sections_of(self._text(f"getprop; echo {MARK}PAGESIZE; {PAGE_SIZE_COMMAND}; echo {MARK}MEMINFO; "
+                                        f"cat /proc/meminfo; echo {MARK}UNAME; uname -r"))
         props = parse_getprop(sections.get("", ""))
         mem = parse_meminfo_kb(sections.get("MEMINFO", ""))
         soc = props.get("ro.soc.model") or props.get("ro.board.platform") or props.get("ro.hardware") or "unknown"
@@ -70,6 +73,7 @@ class AdbPhone(PhoneRuns, PhoneFiles):
             kernel=sections.get("UNAME", "").strip(),
             # a virtual phone (devices/virtual/phone.py) runs this host's binaries
             host_abi=props.get("ro.bmoe.host_abi", "") if props.get("ro.bmoe.virtual") == "1" else "",
+            page_size_bytes=parse_page_size(sections.get("PAGESIZE", "")) or PAGE_SIZE_DEFAULT_BYTES,
         )
 
     def state(self) -> DeviceState:
@@ -105,15 +109,8 @@ class AdbPhone(PhoneRuns, PhoneFiles):
     def _parse_state(self, text: str) -> DeviceState:
         sections = sections_of(text)
         mem = parse_meminfo_kb(sections.get("", ""))
-        thermal: dict[str, int] = {}
-        for line in sections.get("THERMAL", "").splitlines():
-            kind, _, temp = line.partition("=")
-            if re.fullmatch(r"-?[0-9]{1,12}", temp.strip()):
-                key, n = kind, 1
-                while key in thermal:
-                    n += 1
-                    key = f"{kind}#{n}"
-                thermal[key] = int(temp)
+        thermal, unreadable = thermal_zones.parse_zones(sections.get("THERMAL", ""))
+        constant = self.zones.observe(thermal, time.monotonic())
         policies = []
         for line in sections.get("CPUFREQ", "").splitlines():
             name, _, freqs = line.partition("=")
@@ -123,9 +120,15 @@ class AdbPhone(PhoneRuns, PhoneFiles):
                            mem_free_kb=mem.get("MemFree"), swap_free_kb=mem.get("SwapFree"), thermal_mc=thermal,
                            battery_temp_dc=parse_battery_temp_dc(sections.get("BATTERY", "")),
                            thermal_status=parse_thermal_status(sections.get("THERMALSERVICE", "")),
-                           cpufreq=tuple(policies), vmstat=reclaim.vmstat_counters(sections.get("VMSTAT", "")))
+                           cpufreq=tuple(policies), vmstat=reclaim.vmstat_counters(sections.get("VMSTAT", "")),
+                           constant_zones=constant, unreadable_zones=unreadable)
 
     # ---- evidence -------------------------------------------------------------------------------
+    def lmkd_setting(self, ram_kb: int) -> lmkd_inputs.LmkdSetting:
+        """What the phone's lmkd decides with (its ro.lmk.* properties and zone watermarks; from
+        `ram_kb` where /proc/zoneinfo is refused), in one shell call."""
+        return lmkd_inputs.parse_setting(self._text(lmkd_inputs.RUN_COMMAND), ram_kb)
+
     def clock_offset_s(self) -> float:
         """Phone clock minus host clock (seconds), measured once."""
         if self._clock_offset_s is None:
@@ -146,20 +149,26 @@ class AdbPhone(PhoneRuns, PhoneFiles):
                                sections.get("DMESG", ""), since_phone)
 
     def _parse_lmk(self, head: str, dmesg: str, since_phone: float) -> list[LmkEvent]:
-        """lmk_events' parse: `head` is the phone's epoch seconds and uptime, then logcat's lines."""
-        lines = head.strip("\n").splitlines()
-        try:
-            boot_s = float(lines[0]) - float(lines[1])
-        except (IndexError, ValueError):
-            boot_s = None
-        events = []
-        for e in parse_log(lines[2:]):
-            at = _at(e.timestamp, 0.0)
-            if at is None or at >= since_phone:     # a line without an epoch stamp is kept
-                events.append(e)
-        if boot_s is not None:  # dmesg stamps are seconds since boot
-            events += [e for e in parse_log(dmesg) if (_at(e.timestamp, boot_s) or 0.0) >= since_phone]
-        return events
+        return lmk_since(head, dmesg, since_phone)
+
+
+def lmk_since(head: str, dmesg: str, since_phone: float) -> list[LmkEvent]:
+    """lmk_events' parse: `head` is the phone's epoch seconds and uptime, then logcat's lines
+    (`-v epoch`: seconds space-padded, devices.lmk); the kills stamped at or after `since_phone`
+    (phone epoch seconds), and any line without an epoch stamp."""
+    lines = head.strip("\n").splitlines()
+    try:
+        boot_s = float(lines[0]) - float(lines[1])
+    except (IndexError, ValueError):
+        boot_s = None
+    events = []
+    for e in parse_log(lines[2:]):
+        at = _at(e.timestamp, 0.0)
+        if at is None or at >= since_phone:     # a line without an epoch stamp is kept
+            events.append(e)
+    if boot_s is not None:  # dmesg stamps are seconds since boot
+        events += [e for e in parse_log(dmesg) if (_at(e.timestamp, boot_s) or 0.0) >= since_phone]
+    return events
 
 
 # What reads() prints, in sections split at @@BMOE markers (_sections): the fast reads of the
@@ -167,10 +176,7 @@ class AdbPhone(PhoneRuns, PhoneFiles):
 # shell's own `read`, not `$(cat FILE)`: a phone has ~15 zones and policies, and a fork and exec of
 # toybox per file made this the slowest part of the call (~50 ms of ~75 on a virtual phone).
 _STATE_FAST = (
-    "cat /proc/meminfo; echo " + MARK + "THERMAL; "
-    "for z in /sys/class/thermal/thermal_zone*; do "
-    "[ -r \"$z/temp\" ] && { y=; t=; IFS= read -r y <\"$z/type\"; IFS= read -r t <\"$z/temp\"; "
-    "echo \"$y=$t\"; } 2>/dev/null; done; "
+    "cat /proc/meminfo; echo " + MARK + "THERMAL; " + ZONES_COMMAND + "; "
     "echo " + MARK + "CPUFREQ; "
     "for p in /sys/devices/system/cpu/cpufreq/policy*; do "
     "[ -d \"$p\" ] && { s=; c=; IFS= read -r s <\"$p/scaling_max_freq\"; IFS= read -r c <\"$p/cpuinfo_max_freq\"; "
@@ -202,6 +208,23 @@ def _at_once(slow: Sequence[tuple[str, str]], fast: str = "") -> str:
     fast_ = f"{fast}; " if fast else ""
     return (f"if mkdir \"{d}\" 2>/dev/null; then {started} {fast_}wait; {shown}; rm -rf \"{d}\"; "
             f"else {fast_}{serial}; fi")
+
+
+# The kernel's page size: toybox `getconf PAGESIZE` (bytes), else, where the applet is missing, the
+# KernelPageSize of the shell's own first mapping (its binary's text: base pages), which every
+# kernel since 2.6.29 prints in /proc/PID/smaps (Documentation/filesystems/proc.rst)
+PAGE_SIZE_COMMAND = "getconf PAGESIZE 2>/dev/null || grep -m 1 '^KernelPageSize:' /proc/self/smaps 2>/dev/null"
+
+
+def parse_page_size(text: str) -> int | None:
+    """PAGE_SIZE_COMMAND's answer in bytes: a bare number (getconf) or `KernelPageSize: N kB`;
+    None when it said neither (or a size that is no power of two of at least 4 KiB)."""
+    text = text.strip()
+    m = re.fullmatch(r"([0-9]{1,9})", text) or re.match(r"KernelPageSize:\s+([0-9]{1,9}) kB", text)
+    if m is None:
+        return None
+    size = int(m[1]) * (1024 if text.startswith("KernelPageSize") else 1)
+    return size if size >= 4096 and size & (size - 1) == 0 else None
 
 
 def _at(timestamp: str | None, base_s: float) -> float | None:

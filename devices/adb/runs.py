@@ -11,9 +11,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from devices import reclaim
-from devices.adb.link import MARK, PhoneLink, lost_or_error
-from devices.adb.server import TRANSPORT_ERRORS
+from devices import lmkd_inputs, reclaim, thermal_zones
+from devices.adb.link import MARK, WORK_DIR, PhoneLink, lost_or_error
+from devices.adb.server import TRANSPORT_ERRORS, AdbServer
 from devices.base import (
     DeviceError,
     DeviceLost,
@@ -32,6 +32,14 @@ STDIN_DATA_MAX = 64 * 1024  # one stdin packet's data at most (as sync's DATA)
 _READ_TICK_S = 0.5          # run() wakes this often to check the watch and the stop event
 
 
+# every thermal zone as `TYPE=VALUE` (devices.thermal_zones.parse_zones), one line per zone; each
+# one-line sysfs file read with the shell's own `read`, not `$(cat FILE)`: a phone has ~15 zones,
+# and a fork and exec of toybox per file would be most of the call
+ZONES_COMMAND = ("for z in /sys/class/thermal/thermal_zone*; do "
+                 "[ -r \"$z/temp\" ] && { y=; t=; IFS= read -r y <\"$z/type\"; IFS= read -r t <\"$z/temp\"; "
+                 "echo \"$y=$t\"; } 2>/dev/null; done")
+
+
 def _q(args: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
@@ -39,6 +47,13 @@ def _q(args: Sequence[str]) -> str:
 
 class PhoneRuns(PhoneLink):
     """Commands run on a phone under the wrapper."""
+
+    def __init__(self, serial: str, server: AdbServer | None = None, work_dir: str = WORK_DIR):
+        super().__init__(serial, server, work_dir)
+        # what the phone's thermal zones read so far, by the state's reads and the run's samples:
+        # the zones that never move (devices.thermal_zones)
+        self.zones = thermal_zones.ZoneHistory()
+        self._shell_v2: bool | None = None          # whether adbd has the shell protocol v2 (asked once)
 
     def wrapper_command(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
                         scrub_prefix: str | None, stdin: bool = False) -> str:
@@ -55,8 +70,13 @@ class PhoneRuns(PhoneLink):
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
         redirect = "<&3 3<&-" if stdin else "</dev/null"
         parts.append(f"{assigns + ' ' if assigns else ''}{_q(argv)} {redirect} & p=$!")
+        # the run's pid file (pid and start time, /proc/PID/stat field 22): it outlives a run whose
+        # stream was cut, so the next contact can kill what the run left (reap_lost)
+        pid_file = f"{shlex.quote(self._work_dir)}/{RUN_PID_PREFIX}$p"
+        parts.append(f"{{ l=; read -r l </proc/$p/stat; l=${{l##*) }}; set -f; set -- $l; set +f; "
+                     f"echo \"$p ${{20}}\" >{pid_file}; }} 2>/dev/null")
         parts.append(f"echo {MARK}PID $p >&2")
-        parts.append(f"wait $p; s=$?; echo {MARK}EXIT $s >&2; exit $s")
+        parts.append(f"wait $p; s=$?; rm -f {pid_file}; echo {MARK}EXIT $s >&2; exit $s")
         return "; ".join(parts)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
@@ -66,6 +86,7 @@ class PhoneRuns(PhoneLink):
         """Run argv on the phone under the wrapper: output streamed, pressure sampled, killed at the
         timeout; `feeder` writes its stdin through the shell protocol's stdin packets."""
         command = self.wrapper_command(argv, env, cwd, scrub_prefix, stdin=feeder is not None)
+        self._need_shell_v2()
         started_at, t0 = time.time(), time.monotonic()
         conn = None
         try:
@@ -154,6 +175,20 @@ class PhoneRuns(PhoneLink):
         return RunOutcome(tuple(argv), status, pid_box.get("pid"), timed_out, time.monotonic() - t0, bytes(out),
                           bytes(err), tuple(samples), started_at)
 
+    def _need_shell_v2(self) -> None:
+        """run() speaks the shell protocol v2 (stdout, stderr and the exit status apart, stdin
+        packets): a phone whose adbd lacks it (`shell_v2` came with Android 7.0; upstream's
+        bmoe-cli needs API 29) is refused in one line (docs/decisions/shell-protocol.md)."""
+        if self._shell_v2 is None:
+            try:
+                features = self._device.get_features()
+            except TRANSPORT_ERRORS as e:
+                raise lost_or_error(self._device, self.server, "features", e) from None
+            self._shell_v2 = "shell_v2" in features.split(",")
+        if not self._shell_v2:
+            raise DeviceError(f"{self.serial}: its adbd lacks the shell protocol v2 (adb feature shell_v2, Android "
+                              "7.0 and later), which runs need to tell the engine's output, errors and exit apart")
+
     def _read_shell(self, conn, out: bytearray, on_stdout: OutputFn | None, on_err: Callable[[bytes], None],
                     heard: list[float], watch_s: float, what: str, feeder: StdinFeeder | None = None) -> int | None:
         """The shell protocol's packets until its exit packet (returns its status). The socket is
@@ -202,39 +237,57 @@ class PhoneRuns(PhoneLink):
 
     def _sample(self, pid: int, t_s: float, timeout_s: float | None = None) -> PressureSample | None:
         text = self._text(
-            f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; grep '^MemAvailable:' /proc/meminfo; "
-            "for z in /sys/class/thermal/thermal_zone*; do t=; { IFS= read -r t <\"$z/type\"; } 2>/dev/null; "
-            "case \"$t\" in cpu*) v=; IFS= read -r v <\"$z/temp\"; echo \"CPU=$v\";; esac; done; "
-            + reclaim.command(pid), timeout_s
+            f"grep -E '^(VmHWM|VmRSS):' /proc/{pid}/status 2>/dev/null; {lmkd_inputs.MEMINFO_GREP}; "
+            f"echo {reclaim.MARK}THERMAL; {ZONES_COMMAND}; " + reclaim.command(pid), timeout_s
         )
         parts = reclaim.split(text)
-        head = parts.get("", "")
-        kb = parse_meminfo_kb(head)
-        cpu = [int(m[1]) for m in re.finditer(r"^CPU=(-?\d+)", head, re.MULTILINE)]
+        kb = parse_meminfo_kb(parts.get("", ""))
         if "VmRSS" not in kb:
             return None
-        return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"), max(cpu) if cpu else None,
-                              reclaim=reclaim.parse(parts))
+        # the same zone as the gate's (devices.thermal_zones), the zones' history shared with it
+        zones, _ = thermal_zones.parse_zones(parts.get("THERMAL", ""))
+        constant = self.zones.observe(zones, time.monotonic())
+        zone, _ = thermal_zones.cpu_zone(zones, constant)
+        return PressureSample(t_s, kb.get("MemAvailable"), kb.get("VmHWM"), kb.get("VmRSS"),
+                              zones[zone] if zone is not None else None, reclaim=reclaim.parse(parts),
+                              lmkd=lmkd_inputs.parse_sample(kb, parts.get("VMSTAT", ""), parts.get("PSI", "")))
 
     def stop_strays(self, names: Sequence[str]) -> int:
-        """Kill leftover engine processes (by process name) that share this shell's mount
-        namespace: on a phone every process adb started, on a virtual phone only its own (virtual
-        phones share this host's /proc and all run as the shell user, so `pidof NAME` would name
-        the engine another phone is measuring). Returns how many were killed."""
+        """Kill what lost runs left (reap_lost's pid files), then leftover engine processes (by
+        process name) that share this shell's mount namespace: on a phone every process adb
+        started, on a virtual phone only its own (virtual phones share this host's /proc and all run
+        as the shell user, so `pidof NAME` would name the engine another phone is measuring).
+        Returns how many were killed by name (the reaped are reaped_pids' of the same output)."""
         status, out, _ = self.shell(self.strays_command(names))
         return strays_killed(out.decode("utf-8", "replace")) if status == 0 else 0
 
-    @staticmethod
-    def strays_command(names: Sequence[str]) -> str:
-        """stop_strays' command line (for reads() to run it in the same call): it prints the
-        number killed on its last line (strays_killed)."""
-        return f"sh -c {shlex.quote(_STRAYS_SH)} {shlex.quote(' '.join(names))}"
+    def reap_lost(self, names: Sequence[str]) -> list[int]:
+        """Kill, by pid, the engines runs left behind when their stream was cut (a device lost, an
+        interrupt: adbd hangs up the shell alone, packages/modules/adb daemon/shell_service.cpp, so
+        the engine may live on with its gigabytes). Each run leaves a pid file in the work dir with
+        the process's start time; a process is killed only while its start time is the recorded one
+        (a reused pid is another process) and its name (comm) is one of `names`. Returns the pids."""
+        status, out, _ = self.shell(f"sh -c {shlex.quote(_REAP_SH)} {shlex.quote(' '.join(names))} "
+                                    f"{shlex.quote(self._work_dir)}")
+        return reaped_pids(out.decode("utf-8", "replace")) if status == 0 else []
+
+    def strays_command(self, names: Sequence[str]) -> str:
+        """stop_strays' command line (for reads() to run it in the same call): lost runs reaped by
+        pid first (a `@@BMOEREAPED PID` line each, reaped_pids), then strays by name; it prints the
+        number killed by name on its last line (strays_killed)."""
+        return (f"sh -c {shlex.quote(_REAP_SH + '; ' + _STRAYS_SH)} {shlex.quote(' '.join(names))} "
+                f"{shlex.quote(self._work_dir)}")
 
 
 def strays_killed(text: str) -> int:
-    """How many strays the strays command said it killed (0 when it said nothing)."""
+    """How many strays the strays command said it killed by name (0 when it said nothing)."""
     lines = text.strip().splitlines()
     return int(lines[-1]) if lines and lines[-1].isdigit() else 0
+
+
+def reaped_pids(text: str) -> list[int]:
+    """The pids the reap (reap_lost, strays_command) said it killed."""
+    return [int(m[1]) for m in re.finditer(rf"^{MARK}REAPED ([0-9]{{1,10}})$", text, re.MULTILINE)]
 
 
 def shell_packet(kind: int, data: bytes = b"") -> bytes:
@@ -269,6 +322,23 @@ def _stdin_packets(conn) -> tuple[Callable[[bytes], None], Callable[[], None]]:
     return write, close
 
 
+RUN_PID_PREFIX = ".run-pid."     # in the work dir: one file per run still going, "PID STARTTIME"
+# $0: the engine names, $1: the work dir. A run's pid file whose process is gone (or whose pid now
+# belongs to a process started at another time: /proc/PID/stat field 22, read past the `(comm)`
+# that may hold spaces) is removed; a live one under an engine name is killed (`@@BMOEREAPED PID`,
+# its pid kept in $reaped for the strays loop after it to skip); any other live run is left alone,
+# its file kept (a gap app's stop_strays runs while the engine runs).
+_REAP_SH = (
+    'reaped=; for f in "$1"/' + RUN_PID_PREFIX + '[0-9]*; do '
+    '[ -f "$f" ] || continue; p=; st=; read -r p st < "$f"; '
+    'case "$p" in ""|*[!0-9]*) rm -f "$f"; continue;; esac; '
+    'l=; read -r l 2>/dev/null < "/proc/$p/stat" || { rm -f "$f"; continue; }; l=${l##*) }; '
+    'set -f; set -- $l; set +f; [ "${20}" = "$st" ] || { rm -f "$f"; continue; }; '
+    'c=; read -r c 2>/dev/null < "/proc/$p/comm"; '
+    'case " $0 " in *" $c "*) ;; *) continue;; esac; '
+    'kill -9 "$p" 2>/dev/null && { rm -f "$f"; reaped="$reaped $p"; echo "' + MARK + 'REAPED $p"; }; '
+    'done'
+)
 # $0: the engine names. mksh and toybox only; a process is ours when its comm is a name AND its
 # mount namespace is this shell's (readlink fails on other users' processes: not ours either).
 _STRAYS_SH = (
@@ -276,6 +346,7 @@ _STRAYS_SH = (
     'for d in /proc/[0-9]*; do '
     'c=; read -r c 2>/dev/null < "$d/comm" || continue; '
     'case " $0 " in *" $c "*) ;; *) continue;; esac; '
+    'case " $reaped " in *" ${d#/proc/} "*) continue;; esac; '
     '[ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$me" ] || continue; '
     'kill -9 "${d#/proc/}" 2>/dev/null && n=$((n+1)); '
     'done; echo "$n"'

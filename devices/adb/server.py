@@ -214,7 +214,7 @@ def ensure_server(server: AdbServer) -> None:
     _mark_started(server)
 
 
-# -- the tool's own servers: restarted when they die (issue 28) -----------------------------------
+# -- the tool's own servers: restarted when they die (docs/decisions/adb-servers.md) -------------------------------
 _RESTART_LOCK = threading.Lock()        # one restart at a time, whichever device's worker saw it die
 
 

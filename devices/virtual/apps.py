@@ -13,13 +13,21 @@ every 100 ms in turn (ACTIVE_PERCENT, ACTIVE_PERIOD_S), so its memory stays on t
 what reclaim swaps out of it faults back in, and reclaim looks for cold pages elsewhere (the
 engine's cache entries not hit lately, the mapped model's file pages).
 
-The adj is ProcessList.java's for the state (devices/android.py). It is written by the daemon (root) before the app drops to its uid, as Android's system_server has lmkd
-write it. The apps are stopped with the phone; after a crash they are in its cgroup, which the next
-`up` empties.
+The adj is ProcessList.java's for the state (devices/android.py). It is written by the daemon (root)
+before the app drops to its uid, and again by the phone's lmkd when ActivityManager (am.py, which
+starts every app process: these, the installed packages `am start` opens, and `am run-as-app`'s
+host) registers it (LMK_PROCPRIO): only a registered process is lmkd's candidate. The apps are
+stopped with the phone; after a crash they are in its cgroup, which the next `up` empties.
+
+`am run-as-app` runs a command as an app: the app's process is HOST below, started like the apps
+(the phone's cgroup, namespaces, the app's uid and adj, named by its package), which forks the
+command as its child, in its process group, on the caller's stdin, stdout and stderr, and exits
+with the command's status (128 + N for a signal, as a shell reports it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -45,24 +53,54 @@ _APP = (
 ).replace("ACTIVE_PERCENT", str(ACTIVE_PERCENT)).replace("ACTIVE_PERIOD_S", str(ACTIVE_PERIOD_S))
 
 
-def start(apps: list[App], procs_files: list[str], ns_fd: int | None) -> list[subprocess.Popen]:
-    """Start each app in the phone (cgroup, namespace, its uid, its adj) and wait until it holds
-    its memory (or died: the phone was too small for it, which the caller's lmkd logs)."""
-    started = []
-    for app in apps:
-        started.append(subprocess.Popen([app.name, "-I", "-S", "-c", _APP, str(app.size_bytes),
-                                         "1" if app.compressible else "0", "1" if app.active else "0"],
-                                        executable=sys.executable, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        preexec_fn=_setup(app, procs_files, ns_fd), start_new_session=True))
-    for proc in started:
-        assert proc.stdout is not None
-        proc.stdout.readline()   # "ready", or EOF if it was killed
-        proc.stdout.close()
-    return started
+# The app hosting a command: fork it (in the caller's folder when the app may enter it, with the
+# default SIGPIPE Python's start took away), wait, exit with its status.
+_HOST = (
+    "import os,signal,sys\n"
+    "cwd,argv=sys.argv[1],sys.argv[2:]\n"
+    "pid=os.fork()\n"
+    "if pid==0:\n"
+    "    signal.signal(signal.SIGPIPE,signal.SIG_DFL)\n"
+    "    try: os.chdir(cwd)\n"
+    "    except OSError: pass\n"
+    "    try: os.execvp(argv[0],argv)\n"
+    "    except OSError as e:\n"
+    "        os.write(2,('run-as-app: %s: %s\\n'%(argv[0],e.strerror)).encode());os._exit(127)\n"
+    "while True:\n"
+    "    try: st=os.waitpid(pid,0)[1];break\n"
+    "    except InterruptedError: pass\n"
+    "sys.exit(128+os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st))\n"
+)
 
 
-def _setup(app: App, procs_files: list[str], ns_fd: int | None):
+async def spawn(app: App, procs_files: list[str], ns_fd: int | None,
+                net_fd: int | None = None) -> asyncio.subprocess.Process:
+    """Start `app` in the phone (it then fills its memory: `ready` waits for that)."""
+    return await asyncio.create_subprocess_exec(
+        app.name, "-I", "-S", "-c", _APP, str(app.size_bytes), "1" if app.compressible else "0",
+        "1" if app.active else "0", executable=sys.executable, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_setup(app.uid, app.oom_score_adj, procs_files, ns_fd, net_fd))
+
+
+async def ready(proc: asyncio.subprocess.Process) -> bool:
+    """Wait until a spawned app holds its memory; False if it died first (the phone was too small
+    for it, which the phone's lmkd or kernel logs)."""
+    assert proc.stdout is not None
+    return (await proc.stdout.readline()).strip() == b"ready"   # it says nothing more
+
+
+async def spawn_host(package: str, uid: int, oom_score_adj: int, cwd: str, argv: list[str], env: dict[str, str],
+                     stdio: tuple[int, int, int], procs_files: list[str], ns_fd: int | None,
+                     net_fd: int | None = None) -> asyncio.subprocess.Process:
+    """Start the app `package` hosting `argv` (HOST above) on the caller's stdio."""
+    return await asyncio.create_subprocess_exec(
+        package, "-I", "-S", "-c", _HOST, cwd, *argv, executable=sys.executable, env=env,
+        stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True,
+        preexec_fn=_setup(uid, oom_score_adj, procs_files, ns_fd, net_fd))
+
+
+def _setup(uid: int, oom_score_adj: int, procs_files: list[str], ns_fd: int | None, net_fd: int | None):
     from devices.virtual import namespace
     from devices.virtual.phone import join_cgroup
 
@@ -70,21 +108,16 @@ def _setup(app: App, procs_files: list[str], ns_fd: int | None):
         try:
             join_cgroup(procs_files)
             with open("/proc/self/oom_score_adj", "w") as f:
-                f.write(str(app.oom_score_adj))
+                f.write(str(oom_score_adj))
+            if net_fd is not None:
+                namespace.setns(net_fd, namespace.CLONE_NEWNET)
             if ns_fd is not None:
                 namespace.setns(ns_fd)
                 os.chdir("/")
                 os.setgroups([])
-                os.setresgid(app.uid, app.uid, app.uid)
-                os.setresuid(app.uid, app.uid, app.uid)
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
         except BaseException as e:
             os.write(2, f"vphone app: {e}\n".encode())
             os._exit(125)
     return setup
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "bmoe-vphone-"
+# one file per group made here, named by its leaf: the making daemon's pid, then the group's folders,
+# so a group whose daemon died before its stop (and whose phone folder may be gone) is found
+REGISTRY = Path("/run/bmoe-vphone-cgroups")
 
 
 class CgroupUnavailable(Exception):
@@ -130,6 +133,7 @@ class MemoryCgroup:
                     raise CgroupUnavailable("no memory cgroup hierarchy is mounted")
                 cg = cls._create_v2(Path(v2[0]), leaf)
             cg.kill_all()  # a stale group from a daemon that died keeps no stragglers
+            cg.record()
             cg.set_limit(ram_bytes, swap_bytes, swappiness)
             return cg
         except OSError as e:
@@ -241,7 +245,8 @@ class MemoryCgroup:
 
     def stat_counters(self) -> dict[str, int]:
         """The group's counters from memory.stat (v1: its hierarchical total_* keys, prefix dropped):
-        pgfault, pgmajfault, workingset_refault_anon/file, swap, swapcached; v2's own names."""
+        pgfault, pgmajfault, workingset_refault_anon/file, swap (bytes), swapcached; v2's own names
+        (among them pswpin and pswpout, which v1 never shows: mm/memcontrol-v1.c memcg1_events)."""
         raw = _keyed(self.path / "memory.stat")
         if self.version == 1:
             return {k[len("total_"):]: v for k, v in raw.items() if k.startswith("total_")}
@@ -279,10 +284,26 @@ class MemoryCgroup:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
 
+    def folders(self) -> list[Path]:
+        return list(dict.fromkeys([self.path, *self.extra, *([self.cpu_path] if self.cpu_path is not None else [])]))
+
+    def add_extra(self, path: Path) -> None:
+        """Join another controller's group (the phone's cpuset) to this one: removed with it."""
+        self.extra.append(path)
+        self.record()
+
+    def record(self) -> None:
+        """Write this group's registry entry (REGISTRY): this process owns it, and these are its folders."""
+        REGISTRY.mkdir(mode=0o700, exist_ok=True)
+        entry = REGISTRY / self.path.name
+        tmp = entry.with_name(f".{entry.name}.tmp")
+        tmp.write_text("\n".join([str(os.getpid()), *map(str, self.folders())]) + "\n")
+        os.replace(tmp, entry)
+
     def remove(self) -> None:
         """Kill what is left and remove the group's folders (retrying while the kernel still holds them)."""
         self.kill_all()
-        for path in {self.path, *self.extra} | ({self.cpu_path} if self.cpu_path is not None else set()):
+        for path in self.folders():
             for _ in range(40):
                 try:
                     path.rmdir()
@@ -291,6 +312,83 @@ class MemoryCgroup:
                     break
                 except OSError:
                     time.sleep(0.05)
+        if not any(p.exists() for p in self.folders()):
+            (REGISTRY / self.path.name).unlink(missing_ok=True)
+
+
+def daemon_alive(pid: int) -> bool:
+    """Whether `pid` is a running phone daemon (`python -m devices.virtual.run`)."""
+    try:
+        return b"devices.virtual.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def reclaim_orphans() -> list[str]:
+    """Remove every group made here whose daemon is gone (killed before its stop), with what is left
+    in it: the names of the groups removed."""
+    removed: list[str] = []
+    if not REGISTRY.is_dir():
+        return removed
+    for entry in REGISTRY.iterdir():
+        if entry.name.startswith("."):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            pid, *folders = entry.read_text().split()
+            if int(pid) == os.getpid() or daemon_alive(int(pid)):
+                continue
+            cg = MemoryCgroup(1, Path(folders[0]), None)
+            cg.extra = [Path(p) for p in folders[1:]]
+            cg.remove()
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
+HOST_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class SwapTraffic:
+    """A memory cgroup's own swap traffic, in this host's pages, cumulative: what a phone's
+    /proc/vmstat shows as pswpin and pswpout, whichever swap area the pages went to
+    (docs/virtual-phones.md, "How a phone's swap counters are derived").
+
+    Where memory.stat counts them (cgroup v2: Documentation/admin-guide/cgroup-v2.rst), the kernel's
+    own per-group pswpin and pswpout. cgroup v1 has neither, so here:
+    - swapped in = workingset_refault_anon: every anonymous page read back from swap into the group
+      whose eviction left a shadow entry, as reclaim's always does (mm/workingset.c
+      workingset_refault, called for each swap-in in mm/memory.c do_swap_page);
+    - swapped out = the rises of (in swap now + swapped in), added up read by read. A page swapped
+      out adds to the group's `swap` (mm/memcontrol-v1.c memcg1_swapout); one swapped back in leaves
+      `swap` (memcg1_swapin) and adds a refault, so the sum stays; one freed while in swap (its
+      process exited, or unmapped it) leaves `swap` alone, which is no traffic and no rise. A
+      swap-out and such a free between two reads hide each other: swapped out can only be short,
+      never more than the group wrote.
+    """
+
+    def __init__(self, cgroup: MemoryCgroup) -> None:
+        self.cgroup = cgroup
+        self._held_pages: int | None = None    # in swap + swapped in, at the last read
+        self._in_pages = 0
+        self._out_pages = 0
+
+    def read(self, counters: dict[str, int] | None = None) -> tuple[int, int]:
+        """(pages swapped in, pages swapped out) so far. `counters`: the group's stat_counters()
+        when the caller has just read them; the last values where memory.stat cannot be read."""
+        try:
+            stat = self.cgroup.stat_counters() if counters is None else counters
+        except OSError:
+            return self._in_pages, self._out_pages
+        if "pswpin" in stat and "pswpout" in stat:
+            self._in_pages, self._out_pages = stat["pswpin"], stat["pswpout"]
+            return self._in_pages, self._out_pages
+        swap_bytes = stat["swap"] if "swap" in stat else self.cgroup.swap_bytes()
+        self._in_pages = max(self._in_pages, stat.get("workingset_refault_anon", 0))
+        held = swap_bytes // HOST_PAGE_BYTES + self._in_pages
+        # the first read: what is in swap, or came back from it, went out at some point
+        self._out_pages += held if self._held_pages is None else max(0, held - self._held_pages)
+        self._held_pages = held
+        return self._in_pages, self._out_pages
 
 
 def remove_path(path: Path) -> None:

@@ -10,24 +10,38 @@ in what the kernel did not say. A process being killed has lost its cmdline befo
 line reaches us; a sample taken then is no sample (see sample), or the kill would be logged under
 the kernel's comm.
 
+Who lmkd may kill: only what the phone's ActivityManager registered (lmkd.cpp: its victims come
+from its own per-adj lists, find_and_kill_process -> proc_adj_tail / proc_get_heaviest, which only
+LMK_PROCPRIO fills), sent on the phone's /dev/socket/lmkd by the daemon's ActivityManager
+(devices/virtual/am.py): lmkd_registry.py. A registered process's adj is lmkd's record of it, not
+what the process writes for itself. A shell process is never a candidate, whatever its adj: when no
+registered process is left, lmkd kills nothing (mp_event_psi: find_and_kill_process finds no one,
+nothing is logged) and the kernel's memcg OOM killer is what takes the engine, a line in the
+kernel buffer only. lmkd SIGKILLs the registered pid alone (reaper.cpp, pidfd_send_signal);
+ActivityManager then kills the app's process group when it sees the app die (am.py).
+
 Formats (lmkd.cpp; event.logtags tag 10195355):
   Android 12-14  Kill 'NAME' (PID), uid UID, oom_score_adj ADJ to free NkB rss, NkB swap; reason: TEXT
   Android 11     Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB; reason: TEXT
   Android 10     Kill 'NAME' (PID), uid UID, oom_adj ADJ to free NkB
   Android 9      Killing 'NAME' (PID), uid UID, adj ADJ to free NkB ...
   events (11+)   killinfo: [pid,uid,oom_adj,min_oom_adj,task_size_kb,kill_reason,MemFree,...]
+                 (13+: ending with five PSI avg10 floats, psi_avg10_tail)
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import re
 import signal
+import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from devices.lmkd_policy import (
@@ -40,6 +54,7 @@ from devices.lmkd_policy import (
     read_psi_full_total_us,
 )
 from devices.virtual import logbuf
+from devices.virtual.lmkd_registry import Registration, Registry
 from devices.virtual.meminfo import MemInfo
 
 log = logging.getLogger("bmoe.vphone.lmkd")
@@ -51,6 +66,8 @@ LMKD_TAG = "lowmemorykiller"
 LOW_MEM_AND_SWAP, LOW_MEM = 3, 8
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
 _SUMMARY = re.compile(r"oom-kill:.*oom_memcg=([^,]*),.*pid=(\d+)")
+_UID = re.compile(r"UID:(\d+)")
+FIRST_APPLICATION_UID = 10000     # android_filesystem_config.h: an app's processes share its uid
 FORGET_AFTER_S = 10.0
 # after a victim is gone, lmkd decides again once the phone's counters have its memory back (the
 # zram charge follows zram one poll late): a few of its 10 ms polls
@@ -67,6 +84,7 @@ class ProcSample:
     seen_at: float
     uid: int = SHELL_UID
     started: float = 0.0   # /proc/PID/stat starttime, clock ticks since boot (lmkd's LRU order)
+    pgid: int = 0          # its process group (an app's command is in the app's)
 
 
 @dataclass(frozen=True)
@@ -98,10 +116,11 @@ def sample(pid: int, now: float) -> ProcSample | None:
     kb = lambda key: int(fields.get(key, "0 kB").split()[0])  # noqa: E731
     uid = int(fields.get("Uid", f"{SHELL_UID}").split()[0])
     try:
-        started = float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        started, pgid = float(stat[19]), int(stat[2])
     except (OSError, IndexError, ValueError):
-        started = 0.0
-    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started)
+        started, pgid = 0.0, 0
+    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started, pgid)
 
 
 def process_name(cmdline: bytes, comm: str) -> str:
@@ -184,6 +203,21 @@ class Lmkd:
         self.headroom_bytes = headroom_bytes
         self.pending: tuple[int, float] | None = None   # (pid, when) of lmkd's last kill
         self.settle_until = 0.0                          # no decision before (the last victim's memory returning)
+        # what ActivityManager registered (LMK_PROCPRIO on /dev/socket/lmkd): lmkd's only candidates
+        self.registry = Registry(self.root, _name_of, self._error)
+
+    def watch_control(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Handle lmkd's control socket as it is written to, as lmkd's epoll does."""
+        self.registry.watch(loop)
+
+    def _error(self, text: str) -> None:
+        """lmkd's ALOGE: the main buffer, tag lowmemorykiller."""
+        logbuf.append(self.root, "main", LMKD_TAG, text, priority="E")
+        log.warning("lmkd: %s", text)
+
+    def registered(self, s: ProcSample) -> Registration | None:
+        """lmkd's record of the process sampled, if it has one."""
+        return self.registry.of(s.pid, s.started)
 
     # -- one poll (~10 Hz) ------------------------------------------------------------------
     def poll(self) -> list[Kill]:
@@ -191,6 +225,7 @@ class Lmkd:
         if self.last_poll is not None and now - self.last_poll > 1.0:
             log.warning("lmkd poll %.2f s after the last one (expected ~0.1 s)", now - self.last_poll)
         self.last_poll = now
+        self.registry.serve()
         for pid in self.pids():
             s = sample(pid, now)
             if s is not None:
@@ -212,8 +247,10 @@ class Lmkd:
                     if prev is None:
                         log.warning("no sample of %d (%s) before its kill: named by the kernel's comm", pid, m[2])
                     rss = int(m[3]) + int(m[4]) + int(m[5])
+                    uid = _UID.search(line)
                     found.append(Kill(pid, prev.name if prev else m[2], rss, prev.swap_kb if prev else 0,
-                                      prev.oom_score_adj if prev else 0, "kmsg", prev.uid if prev else SHELL_UID))
+                                      prev.oom_score_adj if prev else 0, "kmsg",
+                                      prev.uid if prev else int(uid[1]) if uid else SHELL_UID))
                     logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
         if self.oom_kills is not None:
             count = self.oom_kills()
@@ -240,6 +277,7 @@ class Lmkd:
                                   "cgroup", victim.uid))
         self.samples = {pid: s for pid, s in self.samples.items()
                         if now - s.seen_at < FORGET_AFTER_S and pid not in self.logged}
+        self.registry.expire(now)
         return found
 
     # -- lmkd's own policy (Android 14 mp_event_psi) -------------------------------------------
@@ -269,38 +307,68 @@ class Lmkd:
         decision = self.policy.decide(reading)
         if decision is None:
             return
-        live = [s for s in self.samples.values() if s.seen_at == now and s.pid not in self.logged]
-        by_pid = {s.pid: s for s in live}
-        chosen = choose_victim([Candidate(s.pid, s.oom_score_adj, s.rss_kb, s.started) for s in live],
+        # lmkd's candidates are its registered processes only, at the adj it holds for them
+        live = {s.pid: (s, reg) for s in self.samples.values()
+                if s.seen_at == now and s.pid not in self.logged and (reg := self.registered(s)) is not None}
+        chosen = choose_victim([Candidate(s.pid, reg.oom_score_adj, s.rss_kb, s.started) for s, reg in live.values()],
                                decision.min_score_adj, self.policy.props.kill_heaviest_task)
-        if chosen is None:
+        if chosen is None:   # nothing registered at or above min_score_adj: no kill, no line
             return
-        victim = by_pid[chosen.pid]
+        victim, reg = live[chosen.pid]
+        self.registry.take(victim.pid, victim.started)   # kill_one_process: pid_remove, killed or not
         try:
             os.kill(victim.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
         self.policy.killed()
         self.pending = (victim.pid, now)
-        self._log(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, victim.oom_score_adj, "lmkd",
-                       victim.uid), decision)
+        self._log(Kill(victim.pid, victim.name, victim.rss_kb, victim.swap_kb, reg.oom_score_adj, "lmkd", reg.uid),
+                  decision)
 
     def _record(self, kill: Kill) -> None:
-        """A kill the kernel made. With lmkd's policy on a phone that has swap, the kernel's OOM
-        killer is only the backstop (RAM and zram both full): its kill is the kernel's line in the
-        kernel buffer, not an lmkd line. Without swap (or without the policy) it stands in for the
-        kill lmkd would have made first, and is logged as lmkd's."""
-        if self.policy is None or self.meminfo().fields["SwapTotal"] <= 0:
-            self._log(kill)
+        """A kill the kernel made (its memcg OOM killer, or the watchdog standing in for it). It is
+        the kernel's: a line in the kernel buffer, never an lmkd line, when lmkd's policy runs on a
+        phone with swap (the backstop: RAM and zram both full) and whenever the victim was no
+        registered process (a shell's engine: lmkd could never have killed it). Without swap (or
+        without the policy) lmkd's policy cannot act before the cgroup's OOM killer, so a kernel
+        kill of a registered app stands in for the kill lmkd would have made first and is logged
+        as lmkd's, and so is one of an app's command (run-as-app): lmkd would have killed the app,
+        and does so now (ActivityManager then takes its process group)."""
+        prev = self.samples.get(kill.pid)
+        reg = self.registry.take(kill.pid, prev.started if prev is not None else None)
+        stand_in = self.policy is None or self.meminfo().fields["SwapTotal"] <= 0
+        if stand_in and reg is not None:
+            self._log(replace(kill, name=kill.name if prev is not None else reg.name, uid=reg.uid,
+                              oom_score_adj=reg.oom_score_adj))
             return
+        self._kernel_line(kill)
+        if not stand_in:
+            return
+        # the app whose process group (or, unsampled, whose uid) the victim was in
+        app_reg = None
+        if prev is not None and prev.pgid != kill.pid and prev.pgid not in self.logged:
+            app_reg = self.registry.take(prev.pgid, _started(self.samples.get(prev.pgid)))
+        if app_reg is None and kill.uid >= FIRST_APPLICATION_UID:
+            app_pid = self.registry.of_uid(kill.uid, self.logged | {kill.pid})
+            app_reg = self.registry.take(app_pid, _started(self.samples.get(app_pid))) if app_pid else None
+        if app_reg is not None:
+            # the app may have ended already (its command did): lmkd would have killed it first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(app_reg.pid, signal.SIGKILL)
+            app = self.samples.get(app_reg.pid)
+            self._log(Kill(app_reg.pid, app.name if app else app_reg.name, app.rss_kb if app else 0,
+                           app.swap_kb if app else 0, app_reg.oom_score_adj, "lmkd", app_reg.uid))
+
+    def _kernel_line(self, kill: Kill) -> None:
         self.logged.add(kill.pid)
         self.kills.append(kill)
         if kill.source != "kmsg":   # the kernel's own line was not readable: write what it logs
-            line = (f"Memory cgroup out of memory: Killed process {kill.pid} ({kill.name[-15:]}) total-vm:0kB, "
+            comm = os.path.basename(kill.name)[:15]     # the kernel names a task by its comm
+            line = (f"Memory cgroup out of memory: Killed process {kill.pid} ({comm}) total-vm:0kB, "
                     f"anon-rss:{kill.rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:{kill.uid} pgtables:0kB "
                     f"oom_score_adj:{kill.oom_score_adj}")
             logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
-        log.info("kernel OOM killer (backstop) killed %s (%d, %d kB)", kill.name, kill.pid, kill.rss_kb)
+        log.info("the kernel's OOM killer killed %s (%d, %d kB)", kill.name, kill.pid, kill.rss_kb)
 
     @property
     def poll_interval_s(self) -> float:
@@ -357,12 +425,44 @@ class Lmkd:
                 # MsSinceEvent, MsSincePrevWakeup, WakeupsSinceEvent, SkippedWakeups, TaskSwapSize,
                 # GPU, Thrashing, MaxThrashing
                 values += [0, 100, 1, 0, k.swap_kb, 0, 0, 0]
-            logbuf.append(self.root, "events", KILLINFO_TAG, "[" + ",".join(map(str, values)) + "]",
+            fields = [str(v) for v in values] + (psi_avg10_tail() if self.android >= 13 else [])
+            logbuf.append(self.root, "events", KILLINFO_TAG, "[" + ",".join(fields) + "]",
                           priority="I", time_s=now)
         log.info("logged kill of %s (%d, %d kB, via %s)", k.name, k.pid, k.rss_kb, k.source)
 
     def close(self) -> None:
         self.kmsg.close()
+        self.registry.close()
+
+
+def psi_avg10_tail(base: str = "/proc/pressure") -> list[str]:
+    """killinfo's tail from Android 13 on (lmkd.cpp killinfo_log, 2022's "Log psi averages in
+    killinfo reports"; event.logtags PsiMemSome, PsiMemFull, PsiIoSome, PsiIoFull, PsiCpuSome):
+    the avg10 of memory some/full, io some/full and cpu some, each a float32 that logcat prints
+    with "%f" (liblog logprint.cpp). They are this host's, system-wide, as lmkd reads
+    /proc/pressure (a memory cgroup v1 has no PSI of its own); 0 where unreadable, as lmkd logs
+    zeros without PSI data."""
+    out: list[str] = []
+    for resource, kinds in (("memory", ("some", "full")), ("io", ("some", "full")), ("cpu", ("some",))):
+        avg10: dict[str, float] = {}
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(base, resource).read_text().splitlines():
+                kind, _, rest = line.partition(" ")
+                for field in rest.split():
+                    name, _, value = field.partition("=")
+                    if name == "avg10":
+                        avg10[kind] = float(value)
+        out += [f"{struct.unpack('<f', struct.pack('<f', avg10.get(kind, 0.0)))[0]:f}" for kind in kinds]
+    return out
+
+
+def _name_of(pid: int) -> str | None:
+    s = sample(pid, 0.0)
+    return s.name if s is not None else None
+
+
+def _started(s: ProcSample | None) -> float | None:
+    return s.started if s is not None else None
 
 
 def _exists(pid: int) -> bool:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 BUFFERS = ("main", "system", "radio", "events", "crash", "kernel")
-DEFAULT_BUFFERS = ("main", "system", "crash")
+DEFAULT_BUFFERS = ("main", "system", "crash")          # what `-b default` names (logcat.cpp)
+UNNAMED_BUFFERS = DEFAULT_BUFFERS + ("kernel",)        # what logcat reads without -b (logcat.cpp)
 PRIORITIES = "VDIWEFS"
 LOGD_DIR = "data/misc/logd"  # under the phone's root
 
@@ -106,8 +107,16 @@ def _stamp(t: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", lt) + f".{int((t % 1) * 1000):03d}"
 
 
+def _epoch_stamp(t: float) -> str:
+    """`-v epoch`: liblog's logprint.cpp prints the seconds with snprintf "%19lld" (right-aligned
+    in 19 columns: ten digits today, so nine spaces first) and the milliseconds with ".%03ld" of
+    tv_nsec / 1000000 (truncated). The same from Android 6 (the format's 2015 commit) to 16."""
+    seconds = int(t // 1)
+    return f"{seconds:19d}.{int((t - seconds) * 1000):03d}"
+
+
 def format_entry(e: Entry, fmt: str = "threadtime", epoch: bool = False) -> str:
-    stamp = f"{e.time_s:.3f}" if epoch else _stamp(e.time_s)
+    stamp = _epoch_stamp(e.time_s) if epoch else _stamp(e.time_s)
     if fmt == "time":
         prefix = f"{stamp} {e.priority}/{e.tag:<8}({e.pid:5d}): "
     elif fmt == "brief":

@@ -28,7 +28,7 @@ from typing import TypeGuard
 
 from devices.android import AppSpecError, parse_apps
 from devices.virtual import cgroup as cgroups
-from devices.virtual import cpuinfo, zram
+from devices.virtual import cpuinfo, dataquota, variant, zram
 from devices.virtual.phone import (
     INTERNAL,
     NotLinux,
@@ -69,6 +69,9 @@ class PhoneInfo:
     zram_bytes: int = 0                   # its own zram swap (0: none)
     cpus: tuple[int, ...] = ()            # the host cores its cpuset gives it (running, --cpus), else ()
     storage_mbps: int = 0                 # its /data read throttle (0: none)
+    build: str = "user"                   # ro.build.type
+    page_size_bytes: int = 4096           # the page size its shell sees
+    data_quota_bytes: int = 0             # the size of its /data (0: no quota, the host's disk)
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
@@ -118,7 +121,8 @@ def info(name: str, home: os.PathLike | str | None = None) -> PhoneInfo:
                      mount_namespace=state.get("mount_namespace") if running else None,
                      apps=tuple(a.describe() for a in parse_apps(spec.apps)), zram_bytes=spec.zram_bytes,
                      cpus=tuple(state.get("cpus") or ()) if running and spec.cpus else (),
-                     storage_mbps=spec.storage_mbps)
+                     storage_mbps=spec.storage_mbps, build=spec.build, page_size_bytes=spec.page_size_bytes,
+                     data_quota_bytes=spec.data_quota_bytes)
 
 
 def list_phones(home: os.PathLike | str | None = None) -> builtins.list[PhoneInfo]:
@@ -161,7 +165,8 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
        adb_port: int | None = None, timeout_s: float = 20.0, isolated: bool = True,
        record_commands: bool = False, apps: str | builtins.list[str] | tuple[str, ...] = (),
        zram_bytes: int = 0, zram_algorithm: str = "lz4", swappiness: int = 100, cpus: int = 0,
-       storage_mbps: int = 0, profile: str = "", lmk: dict | None = None) -> str:
+       storage_mbps: int = 0, profile: str = "", lmk: dict | None = None, build: str = "user",
+       page_size_bytes: int = 4096, data_quota_bytes: int = 0, thermal_unit: str = "mC") -> str:
     """Start the phone NAME and connect it to the adb server; returns its serial 127.0.0.1:PORT.
 
     isolated=False skips the memory cgroup and the mount namespace (what happens anyway where
@@ -171,7 +176,11 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     zram_bytes: the phone's own zram swap (0: none; the library's default, the CLI's is half the RAM),
     compressed with zram_algorithm, at swappiness. cpus: cores of its own (0: the host's, shared).
     storage_mbps: a read throttle on its /data (0: none). profile: the real phone the figures are
-    from (recorded in the spec; devices/virtual/profiles.py). lmk: ro.lmk.* overrides."""
+    from (recorded in the spec; devices/virtual/profiles.py). lmk: ro.lmk.* overrides.
+    build: "user" (the default, as phones are sold) or "userdebug" (its logd keeps the kernel's
+    log). page_size_bytes: 4096 or 16384 (Android 15 on). data_quota_bytes: the size of its /data
+    and /sdcard (0: the host's disk; devices/virtual/dataquota.py). thermal_unit: what its CPU
+    zones count in, "mC", "dC" or "C" (devices/virtual/variant.py)."""
     if not _NAME.match(name):
         raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
     if ram_bytes < MIN_RAM_BYTES:
@@ -180,7 +189,9 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
         raise VirtualPhoneError(f"bad port {port}")
     try:
         app_items = tuple(apps.split(",") if isinstance(apps, str) else apps)
-        parse_apps(app_items)
+        if any(a.opened for a in parse_apps(app_items)):
+            raise AppSpecError("open:PACKAGE opens an installed app for a campaign's cell; a virtual phone's --apps "
+                               "are apps of its own (STATE:SIZE)")
     except AppSpecError as e:
         raise VirtualPhoneError(str(e)) from None
     try:
@@ -189,7 +200,12 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     except (NotLinux, UserlandMissing) as e:
         raise VirtualPhoneError(str(e)) from None
     _check_resources(zram_bytes, zram_algorithm, swappiness, cpus, storage_mbps, isolated)
+    try:
+        variant.check(build, page_size_bytes, android, thermal_unit)
+    except variant.VariantError as e:
+        raise VirtualPhoneError(str(e)) from None
     root = _home(home) / name
+    _check_quota(data_quota_bytes, isolated, root)
     internal = root / INTERNAL
     state = _read_json(internal / "state.json") or {}
     if _is_daemon(state.get("pid")):
@@ -199,7 +215,8 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
                      android=android, abi=abi, isolated=isolated, record_commands=record_commands,
                      apps=tuple(a.strip() for a in app_items if a.strip()), zram_bytes=zram_bytes,
                      zram_algorithm=zram_algorithm, swappiness=swappiness, cpus=cpus, storage_mbps=storage_mbps,
-                     profile=profile, lmk=dict(lmk or {}))
+                     profile=profile, lmk=dict(lmk or {}), build=build, page_size_bytes=page_size_bytes,
+                     data_quota_bytes=data_quota_bytes, thermal_unit=thermal_unit)
     (internal / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     (internal / "state.json").unlink(missing_ok=True)
     (internal / "commands.jsonl").unlink(missing_ok=True)   # a recording is of this run of the phone
@@ -248,6 +265,28 @@ def _check_resources(zram_bytes: int, algorithm: str, swappiness: int, cpus: int
     have = len(cpuinfo.host_cpus())
     if cpus > have:
         raise VirtualPhoneError(f"--cpus {cpus} refused: this host has {have} cores")
+
+
+def _check_quota(data_quota_bytes: int, isolated: bool, root: Path) -> None:
+    """Refuse, in one line, a /data quota this host cannot give (dataquota.py) to the phone `root`."""
+    if not data_quota_bytes:
+        return
+    if data_quota_bytes < dataquota.MIN_BYTES:
+        raise VirtualPhoneError(f"--data-quota {data_quota_bytes} bytes is too small (at least "
+                                f"{dataquota.MIN_BYTES >> 20} MiB: ext4's own tables take some)")
+    if not isolated:
+        raise VirtualPhoneError("--data-quota needs isolation (a mount namespace): drop --no-isolation")
+    reason = dataquota.available()
+    if reason:
+        raise VirtualPhoneError(f"--data-quota refused: {reason}")
+    with contextlib.suppress(OSError):
+        if dataquota.image_path(root / INTERNAL).stat().st_size == data_quota_bytes:
+            return      # its /data image is there already
+    where = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    st = os.statvfs(where)
+    if st.f_bavail * st.f_frsize < data_quota_bytes:
+        raise VirtualPhoneError(f"--data-quota {data_quota_bytes >> 20} MiB refused: {where} has only "
+                                f"{st.f_bavail * st.f_frsize >> 20} MiB free for the phone's /data image")
 
 
 def recorded_commands(name: str, home: os.PathLike | str | None = None) -> builtins.list[str]:

@@ -5,6 +5,10 @@ kernel would reclaim without swapping, the way si_mem_available() does: file pag
 minus the part the low watermark keeps, plus half of reclaimable slab. SwapTotal is the phone's
 own zram size, SwapFree that minus what its cgroup has swapped out (memsw usage - usage),
 SwapCached its cgroup's swapcached; all 0 on a phone without zram (its memsw = RAM forbids swap).
+Each is the phone's cgroup's, whichever zram device holds its pages; so are /proc/vmstat's
+pswpin/pswpout (cgroup.SwapTraffic; docs/virtual-phones.md, "How a phone's swap counters are derived").
+/proc/meminfo is in kB on every phone; the generated /proc/vmstat shows its page counters in the
+phone's pages (`--page-size 16k`: in_phone_pages).
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.virtual.cgroup import MemStat
+from devices.virtual.cgroup import HOST_PAGE_BYTES, MemStat
 
 MEMINFO_PATH = Path("proc/meminfo")  # under the phone's root
 VMSTAT_PATH = Path("proc/vmstat")
+ZONEINFO_PATH = Path("proc/zoneinfo")
 # /proc/vmstat's counters a phone shows (VirtualPhone.vmstat says where each comes from), in the kernel's order
 VMSTAT_KEYS = ("pgpgin", "pgpgout", "pswpin", "pswpout", "pgfault", "pgmajfault", "workingset_refault_anon",
                "workingset_refault_file")
+# the counters in pages, by name (in_phone_pages)
+PAGE_COUNTER_PREFIXES = ("pswpin", "pswpout", "pgfault", "pgmajfault", "workingset_", "pgsteal_", "pgscan_")
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,37 @@ def write_in_place(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def vmstat_text(counters: dict[str, int]) -> str:
-    """The phone's /proc/vmstat: VMSTAT_KEYS first (0 where unknown), then the host-wide rest given."""
+def vmstat_text(counters: dict[str, int], page_size_bytes: int = HOST_PAGE_BYTES) -> str:
+    """The phone's /proc/vmstat: VMSTAT_KEYS first (0 where unknown), then the host-wide rest given.
+    `counters` are this host's (its pages); what counts pages is shown in the phone's pages."""
     keys = list(VMSTAT_KEYS) + sorted(k for k in counters if k not in VMSTAT_KEYS)
-    return "".join(f"{k} {int(counters.get(k, 0))}\n" for k in keys)
+    return "".join(f"{k} {in_phone_pages(k, int(counters.get(k, 0)), page_size_bytes)}\n" for k in keys)
+
+
+def in_phone_pages(key: str, host_value: int, page_size_bytes: int) -> int:
+    """A /proc/vmstat counter of this host as a phone of `page_size_bytes` pages shows it. Counted
+    in pages (mm/vmstat.c vmstat_text): pswpin/pswpout, the workingset_*, pgsteal_*, pgscan_*
+    counters, and the faults pgfault/pgmajfault (each fault maps one page, so a 16 KiB kernel takes
+    a quarter as many for the same bytes). Not pages: pgpgin/pgpgout (KiB), allocstall_* (events).
+    Whole pages, rounded down: a counter still only grows."""
+    if page_size_bytes == HOST_PAGE_BYTES or not key.startswith(PAGE_COUNTER_PREFIXES):
+        return host_value
+    return host_value * HOST_PAGE_BYTES // page_size_bytes
+
+
+def zoneinfo_text(ram_kb: int, free_kb: int, page_size_bytes: int = HOST_PAGE_BYTES) -> str:
+    """The phone's /proc/zoneinfo: one present zone, Normal, of its RAM, with the watermarks the
+    kernel computes for that RAM (devices.lmkd_policy.watermarks, which the phone's lmkd decides
+    with) and its free pages, in mm/vmstat.c zoneinfo_show_print's layout (the lines lmkd's
+    zoneinfo_parse and calc_zone_meminfo read: pages free, min, low, high, present, managed,
+    protection). Not the host's, whose zones are this host's RAM."""
+    from devices.lmkd_policy import watermarks
+
+    kb = page_size_bytes // 1024
+    marks = watermarks(ram_kb)
+    pages = ram_kb // kb
+    return (f"Node 0, zone   Normal\n  pages free     {max(0, free_kb) // kb}\n        boost    0\n"
+            f"        min      {marks.min_kb // kb}\n        low      {marks.low_kb // kb}\n"
+            f"        high     {marks.high_kb // kb}\n        spanned  {pages}\n        present  {pages}\n"
+            f"        managed  {pages}\n        cma      0\n        protection: (0, 0, 0)\n"
+            f"      nr_free_pages {max(0, free_kb) // kb}\n")

@@ -14,6 +14,7 @@ The phone's `/` is a small tmpfs (read-only once built) holding what an Android 
   /proc, /sys   the host's (one kernel), with the phone's meminfo, thermal zones and cpufreq
             policies bind-mounted over the host's
   /dev      a tmpfs with the character devices a shell uses (null, zero, random, tty, ptmx, pts, ...)
+            and /dev/socket, the phone's dev/socket (lmkd's control socket, the services' for `cmd`)
 plus, read-only, nosuid and nodev, the few host paths an engine needs (HostPaths): the C library
 and friends (/usr/lib, /lib*) for a host-built bmoe-cli and the Python interpreter, its standard
 library and the venv for bmoe-py. Nothing else of the host is there: no /usr/bin, /tmp, /home,
@@ -45,8 +46,8 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "i68
 PHONE_TOP_DIRS = ("data", "system", "sdcard")
 EMPTY_BIN_DIRS = ("vendor/bin", "product/bin", "system_ext/bin", "odm/bin")
 ROOT_LINKS = {"bin": "/system/bin", "etc": "/system/etc"}   # as on Android 10+
-OVERLAYS = ("proc/meminfo", "proc/vmstat", "proc/cpuinfo", "sys/class/thermal", "sys/devices/system/cpu/cpufreq",
-            "sys/devices/system/cpu/online")
+OVERLAYS = ("proc/meminfo", "proc/vmstat", "proc/zoneinfo", "proc/cpuinfo", "sys/class/thermal", "sys/devices/system/cpu/cpufreq",
+            "sys/devices/system/cpu/online", "dev/socket")
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx", "kmsg")
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
              "stderr": "/proc/self/fd/2"}
@@ -217,7 +218,9 @@ def _build(root: Path, staging: Path, host: HostPaths, nr: str) -> list[str]:
                    "sdcard": MS_NOSUID | MS_NODEV | MS_NOEXEC}
     for top in PHONE_TOP_DIRS:
         os.mkdir(os.path.join(new, top), 0o755)
-        _bind(str(root / top), os.path.join(new, top), phone_flags[top])
+        # data with what is mounted in it: a /data quota's image keeps the host's logcat buffers
+        # bound over its data/misc/logd (dataquota.py)
+        _bind(str(root / top), os.path.join(new, top), phone_flags[top], recursive=top == "data")
     for rel in EMPTY_BIN_DIRS:
         os.makedirs(os.path.join(new, rel), mode=0o755)
     for name, target in ROOT_LINKS.items():
@@ -275,3 +278,4 @@ def _dev(new: str) -> None:
         _mount("/dev/pts", os.path.join(dev, "pts"), None, MS_BIND | MS_REC)
     for name, target in DEV_LINKS.items():
         os.symlink(target, os.path.join(dev, name))
+    os.mkdir(os.path.join(dev, "socket"), 0o755)   # init's sockets (lmkd's): the phone's dev/socket bound here

@@ -8,7 +8,7 @@ clock that idle time does not advance, as a flash device's bandwidth does:
     start = max(now, next_free);  next_free = start + bytes / R;  the reply leaves at next_free
 
 so a burst after idle time runs at R, where a v1 blk-throttle lets it run at the disk's rate
-(docs/decisions.md, "the flash rate bmoe-cli sees"). One request at a time: concurrent lanes
+(docs/decisions/vphone-paced-flash.md). One request at a time: concurrent lanes
 share R, as a device's queue does. Writes are not paced (a phone's flash writes are not what a
 cache miss costs). The backing file is read O_DIRECT where the request is page aligned (every
 buffered read and an O_DIRECT reader's aligned ones), so the host's page cache holds none of it;
@@ -19,7 +19,8 @@ The server is a child of the phone's daemon (`python -m devices.virtual.pacedfs`
 phone's memory cgroup: it stands for the flash controller, not for the phone's RAM. A phone with
 cores of its own (`--cpus`) runs its server on them: a phone's reads cost its own CPU (its block
 layer and driver), never another phone's, whose decode would slow with this phone's traffic
-(session 19: a 2 GiB demo phone's 668 MiB cell ran 20-38 % slow while the 640 MiB one, fought,
+(docs/lab-notes/2026-12-05-adaptive-demo-phones.md: a 2 GiB demo phone's 668 MiB cell ran 20-38 % slow while
+the 640 MiB one, fought,
 refaulted its model through its server). It dies with the
 daemon (PR_SET_PDEATHSIG), and a dead server's connection is aborted by the kernel (its /dev/fuse
 is closed): the phone's reads then fail with ENOTCONN instead of hanging, and the mount goes with
@@ -29,6 +30,10 @@ internal folder so that `reclaim` finds one that outlived its daemon.
 The protocol is the kernel's (include/uapi/linux/fuse.h), spoken at minor 31 over /dev/fuse with
 mount(2): no libfuse. Permissions are the kernel's (`default_permissions`, `allow_other`); what a
 caller creates is chowned to its uid and gid.
+
+Long because: it is one protocol's server, the FUSE opcodes answered from one table of nodes and
+handles behind one lock, and beside it the small start, stop and reclaim the phone's daemon calls,
+which spawn this module's own `__main__` and share its pid file and ready handshake.
 """
 
 from __future__ import annotations

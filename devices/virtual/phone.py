@@ -15,6 +15,12 @@ with adbd's supplementary groups, in the phone's mount namespace (namespace.py: 
 `/`), after the child has moved itself into the phone's memory cgroup (so every descendant is
 counted and OOM-killed there, and the daemon never is). Without the namespace (the fallback) they
 run as the daemon's user with the phone's /system/bin as their PATH.
+
+Long because: it holds what a phone is made of in the order it is made (its spec and folder
+layout, the folder built from them, the running phone that spawns commands and regenerates its
+files), each part reading the one before; a split moving the folder building (prepare, _userland,
+install_tools and the toybox applet table, some 150 lines) into a module of its own would be
+clean, and is the one this module should get next.
 """
 
 from __future__ import annotations
@@ -36,25 +42,38 @@ from pathlib import Path
 from devices.android import HOST_ABI
 from devices.lmkd_policy import LmkProps
 from devices.virtual import cpuinfo, logbuf, namespace, thermal
-from devices.virtual.cgroup import MemoryCgroup, MemStat
-from devices.virtual.meminfo import MEMINFO_PATH, VMSTAT_PATH, MemInfo, compute, vmstat_text, write_in_place
-from devices.virtual.zram import Zram
+from devices.virtual.cgroup import MemoryCgroup, MemStat, SwapTraffic
+from devices.virtual.meminfo import (
+    MEMINFO_PATH,
+    VMSTAT_PATH,
+    ZONEINFO_PATH,
+    MemInfo,
+    compute,
+    vmstat_text,
+    write_in_place,
+    zoneinfo_text,
+)
+from devices.virtual.variant import build_variant_props
+from devices.virtual.zram import Zram, ram_for
 from devices.virtual.zram_charge import Ballast
 from engine.fsutil import atomic_write, fleet_home, replacing
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
-# Android's PATH as `adb shell` gets it (issue 13's list); a phone keeps the folders it has.
+# Android's PATH as `adb shell` gets it (bionic libc/include/paths.h `_PATH_DEFPATH`); a phone keeps the folders it has.
 ANDROID_PATH = ("/product/bin:/apex/com.android.runtime/bin:/apex/com.android.art/bin:/system_ext/bin:"
                 "/system/bin:/system/xbin:/odm/bin:/vendor/bin:/vendor/xbin")
 PHONE_BIN_DIRS = ("/system/bin",) + tuple("/" + d for d in namespace.EMPTY_BIN_DIRS)
 PASSTHROUGH_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "LANG", "TZ")
 PHONE_TOOLS = ("getprop", "logcat", "dumpsys")
-TOOL_MODULES = ("tools.py", "logbuf.py", "thermal.py")
+TOOL_MODULES = ("tools.py", "logbuf.py", "thermal.py", "servicecmd.py")
 
 # Android's ids (system/core/libcutils/include/private/android_filesystem_config.h)
 SHELL_UID = SHELL_GID = 2000
-SHELL_OOM_SCORE_ADJ = b"0"   # what `adb shell` commands run at (docs/decisions.md "lmkd's policy")
+# adbd's adj (init's -1000 for a service without oom_score_adjust) and what adbd writes into every
+# shell child (packages/modules/adb daemon/shell_service.cpp: "Increase oom_score_adj from -1000, so
+# that the child is visible to the OOM-killer"); child_setup says why in this order
+ADBD_OOM_SCORE_ADJ, SHELL_OOM_SCORE_ADJ = b"-1000", b"-950"
 ANDROID_IDS = {"root": 0, "system": 1000, "input": 1004, "log": 1007, "adb": 1011, "sdcard_rw": 1015,
                "sdcard_r": 1028, "ext_data_rw": 1078, "ext_obb_rw": 1079, "shell": 2000, "net_bt_admin": 3001,
                "net_bt": 3002, "inet": 3003, "net_bw_stats": 3006, "readproc": 3009, "uhid": 3011,
@@ -117,6 +136,10 @@ class PhoneSpec:
     cpus: int = 0                  # cores of its own (a cpuset); 0: every core of the host, shared
     storage_mbps: int = 0          # its /data paced at this read rate, MiB/s (pacedfs.py; 0: none)
     profile: str = ""              # the real phone its figures came from (profiles.py), "" for none
+    build: str = "user"            # ro.build.type: "user" or "userdebug" (the kernel buffer: tools.logcat)
+    page_size_bytes: int = 4096    # the page size its shell sees (getconf, /proc/vmstat's page counters)
+    data_quota_bytes: int = 0      # its /data (and /sdcard) on a file system of this size (dataquota.py; 0: none)
+    thermal_unit: str = "mC"       # what its CPU zones count in: "mC" (m°C), "dC" (tenths) or "C" (thermal.py)
 
     @property
     def sdk(self) -> int:
@@ -128,14 +151,17 @@ class PhoneSpec:
 
     def props(self) -> dict[str, str]:
         abilist = {"arm64-v8a": "arm64-v8a,armeabi-v7a,armeabi", "x86_64": "x86_64,x86"}.get(self.abi, self.abi)
-        fingerprint = f"{self.manufacturer}/{self.device}/{self.device}:{self.android}/VP1A.000000/1:user/release-keys"
+        fingerprint = (f"{self.manufacturer}/{self.device}/{self.device}:{self.android}/VP1A.000000/1:"
+                       f"{self.build}/release-keys")
         return {
             "ro.product.model": self.model, "ro.product.manufacturer": self.manufacturer,
             "ro.product.brand": self.manufacturer, "ro.product.name": self.device,
             "ro.product.device": self.device, "ro.product.board": self.soc, "ro.board.platform": self.soc,
             "ro.soc.model": self.soc, "ro.soc.manufacturer": self.manufacturer, "ro.hardware": self.soc,
             "ro.build.version.release": str(self.android), "ro.build.version.sdk": str(self.sdk),
-            "ro.build.fingerprint": fingerprint, "ro.build.type": "user", "ro.debuggable": "0",
+            "ro.build.fingerprint": fingerprint, "ro.build.type": self.build,
+            "ro.debuggable": "1" if self.build == "userdebug" else "0",
+            **build_variant_props(self.build, self.page_size_bytes, self.android, self.thermal_unit),
             "ro.product.cpu.abi": self.abi, "ro.product.cpu.abilist": abilist,
             "ro.product.cpu.abilist64": self.abi if "64" in self.abi else "",
             "ro.serialno": self.device, "ro.boot.serialno": self.device, "ro.kernel.qemu": "0",
@@ -274,7 +300,8 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
     """Create (or refresh) the phone's folder. Idempotent: files in data/ survive restarts."""
     layout = Layout(Path(root).resolve())
     for d in (layout.internal, layout.data_tmp, layout.root / logbuf.LOGD_DIR, layout.system_bin,
-              layout.tools_dir, layout.root / "proc", layout.staging, layout.root / "sdcard"):
+              layout.tools_dir, layout.root / "proc", layout.staging, layout.root / "sdcard",
+              layout.root / "dev/socket"):   # lmkd's and the services' sockets (lmkd.py, am.py)
         d.mkdir(parents=True, exist_ok=True)
     layout.spec_file.write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
     props = spec.props()
@@ -294,9 +321,11 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
                                 # shell's, so sync (file access as uid 2000, without groups) can push there
                                 ("sdcard", SHELL_UID, ANDROID_IDS["sdcard_rw"], 0o770)):
         _chown(layout.root / rel, uid, gid, mode)
-    thermal.ThermalModel(spec.soc, spec.ambient_c).write(layout.root)
+    thermal.ThermalModel(spec.soc, spec.ambient_c, spec.thermal_unit).write(layout.root)
     write_in_place(layout.root / MEMINFO_PATH, compute(spec.ram_bytes, MemStat(usage_bytes=0)).text())
     write_in_place(layout.root / VMSTAT_PATH, vmstat_text({}))
+    write_in_place(layout.root / ZONEINFO_PATH, zoneinfo_text(spec.ram_bytes // 1024, spec.ram_bytes // 1024,
+                                                              spec.page_size_bytes))
     cpuinfo.write(layout.root, cpuinfo.host_cpus()[:spec.cpus] if spec.cpus else cpuinfo.host_cpus())
     return layout
 
@@ -334,6 +363,11 @@ def install_tools(layout: Layout, in_namespace: bool) -> None:
         if path.is_symlink():
             path.unlink()
         atomic_write(path, script, mode=0o755)
+    # cmd, and am and pm over it: the phone's ActivityManager (am.py) through servicecmd.py
+    from devices.virtual import servicecmd
+
+    for tool, script in servicecmd.scripts(sh, lib, root, sys.executable).items():
+        atomic_write(layout.system_bin / tool, script, mode=0o755)
 
 
 class VirtualPhone:
@@ -344,11 +378,13 @@ class VirtualPhone:
         self.spec = spec
         self.zram = zram                   # its own swap device (None: no zram)
         self.ballast = ballast             # zram's use held in its cgroup (zram_charge.py)
+        # its pswpin/pswpout: its memory cgroup's traffic, whichever zram device took the pages
+        self.swap_traffic = SwapTraffic(cgroup) if cgroup is not None else None
         self.layout = layout
         self.cgroup = cgroup
         self.namespace_fd = namespace_fd   # the phone's mount namespace (None: the fallback)
         self.net_namespace_fd: int | None = None   # the phone's network namespace (None: the host's)
-        self.thermal = thermal.ThermalModel(spec.soc, spec.ambient_c)
+        self.thermal = thermal.ThermalModel(spec.soc, spec.ambient_c, spec.thermal_unit)
         self._last_cpu_ns: int | None = None
         self._last_tick = time.monotonic()
         self._proc_cpu: dict[int, float] = {}
@@ -381,8 +417,9 @@ class VirtualPhone:
 
     def child_setup(self, pty: bool) -> Callable[[], None]:
         """What the child does between fork and exec, in this order: join the phone's memory
-        cgroup (host paths, as root), enter the phone's mount and network namespaces, take the pty,
-        drop to the shell user. Any failure ends the child with 125 and one line on its stderr."""
+        cgroup (host paths, as root), take adbd's oom_score_adj, enter the phone's mount and
+        network namespaces, take the pty, drop to the shell user, write the shell's adj (-950).
+        Any failure ends the child with 125 and one line on its stderr."""
         procs = [str(p) for p in self.cgroup.procs_files()] if self.cgroup is not None else []
         ns_fd = self.namespace_fd
         net_fd = self.net_namespace_fd
@@ -393,16 +430,14 @@ class VirtualPhone:
 
         def setup() -> None:
             step = "join the memory cgroup"
+            adj_fd = -1
             try:
                 join_cgroup(procs)
-                # the shell's adj on a phone (docs/decisions.md "lmkd's policy"), not the daemon's;
-                # a daemon that may not lower it (not root, the fallback) leaves its own
+                # adbd's adj, written as root, which makes -1000 the floor too (the kernel's
+                # oom_score_adj_min, set by a writer with CAP_SYS_RESOURCE: init's for adbd) ...
                 with contextlib.suppress(OSError):
-                    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-                    try:
-                        os.write(fd, SHELL_OOM_SCORE_ADJ)
-                    finally:
-                        os.close(fd)
+                    adj_fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+                    os.write(adj_fd, ADBD_OOM_SCORE_ADJ)
                 if ns_fd is not None:
                     step = "enter the phone's namespace"
                     namespace.setns(ns_fd)
@@ -418,6 +453,15 @@ class VirtualPhone:
                     os.setgroups(list(SHELL_GROUPS))
                     os.setresgid(SHELL_GID, SHELL_GID, SHELL_GID)
                     os.setresuid(SHELL_UID, SHELL_UID, SHELL_UID)
+                # ... then -950 as adbd writes it, without capabilities (a user build's adbd has
+                # none: daemon/main.cpp drop_privileges), so the floor stays -1000: the shell may
+                # raise its adj and lower it again down to adbd's, as on a phone. In the fallback
+                # (no uid to drop to) a root daemon's write makes -950 the floor; a daemon that
+                # may not lower its adj at all leaves its own.
+                if adj_fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.write(adj_fd, SHELL_OOM_SCORE_ADJ)
+                    os.close(adj_fd)
             except BaseException as e:
                 os.write(2, f"vphone: cannot {step}: {e}\n".encode())
                 os._exit(125)
@@ -476,15 +520,18 @@ class VirtualPhone:
         return compute(self.spec.ram_bytes, self.mem_stat(), swap_total, swapped)
 
     def zram_used_bytes(self) -> int:
-        """What the phone's zram holds in RAM now (mm_stat mem_used_total; 0 without zram)."""
-        return self.zram.mm_stat().get("mem_used_total", 0) if self.zram is not None else 0
+        """What the phone's swapped pages take in zram's RAM now: its cgroup's swap at the zram
+        pool's ratio (zram.ram_for; 0 without zram). Not its device's mm_stat, which holds every
+        zram phone's pages."""
+        if self.zram is None or self.cgroup is None:
+            return 0
+        return ram_for(self.cgroup.swap_bytes())
 
     def vmstat(self) -> dict[str, int]:
         """The phone's /proc/vmstat counters. Per phone: pgfault, pgmajfault, workingset_refault_anon,
-        workingset_refault_file (its memory cgroup's memory.stat), pswpin and pswpout (pages read
-        from and written to its own zram device since swapon, from the device's block stat: the
-        phone's own while it is the only phone with zram, as phones without zram cannot swap;
-        another zram phone's pages, or a host process's, may land there too: docs/virtual-phones.md).
+        workingset_refault_file (its memory cgroup's memory.stat), pswpin and pswpout (its memory
+        cgroup's swap traffic, cgroup.SwapTraffic: whichever zram device took its pages, never
+        another phone's; docs/virtual-phones.md, "How a phone's swap counters are derived").
         Host-wide, from the host's /proc/vmstat (cgroup v1 has no per-group counters for them):
         pgsteal_*, pgscan_*, allocstall_*, so they are the phone's only while it is the only thing
         under reclaim."""
@@ -493,26 +540,33 @@ class VirtualPhone:
         for key, value in host.items():
             if key.startswith(("pgsteal_", "pgscan_", "allocstall_")):
                 out[key] = value
-        counters = {}
+        counters: dict[str, int] | None = None
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 counters = self.cgroup.stat_counters()
         for key in ("pgfault", "pgmajfault", "workingset_refault_anon", "workingset_refault_file"):
-            out[key] = counters.get(key, 0)
-        pin, pout = self.zram.io_pages() if self.zram is not None else (0, 0)
+            out[key] = (counters or {}).get(key, 0)
+        pin, pout = self.swap_traffic.read(counters) if self.swap_traffic is not None else (0, 0)
         out["pswpin"], out["pswpout"] = pin, pout
         return out
 
     def refresh_meminfo(self) -> None:
-        write_in_place(self.layout.root / MEMINFO_PATH, self.meminfo().text())
-        write_in_place(self.layout.root / VMSTAT_PATH, vmstat_text(self.vmstat()))
+        info = self.meminfo()
+        write_in_place(self.layout.root / MEMINFO_PATH, info.text())
+        write_in_place(self.layout.root / ZONEINFO_PATH, zoneinfo_text(self.spec.ram_bytes // 1024, info.free_kb,
+                                                                       self.spec.page_size_bytes))
+        write_in_place(self.layout.root / VMSTAT_PATH, vmstat_text(self.vmstat(), self.spec.page_size_bytes))
 
     def pids(self) -> list[int]:
         """The phone's processes (the ballast holding zram's charge is no process of the phone)."""
         if self.cgroup is not None:
             pids = self.cgroup.pids()
             return [p for p in pids if p != self.ballast.pid] if self.ballast is not None else pids
-        return _descendants(os.getpid())
+        # no cgroup: the daemon's descendants, and what a shell left running after its stream
+        # closed (reparented away, still in the shell's session: shellsvc._hang_up)
+        from devices.virtual import shellsvc
+
+        return sorted(set(_descendants(os.getpid())) | set(shellsvc.session_members(shellsvc.started_sessions())))
 
     def _busy_cores(self, dt_s: float) -> float:
         cpu_ns = self.cgroup.cpu_usage_ns() if self.cgroup is not None else None

@@ -22,9 +22,13 @@ Sources:
   UFS 3.1 figure), UFS 2.2 1000 MB/s (JEDEC UFS 2.x HS-G3 x2 ~1.2 GB/s raw), eMMC 5.1 250 MB/s
   (JEDEC eMMC 5.1 HS400 400 MB/s bus, ~250 read measured).
 - zram: none of these makers publishes its zram size; each row uses the default of this project
-  (half the RAM, the common Android device setting, docs/decisions.md "zram default") and lz4.
+  (half the RAM, the common Android device setting, docs/decisions/vphone-zram.md) and lz4.
 - lmkd: Android's ro.lmk.* defaults of the release (lmkd_policy.py), none overridden: these are not
   low-RAM (ro.config.low_ram) devices.
+- celsius-zones: not a real phone but a vendor's unit, on the default phone's figures: CPU
+  thermal zones that count whole °C (`45`, not `45000`), as some vendors' do (the unit every
+  thermal reader has to normalise; devices/virtual/thermal.py). Its RAM, cores and flash are a
+  mid-range phone's: 4 GB, 8 cores, UFS 2.2, Android 14.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Profile:
     zram_fraction: float = 0.5
     lmk: dict = field(default_factory=dict)
     source: str = ""
+    thermal_unit: str = "mC"    # what its CPU zones count in (thermal.UNITS)
 
     def scaled(self) -> dict:
         """The values `virtual up` takes, scaled to this host (module doc)."""
@@ -60,7 +65,7 @@ class Profile:
                 # --storage-mbps is MiB/s; the makers publish MB/s
                 "storage_mbps": round(self.read_mbps * 1_000_000 / (1 << 20)),
                 "android": self.android, "model": self.model, "manufacturer": self.manufacturer,
-                "soc": self.soc, "lmk": dict(self.lmk)}
+                "soc": self.soc, "lmk": dict(self.lmk), "thermal_unit": self.thermal_unit}
 
 
 PROFILES = {p.name: p for p in (
@@ -72,6 +77,8 @@ PROFILES = {p.name: p for p in (
             source="mi.com Redmi Note 12 specs"),
     Profile("galaxy-a05", "Galaxy A05", "samsung", "mt6769", 4 * GIB, 8, "eMMC 5.1", 250, 13,
             source="samsung.com Galaxy A05 specifications"),
+    Profile("celsius-zones", "vphone-celsius", "bmoe", "sm8550", 4 * GIB, 8, "UFS 2.2", 1000, 14,
+            source="a vendor's thermal unit, not a phone (module doc)", thermal_unit="C"),
 )}
 
 
@@ -85,7 +92,7 @@ class UnknownProfile(ProfileError):
 
 # a phone's figures where neither a profile nor a flag gives them
 DEFAULTS: dict[str, Any] = {"model": "vphone", "manufacturer": "bmoe", "soc": "sm8550", "android": 14, "cpus": 0,
-                            "storage_mbps": 0, "lmk": {}}
+                            "storage_mbps": 0, "lmk": {}, "thermal_unit": "mC"}
 
 
 def get(name: str) -> Profile:

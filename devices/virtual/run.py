@@ -23,9 +23,11 @@ from pathlib import Path
 
 from devices.android import parse_apps
 from devices.lmkd_policy import POLL_SHORT_S, LmkProps, Policy, watermarks
-from devices.virtual import apps, cpuinfo, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
+from devices.virtual import cpuinfo, dataquota, logbuf, namespace, pacedfs, shellsvc, syncsvc, zram
 from devices.virtual.adbd import Banner, Connection, Daemon, Service, Stream
+from devices.virtual.am import ActivityManager
 from devices.virtual.cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
+from devices.virtual.cgroup import reclaim_orphans as reclaim_orphan_cgroups
 from devices.virtual.lmkd import Lmkd
 from devices.virtual.phone import (
     SHELL_GID,
@@ -42,6 +44,36 @@ from engine.fsutil import atomic_write
 
 log = logging.getLogger("bmoe.vphone")
 TICK_S = 1.0
+CAP_SYS_RESOURCE = 24       # linux/capability.h
+
+
+def may_lower_oom_score_adj() -> bool:
+    """May this daemon give the shell adbd's -1000 and -950 (phone.child_setup)? Lowering an
+    oom_score_adj below its floor takes CAP_SYS_RESOURCE (fs/proc/base.c __set_oom_adj), which
+    root has unless a container took it from the bounding set."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        cap_eff = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(cap_eff >> CAP_SYS_RESOURCE & 1)
+
+
+def install_getconf(layout: Layout, page_size_bytes: int, in_namespace: bool) -> None:
+    """A phone's `getconf` answers its page size (tools.getconf_script) where toybox's would not:
+    on a phone of another page size than this host's, or where this host's toybox has no getconf
+    (Android's has it). Elsewhere it stays toybox's applet (_userland links it at every start)."""
+    from devices.virtual import tools
+    from devices.virtual.meminfo import HOST_PAGE_BYTES
+
+    path = layout.system_bin / "getconf"
+    applet = path.is_symlink() and os.readlink(path) == "toybox"
+    if applet and page_size_bytes == HOST_PAGE_BYTES:
+        return
+    bin_dir = "/system/bin" if in_namespace else str(layout.system_bin)
+    script = tools.getconf_script(page_size_bytes, f"{bin_dir}/toybox" if applet else None)
+    path.unlink(missing_ok=True)
+    atomic_write(path, f"#!{bin_dir}/sh\n{script}", mode=0o755)
 
 
 def make_router(phone: VirtualPhone):
@@ -95,17 +127,23 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
     What the phone asked for explicitly (zram, cores, a read rate) raises SetupError instead."""
     cgroup = None
     # what a daemon of this phone killed before its stop left, and any phone's orphaned zram device
+    # and cgroups
     zram.reclaim(layout.internal)
     zram.reclaim_orphans()
+    reclaim_orphan_cgroups()
     pacedfs.reclaim(layout.internal)
     if not spec.isolated:
-        if spec.zram_bytes or spec.cpus or spec.storage_mbps:
-            raise SetupError("zram, --cpus and --storage-mbps need isolation (cgroups)")
+        if spec.zram_bytes or spec.cpus or spec.storage_mbps or spec.data_quota_bytes:
+            raise SetupError("zram, --cpus, --storage-mbps and --data-quota need isolation (cgroups)")
         _warn_once(warnings, "isolation off: no memory cgroup (an RSS watchdog SIGKILLs above "
                              f"{spec.ram_bytes} bytes), no mount namespace (commands run as this user and "
                              f"see the host's filesystem; the phone's /data/local/tmp is {layout.data_tmp}) and "
                              "no network namespace (they reach the host's loopback)")
         return None, None, None, None
+    if not may_lower_oom_score_adj():
+        _warn_once(warnings, "this host's root lacks CAP_SYS_RESOURCE, so no process here may lower its "
+                             "oom_score_adj below 0: the shell's commands keep 0, not adbd's -950 "
+                             "(docs/virtual-phones.md)")
     z = None
     if spec.zram_bytes:
         try:
@@ -117,9 +155,9 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
         cgroup = MemoryCgroup.create(spec.name, layout.root, spec.ram_bytes, spec.zram_bytes if z else 0,
                                      spec.swappiness)
     except CgroupUnavailable as e:
-        if z is not None or spec.cpus or spec.storage_mbps:
+        if z is not None or spec.cpus or spec.storage_mbps or spec.data_quota_bytes:
             _remove_zram(layout, z)
-            raise SetupError(f"{e}: a phone's zram, cores or flash need its cgroups") from None
+            raise SetupError(f"{e}: a phone's zram, cores, flash or /data quota need its cgroups") from None
         _warn_once(warnings, f"{e}; falling back to an RSS watchdog that SIGKILLs above "
                              f"{spec.ram_bytes} bytes (still logged as lmkd kills)")
     own_cpus: list[int] = []            # the cores the phone has to itself (--cpus), if any
@@ -129,12 +167,21 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
             cpus = cpuinfo.host_cpus()
             if spec.cpus:
                 cpus = own_cpus = cpuinfo.allocate(spec.cpus, leaf)
-                cgroup.extra.append(cpuinfo.make_cpuset(leaf, cpus))
+                cgroup.add_extra(cpuinfo.make_cpuset(leaf, cpus))
             cpuinfo.write(layout.root, cpus)
         except (cpuinfo.ResourceUnavailable, OSError) as e:
             cgroup.remove()
             _remove_zram(layout, z)
             raise SetupError(str(e)) from None
+    if spec.data_quota_bytes and cgroup is not None:
+        # after the cgroup, whose creation killed what a crashed daemon of this phone left (the
+        # holders of its old mount), and before the phone's `/` is built on what this mounts
+        try:
+            dataquota.mount(layout.root, layout.internal, spec.data_quota_bytes, logbuf.LOGD_DIR, "sdcard")
+        except dataquota.QuotaUnavailable as e:
+            _remove_all(layout, cgroup, z)
+            raise SetupError(f"--data-quota {spec.data_quota_bytes}: {e}") from None
+        prepare(spec, layout.root)      # the phone's /data skeleton, now on its own file system
     ns_fd = None
     try:
         ns_fd, missing = namespace.enter(layout.root, layout.staging, namespace.HostPaths.for_engines())
@@ -207,9 +254,11 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
                 memcg_leaf=cgroup.path.name if cgroup is not None else "", policy=policy,
                 vmstat=getattr(phone, "vmstat", None),
                 headroom_bytes=(lambda: cgroup.limit_bytes() - cgroup.mem_stat().usage_bytes) if cgroup else None)
-    with namespace.in_network(net_fd):   # the apps are forked inside the phone's network
-        running_apps = apps.start(parse_apps(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup else [],
-                                  ns_fd) if spec.apps else []
+    # the phone's ActivityManager: the --apps, the apps `am` starts, each registered with lmkd (am.py)
+    lmkd.watch_control(asyncio.get_running_loop())
+    activity = ActivityManager(layout.root, parse_apps(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup
+                               else [], ns_fd, net_fd)
+    await activity.start()
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
     logbuf.append(layout.root, "system", "ActivityManager", "System now ready")
@@ -279,7 +328,9 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
             loop.remove_reader(pressure_fd)
             os.close(pressure_fd)
         await daemon.close()
-        apps.stop(running_apps)
+        if cgroup is None:      # what the shells left running (with a cgroup, its removal kills it)
+            shellsvc.kill_sessions()
+        await activity.stop()
         lmkd.close()
         if ballast is not None:
             ballast.stop()
@@ -320,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         net_fd = network(spec, warnings)
         install_tools(layout, ns_fd is not None)
+        install_getconf(layout, spec.page_size_bytes, ns_fd is not None)
         try:
             asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast))
         except OSError as e:

@@ -5,7 +5,8 @@ shell protocol), "raw", "pty" and "TERM=..."; without raw/pty a command runs raw
 gets a pty. The shell protocol (shell_protocol.h) frames every message as 1 byte id + u32le
 length + data: 0 stdin, 1 stdout, 2 stderr, 3 exit (1 byte status), 4 close-stdin, 5 window size
 ("ROWSxCOLS,XPIXxYPIX"). Without v2 there is one byte stream (stdout and stderr merged) and no
-exit status. A process killed by signal N reports 128+N, as adbd does.
+exit status. A process killed by signal N reports 128+N, as adbd does. When the stream closes,
+the shell alone is hung up (_hang_up), as adbd does: what it started in the background may live on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ log = logging.getLogger("bmoe.vphone.shell")
 ID_STDIN, ID_STDOUT, ID_STDERR, ID_EXIT, ID_CLOSE_STDIN, ID_WINDOW_SIZE = range(6)
 PACKET_HEADER = struct.Struct("<BI")
 READ_CHUNK = 64 * 1024
-KILL_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,28 +103,80 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 _reapers: set[asyncio.Task] = set()
+# The sessions the shells started (each shell leads its own: setsid, as adbd's child does), kept
+# while any process is in one: what the phone's teardown kills where no cgroup holds them.
+_sessions: set[int] = set()
 
 
-def _kill_tree(proc: asyncio.subprocess.Process) -> None:
-    """The client went away: hang up the command's process group, SIGKILL it after a grace."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGHUP)
-    except (ProcessLookupError, PermissionError):
-        return
+def _hang_up(proc: asyncio.subprocess.Process) -> None:
+    """The stream is over (the client went away, or the command ended): what adbd's
+    Subprocess::PassDataStreams does when its protocol socket dies (daemon/shell_service.cpp):
+    SIGHUP to the shell's pid alone, `kill(pid_, SIGHUP)`, then close the pipes to the child "so
+    that if it ignores SIGHUP and continues to write data it won't fill up the pipe and block"
+    (a child writing gets EPIPE, or dies of SIGPIPE: adbd gives its child SIGPIPE's default). No
+    SIGKILL follows: adbd only waits for the shell (WaitForExit). A background child of the
+    shell, which the SIGHUP did not reach, lives on, as on a phone; a pty's hangup is the
+    kernel's (the master is closed: the session leader, then the foreground group, get SIGHUP)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGHUP)
+    if proc.stdin is not None:
+        proc.stdin.close()
+    transport = getattr(proc, "_transport", None)   # asyncio's Process has no close() of its pipes
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        if pipe is not None:
+            pipe.close()
 
     async def reap() -> None:
-        try:
-            await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        await proc.wait()
+        if not session_members({proc.pid}):
+            _sessions.discard(proc.pid)
 
     task = asyncio.get_running_loop().create_task(reap())
     _reapers.add(task)
     task.add_done_callback(_reapers.discard)
+
+
+def session_members(sids: set[int]) -> list[int]:
+    """The live processes of the sessions `sids` (this host's /proc; zombies are not alive)."""
+    return [pid for members in _members(sids).values() for pid in members]
+
+
+def _members(sids: set[int]) -> dict[int, list[int]]:
+    wanted = {str(sid) for sid in sids}
+    out: dict[int, list[int]] = {}
+    if not wanted:
+        return out
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] != "Z" and fields[3] in wanted:   # state, ppid, pgrp, session
+            out.setdefault(int(fields[3]), []).append(int(entry))
+    return out
+
+
+def started_sessions() -> set[int]:
+    """The sessions of shells this daemon started that still have processes (an empty one is
+    forgotten here: its number may come back as another process's session)."""
+    live = _members(_sessions)
+    _sessions.intersection_update(live)
+    return set(live)
+
+
+def kill_sessions() -> None:
+    """SIGKILL every process left in the sessions the shells started: the phone's teardown where
+    no memory cgroup holds its processes (the fallback); a process that left its session
+    (setsid) is not found."""
+    for pid in session_members(started_sessions()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    _sessions.clear()
 
 
 async def serve_shell(stream: Stream, request: ShellRequest, launcher: Launcher) -> None:
@@ -142,10 +194,11 @@ async def serve_shell(stream: Stream, request: ShellRequest, launcher: Launcher)
     finally:
         if slave is not None:
             os.close(slave)
+    _sessions.add(proc.pid)
     try:
         await _run(stream, request, proc, master)
     finally:
-        _kill_tree(proc)
+        _hang_up(proc)
         if master is not None:
             os.close(master)
 

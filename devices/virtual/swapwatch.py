@@ -1,9 +1,11 @@
 """A virtual phone's processes watched from the host while a run goes: who is in swap, and how much.
 
 Tests and benchmarks read, at 5 Hz, every process of the phone's memory cgroup in this host's /proc
-(the phone's kernel is this host's), with devices.reclaim.read_local, the same reader a run's
-samples use. The phone's apps are the processes of an app uid (apps.py, FIRST_APP_UID and up); its
-engine is the process whose command line is the staged engine's (`/bmoe/bmoe-`).
+(the phone's kernel is this host's), with devices.reclaim.read_process: the per-process half of a
+run's samples (VmSwap, RssAnon, RssFile, majflt), each the process's own whichever zram device took
+its pages; never this host's /proc/vmstat or a zram device's counters, which are every phone's.
+The phone's apps are the processes of an app uid (apps.py, FIRST_APP_UID and up); its engine is
+the process whose command line is the staged engine's (`/bmoe/bmoe-`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 from pathlib import Path
 
 from devices.android import FIRST_APP_UID
-from devices.reclaim import read_local
+from devices.reclaim import read_process
 
 ENGINE_MARK = b"/bmoe/bmoe-"
 PERIOD_S = 0.2
@@ -45,7 +47,7 @@ class SwapWatch:
                     engine = ENGINE_MARK in Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                r = read_local(pid)
+                r = read_process(pid)
                 role = "app" if uid >= FIRST_APP_UID else "engine"
                 self.peak_kb[role] = max(self.peak_kb[role], r.vm_swap_kb or 0)
                 if engine:

@@ -3,7 +3,16 @@
 Each zone relaxes exponentially toward ambient + gain × (busy cores), with its own time constant:
 CPU zones answer in tens of seconds, the battery in minutes, as on a phone in free air. The
 thermal status (Android's THROTTLING_* levels 0..6) follows the hottest CPU zone, and from
-status 2 (moderate) on the cpufreq policies' scaling_max_freq is cut. Standalone (no package
+status 2 (moderate) on the cpufreq policies' scaling_max_freq is cut.
+
+As on a production phone, a `cpu-hw-trip-0` zone reads a constant 95000: a hardware trip point,
+not a sensor (upstream BigMoeOnEdge's benchmark method page, its thermal caveat: "Ignore `cpu-hw-trip-*` sensors —
+those are static 95 °C trip points, not live temperatures"). It is no HAL temperature, so
+`dumpsys thermalservice` neither lists it nor throttles on it. The CPU zones count in m°C, or in
+the phone's unit (UNITS: °C or tenths, as some vendors' zones do; a profile's `thermal_unit`,
+recorded in the getprop table as UNIT_PROP for dumpsys, which speaks °C as the HAL does).
+
+Standalone (no package
 imports): the phone's `dumpsys` loads it by path on every call, so it imports only math and os
 (its two records are plain slotted classes, not dataclasses; pathlib only where the daemon
 writes the files): each of those costs about what the interpreter's own start does.
@@ -26,6 +35,10 @@ TYPE_CPU, TYPE_GPU, TYPE_BATTERY, TYPE_SKIN = 0, 1, 2, 3
 # THROTTLING_LIGHT..SHUTDOWN start at these hottest-CPU temperatures (°C).
 STATUS_THRESHOLDS_C = (45.0, 50.0, 55.0, 62.0, 70.0, 80.0)
 STATUS_NAMES = ("NONE", "LIGHT", "MODERATE", "SEVERE", "CRITICAL", "EMERGENCY", "SHUTDOWN")
+# The hardware trip zones every phone here has, and what they read (m°C, whatever the CPU unit).
+TRIP_ZONES_MC = {"cpu-hw-trip-0": 95000}
+UNITS = {"mC": 1000, "dC": 10, "C": 1}      # a zone unit: counts per °C
+UNIT_PROP = "ro.bmoe.thermal_unit"          # the CPU zones' unit where it is not m°C
 
 
 class ZoneSpec:
@@ -71,15 +84,21 @@ def zone_specs(soc: str) -> list[ZoneSpec]:
     return zones
 
 
+def is_trip(type_name: str) -> bool:
+    """A hardware trip zone (TRIP_ZONES_MC): a constant, no temperature."""
+    return type_name in TRIP_ZONES_MC
+
+
 def thermal_status(hottest_cpu_c: float) -> int:
     return sum(1 for t in STATUS_THRESHOLDS_C if hottest_cpu_c >= t)
 
 
 class ThermalModel:
-    def __init__(self, soc: str, ambient_c: float = 25.0):
+    def __init__(self, soc: str, ambient_c: float = 25.0, cpu_unit: str = "mC"):
         self.zones = zone_specs(soc)
         self.policies = policies_for(soc)
         self.ambient_c = ambient_c
+        self.cpu_per_c = UNITS[cpu_unit]     # what a CPU zone's temp file counts per °C
         self.temps_c = [ambient_c + 3.0 if z.kind != TYPE_CPU else ambient_c + 6.0 for z in self.zones]
 
     def step(self, dt_s: float, busy_cores: float) -> None:
@@ -106,9 +125,14 @@ class ThermalModel:
             zone = base / f"thermal_zone{i}"
             zone.mkdir(parents=True, exist_ok=True)
             _replace(zone / "type", z.type_name + "\n")
-            _replace(zone / "temp", f"{round(t * 1000)}\n")
+            _replace(zone / "temp", f"{round(t * (self.cpu_per_c if z.kind == TYPE_CPU else 1000))}\n")
             _replace(zone / "mode", "enabled\n")
             _replace(zone / "policy", "step_wise\n")
+        for j, (name, mc) in enumerate(TRIP_ZONES_MC.items(), start=len(self.zones)):
+            zone = base / f"thermal_zone{j}"
+            zone.mkdir(parents=True, exist_ok=True)
+            for file, text in (("type", name), ("temp", str(mc)), ("mode", "enabled"), ("policy", "step_wise")):
+                _replace(zone / file, text + "\n")
         for p in self.policies:
             folder = Path(root) / CPUFREQ_DIR / f"policy{p.first_cpu}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -134,8 +158,9 @@ def _replace(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_zones(root: str | Path) -> list[tuple[str, float]]:
-    """(type, °C) of every zone as the phone's files hold them, in zone order."""
+def read_zones(root: str | Path, cpu_unit: str = "mC") -> list[tuple[str, float]]:
+    """(type, °C) of every temperature zone as the phone's files hold them, in zone order, the
+    CPU zones (`cpu-N-M`) counted in `cpu_unit`; the trip zones (no temperatures) left out."""
     out: list[tuple[str, float]] = []
     base = os.path.join(root, THERMAL_DIR)
     if not os.path.isdir(base):
@@ -145,8 +170,11 @@ def read_zones(root: str | Path) -> list[tuple[str, float]]:
         try:
             with open(os.path.join(base, name, "type")) as f:
                 kind = f.read().strip()
+            if is_trip(kind):
+                continue
+            per_c = UNITS[cpu_unit] if kind.startswith("cpu-") else 1000
             with open(os.path.join(base, name, "temp")) as f:
-                out.append((kind, int(f.read()) / 1000))
+                out.append((kind, int(f.read()) / per_c))
         except (OSError, ValueError):
             continue
     return out

@@ -81,6 +81,30 @@ def getprop_script(table: str, build_prop: str, fallback: str) -> str:
             "print -r -- \"${2-}\"\n")
 
 
+def getconf_script(page_size_bytes: int, toybox: str | None) -> str:
+    """getconf as an mksh script: the phone's page size for PAGESIZE and PAGE_SIZE (alone or in
+    `getconf -a`), everything else toybox's getconf (`toybox`, a phone path; None where this
+    host's toybox has no getconf: then the other names are refused as toybox refuses them)."""
+    import shlex  # the daemon's side, writing the script
+
+    page = str(page_size_bytes)
+    if toybox is None:
+        rest = ("if [ \"$1\" = -a ]; then print -r -- \"PAGE_SIZE                          " + page + "\"; "
+                "print -r -- \"PAGESIZE                           " + page + "\"; exit 0; fi\n"
+                "print -ru2 -- \"getconf: bad '$1'\"\nexit 1\n")
+    else:
+        t = shlex.quote(toybox)
+        rest = ("if [ \"$1\" = -a ]; then\n"
+                f"  {t} getconf \"$@\" | while IFS= read -r l; do\n"
+                f"    case $l in \"PAGESIZE \"*|\"PAGE_SIZE \"*) l=\"${{l%%+([0-9])}}{page}\";; esac\n"
+                "    print -r -- \"$l\"\n"
+                "  done\n"
+                "  exit 0\n"
+                "fi\n"
+                f"exec {t} getconf \"$@\"\n")
+    return f"case $1 in\nPAGESIZE|PAGE_SIZE) print -r -- {page}; exit 0;;\nesac\n" + rest
+
+
 # The logcat options this logcat reads, by kind (others are ignored, as parse_known_args does).
 _LOGCAT_FLAGS = ("-d", "-c", "-s", "-g")
 _LOGCAT_LISTS = ("-b", "-v")                 # repeatable: each value appended
@@ -148,6 +172,17 @@ def _plain_options(args: list[str]) -> dict | None:
     return opts
 
 
+def kernel_log_kept(props: dict[str, str]) -> bool:
+    """Does this phone's logd keep the kernel's log? logd/main.cpp: `ro.logd.kernel`, by default
+    `ro.debuggable && !ro.config.low_ram` (devices/virtual/variant.py sets it on userdebug)."""
+    def boolean(key: str, default: bool) -> bool:    # android-base GetBoolProperty
+        value = props.get(key, "")
+        return True if value in ("1", "y", "yes", "on", "true") else \
+            False if value in ("0", "n", "no", "off", "false") else default
+
+    return boolean("ro.logd.kernel", boolean("ro.debuggable", False) and not boolean("ro.config.low_ram", False))
+
+
 def logcat(root: str | Path, args: list[str]) -> int:
     import time
 
@@ -168,7 +203,11 @@ def logcat(root: str | Path, args: list[str]) -> int:
             elif name not in logbuf.BUFFERS:
                 print(f"logcat: unknown buffer {name}", file=sys.stderr)
                 return 1
-    buffers = list(dict.fromkeys(buffers)) or list(logbuf.DEFAULT_BUFFERS)
+    buffers = list(dict.fromkeys(buffers)) or list(logbuf.UNNAMED_BUFFERS)
+    if "kernel" in buffers and not kernel_log_kept(read_props(root)):
+        # logd reads the kernel's log only where ro.logd.kernel says so (userdebug): a user
+        # build's kernel buffer is empty, never refused (logcat opens it, it holds nothing)
+        buffers.remove("kernel")
     if opts["c"]:
         logbuf.clear(root, buffers)
         return 0
@@ -224,13 +263,16 @@ def dumpsys(root: str | Path, args: list[str]) -> int:
         from devices.virtual import thermal
     else:
         import thermal
-    zones = thermal.read_zones(root)
+    props = read_props(root)
+    # the HAL knows its sensors' unit, and speaks °C; the trip zones are none of its temperatures
+    unit = props.get(thermal.UNIT_PROP, "mC")
+    zones = thermal.read_zones(root, unit if unit in thermal.UNITS else "mC")
     battery_c = next((t for name, t in zones if name == "battery"), 25.0)
     cpu = [t for name, t in zones if name.startswith("cpu-")]
     status = thermal.thermal_status(max(cpu) if cpu else battery_c)
     service = args[0] if args else ""
     if service == "battery":
-        level = read_props(root).get("bmoe.vphone.battery_level", "85")
+        level = props.get("bmoe.vphone.battery_level", "85")
         print("Current Battery Service state:\n  AC powered: false\n  USB powered: true\n"
               "  Wireless powered: false\n  Dock powered: false\n  Max charging current: 500000\n"
               "  Max charging voltage: 5000000\n  Charge counter: 3500000\n  status: 2\n  health: 2\n"
@@ -238,7 +280,7 @@ def dumpsys(root: str | Path, args: list[str]) -> int:
               f"  temperature: {round(battery_c * 10)}\n  technology: Li-ion")
         return 0
     if service == "thermalservice":
-        kinds = {z.type_name: z.kind for z in thermal.zone_specs(read_props(root).get("ro.soc.model", "generic"))}
+        kinds = {z.type_name: z.kind for z in thermal.zone_specs(props.get("ro.soc.model", "generic"))}
         lines = ["IsStatusOverride: false", "ThermalEventListeners:", "\tcallbacks: 1", "\tkilled: false",
                  "\tbroadcasts count: -1", "ThermalStatusListeners:", "\tcallbacks: 1", "\tkilled: false",
                  "\tbroadcasts count: -1", f"Thermal Status: {status}", "Cached temperatures:"]

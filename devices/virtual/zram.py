@@ -7,7 +7,11 @@ what makes it the phone's is the phone's memory cgroup (cgroup.py): its memsw li
 and its swappiness Android's; every other phone has memsw = RAM (no swap at all). Processes of the
 host outside any phone may still swap into it (the root cgroup has the host's vm.swappiness);
 the device is swapon'd at the lowest priority (-2, below the kernel's default for a first swap) so
-a host swap, where one exists, is used before it.
+a host swap, where one exists, is used before it. The kernel picks a swap area by priority and
+its allocator's turn (mm/swapfile.c swap_alloc_fast, swap_alloc_slow), never by cgroup: with two
+zram phones up, one phone's pages may all land in the other's device, so no device's counters are
+one phone's. A phone's swap traffic is its memory cgroup's (cgroup.SwapTraffic), and what its
+swapped pages take in RAM is their share of every zram swap area's pool (`ram_for`).
 
 What a phone made is recorded in its `.vphone/zram.json` (the device number) and reclaimed at the
 next start when a daemon died without its stop (`reclaim`). Every device this module makes is
@@ -25,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from devices.virtual.cgroup import daemon_alive
 
 CONTROL = Path("/sys/class/zram-control")
 SYS_BLOCK = Path("/sys/block")
@@ -63,7 +69,6 @@ def _write(path: Path, value: str) -> None:
 class Zram:
     """One zram device, /dev/zramN, used as the phone's swap."""
     num: int
-    io_base: tuple[int, int] = (0, 0)   # its (pages read, written) once swapon'd: mkswap's and swapon's own
 
     @property
     def sys(self) -> Path:
@@ -99,7 +104,7 @@ class Zram:
         except (OSError, ZramUnavailable) as e:
             z.remove()
             raise ZramUnavailable(str(e)) from None
-        return cls(num, z.io_pages(raw=True))
+        return z
 
     # -- reading ----------------------------------------------------------------------------
     def mm_stat(self) -> dict[str, int]:
@@ -111,26 +116,6 @@ class Zram:
         except (OSError, ValueError):
             return {}
         return dict(zip(names, values))
-
-    def io_pages(self, raw: bool = False) -> tuple[int, int]:
-        """(pages swapped in, pages swapped out) of the device since swapon, from its block stat
-        (512-byte sectors; raw=True: with mkswap's and swapon's own I/O)."""
-        try:
-            f = [int(v) for v in (self.sys / "stat").read_text().split()]
-        except (OSError, ValueError):
-            return 0, 0
-        if len(f) < 7:
-            return 0, 0
-        base = (0, 0) if raw else self.io_base
-        return max(0, f[2] // 8 - base[0]), max(0, f[6] // 8 - base[1])
-
-    def swap_used_bytes(self) -> int:
-        """Used bytes of this device as /proc/swaps lists it."""
-        for line in Path("/proc/swaps").read_text().splitlines()[1:]:
-            f = line.split()
-            if f and f[0] == self.dev:
-                return int(f[3]) * 1024
-        return 0
 
     # -- teardown ---------------------------------------------------------------------------
     def remove(self) -> None:
@@ -163,10 +148,31 @@ class Zram:
         (REGISTRY / f"zram{self.num}").unlink(missing_ok=True)
 
 
-def is_swap(dev: str) -> bool:
+def swap_areas() -> list[str]:
+    """The devices and files /proc/swaps lists (every swap area of this kernel)."""
     with contextlib.suppress(OSError):
-        return any(line.split()[0] == dev for line in Path("/proc/swaps").read_text().splitlines()[1:] if line)
-    return False
+        return [line.split()[0] for line in Path("/proc/swaps").read_text().splitlines()[1:] if line.split()]
+    return []
+
+
+def ram_for(swapped_bytes: int) -> int:
+    """What `swapped_bytes` of one phone's pages take in RAM as zram stores them: their share of
+    the pool of every zram swap area, at its ratio (sum of mm_stat mem_used_total over sum of
+    orig_data_size). Any of those devices may hold the phone's pages, and none says whose a page
+    is, so a phone whose pages compress worse than the pool's average is charged a little less
+    than its own, and the other more; exact with one zram phone swapping
+    (docs/decisions/vphone-swap-counters.md)."""
+    orig = used = 0
+    for dev in swap_areas():
+        if dev.startswith("/dev/zram") and dev[9:].isdigit():
+            stat = Zram(int(dev[9:])).mm_stat()
+            orig += stat.get("orig_data_size", 0)
+            used += stat.get("mem_used_total", 0)
+    return swapped_bytes * used // orig if orig > 0 and swapped_bytes > 0 else 0
+
+
+def is_swap(dev: str) -> bool:
+    return dev in swap_areas()
 
 
 def record(internal: Path, z: Zram | None) -> None:
@@ -198,13 +204,6 @@ def _owner(entry: Path) -> tuple[Path, int]:
     return Path(root), int(pid)
 
 
-def _daemon_alive(pid: int) -> bool:
-    try:
-        return b"devices.virtual.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 def reclaim_orphans() -> list[int]:
     """Remove every device made here whose daemon is gone (killed before its stop)."""
     removed: list[int] = []
@@ -213,7 +212,7 @@ def reclaim_orphans() -> list[int]:
     for entry in REGISTRY.glob("zram*"):
         with contextlib.suppress(OSError, ValueError):
             root, pid = _owner(entry)
-            if pid != os.getpid() and not _daemon_alive(pid):
+            if pid != os.getpid() and not daemon_alive(pid):
                 num = int(entry.name[4:])
                 Zram(num).remove()
                 (root / ".vphone" / "zram.json").unlink(missing_ok=True)

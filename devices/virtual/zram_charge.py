@@ -2,9 +2,12 @@
 
 On a phone zram's compressed pages are RAM pages (zsmalloc allocates them from the memory the apps
 use). Here zram's allocator charges no memory cgroup, so one process of the phone, the ballast,
-keeps a file on a ramfs of its own as large as the phone's zram has in `mm_stat` mem_used_total,
-rounded to CHARGE_STEP. ramfs pages are page cache that is never reclaimed nor swapped, charged to
-the cgroup of the process that writes them, and in no process's RSS. When zram grows, the
+keeps a file on a ramfs of its own as large as what the phone's swapped pages take in zram, rounded
+to CHARGE_STEP: its memory cgroup's swap at the ratio of every zram swap area's pool
+(VirtualPhone.zram_used_bytes, zram.ram_for), not its own device's `mm_stat` mem_used_total, which
+holds whichever zram phone's pages the kernel put there (it picks swap areas by priority, never by
+cgroup). ramfs pages are page cache that is never reclaimed nor swapped, charged to the cgroup of
+the process that writes them, and in no process's RSS. When zram grows, the
 ballast's write is a charge like any other: the kernel reclaims the phone's other pages (in the
 ballast's context) or, with nothing left to reclaim, OOM-kills in the phone (the backstop, whose
 badness, RSS + swap, never points at the ballast). So the kernel itself enforces resident + zram
@@ -84,7 +87,8 @@ class Ballast:
         return cls(pid, targets_w, usage_bytes())
 
     def hold(self, zram_used_bytes: int) -> None:
-        """Ask the ballast to hold zram's use, rounded to CHARGE_STEP (a full pipe: asked at the next call)."""
+        """Ask the ballast to hold what the phone's pages take in zram, rounded to CHARGE_STEP (a
+        full pipe: asked at the next call)."""
         target = (zram_used_bytes + CHARGE_STEP // 2) // CHARGE_STEP * CHARGE_STEP
         if target == self.target_bytes:
             return

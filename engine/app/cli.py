@@ -44,7 +44,7 @@ def _g4(value: float) -> str:
 def _preamble(session: Session) -> str:
     """The CSV preamble as bmoe-cli writes it: the flags as given (cache_auto, floor, ceiling,
     force_cache, dense_weights even without --moe-stream), the streaming values only when streaming
-    (cache_mb, io_threads, prefetch, predict_spec_max). Two differences, both docs/decisions.md:
+    (cache_mb, io_threads, prefetch, predict_spec_max). Two differences, both docs/decisions/bmoe-py-differences.md:
     o_direct is what happened (bmoe-cli writes what was asked), and cache_cycle_mb is added."""
     cfg, shape, budget = session.cfg, session.shape, session.budget
     stream = session.stream
@@ -173,7 +173,7 @@ def _serve(cfg: RunConfig, csv: CsvSink | None, route_trace: RouteTraceSink | No
 
 def main() -> None:
     # One BLAS thread: bmoe-py's matrices are one expert wide, and OpenBLAS's extra threads spin
-    # against the I/O lanes and against other engines on the same cores (docs/decisions.md).
+    # against the I/O lanes and against other engines on the same cores (docs/decisions/compute-threads.md).
     with threadpool_limits(limits=1, user_api="blas"):
         code = run(sys.argv[1:], dict(os.environ))
     sys.exit(code)

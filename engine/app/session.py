@@ -245,7 +245,7 @@ class Session:
                 reader.close()
             total = sum(t.nbytes for t in dense)
             # bmoe-py never maps what it reads into anon buffers, so unlike bmoe-cli it has no
-            # "dropped N MiB of now-unused mmap pages" line to print (docs/decisions.md).
+            # "dropped N MiB of now-unused mmap pages" line to print (docs/decisions/bmoe-py-differences.md).
             self._message(f"bmoe: dense-weights=anon — {total >> 20} MiB in {len(dense)} anon buffers")
             self.dense_read_s = time.perf_counter() - t0
             return DenseWeights(self.shape, buffers={t.name: a for t, a in zip(dense, arrays)})

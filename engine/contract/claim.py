@@ -1,4 +1,4 @@
-"""The bmoe-cli release bmoe-py speaks, and what changes with it (issue 26 item 4).
+"""The bmoe-cli release bmoe-py speaks, and what changes with it (docs/decisions/release-claim.md).
 
 bmoe-py is held byte for byte to the real 0.19.0 build (the 0.20.0 source) on everything that build
 defines, so that is the release it claims by default. `BMOE_PY_RELEASE=0.21` (… `0.25`, NEXT: what

@@ -7,7 +7,8 @@ value for X` exit 1, a bad `--dense-weights` exit 2, `config error: …` exit 1.
 A flag bmoe-cli knows but bmoe-py does not implement (`--chatml`, `--ubatch`, `--mtp`, …, listed in
 `NOT_IMPLEMENTED`) is answered exactly as bmoe-cli answers an unknown flag, so a harness cell that
 asks for one is a `config_error`, never a measurement of something else. docs/engine-contract.md
-lists every flag.
+lists every flag. `--help` (usage) is written from the table too: the flags bmoe-py takes at the
+release it claims, then the ones it refuses (tests/engine/test_help.py holds the two together).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +24,22 @@ import numpy as np
 from engine.contract import claim
 from engine.errors import BmoeError
 from engine.interface import flags as interface
-from engine.interface.flags import CACHE_MB, DENSE_WEIGHTS, HELP, PROBE_IO, PROGRESS, VERSION
+from engine.interface.flags import (
+    AUTO,
+    CACHE_MB,
+    DENSE_WEIGHTS,
+    HELP,
+    IO_THREADS,
+    MODEL,
+    MOE_STREAM,
+    NO_PROBE_MEM,
+    PROBE_IO,
+    PROGRESS,
+    THREADS,
+    VERSION,
+)
 from engine.interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
-from engine.interface.releases import V0_19, Release
+from engine.interface.releases import NEXT, V0_19, Release
 from engine.stream.budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 
 # ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
@@ -41,11 +56,13 @@ LIST_ARCHS = ("qwen3moe", "gpt-oss")
 class UsageExit(BmoeError):
     """Parsing stopped: print `message` (to stderr unless `to_stdout`) and exit with `code`."""
 
-    def __init__(self, message: str, code: int, to_stdout: bool = False, with_usage: bool = False):
+    def __init__(self, message: str, code: int, to_stdout: bool = False, with_usage: bool = False,
+                 release: Release = claim.DEFAULT):
         super().__init__(message)
         self.code = code
         self.to_stdout = to_stdout
         self.with_usage = with_usage
+        self.release = release     # the claimed release, whose usage text follows the message
 
 
 @dataclass(frozen=True)
@@ -90,49 +107,58 @@ class RunConfig:
     typed: frozenset[str] = frozenset()    # the flags typed, by name: what the planner may not touch
 
 
-USAGE = f"""usage: bmoe-py -m <model.gguf> [options]
+# the help's layout, bmoe-py's own: a heading before a flag, by name
+_HEADINGS = {MOE_STREAM.name: "MoE expert streaming:", AUTO.name: "The hardware planner (bmoe-cli after 0.24):"}
+# what bmoe-py adds to a flag's meaning in the table, by name
+_NOTES = {
+    MODEL.name: "bmoe-py takes any of its shards",
+    THREADS.name: "the output does not depend on it",
+    CACHE_MB.name: f"a fixed budget is >= {CACHE_MIN_MB} unless forced",
+    IO_THREADS.name: f"1..{IO_THREADS_MAX}",
+    DENSE_WEIGHTS.name: "ahwb is Android-only: the load fails here, as bmoe-cli's does",
+    NO_PROBE_MEM.name: "bmoe-py never probes memory: accepted, changes nothing",
+}
+# how the help names a flag's value, by its kind
+_METAVAR = {interface.INT: "N", interface.U32: "N", interface.FLOAT: "F", interface.TEXT: "STR",
+            interface.PATH: "PATH", interface.CHOICE: "M", interface.MIB_OR_AUTO: "N|auto",
+            interface.LIST: "L", interface.TOKENS: "L"}
 
-  -m, --model PATH        gguf model (required; a split model by any of its shards)
-  -p, --prompt STR        prompt text (SentencePiece byte-fallback vocabularies)
-      --prompt-tokens L   comma-separated token ids instead of -p (any vocabulary)
-  -n, --n-predict N       tokens to generate (default 128)
-  -t, --threads N         compute threads (default 4; the output does not depend on it)
-  -c, --ctx-size N        context size (default 2048)
-      --n-expert-used N   override active MoE experts per token (top-k); 0 = model default
-      --temp F            sampling temperature; <= 0 keeps greedy (default 0)
-      --top-k N           top-k cutoff when sampling (default 40)
-      --top-p F           nucleus cutoff in (0,1] when sampling (default 0.95)
-      --seed N            RNG seed for sampling (default: random per run)
-      --progress          emit machine telemetry (one JSON line per token)
-      --session           keep the model loaded and serve JSON prompt requests from stdin
-      --csv PATH          also write per-token metrics as CSV (bmoe_metrics v2)
-      --route-trace PATH  write the per-step per-layer MoE routing trace (needs --moe-stream)
-  -h, --help              show this text and exit
-      --version           print the engine version and exit
-      --list-archs        print the MoE architectures bmoe-py runs and exit
 
-  MoE expert streaming:
-      --moe-stream        stream only the routed experts per token (MoE models)
-      --cache-mb N|auto   LRU expert cache budget in MiB (0=off, or >={CACHE_MIN_MB}); auto=size to device
-      --cache-floor-mb N  with --cache-mb auto: RAM to leave free (default 1536)
-      --cache-ceil-mb N   with --cache-mb auto: upper bound on the budget (0 = no cap)
-      --force-cache       allow a cache-mb in the pathological band
-      --io-threads N      parallel expert-read lanes [1..{IO_THREADS_MAX}] (default 4)
-      --no-odirect        do not bypass the page cache for expert reads
-      --dense-weights M   dense (non-expert) weight policy: mmap | warm | anon (default) | ahwb
-                          (ahwb is Android-only: the load fails here, as bmoe-cli's does)
-                          Deprecated aliases: --dense-odirect = anon, --no-warm-dense = mmap
-      --prefetch K        temporally prefetch the next K layers' experts, as the previous token
-                          routed them (needs the cache)
-      --prefetch-sync     debug/tests only: complete each speculative read when it is issued
-      --no-mmap           without --moe-stream: read every weight into anonymous memory
-                          (llama.cpp's --no-mmap) instead of mapping the file
+def accepted(release: Release) -> tuple[interface.Flag, ...]:
+    """The flags bmoe-py takes when it claims `release` (engine.contract.claim): the table's."""
+    return interface.taken_by(interface.BMOE_PY, release)
 
-  Env overrides (flag wins): BMOE_CACHE_MB, BMOE_IO_THREADS, BMOE_PROGRESS, BMOE_PREFETCH,
-  BMOE_N_EXPERT_USED (BMOE_OVERLAP, BMOE_PREDICT_LOG, BMOE_PREDICT_PREFETCH are refused)
 
-  bmoe-cli flags bmoe-py does not implement are refused as unknown: {", ".join(NOT_IMPLEMENTED)}
-"""
+def usage(release: Release) -> str:
+    """`--help`: every flag bmoe-py takes at the claimed `release`, from the flag table
+    (engine.interface.flags), then the env overrides and the bmoe-cli flags it refuses."""
+    rows = []
+    for f in accepted(release):
+        names = ", ".join((f.short, f.name) if f.short else (f.name,))
+        left = ("" if f.short else "    ") + names + "".join(", " + a for a in f.aliases)
+        if f.takes_value:
+            left += " " + _METAVAR[f.value]
+        meaning = f.meaning + (": " + " | ".join(f.choices) if f.choices else "")
+        notes = [n for n in (_NOTES.get(f.name), f"default {f.default}" if f.default else "") if n]
+        rows.append((f.name, left, meaning + (f" ({'; '.join(notes)})" if notes else "")))
+    width = max(len(left) for _, left, _ in rows) + 2
+    lines = ["usage: bmoe-py -m <model.gguf> [options]", ""]
+    for name, left, text in rows:
+        if name in _HEADINGS:
+            lines += ["", "  " + _HEADINGS[name]]
+        lines += textwrap.wrap(text, 118, initial_indent=f"  {left:<{width}}", subsequent_indent=" " * (width + 4),
+                               break_on_hyphens=False)
+    envs = [f.env for f in accepted(release) if f.env]
+    refused = interface.refused_by_bmoe_py(release)
+    tail = [f"Env overrides (flag wins): {', '.join(envs)} ({', '.join(_ENV_NOT_IMPLEMENTED)} are refused)",
+            f"Speaks bmoe-cli {release}'s flags{' (NEXT: upstream after 0.24)' if release == NEXT else ''}; "
+            f"{claim.CLAIM_ENV}={claim.DEFAULT} to {NEXT} picks the release."]
+    if refused:
+        tail.append(f"bmoe-cli {release} flags bmoe-py does not implement are refused as unknown: {', '.join(refused)}")
+    lines.append("")
+    for text in tail:
+        lines += textwrap.wrap(text, 118, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
 
 # bmoe-py's flags by the kind of value they take (engine.interface.flags: name, short form, field)
 _OURS = [f for f in interface.FLAGS if f.bmoe_py]
@@ -233,7 +259,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         seen.add(a)
         later = _SINCE.get(a)
         if later is not None and release < later:
-            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True)
+            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True, release=release)
         if a in _STR_FLAGS:
             values[_STR_FLAGS[a]] = next_value(a)
         elif a in _INT_FLAGS:
@@ -267,13 +293,13 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
             raise UsageExit("supported MoE architectures:\n" + "".join(f"  {arch}\n" for arch in LIST_ARCHS), 0,
                             to_stdout=True)
         elif a in HELP.spellings:
-            raise UsageExit(USAGE, 0, to_stdout=True)
+            raise UsageExit(usage(release), 0, to_stdout=True)
         elif a in VERSION.spellings:
             from engine import __version__
 
             raise UsageExit(claim.version_line(__version__, release), 0, to_stdout=True)
         else:
-            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True)
+            raise UsageExit(f"unknown arg: {a}", 1, with_usage=True, release=release)
         i += 1
 
     # Environment overrides apply only where the flag was not typed (bmoe-cli's rule).
@@ -296,7 +322,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
                                         if environ.get(env) and _atoi(environ[env]) != 0)
     cfg = RunConfig(**values)  # type: ignore[arg-type]
     if not cfg.model_path:
-        raise UsageExit(USAGE, 1, to_stdout=True)
+        raise UsageExit(usage(release), 1, to_stdout=True)
     return cfg
 
 
@@ -347,5 +373,5 @@ def print_usage_exit(e: UsageExit) -> int:
     stream = sys.stdout if e.to_stdout else sys.stderr
     print(str(e), file=stream, end="" if str(e).endswith("\n") else "\n")
     if e.with_usage:
-        print(USAGE, end="")
+        print(usage(e.release), end="")
     return e.code

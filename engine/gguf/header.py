@@ -153,7 +153,8 @@ _INT64_MAX = 2 ** 63 - 1
 def check_as_llama(path: str, keys: list[str], infos: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]],
                    alignment: int) -> None:
     """Refuse what llama.cpp's gguf_init_from_reader refuses, in its order and with its words (so
-    bmoe-py refuses each file bmoe-cli does, issue 28): a key stored twice; a tensor name stored
+    bmoe-py refuses each file bmoe-cli does: tests/engine/test_header_classes.py): a key stored twice; a
+    tensor name stored
     twice; more than GGML_MAX_DIMS dimensions; an element count past int64; a row that is not a
     whole number of its type's blocks; and any tensor whose offset is not the running end of the
     ones before it, each padded to `alignment` (which catches overlapping, misaligned, reversed and

@@ -11,7 +11,7 @@ and extends the file sparsely to its full size, so a real model's shape can be p
 its weights. Output is written under a temporary name and renamed at the end: a crash or Ctrl-C
 never leaves a half-written file under the requested name.
 
-One job, kept in one module past ~500 lines: options in, file out. Its sections (options and
+Long because: it is one job, options in, file out. Its sections (options and
 presets, the tensor plan, size fitting, values, writing) all read `SynthOptions` and `TensorSpec`,
 and callers import only `synth_options` and `write_model`; split, the plan and the values would
 import the options back from the writer's module (a cycle) or move them to a third one.

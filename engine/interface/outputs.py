@@ -6,8 +6,8 @@ its unit, what it means, the release it appeared in and what later releases chan
 values are `Field`s, each named as the reader's pattern names its group and, where it has one,
 with the run-table column it lands in. results/ derives its readers from this table (the summary
 and BMOE_DONE keys the run table takes, the counts the range checks know, the names the importer
-renames, the console lines parse_console must match); tests/results/test_release_outputs.py fails
-when a reader handles something this table lacks, or the table declares something no reader does.
+renames, the console lines parse_console must match); tests/results/test_release_lines.py fails
+when a line field with a run-table column is read by no reader's pattern.
 
 Sources (Helldez/BigMoeOnEdge, read with the search tool, nothing copied):
 
@@ -26,10 +26,15 @@ Sources (Helldez/BigMoeOnEdge, read with the search tool, nothing copied):
 - core/src/metrics/csv_metrics_sink.cpp, the store's newest version (its commit is not named by
   the store; it writes `cache_cycle_mb=%d` and `substitute_lambda`): the v2 preamble, the 29
   columns, the trailer's keys through `row_io_errors`.
-- docs/telemetry.md at 4e4796ae (the `--progress` and session lines), docs/ngram.md and
+- upstream's docs/telemetry.md at 4e4796ae (the `--progress` and session lines), docs/ngram.md and
   docs/expert-dropping.md (captured `ngram:` and `moe-drop:` lines, copied as fixtures).
 
 `since=None` means the output is older than 0.19.0, the first release this table covers.
+
+Long because: it is one declared table, read top to bottom (the preamble, the per-token columns,
+the trailer, BMOE_DONE, the events, then the stdout and stderr lines), with the few lookups
+results/ derives from it; split by place, the one list a reader holds against upstream's sources
+would be spread over several files.
 """
 
 from __future__ import annotations

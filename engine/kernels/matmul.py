@@ -19,7 +19,7 @@ weight's vec_dot_type (engine.kernels.activation, once per activation and type).
 
 Either way a float64 sum of exact products is the value ggml's float32 SIMD lanes approximate,
 so results do not depend on the split: each row is computed identically whichever thread takes
-it. docs/decisions.md "Quantized kernels" and "One compiled call per step" say why and measure.
+it. docs/decisions/quantized-products.md and docs/decisions/compute-threads.md say why.
 """
 
 from __future__ import annotations

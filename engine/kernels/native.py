@@ -1,14 +1,15 @@
 """bmoe-py's compiled loops (engine/kernels/_kernels.c), built with a C compiler and called through ctypes.
 
 The library is found, in order: in the cache folder (the first usable of $BMOE_PY_CACHE_DIR, a
-folder beside the engine — `engine/__pycache__/` in a source tree, `.bmoe-py-cache/` next to a
+folder beside the engine — the engine package's `__pycache__/` in a source tree, `.bmoe-py-cache/` next to a
 zipapp such as the one staged in a phone's /data/local/tmp — and `$TMPDIR/bmoe-py-cache-UID`);
 prebuilt inside the zipapp (harness staging builds it on the host: a phone has no compiler);
 else built now by `$CC` / cc / gcc into the cache folder (~1 s, once per source), or into a
 temporary file when no folder is usable. A library's name carries the hash of its source and
 build flags, so an edited source is never served a stale build. None of these (no compiler, a
 read-only everything): `load()` returns None and every product takes numpy's path (slower; the
-same numbers but for K-quants, which gguf rounds to float32 once), saying so once on stderr. docs/decisions.md "Quantized kernels in C".
+same numbers but for K-quants, which gguf rounds to float32 once), saying so once on stderr.
+docs/decisions/kernels-in-c.md says why.
 
 ctypes releases the GIL for the call; the library makes its own threads per batch (`lanes`).
 """

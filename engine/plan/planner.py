@@ -12,7 +12,7 @@ measuring is engine.plan.probe), so a test can drive it with a made-up machine.
 What bmoe-py leaves out, because it has no such thing: the capacity fitter and compute devices
 (placement is always "none": everything is on the host), the headroom probe (`--probe-mem`), the
 thread sweep, the accelerator lines. Its cost model is allocate.cpp's, cut down to the two lanes
-bmoe-py has (docs/decisions.md, "The planner"): a dense group costs its bytes at the measured
+bmoe-py has (docs/decisions/planner.md): a dense group costs its bytes at the measured
 compute rate; the experts cost their token cycle at that rate plus the cycle's missed share read
 at the storage probe's rate for this model's slice. The credited hit rate is linear in the cache,
 as upstream's (cache bytes / expert bytes).

@@ -6,6 +6,11 @@ anything is written. Every numeric setting has bounds (below, docs/campaigns.md)
 environment supplies is taken here, where a file leaves it out: the adb server
 (devices.adb.default_server) when no `[[fleet.adb]]` is given and a device needs one, and the
 device ($ANDROID_SERIAL) when `fleet` names none. Writing is Campaign.to_toml().
+
+Long because: it is one strict reader, the file's tables read top to bottom by `parse_campaign`
+through one `_Reader` whose every complaint names its key, with the bounds and per-key checks
+beside it; split by table, the reader and the checks that cross tables (run against plan, axes
+against the fleet) would be passed between modules.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import posixpath
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,8 @@ from harness.campaign.model import (
     INT_MAX,
     LOCAL,
     MAX_CELLS,
+    RUN_AS,
+    RUN_AS_APP,
     THREADS_AUTO,
     VIRTUAL_PREFIX,
     Axes,
@@ -61,7 +68,7 @@ _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 MAX_SECONDS = 30 * 24 * 3600    # timeouts and waits: 30 days
 MAX_RETRIES = 20                # the backoff doubles per retry
 MAX_BACKOFF_S = 3600.0
-MAX_EXPERTS = 65536             # as route traces are read (docs/decisions.md)
+MAX_EXPERTS = 65536             # as route traces are read (docs/decisions/impossible-values.md)
 MAX_THREADS = 1024
 CPU_TEMP_RANGE_C = (-50.0, 200.0)
 MAX_MEM_MB = 2 ** 30            # 1 PiB of MemAvailable
@@ -74,7 +81,8 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
     "fleet.adb": ("host", "port"),
     "engine": ("kind", "python", "native", "claim"),
     "engine.native.*": ("cli", "libs"),
-    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags", "apps"),
+    "axes": ("cache_mb", "cache_ceil_mb", "cache_floor_mb", "dense_weights", "n_expert_used", "io_threads", "flags", "apps",
+             "run_as"),
     "run": tuple(RunSettings.__dataclass_fields__),
     "gate": tuple(GateSettings.__dataclass_fields__),
     "plan": tuple(PlanSettings.__dataclass_fields__),
@@ -297,6 +305,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         threads=mapped.get("threads", ()),
         flags=flags,
         apps=tuple(dict.fromkeys(apps_load(v) for v in rd.list_of(ax, "apps", "axes", str, (), check=_apps_problem))),
+        run_as=tuple(dict.fromkeys(rd.list_of(ax, "run_as", "axes", str, (), check=_run_as_problem))),
     )
 
     r = rd.table(top.get("run"), "run", "run")
@@ -362,6 +371,8 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
     campaign = Campaign(name=name.strip(), devices=all_devices, models=tuple(models), engine=engine, axes=axes,
                         run=run, gate=gate, plan=plan, adb=tuple(dict.fromkeys(servers)), connect=connect,
                         virtual_home=virtual_home, source=source)
+    if problem := run_as_devices_problem(axes.run_as, all_devices):
+        raise rd.fail("axes.run_as", problem)
     if any(axes.apps) and "local" in all_devices:
         raise rd.fail("axes.apps", "other apps run on phones (their lmkd decides who is killed): not on local")
     if run.gap_apps and "local" in all_devices:
@@ -440,6 +451,20 @@ def _threads_problem(value: int | str) -> str | None:
 
 def _threads_value(value: int | str) -> int | str:
     return THREADS_AUTO if isinstance(value, str) else value
+
+
+def _run_as_problem(value: str) -> str | None:
+    return None if value in RUN_AS else f"expected one of {', '.join(RUN_AS)}, got {value!r}"
+
+
+def run_as_devices_problem(run_as: Sequence[str], devices: Sequence[str]) -> str | None:
+    """An app value of axes.run_as needs virtual phones only: a real phone's shell cannot make an app
+    run a command (the engine runs in the app only as the app's own child)."""
+    if not any(v in RUN_AS_APP for v in run_as):
+        return None
+    other = [d for d in devices if not d.startswith(VIRTUAL_PREFIX)]
+    return (f"{', '.join(v for v in run_as if v in RUN_AS_APP)} runs the engine as the app, which only a virtual "
+            f"phone can (`am run-as-app`); {', '.join(other)} is not one" if other else None)
 
 
 def apps_load(value: str) -> str:

@@ -148,14 +148,24 @@ class EngineSpec:
         """The best engine.native entry that runs on this device (build_keys order), if any."""
         return next((b for key in self.build_keys(identity) if (b := self.build_for(key)) is not None), None)
 
-    def missing_build(self, identity: DeviceIdentity, device: str) -> str:
-        """Why no engine.native entry serves a device (one line, naming the key to add)."""
+    def missing_build(self, identity: DeviceIdentity, device: str, sweep: bool = False) -> str:
+        """Why no engine.native entry serves a device (one line, naming the key to add, or with
+        `sweep` the `sweep --engine` value that adds it)."""
         keys = self.build_keys(identity)
         runs = (f"ABI {identity.abi}, runs this host's {identity.host_abi} binaries" if identity.host_abi
                 else f"ABI {identity.abi}")
         have = ", ".join(b.abi for b in self.native) or "none"
-        return (f"engine.native: no build for device {device} ({runs}); have {have}: add "
-                f"[engine.native.{keys[0]}] cli = \"…\"")
+        add = (f"give --engine {'PATH' if keys[0] == HOST_BUILD else keys[0] + '=PATH'} (a bmoe-cli built for it)"
+               if sweep else f"add [engine.native.{keys[0]}] cli = \"…\"")
+        return f"engine.native: no build for device {device} ({runs}); have {have}: {add}"
+
+
+# axes.run_as: the value that starts the engine from the shell, and those that start it as the app
+# (the adj each registers at: ProcessList's PERCEPTIBLE_APP_ADJ for upstream's RunService, a
+# foreground service; FOREGROUND_APP_ADJ for the app on top)
+RUN_AS_SHELL = "shell"
+RUN_AS_APP = {"app-service": 200, "app-top": 0}
+RUN_AS = (RUN_AS_SHELL, *RUN_AS_APP)
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,10 @@ class Axes:
     # the other apps open beside the engine, one load per value ("cached:1GiB+perceptible:512MiB";
     # "" is none), started on the phone before each run (devices.coapps); empty: no such axis
     apps: tuple[str, ...] = ()
+    # how the engine is started (RUN_AS): "shell", over adb as a phone's user runs it (lmkd never
+    # considers it), or as the app on a virtual phone ("app-service", adj 200; "app-top", adj 0),
+    # registered with lmkd (devices/virtual/am.py `run-as-app`); empty: the shell alone
+    run_as: tuple[str, ...] = ()
 
     def flag_table(self) -> dict[str, list]:
         """[axes.flags] as a file writes it: the -t axis under "-t", then every other flag."""
@@ -213,7 +227,7 @@ class RunSettings:
     lock_wait_s: float = 0.0
     # the engine's oom_score_adj (0..1000: the shell user may raise its own, never lower it; an
     # app's state: cached 900+, previous 700, perceptible 200, foreground 0); None: the adj adb's
-    # shell gives it (0 on a phone, docs/decisions.md)
+    # shell gives it (0 on a phone, docs/decisions/engine-oom-score-adj.md)
     oom_score_adj: int | None = None
     # session cells (harness.run.turns): `turns` turns of one `--session` engine, `idle_s` seconds of
     # idle between them, `gap_apps` (one load of axes.apps' grammar, "" for none) allocating in each
@@ -309,8 +323,9 @@ class Campaign:
                      "cache_floor_mb": a.cache_floor_mb, "dense_weights": list(a.dense_weights),
                      "n_expert_used": list(a.n_expert_used), "io_threads": list(a.io_threads),
                      **({"flags": a.flag_table()} if a.threads or a.flags else {}),
-                     **({"apps": [load or "none" for load in a.apps]} if a.apps else {})},
-            # device_timeout_s (issue 28) and the session keys only when set, oom_score_adj only when
+                     **({"apps": [load or "none" for load in a.apps]} if a.apps else {}),
+                     **({"run_as": list(a.run_as)} if a.run_as else {})},
+            # device_timeout_s and the session keys only when set, oom_score_adj only when
             # given: campaign.toml files written before them stay equal
             "run": {k: list(v) if isinstance(v, tuple) else v
                     for k, v in ((k, getattr(r, k)) for k in RunSettings.__dataclass_fields__)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,17 +35,22 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
                           reverse_pass: bool = False, name: str = SWEEP.name, timeout_s: float | None = None,
                           device_timeout_s: float | None = None,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
-                          engine: str = SWEEP.engine, threads: str | None = None, engine_args: Sequence[str] = (),
-                          flags: Sequence[str] = (), apps: Sequence[str] = (), turns: int | None = None,
+                          engine: str = SWEEP.engine, engine_builds: Mapping[str, str] | None = None,
+                          threads: str | None = None, engine_args: Sequence[str] = (),
+                          flags: Sequence[str] = (), apps: Sequence[str] = (), run_as: Sequence[str] = (),
+                          turns: int | None = None,
                           idle_s: float | None = None, gap_apps: str | None = None,
                           planner: bool = False, adaptive: bool = False, resolution_mb: int | None = None,
                           max_error_pct: float | None = None) -> Campaign:
     """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
-    bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included.
+    bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included;
+    `engine_builds` maps an ABI to the bmoe-cli built for it (`--engine arm64-v8a=PATH`,
+    sweep_engines), an [engine.native.ABI] entry each, so real phones need no campaign file.
     A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
     number); each `engine_args` item is split like a shell line into run.engine_args; each
     `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.campaign.flags); each
     `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps;
+    `run_as` how the engine is started (`shell`, `app-service`, `app-top`), axes.run_as;
     `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells).
     `planner` (sweep --plan) adds the "planner" budget: the engine's own planner picks it on each
     device; bmoe-py then claims bmoe-cli NEXT, the release that has the planner (engine.claim).
@@ -83,14 +89,18 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
     }
     if apps:
         data["axes"]["apps"] = list(apps)
+    if run_as:
+        data["axes"]["run_as"] = list(run_as)
     plan = {key: value for key, value in (("adaptive", adaptive or None), ("resolution_mb", resolution_mb),
                                           ("max_error_pct", max_error_pct)) if value is not None}
     if plan:
         data["plan"] = plan
     if planner and PLANNER not in data["axes"]["cache_mb"]:
         data["axes"]["cache_mb"].append(PLANNER)
-    if engine != PYTHON_ENGINE:
-        data["engine"] = {"kind": "native", "native": {HOST_BUILD: {"cli": _engine_binary(engine)}}}
+    if engine != PYTHON_ENGINE or engine_builds:
+        native = {HOST_BUILD: {"cli": _engine_binary(engine)}} if engine != PYTHON_ENGINE else {}
+        native.update((abi, {"cli": _engine_binary(path, f"--engine {abi}=")}) for abi, path in (engine_builds or {}).items())
+        data["engine"] = {"kind": "native", "native": native}
     elif planner:
         data["engine"] = {"claim": str(NEXT)}
     _sweep_threads_and_flags(data, threads, engine_args, flags,
@@ -137,12 +147,47 @@ def _sweep_threads_and_flags(data: dict[str, Any], threads: str | None, engine_a
         data["axes"]["flags"] = table
 
 
-def _engine_binary(text: str) -> str:
+def _engine_binary(text: str, given: str = "--engine ") -> str:
     path = os.path.abspath(os.path.expanduser(text))
     if not os.path.isfile(path):
-        raise CampaignError(f"--engine: {json.dumps(text)} is neither {PYTHON_ENGINE} nor a file (give the path of "
-                            "a bmoe-cli binary)")
+        what = f"is neither {PYTHON_ENGINE} nor a file" if given == "--engine " else "is no file"
+        raise CampaignError(f"{given.rstrip()}: {json.dumps(text)} {what} (give the path of a bmoe-cli binary)")
     if not os.access(path, os.X_OK):
-        raise CampaignError(f"--engine: {path} is not executable")
+        raise CampaignError(f"{given.rstrip()}: {path} is not executable")
     return path
+
+
+_ABI = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def sweep_engines(values: Sequence[str], preset: str | None = None) -> tuple[str, dict[str, str]]:
+    """`sweep --engine` values (repeatable) as campaign_from_options' `engine` and `engine_builds`:
+    at most one of bmoe-py or a host bmoe-cli PATH, and any number of ABI=PATH (one per ABI: the
+    build real phones of that ABI run, `ro.product.cpu.abi`). A value that is an existing file is a
+    path even with `=` in it. A preset that checks the engine's flags on this host (community,
+    app) needs the host build beside ABI builds."""
+    plain: list[str] = []
+    builds: dict[str, str] = {}
+    for value in values:
+        abi, sep, path = value.partition("=")
+        if not sep or os.path.isfile(os.path.expanduser(value)) or "/" in abi:
+            plain.append(value)
+            continue
+        if not _ABI.fullmatch(abi) or not path:
+            raise CampaignError(f"--engine {json.dumps(value)}: expected bmoe-py, PATH or ABI=PATH (ABI as the phone "
+                                "reports it, e.g. arm64-v8a)")
+        if abi in builds:
+            raise CampaignError(f"--engine: two builds for ABI {abi}; give one --engine {abi}=PATH")
+        builds[abi] = path
+    if len(plain) > 1:
+        raise CampaignError(f"--engine: {' and '.join(map(json.dumps, plain))}: give one engine for this host and "
+                            "virtual phones, and ABI=PATH for real phones")
+    engine = plain[0] if plain else PYTHON_ENGINE
+    if builds and engine == PYTHON_ENGINE and plain:
+        raise CampaignError(f"--engine {PYTHON_ENGINE} cannot go with ABI=PATH builds of bmoe-cli: one engine runs "
+                            "every cell")
+    if builds and engine == PYTHON_ENGINE and preset in ("community", "app"):
+        raise CampaignError(f"--preset {preset} checks the engine's flags on this host: give its host build too "
+                            "(--engine PATH) beside the ABI=PATH ones")
+    return engine, builds
 

@@ -77,9 +77,11 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
                    "(nothing pushed; on local, a path on this host). Repeatable.")
-@click.option("--engine", default=SWEEP.engine, show_default=True,
+@click.option("--engine", "engines", multiple=True, default=(SWEEP.engine,), show_default=True,
+              metavar="bmoe-py|PATH|ABI=PATH",
               help="bmoe-py, or the path of a bmoe-cli binary (the lib*.so* beside it go along) for this host "
-                   "and virtual phones.")
+                   "and virtual phones; ABI=PATH (repeatable, one per ABI) the bmoe-cli built for real phones of "
+                   "that ABI: --engine arm64-v8a=build-android/bin/bmoe-cli.")
 @click.option("--cache-mb", "cache_mb", multiple=True, default=tuple(map(str, SWEEP.cache_mb)), show_default=True,
               help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, planner (the engine's "
                    "own pick), mmap, resident.")
@@ -102,6 +104,10 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 @click.option("--apps", "apps", multiple=True, metavar="LOAD,LOAD",
               help="Other apps open beside the engine, one load per value: none, cached:1GiB, "
                    "cached:1GiB+perceptible:512MiB (STATE:SIZE[:compressible][:active]; phones only).")
+@click.option("--run-as", "run_as", multiple=True, metavar="HOW,HOW",
+              help="How the engine is started, an axis (axes.run_as): shell (default: over adb, as a phone's user "
+                   "runs it; lmkd never considers it), app-service or app-top (virtual phones only: as the app, "
+                   "registered with lmkd at adj 200 or 0, to check the app's replayed verdict against a real kill).")
 @click.option("--turns", "turns", type=int, metavar="N",
               help="Turns of one engine session per run (run.turns; default 1, a one-shot run): the engine runs "
                    "with --session and gets N requests, an idle gap between them.")
@@ -146,27 +152,33 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
                   cache_ceil_mb: list[int], dense_weights: tuple[str, ...], n_expert_used: list[int],
                   io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
                   device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
-                  rerun_failed: bool, as_json: bool, engine: str, threads: str | None, engine_args: tuple[str, ...],
-                  flags: tuple[str, ...], apps: tuple[str, ...], preset: str | None, turns: int | None,
+                  rerun_failed: bool, as_json: bool, engines: tuple[str, ...], threads: str | None,
+                  engine_args: tuple[str, ...],
+                  flags: tuple[str, ...], apps: tuple[str, ...], run_as: tuple[str, ...], preset: str | None,
+                  turns: int | None,
                   idle_s: float | None, gap_apps: str | None, planner: bool, adaptive: bool,
                   resolution_mb: int | None, max_error_pct: float | None) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
+    from harness.campaign.options import sweep_engines
     from harness.campaign.presets import sweep_campaign
     from harness.run.runner import prepare
     from harness.run.sweep import run_sweep
 
     ctx = click.get_current_context()
     explicit = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
+    explicit |= {"engine"} if "engines" in explicit else set()
+    engine, engine_builds = sweep_engines(engines, preset)
     sweep = sweep_campaign(preset, explicit, dict(
         devices=_split(devices), models=list(models), cache_mb=_split(cache_mb),
         dense_weights=_split(dense_weights), n_expert_used=n_expert_used or list(SWEEP.n_expert_used),
         io_threads=io_threads or list(SWEEP.io_threads), cache_ceil_mb=cache_ceil_mb or list(SWEEP.cache_ceil_mb),
         repeats=repeats, n_predict=n_predict, adb=_split(adb),
-        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine,
+        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine, engine_builds=engine_builds,
         device_timeout_s=device_timeout_s, threads=threads,
-        engine_args=engine_args, flags=flags, apps=_split(apps), turns=turns, idle_s=idle_s, gap_apps=gap_apps,
+        engine_args=engine_args, flags=flags, apps=_split(apps), run_as=_split(run_as), turns=turns, idle_s=idle_s,
+        gap_apps=gap_apps,
         planner=planner, adaptive=adaptive, resolution_mb=resolution_mb, max_error_pct=max_error_pct))
     for note in sweep.notes:              # a preset's flag the engine lacks is left out, never silently
         click.echo(f"--preset {preset}: {note}", err=True)

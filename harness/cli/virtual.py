@@ -33,7 +33,16 @@ def virtual() -> None:
 @click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
 @click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, every read paced (default: none).")
 @click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
-                                "pixel8, galaxy-s24, redmi-note12, galaxy-a05; flags given override them.")
+                                "pixel8, galaxy-s24, redmi-note12, galaxy-a05, or celsius-zones (a vendor whose "
+                                "CPU zones count °C); flags given override them.")
+@click.option("--build", type=click.Choice(["user", "userdebug"]), default="user", show_default=True,
+              help="ro.build.type; a userdebug build's logd keeps the kernel's log (logcat -b kernel).")
+@click.option("--page-size", "page_size", type=click.Choice(["4k", "16k"]),
+              help="The page size its shell sees (getconf PAGESIZE, /proc/vmstat's page counters); 16k from "
+                   "Android 15 (default 4k).")
+@click.option("--data-quota", "data_quota_text",
+              help="The size of its /data and /sdcard, e.g. 8GiB: a write past it fails with ENOSPC (default: "
+                   "the host's disk, no quota).")
 @click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")
 @click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
 @click.option("--no-isolation", is_flag=True,
@@ -44,22 +53,25 @@ def virtual() -> None:
 @click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
 def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | None, soc: str | None,
        android: int | None, zram_text: str | None, zram_algorithm: str | None, swappiness: int | None,
-       cpus: int | None, storage_mbps: int | None, profile: str | None, abi: str,
-       port: int | None, no_isolation: bool, apps: str, home: str | None) -> None:
+       cpus: int | None, storage_mbps: int | None, profile: str | None, build: str, page_size: str | None,
+       data_quota_text: str | None, abi: str, port: int | None, no_isolation: bool, apps: str,
+       home: str | None) -> None:
     """Start a virtual phone and `adb connect` it; prints its serial."""
-    from devices.virtual import profiles
+    from devices.virtual import profiles, variant
     from devices.virtual.manager import VirtualPhoneError
     from devices.virtual.manager import up as start
     from engine.units import parse_bytes
 
     def default_zram(ram_bytes: int) -> int:
-        # half the RAM where the host has zram (docs/decisions.md "zram default"), else none
+        # half the RAM where the host has zram (docs/decisions/vphone-zram.md), else none
         from devices.virtual import zram
         has_zram = zram.available() is None and not no_isolation
         return (ram_bytes // 2) & ~((1 << 20) - 1) if has_zram else 0
 
     given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
              "storage_mbps": storage_mbps}
+    page_size_bytes = variant.PAGE_SIZES_BYTES[page_size or "4k"]
+    data_quota_bytes = 0 if data_quota_text is None or data_quota_text.strip() == "0" else parse_bytes(data_quota_text)
     try:
         ram_bytes, base = profiles.settings(
             profile, given, None if ram_text is None else parse_bytes(ram_text),
@@ -68,7 +80,8 @@ def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | N
         raise VirtualPhoneError(str(e)) from None
     serial = start(name, ram_bytes, port=port, abi=abi, home=home, isolated=not no_isolation, apps=apps,
                    zram_algorithm=zram_algorithm or "lz4", swappiness=100 if swappiness is None else swappiness,
-                   profile=profile or "", **base)
+                   profile=profile or "", build=build, page_size_bytes=page_size_bytes,
+                   data_quota_bytes=data_quota_bytes, **base)
     click.echo(serial)
 
 
@@ -103,7 +116,10 @@ def list_(as_json: bool, home: str | None) -> None:
                    f"({printable(p.soc)}, Android {printable(str(p.android))})")
         extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
                   f"cores {','.join(map(str, p.cpus))}" if p.cpus else "",
-                  f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else ""]
+                  f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else "",
+                  p.build if p.build != "user" else "",
+                  f"{p.page_size_bytes >> 10} KiB pages" if p.page_size_bytes != 4096 else "",
+                  f"/data {p.data_quota_bytes >> 20} MiB" if p.data_quota_bytes else ""]
         if any(extras):
             click.echo(f"{'':<16} " + ", ".join(e for e in extras if e))
         for app in p.apps:

@@ -1,4 +1,4 @@
-"""The adaptive sweep (`[plan] adaptive = true`, `sweep --adaptive`; issue 27 item 3): spend cells
+"""The adaptive sweep (`[plan] adaptive = true`, `sweep --adaptive`; docs/decisions/adaptive-sweep.md): spend cells
 only where the prediction (results.replay.predict) is unsure.
 
 Per group, the analysis' own (device, model, top-k, other apps), every series of it (dense mode,
@@ -30,6 +30,11 @@ The plan is a function of the campaign, plan.json and the runs on disk: each rou
 the results so far decide (the runner runs them, then asks again), a group whose cells are not all
 done waits, and a rerun after Ctrl-C or a lost device recomputes the same decisions. Each round's
 brackets go to plan.json's `adaptive` list, which `status` shows.
+
+Long because: it is one decision procedure, `_Group`'s rounds (probe, predict, measure a miss
+again, step, bisect), whose steps share one group's measured points, its search top and its
+resolution; the numbered steps above are its outline, and split by step they would pass that
+state between modules.
 """
 
 from __future__ import annotations
@@ -445,7 +450,8 @@ class _Group:
         """Where the device's swap-in rate crosses the fought rule's, between the knee (held, under
         it) and the predicted safe budget (fought, over it): `_crossing`. The fight is the rule on a
         measured rate that rises with the budget, which the model does not predict: the two cells
-        measured anyway place it (session 17: 292 MiB from 0.09 MiB/token at 139 and 1.86 at 437,
+        measured anyway place it (docs/lab-notes/2026-12-05-prediction-anchor.md: 292 MiB from 0.09 MiB/token
+        at 139 and 1.86 at 437,
         the boundary between 269 and 288)."""
         if knee is None or knee >= anchor:
             return None
@@ -458,14 +464,15 @@ class _Group:
         one resolution is bracketed by one cell; a bracket wider than the next step is bisected. A
         step up goes no further than the MemAvailable the largest budget that held left (at least
         one resolution): the model's own RAM term, measured again where the cache is larger
-        (session 19: bmoe-py's 640 MiB phone held 541 MiB with 17 MiB left, and the doubled step
+        (docs/lab-notes/2026-12-05-adaptive-demo-phones.md: bmoe-py's 640 MiB phone held 541 MiB with 17 MiB
+        left, and the doubled step
         went to 669, fought, then bisected twice).
         When the predicted budget was fought, the model (which places the RAM's end, not a fight's
-        start: session 17, the 640 MiB phone fought from ~280 MiB under a predicted 437) gives way to
+        start: the 640 MiB phone fought from ~280 MiB under a predicted 437) gives way to
         `_fight_estimate`, or, without one, to bisection; and each step from it goes no further than
         where the swap-in rate crosses the rule's between the bracket's two ends (`_crossing`), when
         that is nearer: the rate rises steeply at the fight's start and flattens past it, so a
-        doubled step overshoots (session 19: 294 and 262 fought, the doubled step 198 held, 230
+        doubled step overshoots (the same lab note: 294 and 262 fought, the doubled step 198 held, 230
         held; the crossing from 262 was 240)."""
         held, failed, measured = measured_bracket(self.g)
         fight = False                      # the predicted budget was fought

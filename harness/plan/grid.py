@@ -26,6 +26,7 @@ from engine.interface.flags import AUTO
 from harness.campaign.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee
 from harness.campaign.model import (
     LOCAL,
+    RUN_AS_SHELL,
     THREADS_AUTO,
     THREADS_AUTO_MAX,
     Campaign,
@@ -91,7 +92,7 @@ class Cell:
         flags = flags_label(c.engine_flags)
         return (f"{self.model} {budget} dense={c.dense_weights} k={c.n_expert_used} t={c.threads}"
                 + (f" io={c.io_threads}" if c.moe_stream else "") + (f" [{flags}]" if flags else "")
-                + (f" apps={c.apps}" if c.apps else "")
+                + (f" apps={c.apps}" if c.apps else "") + (f" as={c.run_as}" if c.run_as else "")
                 + (f" turns={c.turns} idle={c.idle_s:g}s" if c.turns and c.idle_s is not None else "")
                 + (f" gap-apps={c.gap_apps}" if c.gap_apps else "")
                 + f" r{self.repeat} p{self.pass_no}")
@@ -199,10 +200,13 @@ def configs_for(campaign: Campaign, model: ModelSpec, shape: ModelShape) -> list
                         for threads in a.threads or (campaign.run.threads,):
                             for flags in _flag_settings(campaign):
                                 for load in a.apps or ("",):
-                                    c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
-                                    c = c.with_(apps=load) if load else c    # no apps: the cell id it always had
-                                    c = _with_turns(c, campaign)
-                                    out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
+                                    for how in a.run_as or (RUN_AS_SHELL,):
+                                        c = _config(spec, ceil, dense, k, io, cycle_mb, campaign, threads, flags)
+                                        c = c.with_(apps=load) if load else c    # no apps: the cell id it always had
+                                        # from the shell: the cell id it always had too
+                                        c = c.with_(run_as=how) if how != RUN_AS_SHELL else c
+                                        c = _with_turns(c, campaign)
+                                        out.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
     return list(out.values())
 
 
@@ -337,12 +341,13 @@ def new_cell(campaign: Campaign, device: str, model: str, config: CellConfig, re
 
 
 def budget_config(campaign: Campaign, base: CellConfig, budget_mib: int) -> CellConfig:
-    """A streamed configuration like `base` (its dense mode, top-k, lanes, threads, flags, apps and
-    turns) at a whole-MiB budget, as the grid would plan that budget written as a number."""
+    """A streamed configuration like `base` (its dense mode, top-k, lanes, threads, flags, apps, how
+    it is started and turns) at a whole-MiB budget, as the grid would plan that budget written as a number."""
     config = _config(budget_mib, 0, base.dense_weights, _top_k(base), int(base.io_threads or 0), _cycle_mb(base),
                      campaign, base.threads if base.threads is not None else campaign.run.threads,
                      dict(base.engine_flags))
-    return _with_turns(config.with_(apps=base.apps) if base.apps else config, campaign)
+    config = config.with_(apps=base.apps) if base.apps else config
+    return _with_turns(config.with_(run_as=base.run_as) if base.run_as else config, campaign)
 
 
 def probes_for(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:

@@ -21,7 +21,7 @@ the harness records for every run what it saw and results flag it (`oversubscrib
   kernel any other engine process on this host (`bmoe-cli`, `bmoe-py` by process name: another
   campaign, a user's own run), polled every POLL_S while a run of this host's kernel lives.
 - **Threads of an engine**: its `-t` (the default, 4, when absent), bmoe-cli's and bmoe-py's alike:
-  bmoe-py's quantized kernels compute on `-t` threads (docs/decisions.md "Quantized kernels").
+  bmoe-py's quantized kernels compute on `-t` threads (docs/decisions/compute-threads.md).
 
 A run is **oversubscribed** when, at some moment while it ran, the threads of the engines sharing
 its cores summed to more than its cores.

@@ -1,11 +1,14 @@
 """Cool on a condition, not a timer (docs/method.md rule 1).
 
-Before each cell: stop stray engine processes, `sync`, then poll the device's state until the CPU
+Before each cell: kill by pid the engines lost runs left (a device lost or an interrupt cut the
+run's stream; devices.adb.runs reap_lost), stop stray engine processes, `sync`, then poll the device's state until the CPU
 temperature is under the threshold AND MemAvailable is over the threshold, or the bounded wait
 runs out. Giving up is allowed (a phone that never cools still gets measured) but recorded on the
-run, with the condition that failed. The CPU sensor is `DeviceState.cpu_temp_mc` (the hottest
-CPU zone); the battery sensor lags by minutes, so it is recorded, never gated on. A device with no
-CPU sensor passes the temperature half of the gate, and the result says so.
+run, with the condition that failed. The CPU sensor is `DeviceState.cpu_zone` (devices.thermal_zones:
+the hottest CPU zone that is neither a trip point nor constant, the same zone the run's sampler
+reads), recorded as the gate's `cpu_zone` with the zones left out and why; the battery sensor lags
+by minutes, so it is recorded, never gated on. A device with no CPU sensor passes the temperature
+half of the gate, and the result says so.
 
 Stray stopping is scoped to the device's own processes: a virtual phone shares the host's /proc
 (it has its own mount namespace, not its own pid namespace), so killing every `bmoe-py` by name
@@ -22,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from devices.adb.phone import AdbPhone
-from devices.adb.runs import strays_killed
+from devices.adb.runs import reaped_pids, strays_killed
 from devices.base import Device, DeviceState
 from devices.lmk import LmkEvent
 from harness.campaign.model import GateSettings
@@ -42,13 +45,15 @@ class GateResult:
     entry_state: DeviceState          # the last poll: the state the run starts from
     extra: str = ""                   # what the caller's `extra` commands printed (a phone only)
     baseline: list[LmkEvent] | None = None   # a phone's lmk lines just before the run (lmk_since_s)
+    reaped: tuple[int, ...] = ()      # engines lost runs left, killed by pid (devices.adb.runs reap_lost)
 
     def to_dict(self) -> dict:
         s = self.entry_state
         return {"waited_s": round(self.waited_s, 3), "gave_up": self.gave_up, "reason": self.reason,
-                "polls": self.polls, "strays_stopped": self.strays_stopped,
+                "polls": self.polls, "strays_stopped": self.strays_stopped, "reaped_pids": list(self.reaped),
                 "cpu_temp_max_mc": self.cpu_temp_max_mc, "mem_available_min_kb": self.mem_available_min_kb,
-                "cpu_temp_mc": s.cpu_temp_mc, "mem_available_kb": s.mem_available_kb}
+                "cpu_temp_mc": s.cpu_temp_mc, "cpu_zone": s.cpu_zone, "zones_ignored": s.zones_ignored(),
+                "mem_available_kb": s.mem_available_kb}
 
 
 def unmet(state: DeviceState, gate: GateSettings) -> list[str]:
@@ -85,9 +90,9 @@ def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: 
             first = dataclasses.replace(first, state=dataclasses.replace(
                 first.state, battery_temp_dc=services_from.battery_temp_dc, thermal_status=services_from.thermal_status))
         killed, _, extra_out = first.before.partition(_STRAYS_END + "\n")
-        strays = strays_killed(killed)
+        strays, reaped = strays_killed(killed), tuple(reaped_pids(killed))
     else:
-        strays, extra_out = stop_strays(device, engine_names), ""
+        strays, extra_out, reaped = stop_strays(device, engine_names), "", ()
         device.run(["sync"], timeout_s=120)
     t0 = clock()
     polls = 0
@@ -106,11 +111,11 @@ def cool(device: Device, gate: GateSettings, engine_names: Sequence[str], stop: 
         if not problems:
             reason = "met" if state.cpu_temp_mc is not None else "met (no CPU temperature sensor: not gated on it)"
             return GateResult(waited, False, reason, polls, strays, gate.cpu_temp_max_mc, gate.mem_available_min_kb,
-                              state, extra_out, baseline)
+                              state, extra_out, baseline, reaped)
         if waited >= gate.max_wait_s or stop.is_set():
             why = "gave up" if not stop.is_set() else "interrupted"
             return GateResult(waited, True, f"{why} after {waited:.1f} s: " + "; ".join(problems), polls, strays,
-                              gate.cpu_temp_max_mc, gate.mem_available_min_kb, state, extra_out, baseline)
+                              gate.cpu_temp_max_mc, gate.mem_available_min_kb, state, extra_out, baseline, reaped)
         if on_wait:
             on_wait("; ".join(problems))
         stop.wait(min(gate.poll_s, max(0.0, gate.max_wait_s - waited)))

@@ -123,12 +123,13 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             raise
         stagers: dict[str, Stager] = {}        # per device, kept from round to round
         if adaptive is None:
-            _run_round(campaign, plan, cdir, refs, rerun_failed, progress_stream, tty, stagers)
+            _run_round(campaign, plan, cdir, refs, rerun_failed, progress_stream, tty, stagers, identities)
         else:
             # each round runs what the results so far decide, then asks again (harness.plan.adaptive); it
             # stops when nothing new is decided, or when a cell is still pending (a lost device)
             while True:
-                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty, stagers)
+                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty, stagers,
+                                 identities)
                 rerun_failed = False            # once: the later rounds' failures are results
                 latest = latest_by_cell(cdir.ledger.read())
                 if not ran or not all(outcomes.is_done(latest.get(c.cell_id)) for c in adaptive.plan.cells):
@@ -149,9 +150,11 @@ def _write_plan(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None) ->
 
 
 def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence[DeviceRef], rerun_failed: bool,
-               progress_stream, tty: bool | None, stagers: dict[str, Stager]) -> bool:
+               progress_stream, tty: bool | None, stagers: dict[str, Stager],
+               identities: Mapping[str, dict] | None = None) -> bool:
     """Run every cell of the plan not yet done, devices in parallel; False when there was none.
-    `stagers` holds each device's Stager from an earlier round and gets this round's."""
+    `stagers` holds each device's Stager from an earlier round and gets this round's; `identities`
+    each device's identity (its page size)."""
     records = cdir.ledger.read()
     latest = latest_by_cell(records)
     todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
@@ -159,7 +162,7 @@ def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence
     if not any(todo.values()):
         return False
     progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
-    ctx = RunContext(campaign, plan, cdir, progress, rerun_failed)
+    ctx = RunContext(campaign, plan, cdir, progress, rerun_failed, identities=dict(identities or {}))
     workers = [Worker(ctx, ref, todo[ref.spec], list(records), stagers.get(ref.spec)) for ref in refs
                if todo[ref.spec]]
     stagers.update((w.ref.spec, w.stager) for w in workers)
@@ -233,7 +236,7 @@ def _identities(refs: Sequence[DeviceRef], campaign: Campaign) -> dict[str, dict
             raise RunnerError(f"device {ref.spec}: {e}") from None
         if campaign.engine.kind == "native" and campaign.engine.build_for_device(identity) is None:
             raise CampaignError(f"{campaign.source + ': ' if campaign.source else ''}"
-                                f"{campaign.engine.missing_build(identity, ref.spec)}")
+                                f"{campaign.engine.missing_build(identity, ref.spec, campaign.source == 'sweep')}")
         out[ref.spec] = identity.to_dict()
     return out
 

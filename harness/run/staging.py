@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from devices import coapps
-from devices.base import Device, DeviceError, DeviceLost, RunOutcome
+from devices.base import Device, DeviceError, DeviceLost, PushRefused, RunOutcome
 from engine import fsutil
 from engine.contract.claim import CLAIM_ENV
 from engine.gguf.model import split_paths
 from engine.interface.flags import VERSION
 from engine.kernels import native
 from harness.campaign.device_resolution import DeviceRef
-from harness.campaign.model import Campaign, fleet_home, remote_model_path
+from harness.campaign.model import RUN_AS_APP, Campaign, fleet_home, remote_model_path
 from harness.plan.grid import Cell, engine_path
 from harness.run.errors import RunnerError
 
@@ -116,6 +116,22 @@ def open_device(ref: DeviceRef) -> Device:
     return ref.open()
 
 
+# bionic's linker, when it cannot link an executable, prints `CANNOT LINK EXECUTABLE "ARGV0": WHY`
+# and exits 1 (bionic linker/linker_main.cpp __linker_cannot_link; WHY e.g. `library
+# "libc++_shared.so" not found: needed by main executable`, linker/linker.cpp)
+LINKER_REFUSAL = "CANNOT LINK EXECUTABLE"
+
+
+def _linker_line(output: bytes) -> str | None:
+    """The linker's refusal in a run's output (one line, printable), or None."""
+    from engine.safetext import one_line
+
+    for line in output.decode("utf-8", "replace").splitlines():
+        if LINKER_REFUSAL in line:
+            return one_line(line[line.index(LINKER_REFUSAL):], 300)
+    return None
+
+
 def _check(outcome: RunOutcome, what: str) -> None:
     if outcome.exit_status != 0:
         raise DeviceError(f"{what} failed (exit status {outcome.exit_status}): "
@@ -130,6 +146,9 @@ class Stager:
         self.engine: StagedEngine | None = None
         self.models: set[str] = set()
         self.apps: Path | None = None
+        # pushes the device refused for good (devices.base.PushRefused), by source file: a later cell
+        # is refused the same way without asking the device again (a rerun asks again)
+        self.refused: dict[str, PushRefused] = {}
 
     def apps_binary(self, device: Device) -> Path:
         """The other-apps program (devices/coapp.c) built for this device's ABI (devices.coapps)."""
@@ -142,6 +161,17 @@ class Stager:
         """A lost device: check everything again on the next cell."""
         self.engine = None
         self.models.clear()
+        self.refused.clear()
+
+    def _push(self, device: Device, src: str, dst: str) -> bool:
+        """device.push, a refusal remembered (PushRefused: another try cannot change it)."""
+        if src in self.refused:
+            raise self.refused[src]
+        try:
+            return device.push(src, dst)
+        except PushRefused as e:
+            self.refused[src] = e
+            raise
 
     def stage(self, device: Device, cell: Cell) -> tuple[StagedEngine, list[dict]]:
         """Push the engine and the cell's model unless the device has them (same bytes); the
@@ -157,7 +187,7 @@ class Stager:
                 for shard in split_paths(model.path):
                     dst = f"{folder}/{os.path.basename(shard)}"
                     self.note(f"checking {os.path.basename(shard)}")
-                    if device.push(shard, dst):
+                    if self._push(device, shard, dst):
                         pushed.append({"path": dst, "bytes": os.path.getsize(shard)})
             self.models.add(cell.model)
         return engine, pushed
@@ -172,6 +202,9 @@ class Stager:
             os.makedirs(f"{work}/out", exist_ok=True)
         else:
             _check(device.run(["mkdir", "-p", f"{work}/out"], timeout_s=60), "mkdir")
+            if any(how in RUN_AS_APP for how in c.axes.run_as):
+                # an engine run as the app writes its outputs as the app's uid (a virtual phone only)
+                _check(device.run(["chmod", "0777", f"{work}/out"], timeout_s=60), "chmod")
         if c.engine.kind == "python":
             source = str(build_bmoe_py(c.engine.python))
             files = [(source, target)]
@@ -181,7 +214,7 @@ class Stager:
             identity = device.identity()
             build = c.engine.build_for_device(identity)
             if build is None:
-                raise RunnerError(f"{self.ref.spec}: {c.engine.missing_build(identity, self.ref.spec)}")
+                raise RunnerError(f"{self.ref.spec}: {c.engine.missing_build(identity, self.ref.spec, c.source == 'sweep')}")
             # the libraries go to one folder the loader is pointed at (LD_LIBRARY_PATH wins over the
             # binary's RUNPATH, which names its folder on the build host)
             files = [(build.cli, target)] + [(lib, f"{work}/lib/{os.path.basename(lib)}") for lib in build.libs]
@@ -191,7 +224,7 @@ class Stager:
             source = build.cli
         for src, dst in files:
             self.note(f"checking {os.path.basename(dst)}")
-            if device.push(src, dst):
+            if self._push(device, src, dst):
                 pushed.append({"path": dst, "bytes": os.path.getsize(src)})
         if not local:
             _check(device.run(["chmod", "755", target], timeout_s=60), "chmod")
@@ -208,6 +241,11 @@ class Stager:
         if version.exit_status in (126, 127):  # the device's shell could not execute it at all
             raise RunnerError(f"{self.ref.spec}: the engine cannot start there (exit status "
                               f"{version.exit_status}: {' '.join(text)[:200]}){hint}")
+        if version.exit_status != 0 and (linker := _linker_line(version.stderr + version.stdout)):
+            # Android's dynamic linker refused the binary (a library missing, a symbol not found):
+            # every cell would end engine_error after its model's push
+            raise RunnerError(f"{self.ref.spec}: the engine cannot start there (exit status {version.exit_status}): "
+                              f"{linker}; push the missing library with it ([engine.native.ABI] libs)")
         staged.version = text[0] if text and version.exit_status == 0 else \
             f"unknown (--version exit status {version.exit_status})"
         return staged

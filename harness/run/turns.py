@@ -1,4 +1,4 @@
-"""Session cells: N turns of one engine session with an idle gap between them (issue 25 item 4).
+"""Session cells: N turns of one engine session with an idle gap between them (docs/decisions/session-cells.md).
 
 A cell with `turns` > 1 runs the engine with `--session` (both engines speak bmoe-cli 0.19.0's
 line protocol, docs/engine-contract.md "Session mode") and drives it through its stdin, as an
@@ -223,9 +223,10 @@ def _gap_samples(samples: Sequence[PressureSample], start: float, end: float) ->
 
 
 def turns_record(feeder: SessionFeeder, samples: Sequence[PressureSample],
-                 summaries: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+                 summaries: Sequence[Mapping[str, Any]] = (), page_bytes: int = reclaim.PAGE_BYTES) -> list[dict[str, Any]]:
     """run.json `turns`: one object per turn sent (docs/campaign-dir.md). `summaries` are the CSV's
-    `# summary` trailers, one per finished turn in order (their evictions and rereads)."""
+    `# summary` trailers, one per finished turn in order (their evictions and rereads); `page_bytes`
+    the device's page size (pswpin counts pages)."""
     out = []
     done_index = 0
     gaps = {g.after_turn: g for g in feeder.gaps}
@@ -235,7 +236,7 @@ def turns_record(feeder: SessionFeeder, samples: Sequence[PressureSample],
         rec: dict[str, Any] = {
             "turn": turn.id, "id": turn.id, "outcome": "done" if turn.done else "error" if turn.error else "unanswered",
             **done_figures(turn.done or {}),
-            "swap_in_mib": None if swap_in is None else round(swap_in * reclaim.PAGE_BYTES / (1 << 20), 3),
+            "swap_in_mib": None if swap_in is None else round(swap_in * page_bytes / (1 << 20), 3),
             "sent_t_s": _round(turn.sent_t_s), "answered_t_s": _round(turn.answered_t_s),
         }
         if turn.error is not None:

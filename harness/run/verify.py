@@ -1,7 +1,7 @@
 """`bmoe-fleet recommend --verify`: run every recommended command line once, on its own device.
 
-A recommendation is only as good as the engine's willingness to take it: issue 12 found
-`--cache-mb 137` printed without `--force-cache`, which both engines refuse. Each command line of
+A recommendation is only as good as the engine's willingness to take it: a recommendation once
+printed `--cache-mb 137` without `--force-cache`, which both engines refuse. Each command line of
 each recommendation (the fixed budget's and the auto ceiling's) runs once, `-n 1`, on the device
 whose runs it was measured from, with that campaign's engine — staged as the campaign stages it
 (harness.run.session.DeviceSession: same bytes not pushed again, a native build's libraries along) —

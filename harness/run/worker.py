@@ -4,9 +4,15 @@ Per cell (docs/campaigns.md says why in this order): push what the device lacks 
 cool on a condition (gate.py: stop strays, sync, poll), clear old outputs, run the engine with a
 timeout and `BMOE_*` scrubbed, pull its CSV (and route trace), then classify the run
 (classify.py). Only infrastructure failures (`device_lost`, `push_failed`) are retried, with
-exponential backoff; an LMK kill is a result. A knee cell first gets its budget from the device's
-route-trace probe (probe.py). An attempt is assembled in a temporary folder and committed whole
+exponential backoff (run.retries times), except a push the device refused for good (no room, no
+permission: devices.base.PushRefused), which a retry cannot change; an LMK kill is a result. A
+knee cell first gets its budget from the device's route-trace probe (probe.py). An attempt is assembled in a temporary folder and committed whole
 (store.campaign_dir); an interrupted one is discarded.
+
+Long because: it is one thread's attempt loop, and `_run_cell`'s steps (stage, gate, start the
+other apps, run, pull, read the kills, classify) all write one attempt record and read the
+worker's memory of its device (the lmk baseline, the last exit state, the CPU it saw); what stands
+alone is already in staging.py, gate.py, classify.py, turns.py, cpushare.py and app_verdict.py.
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices import coapps, reclaim
+from devices import coapps, lmkd_inputs, reclaim
 from devices.adb import server as adb
 from devices.adb.phone import AdbPhone
 from devices.android import parse_load
@@ -34,6 +40,7 @@ from devices.base import (
     DeviceLost,
     DeviceState,
     PressureSample,
+    PushRefused,
     RunInterrupted,
     RunOutcome,
     at_oom_score_adj,
@@ -43,9 +50,10 @@ from devices.lmk import LmkEvent, hard_kills_of_others, kills_of
 from engine.fsutil import naming
 from harness.campaign.budgets import is_knee
 from harness.campaign.device_resolution import DeviceRef
-from harness.campaign.model import Campaign
+from harness.campaign.model import RUN_AS_APP, Campaign
 from harness.plan.grid import Cell, Plan, out_paths, resolve_knee, resolve_threads
 from harness.plan.probe import Knee, ProbeError, knee_of_trace
+from harness.run import app_verdict
 from harness.run.classify import classify, o_direct_in_effect, result_of
 from harness.run.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
 from harness.run.errors import disk_error
@@ -74,16 +82,18 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     host: str = field(default_factory=socket.gethostname)
     cpu: CpuShare = field(default_factory=CpuShare)    # the engines running at once, per kernel
+    identities: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # device spec -> identity
 
 
 def samples_csv(samples: Sequence[PressureSample]) -> str:
     """samples.csv: one row per pressure sample (store.names.SAMPLE_COLUMNS, then the reclaim
-    columns, devices.reclaim.COLUMNS)."""
-    rows = [",".join(names.SAMPLE_COLUMNS + reclaim.COLUMNS)]
+    columns, devices.reclaim.COLUMNS, then what lmkd reads, devices.lmkd_inputs.COLUMNS)."""
+    rows = [",".join(names.SAMPLE_COLUMNS + reclaim.COLUMNS + lmkd_inputs.COLUMNS)]
     for s in samples:
         rows.append(",".join("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
                              for v in (s.t_s, s.mem_available_kb, s.vm_hwm_kb, s.vm_rss_kb, s.cpu_temp_mc,
-                                       s.battery_temp_dc, *dataclasses.astuple(s.reclaim))))
+                                       s.battery_temp_dc, *dataclasses.astuple(s.reclaim),
+                                       *dataclasses.astuple(s.lmkd))))
     return "\n".join(rows) + "\n"
 
 
@@ -117,9 +127,11 @@ class Worker(threading.Thread):
         # a phone's lmk lines as its latest cell's last read saw them: the next cell's baseline
         # when its gate passes at once (the moments between are the gate's first call)
         self.lmk_seen: tuple[Device, set[str]] | None = None
+        self.lmkd_setting: tuple[Device, lmkd_inputs.LmkdSetting] | None = None
         # and its exit state, when (monotonic): the next gate's battery and thermal status if fresh
         self.last_exit: tuple[Device, DeviceState, float] | None = None
         self.busy = False
+        self.final = False          # the latest attempt failed in a way no retry can change (PushRefused)
         self.error: BaseException | None = None
         self.finished = threading.Event()   # waited on instead of join(): see runner.run_campaign
 
@@ -171,8 +183,9 @@ class Worker(threading.Thread):
         c = self.ctx.campaign
         tries = 0
         while True:
+            self.final = False
             record = self._attempt(cell)
-            if record is None or record["outcome"] not in outcomes.INFRA:
+            if record is None or record["outcome"] not in outcomes.INFRA or self.final:
                 return record
             tries += 1
             if tries > c.run.retries or self.ctx.stop.is_set():
@@ -302,6 +315,9 @@ class Worker(threading.Thread):
                 engine, record["pushed"] = self.stager.stage(device, cell)
             except DeviceLost:
                 raise
+            except PushRefused as e:        # no room, no permission: another try cannot change it
+                self.final = True
+                return outcomes.PUSH_FAILED, (str(e),)
             except (DeviceError, OSError) as e:
                 return outcomes.PUSH_FAILED, (str(e),)
             record["engine"] = engine.to_dict()
@@ -365,7 +381,7 @@ class Worker(threading.Thread):
                 after = device.reads(f"rm -f {shlex.quote(csv_remote)} {shlex.quote(route_remote)}",
                                      lmk_since_s=outcome.started_at_s)
                 exit_state = after.state
-                events, kills = self._kills(device, outcome, baseline, after.lmk_events)
+                events, kills = self._kills(device, outcome, baseline, after.lmk_events, cell.config.run_as)
                 self.lmk_seen = (device, baseline | {e.line for e in events})
                 self.last_exit = (device, exit_state, time.monotonic())
             else:
@@ -400,16 +416,35 @@ class Worker(threading.Thread):
             for app in record["apps"]:
                 app["lmk_killed"] = app["pid"] in taken
         if feeder is not None:
-            record["turns"] = turns_record(feeder, outcome.samples, metrics.summaries if metrics is not None else ())
+            record["turns"] = turns_record(feeder, outcome.samples, metrics.summaries if metrics is not None else (),
+                                           self._page_bytes())
             for turn in record["turns"]:
                 for app in (turn.get("gap") or {}).get("apps") or ():
                     app["lmk_killed"] = app["pid"] in taken
         # another app lmkd killed past its soft level to make room (docs/method.md, fought rule 3)
         record["others_hard_killed"] = hard_kills_of_others(events, kills)
+        if isinstance(device, AdbPhone):
+            # over adb lmkd never considers the engine: what it took instead, and what it would have
+            # done in the app (harness/run/app_verdict.py)
+            try:
+                setting = self._lmkd_setting(device)
+                others = app_verdict.collateral(events, kills, outcome.started_at_s, device.clock_offset_s())
+            except (DeviceLost, DeviceError) as e:
+                record["app_verdicts_problem"] = str(e)
+            else:
+                record["collateral"] = [o.to_dict() for o in others]
+                record["lmkd_setting"] = {"marks_from": setting.marks_from, "props_set": list(setting.props_set),
+                                          "watermarks_kb": dataclasses.asdict(setting.marks)}
+                if cell.config.run_as not in RUN_AS_APP:      # run as the app, the run is its own verdict
+                    kernel_kill = outcome.killed_by_sigkill and not outcome.timed_out and not kills
+                    swap_kb = self.ctx.identities.get(self.ref.spec, {}).get("swap_total_kb")
+                    record["app_verdicts"] = [v.to_dict() for v in app_verdict.verdicts(
+                        [(s.t_s, s.lmkd) for s in outcome.samples], setting, others,
+                        outcome.wall_s if kernel_kill else None, swap_kb if isinstance(swap_kb, int) else 0)]
         record.update(exit_status=outcome.exit_status, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                       pid=outcome.pid, exit_state=exit_state.to_dict(), pressure=pressure,
                       reclaim=reclaim.metrics([s.reclaim for s in outcome.samples], gate.entry_state.vmstat,
-                                              exit_state.vmstat),
+                                              exit_state.vmstat, self._page_bytes()),
                       lmk_events=[dataclasses.asdict(e) for e in events])
         record["o_direct"] = o_direct_in_effect(outcome.stderr, metrics)
         if metrics is not None:
@@ -425,6 +460,19 @@ class Worker(threading.Thread):
         return verdict.outcome, evidence
 
     # -- pieces -----------------------------------------------------------------------------
+    def _lmkd_setting(self, device: AdbPhone) -> lmkd_inputs.LmkdSetting:
+        """The phone's lmkd setting, read once per connection (its properties are fixed at boot and
+        its watermarks move only when a margin is changed)."""
+        if self.lmkd_setting is None or self.lmkd_setting[0] is not device:
+            ram_kb = self.ctx.identities.get(self.ref.spec, {}).get("ram_total_kb")
+            self.lmkd_setting = (device, device.lmkd_setting(ram_kb if isinstance(ram_kb, int) else 0))
+        return self.lmkd_setting[1]
+
+    def _page_bytes(self) -> int:
+        """The device's page size as its identity says (pswpin/pswpout count pages of it)."""
+        size = self.ctx.identities.get(self.ref.spec, {}).get("page_size_bytes")
+        return size if isinstance(size, int) and size > 0 else reclaim.PAGE_BYTES
+
     def _start_apps(self, device: Device, cell: Cell, record: dict) -> coapps.AppSession | None:
         """The cell's other apps running on the phone, each holding its memory (record["apps"])."""
         if not cell.config.apps:
@@ -477,10 +525,15 @@ class Worker(threading.Thread):
         c = self.ctx.campaign
         share = self.ctx.cpu.begin(cell.device, cell.cell_id, seen, engine_threads(c.engine.staged_name, cell.argv),
                                    csv_remote)
+        argv, env = at_oom_score_adj(cell.argv, c.run.oom_score_adj), engine_env(device, engine.env)
+        if cell.config.run_as in RUN_AS_APP:
+            # as the app: a child of a fresh process of it, registered with the phone's lmkd at the
+            # app's adj (devices/virtual/am.py); it writes as the app's uid, so its temporary files
+            # go to the output folder staging opened to it
+            argv = ["am", "run-as-app", "--adj", str(RUN_AS_APP[cell.config.run_as]), "--", *argv]
+            env = {**(env or {}), "TMPDIR": os.path.dirname(csv_remote)}
         try:
-            return device.run(at_oom_score_adj(cell.argv, c.run.oom_score_adj), env=engine_env(device, engine.env),
-                              timeout_s=c.run.timeout_s,
-                              sample_period_s=1.0, feeder=feeder)
+            return device.run(argv, env=env, timeout_s=c.run.timeout_s, sample_period_s=1.0, feeder=feeder)
         except RunInterrupted:
             return None, ()
         except DeviceLost as e:
@@ -491,12 +544,16 @@ class Worker(threading.Thread):
             record["cpu"] = self.ctx.cpu.end(share)
 
     def _kills(self, device: Device, outcome: RunOutcome, baseline: set[str],
-               read: list[LmkEvent] | None = None) -> tuple[list[LmkEvent], list[LmkEvent]]:
+               read: list[LmkEvent] | None = None, run_as: str = "") -> tuple[list[LmkEvent], list[LmkEvent]]:
         """The low-memory killer's new lines since the run began (`read`: already read since
         then), and those that killed it (lmkd writes its line a moment after the kill: a SIGKILL
         without one waits EVIDENCE_WAIT_S; any other end has no line to wait for)."""
-        names_ = [] if outcome.pid else self.ctx.campaign.engine.stray_names
+        names_ = [] if outcome.pid else list(self.ctx.campaign.engine.stray_names)
         pids = [outcome.pid] if outcome.pid else []
+        if run_as in RUN_AS_APP:      # lmkd's line names the app process the engine was a child of
+            from devices.virtual.am import ENGINE_PACKAGE
+
+            names_.append(ENGINE_PACKAGE)
         events = [e for e in read if e.line not in baseline] if read is not None else \
             self._new_events(device, outcome, baseline)
         kills = kills_of(events, pids=pids, names=names_)

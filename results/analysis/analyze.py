@@ -12,6 +12,11 @@ and the low-memory killer sit, which dense mode wins, and which runs look contam
 
 Which runs are the same configuration is results.read.run_keys; when two samples differ beyond noise,
 results.analysis.noise.
+
+Long because: it is one analysis, its records, then the building that fills them (points and
+their fights, predictions, the boundary, dense modes, the replay, the planner's picks), the later
+steps reading the points the earlier ones made; the records (about 290 lines) could move to a
+module of their own, taking FILLED_FRACTION with them, and are the split to make if it grows.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from results.numbers import is_missing, to_float
 from results.read.parse_text import NumberError, ParseError
 from results.read.run_keys import SERIES_KEYS, budget_asked, column_of, numbers_of, series_label, top_k_key
 from results.replay.predict import Prediction, PredictionError, predict
-from store import names
+from store import names, outcomes
 from store.outcomes import CONFIG_ERROR, RESULTS
 
 UNDER_CYCLE_ADVICE = "cache 0 is strictly better here"
@@ -102,6 +107,17 @@ class BudgetPoint:
     predicted_hit_pct: float = math.nan
     predicted_anon_mib: float = math.nan
     anchor: bool = False                     # its runs are the prediction's anchor (an input, not a test)
+    # in the app: runs whose replayed verdict (the engine as the app's foreground service, adj 200:
+    # harness/run/app_verdict.py) is a kill, of the runs replayed, and lmkd's reason for the first
+    app_killed: int = 0
+    app_replayed: int = 0
+    app_reason: str = ""
+    run_as: str = ""                         # its runs' axes.run_as ("shell", or "" before it was kept; "app-…": as the app)
+
+    @property
+    def as_app(self) -> bool:
+        """Its runs started the engine as the app (a virtual phone's `am run-as-app`), not from the shell."""
+        return self.run_as.startswith("app")
 
     @property
     def filled(self) -> bool:
@@ -152,6 +168,18 @@ class LmkBoundary:
     # budgets under any kill whose finished runs were fought over: (budget, fought_reason), ascending;
     # the largest safe budget sits under the first of them
     fought: tuple[tuple[float, str], ...] = ()
+    # who killed at smallest_killed_mib: "lmkd" (a run the app registered), or "the kernel" (over adb
+    # lmkd never considers the engine: a SIGKILL with no lmkd line is the kernel's OOM killer)
+    killed_by: str = ""
+    # in the app: the smallest budget whose replayed verdict is a kill (None: none, or not replayed),
+    # lmkd's reason there, and whether any run was replayed at all
+    app_killed_mib: float | None = None
+    app_reason: str = ""
+    app_replayed: bool = False
+    # the engine run as the app (axes.run_as, a virtual phone): the smallest budget lmkd killed it at,
+    # and the largest every such run survived (None: none); these runs are kept out of the rest
+    app_observed_killed_mib: float | None = None
+    app_observed_safe_mib: float | None = None
 
     def fought_text(self) -> str:
         """'600 MiB fought: 42 MiB/token swapped in; …' for the first fought budget ("" when none)."""
@@ -174,7 +202,40 @@ class LmkBoundary:
             parts.append(f"survived but not safe: {self.fought_text()}")
         if self.unfilled:
             parts.append(f"survived but never filled, so unproven: {self.unfilled_text()}")
+        if self.app_killed_mib is not None:
+            parts.append(f"in the app lmkd would kill it at {self.app_killed_mib:g} MiB ({self.app_reason})")
         return "; ".join(parts) or "no kills and no fixed budget that always survived"
+
+    def killed_text(self) -> str:
+        """'killed at 600 MiB (by the kernel: …)' for the smallest killed budget ("" when none)."""
+        if self.smallest_killed_mib is None:
+            return ""
+        return f"{self.smallest_killed_mib:g} MiB killed" + (f" by {self.killed_by}" if self.killed_by else "")
+
+    def adb_text(self) -> str:
+        """What the runs over adb showed, in one phrase: the kill and who made it, the first fought
+        budget (another app lmkd killed past its soft level among the reasons), the largest safe."""
+        parts = [self.killed_text()] if self.smallest_killed_mib is not None else ["no kill"]
+        if self.fought:
+            parts.append(self.fought_text())
+        if self.largest_safe_mib is not None:
+            parts.append(f"always survived up to {self.largest_safe_mib:g} MiB")
+        return "over adb: " + "; ".join(parts)
+
+    def app_text(self) -> str:
+        """The app's verdict in one phrase: where lmkd would kill the app, that it holds, or that no run
+        was replayed (this host, imports, runs recorded before the replay)."""
+        observed = ""
+        if self.app_observed_killed_mib is not None or self.app_observed_safe_mib is not None:
+            observed = "; run as the app: " + "; ".join(
+                ([f"killed at {self.app_observed_killed_mib:g} MiB"] if self.app_observed_killed_mib is not None else [])
+                + ([f"survived up to {self.app_observed_safe_mib:g} MiB"] if self.app_observed_safe_mib is not None
+                   else []))
+        if not self.app_replayed:
+            return "in the app: not replayed" + observed
+        if self.app_killed_mib is None:
+            return "in the app: holds at every replayed budget" + observed
+        return f"in the app: lmkd would kill the app at {self.app_killed_mib:g} MiB ({self.app_reason})" + observed
 
 
 @dataclass(frozen=True)
@@ -331,7 +392,16 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
                                               for x in str(v).split(",") if x)),
-        gap_taken=_text_of(ok, "gap_taken"))
+        gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"), **_app_verdicts(rows))
+
+
+def _app_verdicts(rows: pd.DataFrame) -> dict[str, Any]:
+    """BudgetPoint's app_* fields from the runs' replayed verdicts (the foreground service's, adj 200:
+    upstream's app runs the engine in RunService; on top, at adj 0, lmkd takes it no sooner)."""
+    verdict = column_of(rows, "app_service").fillna("").astype(str)
+    reasons = column_of(rows, "app_service_reason").fillna("").astype(str)
+    killed = [r for v, r in zip(verdict, reasons) if v == "kill"]
+    return {"app_killed": len(killed), "app_replayed": int((verdict != "").sum()), "app_reason": killed[0] if killed else ""}
 
 
 def _most(values: np.ndarray) -> float:
@@ -414,7 +484,8 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
 
 
 def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
-    cached = [p for p in points if not math.isnan(p.budget_mib) and p.budget_mib > 0]
+    cached = [p for p in points if not math.isnan(p.budget_mib) and p.budget_mib > 0 and not p.as_app]
+    observed = _observed_in_app([p for p in points if not math.isnan(p.budget_mib) and p.budget_mib > 0 and p.as_app])
     killed = sorted({p.budget_mib for p in cached if p.killed})
     smallest = killed[0] if killed else None
     by_budget: dict[float, list[BudgetPoint]] = {}
@@ -423,9 +494,11 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
     fought = tuple((b, next(p.fought for p in ps if p.fought)) for b, ps in sorted(by_budget.items())
                    if any(p.fought for p in ps) and (smallest is None or b < smallest))
     first_fought = fought[0][0] if fought else None
-    # neither killed nor fought: under the smallest budget either happened at
+    app_killed = sorted(b for b, ps in by_budget.items() if any(p.app_killed for p in ps))
+    first_app = app_killed[0] if app_killed else None
+    # neither killed nor fought, and not what the app would be killed at: under the smallest budget any happened at
     survived = [b for b, ps in by_budget.items() if all(p.ok == p.runs for p in ps) and (smallest is None or b < smallest)
-                and (first_fought is None or b < first_fought)]
+                and (first_fought is None or b < first_fought) and (first_app is None or b < first_app)]
     safe = [b for b in survived if all(p.filled for p in by_budget[b])]
     largest = max(safe) if safe else None
     unfilled = tuple((b, min(p.held_mib for p in by_budget[b] if not p.filled)) for b in sorted(survived)
@@ -438,7 +511,24 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
         floor = min(floors) if floors else None
     killed_ids = tuple(i for p in cached if p.killed for i in p.killed_run_ids)
     evidence = tuple(dict.fromkeys(e for e in rows[rows["run_id"].isin(killed_ids)]["evidence"] if e))
-    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence, unfilled, fought)
+    killed_by = ""
+    if smallest is not None:
+        at = rows[rows["run_id"].isin([i for p in by_budget[smallest] for i in p.killed_run_ids])]
+        killed_by = "lmkd" if (column_of(at, "outcome") == outcomes.LMK_KILLED).any() else \
+            "the kernel (SIGKILL with no lmkd line)"
+    app_reason = next((p.app_reason for p in by_budget.get(first_app, ()) if p.app_reason), "") \
+        if first_app is not None else ""
+    return LmkBoundary(smallest, tuple(killed), killed_ids, largest, repeats or 0, floor, evidence, unfilled, fought,
+                       killed_by, first_app, app_reason, any(p.app_replayed for p in cached), *observed)
+
+
+def _observed_in_app(points: Sequence[BudgetPoint]) -> tuple[float | None, float | None]:
+    """The engine run as the app: the smallest budget any such run was killed at, and the largest
+    under it whose every such run finished."""
+    killed = [p.budget_mib for p in points if p.killed]
+    smallest = min(killed) if killed else None
+    held = [p.budget_mib for p in points if p.ok == p.runs and (smallest is None or p.budget_mib < smallest)]
+    return smallest, (max(held) if held else None)
 
 
 def _dense(rows: pd.DataFrame) -> DenseComparison:
@@ -589,6 +679,9 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
     predictions = _predictions(results, probes)
     points = _predicted(points, results, predictions)
     boundary = _boundary(points, results)
+    # runs of the engine as the app answer the app's verdict (the boundary has them), not a budget
+    # of the phone's own: no point, fixed budget or auto line of the group is made of them
+    points = [p for p in points if not p.as_app]
     ids = set(results["run_id"])
     ram = numbers_of(rows, "ram_total_kb")
     before = numbers_of(rows, "mem_avail_before_kb")
@@ -642,7 +735,7 @@ def analyze(table: pd.DataFrame) -> Analysis:
 
 def _with_predictions(table: pd.DataFrame, groups: Sequence[GroupAnalysis]) -> pd.DataFrame:
     """The table with each measured run's prediction at its budget, and the error against its own
-    s/token (issue 27 item 2): NaN where its group has no prediction."""
+    s/token (docs/prediction.md): NaN where its group has no prediction."""
     at = {rid: p for g in groups for p in g.points for rid in p.run_ids if not math.isnan(p.predicted_s_per_tok)}
     measured = numbers_of(table, "s_per_tok")
     predicted = [at[r].predicted_s_per_tok if r in at else math.nan for r in table["run_id"]]

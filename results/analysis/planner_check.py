@@ -1,4 +1,4 @@
-"""The engine's own planner against what the sweep measured (issue 26 item 5).
+"""The engine's own planner against what the sweep measured (docs/decisions/planner.md).
 
 A "planner" cell runs the engine with `--auto --plan-explain` and none of the harness's budget
 flags: the plan it prints (regime, the budget it chose, its predicted cost) and what became of the

@@ -14,7 +14,8 @@ For each (device, model, top-k):
 - when a route trace of that device and model exists, the replayed LRU curve's prediction at the
   recommended budgets and its knee.
 
-Every command line is the one that was measured (issue 12): the settings of the chosen runs' own
+Every command line is the one that was measured (docs/decisions/recommendations.md): the settings of the
+chosen runs' own
 argv — budget as asked, `--force-cache`, floor, top-k, dense mode, lanes, threads, engine
 arguments and flags — with only the run's own files, prompt and token count left out, and for
 `auto` the ceiling set to N. A fixed budget is always a budget those runs used (never rounded,
@@ -191,6 +192,10 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
     if b.fought:
         reasons.append(f"not counted as safe: {b.fought_text()} (a budget the device fights over is "
                        "swapped out and faulted back, or its dense weights re-read, during the decode)")
+    if b.app_killed_mib is not None:
+        reasons.append(f"not counted as safe: at {b.app_killed_mib:g} MiB and over, lmkd would kill the app "
+                       f"({b.app_reason}): replayed from the runs' samples, since over adb lmkd never "
+                       "considers the engine")
     if b.unfilled:
         reasons.append(f"not counted as safe: {b.unfilled_text()}; those caches never filled in "
                        f"{g.tokens_min:.0f} tokens, so surviving them proves only what they held "
@@ -238,8 +243,11 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
             # MiB over the cycle keeps its own whole MiB)
             ceiling = math.ceil(cycle) if math.ceil(cycle) <= safe else math.floor(safe)
         unfilled = f"; {b.unfilled_text()}: survived without filling, unproven" if b.unfilled else ""
-        killed = (f", under {b.fought_text()}{unfilled}" if b.fought else
-                  f", under the {b.smallest_killed_mib:g} MiB that was killed{unfilled}"
+        killed = (f", under {b.app_killed_mib:g} MiB, where in the app lmkd would kill the app{unfilled}"
+                  if b.app_killed_mib is not None and (not b.fought or b.app_killed_mib <= b.fought[0][0]) and
+                  (b.smallest_killed_mib is None or b.app_killed_mib <= b.smallest_killed_mib) else
+                  f", under {b.fought_text()}{unfilled}" if b.fought else
+                  f", under the {b.killed_text()}{unfilled}"
                   if b.smallest_killed_mib is not None else
                   f", the largest whose cache filled (no kill seen{unfilled})" if b.unfilled else
                   ", the largest measured (no kill seen)")
@@ -302,7 +310,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
              "floor_mib_at_safe": b.floor_kb_at_safe / 1024 if b.floor_kb_at_safe is not None else None,
              "unfilled": [{"budget_mib": budget, "held_mib": held} for budget, held in b.unfilled],
              "fought": [{"budget_mib": budget, "reason": why} for budget, why in b.fought],
-             "text": b.text()},
+             "killed_by": b.killed_by, "app_killed_mib": b.app_killed_mib, "app_reason": b.app_reason,
+             "app_replayed": b.app_replayed, "adb_text": b.adb_text(), "app_text": b.app_text(), "text": b.text()},
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps, app_rung_mb=rung.rung_mb,
         app_rung_reason=rung.reason, planner=tuple(p.to_dict() for p in g.planner),

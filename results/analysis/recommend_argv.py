@@ -1,8 +1,9 @@
 """Recommended command lines: the chosen runs' own typed configuration, with a fixed budget or
 as auto, put through the function that built the argv they ran with (store.engine_argv).
 
-Every command line a recommendation prints is the one that was measured (issue 12, issue 26 item
-2): the chosen runs' `CellConfig` with only its budget changed (and `--force-cache` exactly when
+Every command line a recommendation prints is the one that was measured
+(docs/decisions/recommendations.md): the chosen runs' `CellConfig` with only its budget changed (and
+`--force-cache` exactly when
 the engines need it), written by `settings_argv`, which leaves out the run's own files, prompt and
 token count. The stored argv stays the record of what ran (settings_of reads it back; a test holds
 the two equal on every run). Imported runs, which kept no argv, get a configuration rebuilt from

@@ -250,6 +250,8 @@ class Recommendations:
                 lines.append(f"  {r.model} ({k}{load}, cycle {_mib(r.cycle_mib)}): {fixed} | {auto} | "
                              f"dense {r.dense_mode or '?'} | {r.confidence}")
                 lines.append(f"    {r.reason}")
+                if r.lmk.get("adb_text") and r.lmk.get("app_replayed"):   # the two answers side by side
+                    lines.append(f"    {r.lmk['adb_text']}  |  {r.lmk['app_text']}")
                 if r.app_rung_reason:
                     lines.append(f"    {r.app_rung_reason}")
                 for p in r.planner:

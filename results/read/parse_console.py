@@ -16,6 +16,11 @@ kept in `unparsed` rather than dropped, so a new engine variant shows up instead
 Numbers are range-checked as they are read (results.read.parse_values): a numeral no engine prints is
 refused with the file, line and line kind; nan/inf and impossible values (a negative time, a hit
 rate over 100 %) become None, and `notes` says which.
+
+Long because: it is one reader of one capture format, its line shapes declared as tables read top
+to bottom and the loop that applies them; the multi-run split at the end finds where a run starts
+with the same private shapes (`_match`, `_STDERR`, PERF_PREFIXES), and the records it fills
+already live in results.read.console_records.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a value of each key can be: the range check every reader applies where numbers enter.
 
-Three kinds of impossible number, three rules (docs/decisions.md, "Impossible values"):
+Three kinds of impossible number, three rules (docs/decisions/impossible-values.md):
 
 - too large: a numeral over MAX_NUMBER_CHARS characters or a magnitude of 2^64 or more. No engine
   prints one (its counters are 64-bit), so the file is damaged: the reader refuses it with a

@@ -8,7 +8,7 @@ preamble keys kept, `dropped` optional, a UTF-8 BOM tolerated), strict about sha
 would make a replay silently wrong is a one-line TraceError naming the file and line. That includes
 values no engine writes: a shape of 0 layers or experts, top-k above n_expert, a negative entry
 size, a layer or expert id outside the header's shape, a phase, residency or `dropped` flag the
-writer never uses, a number of 2^63 or more (docs/decisions.md, "Impossible route traces"). A
+writer never uses, a number of 2^63 or more (docs/decisions/impossible-values.md). A
 `# layer=` line with `expert_bytes=0` is the engine's way to list a layer it binds no experts in:
 that layer is not streamed, and its rows (if any) are not cache lookups.
 """

@@ -20,15 +20,21 @@ from results.numbers import is_missing, to_float
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
 SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args",
-               "config_o_direct")
+               "config_o_direct", "run_as")
 # engine_flags / engine_args: the pass-through flags (results.read.table renders them canonically), so
 # two cells that differ only by a flag never pool; config_o_direct: `run.o_direct` as asked (a
-# `--no-odirect` run reads through the page cache, another speed)
+# `--no-odirect` run reads through the page cache, another speed); run_as: the engine started as the app
+# (a virtual phone's `am run-as-app`), which lmkd may kill, apart from the shell's runs, which it never does
 CELL_KEYS = ("device", "model", "n_expert_used", "moe_stream", "no_mmap", "cache_auto", "budget_asked",
              "cache_ceil_mb", "dense_weights", "io_threads", "overlap", "prefetch", "threads", "n_predict",
-             "prompt", "source", "engine_flags", "engine_args", "apps", "config_o_direct")
+             "prompt", "source", "engine_flags", "engine_args", "apps", "config_o_direct", "run_as")
 _SERIES_NAMES = {"dense_weights": "dense", "io_threads": "io", "overlap": "overlap", "prefetch": "prefetch",
-                 "threads": "threads", "engine_flags": "flags", "engine_args": "args", "config_o_direct": "o_direct"}
+                 "threads": "threads", "engine_flags": "flags", "engine_args": "args", "config_o_direct": "o_direct",
+                 "run_as": "as"}
+
+
+# what an empty knob means where empty is a setting of its own: no pass-through flag, the shell
+_UNSET = {"engine_flags": "none", "engine_args": "none", "run_as": "shell"}
 
 
 def text_of(value: Any) -> str:
@@ -85,15 +91,20 @@ ALL_RUNS = "all runs"       # the series of a group in which no knob varies
 def series_label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
     """The series a run belongs to on a budget curve: its values of the knobs that vary."""
     # no pass-through flag is a setting of its own ("none"); any other empty knob is unknown
-    parts = [f"{_SERIES_NAMES[k]}={text_of(row.get(k)) or ('none' if k in ('engine_flags', 'engine_args') else '?')}"
-             for k in varying]
+    parts = [f"{_SERIES_NAMES[k]}={text_of(row.get(k)) or _UNSET.get(k, '?')}" for k in varying]
     return " ".join(parts) or ALL_RUNS
 
 
 def load_text(apps: str) -> str:
-    """A load of other apps (axes.apps) in words: "cached:1GiB+perceptible:512MiB" is "with
-    cached:1GiB and perceptible:512MiB open"; "" is "with no other apps"."""
-    return f"with {' and '.join(apps.split('+'))} open" if apps else "with no other apps"
+    """A load of other apps (axes.apps) in words: "open:com.example.maps+cached:1GiB" is "with
+    com.example.maps and cached:1GiB ballast open" (an app opened through ActivityManager by its
+    package, shell allocators as ballast: devices/coapps.py); "" is "with no other apps"."""
+    if not apps:
+        return "with no other apps"
+    items = apps.split("+")
+    opened = [i.removeprefix("open:") for i in items if i.startswith("open:")]
+    ballast = [i for i in items if not i.startswith("open:")]
+    return f"with {' and '.join(opened + ([' and '.join(ballast) + ' ballast'] if ballast else []))} open"
 
 
 def top_k_key(value: Any) -> int | None:

@@ -11,6 +11,10 @@ The token cycle `cache_cycle_mb` comes, in order of preference, from the CSV pre
 GGUF (when the model file is reachable: its models/*.json path, or a path given by the caller),
 from the plan's own pricing (`cycle_mb` in the cell config), from the models/*.json prices, and
 last from the summary's measured `token_demand_MiB`. `cycle_source` says which.
+
+Long because: it is one row builder, `run_row` and the helpers each column's sources need, every
+column of a row set in one function; the rendering at the end (render_table and the short
+columns, some 45 lines) shares none of that and could move to a module of its own.
 """
 
 from __future__ import annotations
@@ -522,6 +526,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         if column in row:
             column = f"config_{key}"
         row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    # how the engine was started: from the shell (over adb, or on this host), or as the app
+    row["run_as"] = config.run_as or "shell"
     # the pass-through flags as the command line had them: runs with equal text ran the same flags
     row["engine_flags"] = flags_text(config.engine_flags)
     row["engine_args"] = shlex.join(str(a) for a in config.engine_args)
@@ -530,9 +536,33 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     row["apps_lmk_killed"] = ",".join(a["name"] for a in rec.get("apps") or () if a.get("lmk_killed"))
     # any other process lmkd killed past its soft level (perceptible or in front) while it ran
     row["others_hard_killed"] = ",".join(rec.get("others_hard_killed") or ())
+    # over adb: the registered apps lmkd killed while the engine ran (it never considers the engine),
+    # and in the app: lmkd's decision replayed with the engine registered (harness/run/app_verdict.py)
+    row["collateral"] = ",".join(f"{c.get('name')} (oom_score_adj {c.get('oom_score_adj')})"
+                                 for c in rec.get("collateral") or ())
+    row.update(_app_columns(rec.get("app_verdicts")))
     row.update(_cpu(rec.get("cpu")))
     row["flags"] = ",".join(_flags(row))
     return row
+
+
+APP_ROLES = ("top", "service")     # the engine in the app: on top (adj 0), as its foreground service (200)
+
+
+def _app_columns(verdicts: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The app's replayed verdict per role: `app_top` / `app_service` ("kill", "holds", or "" when the
+    run was not replayed: this host, an import, a run recorded before the replay), when and why."""
+    out: dict[str, Any] = {}
+    by_role = {str(v.get("role")): v for v in verdicts or () if isinstance(v, Mapping)}
+    for role in APP_ROLES:
+        v = by_role.get(role)
+        replayed = v is not None and int(v.get("samples") or 0) > 0
+        out[f"app_{role}"] = ("kill" if v.get("killed") else "holds") if replayed and v is not None else ""
+        out[f"app_{role}_kill_s"] = to_float(v.get("at_s")) if replayed and v is not None else math.nan
+        out[f"app_{role}_reason"] = str(v.get("reason") or "") if v is not None else ""
+    unevaluated = next((v.get("unevaluated") for v in by_role.values() if v.get("unevaluated")), ())
+    out["app_unevaluated"] = "; ".join(str(u) for u in unevaluated or ())
+    return out
 
 
 def _auto_sized_mib(run: RunFolder, console) -> float:

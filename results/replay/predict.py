@@ -1,6 +1,6 @@
 """Predict a budget's decode s/token, hit % and resident anonymous MiB from one route-traced probe,
 the cache-0 runs and, where one was measured, a cached cell (the anchor) of the same device, model,
-top-k and dense mode (issue 27 item 1).
+top-k and dense mode (docs/prediction.md).
 
 The model (docs/prediction.md has each term, where it is measured, and the error it makes):
 
@@ -29,6 +29,12 @@ The model (docs/prediction.md has each term, where it is measured, and the error
   lmkd's swap-free-low percentage), found exactly since anon MiB is piecewise linear in b.
 
 Pure functions over a campaign's run table (results.read.table.build_table) and its run folders.
+
+Long because: it is one model read top to bottom (the records it returns, the per-token rates
+read from the CSVs, the formula, then the choice of each group's inputs from a run table), and its
+callers import all of it from here; the run-table section (predict, _inputs, _twin, cell_errors)
+is the part a split would take out should it grow, importing CachedRuns and _working_set_bytes
+back.
 """
 
 from __future__ import annotations

@@ -162,7 +162,9 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: Ids, table: p
         baselines=tuple(_point_row(p, root, table) for p in g.baselines),
         cycle=fmt_mib(g.cycle_mib) + (f" ({g.cycle_source})" if g.cycle_source else ""),
         boundary=g.boundary.text(), dense=g.dense.text(), replay=replay, tells=tuple(t.message for t in g.tells),
-        recommendation=_rec_row(rec, root) if rec else None, planner=tuple(p.text() for p in g.planner))
+        recommendation=_rec_row(rec, root) if rec else None, planner=tuple(p.text() for p in g.planner),
+        adb_verdict=g.boundary.adb_text() if g.boundary.app_replayed else "",
+        app_verdict=g.boundary.app_text() if g.boundary.app_replayed else "")
 
 
 def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> tuple[tuple[str, str], ...]:

@@ -137,6 +137,10 @@ class GroupView:
     tells: tuple[str, ...]
     recommendation: RecRow | None
     planner: tuple[str, ...] = ()    # the engine's own planner beside the boundary (results.analysis.planner_check)
+    # the two answers side by side: what the runs over adb showed (lmkd never considers an engine
+    # adb started), and the app's verdict replayed from their samples ("" when none was replayed)
+    adb_verdict: str = ""
+    app_verdict: str = ""
 
 
 @dataclass(frozen=True)

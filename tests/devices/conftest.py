@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import adbutils
 import pytest
 
+from devices.adb.server import AdbServer as DeviceAdbServer
 from devices.virtual import manager, zram
 from engine.gguf.synth import synth_options, write_model
 from tests.conftest import adb_server_binary, running_adb_server
@@ -22,8 +24,8 @@ ADB = adb_server_binary()
 NO_ZRAM = zram.available()
 needs_zram = pytest.mark.skipif(NO_ZRAM is not None, reason=f"no zram on this host: {NO_ZRAM}")
 UNIFORM_MODEL_BYTES = 128 << 20
-# The reclaim war's model (issue 24): its dense set is about half a 256 MiB phone's RAM, as gpt-oss-120b's
-# 4.14 GiB is a third to a half of the phones upstream ran it on (docs/decisions.md, "The reclaim war").
+# The reclaim war's model: its dense set is about half a 256 MiB phone's RAM, as gpt-oss-120b's
+# 4.14 GiB is a third to a half of the phones upstream ran it on (docs/decisions/reclaim-war.md).
 WAR_MODEL_BYTES, WAR_MODEL_VOCAB = 384 << 20, 32768
 
 
@@ -60,9 +62,25 @@ def adb_server(tmp_path_factory) -> AdbServer:
         yield AdbServer(port, env)
 
 
+
+@pytest.fixture(scope="session")
+def server(adb_server) -> DeviceAdbServer:
+    """The adb server as the harness's devices/adb client sees it."""
+    return DeviceAdbServer("127.0.0.1", adb_server.port)
+
 @pytest.fixture(scope="session")
 def phone_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vphones")
+
+
+def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.1):
+    """`predicate()`'s first true value, polled every `step_s`, or its last value after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step_s)
 
 
 def start_phone(server: AdbServer, home: Path, name: str, ram_bytes: int, **kw) -> Phone:

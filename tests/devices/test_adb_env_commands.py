@@ -23,6 +23,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import adb_server_pids as all_adb_server_pids
 from tests.conftest import free_port, stop_adb_server
 
@@ -115,6 +117,7 @@ def bmoe_fleet(env: dict[str, str], *args: str, timeout_s: float = 300) -> subpr
     return done
 
 
+@pytest.mark.phone
 def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_path, request):
     if os.environ.get(IN_OWN_NETNS) != "1":
         run_in_own_network_namespace(request.node.nodeid, tmp_path)
@@ -169,7 +172,7 @@ def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_pat
 
 def test_a_malformed_port_variable_is_one_line_naming_it_not_adbutils_traceback():
     # adbutils reads ANDROID_ADB_SERVER_PORT with int() when it is imported: the import must not
-    # be what fails (devices/adbutils_import.py)
+    # be what fails (devices/adb/adbutils_import.py)
     env = {**os.environ, "ANDROID_ADB_SERVER_PORT": "abc"}
     env.pop("ADB_SERVER_SOCKET", None)
     done = subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", "devices"], env=env,

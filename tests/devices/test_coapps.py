@@ -154,6 +154,7 @@ def _elf(path: Path) -> tuple[int, bool]:
     return machine, 3 in types
 
 
+@pytest.mark.qemu
 def test_an_arm64_phone_gets_a_static_aarch64_app_without_an_ndk(tmp_path, monkeypatch):
     """A real phone is arm64: with no NDK the app is built by zig's clang (the ziglang wheel) as a
     static musl binary, which Android's kernel runs with nothing of its libc. It is run here under

@@ -1,5 +1,6 @@
 """The virtual lmkd with Android 14's policy, on real processes: it kills the highest oom_score_adj
-itself with lmkd's low-swap reason; a kill it did not make (the kernel's OOM killer, the backstop)
+of what was registered with it (LMK_PROCPRIO on its socket), never an unregistered process, itself
+with lmkd's low-swap reason; a kill it did not make (the kernel's OOM killer, the backstop)
 is the kernel's line in the kernel buffer, not an lmkd line; and classify tells the two apart.
 
 The phone's meminfo is given as recorded values (a phone whose zram is nearly full): the numbers
@@ -8,7 +9,6 @@ lmkd reads, not a stand-in for the processes or the kills, which are real."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +21,7 @@ from devices.lmkd_policy import LmkProps, Policy, watermarks
 from devices.virtual import logbuf
 from devices.virtual.cgroup import MemStat
 from devices.virtual.lmkd import Lmkd
+from devices.virtual.lmkd_registry import CONTROL_SOCKET, connect_seqpacket, procprio_packet
 from devices.virtual.meminfo import MemInfo, compute
 from harness.run.classify import classify
 from store import outcomes
@@ -66,24 +67,31 @@ def lines(root: Path, buffer: str) -> list[str]:
 
 def test_lmkd_kills_the_highest_adj_on_low_swap_and_stays_silent_while_swap_is_free(tmp_path):
     root = phone_root(tmp_path)
-    procs = [holder(0), holder(900), holder(200)]
+    procs = [holder(0), holder(900), holder(200), holder(1000)]
     mi = {"now": recorded(free_kb=1000, swap_free_kb=60000)}     # swapping, 46 % of zram free
     lmkd = Lmkd(root, 14, RAM, lambda: [p.pid for p in procs], lambda: 0, lambda: mi["now"],
                 policy=Policy(LmkProps(), watermarks(RAM // 1024)))
+    # ActivityManager registers the first three as apps (uids 10100+) over lmkd's socket; the
+    # fourth raised its own adj to 1000 and registered nothing: no candidate, highest adj or not
+    am = connect_seqpacket(root / CONTROL_SOCKET)
     try:
+        for n, p in enumerate(procs[:3]):
+            am.send(procprio_packet(p.pid, 10100 + n, [0, 900, 200][n]))
         for _ in range(5):
             lmkd.poll()
+        assert sorted(lmkd.registry.records) == sorted(p.pid for p in procs[:3])
         assert all(p.poll() is None for p in procs) and not lmkd.kills       # silent
         mi["now"] = recorded(free_kb=1000, swap_free_kb=4000)                 # zram nearly full
         lmkd.poll()
         assert procs[1].wait(timeout=5) == -signal.SIGKILL
-        assert procs[0].poll() is None and procs[2].poll() is None
+        assert procs[0].poll() is None and procs[2].poll() is None and procs[3].poll() is None
         (kill,) = [ln for ln in lines(root, "main") if ln.startswith("Kill ")]
-        assert f"({procs[1].pid}), uid {os.getuid()}, oom_score_adj 900 to free " in kill
+        assert f"({procs[1].pid}), uid 10101, oom_score_adj 900 to free " in kill
         assert kill.endswith("; reason: min watermark is breached and swap is low (4000kB < 13107kB)")
         (info,) = [ln for ln in lines(root, "events") if ln.startswith("[")]
         assert info.strip("[]").split(",")[5] == "3"                          # LOW_MEM_AND_SWAP
     finally:
+        am.close()
         for p in procs:
             p.kill()
             p.wait()

@@ -80,6 +80,11 @@ def test_victims_highest_adj_first_then_oldest_or_heaviest():
     assert lp.choose_victim(procs, 0, heaviest=True).pid == 3
     assert lp.choose_victim(procs[:1] + procs[3:], 201, heaviest=False) is None
     assert lp.choose_victim([procs[0], procs[3]], 0, heaviest=False).pid == 4
+    # at PERCEPTIBLE_APP_ADJ and under lmkd takes the heaviest, whatever kill_heaviest_task says
+    # (lmkd.cpp find_and_kill_process, Android 12+): the younger, heavier perceptible app
+    perceptible = [procs[3], lp.Candidate(5, 200, 90_000, 2.0)]
+    assert lp.choose_victim(perceptible, 0, heaviest=False).pid == 5
+    assert lp.choose_victim([procs[0], lp.Candidate(6, 0, 90_000, 0.1)], 0, heaviest=False).pid == 1
 
 
 def test_props_as_getprop_shows_them():

@@ -76,6 +76,7 @@ def _memory_cgroup_v1() -> str:
     return path
 
 
+@pytest.mark.root("makes a memory cgroup")
 def test_kernel_oom_kill_in_a_memory_cgroup_is_found_in_the_kernel_log():
     cg = _memory_cgroup_v1()
     try:

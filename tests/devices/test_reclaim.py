@@ -1,4 +1,4 @@
-"""Reclaim measured in every run (issue 25, item 1): the engine's VmSwap, RssAnon, RssFile and major
+"""Reclaim measured in every run (docs/decisions/reclaim-sampling.md): the engine's VmSwap, RssAnon, RssFile and major
 faults, the device's vmstat counters, PSI and zram, sampled on this host and, through the real adb
 server, on a virtual phone with zram that really swaps."""
 

@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from devices.adb.files import recv_exactly
 from devices.virtual import manager, wire
 from devices.virtual.phone import Layout
 from engine.errors import BmoeError
 from harness.cli.virtual import virtual
+from tests.devices.conftest import wait_for
 
 MIB = 1 << 20
 PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py's interpreter is reachable
@@ -32,14 +34,6 @@ PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py'
 def sh(server, phone, command: str, **kw):
     return server.run("-s", phone.serial, "shell", command, **kw)
 
-
-def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step_s)
 
 
 # -- the adb CLI ---------------------------------------------------------------------------------
@@ -244,7 +238,13 @@ def alloc_engine(phone, name: str) -> str:
     return f"/data/local/tmp/{name}"
 
 
-def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
+def test_allocating_past_ram_is_killed_by_the_kernel_not_by_lmkd(adb_server, phones):
+    """A shell's engine is no process lmkd may kill (it kills only what ActivityManager registered,
+    devices/virtual/lmkd.py): past the phone's RAM the kernel's memcg OOM killer takes it, a line
+    in the kernel buffer and in no buffer the shell reads."""
+    from devices import lmk
+    from devices.virtual import logbuf
+
     c = phones["c"]  # 256 MiB
     engine = alloc_engine(c, "alloc")
     ok = sh(adb_server, c, f"{engine} 64")
@@ -254,23 +254,18 @@ def test_allocating_past_ram_is_killed_and_logged_as_lmkd(adb_server, phones):
     assert b"survived" not in r.stdout
     pid = int(r.stdout.split()[0])
 
-    def lmkd_lines() -> list[str]:
-        out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main,events", "-v", "threadtime").stdout
-        return [ln for ln in out.decode().splitlines() if f"({pid})" in ln or f"[{pid}," in ln]
+    def kernel_lines() -> list[str]:
+        return [e.message for e in logbuf.read(c.root, ["kernel"]) if f"Killed process {pid} " in e.message]
 
-    lines = wait_for(lambda: len(lmkd_lines()) >= 2 and lmkd_lines(), timeout_s=5)
-    assert lines, f"no lmkd lines for the killed process; {_lmkd_evidence(adb_server, c)}"
-    kill = next(ln for ln in lines if "lowmemorykiller" in ln)
-    # named as Android names a native engine: the path the shell ran, never the interpreter
-    m = re.match(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +(\d+) +\d+ I lowmemorykiller: Kill '/data/local/tmp/alloc' "
-                 rf"\({pid}\), uid 2000, oom_score_adj 0 to free (\d+)kB rss, 0kB swap; reason: .+$", kill)
-    assert m, f"{kill}; {_lmkd_evidence(adb_server, c)}"
-    # what the process held when the kernel killed it: its anon pages fill the 256 MiB, its
-    # file-backed pages (the interpreter, libraries) are counted in RSS on top
-    assert 200 * 1024 < int(m[2]) <= (256 + 64) * 1024
-    info = next(ln for ln in lines if " killinfo: " in ln)
-    values = [int(v) for v in info.split(" killinfo: ", 1)[1].strip("[]").split(",")]
-    assert values[:4] == [pid, 2000, 0, 0] and values[4] == int(m[2]) and len(values) >= 25
+    lines = wait_for(kernel_lines, timeout_s=5)
+    assert lines, f"no kernel line for the killed process; {_lmkd_evidence(adb_server, c)}"
+    event = lmk.parse_line(lines[0])
+    # the kernel names the task by its comm, the script the shell ran; what it held when killed:
+    # its anon pages fill the 256 MiB, its file-backed pages (the interpreter, libraries) on top
+    assert event is not None and (event.source, event.name) == ("kernel-oom", "alloc"), lines[0]
+    assert event.rss_kb is not None and 200 * 1024 < event.rss_kb <= (256 + 64) * 1024, lines[0]
+    out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main,events", "-v", "threadtime").stdout.decode()
+    assert not [ln for ln in out.splitlines() if f"({pid})" in ln or f"[{pid}," in ln or "Killed process" in ln]
     # the other phones did not notice
     assert sh(adb_server, phones["a"], "echo alive").stdout == b"alive\n"
     assert f"({pid})" not in adb_server.run("-s", phones["a"].serial, "logcat", "-d").stdout.decode()
@@ -288,19 +283,10 @@ def _send(s: socket.socket, command: int, arg0: int, arg1: int, payload: bytes =
 
 
 def _recv_message(s: socket.socket) -> tuple[wire.Header, bytes]:
-    raw = _recv_exact(s, wire.HEADER_BYTES)
+    raw = recv_exactly(s, wire.HEADER_BYTES)
     h = wire.parse_header(raw, wire.MAX_PAYLOAD)
-    return h, _recv_exact(s, h.data_length)
+    return h, recv_exactly(s, h.data_length)
 
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
 
 
 def _closed_by_peer(s: socket.socket) -> bool:
@@ -404,7 +390,7 @@ class RawSync:
         self.s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         for request in (f"host:transport:{serial}", "sync:"):
             self.s.sendall(f"{len(request):04x}{request}".encode())
-            assert _recv_exact(self.s, 4) == b"OKAY"
+            assert recv_exactly(self.s, 4) == b"OKAY"
 
     def request(self, ident: bytes, path: str) -> None:
         raw = path.encode()
@@ -412,13 +398,13 @@ class RawSync:
 
     def reply(self) -> tuple[bytes, bytes]:
         """(id, body): FAIL's message, STAT's 12 bytes, STA2/LST2's 64, DATA's bytes, DONE's word."""
-        ident, first = struct.unpack("<4sI", _recv_exact(self.s, 8))
+        ident, first = struct.unpack("<4sI", recv_exactly(self.s, 8))
         if ident in (b"FAIL", b"DATA"):
-            return ident, _recv_exact(self.s, first)
+            return ident, recv_exactly(self.s, first)
         if ident == b"STAT":
-            return ident, struct.pack("<I", first) + _recv_exact(self.s, 8)
+            return ident, struct.pack("<I", first) + recv_exactly(self.s, 8)
         if ident in (b"STA2", b"LST2"):
-            return ident, struct.pack("<I", first) + _recv_exact(self.s, 64)
+            return ident, struct.pack("<I", first) + recv_exactly(self.s, 64)
         return ident, struct.pack("<I", first)
 
     def recv_file(self, path: str) -> tuple[bytes, bytes]:
@@ -477,7 +463,7 @@ def test_sync_refuses_what_the_shell_user_may_not(raw_sync, phones):
     ident, body = sync.reply()
     assert ident == b"LST2" and struct.unpack_from("<I", body)[0] == 13   # EACCES
     sync.request(b"LIST", "/data")                      # /data is 0771: shell may not list it
-    assert _recv_exact(sync.s, 20) == b"DONE" + bytes(16)   # no entries, just the closing one
+    assert recv_exactly(sync.s, 20) == b"DONE" + bytes(16)   # no entries, just the closing one
     ident, message = sync.recv_file("/data/misc/logd/main.log")
     assert (ident, message) == (b"FAIL", b"open failed: Permission denied")
     sync = raw_sync()                                    # a FAIL ends the session, as in adbd
@@ -599,7 +585,7 @@ def test_cli_up_list_down(adb_server, phone_home):
                                  "--home", str(phone_home)])
     try:
         assert up.exit_code == 0, (up.output, up.exception)
-        serial = up.output.strip()
+        serial = up.stdout.strip()          # what this host cannot give is said on stderr
         assert re.fullmatch(r"127\.0\.0\.1:\d+", serial)
         assert adb_server.run("-s", serial, "shell", "getprop", "ro.product.model").stdout == b"Moto G\n"
         listed = runner.invoke(virtual, ["list", "--home", str(phone_home)]).output
@@ -625,8 +611,11 @@ def test_without_isolation_a_watchdog_enforces_ram(adb_server, make_phone, capfd
     r = sh(adb_server, phone, f"{PY} -c {shlex.quote(hold)} 400")
     assert r.returncode == 137 and b"survived" not in r.stdout
     pid = int(r.stdout.split()[0])
-    assert wait_for(lambda: f"Kill '{sys.executable}' ({pid}), uid 2000" in
-                    adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode())
+    # the watchdog stands in for the kernel's OOM killer: a kernel line, the shell's process being
+    # nothing lmkd may kill
+    from devices.virtual import logbuf
+    assert wait_for(lambda: [e for e in logbuf.read(phone.root, ["kernel"]) if f"Killed process {pid} (" in e.message])
+    assert f"({pid})" not in adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()
     mem = sh(adb_server, phone, "cat /proc/meminfo").stdout.decode()
     assert "MemTotal:" in mem and f"{(160 << 20) // 1024} kB" not in mem.splitlines()[0]  # the host's file
     assert sh(adb_server, phone, "getprop ro.bmoe.ram_bytes").stdout == str(160 << 20).encode() + b"\n"
@@ -634,16 +623,20 @@ def test_without_isolation_a_watchdog_enforces_ram(adb_server, make_phone, capfd
 
 def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
     phone = make_phone(f"old{os.getpid()}", 128 << 20, android=11)
-    r = sh(adb_server, phone, f"{alloc_engine(phone, 'alloc11')} 512")
+    # an engine run as the app (lmkd's to kill, with its app); without swap the kernel's kill in
+    # the app's process group stands in for lmkd's kill of the app
+    r = sh(adb_server, phone, f"am run-as-app --adj 0 -- {alloc_engine(phone, 'alloc11')} 512")
     assert r.returncode == 137
     pid = int(r.stdout.split()[0])
-    pattern = rf"lowmemorykiller: Kill '/data/local/tmp/alloc11' \({pid}\), uid 2000, oom_adj 0 to free \d+kB; reason: "
+    pattern = (r"lowmemorykiller: Kill 'io\.bigmoeonedge\.example' \((\d+)\), uid 10200, oom_adj 0 to free \d+kB; "
+               r"reason: ")
     # a loaded host (the whole suite) has been seen to take over 5 s to log it: wait longer, and
     # say what was logged instead when the line never comes
     logged = wait_for(lambda: re.search(pattern, adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()),
                       timeout_s=20)
     if not logged:
-        pytest.fail(f"no lmkd line for pid {pid}; {_lmkd_evidence(adb_server, phone)}")
+        pytest.fail(f"no lmkd line for the app of pid {pid}; {_lmkd_evidence(adb_server, phone)}")
+    assert int(logged[1]) != pid
 
 
 def _lmkd_evidence(adb_server, phone) -> str:
@@ -655,22 +648,29 @@ def _lmkd_evidence(adb_server, phone) -> str:
             f"daemon log: {tail}")
 
 
-def test_kills_in_quick_succession_are_each_named_by_the_path_the_shell_ran(adb_server, phones):
-    """Three engines that allocate at once, one after another. A dying process has lost its cmdline
-    before the kernel's line arrives; lmkd once sampled it then and logged the kernel's comm
-    ('allocnow') instead of the path (seen in 1 of these 3 kills)."""
+def test_kills_in_quick_succession_are_each_named_as_lmkd_names_them(adb_server, phones):
+    """Three engines run as the app, one after another, each past the RAM at once: three apps
+    killed. A dying process has lost its cmdline before the kernel's line arrives; lmkd once
+    sampled it then and logged the kernel's comm ('allocnow') instead of its name (seen in 1 of 3
+    kills): each lmkd line names the app by its package, each kernel line the engine by its comm."""
+    from devices.virtual import logbuf
+
     c = phones["c"]  # 256 MiB
     engine = alloc_engine(c, "allocnow")
-    r = sh(adb_server, c, f"for i in 1 2 3; do {engine} 1024 0; done")
-    assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
-    pids = [int(x) for x in r.stdout.split()]
-    assert len(pids) == 3 and b"survived" not in r.stdout
 
     def named() -> list[str]:
         out = adb_server.run("-s", c.serial, "logcat", "-d", "-b", "main").stdout.decode()
-        return [ln for ln in out.splitlines() if "lowmemorykiller" in ln and any(f"({p})" in ln for p in pids)]
+        return [ln for ln in out.splitlines() if "lowmemorykiller: Kill " in ln]
 
-    lines = wait_for(lambda: len(named()) >= 3 and named(), timeout_s=10)
+    before = len(named())
+    r = sh(adb_server, c, f"for i in 1 2 3; do am run-as-app --adj 0 -- {engine} 1024 0; done")
+    assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
+    pids = [int(x) for x in r.stdout.split()]
+    assert len(pids) == 3 and b"survived" not in r.stdout
+    lines = wait_for(lambda: len(named()) >= before + 3 and named()[before:], timeout_s=10)
     assert lines and len(lines) == 3, f"{lines}; {_lmkd_evidence(adb_server, c)}"
     for line in lines:
-        assert "Kill '/data/local/tmp/allocnow' (" in line, f"{line}; {_lmkd_evidence(adb_server, c)}"
+        assert "Kill 'io.bigmoeonedge.example' (" in line, f"{line}; {_lmkd_evidence(adb_server, c)}"
+    kernel = [e.message for e in logbuf.read(c.root, ["kernel"]) if any(f"Killed process {p} " in e.message
+                                                                        for p in pids)]
+    assert len(kernel) == 3 and all(" (allocnow) " in k for k in kernel), kernel

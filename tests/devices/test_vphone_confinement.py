@@ -1,4 +1,4 @@
-"""A virtual phone is confined as a phone is (issue 28, item 5): a process on the phone can neither
+"""A virtual phone is confined as a phone is (docs/decisions/vphone-confinement.md): a process on the phone can neither
 win the sync service's race against a symlink it swaps, nor reach the host's loopback.
 
 Real parts: the real adb server and CLI (adbutils wheel), a real phone daemon, a real phone-side

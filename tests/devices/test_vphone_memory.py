@@ -1,4 +1,4 @@
-"""A virtual phone's own zram, cores and cleanup (issue 24 items 1 and 4), through the real adb server.
+"""A virtual phone's own zram, cores and cleanup (docs/decisions/vphone-zram.md), through the real adb server.
 
 - `--cpus 1`: nproc, /sys/devices/system/cpu/online and /proc/cpuinfo all say one core, `-t auto`
   resolves to 1; two such phones get different cores.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -138,6 +139,32 @@ def test_nothing_is_left_after_down_or_after_a_killed_daemon(adb_server, phone_h
     assert second not in _swaps() or second in _owned_by_others(root)   # swapoff'd, unless reused since
     assert _phone_cgroups(leaf) == []
     assert not (root / ".vphone/zram.json").exists()
+
+
+@needs_zram
+def test_a_killed_daemon_whose_folder_is_gone_leaves_nothing_once_any_phone_comes_up(adb_server, phone_home,
+                                                                                      tmp_path):
+    """A daemon SIGKILLed (a host restart, a killed test run) whose phone folder was then deleted (a
+    temporary folder cleaned): the next phone up, any phone, removes its zram device and its cgroups."""
+    gone_home = tmp_path / "gone-home"
+    kw = dict(adb_host="127.0.0.1", adb_port=adb_server.port, zram_bytes=16 * MIB, cpus=1)
+    manager.up("gone", 64 * MIB, home=gone_home, **kw)
+    root, leaf = gone_home / "gone", cgroups.leaf_name("gone", gone_home / "gone")
+    state = json.loads((root / ".vphone/state.json").read_text())
+    device = state["zram"]["device"]
+    os.kill(state["pid"], signal.SIGKILL)
+    while manager.info("gone", gone_home).running:
+        time.sleep(0.05)
+    assert len(_phone_cgroups(leaf)) == 3 and _owned(root) == {device}   # memory, cpuacct, cpuset; its zram
+    shutil.rmtree(gone_home)
+    try:
+        manager.up("after", 64 * MIB, home=phone_home, **kw)
+        assert _phone_cgroups(leaf) == [], "a dead daemon's cgroups outlived the next phone's start"
+        assert not (cgroups.REGISTRY / leaf).exists()
+        assert _owned(root) == set()
+    finally:
+        manager.down("after", home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
+    assert _phone_cgroups(cgroups.leaf_name("after", phone_home / "after")) == []
 
 
 def _alive(pid: int, wait_s: float = 10.0) -> bool:

@@ -1,4 +1,4 @@
-"""A file pushed to a virtual phone is the phone's page cache, not the daemon's (issue 24 item 1).
+"""A file pushed to a virtual phone is the phone's page cache, not the daemon's (docs/decisions/vphone-page-cache.md).
 
 memcg v1 charges a page-cache page to the group whose task first brings it in. The sync service
 runs in the daemon, outside the phone's memory cgroup, so a pushed file left in the page cache

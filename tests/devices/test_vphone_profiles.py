@@ -27,7 +27,7 @@ def test_a_profile_phone_through_the_cli(adb_server, phone_home):
     up = CliRunner().invoke(main, ["virtual", "up", "--name", "a05", "--profile", "galaxy-a05", "--android", "14",
                                    "--home", str(phone_home)], env=env)
     assert up.exit_code == 0, up.output
-    serial = up.output.strip().splitlines()[-1]
+    serial = up.stdout.strip().splitlines()[-1]      # what this host cannot give is said on stderr
     try:
         out = adb_server.run("-s", serial, "shell", "getprop ro.product.model; getprop ro.build.version.release; "
                              "nproc; grep -E '^(MemTotal|SwapTotal):' /proc/meminfo").stdout.decode().split()

@@ -1,8 +1,8 @@
-"""A virtual phone's flash read rate (issue 24 item 4, `--storage-mbps`), through the real adb server.
+"""A virtual phone's flash read rate (`--storage-mbps`), through the real adb server.
 
 The phone's /data is a paced FUSE file system (devices/virtual/pacedfs.py): each read leaves at its
-bytes over the rate, on a clock that idle time does not advance. The bound asserted is the issue's
-own ("at most 210 MiB/s at 200"): a rate over the limit is what a broken pacer (or v1 blk-throttle's
+bytes over the rate, on a clock that idle time does not advance. The bound asserted is
+210 MiB/s at 200 (5 % over the rate): a rate over the limit is what a broken pacer (or v1 blk-throttle's
 credit for idle time, 349 MiB/s by bmoe-cli's own figure) shows; a loaded host only lowers it.
 How close to the limit it comes is measured in benchmarks/bench_vphone_storage.py.
 """
@@ -27,7 +27,7 @@ from harness.run.runner import run_campaign
 
 MIB = 1 << 20
 LIMIT_MIBS = 200
-BOUND_MIBS = 210            # the issue's bound at --storage-mbps 200
+BOUND_MIBS = 210            # at --storage-mbps 200: 5 % over, never a burst at the host disk's rate
 NO_FUSE = pacedfs.available()
 needs_fuse = pytest.mark.skipif(NO_FUSE is not None, reason=f"no FUSE on this host: {NO_FUSE}")
 pytestmark = needs_fuse

@@ -1,5 +1,5 @@
 """A virtual phone's getprop, logcat and dumpsys print what they printed, at a fraction of the cost
-(issue 28, item 8), and a state read sees the phone's files as they are.
+(docs/decisions/vphone-fast-tools.md), and a state read sees the phone's files as they are.
 
 getprop is served by the phone's shell (mksh) from a table written when the phone starts: it must
 print byte for byte what the Python tool prints from build.prop, for generated properties and
@@ -226,14 +226,15 @@ def steady(read, root: Path, tries: int = 10):
 
 
 def test_dumpsys_and_the_state_read_see_the_phones_zone_files(adb_server, phones):
-    b = phones["b"]                  # sm8650: 8 CPU zones and 3 others, so thermal_zone10 sorts after 9
+    b = phones["b"]                  # sm8650: 8 CPU zones, 3 others and the trip zone, so thermal_zone10 sorts after 9
     done, zones = steady(lambda: adb_server.run("-s", b.serial, "shell", "dumpsys thermalservice"), b.root)
     out = done.stdout.decode()
-    assert len(zones) == 11
+    assert len(zones) == 12 and zones[-1] == ("cpu-hw-trip-0", 95000)
     assert "Cached temperatures:\n" in out, (done.returncode, out, done.stderr)
     cached = out.split("Cached temperatures:\n", 1)[1].split("HAL Ready")[0]
     named = re.findall(r"mValue=(-?[0-9.]+), mType=\d, mName=([^,]+),", cached)
-    assert named == [(f"{mc / 1000:.1f}", name) for name, mc in zones]
+    # the HAL's temperatures: every zone but the trip point, a constant (thermal.TRIP_ZONES_MC)
+    assert named == [(f"{mc / 1000:.1f}", name) for name, mc in zones[:-1]]
     battery, zones = steady(lambda: adb_server.run("-s", b.serial, "shell", "dumpsys battery").stdout.decode(), b.root)
     assert f"  temperature: {round(dict(zones)['battery'] / 1000 * 10)}\n" in battery
 

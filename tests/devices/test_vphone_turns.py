@@ -1,4 +1,4 @@
-"""A session cell on a virtual phone (issue 25 item 4, done-when point 3), with bmoe-py and with the
+"""A session cell on a virtual phone (docs/decisions/session-cells.md), with bmoe-py and with the
 real bmoe-cli, through the real adb server and the campaign runner: 3 turns of one `--session`
 engine with a 20 s idle gap between them, another app started by the harness in each gap and
 stopped at its end. The engine's requests go in through adb's shell-protocol stdin packets; the

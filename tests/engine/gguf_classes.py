@@ -1,4 +1,4 @@
-"""The malformed-header classes llama.cpp's gguf loader refuses (issue 28 item 6), made from a real
+"""The malformed-header classes llama.cpp's gguf loader refuses (docs/decisions/gguf-header-reader.md), made from a real
 synthetic model: its header parsed into fields, one field changed, and the header written again
 in front of the model's own tensor data (re-padded to the alignment, so an untouched rebuild is the
 model byte for byte). Shared by the differential test (bmoe-cli and bmoe-py on each class) and the

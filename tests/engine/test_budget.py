@@ -303,6 +303,7 @@ print(json.dumps({"mem": am.mem_available_bytes, "cg": am.cgroup_headroom_bytes,
 """
 
 
+@pytest.mark.root("makes a memory cgroup")
 def test_auto_inside_a_real_memory_cgroup_sizes_from_the_cgroup_limit():
     assert os.geteuid() == 0, "this test creates a memory cgroup and must run as root"
     version, parent = _memory_controller()

@@ -1,4 +1,4 @@
-"""bmoe-py speaking a newer bmoe-cli contract behind the release it claims (issue 26 item 4):
+"""bmoe-py speaking a newer bmoe-cli contract behind the release it claims (docs/decisions/release-claim.md):
 BMOE_PY_RELEASE; at the default it is the 0.19.0 build's (tests/engine/test_differential.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bmoe-py held to the real bmoe-cli 0.19.0, flag by flag (issue 11).
+"""bmoe-py held to the real bmoe-cli 0.19.0, flag by flag (docs/decisions/bmoe-py-matches-bmoe-cli.md).
 
 Every case runs both engines with the same arguments (bmoe-cli always with `-t 1`: on this 2-core
 machine ggml's thread pool spins above the free cores) and compares what bmoe-cli emits: generated
@@ -6,7 +6,7 @@ bytes, stdout lines (timings masked, token counts, MiB read, hit %, evictions, r
 prefetch counts kept), the CSV preamble (keys and values; `engine` and bmoe-py's `cache_cycle_mb`
 aside), per-token columns that are not timings, the summary keys and its non-timing values, the
 route trace (header, every row; weights within a tolerance, see below), the `bmoe:` / `warning:` /
-`error:` lines of stderr, and exit codes. The differences docs/decisions.md records as choices are
+`error:` lines of stderr, and exit codes. The differences docs/decisions/bmoe-py-differences.md records as choices are
 subtracted explicitly (`_documented`), so each is asserted to be exactly what the docs say.
 
 The grid is a covering design, not a cartesian product (that would be thousands of runs):
@@ -394,7 +394,7 @@ def stderr_lines(err: str) -> list[str]:
 
 
 def _documented(cli_err: list[str], py_err: list[str]) -> tuple[list[str], list[str]]:
-    """Remove the stderr differences docs/decisions.md records: bmoe-cli's `dropped N MiB of
+    """Remove the stderr differences docs/decisions/bmoe-py-differences.md records: bmoe-cli's `dropped N MiB of
     now-unused mmap pages` (bmoe-py maps nothing it reads into anon buffers), bmoe-py's cycle
     WARNING (the seed's guard, which bmoe-cli 0.19.0 does not have) and the reason bmoe-py adds to
     a model that does not load."""
@@ -418,7 +418,7 @@ def _diff(a: list[str], b: list[str], limit: int = 12) -> str:
 
 
 def compare(case: Case, cli: Run, py: Run) -> list[str]:
-    """Every difference between the two runs that docs/decisions.md does not record."""
+    """Every difference between the two runs that docs/decisions/bmoe-py-differences.md does not record."""
     bad: list[str] = []
 
     def want(cond: bool, what: str) -> None:

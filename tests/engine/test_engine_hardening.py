@@ -1,4 +1,4 @@
-"""Issue 14 item 8: bmoe-py answers odd flag values as the real bmoe-cli 0.19.0 does (BMOE_CLI,
+"""bmoe-py answers odd flag values as the real bmoe-cli 0.19.0 does (BMOE_CLI,
 upstream's own tiny model, on which both engines print the same bytes): `--temp nan` is greedy,
 an unwritable or full telemetry path is a warning or nothing (never a traceback), and integers
 are read with C's atoi — `-n 1e23` is 1 token, `-n 99999999999999999999` wraps to -1 and is

@@ -46,7 +46,7 @@ def test_an_error_without_a_file_name_names_the_file_written(tmp_path):
     assert "missing" in info.value.filename and not (tmp_path / "missing").exists()
 
 
-# ---- writes go where a user points them (issue 28 item 4) ---------------------------------------
+# ---- writes go where a user points them (docs/decisions/output-formats.md) -----------------------------------
 # Device nodes are made in tmp_path (mknod, as root), so a write that wrongly replaced one replaces
 # a scratch node, never the host's /dev; the real /dev paths are tested in a private mount
 # namespace (tests/results/test_output_paths.py).
@@ -57,6 +57,7 @@ def _chardev(path, major: int, minor: int) -> None:
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
 
 
+@pytest.mark.root("makes device nodes (mknod)")
 def test_a_device_is_written_through_never_replaced(tmp_path):
     null, full = tmp_path / "null", tmp_path / "full"
     _chardev(null, 1, 3)
@@ -101,6 +102,7 @@ def test_a_symlink_to_a_file_replaces_the_target_and_keeps_the_link(tmp_path):
     assert dangling.is_symlink() and (tmp_path / "real" / "made.json").read_text() == "made\n"
 
 
+@pytest.mark.root("makes a device node (mknod)")
 def test_a_symlink_to_a_device_or_an_open_file_is_written_through(tmp_path, capfd):
     null = tmp_path / "null"
     _chardev(null, 1, 3)

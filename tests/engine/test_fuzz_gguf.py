@@ -31,7 +31,7 @@ def test_inspect_prices_or_refuses_damaged_headers_cleanly(seeds, tmp_path):
 
 
 def test_strings_from_the_header_reach_the_terminal_escaped(seeds, tmp_path):
-    """Issue 14 item 9: an `ESC]0;…BEL` title sequence in a GGUF string (here every string at
+    """An `ESC]0;…BEL` title sequence in a GGUF string (here every string at
     once: the model's name and architecture among them) is shown escaped, never raw."""
     seed = seeds[0]
     header = seed.header
@@ -50,7 +50,7 @@ def test_strings_from_the_header_reach_the_terminal_escaped(seeds, tmp_path):
 
 
 def test_an_error_quotes_a_short_excerpt_never_the_header(seeds, tmp_path):
-    """Issue 14 item 9: a 54 KB key cut short used to be quoted whole in the error."""
+    """A 54 KB key cut short used to be quoted whole in the error."""
     seed = seeds[0]
     at, _ = seed.strings[0]
     key = b"\x1bk" * 27_000

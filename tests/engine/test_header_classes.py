@@ -1,4 +1,4 @@
-"""bmoe-py refuses what bmoe-cli refuses (issue 28 item 6): each malformed-header class llama.cpp's
+"""bmoe-py refuses what bmoe-cli refuses (docs/decisions/gguf-header-reader.md): each malformed-header class llama.cpp's
 gguf loader refuses (tests/engine/gguf_classes.py) — overlapping, misaligned, reversed and all-zero
 tensor offsets, a duplicate tensor name, a duplicate key, a wrong tensor count, a tensor relabelled
 to another type, data past the end — is refused by bmoe-py with the same exit code as the real

@@ -371,7 +371,7 @@ def test_a_forked_child_still_multiplies():
 def test_compiled_f16_rounding_is_numpys():
     """The branch-free f16 rounding of the compiled attention and quantizer equals numpy's
     astype(float16) on every kind of float32: the edges of each half range, ties, specials, and
-    a million random bit patterns (the whole 2^32 were checked once, docs/decisions.md)."""
+    a million random bit patterns (the whole 2^32 were checked once, docs/decisions/quantized-products.md)."""
     lib = J.load()
     assert lib is not None
     edges = np.array([0.0, -0.0, 5.96e-8, 2.98e-8, 2.9802326e-08, 2.9802325e-08, 6.1035156e-05, 6.1035e-05,
@@ -473,6 +473,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.root("gives a folder to another user (chown)")
 def test_the_library_goes_to_bmoe_py_cache_dir_or_a_private_folder(tmp_path):
     cache = tmp_path / "kernel-cache"
     r = subprocess.run([sys.executable, "-c", _PROBE], env=_env(BMOE_PY_CACHE_DIR=str(cache)), cwd=REPO,

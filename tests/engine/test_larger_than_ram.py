@@ -13,6 +13,8 @@ from engine.gguf.synth import synth_options, write_model
 from engine.stream.pagecache import drop_page_cache, page_cache_residency
 from tests.conftest import in_cgroup, memory_cgroup
 
+pytestmark = pytest.mark.root("makes a memory cgroup")
+
 LIMIT_BYTES = 320 * MIB
 
 

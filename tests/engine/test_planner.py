@@ -166,7 +166,7 @@ def planned_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a memory cgroup needs root (CI runs as root)")
+@pytest.mark.root("makes a memory cgroup")
 def test_auto_plans_inside_a_memory_cgroup_and_runs_what_it_planned(planned_model, tmp_path):
     """The engine's own footprint at plan time, measured first, sets a limit halfway through the
     window where the experts stream: the plan's budget is then what the run's CSV header says,

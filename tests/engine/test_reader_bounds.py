@@ -1,4 +1,4 @@
-"""Issue 28, readers: a split name with impossible shard numbers and a block_count no engine loads
+"""Readers' limits: a split name with impossible shard numbers and a block_count no engine loads
 are handled in one line (`Error: ...`, exit 1), never a traceback. Real synthesized GGUFs, edited
 in their header; the property test draws the block_count and the shard numbers."""
 

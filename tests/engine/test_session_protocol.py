@@ -1,4 +1,4 @@
-"""`bmoe-py --session` held to bmoe-cli 0.19.0's line protocol (issue 25 item 4).
+"""`bmoe-py --session` held to bmoe-cli 0.19.0's line protocol (docs/decisions/session-cells.md).
 
 Both engines serve the same session on the same synthetic model (qwen3moe, Q8_0 experts, the
 differential test's seed, where both route every token alike at top-k 2) with an 8 MiB cache, above

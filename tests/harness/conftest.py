@@ -7,6 +7,7 @@ Everything started here is stopped here, pass or fail.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,20 @@ def adb_port(tmp_path_factory) -> int:
 @pytest.fixture(scope="module")
 def phone_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("harness-vphones")
+
+
+@contextlib.contextmanager
+def one_phone(name: str, ram_bytes: int, adb_port: int, phone_home: Path, **kw):
+    """A virtual phone up for a module's tests: its info, then down, its cgroup gone."""
+    from devices.virtual import manager
+
+    manager.up(name, ram_bytes, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port, **kw)
+    try:
+        yield manager.info(name, phone_home)
+    finally:
+        info = manager.info(name, phone_home)
+        manager.down(name, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+        assert not (info.cgroup_path and Path(info.cgroup_path).exists()), "cgroup left behind"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The adaptive sweep (issue 27 items 3 and 4): `[plan] adaptive = true` / `sweep --adaptive` measures
+"""The adaptive sweep (docs/decisions/adaptive-sweep.md): `[plan] adaptive = true` / `sweep --adaptive` measures
 cache 0 with a route trace, the predicted knee and largest safe budget, then bisects the kill
 boundary on a real virtual phone; it resumes after the phone dies mid-bisection, never rests a
 recommendation on a budget that was not measured and held, and `status` shows the bracket and what
@@ -285,8 +285,9 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
         seen[want] = outcome
     assert _next_after(seen, 437, knee=139, swap_in=rates) == (None, "bracketed to 32 MiB")
     # the rate rises steeply at the fight's start and flattens past it: a step down goes no further
-    # than the crossing between the bracket's ends, where a doubled one would overshoot (session 19:
-    # 294 and 262 fought, the doubled step 198; the crossing from 262 is 240, and 230 held)
+    # than the crossing between the bracket's ends, where a doubled one would overshoot
+    # (docs/lab-notes/2026-12-05-adaptive-demo-phones.md: 294 and 262 fought, the doubled step 198; the
+    # crossing from 262 is 240, and 230 held)
     steep = {0: 0.066, 139: 0.091, 438: 1.849, 294: 1.739, 262: 1.209, 240: 0.3}
     seen = {0: True, 139: True, 438: "fought"}
     for want, outcome in ((294, "fought"), (262, "fought"), (240, True)):
@@ -299,7 +300,7 @@ def test_the_search_steps_from_the_predicted_budget_doubling_then_bisects():
     seen = {0: True, 139: True, 437: "fought", 293: True, 325: True}
     assert _next_after(seen, 437, knee=139, swap_in=rising) == (332, "")
     # a step up goes no further than the RAM the largest budget that held left, one resolution at
-    # least (bmoe-py's 640 MiB phone, session 19: 106 MiB left at 445, 74 at 477, 17 at 541; the
+    # least (bmoe-py's 640 MiB phone, the same lab note: 106 MiB left at 445, 74 at 477, 17 at 541; the
     # doubled steps were 477, 541, 669, fought, and two bisections; the fight began by 573)
     floors = {0: 446, 137: 414, 445: 106, 477: 74, 541: 17}
     seen = {0: True, 137: True, 445: True}

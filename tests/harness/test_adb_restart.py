@@ -1,4 +1,4 @@
-"""The adb server dies mid-campaign (issue 28 item 2). One bmoe-fleet started (ensure_server) is
+"""The adb server dies mid-campaign (docs/decisions/adb-servers.md). One bmoe-fleet started (ensure_server) is
 started again, its virtual phone `adb connect`ed again and the cell retried: the campaign completes
 without a rerun, and the attempt that was lost says so. A server bmoe-fleet did not start (a user's,
 a lab's) is never started: it is waited for, a bounded time, and the cells are device_lost.
@@ -11,6 +11,8 @@ import os
 import signal
 import threading
 
+import pytest
+
 from devices.adb import server as adb
 from devices.adb.server import AdbServer
 from devices.virtual import manager
@@ -21,6 +23,8 @@ from tests.conftest import adb_server_pids, free_port, running_adb_server, stop_
 from tests.harness import faults
 from tests.harness.test_hardening_faults import _engine_in_phone
 from tests.harness.test_hung_phone import _ledger
+
+pytestmark = pytest.mark.phone
 
 PHONE = "restart"
 

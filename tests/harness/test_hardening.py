@@ -1,4 +1,4 @@
-"""Issue 14 regressions on this host: a full disk (a real tmpfs that fills up), bounded plans and
+"""Hardening on this host: a full disk (a real tmpfs that fills up), bounded plans and
 numeric settings checked when the file is read, terminal-safe output from files and devices, lock
 files removed when released (safely, with other processes waiting on them), and the CLI's one-line
 errors. The faults on phones and on the running sweep are tests/harness/test_hardening_faults.py.
@@ -63,8 +63,9 @@ def tmpfs(path: Path, size_kib: int):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.mark.root("mounts a small tmpfs")
 def test_a_full_disk_is_one_line_exit_1_and_nothing_half_written(tmp_path, tiny_model, cli):
-    """Issue 14 item 4: a campaign directory on a small tmpfs that fills up, at every stage (the
+    """A campaign directory on a small tmpfs that fills up, at every stage (the
     setup writes, the attempts' files, the ledger) as the free space grows: one `Error: FILE: no
     space left on device` line and exit 1, never a traceback; no half file, no folder without
     its plan, no torn attempt; with room again, a rerun completes exactly the plan."""
@@ -119,7 +120,7 @@ def test_a_full_disk_is_one_line_exit_1_and_nothing_half_written(tmp_path, tiny_
     ("[models]\nm = \"" + "1" * 5000 + ".gguf\"", "models.m", "file name too long: /"),
 ])
 def test_numbers_and_plans_are_bounded_when_the_file_is_read(tmp_path, tiny_model, cli, extra, key, why):
-    """Issue 14 item 5: refused by the check itself (so `--dry-run` too), naming the key, before
+    """Refused by the check itself (so `--dry-run` too), naming the key, before
     any cell is expanded; `run` creates no folder."""
     text = _campaign(tmp_path, tiny_model).read_text()
     section, *lines = extra.split("\n")
@@ -159,7 +160,7 @@ def test_the_cell_bound_is_counted_without_expanding_the_plan(tmp_path, tiny_mod
 
 
 def test_a_campaign_that_cannot_start_leaves_no_empty_folder(tmp_path, tiny_model):
-    """Issue 14 item 5: `run` failed after making its folder ("cannot write inf to TOML")."""
+    """`run` once failed after making its folder ("cannot write inf to TOML")."""
     campaign = parse_campaign({"version": 1, "fleet": {"devices": ["local"]}, "models": {"m": str(tiny_model)},
                                "axes": {"cache_mb": [0]}, "run": {"n_predict": 2}}, "c.toml")
     import dataclasses
@@ -176,7 +177,7 @@ NASTY = "\x1b]0;pwned\x07\x1b[2J\u202eevil"
 
 
 def test_device_strings_reach_the_terminal_escaped():
-    """Issue 14 item 9: getprop values in `devices`, device names in progress lines."""
+    """Getprop values in `devices`, device names in progress lines."""
     identity = DeviceIdentity(serial="R58" + NASTY, backend="adb", model="Pixel" + NASTY, manufacturer=NASTY,
                               soc="sm" + NASTY, abi="arm64-v8a", android_release="14" + NASTY, sdk=34,
                               ram_total_kb=8 << 20, swap_total_kb=0, kernel="6.1")
@@ -218,7 +219,7 @@ class _Tty(_Plain):
 
 
 def test_model_inspect_prints_gguf_strings_escaped(tmp_path, cli):
-    """Issue 14 item 9 through the CLI: the model's name carries a title-setting sequence."""
+    """Through the CLI: the model's name carries a title-setting sequence."""
     from engine.gguf.synth import synth_options, write_model
 
     path = tmp_path / "nasty.gguf"
@@ -247,7 +248,7 @@ def test_errors_from_files_are_one_escaped_line(tmp_path, cli):
 
 
 def test_lock_files_are_removed_when_released(tmp_path, tiny_model):
-    """Issue 14 item 10: ~900 dir-*.lock files were left behind."""
+    """~900 dir-*.lock files were once left behind."""
     locks = locks_dir(fleet_home())
     before = set(locks.glob("*.lock*")) if locks.exists() else set()
     run_campaign(load_campaign(_campaign(tmp_path, tiny_model)), tmp_path / "out", progress_stream=_Plain())

@@ -1,4 +1,4 @@
-"""Faults injected into real campaigns (issue 14): a phone's adbd stopped with SIGTERM and with
+"""Faults injected into real campaigns (docs/decisions/lost-devices.md): a phone's adbd stopped with SIGTERM and with
 SIGKILL, the `bmoe-fleet run` process killed with SIGKILL and interrupted with SIGINT, each three
 times at a random moment. After every rerun each planned cell has exactly one final result, no
 attempt folder is torn and the ledger parses; the faulted run itself never aborts on a lost phone
@@ -76,7 +76,7 @@ def _engine_in_phone(ns: str, deadline_s: float) -> int | None:
 
 def test_an_adbd_stopped_with_sigterm_mid_run_is_device_lost_not_an_abort(adb_port, phone_home, tiny_model,
                                                                             tmp_path, cli):
-    """Issue 14 item 1: adbutils' EOFError ("Expected 5 bytes, got 0") from a phone whose adbd
+    """adbutils' EOFError ("Expected 5 bytes, got 0") from a phone whose adbd
     got SIGTERM while the engine ran stopped the whole sweep (`stopped by an error`, click's
     `Aborted!`, exit 1). Now: device_lost, retried, the phone's later cells recorded as such, the
     other device's cells run, a summary and exit 3; back up, a rerun completes the plan."""

@@ -1,4 +1,4 @@
-"""A phone that hangs mid-cell (issue 28 item 1): its adb daemon frozen with SIGSTOP, as a USB stall
+"""A phone that hangs mid-cell (docs/decisions/lost-devices.md): its adb daemon frozen with SIGSTOP, as a USB stall
 or a wedged adbd leaves a real phone (the server still lists it, its TCP link stays up, nothing
 answers). The transport watch makes the cell `device_lost` within run.device_timeout_s, not a
 `timeout` (run.timeout_s is longer) and not a wait for the thaw; the other phone finishes; SIGINT

@@ -127,7 +127,7 @@ def test_importing_again_adds_nothing_and_a_cut_run_is_invalid(imported, tmp_pat
     shutil.rmtree(src)
 
 
-# ── impossible values (issue 14, item 2) ──────────────────────────────────────────────────────
+# ── impossible values (docs/decisions/impossible-values.md) ────────────────────────────────────────────────────
 
 
 def _strict(path: Path) -> dict:

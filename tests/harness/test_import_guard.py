@@ -1,6 +1,6 @@
 """`bmoe-fleet import` keeps off campaign directories: a sweep's directory is never extended (its
 plan would no longer resume), and campaign directories inside a source folder (the import's own
-output among them) are skipped, not imported again as upstream runs (issue 14, item 6)."""
+output among them) are skipped, not imported again as upstream runs (docs/decisions/importer.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 28: `import` reads a capture of many runs once, not once per run (it was quadratic: a
+"""`import` reads a capture of many runs once, not once per run (it was quadratic: a
 driver log of 400 runs took 54 s). Counted, not timed: every run's lines are parsed a bounded
 number of times whatever the number of runs (benchmarks/bench_readers.py prints the times)."""
 

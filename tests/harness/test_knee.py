@@ -1,4 +1,4 @@
-"""Issue 7 part 2: `cache_mb = "knee*F"` budgets come from one route-traced probe per device and
+"""`cache_mb = "knee*F"` budgets come from one route-traced probe per device and
 model, replayed; the probe's trace then draws the predicted curve and the recommendation cites it."""
 
 from __future__ import annotations

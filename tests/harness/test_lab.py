@@ -1,5 +1,5 @@
-"""A lab whose phones hang off several adb servers, one controller driving them all (issue 13,
-item 5). A second real adb server on another port of 127.0.0.1 stands for another host: it has
+"""A lab whose phones hang off several adb servers, one controller driving them all
+(docs/lab.md). A second real adb server on another port of 127.0.0.1 stands for another host: it has
 its own virtual phone, and one campaign (`[[fleet.adb]]` listing both servers, devices named by
 their serials as a lab names USB phones) runs over the phones of both. That server is stopped
 mid-campaign: only its phone's cells end `device_lost` while the other phone finishes; with the

@@ -228,6 +228,7 @@ def test_sweep_engine_python_is_the_default(tmp_path, tiny_model):
     assert c.engine.kind == "native" and [(b.abi, b.cli) for b in c.engine.native] == [("host", str(script))]
 
 
+@pytest.mark.root("mounts a ramfs")
 def test_bmoe_cli_falling_back_to_buffered_reads_is_invalid_though_its_preamble_says_o_direct_1(
         tmp_path, bmoe_cli, tiny_model, cli):
     """bmoe-cli's CSV preamble records the o_direct it was asked for; its stderr line says what happened.

@@ -1,4 +1,4 @@
-"""Every command line the harness sends to a phone works on Android's userland (issue 13, item 3).
+"""Every command line the harness sends to a phone works on Android's userland (docs/decisions/vphone-userland.md).
 
 The phone here is a virtual phone as a phone is: mksh as /system/bin/sh, toybox as the toolbox
 (Debian's build: no dd, tr, expr, ...), the shell user (uid 2000), Android's PATH, its own `/`.
@@ -30,6 +30,7 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
+from tests.harness.conftest import one_phone
 
 PHONE = "cmdrec"
 REPLAY_S = 8
@@ -42,14 +43,9 @@ UNKNOWN = re.compile(r"not found|inaccessible|[Uu]nknown (option|command)|[Uu]sa
 
 @pytest.fixture(scope="module")
 def phone(adb_port, phone_home):
-    from devices.virtual import manager
-
-    manager.up(PHONE, 384 << 20, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port, model="Pixel 6a",
-               android=12, record_commands=True)
-    try:
-        yield manager.info(PHONE, phone_home)
-    finally:
-        manager.down(PHONE, home=phone_home, adb_host="127.0.0.1", adb_port=adb_port)
+    with one_phone(PHONE, 384 << 20, adb_port, phone_home, model="Pixel 6a", android=12,
+                   record_commands=True) as info:
+        yield info
 
 
 def campaign(name, models, adb_port, phone_home, axes, run=None, engine=None):

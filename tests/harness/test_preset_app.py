@@ -1,4 +1,4 @@
-"""`sweep --preset app` (issue 25 item 5): what upstream's Android app runs — its cache rungs as the
+"""`sweep --preset app` (docs/decisions/presets.md): what upstream's Android app runs — its cache rungs as the
 budgets, its session-open flags where the engine takes them, its session as a session cell — and the
 options its settings fix refused in one line. One small campaign of it runs through the real adb
 server on a virtual phone, and `recommend` names the app rung."""
@@ -110,6 +110,7 @@ def app_sweep(tmp_path_factory):
     return out, swept, recommended
 
 
+@pytest.mark.phone
 def test_the_preset_runs_on_a_virtual_phone_and_recommend_names_a_measured_safe_rung(app_sweep):
     from tests.results.test_recommend_v2 import validate
 

@@ -94,7 +94,8 @@ def test_a_local_campaign_writes_the_directory_format(tmp_path, tiny_model, monk
         assert (folder / "samples.csv").read_text().startswith(
             "t_s,mem_available_kb,vm_hwm_kb,vm_rss_kb,cpu_temp_mc,battery_temp_dc,vm_swap_kb,rss_anon_kb,rss_file_kb,"
             "maj_flt,pswpin,pswpout,pgmajfault,allocstall,pgsteal_direct,workingset_refault,psi_some_avg10,"
-            "psi_full_avg10,zram_used_kb\n")
+            "psi_full_avg10,zram_used_kb,lmkd_free_kb,lmkd_available_kb,lmkd_swap_total_kb,lmkd_swap_free_kb,"
+            "lmkd_file_lru_kb,lmkd_workingset_refault_file,lmkd_psi_full_total_us\n")
         assert rec["reclaim"]["samples"] >= 1 and "/proc/vmstat" not in rec["reclaim"]["refused"]
         assert "mem_avail_before_kb=" in (folder / "run.metrics").read_text()
         if "--chatml" in rec["argv"]:

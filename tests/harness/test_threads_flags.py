@@ -1,4 +1,5 @@
-"""Threads that fit the device and every engine flag reachable (issue 11, items 3 and 4):
+"""Threads that fit the device and every engine flag reachable (docs/decisions/cpu-sharing.md,
+docs/decisions/flag-axes.md):
 `run.threads` ("auto" or a number), `run.engine_args`, `[axes.flags]` — parsed, refused with one
 line naming the key, written back, planned into exact argv — and, on this host with real engines,
 the cores each run saw, the engines that shared them, and `oversubscribed`."""

@@ -1,4 +1,4 @@
-"""Session cells (issue 25 item 4): run.turns / run.idle_s / run.gap_apps read and written back,
+"""Session cells (docs/decisions/session-cells.md): run.turns / run.idle_s / run.gap_apps read and written back,
 the cells they plan, the sweep options, the SessionFeeder driving the real bmoe-py `--session`
 on this host through LocalDevice.run's stdin (the same feeder a phone's run() takes), and the
 rule that reads a session's turns (results/read/turns.py) as far as the fought rule."""

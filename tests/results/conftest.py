@@ -23,6 +23,9 @@ hand), plus headless Chromium driven over the DevTools protocol on a pipe.
   cycle is 204 MiB, budgets at the cycle and auto: the fixed recommendation must be 204 MiB,
   never the 200 a rounded step would give.
 
+Under `run.sh test` the campaigns and their models are built once for both pytest parts and both
+workers (tests/conftest.py built_once); each process reads its own copy of a campaign.
+
 Everything started here is stopped here, pass or fail.
 """
 
@@ -48,7 +51,7 @@ import pytest
 from engine.gguf.synth import synth_options, write_model
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
-from tests.conftest import running_adb_server
+from tests.conftest import built_once, copied_once, running_adb_server
 
 PROJECT = Path(__file__).resolve().parents[2]
 UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream"
@@ -68,13 +71,18 @@ def results_models(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("results-models")
 
 
+def shared_model(tmp_path_factory, name: str, **options) -> Path:
+    """A synthetic model written once per test run (tests/conftest.py built_once): the campaigns
+    built once record its path, so every process reads the same file."""
+    return built_once(tmp_path_factory, f"model-{name}",
+                      lambda folder: write_model(folder / f"{name}.gguf", synth_options(**options))) / f"{name}.gguf"
+
+
 @pytest.fixture(scope="session")
-def small_model(results_models) -> Path:
+def small_model(tmp_path_factory) -> Path:
     """qwen3moe, 4 layers x 8 experts, top-2, uniform routing: token cycle 3.2 MiB, bank 12.8 MiB."""
-    path = results_models / "small.gguf"
-    write_model(path, synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=256, expert_ffn=512, vocab=300,
-                                    seed=7, router_skew=0.0))
-    return path
+    return shared_model(tmp_path_factory, "small", preset="qwen3moe", layers=4, experts=8, top_k=2, hidden=256,
+                        expert_ffn=512, vocab=300, seed=7, router_skew=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -88,13 +96,11 @@ def router_model(results_models) -> Path:
 
 
 @pytest.fixture(scope="session")
-def alpha_model(results_models) -> Path:
+def alpha_model(tmp_path_factory) -> Path:
     """qwen3moe, 4 layers x 8 experts of 6.375 MiB, uniform routing: cycle 51 MiB at top-k 2 and
     204 MiB (the whole bank) at top-k 8."""
-    path = results_models / "alpha.gguf"
-    write_model(path, synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=1024, expert_ffn=2048, vocab=300,
-                                    seed=11, quant="Q8_0", router_skew=0.0))
-    return path
+    return shared_model(tmp_path_factory, "alpha", preset="qwen3moe", layers=4, experts=8, top_k=2, hidden=1024,
+                        expert_ffn=2048, vocab=300, seed=11, quant="Q8_0", router_skew=0.0)
 
 
 # ── campaigns ────────────────────────────────────────────────────────────────────────────────
@@ -117,11 +123,11 @@ def run_local(out: Path, data: dict) -> Path:
 
 @pytest.fixture(scope="session")
 def local_campaign(tmp_path_factory, small_model) -> Path:
-    out = tmp_path_factory.mktemp("local") / "local-sweep"
-    return run_local(out, local_campaign_data(
+    data = local_campaign_data(
         "local-sweep", small_model,
         {"cache_mb": [0, "cycle*0.5", "cycle*1.5", "cycle*3", "auto"], "dense_weights": ["anon", "warm"]},
-        run={"repeats": 2, "route_trace": True}))
+        run={"repeats": 2, "route_trace": True})
+    return copied_once(tmp_path_factory, "local", lambda folder: run_local(folder / "local-sweep", data)) / "local-sweep"
 
 
 @pytest.fixture(scope="session")
@@ -232,23 +238,25 @@ def write_engine(folder: Path, label: str, slow_when: str = "never", slow_ms: fl
 def compare_pair(tmp_path_factory, small_model) -> tuple[Path, Path]:
     """One plan run twice: by an unchanged wrapper engine, then by one that sleeps 100 ms before every
     decode step of the cache-0 cells (and only those)."""
-    root = tmp_path_factory.mktemp("compare")
     axes = {"cache_mb": [0, "cycle*1.5"]}
     run = {"repeats": 3, "n_predict": 12}
-    a = run_local(root / "a", local_campaign_data("pair", small_model, axes, run,
+
+    def build(root: Path) -> None:
+        run_local(root / "a", local_campaign_data("pair", small_model, axes, run,
                                                   engine=write_engine(root / "engines", "plain")))
-    b = run_local(root / "b", local_campaign_data("pair", small_model, axes, run,
+        run_local(root / "b", local_campaign_data("pair", small_model, axes, run,
                                                   engine=write_engine(root / "engines", "slowed", "cache0", 100)))
-    return a, b
+
+    root = copied_once(tmp_path_factory, "compare", build)
+    return root / "a", root / "b"
 
 
 @pytest.fixture(scope="session")
 def failing_twin(tmp_path_factory, small_model) -> Path:
     """compare_pair's plan once more, by an engine that fails every cache-0 run (exit 1, `error: …`)."""
-    root = tmp_path_factory.mktemp("compare-fail")
-    return run_local(root / "c", local_campaign_data(
+    return copied_once(tmp_path_factory, "compare-fail", lambda root: run_local(root / "c", local_campaign_data(
         "pair", small_model, {"cache_mb": [0, "cycle*1.5"]}, {"repeats": 3, "n_predict": 12},
-        engine=write_engine(root / "engines", "failing", fail_when="cache0")))
+        engine=write_engine(root / "engines", "failing", fail_when="cache0")))) / "c"
 
 
 @pytest.fixture(scope="session")
@@ -277,15 +285,17 @@ def killed_auto_campaign(tmp_path_factory, small_model) -> Path:
 
 @pytest.fixture(scope="session")
 def vphone_campaign(tmp_path_factory, alpha_model) -> Path:
-    from devices.virtual import manager
+    def build(folder: Path) -> None:
+        from devices.virtual import manager
 
-    phone_home = tmp_path_factory.mktemp("vphones")
-    with running_adb_server(tmp_path_factory.mktemp("android-home")) as (port, _env):
-        return _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port)
+        phone_home = tmp_path_factory.mktemp("vphones")
+        with running_adb_server(tmp_path_factory.mktemp("android-home")) as (port, _env):
+            _vphone_campaign(folder, alpha_model, manager, phone_home, port)
+
+    return copied_once(tmp_path_factory, "vphone", build) / "vphone-lmk"
 
 
-def _vphone_campaign(tmp_path_factory, alpha_model, manager, phone_home, port) -> Path:
-    root = tmp_path_factory.mktemp("vphone")
+def _vphone_campaign(root: Path, alpha_model, manager, phone_home, port) -> Path:
     out = root / "vphone-lmk"
 
     def campaign(name: str, axes: dict, run: dict) -> object:

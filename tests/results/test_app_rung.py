@@ -1,4 +1,4 @@
-"""A recommendation mapped onto upstream's Android app's cache rungs (issue 25 item 5): the largest rung at
+"""A recommendation mapped onto upstream's Android app's cache rungs (docs/decisions/presets.md): the largest rung at
 or under the recommended ceiling that was measured and survived every run with its cache filled, never
 one that was not measured, was killed, fought over or never filled; null with every rung's reason when
 none is; recommendations.json carries it (`app_rung_mb`, schema v2, additive)."""

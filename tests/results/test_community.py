@@ -1,4 +1,5 @@
-"""Upstream's community protocol from a whole fleet (issue 12, item 6): `sweep --preset community` on two
+"""Upstream's community protocol from a whole fleet (docs/decisions/community-report.md): `sweep --preset
+community` on two
 virtual phones and this host with the real bmoe-cli, then `report --format community` prints one filled
 row per device, in the column order of BigMoeOnEdge's docs/community-benchmarks.md; presets refuse what
 they fix, and `--preset publish` asks what a published number needs."""
@@ -39,6 +40,7 @@ def community(tmp_path_factory, bmoe_cli):
     return out, campaign
 
 
+@pytest.mark.phone
 def test_the_community_preset_runs_the_protocol_on_every_device(community):
     out, result = community
     assert result.exit_code == 0, result.output
@@ -65,6 +67,7 @@ def test_the_community_preset_runs_the_protocol_on_every_device(community):
         assert probe["drive"] and "/" not in probe["drive"], probe          # a drive's name, not a path
 
 
+@pytest.mark.phone
 def test_report_community_prints_one_filled_row_per_device_in_upstreams_order(community, cli):
     out, _ = community
     result = CliRunner().invoke(cli, ["report", str(out), "--format", "community", "--by", "@fleet"],

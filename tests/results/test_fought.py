@@ -1,4 +1,4 @@
-"""The fought rule (issue 25 item 2, docs/method.md): a budget that survived while the device swapped
+"""The fought rule (docs/method.md): a budget that survived while the device swapped
 it back in, or that decoded slower than cache 0 under reclaim, is not safe; the ceiling sits under it."""
 
 from __future__ import annotations

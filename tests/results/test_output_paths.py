@@ -1,4 +1,4 @@
-"""Every output option writes where the user points it (issue 28 item 4): `-o /dev/stdout` prints,
+"""Every output option writes where the user points it (docs/decisions/output-formats.md): `-o /dev/stdout` prints,
 `--csv /dev/full` is one line about the full disk and leaves /dev/full a device, `-o link.json`
 writes the link's target and keeps the link.
 
@@ -59,6 +59,7 @@ def _host_dev() -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.root("mounts over /dev in a private mount namespace")
 def test_outputs_print_to_dev_stdout_fail_on_dev_full_and_follow_a_link_in_a_private_mount_namespace(
         imported, tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):

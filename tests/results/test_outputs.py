@@ -1,4 +1,5 @@
-"""Outputs for people and CI (issue 12): `table`, `recommend` and `compare` in text, csv, json, jsonl and
+"""Outputs for people and CI (docs/decisions/output-formats.md): `table`, `recommend` and `compare` in text,
+csv, json, jsonl and
 md (a GitHub table), to stdout with `-o -` or to a file written atomically; `compare --threshold` and
 `--fail-on-regression` (exit 4), with newly failing cells always counted as regressions."""
 
@@ -99,7 +100,7 @@ def test_a_newly_failing_cell_is_a_regression_whatever_the_threshold(compare_pai
 
 
 def test_the_run_table_carries_each_runs_reclaim(local_campaign):
-    """issue 25 item 1: the engine's own RssAnon/RssFile lows and highs per run, the device's swap
+    """The engine's own RssAnon/RssFile lows and highs per run, the device's swap
     MiB per token as numbers (0 without swap activity), and the refused files named."""
     from results.read.table import build_table
 

@@ -847,7 +847,7 @@ def test_discover_zero_byte_csv_and_conflicts(tmp_path):
     assert_one_line_error(exc, "not a folder")
 
 
-# ── impossible values, refused or stored as missing (issue 14, items 2 and 4) ───────────────────
+# ── impossible values, refused or stored as missing (docs/decisions/impossible-values.md) ─────────────────
 
 HUGE = "9" * 400
 HUGEST = "1" * 5000            # past Python's 4,300-digit int() limit

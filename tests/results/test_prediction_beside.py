@@ -1,4 +1,4 @@
-"""Prediction beside measurement (issue 27 item 2, first part): the analysis carries, for every
+"""Prediction beside measurement (docs/prediction.md): the analysis carries, for every
 measured streamed budget of a group with a probe and a cache-0 run, the predicted s/token, hit %
 and anon MiB (results.replay.predict), the run table each run's, with the error; the device page
 shows them and the budget chart draws the predicted curve."""
@@ -59,7 +59,7 @@ def test_the_device_page_shows_the_prediction_and_the_chart_draws_its_curve(loca
 
 
 def test_recommendations_say_measured_and_set_the_prediction_beside_without_an_argv(local_campaign):
-    """recommendations.json (issue 27 item 2): each shipped argv says it was measured; the model's
+    """recommendations.json: each shipped argv says it was measured; the model's
     view is beside it, `basis: predicted`, with no argv, its numbers those of the analysis."""
     import json
 

@@ -1,4 +1,4 @@
-"""Issue 28, readers: each smaller finding fixed, each with a property over generated inputs.
+"""Readers' limits (docs/results.md): each smaller finding fixed, each with a property over generated inputs.
 
 - replay --budgets: a budget past the engine's int (1e308, inf, nan, negative) is one `Error:` line, exit 1;
 - cycle*F / knee*F: ASCII digits only, and a relative budget is never 0;

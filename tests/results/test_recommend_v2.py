@@ -1,4 +1,5 @@
-"""Recommendations an app can ship (issue 12): every command line is the one measured, never under the
+"""Recommendations an app can ship (docs/decisions/recommendations.md): every command line is the one
+measured, never under the
 cycle, accepted by its engine (`recommend --verify`, bmoe-py and the real bmoe-cli); recommendations.json
 version 2 validates against its schema, keys phones by what they report, carries no host path, and its
 rule gives an unmeasured phone a ceiling; the docs' app-side lookup runs as written."""

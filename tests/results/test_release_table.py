@@ -1,5 +1,5 @@
-"""Every release's lines land in the run table, read from a run's own stdout (issue 26 item 3), and
-the planner's runs sit beside the boundary, off the curve (item 5): a real local campaign of
+"""Every release's lines land in the run table, read from a run's own stdout (docs/decisions/flag-table.md),
+and the planner's runs sit beside the boundary, off the curve (docs/decisions/planner.md): a real local campaign of
 bmoe-py claiming 0.25, with `planner` and `mmap` cells; one run's stdout then gets the newer
 releases' lines upstream's docs print (tests/fixtures/upstream/release-lines.md), as that engine
 would have written them."""

@@ -506,7 +506,7 @@ def test_cli_option_errors():
     assert replay.help and all(p.help for p in replay.params if isinstance(p, click.Option))
 
 
-# ── impossible traces (issue 14, item 3) ────────────────────────────────────────────────────────
+# ── impossible traces (docs/decisions/impossible-values.md) ──────────────────────────────────────────────────────
 
 
 def _tiny_with(tmp_path: Path, line_no: int, edit) -> Path:

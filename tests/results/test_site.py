@@ -248,7 +248,7 @@ def test_the_site_carries_the_versioned_recommendations_and_refuses_other_folder
     assert again.exit_code == 0 and "wrote 23 pages" in again.output      # a previous site is replaced
 
 
-# ── issue 12: the site where it hurt ─────────────────────────────────────────────────────────
+# ── the site where it hurt ───────────────────────────────────────────────────────
 
 
 def test_budget_charts_draw_the_recommended_ceiling_and_fixed_budget(site):

@@ -1,4 +1,4 @@
-"""A session run's page (issue 25 item 4 on the site): the turns table (per turn: s/token, hit %,
+"""A session run's page (docs/decisions/session-cells.md, on the site): the turns table (per turn: s/token, hit %,
 reads, the re-read after each gap, faults, swap-in, and the gap's VmSwap / VmRSS / RssFile), the
 session chart with each gap shaded, opened in headless Chromium; and a run whose gap took the cache
 says so on its page."""
