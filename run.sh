@@ -104,7 +104,8 @@ case "${1:-}" in
             workers=(); [ "$part" = serial ] || workers=(-n 2)
             echo "run.sh: pytest -m '$part$quick' ${workers[*]}" >&2
             code=0 started=$SECONDS
-            "$VENV/bin/python" -m pytest -q -m "$part$quick" "${workers[@]}" "$@" || code=$?
+            # each part names its ten slowest tests (the suite's budget: docs/decisions/test-suite.md)
+            "$VENV/bin/python" -m pytest -q --durations=10 -m "$part$quick" "${workers[@]}" "$@" || code=$?
             timings+=("pytest '$part' $((SECONDS - started)) s")
             if [ "$code" -eq 5 ]; then continue; fi
             ran=1
