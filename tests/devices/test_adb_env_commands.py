@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -55,10 +56,22 @@ def run_in_own_network_namespace(test_id: str, tmp_path: Path) -> None:
     argv = [unshare, "--net", "--", "sh", "-c", f'{ip} link set lo up && exec "$@"', "sh",
             sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--basetemp",
             str(tmp_path / "in-netns"), test_id]
-    done = subprocess.run(argv, env=dict(os.environ, **{IN_OWN_NETNS: "1"}), capture_output=True, text=True,
-                          timeout=900, stdin=subprocess.DEVNULL, cwd=root)
-    assert done.returncode == 0, f"in its own network namespace:\n{done.stdout[-6000:]}{done.stderr[-2000:]}"
-    assert "1 passed" in done.stdout, done.stdout[-2000:]
+    proc = subprocess.Popen(argv, env=dict(os.environ, **{IN_OWN_NETNS: "1"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, cwd=root)
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    except BaseException:
+        # interrupted (Ctrl-C, a timeout): the inner pytest tears its phone and adb server down on
+        # SIGINT, as this one does; a SIGKILL would leave the phone's daemon running
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    assert proc.returncode == 0, f"in its own network namespace:\n{stdout[-6000:]}{stderr[-2000:]}"
+    assert "1 passed" in stdout, stdout[-2000:]
 
 
 @contextlib.contextmanager
