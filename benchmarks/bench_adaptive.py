@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from devices.adb.server import adb_binary
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from harness import demo
 from harness.campaign.options import campaign_from_options
 from harness.plan.adaptive import measured_bracket
@@ -53,7 +54,7 @@ from results.read.table import build_table
 # ten budgets: under and over the cycle, then steps past the small phone's RAM
 GRID_MB = ["0", "cycle*0.9", "cycle*1.2", "150", "250", "350", "450", "550", "700", "1000", "1400"]
 SMALL_GRID_MB = ["0", "cycle*0.9", "cycle*1.2", "20", "25", "30", "35", "40", "50", "60"]
-SMALL_PHONES = {"small": (72 << 20, "Bench 72MB", "sm6375"), "large": (256 << 20, "Bench 256MB", "sm8550")}
+SMALL_PHONES = {"small": (72 * MIB, "Bench 72MB", "sm6375"), "large": (256 * MIB, "Bench 256MB", "sm8550")}
 
 
 def sweep(name: str, model: Path, devices: list[str], grid: list[str], port: int, home: Path, args, adaptive: bool):
@@ -136,7 +137,7 @@ def main() -> None:
     if args.small:
         model = out / "bench-mid.gguf"
         if not model.exists():
-            write_model(model, synth_options("qwen3moe", size_bytes=64 << 20, seed=1))
+            write_model(model, synth_options("qwen3moe", size_bytes=64 * MIB, seed=1))
         phones, grid = SMALL_PHONES, SMALL_GRID_MB
     else:
         model, phones, grid = demo._model(out, print), demo.PHONES, GRID_MB

@@ -38,6 +38,7 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer, adb_binary, ensure_server
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 
@@ -118,9 +119,9 @@ def main() -> None:
         home = os.path.join(tmp, "phones")
         os.environ["BMOE_FLEET_HOME"] = os.path.join(tmp, "fleet-home")
         try:
-            manager.up(PHONE, 512 << 20, home=home, adb_host="127.0.0.1", adb_port=port)
+            manager.up(PHONE, 512 * MIB, home=home, adb_host="127.0.0.1", adb_port=port)
             model = os.path.join(tmp, "small.gguf")
-            write_model(model, synth_options("qwen3moe", size_bytes=16 << 20, seed=1))
+            write_model(model, synth_options("qwen3moe", size_bytes=16 * MIB, seed=1))
             engine = {"kind": "native", "native": {"host": {"cli": cli}}} if cli else {"kind": "python"}
             data = {"version": 1, "name": "cellbench",
                     "fleet": {"devices": [f"virtual:{PHONE}"], "virtual_home": home,

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_io import raw_pass
 
-from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.model import load_model_shape
 from engine.gguf.synth import synth_options, write_model
 from engine.stream.pagecache import drop_page_cache
+from engine.units import MIB
 from results.read.parse import read_metrics_csv
 
 

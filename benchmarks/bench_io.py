@@ -37,8 +37,8 @@ from engine.stream.cache import ExpertCache
 from engine.stream.io import O_DIRECT, memory_filesystem, read_alignment_bytes
 from engine.stream.pagecache import drop_page_cache
 from engine.stream.source import StreamingExpertSource
+from engine.units import MIB
 
-MIB = 1 << 20
 ROWS, COLS = 1031, 1024  # F16: 2,111,488 B per expert (2.01 MiB), not a multiple of 4096
 
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from devices.adb.server import adb_binary  # noqa: E402
 from devices.virtual import manager  # noqa: E402
+from engine.units import GIB  # noqa: E402
 from harness.campaign.file import parse_campaign  # noqa: E402
 from harness.run.runner import run_campaign  # noqa: E402
 from results.read.parse import read_metrics_csv  # noqa: E402
@@ -89,7 +90,7 @@ def private_phone(tmp_path: Path, name: str):
     os.environ["ANDROID_ADB_SERVER_PORT"] = str(port)
     home = tmp_path / "phones"
     try:
-        manager.up(name, 1 << 30, home=home, adb_host="127.0.0.1", adb_port=port)
+        manager.up(name, GIB, home=home, adb_host="127.0.0.1", adb_port=port)
         yield port, home
     finally:
         manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)

@@ -43,16 +43,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.gguf.model import MIB, load_model_shape  # noqa: E402
+from engine.gguf.model import load_model_shape  # noqa: E402
 from engine.gguf.synth import synth_options, write_model  # noqa: E402
 from engine.stream.pagecache import drop_page_cache  # noqa: E402
+from engine.units import GIB, MIB  # noqa: E402
 from results.read.parse_console import parse_console  # noqa: E402
 
 DEFAULT_CLI = ROOT.parent / "shared/peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"
 TINY = ROOT / "tests/fixtures/upstream/host-v2-0.19.0/tiny-qwen3moe.gguf"
 MODELS = {
-    "qwen3moe": dict(preset="qwen3moe", layers=13, experts=16, top_k=4, size_bytes=int(1.27 * (1 << 30)), seed=3),
-    "gpt-oss": dict(preset="gpt-oss", layers=12, experts=16, top_k=4, size_bytes=1 << 30, seed=3),
+    "qwen3moe": dict(preset="qwen3moe", layers=13, experts=16, top_k=4, size_bytes=int(1.27 * GIB), seed=3),
+    "gpt-oss": dict(preset="gpt-oss", layers=12, experts=16, top_k=4, size_bytes=GIB, seed=3),
 }
 
 
@@ -138,7 +139,7 @@ def bench_model(name: str, path: Path, cli: Path, args) -> list[tuple[str, str, 
                 ["--cache-mb", str(above)] + (["--force-cache"] if above < 1500 else []))]
     py = [sys.executable, "-m", "engine"]
     rows = []
-    print(f"\n== {name}: {path.name}, {shape.file_bytes / (1 << 30):.2f} GiB, {shape.n_layer} layers x "
+    print(f"\n== {name}: {path.name}, {shape.file_bytes / GIB:.2f} GiB, {shape.n_layer} layers x "
           f"{shape.n_expert} experts, top-{shape.top_k}, token cycle {cycle_mib:.1f} MiB", flush=True)
     for label, flags in budgets:
         common = ["-m", str(path), "-t", str(args.threads), "-n", str(args.tokens), "--moe-stream", *flags]

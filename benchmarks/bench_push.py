@@ -32,9 +32,7 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer, adb_binary
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
-from engine.units import parse_bytes
-
-MIB = 1 << 20
+from engine.units import GIB, MIB, parse_bytes
 
 
 def free_port() -> int:
@@ -57,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         home = os.path.join(tmp, "phones")
         try:
-            serial = manager.up("pushbench", 1 << 30, home=home, adb_host="127.0.0.1", adb_port=port)
+            serial = manager.up("pushbench", GIB, home=home, adb_host="127.0.0.1", adb_port=port)
             phone = AdbPhone(serial, AdbServer("127.0.0.1", port))
             model = os.path.join(tmp, "model.gguf")
             if args.sparse:

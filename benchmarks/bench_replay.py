@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.units import MIB
 from results.read.route_trace import RouteTrace, TraceRows, read_route_trace
 from results.replay.lru_replay import access_sequence, lru_curve, mib_to_bytes, stack_distances
 from results.replay.policy_replay import simulate
@@ -51,7 +52,7 @@ def main() -> None:
     trace = read_route_trace(TRACE)
     seq = access_sequence(trace)
     print(f"trace     {TRACE.name}: {len(trace.rows):,} rows, {len(seq):,} lookups, "
-          f"T = {trace.cycle_bytes / 2**20:.1f} MiB")
+          f"T = {trace.cycle_bytes / MIB:.1f} MiB")
 
     big = repeated(trace, args.repeat)
     t_seq, big_seq = best_of(3, lambda: access_sequence(big))

@@ -15,8 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-MIB = 1 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.units import GIB, MIB
 
 
 def _run_child(argv: list[str]) -> tuple[float, int]:
@@ -49,7 +52,7 @@ def main() -> None:
             wall_s, peak_kb = _run_child([os.path.join(bin_dir, "bmoe-fleet"), "model", "synth", out,
                                           "--preset", preset, "--size", args.size, "--quiet"])
             n_bytes = os.path.getsize(out)
-            target = int(args.size[:-3]) * (1 << 30) if args.size.endswith("GiB") else None
+            target = int(args.size[:-3]) * GIB if args.size.endswith("GiB") else None
             os.unlink(out)
             plain_s = _plain_write(os.path.join(tmp, "plain.bin"), n_bytes)
             os.unlink(os.path.join(tmp, "plain.bin"))

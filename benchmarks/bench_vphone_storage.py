@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from devices.adb.server import AdbServer, adb_binary, ensure_server
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
+from engine.units import GIB, MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 
@@ -79,7 +80,7 @@ def probe(serial: str, port: int, path: str, burst_mib: float, idle_ms: float, n
 
 
 MODELS = {  # name: synth options (uniform routing: every token reads its experts)
-    "io-bound 96 MiB": dict(size_bytes=96 << 20),
+    "io-bound 96 MiB": dict(size_bytes=96 * MIB),
     "computing 1.1 GiB": dict(layers=4, experts=16, top_k=4, hidden=1024, vocab=262144),
 }
 UFS22_MIBS = 1000    # devices/virtual/profiles.py: the Redmi Note 12's UFS 2.2
@@ -107,13 +108,13 @@ def main() -> int:
         serials = {}
         try:
             for name, mbps in phones.items():
-                serials[name] = manager.up(name, 2 << 30, home=home, adb_host="127.0.0.1", adb_port=port,
+                serials[name] = manager.up(name, 2 * GIB, home=home, adb_host="127.0.0.1", adb_port=port,
                                            storage_mbps=mbps)
             print(f"load {loadavg()}; limit {args.limit} MiB/s; nothing else of this project running")
             for name, mbps in phones.items():
                 target = home / name / "data" / "local" / "tmp" / "flash-probe.bin"
                 with open(target, "wb") as f:
-                    f.write(os.urandom(64 << 20))
+                    f.write(os.urandom(64 * MIB))
                     f.flush()
                     os.fsync(f.fileno())
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)

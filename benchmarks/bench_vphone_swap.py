@@ -53,10 +53,10 @@ from devices.virtual import cgroup as cgroups
 from devices.virtual import manager
 from devices.virtual.swapwatch import SwapWatch
 from engine.gguf.synth import plan_tensors, synth_options, write_model
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 
-MIB = 1 << 20
 APP_LZ4_RATIO = 2.9   # what zram keeps of an app's :compressible memory (apps.py, measured)
 
 
@@ -82,7 +82,7 @@ def model_options(model_bytes: int, dense_bytes: int):
     8192) whose dense tensors (everything but the experts) reach it."""
     if not dense_bytes:
         return synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0)
-    for vocab in range(8192, 1 << 20, 8192):
+    for vocab in range(8192, 128 * 8192, 8192):
         o = synth_options("qwen3moe", size_bytes=model_bytes, seed=1, router_skew=0, vocab=vocab)
         if dense_bytes_of(o) >= dense_bytes:
             return o

@@ -32,12 +32,13 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.units import MIB
 from harness.cli.main import main as cli
 
 
 def check(out: Path, output: str) -> None:
     """Every claim of the demo, on the folder it wrote and what it printed (AssertionError names the first that fails)."""
-    assert (out / "demo-qwen3moe.gguf").stat().st_size > 60 * 2**20
+    assert (out / "demo-qwen3moe.gguf").stat().st_size > 60 * MIB
     assert "top-k 4: token cycle" in output
     # each phone ran one route-traced probe, and its knee cell ran at the knee the probe replays to
     from harness.plan.probe import knee_of_trace

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.units import MIB
 from tests.results.mutants import IMPORT_SEEDS, READERS, import_mutant, mutate, read_mutant
 
 MAX_OPS = 3
@@ -99,7 +100,7 @@ def _phone(folder: Path):
     sync_mutants.STALL_S = sync_mutants.QUIET_S = 0.05
     home = folder / "phones"
     with running_adb_server(folder / "android") as (port, _env):
-        manager.up("fuzz", 128 << 20, home=home, adb_host="127.0.0.1", adb_port=port)
+        manager.up("fuzz", 128 * MIB, home=home, adb_host="127.0.0.1", adb_port=port)
         try:
             info = manager.info("fuzz", home)
             yield info.port, info.root / ".vphone" / "daemon.log"

@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.units import GIB, KIB, MIB
+
 # ProcessList.java (frameworks/base/services/core/java/com/android/server/am)
 FOREGROUND_APP_ADJ = 0
 VISIBLE_APP_ADJ = 100
@@ -34,7 +36,7 @@ STATES = {"foreground": FOREGROUND_APP_ADJ, "visible": VISIBLE_APP_ADJ,
 OPEN = "open"
 _PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)+", re.A)
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
-_UNITS = {"": 1 << 20, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+_UNITS = {"": MIB, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
 
 # An `:active` app reads one byte of ACTIVE_PERCENT % of its pages every ACTIVE_PERIOD_S, in turn
 # (all of them every 100 / ACTIVE_PERCENT periods): a foreground app in use keeps its memory warm.
@@ -69,7 +71,7 @@ class App:
             return f"{self.name} (opened by ActivityManager: lmkd's to kill)"
         kind = "compressible" if self.compressible else "incompressible"
         use = ", active" if self.active else ""
-        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes >> 20} MiB {kind}{use})"
+        return f"{self.name} ({self.state}, oom_score_adj {self.oom_score_adj}, {self.size_bytes // MIB} MiB {kind}{use})"
 
 
 def parse_apps(items: str | list[str] | tuple[str, ...]) -> list[App]:

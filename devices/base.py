@@ -17,10 +17,11 @@ from devices.lmkd_inputs import LmkdSample
 from devices.reclaim import Reclaim
 from engine.errors import BmoeError
 from engine.procfs import parse_kb_fields
+from engine.units import KIB
 
 # read_range offsets are multiples of this: a phone reads them with dd's block skip (toybox dd
 # has no byte-granular skip), and a GGUF header is read in whole pieces of it anyway.
-RANGE_ALIGN = 64 * 1024
+RANGE_ALIGN = 64 * KIB
 # the page size a device that cannot say its own is taken to have: arm64 Android and x86 kernels
 # before 16 KiB pages (developer.android.com, "Support 16 KB page sizes")
 PAGE_SIZE_DEFAULT_BYTES = 4096

@@ -42,6 +42,7 @@ from typing import Any
 
 from devices.android import ACTIVE_PERCENT, ACTIVE_PERIOD_S, HOST_ABI, App
 from devices.base import DeviceError
+from engine.units import GIB, MIB
 
 SOURCE = Path(__file__).with_name("coapp.c")
 BINARY = "bmoe-coapp"
@@ -77,7 +78,7 @@ class RunningApp:
     def to_dict(self) -> dict:
         """run.json's `apps` entry. `registered`: opened through ActivityManager, so lmkd may kill it;
         otherwise `ballast`: a shell allocator, which lmkd on a real phone never considers."""
-        return {"name": self.process_name, "state": self.app.state, "size_mib": self.app.size_bytes / (1 << 20),
+        return {"name": self.process_name, "state": self.app.state, "size_mib": self.app.size_bytes / MIB,
                 "compressible": self.app.compressible, "active": self.app.active,
                 "oom_score_adj": self.app.oom_score_adj, "pid": self.pid, "ready": self.ready,
                 "registered": self.app.opened, "ballast": not self.app.opened}
@@ -213,7 +214,7 @@ def _start_ballast(phone, apps: Sequence[App], binary_local: Path, session: AppS
         conn = phone.open_shell(start_command(binary, app))
         connections.append(conn)
         session.connections.append(conn)
-    deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / (1 << 30))
+    deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / GIB)
     for app, conn in zip(apps, connections):
         lines = _lines_until(conn, "ready", deadline)
         if not lines or not lines[0].isdigit():

@@ -31,6 +31,7 @@ from devices.base import (
 )
 from devices.lmk import LmkEvent, parse_line
 from engine.fsutil import fleet_home, replacing
+from engine.units import MIB
 
 LOCAL_SERIAL = "local"
 
@@ -77,7 +78,7 @@ def cpufreq_policies(root: str = "/sys/devices/system/cpu/cpufreq") -> tuple[Cpu
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(4 << 20):
+        while chunk := fh.read(4 * MIB):
             h.update(chunk)
     return h.hexdigest()
 
@@ -188,7 +189,7 @@ class LocalDevice:
         total = os.path.getsize(local_path)
         done = 0
         with open(local_path, "rb") as src, replacing(remote_path, tmp=remote_path + ".partial") as dst:
-            while chunk := src.read(8 << 20):
+            while chunk := src.read(8 * MIB):
                 dst.write(chunk)
                 done += len(chunk)
                 if progress:

@@ -8,14 +8,15 @@ from typing import Any
 
 from engine.errors import BmoeError
 
+KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
 
 _UNITS = {
     "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1000, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
+    "k": KIB, "kb": 1000, "kib": KIB,
+    "m": MIB, "mb": 1000**2, "mib": MIB,
+    "g": GIB, "gb": 1000**3, "gib": GIB,
     "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")

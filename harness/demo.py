@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from engine.errors import BmoeError
 from engine.gguf.inspect import inspect_model
 from engine.gguf.synth import synth_options, write_model
+from engine.units import GIB, MIB
 from store.campaign_dir import CampaignDir
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 Echo = Callable[[str], None]
 
-PHONES = {"small": (640 << 20, "Demo 640MB", "sm6375"), "large": (2 << 30, "Demo 2GB", "sm8550")}
+PHONES = {"small": (640 * MIB, "Demo 640MB", "sm6375"), "large": (2 * GIB, "Demo 2GB", "sm8550")}
 # each phone's own flash (MiB/s, virtual up --storage-mbps): a phone reads its own storage, where
 # unpaced phones share this host's disk and one phone's reads slow the other's
 STORAGE_MBPS = 300
@@ -106,8 +107,8 @@ def _start_phones(home: Path, port: int, env: dict, echo: Echo,
         zram_bytes = ram_bytes // 2 if no_zram is None else 0
         serial = manager.up(name, ram_bytes, model=model, soc=soc, home=home, adb_host="127.0.0.1", adb_port=port,
                             cpus=cpus, zram_bytes=zram_bytes, storage_mbps=storage_mbps)
-        echo(f"virtual phone {name}: {serial}, {ram_bytes >> 20} MiB RAM"
-             + (f", {zram_bytes >> 20} MiB zram" if zram_bytes else "")
+        echo(f"virtual phone {name}: {serial}, {ram_bytes // MIB} MiB RAM"
+             + (f", {zram_bytes // MIB} MiB zram" if zram_bytes else "")
              + (f", flash {storage_mbps} MiB/s" if storage_mbps else "")
              + (f", core {','.join(map(str, manager.info(name, home).cpus))}" if cpus else ""))
         names.append(name)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.fsutil import naming
+from engine.units import MIB
 from store import names, versioned
 from store.errors import StoreError
 
@@ -59,7 +60,7 @@ class Ledger:
                 if size and os.pread(fd, 1, size - 1) != b"\n":
                     # a line torn by a crash mid-append: it never was a record; drop it so it
                     # cannot glue onto this one (the only write that is not an append)
-                    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+                    tail = os.pread(fd, min(size, MIB), max(0, size - MIB))
                     cut = tail.rfind(b"\n")
                     os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else 0)
                 data = line.encode("utf-8")

@@ -46,8 +46,9 @@ from devices.base import (
 from devices.local import file_sha256
 from engine.fsutil import replacing
 from engine.safetext import one_line
+from engine.units import KIB, MIB
 
-SYNC_DATA_MAX = 64 * 1024
+SYNC_DATA_MAX = 64 * KIB
 STAMP_DIR = "/data/local/tmp/.bmoe-sha256"     # PhoneFiles.stamped_sha256: what each pushed file hashed to
 SHA256_SILENCE_S = 600.0    # remote_sha256's bound: a whole model read at ~10 MiB/s or better
 
@@ -115,7 +116,7 @@ def recv_exactly(sock, n: int) -> bytes:
 
 
 def _mib(n_bytes: int) -> str:
-    return f"{n_bytes / (1 << 20):,.1f} MiB"
+    return f"{n_bytes / MIB:,.1f} MiB"
 
 
 _DF_UNITS = {"1k-blocks": 1024, "1024-blocks": 1024, "512-blocks": 512}

@@ -25,10 +25,11 @@ from devices.base import (
     parse_meminfo_kb,
 )
 from engine.safetext import one_line
+from engine.units import KIB
 
 # shell v2 packet ids (adb's shell_protocol.h): stdin, stdout, stderr, exit, close-stdin
 _SHELL_STDIN, _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT, _SHELL_CLOSE_STDIN = 0, 1, 2, 3, 4
-STDIN_DATA_MAX = 64 * 1024  # one stdin packet's data at most (as sync's DATA)
+STDIN_DATA_MAX = 64 * KIB   # one stdin packet's data at most (as sync's DATA)
 _READ_TICK_S = 0.5          # run() wakes this often to check the watch and the stop event
 
 

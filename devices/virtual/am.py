@@ -75,6 +75,7 @@ from devices.virtual.lmkd_registry import (
     procprio_packet,
     procremove_packet,
 )
+from engine.units import MIB
 
 log = logging.getLogger("bmoe.vphone.am")
 
@@ -83,8 +84,8 @@ LAUNCHER_ACTIVITY, FOREGROUND_SERVICE = "MainActivity", "RunService"
 ENGINE_PACKAGE = "io.bigmoeonedge.example"
 INSTALLED_FIRST_UID = FIRST_APP_UID + 100
 # the apps every virtual phone has installed, and what each holds once running
-INSTALLED = ((ENGINE_PACKAGE, 16 << 20), ("com.bmoe.app.browser", 96 << 20), ("com.bmoe.app.maps", 64 << 20),
-             ("com.bmoe.app.chat", 32 << 20))
+INSTALLED = ((ENGINE_PACKAGE, 16 * MIB), ("com.bmoe.app.browser", 96 * MIB), ("com.bmoe.app.maps", 64 * MIB),
+             ("com.bmoe.app.chat", 32 * MIB))
 NO_CLASS_ERROR_CODE = "Error type 3"
 REQUEST_TIMEOUT_S = 10.0
 FAILED = -1          # a shell command's result code for an error: `cmd` exits 255

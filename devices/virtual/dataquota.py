@@ -37,8 +37,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from engine.units import MIB
+
 IMAGE = "data.img"             # in the phone's internal folder
-MIN_BYTES = 16 << 20           # the smallest quota: ext4's journal (4 MiB) and tables take a part of it
+MIN_BYTES = 16 * MIB           # the smallest quota: ext4's journal (4 MiB) and tables take a part of it
 DETACH_WAIT_S = 5.0            # how long a stopped daemon's loop device may take to go
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
@@ -105,7 +107,7 @@ def ensure_image(internal: Path, size_bytes: int) -> Path:
             raise QuotaUnavailable(f"mkfs.ext4 failed: {made.stderr.strip() or made.stdout.strip()}")
         os.replace(tmp, image)
     except OSError as e:
-        raise QuotaUnavailable(f"cannot make the {size_bytes >> 20} MiB image {image}: {e.strerror or e}") from None
+        raise QuotaUnavailable(f"cannot make the {size_bytes // MIB} MiB image {image}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return image

@@ -39,9 +39,10 @@ from devices.virtual.phone import (
     require_linux,
 )
 from engine.errors import BmoeError
+from engine.units import MIB
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-MIN_RAM_BYTES = 32 << 20
+MIN_RAM_BYTES = 32 * MIB
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -184,7 +185,7 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     if not _NAME.match(name):
         raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
     if ram_bytes < MIN_RAM_BYTES:
-        raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES >> 20} MiB)")
+        raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES // MIB} MiB)")
     if port is not None and not 0 < port < 65536:
         raise VirtualPhoneError(f"bad port {port}")
     try:
@@ -255,7 +256,7 @@ def _check_resources(zram_bytes: int, algorithm: str, swappiness: int, cpus: int
     if zram_bytes:
         reason = zram.available()
         if reason:
-            raise VirtualPhoneError(f"--zram {zram_bytes >> 20}MiB refused: {reason}; --zram 0 runs without swap")
+            raise VirtualPhoneError(f"--zram {zram_bytes // MIB}MiB refused: {reason}; --zram 0 runs without swap")
         offered = zram.algorithms()
         if offered and algorithm not in offered:
             raise VirtualPhoneError(f"zram algorithm {algorithm!r} not offered by this kernel (it has "
@@ -273,7 +274,7 @@ def _check_quota(data_quota_bytes: int, isolated: bool, root: Path) -> None:
         return
     if data_quota_bytes < dataquota.MIN_BYTES:
         raise VirtualPhoneError(f"--data-quota {data_quota_bytes} bytes is too small (at least "
-                                f"{dataquota.MIN_BYTES >> 20} MiB: ext4's own tables take some)")
+                                f"{dataquota.MIN_BYTES // MIB} MiB: ext4's own tables take some)")
     if not isolated:
         raise VirtualPhoneError("--data-quota needs isolation (a mount namespace): drop --no-isolation")
     reason = dataquota.available()
@@ -285,8 +286,8 @@ def _check_quota(data_quota_bytes: int, isolated: bool, root: Path) -> None:
     where = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
     st = os.statvfs(where)
     if st.f_bavail * st.f_frsize < data_quota_bytes:
-        raise VirtualPhoneError(f"--data-quota {data_quota_bytes >> 20} MiB refused: {where} has only "
-                                f"{st.f_bavail * st.f_frsize >> 20} MiB free for the phone's /data image")
+        raise VirtualPhoneError(f"--data-quota {data_quota_bytes // MIB} MiB refused: {where} has only "
+                                f"{st.f_bavail * st.f_frsize // MIB} MiB free for the phone's /data image")
 
 
 def recorded_commands(name: str, home: os.PathLike | str | None = None) -> builtins.list[str]:

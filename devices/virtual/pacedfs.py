@@ -56,8 +56,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-MIB = 1 << 20
-MAX_IO = 1 << 20                 # max_read / max_write: one 1 MiB request, as bmoe-cli's lane reads are
+from engine.units import KIB, MIB
+
+MAX_IO = MIB                     # max_read / max_write: one 1 MiB request, as bmoe-cli's lane reads are
 MAX_PAGES = MAX_IO // 4096
 PAGE = 4096
 FS_NAME = "bmoe-flash"           # the mount's type and source in mountinfo (source: bmoe-flash:PHONE)
@@ -209,7 +210,7 @@ class Server:
     def _worker(self) -> None:
         while True:
             try:
-                req = os.read(self.dev, MAX_IO + 64 * 1024)
+                req = os.read(self.dev, MAX_IO + 64 * KIB)
             except InterruptedError:
                 continue
             except OSError as e:

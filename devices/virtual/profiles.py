@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1 << 30
+from engine.units import GIB, MIB
+
 SCALE = 1 / 8
 
 
@@ -59,11 +60,11 @@ class Profile:
 
     def scaled(self) -> dict:
         """The values `virtual up` takes, scaled to this host (module doc)."""
-        ram = int(self.ram_bytes * SCALE) & ~((1 << 20) - 1)
-        return {"ram_bytes": ram, "zram_bytes": int(ram * self.zram_fraction) & ~((1 << 20) - 1),
+        ram = int(self.ram_bytes * SCALE) & ~(MIB - 1)
+        return {"ram_bytes": ram, "zram_bytes": int(ram * self.zram_fraction) & ~(MIB - 1),
                 "cpus": max(1, round(self.cores * SCALE)),
                 # --storage-mbps is MiB/s; the makers publish MB/s
-                "storage_mbps": round(self.read_mbps * 1_000_000 / (1 << 20)),
+                "storage_mbps": round(self.read_mbps * 1_000_000 / MIB),
                 "android": self.android, "model": self.model, "manufacturer": self.manufacturer,
                 "soc": self.soc, "lmk": dict(self.lmk), "thermal_unit": self.thermal_unit}
 

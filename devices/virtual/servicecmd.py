@@ -21,7 +21,7 @@ import os
 import sys
 
 SOCKET = "dev/socket/vphone_cmd"      # under the phone's root
-MAX_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 1 << 20           # 1 MiB spelt out: this module imports only the standard library
 NO_SERVICE_STATUS = 20                # cmd's exit status when it cannot reach a service
 
 

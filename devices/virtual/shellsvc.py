@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from devices.virtual.adbd import Stream, StreamClosed
+from engine.units import KIB
 
 log = logging.getLogger("bmoe.vphone.shell")
 
 ID_STDIN, ID_STDOUT, ID_STDERR, ID_EXIT, ID_CLOSE_STDIN, ID_WINDOW_SIZE = range(6)
 PACKET_HEADER = struct.Struct("<BI")
-READ_CHUNK = 64 * 1024
+READ_CHUNK = 64 * KIB
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from devices.virtual.adbd import Stream
+from engine.units import KIB
 
 log = logging.getLogger("bmoe.vphone.sync")
 
@@ -52,7 +53,7 @@ def leave_page_cache(fd: int) -> None:
     os.fdatasync(fd)                                        # dirty pages cannot be dropped
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-SYNC_DATA_MAX = 64 * 1024
+SYNC_DATA_MAX = 64 * KIB
 MAX_PATH = 1024
 REQUEST = struct.Struct("<4sI")
 STAT_V1 = struct.Struct("<4sIII")

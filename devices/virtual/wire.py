@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from engine.units import KIB, MIB
+
 HEADER = struct.Struct("<6I")
 HEADER_BYTES = HEADER.size  # 24
 
@@ -31,8 +33,8 @@ KNOWN_COMMANDS = {A_SYNC, A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH, A_STLS
 A_VERSION_MIN = 0x01000000
 A_VERSION_SKIP_CHECKSUM = 0x01000001
 A_VERSION = 0x01000001
-MAX_PAYLOAD_V1 = 4 * 1024
-MAX_PAYLOAD = 1024 * 1024  # what a current adbd offers; the server takes min(its, ours)
+MAX_PAYLOAD_V1 = 4 * KIB
+MAX_PAYLOAD = MIB  # what a current adbd offers; the server takes min(its, ours)
 
 
 class ProtocolError(Exception):

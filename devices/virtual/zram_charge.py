@@ -38,7 +38,9 @@ import signal
 import sys
 import time
 
-CHARGE_STEP = 1 << 20            # the ballast moves in 1 MiB chunks
+from engine.units import MIB
+
+CHARGE_STEP = MIB                # the ballast moves in 1 MiB chunks
 _CLONE_NEWNS, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 0x20000, 0x4000, 0x40000, 2
 
 

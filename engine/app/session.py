@@ -28,12 +28,13 @@ from engine.contract.telemetry import RouteTraceSink, RunSummary, TokenRow
 from engine.errors import BmoeError, ModelError
 from engine.forward.experts import ResidentExpertSource
 from engine.forward.graph import Model, Sampler
-from engine.gguf.model import MIB, ModelShape, engine_refusal, load_model_shape
+from engine.gguf.model import ModelShape, engine_refusal, load_model_shape
 from engine.gguf.tokenizer import SpmTokenizer, eog_ids_from_metadata
 from engine.procfs import KbFile
 from engine.stream.budget import CacheBudget, resolve_budget
 from engine.stream.io import DirectReader, Slice
 from engine.stream.source import Residency, StreamingExpertSource
+from engine.units import MIB
 
 SEED_RANDOM = 0xFFFFFFFF
 WARM_CHUNK_BYTES = 8 * MIB
@@ -246,7 +247,7 @@ class Session:
             total = sum(t.nbytes for t in dense)
             # bmoe-py never maps what it reads into anon buffers, so unlike bmoe-cli it has no
             # "dropped N MiB of now-unused mmap pages" line to print (docs/decisions/bmoe-py-differences.md).
-            self._message(f"bmoe: dense-weights=anon — {total >> 20} MiB in {len(dense)} anon buffers")
+            self._message(f"bmoe: dense-weights=anon — {total // MIB} MiB in {len(dense)} anon buffers")
             self.dense_read_s = time.perf_counter() - t0
             return DenseWeights(self.shape, buffers={t.name: a for t, a in zip(dense, arrays)})
         return DenseWeights(self.shape)
@@ -268,7 +269,7 @@ class Session:
                             break
                         left -= n
                         total += n
-        return f"bmoe: dense warm-up — {total >> 20} MiB in {time.perf_counter() - t0:.1f} s"
+        return f"bmoe: dense warm-up — {total // MIB} MiB in {time.perf_counter() - t0:.1f} s"
 
     # ---- generation ---------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from engine.interface.releases import NEXT, V0_19, V0_21, Release
 from engine.stream.budget import cycle_mb_of
+from engine.units import MIB
 
 CLAIM_ENV = "BMOE_PY_RELEASE"
 DEFAULT = V0_19
@@ -61,7 +62,7 @@ def release_of(engine: str) -> Release | None:
 
 def cycle_text(cycle_bytes: int, release: Release) -> str:
     """`cache_cycle_mb` as the claimed release writes it."""
-    return str(cycle_mb_of(cycle_bytes)) if release >= V0_21 else f"{cycle_bytes / (1 << 20):.1f}"
+    return str(cycle_mb_of(cycle_bytes)) if release >= V0_21 else f"{cycle_bytes / MIB:.1f}"
 
 
 def cycle_warning_one_line(release: Release) -> bool:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import IO, Any
 
+from engine.units import MIB
+
 CSV_VERSION_LINE = "# bmoe_metrics v2"
 ROUTE_TRACE_VERSION_LINE = "# route_trace v1"
 
@@ -238,11 +240,11 @@ def progress_lines(row: TokenRow, delta_text: bytes) -> list[bytes]:
     """`--progress` lines for one token: BMOE_LOAD (only when experts were read), BMOE_PROGRESS."""
     out = []
     if row.read_bytes or row.io_ms > 0:
-        out.append(f'BMOE_LOAD {{"mb":{row.read_bytes / (1 << 20):.2f},"ms":{row.io_ms:.1f}}}'.encode())
+        out.append(f'BMOE_LOAD {{"mb":{row.read_bytes / MIB:.2f},"ms":{row.io_ms:.1f}}}'.encode())
     body = (
         f'BMOE_PROGRESS {{"step":{row.step},"steps":{row.steps},"wall_ms":{row.wall_ms:.1f},"io_ms":{row.io_ms:.1f},'
         f'"compute_ms":{row.compute_ms:.1f},"mgmt_ms":{row.mgmt_ms:.1f},"stall_ms":{row.stall_ms:.1f},'
-        f'"read_mb":{row.read_bytes / (1 << 20):.2f},"cache_hit_pct":{row.cache_hit_pct:.1f},"majflt":{row.majflt},'
+        f'"read_mb":{row.read_bytes / MIB:.2f},"cache_hit_pct":{row.cache_hit_pct:.1f},"majflt":{row.majflt},'
         f'"cpu_ms":{row.cpu_ms:.1f},"dense_resident_frac":{row.dense_resident_frac:.3f},"delta_reasoning":"",'
         f'"delta_text":"'
     )

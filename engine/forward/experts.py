@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType
 from engine.errors import ModelError
 from engine.gguf.model import ExpertLayer, ModelShape
 from engine.kernels.matmul import RawMatrix, dequantize, raw_matrix
+from engine.units import MIB
 
 
 class ExpertSource(Protocol):
@@ -70,7 +71,7 @@ def _read_whole(path: str) -> np.ndarray:
     with open(path, "rb", buffering=0) as fh:
         view, done = out.data, 0
         while done < out.size:
-            n = fh.readinto(view[done:done + (64 << 20)])
+            n = fh.readinto(view[done:done + 64 * MIB])
             if not n:
                 raise ModelError(f"{path}: file shrank while it was being read")
             done += n

@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from engine.errors import ModelError
 from engine.safetext import one_line
+from engine.units import MIB
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -208,7 +209,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         raise ModelError(f"{path}: not a regular file (a model is a .gguf file)")
     file_bytes = st.st_size
     # opened here, used in the `with` below (the flag only matters for a FIFO, refused above)
-    fh = os.fdopen(fd, "rb", buffering=1 << 20)
+    fh = os.fdopen(fd, "rb", buffering=MIB)
     with fh:
         cur = _Cursor(fh, path, file_bytes)
         if file_bytes < 4 or fh.read(4) != GGUF_MAGIC:

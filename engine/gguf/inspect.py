@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.gguf.model import MIB, ModelShape, engine_refusal, load_model_shape
+from engine.gguf.model import ModelShape, engine_refusal, load_model_shape
 from engine.safetext import one_line
-from engine.units import format_bytes
+from engine.units import MIB, format_bytes
 
 TEXT_NAME_CHARS = 120   # the model's name and arch are the file's strings: shown escaped and cut
 

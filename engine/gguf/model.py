@@ -16,8 +16,8 @@ from typing import Any
 from engine.errors import ModelError
 from engine.gguf.header import GGUFHeader, TensorInfo, read_header
 from engine.safetext import one_line
+from engine.units import MIB
 
-MIB = 1 << 20
 # A token cycle's price in MiB, rounded one way in one place: the plan's `cycle_mb`, the model
 # records, the run table (from a GGUF), the route-trace replay and the analysis all price it so.
 # (What an engine prints is its own: bmoe-py's one decimal, upstream's integer rounded up from 0.21.)

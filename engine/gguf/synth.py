@@ -34,7 +34,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from engine.errors import SynthError
-from engine.gguf.model import MIB
+from engine.units import MIB
 
 CHUNK_BYTES = 4 * MIB
 ProgressFn = Callable[[int, int], None]

@@ -38,15 +38,16 @@ from gguf import GGMLQuantizationType as Q
 from engine.errors import ModelError
 from engine.kernels.activation import Activation, vec_dot_type
 from engine.kernels.native import compiled_loops, load
+from engine.units import KIB, MIB
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 # Up to this many tokens per product the vec_dot kernel runs; above, dequantized tiles and a BLAS.
 # Measured (CPU time, one thread, four 1408-row matrices, this host): the tiles catch up at 16
 # tokens for Q8_0 and Q4_0, 12 for MXFP4, 8 for F16, 16 for BF16, 8 for Q4_K and Q6_K.
 _DIRECT_MAX_TOKENS = {Q.Q8_0: 12, Q.Q4_0: 12, Q.MXFP4: 8, Q.F16: 6, Q.BF16: 8, Q.F32: 6, Q.Q4_K: 6, Q.Q6_K: 6}
-TILE_BYTES = 2 << 20            # float64 tile of rows per thread on the batched path
+TILE_BYTES = 2 * MIB            # float64 tile of rows per thread on the batched path
 PARALLEL_MIN_MACS = 1 << 17     # smaller products run on the calling thread alone
-CHUNK_BYTES = 64 << 10          # weight bytes a thread takes at a time from a batch of products
+CHUNK_BYTES = 64 * KIB          # weight bytes a thread takes at a time from a batch of products
 MAX_LANES = 64                  # threads of one batch (the library's own cap)
 # Smaller matrices take numpy's path (gguf's dequantizers and a BLAS), never the compiled loops:
 # a model made only of them (upstream's tiny model, the tests' synthetic ones) never loads the

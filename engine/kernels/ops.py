@@ -17,9 +17,10 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.gguf.hparams import RopeParams
 from engine.kernels.activation import round_activation
+from engine.units import MIB
 
 F16, F32, F64 = np.float16, np.float32, np.float64
-MATMUL_CHUNK_BYTES = 64 << 20
+MATMUL_CHUNK_BYTES = 64 * MIB
 
 
 def mul_mat(x: np.ndarray, w: np.ndarray, qtype: Q = Q.F32) -> np.ndarray:

@@ -36,9 +36,7 @@ from engine.interface.flags import (
     THREADS,
 )
 from engine.stream.budget import CACHE_MIN_MB, IO_THREADS_MAX
-
-MIB = 1 << 20
-GIB = 1 << 30
+from engine.units import GIB, KIB, MIB
 
 # Decision sources, as the rationale prints them (planner.cpp source_name)
 MEASURED, DERIVED, POLICY, OPERATOR, UNPROBED = "measured", "derived", "policy", "operator", "unprobed"
@@ -198,12 +196,12 @@ class Plan:
         """The rationale, line by line (plan.cpp Plan::explain)."""
         out = [f"plan: regime {self.regime}"]
         if self.token_cycle_bytes:
-            out.append(f"plan:   token cycle {self.token_cycle_bytes >> 20} MiB")
+            out.append(f"plan:   token cycle {self.token_cycle_bytes // MIB} MiB")
         out += [f"plan:   {d.knob:<14} {d.value:<10} [{d.source}] {d.reason}" for d in self.decisions]
         if self.predicted_s_per_tok > 0:
             out.append(f"plan:   cost {self.predicted_s_per_tok * 1000:.1f} ms/token predicted, "
                        f"{self.worst_s_per_tok * 1000:.1f} ms/token with nothing resident")
-            out += [f"plan:     {c.name:<10} {c.lane:<14} {c.resident_bytes >> 20:6d} MiB held, "
+            out += [f"plan:     {c.name:<10} {c.lane:<14} {c.resident_bytes // MIB:6d} MiB held, "
                     f"{c.s_per_tok * 1000:7.2f} ms/token  {c.reason}" for c in self.costs]
         if self.declined:
             out.append(f"plan:   declined: {self.declined}")
@@ -233,7 +231,7 @@ class Plan:
 
 
 def _mib(n: int) -> str:
-    return str(n >> 20)
+    return str(n // MIB)
 
 
 def plan_run(base: RunConfig, hw: Machine, model: ModelProfile, pinned: Iterable[str] = (),
@@ -336,7 +334,7 @@ def plan_run(base: RunConfig, hw: Machine, model: ModelProfile, pinned: Iterable
          "neither set fits, so the experts stream and the dense policy degrades with them (a tensor larger than "
          "this budget is left mapped rather than made resident)")
     if not is_pinned("cache-mb", str(max(config.cache_mb, 0))):
-        config = replace(config, cache_auto=False, cache_mb=budget >> 20)
+        config = replace(config, cache_auto=False, cache_mb=budget // MIB)
         note("cache-mb", _mib(budget), DERIVED,
              f"{_mib(usable)} MiB usable less {_mib(dense_pending)} MiB the dense policy is about to make "
              f"non-reclaimable, capped at the {_mib(model.expert_bytes)} MiB the experts occupy")
@@ -352,7 +350,7 @@ def plan_run(base: RunConfig, hw: Machine, model: ModelProfile, pinned: Iterable
         if want > 0:
             config = replace(config, io_threads=max(1, min(want, IO_THREADS_MAX)))
             note("io-threads", str(config.io_threads), MEASURED,
-                 f"the highest measured rate for this model's {model.expert_slice_bytes >> 10} KiB expert slice "
+                 f"the highest measured rate for this model's {model.expert_slice_bytes // KIB} KiB expert slice "
                  "on this storage")
         else:
             note("io-threads", str(config.io_threads), UNPROBED,
@@ -448,7 +446,7 @@ def explain_lines(hw: Machine, model: ModelProfile, plan: Plan, model_path: str,
         for g in model.groups:
             if g.bytes:
                 tag = "  (row-gathered)" if g.row_gathered else "  (streamable)" if g.streamable else ""
-                out.append(f"plan:   {g.name:<10} {g.bytes >> 20:7d} MiB, {g.bytes_per_token >> 20:7d} MiB/token{tag}")
+                out.append(f"plan:   {g.name:<10} {g.bytes // MIB:7d} MiB, {g.bytes_per_token // MIB:7d} MiB/token{tag}")
     out += plan.explain()
     out += ["plan: reproduce with", f"  {program} -m {model_path} {plan.to_flags()}"]
     return out

@@ -49,6 +49,7 @@ from engine.plan.planner import (
 )
 from engine.stream.budget import available_memory
 from engine.stream.io import DirectReader
+from engine.units import GIB, MIB
 
 PROGRAM = "bmoe-py"            # the program the reproduce line names: the engine that made the plan
 
@@ -164,7 +165,7 @@ def compute_gibs(shape: ModelShape, threads: int) -> float:
         t0 = time.perf_counter()
         matmul(act, w, max(1, threads))
         best = min(best, time.perf_counter() - t0)
-    return piece.nbytes / best / (1 << 30) if best > 0 else 0.0
+    return piece.nbytes / best / GIB if best > 0 else 0.0
 
 
 def storage(shape: ModelShape) -> Storage:
@@ -188,7 +189,7 @@ def storage(shape: ModelShape) -> Storage:
                 reader.read_slices(batch)
                 dt = time.perf_counter() - t0
                 direct = reader.o_direct if direct is None else (direct and reader.o_direct)
-            rates.append(sum(s.nbytes for s in batch) / (1 << 20) / dt if dt > 0 else 0.0)
+            rates.append(sum(s.nbytes for s in batch) / MIB / dt if dt > 0 else 0.0)
         curve.append(RateSample(slice_bytes, lanes, statistics.median(rates)))
         if min(rates) > 0:
             spread = max(spread, max(rates) / min(rates))

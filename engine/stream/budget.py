@@ -22,8 +22,8 @@ import psutil
 
 from engine.errors import BmoeError
 from engine.gguf.model import ModelShape
+from engine.units import MIB
 
-MIB = 1 << 20
 CACHE_MIN_MB = 1500  # MoeStreamConfig::cache_min_mb: smallest non-pathological fixed budget
 CACHE_FLOOR_MB_DEFAULT = 1536
 CACHE_CEIL_MB_DEFAULT = 0  # 0 = no cap beyond the whole expert bank

@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from engine.errors import BmoeError
+from engine.units import KIB, MIB
 
 IO_THREADS_MAX = 8
 DEFAULT_ALIGN_BYTES = 4096
@@ -92,7 +93,7 @@ class IoStats:
 
     @property
     def read_mib_per_s(self) -> float:
-        return self.read_bytes / (1 << 20) / self.read_s if self.read_s > 0 else 0.0
+        return self.read_bytes / MIB / self.read_s if self.read_s > 0 else 0.0
 
 
 def read_alignment_bytes(path: str) -> int:
@@ -163,7 +164,7 @@ class ReusedBuffers:
     """
 
     _TRACKED = 64
-    _GRAIN_BYTES = 64 << 10  # round capacities up so same-tensor slices fit each other's buffers
+    _GRAIN_BYTES = 64 * KIB  # round capacities up so same-tensor slices fit each other's buffers
 
     def __init__(self) -> None:
         self._owners: deque[np.ndarray] = deque()

@@ -38,9 +38,9 @@ from engine.errors import BmoeError
 from engine.gguf.model import ExpertLayer, ModelShape
 from engine.stream.cache import CacheStats, ExpertCache
 from engine.stream.io import DirectReader, IoStats
+from engine.units import MIB
 
 PREFETCH_LAYERS_MAX = 8
-MIB = 1 << 20
 DENSE_PROBE_EVERY = 128  # layer loads between dense-residency samples (upstream's throttle)
 
 # bmoe-cli's validate() text for --prefetch without a cache (core/src/config.cpp).
@@ -229,7 +229,7 @@ class StreamingExpertSource:
     def streaming_on_line(self) -> str:
         """The last load line, after the dense-weights policy has run."""
         return (f"bmoe: expert streaming ON  n_expert={self.shape.n_expert} o_direct={int(self.o_direct)} "
-                f"io_threads={self.io_threads} cache={self.budget_bytes >> 20} MiB shards={len(self.shape.paths)}")
+                f"io_threads={self.io_threads} cache={self.budget_bytes // MIB} MiB shards={len(self.shape.paths)}")
 
     def stats(self) -> StreamStats:
         return StreamStats(

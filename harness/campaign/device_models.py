@@ -33,13 +33,14 @@ from devices.base import RANGE_ALIGN, Device, DeviceError
 from engine.errors import ModelError
 from engine.gguf.header import GGUF_MAGIC, read_header
 from engine.gguf.model import ModelShape, load_model_shape
+from engine.units import MIB
 from harness.campaign.device_resolution import DeviceRef
 from harness.campaign.model import Campaign, CampaignError, ModelSpec
 
 FIRST_PIECE_BYTES = 4 * RANGE_ALIGN       # 256 KiB: most headers; a large vocabulary takes a few doublings
 # Ten times the largest real header (a 150k-token vocabulary with its merges is ~6 MiB): a corrupt
 # file, whose parse keeps failing however much is pulled, stops here.
-HEADER_MAX_BYTES = 64 << 20
+HEADER_MAX_BYTES = 64 * MIB
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 

@@ -33,6 +33,7 @@ from engine.interface.flags import AUTO, BMOE_PY
 from engine.interface.releases import NEXT
 from engine.safetext import one_line
 from engine.stream.budget import IO_THREADS_MAX
+from engine.units import MIB
 from harness.campaign import flags as flag_rules
 from harness.campaign.budgets import PLANNER, parse_cache_value
 from harness.campaign.model import (
@@ -71,7 +72,7 @@ MAX_BACKOFF_S = 3600.0
 MAX_EXPERTS = 65536             # as route traces are read (docs/decisions/impossible-values.md)
 MAX_THREADS = 1024
 CPU_TEMP_RANGE_C = (-50.0, 200.0)
-MAX_MEM_MB = 2 ** 30            # 1 PiB of MemAvailable
+MAX_MEM_MB = (1 << 50) // MIB   # 1 PiB of MemAvailable
 MAX_TURNS = 1000                # turns of one session cell
 
 

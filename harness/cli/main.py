@@ -14,6 +14,7 @@ import click
 
 from engine.errors import BmoeError
 from engine.safetext import one_line, printable
+from engine.units import MIB
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -135,7 +136,7 @@ class _ProgressLine:
         if pct // step == self.last_pct // step:
             return
         self.last_pct = pct
-        counts = f"{done_bytes / (1 << 20):,.0f} / {total_bytes / (1 << 20):,.0f} MiB ({pct}%)"
+        counts = f"{done_bytes / MIB:,.0f} / {total_bytes / MIB:,.0f} MiB ({pct}%)"
         if not self.tty:
             print(one_line(f"{self.label}: {counts}", MESSAGE_CHARS), file=self.console.file, flush=True)
             return

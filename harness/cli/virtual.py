@@ -11,6 +11,7 @@ import json
 import click
 
 from engine.safetext import printable
+from engine.units import KIB, MIB
 
 
 @click.group("virtual")
@@ -66,7 +67,7 @@ def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | N
         # half the RAM where the host has zram (docs/decisions/vphone-zram.md), else none
         from devices.virtual import zram
         has_zram = zram.available() is None and not no_isolation
-        return (ram_bytes // 2) & ~((1 << 20) - 1) if has_zram else 0
+        return (ram_bytes // 2) & ~(MIB - 1) if has_zram else 0
 
     given = {"model": model, "manufacturer": manufacturer, "soc": soc, "android": android, "cpus": cpus,
              "storage_mbps": storage_mbps}
@@ -112,14 +113,14 @@ def list_(as_json: bool, home: str | None) -> None:
     for p in phones:
         # a phone's strings are what `virtual up` was given: shown escaped, never as raw control bytes
         status = printable(p.serial or "?") if p.running else "stopped"
-        click.echo(f"{printable(p.name):<16} {status:<22} {p.ram_bytes / (1 << 20):>8.0f} MiB  {printable(p.model)} "
+        click.echo(f"{printable(p.name):<16} {status:<22} {p.ram_bytes / MIB:>8.0f} MiB  {printable(p.model)} "
                    f"({printable(p.soc)}, Android {printable(str(p.android))})")
-        extras = [f"zram {p.zram_bytes >> 20} MiB" if p.zram_bytes else "",
+        extras = [f"zram {p.zram_bytes // MIB} MiB" if p.zram_bytes else "",
                   f"cores {','.join(map(str, p.cpus))}" if p.cpus else "",
                   f"flash {p.storage_mbps} MiB/s" if p.storage_mbps else "",
                   p.build if p.build != "user" else "",
-                  f"{p.page_size_bytes >> 10} KiB pages" if p.page_size_bytes != 4096 else "",
-                  f"/data {p.data_quota_bytes >> 20} MiB" if p.data_quota_bytes else ""]
+                  f"{p.page_size_bytes // KIB} KiB pages" if p.page_size_bytes != 4096 else "",
+                  f"/data {p.data_quota_bytes // MIB} MiB" if p.data_quota_bytes else ""]
         if any(extras):
             click.echo(f"{'':<16} " + ", ".join(e for e in extras if e))
         for app in p.apps:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import BmoeError
+from engine.units import KIB, MIB
 from harness.campaign.model import Campaign, remote_model_path
 from harness.campaign.presets import Sweep
 from results.analysis import android_app as app
 from results.analysis.community import COMMUNITY_PROMPT, COMMUNITY_RUNS, COMMUNITY_TOKENS
 from store import names, versioned
 
-PROBE_BLOCK = 512 * 1024
+PROBE_BLOCK = 512 * KIB
 PROBE_BLOCKS = 2048                    # 1 GiB, as bench-report.sh reads
 PROBE_MAX_MIB_S = 30720                # faster than any drive: O_DIRECT was ignored (bench-report.sh's bound)
 
@@ -152,7 +153,7 @@ def _probe_result(device: str, model: str, offset: int, done: int, seconds: floa
     if done <= 0 or seconds <= 0:
         return StorageProbe(device, model, offset, done, seconds, None, True,
                             "not measured: nothing read past the first quarter", time.time())
-    rate = done / (1 << 20) / seconds
+    rate = done / MIB / seconds
     if rate > PROBE_MAX_MIB_S:
         return StorageProbe(device, model, offset, done, seconds, None, False,
                             f"not measured: {rate:.0f} MiB/s is no drive's rate: O_DIRECT was ignored", time.time())

@@ -30,6 +30,7 @@ from typing import Any
 from devices import reclaim
 from devices.base import PressureSample
 from engine.app import protocol as session_protocol
+from engine.units import MIB
 from results.read.parse_session import done_figures, extremes
 
 READY, DONE, ERROR = (kind.encode() for kind in (session_protocol.READY, session_protocol.DONE, session_protocol.ERROR))
@@ -236,7 +237,7 @@ def turns_record(feeder: SessionFeeder, samples: Sequence[PressureSample],
         rec: dict[str, Any] = {
             "turn": turn.id, "id": turn.id, "outcome": "done" if turn.done else "error" if turn.error else "unanswered",
             **done_figures(turn.done or {}),
-            "swap_in_mib": None if swap_in is None else round(swap_in * page_bytes / (1 << 20), 3),
+            "swap_in_mib": None if swap_in is None else round(swap_in * page_bytes / MIB, 3),
             "sent_t_s": _round(turn.sent_t_s), "answered_t_s": _round(turn.answered_t_s),
         }
         if turn.error is not None:

@@ -588,7 +588,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
             distance = stack_distances(seq)
         except ReplayError:
             continue
-        cycle_mib = trace.cycle_bytes / (1 << 20)
+        cycle_mib = trace.cycle_bytes / MIB
         top = max([2 * cycle_mib] + [b * 1.1 for b in extra_budgets if not math.isnan(b)])
         budgets = sorted({round(b, 3) for b in default_budgets_mib(cycle_mib)} |
                          {round(b, 3) for b in extra_budgets if not math.isnan(b) and b >= 0} |

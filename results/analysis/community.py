@@ -33,6 +33,7 @@ from typing import Any
 
 from engine.interface.flags import CHATML, OVERLAP, UBATCH
 from engine.interface.outputs import STALL_UNION
+from engine.units import GIB, KIB
 from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
@@ -88,7 +89,7 @@ def soc_family(soc: str, abi: str = "") -> str:
 def _phone_ram(mem_kb: float | None) -> str:
     if not mem_kb:
         return "RAM unknown"
-    gib = mem_kb / (1 << 20)
+    gib = mem_kb * KIB / GIB
     if gib < 1:
         return f"{mem_kb / 1024:,.0f} MiB RAM"
     size = next((s for s in PHONE_SIZES_GIB if s >= gib - 0.01), math.ceil(gib))
@@ -106,7 +107,7 @@ def hardware_class(identity: Mapping[str, Any], cores: float | None) -> str:
     if kind == "local":
         arch = str(identity.get("abi") or identity.get("host_abi") or "host")
         core = f" {int(cores)} cores" if cores and not math.isnan(cores) else ""
-        ram = f", {mem / (1 << 20):.0f} GB RAM" if mem else ""
+        ram = f", {mem * KIB / GIB:.0f} GB RAM" if mem else ""
         return f"Linux host, {arch}{core}{ram}"
     return "unknown hardware"
 
@@ -131,7 +132,7 @@ def machine_cells(identity: Mapping[str, Any], probe: Mapping[str, Any], cores: 
         "CPU": cpu,
         "Cores / threads used": (f"{cores:.0f}" if not math.isnan(cores) else "n/a") + " / "
                                 + (f"{used:.0f}" if not math.isnan(used) else "n/a"),
-        "RAM": (_phone_ram(mem).removesuffix(" RAM") if phone else f"{int(mem) >> 20} GiB") if mem else "n/a",
+        "RAM": (_phone_ram(mem).removesuffix(" RAM") if phone else f"{int(mem) * KIB // GIB} GiB") if mem else "n/a",
         "Storage": str(probe.get("drive") or "") or "n/a",
         "Storage read (512 KiB, O_DIRECT)": f"{rate:.0f} MiB/s" if rate else "n/a",
         "OS": os_text,

@@ -35,6 +35,7 @@ from engine.contract.flags import PLANNER_BUDGET, auto_label, flags_text
 from engine.gguf.model import cycle_price_mib
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
+from engine.units import MIB
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
@@ -451,11 +452,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
                            (model_rec or {}).get("n_expert")),
         "cycle_source": cycle_source,
         # the most any cache of this model can hold (a budget over it fills at the bank)
-        "expert_bank_mib": _first(shape.expert_bytes / (1 << 20) if shape else None,
-                                  to_float((model_rec or {}).get("expert_bytes")) / (1 << 20)),
-        "expert_entry_mib": _first(shape.widest_expert_bytes / (1 << 20) if shape else None,
+        "expert_bank_mib": _first(shape.expert_bytes / MIB if shape else None,
+                                  to_float((model_rec or {}).get("expert_bytes")) / MIB),
+        "expert_entry_mib": _first(shape.widest_expert_bytes / MIB if shape else None,
                                    max((to_float(x.get("expert_bytes")) for x in (model_rec or {}).get("layers") or ()),
-                                       default=math.nan) / (1 << 20)),
+                                       default=math.nan) / MIB),
         "moe_stream": stream,
         "budget_label": _budget_label(stream, auto, budget, config, planner),
         "planner": planner,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.units import MIB
 from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay
 from results.analysis.recommend_records import Recommendation, Recommendations
 from results.numbers import is_missing
@@ -331,7 +332,7 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
             shape.append((label, fmt_num(v)))
     for key, label in (("expert_bytes", "expert bank"), ("dense_bytes", "dense weights"), ("file_bytes", "file")):
         if rec.get(key):
-            shape.append((label, f"{rec[key] / (1 << 20):,.1f} MiB"))
+            shape.append((label, f"{rec[key] / MIB:,.1f} MiB"))
     if rec.get("sha256"):
         shape.append(("sha256", str(rec["sha256"])))
     if rec.get("path"):

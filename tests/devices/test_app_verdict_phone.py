@@ -19,6 +19,7 @@ import io
 import json
 from pathlib import Path
 
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 from results.analysis.analyze import analyze
@@ -26,7 +27,6 @@ from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from tests.devices.conftest import needs_zram
 
-MIB = 1 << 20
 RAM, ZRAM = 128 * MIB, 64 * MIB
 # a flash of the phone's own: the cache fills at a phone's pace (an expert read is ~0.04 s), not at
 # this host's page cache's, so the phone's lmkd (10 ms polls under pressure) sees the squeeze

@@ -19,8 +19,7 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer as Server
 from devices.android import HOST_ABI, parse_load
 from devices.lmk import LmkEvent, hard_kills_of_others
-
-MIB = 1 << 20
+from engine.units import MIB
 
 
 def status_of(pid: int) -> dict[str, str]:

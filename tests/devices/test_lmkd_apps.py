@@ -16,9 +16,9 @@ from devices import android as apps_mod
 from devices.virtual import manager
 from devices.virtual.run import may_lower_oom_score_adj
 from engine.errors import BmoeError
+from engine.units import MIB
 from harness.cli.virtual import virtual
 
-MIB = 1 << 20
 # an engine stand-in: allocates MiB in 8 MiB steps (touching every page), then says it survived
 ALLOC = ("import sys, time\nmib = int(sys.argv[1]); held = []\n"
          "for _ in range(0, mib, 8):\n    b = bytearray(8 << 20); b[::4096] = b'x' * (len(b) // 4096)\n"

@@ -21,9 +21,9 @@ import pytest
 from devices.virtual import logbuf, zram
 from devices.virtual.lmkd import Lmkd
 from devices.virtual.lmkd_registry import CONTROL_SOCKET, SYSTEM_UID, procprio_packet
+from engine.units import MIB
 from tests.devices.conftest import wait_for
 
-MIB = 1 << 20
 # Fills MiB of anonymous memory with a same-filled pattern (zram keeps such a page in a few bytes,
 # so swap, not RAM, runs out first: lmkd's low-swap kill comes before the kernel's OOM), fast up
 # to FAST MiB, then 1 MiB every 60 ms (tests/devices/test_lmkd_zram.py says why), saying its pid.

@@ -13,8 +13,8 @@ import pytest
 
 from devices import lmk
 from devices.virtual import zram
+from engine.units import MIB
 
-MIB = 1 << 20
 # Fills MiB of anonymous memory with a same-filled pattern (zram keeps such a page in a few bytes,
 # so swap, not RAM, runs out first), fast up to FAST MiB, then 1 MiB every 60 ms: the last 10 % of
 # a 32 MiB zram lasts ~190 ms, more than lmkd's 100 ms poll (a late poll on a loaded host aside).

@@ -14,8 +14,8 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer as Server
 from devices.local import LocalDevice
 from devices.virtual import zram
+from engine.units import MIB
 
-MIB = 1 << 20
 # Maps FILE_MIB of a file (read through: RssFile) and holds ANON_MIB of anonymous memory
 # (RssAnon), same-filled so zram stores it in a few bytes, taken 1 MiB every 10 ms (so the
 # samples see it grow and swap), then waits HOLD_S.

@@ -24,10 +24,10 @@ from devices.adb.files import recv_exactly
 from devices.virtual import manager, wire
 from devices.virtual.phone import Layout
 from engine.errors import BmoeError
+from engine.units import MIB
 from harness.cli.virtual import virtual
 from tests.devices.conftest import wait_for
 
-MIB = 1 << 20
 PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py's interpreter is reachable
 
 

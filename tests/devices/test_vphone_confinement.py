@@ -25,7 +25,6 @@ from devices.adb.files import recv_exactly
 from tests.devices.conftest import ADB
 from tests.devices.test_virtual_adbd import RawSync
 
-MIB = 1 << 20
 PY = shlex.quote(sys.executable)
 HOST_SECRET = b"HOST SECRET: never to be read through a phone\n"
 PHONE_BYTES = b"the phone's own file\n"

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 from harness.run.verify import verifier
@@ -36,7 +37,6 @@ from results.read.table import build_table
 from tests.devices.conftest import needs_zram
 from tests.devices.test_vphone_swapping import WAR_APP, WAR_CACHE_MB, WAR_RAM, WAR_TOKENS, WAR_ZRAM
 
-MIB = 1 << 20
 # ro.lmk.thrashing_limit 1000 (AOSP 100): a scale phone's file LRU is a few MiB, so refaults of the
 # engine's mapped model read as over 100 % thrashing at any budget and lmkd's thrashing kills came
 # at random budgets (bmoe-cli: killed at 24 MiB, ok at 48); its kills are left to low swap

@@ -25,13 +25,13 @@ import pytest
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager, pacedfs, zram
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.plan.grid import auto_threads
 from harness.run.cpushare import CPU_SCRIPT, parse_cpu_report
 from harness.run.runner import run_campaign
 from tests.devices.conftest import needs_zram
 
-MIB = 1 << 20
 PROMPT = ("The expert cache of a mixture-of-experts model holds the weights that the router picked for recent "
           "tokens; below one token cycle it evicts what it needs next, and above the phone's memory the "
           "low-memory killer takes the process.")

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-MIB = 1 << 20
+from engine.units import MIB
+
 FILE_MIB = 32
 
 

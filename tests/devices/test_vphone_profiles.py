@@ -8,10 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from devices.virtual import manager, profiles
+from engine.units import MIB
 from harness.cli.main import main
 from tests.devices.conftest import needs_zram
-
-MIB = 1 << 20
 
 
 def test_profiles_scale_ram_zram_and_cores_and_convert_the_read_rate():

@@ -22,10 +22,10 @@ import pytest
 
 from devices.virtual import manager, pacedfs
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 
-MIB = 1 << 20
 LIMIT_MIBS = 200
 BOUND_MIBS = 210            # at --storage-mbps 200: 5 % over, never a burst at the host disk's rate
 NO_FUSE = pacedfs.available()

@@ -28,11 +28,11 @@ from devices import reclaim
 from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer as Server
 from devices.virtual import manager
+from engine.units import MIB
 from tests.devices.conftest import ADB, needs_zram, start_phone
 
 pytestmark = pytest.mark.phone   # its phones come from this module's own fixture
 
-MIB = 1 << 20
 PAGE = 4096                 # the phones' page size (PhoneSpec's default) and this host's
 RAM, ZRAM = 192 * MIB, 128 * MIB
 FILL_MIB = 256              # past the RAM: 60+ MiB go to swap while it fills, more while it reads back

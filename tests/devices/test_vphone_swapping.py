@@ -34,11 +34,11 @@ from pathlib import Path
 import pytest
 
 from devices.virtual.swapwatch import SwapWatch
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 from tests.devices.conftest import UNIFORM_MODEL_BYTES, needs_zram
 
-MIB = 1 << 20
 RAM = UNIFORM_MODEL_BYTES         # the phone has as much RAM as the model has bytes
 ZRAM = RAM // 2
 APP = f"foreground:{RAM * 30 // 100 // MIB}MiB:compressible"

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from results.read.turns import gap_rereads
 
-MIB = 1 << 20
 TURNS, IDLE_S, TOKENS = 3, 20.0, 16
 GAP_APPS = "cached:48MiB"
 

@@ -14,7 +14,6 @@ import pytest
 from engine.gguf.model import load_model_shape
 from engine.stream.budget import (
     CACHE_MIN_MB,
-    MIB,
     AvailableMemory,
     CacheFlags,
     ConfigError,
@@ -26,6 +25,7 @@ from engine.stream.budget import (
     resolve_budget,
     validate,
 )
+from engine.units import MIB
 
 PROJECT = Path(__file__).parents[2]
 UPSTREAM = PROJECT / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0"
@@ -294,7 +294,8 @@ CHILD = """
 import json, sys
 from pathlib import Path
 Path(sys.argv[1], "cgroup.procs").write_text(str(__import__("os").getpid()))
-from engine.stream.budget import MIB, auto_budget, available_memory
+from engine.stream.budget import auto_budget, available_memory
+from engine.units import MIB
 am = available_memory()
 auto = auto_budget(64 * 1024 * MIB, am.bytes, cache_floor_mb=64)
 print(json.dumps({"mem": am.mem_available_bytes, "cg": am.cgroup_headroom_bytes, "avail": am.bytes,

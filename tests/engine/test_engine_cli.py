@@ -144,7 +144,8 @@ def cliff_model(tmp_path_factory):
 
 
 def test_the_cliff_is_measured(cliff_model, tmp_path):
-    from engine.gguf.model import MIB, load_model_shape
+    from engine.gguf.model import load_model_shape
+    from engine.units import MIB
 
     shape = load_model_shape(cliff_model)
     cycle_mib = shape.cycle_mib(4)

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.model import load_model_shape
 from engine.gguf.synth import synth_options, write_model
 from engine.stream.pagecache import drop_page_cache, page_cache_residency
+from engine.units import MIB
 from tests.conftest import in_cgroup, memory_cgroup
 
 pytestmark = pytest.mark.root("makes a memory cgroup")

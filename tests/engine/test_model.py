@@ -9,8 +9,9 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 
 from engine.errors import ModelError
-from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.model import load_model_shape
 from engine.gguf.synth import synth_options, write_model
+from engine.units import MIB
 from tests.conftest import UPSTREAM_HOST
 
 # Q8_0: 34 bytes per 32 weights; MXFP4: 17 bytes per 32; F16: 2 bytes; F32: 4 bytes.

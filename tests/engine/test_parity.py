@@ -10,7 +10,8 @@ from gguf import GGUFWriter
 from engine.contract.config import NOT_IMPLEMENTED, UsageExit, parse_args, validate_run
 from engine.forward.weights import DenseResidency
 from engine.gguf.model import load_model_shape
-from engine.stream.budget import MIB, AvailableMemory, CacheFlags, ConfigError, resolve_budget
+from engine.stream.budget import AvailableMemory, CacheFlags, ConfigError, resolve_budget
+from engine.units import MIB
 from results.read.parse import read_metrics_csv
 from tests.conftest import UPSTREAM_HOST
 from tests.engine.test_engine_cli import bmoe_py as run_py

@@ -32,11 +32,11 @@ from engine.plan.planner import (
     explain_lines,
     plan_run,
 )
+from engine.units import MIB
 from results.read.parse import read_metrics_csv
 from results.read.parse_console import parse_console
 from tests.conftest import UPSTREAM_HOST, in_cgroup, memory_cgroup
 
-MIB = 1 << 20
 TINY = str(UPSTREAM_HOST / "tiny-qwen3moe.gguf")
 NEXT_ENV = {"BMOE_PY_RELEASE": "0.25"}
 

@@ -14,8 +14,9 @@ import pytest
 from gguf import GGUFReader
 
 from engine.errors import SynthError
-from engine.gguf.model import MIB, load_model_shape
+from engine.gguf.model import load_model_shape
 from engine.gguf.synth import build_vocab, estimate_file_bytes, synth_options, write_model
+from engine.units import MIB
 
 TINY = dict(layers=2, experts=4, top_k=2, hidden=64, expert_ffn=64, vocab=260)
 

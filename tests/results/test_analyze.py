@@ -52,7 +52,8 @@ def test_the_lmk_boundary_brackets_the_kills_with_the_floor_reached(vphone_campa
 
 
 def test_a_budget_whose_cache_never_filled_proves_only_what_it_held(local_campaign, small_model):
-    from engine.gguf.model import MIB, load_model_shape
+    from engine.gguf.model import load_model_shape
+    from engine.units import MIB
     from results.analysis.analyze import FILLED_FRACTION
     from results.analysis.recommend import recommend
 
