@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.server import adb_binary
+from results.read.run_keys import budget_label
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}
@@ -121,7 +122,7 @@ def main() -> None:
             table.setdefault(key, []).append(rec["outcome"])
             if rec["outcome"] in ("lmk_killed", "killed"):
                 lmkd = [e for e in run["evidence"] if "lowmemorykiller" in e] or run["evidence"][-1:]
-                print(f"  {run['device']} cache {run['config'].get('cache_mb')} MiB {run['config'].get('dense_weights')}: "
+                print(f"  {run['device']} {budget_label(run['config'].get('cache_mb'))} {run['config'].get('dense_weights')}: "
                       f"{rec['outcome']}, peak RSS {run['pressure'].get('peak_rss_kb', 0) / 1024:.0f} MiB — "
                       f"{lmkd[0][:170]}")
         print("\noutcomes (device, budget): " + "; ".join(f"{d} {b}: {','.join(o)}" for (d, b), o in sorted(table.items())))

@@ -37,6 +37,7 @@ from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.publish import Redactor
+from results.read.run_keys import AUTO_BUDGET, MMAP, budget_label
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from store.errors import StoreError
@@ -229,14 +230,8 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             notes.append(f"stall is {'a per-thread mean (before 0.22)' if basis else 'of an unknown basis'}, "
                          "not comparable with the union of stalled intervals 0.22 and later report")
         budget = to_float(pick["cache_mb"])
-        if mode_mmap:
-            cache = "mmap (baseline)"
-        elif pick["cache_auto"]:
-            ceil = to_float(pick["cache_ceil_mb"])
-            cache = "auto" + (f", cap {ceil:.0f}" if ceil and not math.isnan(ceil) else "") + \
-                (f" ({budget:g} MiB)" if not math.isnan(budget) else "")
-        else:
-            cache = f"{budget:g} MiB" if not math.isnan(budget) else "n/a"
+        asked = MMAP if mode_mmap else AUTO_BUDGET if pick["cache_auto"] else budget
+        cache = budget_label(asked, ceil_mb=pick["cache_ceil_mb"], chose=budget, upstream=True)
         probe = storage.get(str(device)) or {}
         rate = probe.get("mib_per_s")
         store = f"~{rate:,.0f} MiB/s" if rate else "n/a"
