@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.server import adb_binary
 from results.read.run_keys import budget_label
+from store.outcomes import KILLS
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}
@@ -120,7 +121,7 @@ def main() -> None:
             per_device[run["device"]] = per_device.get(run["device"], 0.0) + (rec["ended_at"] - rec["started_at"])
             key = (run["device"], str(run["config"].get("budget_spec", run["config"].get("cache_mb"))))
             table.setdefault(key, []).append(rec["outcome"])
-            if rec["outcome"] in ("lmk_killed", "killed"):
+            if rec["outcome"] in KILLS:
                 lmkd = [e for e in run["evidence"] if "lowmemorykiller" in e] or run["evidence"][-1:]
                 print(f"  {run['device']} {budget_label(run['config'].get('cache_mb'))} {run['config'].get('dense_weights')}: "
                       f"{rec['outcome']}, peak RSS {run['pressure'].get('peak_rss_kb', 0) / 1024:.0f} MiB — "

@@ -381,7 +381,7 @@ def speeds(rows: pd.DataFrame) -> list[float]:
 
 
 def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: bool, label: str) -> BudgetPoint:
-    ok = rows[rows["outcome"] == "ok"]
+    ok = rows[rows["outcome"] == outcomes.OK]
     killed = rows[rows["killed"]]
     tok = speeds(ok)
     med = median(tok)
@@ -546,7 +546,7 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
     modes = list(dict.fromkeys(rows["dense_weights"]))
     if not modes:
         return DenseComparison((), "", None, False)
-    ok = rows[rows["outcome"] == "ok"]
+    ok = rows[rows["outcome"] == outcomes.OK]
     asked = ok.apply(budget_asked, axis=1) if len(ok) else pd.Series(dtype=object)
     common = None
     for m in modes:
@@ -581,7 +581,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
         stack_distances,
     )
 
-    candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == "ok")]
+    candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == outcomes.OK)]
     candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
     for rec in candidates.to_dict("records"):
         path = Path(rec["run_dir"]) / names.ROUTE_CSV
@@ -695,7 +695,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
     ids = set(results["run_id"])
     ram = numbers_of(rows, "ram_total_kb")
     before = numbers_of(rows, "mem_avail_before_kb")
-    tokens = numbers_of(results[results["outcome"] == "ok"], "tokens")
+    tokens = numbers_of(results[results["outcome"] == outcomes.OK], "tokens")
     return GroupAnalysis(
         device=device, model=model, top_k=top_k, cycle_mib=cycle,
         cycle_source=max(set(sources), key=sources.count) if sources else "",

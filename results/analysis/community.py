@@ -42,6 +42,7 @@ from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from store.errors import StoreError
 from store.names import COMMUNITY_JSON, STDERR_TXT, STORAGE_DIR
+from store.outcomes import OK
 from store.versioned import STORAGE, read_json
 
 # ── the protocol (upstream's docs/community-benchmarks.md and scripts/bench-report.sh): the
@@ -195,7 +196,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
     keys = table.assign(_k=[to_float(k) for k in table["n_expert_used"]])
     for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
         runs = runs.sort_values(["pass", "repeat", "order"])
-        done = runs[runs["outcome"] == "ok"]
+        done = runs[runs["outcome"] == OK]
         pick = done.iloc[1] if len(done) > 1 else (done.iloc[0] if len(done) else runs.iloc[-1])
         notes = list(dict.fromkeys(protocol_notes))
         if len(done) < 2:
@@ -206,7 +207,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             if a and b and not math.isnan(a) and not math.isnan(b) and abs(b / a - 1) * 100 > DIFFER_PCT:
                 notes.append(f"the two runs differ by {abs(b / a - 1) * 100:.0f}% in decode tok/s "
                              f"({a:.1f} then {b:.1f}): the device was not in the same state")
-        if pick["outcome"] != "ok":
+        if pick["outcome"] != OK:
             notes.append(f"the reported run ended {pick['outcome']}")
         streamed = _streamed(pick["run_dir"])
         stream_flag = pick["moe_stream"]

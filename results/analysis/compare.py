@@ -31,7 +31,7 @@ from results.analysis.noise import NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, cv
 from results.errors import ResultsError
 from results.read.run_keys import CELL_KEYS, budget_label, cell_key
 from results.read.table import build_table
-from store.outcomes import RESULTS
+from store.outcomes import OK, RESULTS
 from store.versioned import json_safe
 
 FORMAT = "bmoe-fleet.compare"
@@ -149,7 +149,7 @@ def _values(frame: pd.DataFrame, column: str) -> list[float]:
 def _fallback(frames: Sequence[pd.DataFrame]) -> float:
     cvs = []
     for f in frames:
-        ok = f[f["outcome"] == "ok"]
+        ok = f[f["outcome"] == OK]
         for _, sub in ok.groupby("_cell", sort=False):
             if len(sub) > 1:
                 c = cv(_values(sub, "tok_s"))
@@ -193,7 +193,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     for key in keys:
         ra, rb = a[a["_cell"] == key], b[b["_cell"] == key]
         row = (ra if len(ra) else rb).iloc[0].to_dict()
-        oka, okb = ra[ra["outcome"] == "ok"], rb[rb["outcome"] == "ok"]
+        oka, okb = ra[ra["outcome"] == OK], rb[rb["outcome"] == OK]
         if not len(ra) or not len(rb):
             status = "only_a" if len(ra) else "only_b"
         elif len(oka) == len(ra) and len(okb) < len(rb):

@@ -635,7 +635,7 @@ def _flags(row: Mapping[str, Any]) -> list[str]:
     if row["under_cycle"]:
         flags.append("under_cycle")
     tokens = row["tokens"]
-    if row["outcome"] == "ok" and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
+    if row["outcome"] == outcomes.OK and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
         flags.append("probe")
     if row["gate_gave_up"]:
         flags.append("gate_gave_up")
