@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.server import adb_binary
 from results.read.run_keys import budget_label
+from store.ledger import was_attempted
 from store.outcomes import KILLS
 
 BIN = Path(sys.executable).parent
@@ -148,7 +149,7 @@ def main() -> None:
         killer.join()
         first = records(out2)
         print("\nwith p3g stopped after the first run: " + ", ".join(
-            f"{run_json(out2, r)['device']}:{r['outcome']}{'' if r.get('attempted', True) else ' (not attempted)'}"
+            f"{run_json(out2, r)['device']}:{r['outcome']}{'' if was_attempted(r) else ' (not attempted)'}"
             for r in first))
         fleet("virtual", "up", "--name", "p3g", "--ram", PHONES["p3g"][0], "--model", PHONES["p3g"][1],
               "--home", str(home), env=env)
@@ -157,7 +158,7 @@ def main() -> None:
         print("rerun after bringing p3g back ran: " + ", ".join(
             f"{run_json(out2, r)['device']}:{r['outcome']}" for r in second))
         lines = first + second
-        unrun = sum(1 for r in lines if not r.get("attempted", True))
+        unrun = sum(1 for r in lines if not was_attempted(r))
         print(f"ledger: {len(lines)} lines: {len(lines) - unrun} attempts, {unrun} cells recorded not attempted")
         print(fleet("status", str(out2), env=env, check=False).stdout.strip())
     finally:

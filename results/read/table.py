@@ -43,6 +43,7 @@ from results.read.tokens import PUBLISHED_MIN_TOKENS, token_stats
 from results.read.turns import turn_columns
 from store import names, outcomes
 from store.cells import CellConfig
+from store.ledger import was_attempted
 
 # columns every table has, first, in this order (docs/results.md lists them all)
 KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
@@ -471,7 +472,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "infra": outcome in outcomes.INFRA,
         "started_at": to_float(rec.get("started_at")),
         "ended_at": to_float(rec.get("ended_at")),
-        "attempted": rec.get("attempted", True) is not False,    # False: recorded without running
+        "attempted": was_attempted(rec),                          # False: recorded without running
         "o_direct": to_float(rec.get("o_direct")),
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
         "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
