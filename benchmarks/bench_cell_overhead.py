@@ -41,6 +41,7 @@ from engine.gguf.synth import synth_options, write_model
 from engine.units import MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
+from store.outcomes import OK
 
 PHONE = "cellbench"
 CALLS = ("shell", "shell_in_run", "reads", "state", "push", "pull", "lmk_events", "stop_strays", "remote_sha256", "run", "identity")
@@ -141,7 +142,7 @@ def main() -> None:
             total = time.monotonic() - t0
             runs = sorted((json.loads(p.read_text()) for p in out.glob("runs/*/*/run.json")),
                           key=lambda r: r["started_at"])
-            if not status.complete or any(r["outcome"] != "ok" for r in runs):
+            if not status.complete or any(r["outcome"] != OK for r in runs):
                 sys.exit(f"Error: the campaign did not complete: {[r['outcome'] for r in runs]}")
             over = [(r["ended_at"] - r["started_at"]) - r["wall_s"] for r in runs]
             walls = [r["wall_s"] for r in runs]

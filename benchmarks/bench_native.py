@@ -38,6 +38,7 @@ from engine.units import GIB  # noqa: E402
 from harness.campaign.file import parse_campaign  # noqa: E402
 from harness.run.runner import run_campaign  # noqa: E402
 from results.read.parse import read_metrics_csv  # noqa: E402
+from store.outcomes import OK  # noqa: E402
 
 PEER = ROOT.parent / "shared"
 DEFAULT_CLI = PEER / "peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"
@@ -63,7 +64,7 @@ def phone_run(campaign_data: dict, out: Path) -> tuple[float, list[str]]:
     run_campaign(parse_campaign(campaign_data, source="bench_native"), out, progress_stream=io.StringIO())
     latest = max(out.glob("runs/*/*/run.json"), key=lambda p: json.loads(p.read_text())["started_at"])
     record = json.loads(latest.read_text())
-    if record["outcome"] != "ok":
+    if record["outcome"] != OK:
         raise SystemExit(f"the phone run ended {record['outcome']}: {record['evidence']}")
     return s_per_token(latest.parent / "metrics.csv"), record["argv"]
 

@@ -48,6 +48,7 @@ from engine.gguf.synth import synth_options, write_model  # noqa: E402
 from engine.stream.pagecache import drop_page_cache  # noqa: E402
 from engine.units import GIB, MIB  # noqa: E402
 from results.read.parse_console import parse_console  # noqa: E402
+from results.read.run_keys import budget_label  # noqa: E402
 
 DEFAULT_CLI = ROOT.parent / "shared/peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"
 TINY = ROOT / "tests/fixtures/upstream/host-v2-0.19.0/tiny-qwen3moe.gguf"
@@ -134,8 +135,8 @@ def bench_model(name: str, path: Path, cli: Path, args) -> list[tuple[str, str, 
     shape = load_model_shape(path)
     cycle_mib = shape.cycle_bytes(shape.top_k) / MIB
     above = int(cycle_mib * 1.25) + 1
-    budgets = [("cache 0", ["--cache-mb", "0"]),
-               (f"cache {above} MiB (cycle {cycle_mib:.1f})",
+    budgets = [(budget_label(0), ["--cache-mb", "0"]),
+               (f"{budget_label(above)} (cycle {cycle_mib:.1f})",
                 ["--cache-mb", str(above)] + (["--force-cache"] if above < 1500 else []))]
     py = [sys.executable, "-m", "engine"]
     rows = []

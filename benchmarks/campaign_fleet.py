@@ -28,6 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.server import adb_binary
+from results.read.run_keys import budget_label
+from store.ledger import was_attempted
+from store.outcomes import KILLS
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}
@@ -119,9 +122,9 @@ def main() -> None:
             per_device[run["device"]] = per_device.get(run["device"], 0.0) + (rec["ended_at"] - rec["started_at"])
             key = (run["device"], str(run["config"].get("budget_spec", run["config"].get("cache_mb"))))
             table.setdefault(key, []).append(rec["outcome"])
-            if rec["outcome"] in ("lmk_killed", "killed"):
+            if rec["outcome"] in KILLS:
                 lmkd = [e for e in run["evidence"] if "lowmemorykiller" in e] or run["evidence"][-1:]
-                print(f"  {run['device']} cache {run['config'].get('cache_mb')} MiB {run['config'].get('dense_weights')}: "
+                print(f"  {run['device']} {budget_label(run['config'].get('cache_mb'))} {run['config'].get('dense_weights')}: "
                       f"{rec['outcome']}, peak RSS {run['pressure'].get('peak_rss_kb', 0) / 1024:.0f} MiB — "
                       f"{lmkd[0][:170]}")
         print("\noutcomes (device, budget): " + "; ".join(f"{d} {b}: {','.join(o)}" for (d, b), o in sorted(table.items())))
@@ -146,7 +149,7 @@ def main() -> None:
         killer.join()
         first = records(out2)
         print("\nwith p3g stopped after the first run: " + ", ".join(
-            f"{run_json(out2, r)['device']}:{r['outcome']}{'' if r.get('attempted', True) else ' (not attempted)'}"
+            f"{run_json(out2, r)['device']}:{r['outcome']}{'' if was_attempted(r) else ' (not attempted)'}"
             for r in first))
         fleet("virtual", "up", "--name", "p3g", "--ram", PHONES["p3g"][0], "--model", PHONES["p3g"][1],
               "--home", str(home), env=env)
@@ -155,7 +158,7 @@ def main() -> None:
         print("rerun after bringing p3g back ran: " + ", ".join(
             f"{run_json(out2, r)['device']}:{r['outcome']}" for r in second))
         lines = first + second
-        unrun = sum(1 for r in lines if not r.get("attempted", True))
+        unrun = sum(1 for r in lines if not was_attempted(r))
         print(f"ledger: {len(lines)} lines: {len(lines) - unrun} attempts, {unrun} cells recorded not attempted")
         print(fleet("status", str(out2), env=env, check=False).stdout.strip())
     finally:

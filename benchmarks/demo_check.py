@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.units import MIB
 from harness.cli.main import main as cli
+from store.outcomes import OK
 
 
 def check(out: Path, output: str) -> None:
@@ -50,7 +51,7 @@ def check(out: Path, output: str) -> None:
     assert set(probes) == {"virtual:small", "virtual:large"}
     checked = 0
     for r in recs:
-        if r["probe"] or r["outcome"] != "ok" or r["config"]["cache_auto"] or not r["config"]["cache_mb"]:
+        if r["probe"] or r["outcome"] != OK or r["config"]["cache_auto"] or not r["config"]["cache_mb"]:
             continue
         trace = out / "campaign" / "runs" / probes[r["device"]]["cell_id"] / "1" / "route.csv"
         if r["config"]["budget_spec"] == "knee*1":
@@ -90,7 +91,7 @@ def check(out: Path, output: str) -> None:
     from results.read.table import build_table
 
     turns = build_table(read_campaigns([out / "turns"]))
-    assert sorted(turns["device"]) == sorted(probes) and set(turns["outcome"]) == {"ok"}
+    assert sorted(turns["device"]) == sorted(probes) and set(turns["outcome"]) == {OK}
     assert all(len(json.loads(v)) == 3 for v in turns["turn_demand_hit_pct"])
     assert all(len(json.loads(v)) == 3 for v in turns["turn_read_mib"])
     assert "session cells (3 turns" in output
@@ -121,11 +122,11 @@ def check(out: Path, output: str) -> None:
         folder = out / "campaign" / "runs" / run["cell_id"] / "1"
         assert "plan: reproduce with" in (folder / "stderr.txt").read_text()
         assert pick["regime"] == "experts-stream" and pick["runs"] == 1, pick   # the bank is larger than RAM
-        if run["outcome"] == "ok":
+        if run["outcome"] == OK:
             assert int(read_metrics_csv(folder / "metrics.csv").preamble["cache_mb"]) == pick["budget_mib"]
         assert pick["budget_mib"] >= r.cycle_mib and pick["verdict"], pick
         safe = r.lmk["largest_safe_mib"]
-        if run["outcome"] == "ok" and not pick["fought"] and safe is not None:
+        if run["outcome"] == OK and not pick["fought"] and safe is not None:
             assert ("within the measured boundary" in pick["verdict"]) == (pick["budget_mib"] <= safe), pick
         assert f"planner: {pick['budget_mib']:g} MiB (experts-stream) — {pick['verdict']}" in output
     pages = "".join(p.read_text() for p in (out / "site").glob("devices/*.html"))

@@ -71,12 +71,26 @@ class Ledger:
                 os.close(fd)
 
 
+# `attempted` of a ledger line or run record with no such key: the engine ran (the lines written
+# before the key existed were all runs). Only an explicit false says an outcome was recorded without
+# running: a lost device's later cells, a knee cell whose probe failed (docs/campaign-dir.md).
+ATTEMPTED_DEFAULT = True
+
+
+def was_attempted(record: Mapping[str, Any]) -> bool:
+    """Whether a ledger line or a run record (run.json) ran the engine: true unless its `attempted`
+    is false; a record without the key did (ATTEMPTED_DEFAULT), and so does one whose value is not a
+    boolean (null, 0: not what the harness writes, and only false says "not run"). Every reader
+    (spent, status, the run table, the benchmarks) counts attempts through this one test."""
+    return record.get("attempted", ATTEMPTED_DEFAULT) is not False
+
+
 def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
     """The ledger line of a run record (run.json)."""
     return {**versioned.LEDGER.stamp(), "cell_id": record["cell_id"], "attempt": record["attempt"],
             "run_dir": names.run_dir_rel(record["cell_id"], record["attempt"]), "outcome": record["outcome"],
             "started_at": record["started_at"], "ended_at": record["ended_at"],
-            "host": record.get("host", socket.gethostname()), "attempted": record.get("attempted", True)}
+            "host": record.get("host", socket.gethostname()), "attempted": was_attempted(record)}
 
 
 def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -109,7 +123,7 @@ class Spent:
 
 def spent_of(records: Sequence[Mapping[str, Any]], ids: set[str] | None = None) -> Spent:
     """The cells run and device time of the ledger lines (of the cells `ids`, or every one)."""
-    ran = [r for r in records if r.get("attempted", True) is not False and (ids is None or r["cell_id"] in ids)]
+    ran = [r for r in records if was_attempted(r) and (ids is None or r["cell_id"] in ids)]
     spans = [float(r.get("ended_at") or 0) - float(r.get("started_at") or 0) for r in ran
              if r.get("ended_at") and r.get("started_at")]
     return Spent(len({r["cell_id"] for r in ran}), sum(s for s in spans if math.isfinite(s) and s > 0))

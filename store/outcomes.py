@@ -3,6 +3,9 @@
 A *result* is what the run says about its configuration (an LMK kill is a result); an
 *infrastructure* outcome says the run could not be made (a device lost, a push that failed) and is
 retried. A cell is done when its latest attempt's outcome is a result.
+
+The names and sets here are the vocabulary's one spelling: every other module compares with them
+and lists them through them (tests/store/test_outcome_names.py).
 """
 
 from __future__ import annotations

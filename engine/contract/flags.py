@@ -54,16 +54,6 @@ def flags_text(flags: Mapping[str, FlagValue] | None) -> str:
 PLANNER_BUDGET = "planner"
 
 
-def auto_label(ceil_mb: float | int | str | None) -> str:
-    """The budget label of `--cache-mb auto` with this ceiling ("auto ceil 600"; "auto" with none or
-    0): the one spelling the plan, the run table and the analysis give it."""
-    try:
-        ceil = float(ceil_mb) if ceil_mb is not None and ceil_mb != "" else 0.0
-    except (TypeError, ValueError):
-        ceil = 0.0
-    return f"auto ceil {ceil:g}" if ceil and ceil == ceil else "auto"
-
-
 def flags_label(flags: Mapping[str, FlagValue] | None) -> str:
     """Human form for progress lines and the dry run: `--prefetch 2, no --no-think`."""
     parts = [f"no {n}" if v is False else n if v is True else f"{n} {render_value(v)}"

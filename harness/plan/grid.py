@@ -19,10 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.contract.flags import auto_label, flags_label, needs_force
+from engine.contract.flags import flags_label, needs_force
 from engine.errors import ModelError
 from engine.gguf.model import ModelShape, cycle_price_mib, load_model_shape
-from engine.interface.flags import AUTO
 from harness.campaign.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee
 from harness.campaign.model import (
     LOCAL,
@@ -36,6 +35,7 @@ from harness.campaign.model import (
     device_work_dir,
     remote_model_path,
 )
+from results.read.run_keys import budget_asked, budget_label
 from store import versioned
 from store.campaign_dir import CampaignDir
 from store.cells import CellConfig
@@ -73,22 +73,8 @@ class Cell:
     def label(self) -> str:
         """A short human description of the config (progress lines, dry-run)."""
         c = self.config
-        if c.planner:
-            budget = f"the engine's planner ({AUTO.name})"
-        elif not c.moe_stream:
-            budget = "resident (no stream, --no-mmap)" if c.no_mmap else "mmap (no stream)"
-        elif c.cache_auto:
-            budget = auto_label(c.cache_ceil_mb)
-        elif c.probe:
-            budget = f"route-trace probe, cache 0, {c.n_predict} tokens"
-        elif c.cache_mb is None:
-            budget = f"{c.budget_spec} (MiB from the probe)"
-        else:
-            budget = f"{c.cache_mb} MiB"
-            if c.budget_spec.startswith(("cycle", "knee")):
-                budget += f" ({c.budget_spec})"
-            if c.force_cache_auto:
-                budget += " forced"
+        budget = budget_label(budget_asked(vars(c)), ceil_mb=c.cache_ceil_mb, spec=c.budget_spec,
+                              forced=bool(c.force_cache_auto), probe_tokens=c.n_predict if c.probe else None)
         flags = flags_label(c.engine_flags)
         return (f"{self.model} {budget} dense={c.dense_weights} k={c.n_expert_used} t={c.threads}"
                 + (f" io={c.io_threads}" if c.moe_stream else "") + (f" [{flags}]" if flags else "")

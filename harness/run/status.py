@@ -21,8 +21,8 @@ from harness.plan.grid import read_plan
 from store import locks
 from store.campaign_dir import CampaignDir
 from store.errors import StoreError
-from store.ledger import Spent, latest_by_cell, spent_of
-from store.outcomes import INFRA, OUTCOMES
+from store.ledger import Spent, latest_by_cell, spent_of, was_attempted
+from store.outcomes import DEVICE_LOST, INFRA, OUTCOMES
 
 STATUS_FORMAT = "bmoe-fleet.status"
 
@@ -98,7 +98,7 @@ class CampaignStatus:
             lines.append(f"  {d.device}: {d.done}/{d.planned} done, {d.pending} pending ({counts}); "
                          f"spent {d.spent.text()}")
             if d.lost:
-                lines.append(f"    latest device_lost: {d.lost}")
+                lines.append(f"    latest {DEVICE_LOST}: {d.lost}")
         return "\n".join(printable(line) for line in lines)   # names come from files and devices
 
 
@@ -163,7 +163,7 @@ def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
 def _latest_lost(cdir: CampaignDir, records: list[dict], ids: set[str]) -> str | None:
     """What the device's latest attempted device_lost run says (its evidence, one line): why it
     was lost, and what became of its adb server (restarted, waited for)."""
-    lost = [r for r in records if r["cell_id"] in ids and r["outcome"] == "device_lost" and r.get("attempted", True)]
+    lost = [r for r in records if r["cell_id"] in ids and r["outcome"] == DEVICE_LOST and was_attempted(r)]
     if not lost:
         return None
     latest = max(lost, key=lambda r: float(r.get("ended_at") or 0))
@@ -183,7 +183,7 @@ def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:
         raise StoreError(f"{root}: not a campaign directory (no plan.json)")
     records = cdir.ledger.read()
     latest = latest_by_cell(records)
-    attempts = Counter(r["cell_id"] for r in records if r.get("attempted", True))
+    attempts = Counter(r["cell_id"] for r in records if was_attempted(r))
     cells: dict[str, str] = {}
     per_device: dict[str, list[str]] = {}
     for cell in plan.cells:

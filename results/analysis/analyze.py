@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.contract.flags import PLANNER_BUDGET, auto_label
+from engine.contract.flags import PLANNER_BUDGET
 from engine.gguf.model import cycle_price_mib
 from engine.units import MIB
 from results.analysis import planner_check
@@ -40,7 +40,18 @@ from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
 from results.read.parse_text import NumberError, ParseError
-from results.read.run_keys import SERIES_KEYS, budget_asked, column_of, numbers_of, series_label, top_k_key
+from results.read.run_keys import (
+    AUTO_BUDGET,
+    MMAP,
+    RESIDENT,
+    SERIES_KEYS,
+    budget_asked,
+    budget_label,
+    column_of,
+    numbers_of,
+    series_label,
+    top_k_key,
+)
 from results.replay.predict import Prediction, PredictionError, predict
 from store import names, outcomes
 from store.outcomes import CONFIG_ERROR, RESULTS
@@ -370,7 +381,7 @@ def speeds(rows: pd.DataFrame) -> list[float]:
 
 
 def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: bool, label: str) -> BudgetPoint:
-    ok = rows[rows["outcome"] == "ok"]
+    ok = rows[rows["outcome"] == outcomes.OK]
     killed = rows[rows["killed"]]
     tok = speeds(ok)
     med = median(tok)
@@ -463,22 +474,21 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
     rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")],
                        _asked=[budget_asked(r) for r in rows.to_dict("records")])
     for (series, asked), sub in rows.groupby(["_series", "_asked"], sort=False):
-        if asked in ("mmap", "resident"):
-            baselines.append(_point(sub, series, math.nan, cycle, False, asked))
+        if asked in (MMAP, RESIDENT):
+            baselines.append(_point(sub, series, math.nan, cycle, False, budget_label(asked)))
             continue
-        if asked == "auto":
+        if asked == AUTO_BUDGET:
             # auto is sized per run: a point per sized budget (a killed run may not know its own)
             for budget, part in sub.groupby(numbers_of(sub, "cache_mb"), dropna=False, sort=True):
                 b = float(budget)
                 ceil = to_float(part["cache_ceil_mb"].iloc[0])
-                label = auto_label(ceil) + (f" → {b:g} MiB" if not math.isnan(b) else "")
-                streamed.append(_point(part, series, b, cycle, True, label))
+                streamed.append(_point(part, series, b, cycle, True, budget_label(asked, ceil_mb=ceil, chose=b)))
             continue
         b = to_float(asked)
         budgets = numbers_of(sub, "cache_mb")
         if np.isfinite(budgets).any():
             b = float(np.nanmedian(budgets))
-        streamed.append(_point(sub, series, b, cycle, False, "off" if b == 0 else f"{b:g} MiB"))
+        streamed.append(_point(sub, series, b, cycle, False, budget_label(b)))
     streamed.sort(key=lambda p: (p.series, math.inf if math.isnan(p.budget_mib) else p.budget_mib, p.auto))
     return _with_fights(streamed), baselines
 
@@ -536,7 +546,7 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
     modes = list(dict.fromkeys(rows["dense_weights"]))
     if not modes:
         return DenseComparison((), "", None, False)
-    ok = rows[rows["outcome"] == "ok"]
+    ok = rows[rows["outcome"] == outcomes.OK]
     asked = ok.apply(budget_asked, axis=1) if len(ok) else pd.Series(dtype=object)
     common = None
     for m in modes:
@@ -571,7 +581,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
         stack_distances,
     )
 
-    candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == "ok")]
+    candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == outcomes.OK)]
     candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
     for rec in candidates.to_dict("records"):
         path = Path(rec["run_dir"]) / names.ROUTE_CSV
@@ -641,12 +651,12 @@ def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoun
     rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")])
     cache0 = measured[[budget_asked(r) == "0" for r in measured.to_dict("records")]] if len(measured) else measured
     cache0 = cache0.assign(_series=[series_label(r, varying) for r in cache0.to_dict("records")])
-    zero = {str(s): _point(sub, str(s), 0.0, cycle, False, "off") for s, sub in cache0.groupby("_series", sort=True)}
+    zero = {str(s): _point(sub, str(s), 0.0, cycle, False, budget_label(0)) for s, sub in cache0.groupby("_series", sort=True)}
     picks = []
     for series, sub in rows.groupby("_series", sort=True):
         budgets = numbers_of(sub, "cache_mb")
         budget = float(np.nanmedian(budgets)) if np.isfinite(budgets).any() else math.nan
-        point = _point(sub, str(series), budget, cycle, False, PLANNER_BUDGET)
+        point = _point(sub, str(series), budget, cycle, False, budget_label(PLANNER_BUDGET))
         point = replace(point, fought=fought_reason(point, zero.get(str(series))))
         predicted = median(numbers_of(sub, "plan_predicted_s_per_tok"))
         if math.isnan(predicted):
@@ -685,7 +695,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
     ids = set(results["run_id"])
     ram = numbers_of(rows, "ram_total_kb")
     before = numbers_of(rows, "mem_avail_before_kb")
-    tokens = numbers_of(results[results["outcome"] == "ok"], "tokens")
+    tokens = numbers_of(results[results["outcome"] == outcomes.OK], "tokens")
     return GroupAnalysis(
         device=device, model=model, top_k=top_k, cycle_mib=cycle,
         cycle_source=max(set(sources), key=sources.count) if sources else "",

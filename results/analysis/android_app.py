@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from engine.interface.flags import CHATML, CTX_SIZE, NO_THINK, OVERLAP, UBATCH
 from results.analysis.analyze import BudgetPoint, LmkBoundary
+from results.read.run_keys import budget_label
 
 UPSTREAM_SETTINGS_COMMIT = "07045c19a009f48cd92c1d39c053199f7bf45c99"   # AppSettings.kt, SettingsScreen.kt
 UPSTREAM_SERVICE_COMMIT = "03753187b1769ab0e5dd0cc80ac7fc5f4b3761c0"    # RunService.kt, MainActivity.kt
@@ -89,11 +90,11 @@ def app_rung(points: Sequence[BudgetPoint], boundary: LmkBoundary, ceiling_mib: 
         problem = rung_problem(rung, points, boundary, ceiling_mib, cycle_mib)
         if not problem:
             runs = sum(p.runs for p in points if not p.auto and p.budget_mib == rung)
-            name = "0 (cache off)" if rung == 0 else f"{rung} MiB"
+            name = budget_label(rung)
             passed = f"; above it: {'; '.join(skipped)}" if skipped else ""
             return AppRung(rung, f"app rung {name}: the largest of the app's rungs at or under the "
                                  f"{ceiling_mib:g} MiB ceiling measured safe ({runs} run(s)){passed}")
         if rung <= ceiling_mib + 1e-9:         # the rungs over the ceiling go without saying
-            skipped.append(f"{rung} MiB {problem}" if rung else f"0 {problem}")
+            skipped.append(f"{budget_label(rung)} {problem}")
     return AppRung(None, f"no app rung is measured safe at or under the {ceiling_mib:g} MiB ceiling: "
                          + "; ".join(skipped))

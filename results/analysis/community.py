@@ -38,10 +38,12 @@ from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.publish import Redactor
+from results.read.run_keys import AUTO_BUDGET, MMAP, budget_label
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from store.errors import StoreError
 from store.names import COMMUNITY_JSON, STDERR_TXT, STORAGE_DIR
+from store.outcomes import OK
 from store.versioned import STORAGE, read_json
 
 # ── the protocol (upstream's docs/community-benchmarks.md and scripts/bench-report.sh): the
@@ -195,7 +197,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
     keys = table.assign(_k=[to_float(k) for k in table["n_expert_used"]])
     for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
         runs = runs.sort_values(["pass", "repeat", "order"])
-        done = runs[runs["outcome"] == "ok"]
+        done = runs[runs["outcome"] == OK]
         pick = done.iloc[1] if len(done) > 1 else (done.iloc[0] if len(done) else runs.iloc[-1])
         notes = list(dict.fromkeys(protocol_notes))
         if len(done) < 2:
@@ -206,7 +208,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             if a and b and not math.isnan(a) and not math.isnan(b) and abs(b / a - 1) * 100 > DIFFER_PCT:
                 notes.append(f"the two runs differ by {abs(b / a - 1) * 100:.0f}% in decode tok/s "
                              f"({a:.1f} then {b:.1f}): the device was not in the same state")
-        if pick["outcome"] != "ok":
+        if pick["outcome"] != OK:
             notes.append(f"the reported run ended {pick['outcome']}")
         streamed = _streamed(pick["run_dir"])
         stream_flag = pick["moe_stream"]
@@ -230,14 +232,8 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             notes.append(f"stall is {'a per-thread mean (before 0.22)' if basis else 'of an unknown basis'}, "
                          "not comparable with the union of stalled intervals 0.22 and later report")
         budget = to_float(pick["cache_mb"])
-        if mode_mmap:
-            cache = "mmap (baseline)"
-        elif pick["cache_auto"]:
-            ceil = to_float(pick["cache_ceil_mb"])
-            cache = "auto" + (f", cap {ceil:.0f}" if ceil and not math.isnan(ceil) else "") + \
-                (f" ({budget:g} MiB)" if not math.isnan(budget) else "")
-        else:
-            cache = f"{budget:g} MiB" if not math.isnan(budget) else "n/a"
+        asked = MMAP if mode_mmap else AUTO_BUDGET if pick["cache_auto"] else budget
+        cache = budget_label(asked, ceil_mb=pick["cache_ceil_mb"], chose=budget, upstream=True)
         probe = storage.get(str(device)) or {}
         rate = probe.get("mib_per_s")
         store = f"~{rate:,.0f} MiB/s" if rate else "n/a"

@@ -29,9 +29,9 @@ import pandas as pd
 
 from results.analysis.noise import NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, cv, differs, typical_noise
 from results.errors import ResultsError
-from results.read.run_keys import CELL_KEYS, asked_label, cell_key
+from results.read.run_keys import CELL_KEYS, budget_label, cell_key
 from results.read.table import build_table
-from store.outcomes import RESULTS
+from store.outcomes import OK, RESULTS
 from store.versioned import json_safe
 
 FORMAT = "bmoe-fleet.compare"
@@ -135,7 +135,7 @@ def _label(row: Mapping[str, Any]) -> str:
     k = row.get("n_expert_used")
     k = f"k={int(k)}" if isinstance(k, float) and not math.isnan(k) else "k=?"
     asked = budget_asked(row)
-    budget = asked_label(asked)
+    budget = budget_label(asked)
     extra = "".join(f" {name}={_text(row.get(key))}" for key, name in (("dense_weights", "dense"), ("io_threads", "io"),
                                                                       ("threads", "t")) if _text(row.get(key)))
     flags = " ".join(str(row.get(key) or "") for key in ("engine_args", "engine_flags")).strip()
@@ -149,7 +149,7 @@ def _values(frame: pd.DataFrame, column: str) -> list[float]:
 def _fallback(frames: Sequence[pd.DataFrame]) -> float:
     cvs = []
     for f in frames:
-        ok = f[f["outcome"] == "ok"]
+        ok = f[f["outcome"] == OK]
         for _, sub in ok.groupby("_cell", sort=False):
             if len(sub) > 1:
                 c = cv(_values(sub, "tok_s"))
@@ -193,7 +193,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     for key in keys:
         ra, rb = a[a["_cell"] == key], b[b["_cell"] == key]
         row = (ra if len(ra) else rb).iloc[0].to_dict()
-        oka, okb = ra[ra["outcome"] == "ok"], rb[rb["outcome"] == "ok"]
+        oka, okb = ra[ra["outcome"] == OK], rb[rb["outcome"] == OK]
         if not len(ra) or not len(rb):
             status = "only_a" if len(ra) else "only_b"
         elif len(oka) == len(ra) and len(okb) < len(rb):
@@ -251,7 +251,7 @@ def comparison_rows(c: Comparison) -> list[dict[str, Any]]:
         key = dict(zip(CELL_KEYS, cell.key))
         budget = key["budget_asked"]
         base = {"device": key["device"], "model": key["model"], "top_k": key["n_expert_used"],
-                "budget": asked_label(budget), "settings": " ".join(x for x in (
+                "budget": budget_label(budget), "settings": " ".join(x for x in (
                     f"dense={key['dense_weights']}" if key["dense_weights"] else "", key["engine_args"],
                     key["engine_flags"]) if x),
                 "status": "newly failing" if cell.status == "newly_failing" else cell.status.replace("_", " ")}

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from engine.interface.flags import AUTO
-from results.read.run_keys import ALL_RUNS
+from results.read.run_keys import ALL_RUNS, MMAP, budget_label
 from store.versioned import json_safe
 
 
@@ -72,9 +72,9 @@ class PlannerPick:
         return 100.0 * (self.predicted_s_per_tok / self.measured_s_per_tok - 1.0)
 
     def text(self) -> str:
-        """`planner (anon): 900 MiB (experts-stream) — killed …; predicted 0.05 s/token, measured 0.04 (+25%)`."""
-        chose = "declined streaming" if self.declined else f"{self.budget_mib:g} MiB" \
-            if not math.isnan(self.budget_mib) else "no plan read"
+        """`planner (anon): 900 MiB (experts-stream) — killed …; predicted 0.05 s/token, measured 0.04 (+25%)`
+        (`planner: mmap (fits) — …` where it declined streaming, `planner: ? — …` where no plan was read)."""
+        chose = budget_label(MMAP if self.declined else self.budget_mib)
         regime = f" ({self.regime})" if self.regime else ""
         series = f" ({self.series})" if self.series and self.series != ALL_RUNS else ""
         out = f"planner{series}: {chose}{regime} — {self.verdict}"

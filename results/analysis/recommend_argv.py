@@ -32,6 +32,7 @@ from engine.interface.flags import with_role as _with_role
 from results.read.run_keys import text_of as _text
 from store.cells import CellConfig
 from store.engine_argv import settings_argv
+from store.outcomes import OK
 
 # argv elements that belong to one run, not to its settings (engine.interface.flags' RUN role):
 # its files, prompt and length; and those without a value, a session cell's --session, how the
@@ -138,8 +139,8 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
     """The settings most of these runs ran with, from their typed configuration (runs the harness
     made), or rebuilt from their columns (imported runs, which kept no argv)."""
     recs = [rows[r] for r in run_ids if r in rows]
-    if prefer_ok and any(r.get("outcome") == "ok" for r in recs):
-        recs = [r for r in recs if r.get("outcome") == "ok"]
+    if prefer_ok and any(r.get("outcome") == OK for r in recs):
+        recs = [r for r in recs if r.get("outcome") == OK]
     measured = [(r["run_id"], config) for r in recs
                 if json.loads(r.get("argv") or "[]") and (config := config_of(r)) is not None]
     if measured:

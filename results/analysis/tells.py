@@ -15,6 +15,7 @@ import pandas as pd
 
 from results.analysis.noise import cv, differs, median, typical_noise
 from results.read.run_keys import CELL_KEYS, cell_key, column_of, numbers_of, text_of
+from store.outcomes import OK
 
 COMPUTE_RISE = 0.10
 MAJFLT_FACTOR = 10.0
@@ -32,7 +33,7 @@ class Tell:
 
 def find_tells(table: pd.DataFrame) -> list[Tell]:
     """Every tell of a run table (its knee probes left out by the caller)."""
-    ok = table[table["outcome"] == "ok"].copy()
+    ok = table[table["outcome"] == OK].copy()
     out: list[Tell] = []
     if not len(ok):
         return out

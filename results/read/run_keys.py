@@ -1,6 +1,7 @@
 """What makes runs of a run table (results.read.table) the same configuration: the budget a run asked
-for, the cell key that pools repeats across campaigns, and the series a budget curve is drawn
-per; with the small column readers the analyses share.
+for (and budget_label, the one spelling of a budget a person reads: docs/decisions/budget-labels.md),
+the cell key that pools repeats across campaigns, and the series a budget curve is drawn per; with
+the small column readers the analyses share.
 
 The keys are run-table columns: a cell config's keys (store.cells.CellConfig, and an import's own
 `overlap`, `prefetch`, `source`) under the names the table gives them.
@@ -56,25 +57,84 @@ def numbers_of(frame: pd.DataFrame, name: str) -> np.ndarray:
     return pd.to_numeric(column_of(frame, name), errors="coerce").to_numpy(dtype=np.float64)
 
 
+# budget_asked's words besides PLANNER_BUDGET, as the cache_mb axis writes them: the two no-stream
+# baselines and the engine's own sizing; and budget_label's spellings of a budget of 0 and of one unknown
+MMAP, RESIDENT, AUTO_BUDGET = "mmap", "resident", "auto"
+ZERO_BUDGET, UNKNOWN_BUDGET = "cache 0", "?"
+
+
 def budget_asked(row: Mapping[str, Any]) -> str:
     """The budget a run was asked for (what makes two runs the same cell): `auto`, a MiB number, or
     the no-stream mode; `planner` where the engine's planner chose)."""
     if row.get("planner") is True:
         return PLANNER_BUDGET
     if row.get("moe_stream") is False:
-        return "resident" if row.get("no_mmap") is True else "mmap"
+        return RESIDENT if row.get("no_mmap") is True else MMAP
     if row.get("cache_auto"):
-        return "auto"
+        return AUTO_BUDGET
     asked = to_float(row.get("cache_mb_config"))
     return text_of(asked if not math.isnan(asked) else to_float(row.get("cache_mb")))
 
 
-def asked_label(asked: str) -> str:
-    """A budget_asked value as a person reads it: "cache 0", "230 MiB", or the word (auto, planner,
-    mmap, resident)."""
-    if asked in ("auto", PLANNER_BUDGET, "mmap", "resident"):
-        return asked
-    return "cache 0" if asked == "0" else f"{asked} MiB"
+def _mib(x: float) -> str:
+    """A MiB number as a label writes it: whole ones without ".0"."""
+    return str(int(x)) if x.is_integer() else f"{x:g}"
+
+
+def budget_label(asked: Any, *, ceil_mb: Any = None, chose: Any = None, spec: str = "", forced: bool = False,
+                 probe_tokens: int | None = None, upstream: bool = False) -> str:
+    """A budget as a person reads it: the one spelling of each, for the plan's progress lines and
+    dry run, the run table's `budget_label`, the analysis's budget points, compare, the planner's
+    pick, the app's rungs, the community rows and the benchmarks.
+
+    `asked` is the budget as the campaign's cache_mb axis and budget_asked() write it (a MiB
+    number, "auto", "planner", "mmap", "resident"; "", None or NaN when unknown):
+
+    - 0 is "cache 0": streamed with no expert cache (the engine's own line says "cache off");
+      N is "N MiB"; unknown is "?";
+    - "mmap" and "resident" are the two no-stream baselines, as the axis writes them: mmap, the
+      weights mapped from the file; resident, every weight in anonymous memory (--no-mmap);
+    - "auto" is "auto", or "auto ceil 600" with a ceiling (`ceil_mb`);
+    - "planner" is "planner": the engine's own planner picks (--auto).
+
+    `chose` is what the engine sized or picked (a MiB number, or "mmap": the planner declined
+    streaming), shown after an arrow: "auto ceil 600 → 412 MiB", "planner → mmap", "planner → ?"
+    (not known: a run killed before it said); None shows no arrow.
+
+    A plan's cell, before it runs, may add: `spec`, a budget relative to the token cycle or the
+    knee ("412 MiB (cycle*1.2)"; a knee cell before its probe has no MiB yet: "knee*0.9 (MiB from
+    the probe)"); `forced`, the harness added --force-cache ("412 MiB forced"); `probe_tokens`, the
+    knee's route-traced probe ("route-trace probe, cache 0, 64 tokens").
+
+    `upstream` spells the Cache column of upstream's community table, a vocabulary of its own: "N
+    MiB" (0 too), "auto" or "auto, cap 600" (and the sized budget in brackets, "auto, cap 600 (412
+    MiB)"), "mmap (baseline)", "n/a" when unknown."""
+    if probe_tokens is not None:
+        return f"route-trace probe, {ZERO_BUDGET}, {probe_tokens} tokens"
+    word = asked if isinstance(asked, str) and asked in (AUTO_BUDGET, PLANNER_BUDGET, MMAP, RESIDENT) else None
+    ceil = to_float(ceil_mb)
+    has_ceil = bool(ceil) and not math.isnan(ceil)
+    sized = math.nan if chose is None or chose == MMAP else to_float(chose)
+    if upstream:
+        if word in (MMAP, RESIDENT):
+            return f"{word} (baseline)"
+        if word == AUTO_BUDGET:
+            return (AUTO_BUDGET + (f", cap {_mib(ceil)}" if has_ceil else "")
+                    + (f" ({_mib(sized)} MiB)" if not math.isnan(sized) else ""))
+        mib = to_float(asked)
+        return "n/a" if math.isnan(mib) else f"{_mib(mib)} MiB"
+    if word is not None:
+        head = f"{AUTO_BUDGET} ceil {_mib(ceil)}" if word == AUTO_BUDGET and has_ceil else word
+        if chose is None or word not in (AUTO_BUDGET, PLANNER_BUDGET):
+            return head
+        return f"{head} → {MMAP if chose == MMAP else budget_label(sized)}"
+    mib = to_float(asked)
+    if math.isnan(mib):
+        return f"{spec} (MiB from the probe)" if spec else UNKNOWN_BUDGET
+    label = ZERO_BUDGET if mib == 0 else f"{_mib(mib)} MiB"
+    if spec.startswith(("cycle", "knee")):
+        label += f" ({spec})"
+    return label + (" forced" if forced else "")
 
 
 def cell_key(row: Mapping[str, Any]) -> tuple[str, ...]:

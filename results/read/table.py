@@ -31,18 +31,20 @@ from typing import Any
 import pandas as pd
 
 from engine.contract.claim import release_of
-from engine.contract.flags import PLANNER_BUDGET, auto_label, flags_text
+from engine.contract.flags import flags_text
 from engine.gguf.model import cycle_price_mib
 from engine.interface import outputs as out_table
 from engine.interface.releases import Release, reported_as
 from engine.units import MIB
 from results.errors import ResultsError
 from results.numbers import to_float
+from results.read.run_keys import MMAP, budget_asked, budget_label
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.tokens import PUBLISHED_MIN_TOKENS, token_stats
 from results.read.turns import turn_columns
 from store import names, outcomes
 from store.cells import CellConfig
+from store.ledger import was_attempted
 
 # columns every table has, first, in this order (docs/results.md lists them all)
 KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
@@ -471,7 +473,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "infra": outcome in outcomes.INFRA,
         "started_at": to_float(rec.get("started_at")),
         "ended_at": to_float(rec.get("ended_at")),
-        "attempted": rec.get("attempted", True) is not False,    # False: recorded without running
+        "attempted": was_attempted(rec),                          # False: recorded without running
         "o_direct": to_float(rec.get("o_direct")),
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
         "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
@@ -623,15 +625,11 @@ def _plan_of(console) -> dict[str, Any]:
 
 def _budget_label(stream: bool | None, auto: bool | None, budget: float, config: CellConfig,
                   planner: bool = False) -> str:
-    if planner:
-        chose = ("mmap (declined streaming)" if stream is False else f"{budget:g} MiB" if not math.isnan(budget)
-                 else "?")
-        return f"{PLANNER_BUDGET} → {chose}"
-    if stream is False:
-        return "resident" if config.no_mmap else "mmap"
-    if auto:
-        return auto_label(config.cache_ceil_mb)
-    return "off" if budget == 0 else (f"{budget:g} MiB" if not math.isnan(budget) else "?")
+    """The run's budget_label: what it asked for, and a planner's pick (results.read.run_keys.budget_label)."""
+    asked = budget_asked({"planner": planner, "moe_stream": stream, "no_mmap": config.no_mmap, "cache_auto": auto,
+                          "cache_mb": budget})
+    return budget_label(asked, ceil_mb=config.cache_ceil_mb,
+                        chose=(MMAP if stream is False else budget) if planner else None)
 
 
 def _flags(row: Mapping[str, Any]) -> list[str]:
@@ -639,7 +637,7 @@ def _flags(row: Mapping[str, Any]) -> list[str]:
     if row["under_cycle"]:
         flags.append("under_cycle")
     tokens = row["tokens"]
-    if row["outcome"] == "ok" and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
+    if row["outcome"] == outcomes.OK and not math.isnan(tokens) and tokens < PUBLISHED_MIN_TOKENS:
         flags.append("probe")
     if row["gate_gave_up"]:
         flags.append("gate_gave_up")

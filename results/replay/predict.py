@@ -67,6 +67,7 @@ from results.replay.lru_replay import (
     stack_distances,
 )
 from store import names
+from store.outcomes import OK
 
 
 class PredictionError(ResultsError):
@@ -426,7 +427,7 @@ MATCH_KEYS = SERIES_KEYS + ("engine", "apps", "planner", "no_mmap")
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
-    ok = table[(table["outcome"] == "ok") & (table["moe_stream"] != False)]  # noqa: E712 (None: unknown, streamed)
+    ok = table[(table["outcome"] == OK) & (table["moe_stream"] != False)]  # noqa: E712 (None: unknown, streamed)
     return ok[ok["cache_mb"].notna()]
 
 

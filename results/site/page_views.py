@@ -43,6 +43,7 @@ from results.site.pages import (
 )
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from store import names
+from store.outcomes import OK
 
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
 
@@ -98,7 +99,7 @@ def publish_shortfall(run_ids: Sequence[str], table: pd.DataFrame) -> str:
         return ""
     missing = []
     tokens = pd.to_numeric(mine["tokens"], errors="coerce")
-    ok_tokens = tokens[mine["outcome"] == "ok"]
+    ok_tokens = tokens[mine["outcome"] == OK]
     if len(ok_tokens) and ok_tokens.min() < PUBLISHED_MIN_TOKENS:
         missing.append(f"{ok_tokens.min():.0f} tokens < {PUBLISHED_MIN_TOKENS}")
     if len(mine) < PUBLISH_MIN_REPEATS:

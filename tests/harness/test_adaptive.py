@@ -25,6 +25,7 @@ from results.analysis.analyze import analyze
 from results.analysis.recommend import recommend
 from results.read.table import build_table
 from store.campaign_dir import CampaignDir
+from store.ledger import was_attempted
 from tests.harness.faults import _CLI, stop_phone_when
 
 
@@ -181,7 +182,7 @@ def test_the_bisection_closes_the_kill_bracket_and_resumes_after_the_phone_dies(
         assert b.failed_mib is None or b.failed_mib not in held_budgets(out)
         text = second.text()
         assert "adaptive: virtual:adapt mid k=4: bracketed" in text and "spent:" in text
-        assert second.spent.cells == len({r["cell_id"] for r in ledger(out) if r.get("attempted", True)})
+        assert second.spent.cells == len({r["cell_id"] for r in ledger(out) if was_attempted(r)})
         assert json.loads(second.to_json())["adaptive"][0]["state"] == BRACKETED
         assert brackets_of(CampaignDir(out).read_plan_doc()) == second.brackets
         # and a rerun has nothing left to decide or run

@@ -70,7 +70,7 @@ def test_null_with_every_rungs_reason_when_no_rung_is_safe():
     rung = mapped([point(500), point(1000, killed=2)], 1200)        # no cache-0 run either
     assert rung.rung_mb is None
     assert rung.reason == ("no app rung is measured safe at or under the 1200 MiB ceiling: 1000 MiB killed; "
-                           "500 MiB under the 700 MiB token cycle; 0 not measured")
+                           "500 MiB under the 700 MiB token cycle; cache 0 not measured")
 
 
 def group(points: list[BudgetPoint]) -> GroupAnalysis:

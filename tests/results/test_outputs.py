@@ -32,7 +32,7 @@ def test_the_run_table_in_every_format_to_stdout_or_a_file(local_campaign, cli, 
     md = runner.invoke(cli, ["table", str(local_campaign), "--format", "md", "-o", "-"])
     rows = md_table(md.stdout)
     assert rows[0][:5] == ["device", "model", "engine", "cache", "dense"] and len(rows) == 21
-    assert {r[8] for r in rows[1:]} == {"ok"} and {r[3] for r in rows[1:]} >= {"off", "auto"}
+    assert {r[8] for r in rows[1:]} == {"ok"} and {r[3] for r in rows[1:]} >= {"cache 0", "auto"}
     text = runner.invoke(cli, ["table", str(local_campaign)]).stdout       # the default: text on stdout
     assert text.splitlines()[0].split()[:3] == ["device", "model", "engine"] and len(text.splitlines()) == 22
     out = tmp_path / "deep" / "runs.json"

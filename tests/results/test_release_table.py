@@ -86,7 +86,7 @@ def test_the_planners_run_is_read_for_its_plan_and_kept_off_the_budget_curve(pla
     (row,) = table[table["planner"]].to_dict("records")
     # the host holds this 13 MiB model many times over: the plan declines and the run is a baseline
     assert row["plan_regime"] == "fits" and row["plan_declined"].startswith("what is left on the host fits")
-    assert row["budget_label"] == "planner → mmap (declined streaming)" and row["mode"] == "mmap"
+    assert row["budget_label"] == "planner → mmap" and row["mode"] == "mmap"
     assert row["plan_flags"] == "# streaming declined; run without --moe-stream"
     (group,) = analyze(table).groups
     assert all(row["run_id"] not in p.run_ids for p in (*group.points, *group.baselines))
@@ -94,4 +94,4 @@ def test_the_planners_run_is_read_for_its_plan_and_kept_off_the_budget_curve(pla
     assert pick.declined and pick.regime == "fits" and pick.run_ids == (row["run_id"],)
     assert "ran as a baseline" in pick.verdict
     (rec,) = recommend([planned]).all()
-    assert rec.planner[0]["text"] == pick.text() and "planner: declined streaming (fits)" in pick.text()
+    assert rec.planner[0]["text"] == pick.text() and "planner: mmap (fits)" in pick.text()
