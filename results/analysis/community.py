@@ -37,6 +37,7 @@ from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.publish import Redactor
+from results.read.parse_console import streamed
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from store.errors import StoreError
@@ -148,7 +149,7 @@ def _streamed(run_dir: str) -> bool | None:
     path = Path(run_dir) / STDERR_TXT
     if not path.is_file():
         return None
-    return "bmoe: expert streaming ON" in path.read_text(encoding="utf-8", errors="replace")
+    return streamed(path.read_text(encoding="utf-8", errors="replace"))
 
 
 def _quant(record: Mapping[str, Any] | None) -> str:
