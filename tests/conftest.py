@@ -172,11 +172,16 @@ def make_model(folder: Path, name: str, preset: str = "qwen3moe", **dims) -> Pat
     return path
 
 
+# The tests' one small real model (as shards too: `synth_options(**TINY_MODEL, split_count=3)`)
+TINY_MODEL = dict(preset="qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96, vocab=300, quant="Q8_0",
+                  seed=7)
+
+
 @pytest.fixture(scope="session")
-def small_qwen(models_dir) -> Path:
-    """3 layers, 8 experts, top-2, hidden 64, expert FFN 96, Q8_0 experts."""
-    return make_model(models_dir, "small-qwen.gguf", "qwen3moe", layers=3, experts=8, top_k=2,
-                      hidden=64, expert_ffn=96, vocab=300, quant="Q8_0", seed=7)
+def tiny_model(models_dir) -> Path:
+    """0.6 MiB qwen3moe: 3 layers x 8 experts, top-2, hidden 64, expert FFN 96, Q8_0 experts (TINY_MODEL);
+    a run of a few tokens takes ~0.3 s. Its name is `tiny` (the file's stem)."""
+    return make_model(models_dir, "tiny.gguf", **TINY_MODEL)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.fsutil import atomic_write
+
 PREFIX = "bmoe-vphone-"
 # one file per group made here, named by its leaf: the making daemon's pid, then the group's folders,
 # so a group whose daemon died before its stop (and whose phone folder may be gone) is found
@@ -295,10 +297,7 @@ class MemoryCgroup:
     def record(self) -> None:
         """Write this group's registry entry (REGISTRY): this process owns it, and these are its folders."""
         REGISTRY.mkdir(mode=0o700, exist_ok=True)
-        entry = REGISTRY / self.path.name
-        tmp = entry.with_name(f".{entry.name}.tmp")
-        tmp.write_text("\n".join([str(os.getpid()), *map(str, self.folders())]) + "\n")
-        os.replace(tmp, entry)
+        atomic_write(REGISTRY / self.path.name, "\n".join([str(os.getpid()), *map(str, self.folders())]) + "\n")
 
     def remove(self) -> None:
         """Kill what is left and remove the group's folders (retrying while the kernel still holds them)."""

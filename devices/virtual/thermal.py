@@ -14,8 +14,9 @@ recorded in the getprop table as UNIT_PROP for dumpsys, which speaks °C as the 
 
 Standalone (no package
 imports): the phone's `dumpsys` loads it by path on every call, so it imports only math and os
-(its two records are plain slotted classes, not dataclasses; pathlib only where the daemon
-writes the files): each of those costs about what the interpreter's own start does.
+(its two records are plain slotted classes, not dataclasses; pathlib and engine.fsutil's atomic
+write only where the daemon writes the files): each of those costs about what the interpreter's
+own start does.
 """
 
 from __future__ import annotations
@@ -148,14 +149,14 @@ class ThermalModel:
 def _replace(path: Path, text: str) -> None:
     """Atomic rename: readers never see a half-written value (these folders are bind-mounted as
     folders, so a new inode under the same name is what the phone sees)."""
+    from engine.fsutil import atomic_write  # the daemon's side only, as in write
+
     try:
         if path.read_text() == text:
             return
     except OSError:
         pass
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def read_zones(root: str | Path, cpu_unit: str = "mC") -> list[tuple[str, float]]:

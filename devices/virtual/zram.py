@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devices.virtual.cgroup import daemon_alive
+from engine.fsutil import atomic_write
 
 CONTROL = Path("/sys/class/zram-control")
 SYS_BLOCK = Path("/sys/block")
@@ -180,9 +181,7 @@ def record(internal: Path, z: Zram | None) -> None:
     if z is None:
         path.unlink(missing_ok=True)
     else:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"num": z.num}) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"num": z.num}) + "\n")
 
 
 def reclaim(internal: Path) -> None:

@@ -5,7 +5,6 @@ build can list and still refuse at load, tried on the model with one token."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,6 +13,7 @@ from engine.interface.flags import CACHE_MB, MODEL, MOE_STREAM, N_PREDICT, OVERL
 from harness.campaign.defaults import PYTHON_ENGINE
 from harness.campaign.model import CampaignError
 from results.analysis.community import COMMUNITY_FLAGS
+from results.read.parse_console import says_why
 
 
 def _engine_command(engine: str) -> tuple[list[str], dict[str, str]]:
@@ -23,9 +23,6 @@ def _engine_command(engine: str) -> tuple[list[str], dict[str, str]]:
     path = os.path.abspath(engine)
     env["LD_LIBRARY_PATH"] = os.path.dirname(path)
     return [path], env
-
-
-_UNKNOWN_RE = re.compile(r"(unknown arg: .*|config error: .*|error: .*)")
 
 
 def protocol_flags(engine: str, model_path: str | None,
@@ -66,6 +63,6 @@ def _run(argv: list[str], env: Mapping[str, str], timeout_s: float = 60) -> tupl
 def _line(text: str, needle: str) -> str:
     from engine.safetext import excerpt
 
-    lines = [line.strip() for line in text.splitlines() if needle in line and _UNKNOWN_RE.search(line)]
-    lines = lines or [line.strip() for line in text.splitlines() if _UNKNOWN_RE.search(line)]
+    lines = [line.strip() for line in text.splitlines() if needle in line and says_why(line)]
+    lines = lines or [line.strip() for line in text.splitlines() if says_why(line)]
     return excerpt(lines[0] if lines else "no reason given", 160)

@@ -3,12 +3,12 @@
 A campaign's attempt is classified from its exit status, its stderr, its metrics CSV and the
 low-memory killer's lines (classify); a single command line run outside a campaign
 (`recommend --verify`) is judged accepted, refused or failed (judge_single_run). Both read the
-engine's configuration refusals the same way.
+engine's configuration refusals the same way. What an engine line says is read by the console
+parser's verdicts (results.read.parse_console: o_direct_seen, is_refusal, is_error, accepted_line).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +16,9 @@ from typing import Any
 from devices.base import RunOutcome
 from devices.lmk import LmkEvent
 from engine.units import parse_number
+from results.read.parse_console import accepted_line, is_error, is_refusal, o_direct_seen
 from store import outcomes
 from store.cells import CellConfig
-
-_CONFIG_ERROR_RE = re.compile(r"config error:|unknown arg:|missing value for|expects ")
-_STREAMING_ON_RE = re.compile(r"bmoe: expert streaming ON\b.*?\bo_direct=(\d+)")
-_ACCEPTED_RE = re.compile(r"bmoe: expert streaming ON.*|^generation: .*", re.M)
 
 
 @dataclass(frozen=True)
@@ -36,9 +33,9 @@ def o_direct_in_effect(stderr: bytes, metrics) -> int | None:
     """Whether expert reads really bypassed the page cache: the engine's `bmoe: expert streaming ON
     … o_direct=N` stderr line, which both engines print after any fallback (bmoe-cli's CSV preamble
     records what was asked for, not what happened); else the preamble's value; None if neither."""
-    seen = _STREAMING_ON_RE.findall(stderr.decode("utf-8", "replace"))
-    if seen:
-        return int(seen[-1])
+    seen = o_direct_seen(stderr.decode("utf-8", "replace"))
+    if seen is not None:
+        return seen
     value = metrics.preamble.get("o_direct") if metrics is not None else None
     return parse_number(value) if value is not None else None
 
@@ -64,10 +61,10 @@ def classify(outcome: RunOutcome, kills: Sequence[LmkEvent], metrics, o_direct_a
     if status is None:
         return Classified(outcomes.ENGINE_ERROR, ("exit status unknown",))
     if status != 0:
-        refused = [line for line in err_lines if _CONFIG_ERROR_RE.search(line)]
+        refused = [line for line in err_lines if is_refusal(line)]
         if status in (1, 2) and refused:
             return Classified(outcomes.CONFIG_ERROR, (f"exit status {status}", refused[0]))
-        errors = [line for line in err_lines if line.lstrip().startswith("error")] or err_lines[-1:]
+        errors = [line for line in err_lines if is_error(line)] or err_lines[-1:]
         return Classified(outcomes.ENGINE_ERROR, (f"exit status {status}",) + tuple(errors[:1]))
     if metrics is None:
         return Classified(outcomes.INVALID, ("exit status 0 but no metrics CSV",))
@@ -103,12 +100,12 @@ def judge_single_run(outcome: RunOutcome) -> tuple[str, str]:
     err = outcome.stderr.decode("utf-8", "replace")
     lines = [line.strip() for line in err.splitlines() if line.strip()]
     if outcome.exit_status == 0 and not outcome.killed_by_sigkill:
-        seen = _ACCEPTED_RE.findall(err + "\n" + outcome.stdout.decode("utf-8", "replace"))
-        return "accepted", (seen[0].strip() if seen else "exit status 0")
-    refused = [line for line in lines if _CONFIG_ERROR_RE.search(line)]
+        seen = accepted_line(err + "\n" + outcome.stdout.decode("utf-8", "replace"))
+        return "accepted", (seen if seen is not None else "exit status 0")
+    refused = [line for line in lines if is_refusal(line)]
     if outcome.exit_status in (1, 2) and refused:
         return "refused", refused[0]
     if outcome.timed_out:
         return "failed", f"no exit within the timeout ({outcome.wall_s:.0f} s)"
-    errors = [line for line in lines if line.startswith("error")] or lines[-1:]
+    errors = [line for line in lines if is_error(line)] or lines[-1:]
     return "failed", f"exit status {outcome.exit_status}" + (f": {errors[0]}" if errors else "")

@@ -38,6 +38,7 @@ from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.publish import Redactor
+from results.read.parse_console import streamed
 from results.read.run_keys import AUTO_BUDGET, MMAP, budget_label
 from results.read.rundir import read_campaigns
 from results.read.table import build_table
@@ -151,7 +152,7 @@ def _streamed(run_dir: str) -> bool | None:
     path = Path(run_dir) / STDERR_TXT
     if not path.is_file():
         return None
-    return "bmoe: expert streaming ON" in path.read_text(encoding="utf-8", errors="replace")
+    return streamed(path.read_text(encoding="utf-8", errors="replace"))
 
 
 def _quant(record: Mapping[str, Any] | None) -> str:

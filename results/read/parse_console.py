@@ -17,10 +17,16 @@ Numbers are range-checked as they are read (results.read.parse_values): a numera
 refused with the file, line and line kind; nan/inf and impossible values (a negative time, a hit
 rate over 100 %) become None, and `notes` says which.
 
+The judgements other modules make of a run from its lines (harness.run.classify: did O_DIRECT hold,
+was the command line taken or refused; harness.campaign.engine_probe: why a flag was refused;
+results.analysis.community: did it stream) are functions here too (`o_direct_seen`, `accepted_line`,
+`is_refusal`, `is_error`, `says_why`, `streamed`), built from the same line starts as the shapes,
+so an engine line is matched in this module alone (tests/test_engine_lines.py).
+
 Long because: it is one reader of one capture format, its line shapes declared as tables read top
 to bottom and the loop that applies them; the multi-run split at the end finds where a run starts
-with the same private shapes (`_match`, `_STDERR`, PERF_PREFIXES), and the records it fills
-already live in results.read.console_records.
+with the same private shapes (`_match`, `_STDERR`, PERF_PREFIXES), the judgements share the shapes'
+line starts, and the records it fills already live in results.read.console_records.
 """
 
 from __future__ import annotations
@@ -60,13 +66,19 @@ from results.read.parse_text import NUMBER, NumberError, ParseError, excerpt, lo
 from results.read.parse_values import checked, note, problem
 
 N = f"({NUMBER})"
+# How the engine's lines begin, where a shape below and a verdict after the shapes (o_direct_seen …
+# says_why) both read them. Plain text: no regex metacharacters.
+STREAMING_ON = "bmoe: expert streaming ON"     # stderr at load: experts stream, with these settings
+GENERATION = "generation:"                       # stdout: the end-of-run block's first line
+CONFIG_ERROR, UNKNOWN_ARG, MISSING_VALUE = "config error:", "unknown arg:", "missing value for"   # refusals
+RUNTIME_ERROR = "error"                          # `error: …`, a run that failed
 SEPARATOR_RE = re.compile(r"^={5,}\s+(.*?)\s+={5,}\s*$")
 # separators that close a driver's log instead of opening a run (`ALL DONE`, `MMAP DONE` are
 # printed bare; the 2026-07-17 drivers print `=== DONE ===`)
 END_TAGS = frozenset({"DONE", "ALL DONE", "MMAP DONE"})
 _TAG_PARAMS_RE = re.compile(r"^(\S+)\s+\((.*)\)$")
 # end-of-run lines (after `generation:`); a line that starts like one and matches no shape is kept in `unparsed`
-PERF_PREFIXES = ("generation:", "compute:", "prefill:", "moe-", "mtp:", "ngram:", "mode:", "ppl:", "ppl-policy:",
+PERF_PREFIXES = (GENERATION, "compute:", "prefill:", "moe-", "mtp:", "ngram:", "mode:", "ppl:", "ppl-policy:",
                  "plan: predicted")
 
 # What one line says: ConsoleRun fields by name (values of several types, hence Any), the pressure
@@ -162,7 +174,7 @@ def _dense_anon(m: re.Match[str]) -> Fields:
 
 
 _STDOUT: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
-    ("generation", re.compile(rf"^generation: (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
+    ("generation", re.compile(rf"^{GENERATION} (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
     ("compute", re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
      _compute),
     ("prefill", re.compile(rf"^prefill: (\d+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
@@ -175,9 +187,9 @@ _STDOUT: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], .
      _prefetch),
     ("moe-spec-gate", re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
      lambda m: {"spec_gate": SpecGate(_num(m[1]), _opt(m[2]))}),
-    ("config-error", re.compile(r"^config error: (.*)"), lambda m: {"config_error": m[1].strip()}),
-    ("arg-error", re.compile(r"^(?:unknown arg: |missing value for ).*"), lambda m: {"arg_error": m[0].strip()}),
-    ("runtime-error", re.compile(r"^error: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
+    ("config-error", re.compile(rf"^{CONFIG_ERROR} (.*)"), lambda m: {"config_error": m[1].strip()}),
+    ("arg-error", re.compile(rf"^(?:{UNKNOWN_ARG} |{MISSING_VALUE} ).*"), lambda m: {"arg_error": m[0].strip()}),
+    ("runtime-error", re.compile(rf"^{RUNTIME_ERROR}: (.*)"), lambda m: {"runtime_error": m[1].strip()}),
     ("warning", re.compile(r"^warning: (.*)"), lambda m: {"warnings": m[1].strip()}),
 )
 _STDERR: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
@@ -188,7 +200,7 @@ _STDERR: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], .
      lambda m: {"dense_warmup": DenseWarmup(_num(m[1]), _num(m[2]))}),
     ("dense-dropped", re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _num(m[1])}),
     ("dense-anon", re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
-    ("streaming-on", re.compile(r"bmoe: expert streaming ON\s+(.*)"), _streaming),
+    ("streaming-on", re.compile(rf"{STREAMING_ON}\s+(.*)"), _streaming),
     ("cycle-warning", re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
      _cycle_warning),
     # a bad --dense-weights value is refused like a config error (exit 2 instead of 1)
@@ -269,6 +281,54 @@ _UNIT_SUFFIXES = ("_kb", "_dC", "_mC", "_uah")
 _ENTRY_KEYS = {"batt": "batt_temp_dC", "memavail": "mem_available_kb", "freq": "scaling_max_freq_khz",
                "waited": "waited_s"}
 _ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[\d.]+)\s*([A-Za-z]*)")
+
+
+# ── a run's lines as other modules judge it ────────────────────────────────────────────────────
+# Verdicts on one run as it ends (the harness's and a report's), not the parse of a capture above:
+# each keeps the reach its caller always had (anywhere in a line or at its start, the first line or
+# the last), wider than the shapes' in places (a refusal is seen anywhere in a line).
+
+_O_DIRECT_RE = re.compile(rf"{STREAMING_ON}\b.*?\bo_direct=(\d+)")
+_ACCEPTED_RE = re.compile(rf"{STREAMING_ON}.*|^{GENERATION} .*", re.M)
+_REFUSAL_RE = re.compile(rf"{CONFIG_ERROR}|{UNKNOWN_ARG}|{MISSING_VALUE}|expects ")
+_WHY_RE = re.compile(rf"({UNKNOWN_ARG} .*|{CONFIG_ERROR} .*|{RUNTIME_ERROR}: .*)")
+
+
+def streamed(text: str) -> bool:
+    """Whether an engine's output holds its `bmoe: expert streaming ON` line: it streamed experts
+    (without the line it ran on mmap)."""
+    return STREAMING_ON in text
+
+
+def o_direct_seen(text: str) -> int | None:
+    """The `o_direct=N` of the last `bmoe: expert streaming ON` line of an engine's stderr (both
+    engines print it after any fallback); None when no such line says it."""
+    seen = _O_DIRECT_RE.findall(text)
+    return int(seen[-1]) if seen else None
+
+
+def accepted_line(text: str) -> str | None:
+    """The first line by which an engine shows it took its command line: `bmoe: expert streaming
+    ON …` (from there to the line's end) or a `generation: …` line, stripped; None without one."""
+    seen = _ACCEPTED_RE.findall(text)
+    return seen[0].strip() if seen else None
+
+
+def is_refusal(line: str) -> bool:
+    """Whether a line is the engine's refusal of its command line: `config error:`, `unknown arg:`,
+    `missing value for` or a flag's `… expects …`, anywhere in the line."""
+    return _REFUSAL_RE.search(line) is not None
+
+
+def is_error(line: str) -> bool:
+    """Whether a line is the engine's error line: it starts with `error` (blanks before it allowed)."""
+    return line.lstrip().startswith(RUNTIME_ERROR)
+
+
+def says_why(line: str) -> bool:
+    """Whether a line says why the engine refused a flag or failed: `unknown arg: …`, `config
+    error: …` or `error: …` anywhere in the line."""
+    return _WHY_RE.search(line) is not None
 
 
 # ── parsing ────────────────────────────────────────────────────────────────────────────────────
@@ -507,13 +567,15 @@ def read_console_runs(path: str | Path) -> list[ConsoleRun]:
 
 
 _LOADER_START = "llama_model_loader: loaded meta data"
+# the lines a run's beginning prints when the engine refuses its command line or fails
+_REFUSED_OR_FAILED = (f"{CONFIG_ERROR} ", f"{UNKNOWN_ARG} ", f"{MISSING_VALUE} ", f"{RUNTIME_ERROR}: ")
 
 
 def _line_kind(line: str) -> str:
     """'generation', 'end' (the rest of an end-of-run block), 'start' (a line only the beginning of
     a run prints: the engine's load lines, a --progress event, a cooling gate's entry state, an
     echoed command, an error), or '' for anything else (text, llama.cpp's log)."""
-    if line.startswith("generation:"):
+    if line.startswith(GENERATION):
         return "generation"
     if line.startswith(PERF_PREFIXES) or line == "=== perf ===" or _PRESSURE_RE.match(line):
         return "end"
@@ -521,7 +583,7 @@ def _line_kind(line: str) -> str:
         return "start"
     if "bmoe:" in line and any(p.search(line) for _, p, _ in _STDERR):
         return "start"
-    if re.match(r"^(config error: |unknown arg: |missing value for |error: )", line):
+    if line.startswith(_REFUSED_OR_FAILED):
         return "start"
     try:
         if config_from_command(line):

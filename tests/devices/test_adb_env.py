@@ -79,14 +79,14 @@ def test_android_serial_is_the_default_device(clean_env):
     assert default_serial({"ANDROID_SERIAL": "R58M123"}) == "R58M123"
 
 
-def test_a_campaign_takes_the_server_from_the_environment_unless_it_names_one(clean_env, small_qwen):
+def test_a_campaign_takes_the_server_from_the_environment_unless_it_names_one(clean_env, tiny_model):
     clean_env.setenv("ADB_SERVER_SOCKET", "tcp:farm.example:6003")
     clean_env.setenv("ANDROID_ADB_SERVER_PORT", "6001")
-    data = {"version": 1, "fleet": {"devices": ["R58M123"]}, "models": {"m": str(small_qwen)}}
+    data = {"version": 1, "fleet": {"devices": ["R58M123"]}, "models": {"m": str(tiny_model)}}
     assert parse_campaign(data).adb == (AdbServer("farm.example", 6003),)
     named = dict(data, fleet={"devices": ["R58M123"], "adb": [{"host": "lab.example", "port": 6037}]})
     assert parse_campaign(named).adb == (AdbServer("lab.example", 6037),)
-    assert campaign_from_options(["R58M123"], [str(small_qwen)], ["0"], adb=["lab.example:6037"]).adb == \
+    assert campaign_from_options(["R58M123"], [str(tiny_model)], ["0"], adb=["lab.example:6037"]).adb == \
         (AdbServer("lab.example", 6037),)
     # this host alone needs no server: the environment is not even read
     clean_env.setenv("ADB_SERVER_SOCKET", "localabstract:adb")
@@ -96,18 +96,18 @@ def test_a_campaign_takes_the_server_from_the_environment_unless_it_names_one(cl
     assert str(caught.value).startswith("c.toml: ADB_SERVER_SOCKET='localabstract:adb': expected tcp:PORT")
 
 
-def test_android_serial_is_the_device_of_a_sweep_or_file_naming_none(clean_env, small_qwen):
-    no_devices = {"version": 1, "models": {"m": str(small_qwen)}}
+def test_android_serial_is_the_device_of_a_sweep_or_file_naming_none(clean_env, tiny_model):
+    no_devices = {"version": 1, "models": {"m": str(tiny_model)}}
     with pytest.raises(CampaignError, match=r"fleet\.devices: missing: .* or set ANDROID_SERIAL"):
         parse_campaign(no_devices)
     with pytest.raises(CampaignError, match=r"--device: name at least one device .* or set ANDROID_SERIAL"):
-        sweep_campaign(None, set(), dict(devices=[], models=[str(small_qwen)], cache_mb=["0"]))
+        sweep_campaign(None, set(), dict(devices=[], models=[str(tiny_model)], cache_mb=["0"]))
     clean_env.setenv("ANDROID_SERIAL", "R58M123")
     assert parse_campaign(no_devices).devices == ("R58M123",)
-    assert sweep_campaign(None, set(), dict(devices=[], models=[str(small_qwen)], cache_mb=["0"])).campaign.devices \
+    assert sweep_campaign(None, set(), dict(devices=[], models=[str(tiny_model)], cache_mb=["0"])).campaign.devices \
         == ("R58M123",)
     # a device named wins; the serial is checked as a device string is
-    assert sweep_campaign(None, set(), dict(devices=["local"], models=[str(small_qwen)],
+    assert sweep_campaign(None, set(), dict(devices=["local"], models=[str(tiny_model)],
                                             cache_mb=["0"])).campaign.devices == ("local",)
     clean_env.setenv("ANDROID_SERIAL", "two words")
     with pytest.raises(CampaignError, match='ANDROID_SERIAL: "two words" is not a device'):

@@ -135,7 +135,7 @@ def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_pat
     if os.environ.get(IN_OWN_NETNS) != "1":
         run_in_own_network_namespace(request.node.nodeid, tmp_path)
         return
-    small_qwen = request.getfixturevalue("small_qwen")
+    tiny_model = request.getfixturevalue("tiny_model")
     port, decoy = free_port(), free_port()
     base = {k: v for k, v in os.environ.items() if k not in ADB_VARS}
     base.update(ADB_MDNS="0", ANDROID_USER_HOME=str(tmp_path / "android-home"))
@@ -160,7 +160,7 @@ def test_commands_reach_the_server_adbs_environment_names_and_never_5037(tmp_pat
             assert phones == {"local": phones["local"], serial: "Pixel 7"}
 
             out = tmp_path / "sweep"
-            end = json.loads(bmoe_fleet(by_address, "sweep", "--model", str(small_qwen), "--cache-mb", "0", "-n", "2",
+            end = json.loads(bmoe_fleet(by_address, "sweep", "--model", str(tiny_model), "--cache-mb", "0", "-n", "2",
                                         "-t", "1", "-o", str(out), "--json").stdout)
             assert end["exit_status"] == 0, end
             written = (out / "campaign.toml").read_text(encoding="utf-8")

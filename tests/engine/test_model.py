@@ -17,8 +17,8 @@ from tests.conftest import UPSTREAM_HOST
 # Q8_0: 34 bytes per 32 weights; MXFP4: 17 bytes per 32; F16: 2 bytes; F32: 4 bytes.
 
 
-def test_qwen3moe_prices_match_hand_computed_bytes(small_qwen):
-    shape = load_model_shape(small_qwen)
+def test_qwen3moe_prices_match_hand_computed_bytes(tiny_model):
+    shape = load_model_shape(tiny_model)
     assert (shape.arch, shape.n_layer, shape.n_expert, shape.top_k) == ("qwen3moe", 3, 8, 2)
     one_matrix = 64 * 96 // 32 * 34          # gate, up and down are each 64x96 per expert
     assert [layer.expert_bytes for layer in shape.moe_layers] == [3 * one_matrix] * 3 == [19584] * 3
@@ -47,8 +47,8 @@ def test_gptoss_biases_count_as_dense(small_gptoss):
     assert shape.quant_types()["expert"] == {"MXFP4": shape.expert_bytes}
 
 
-def test_expert_slices_are_the_bytes_an_independent_reader_sees(small_qwen, small_gptoss):
-    for path in (small_qwen, small_gptoss):
+def test_expert_slices_are_the_bytes_an_independent_reader_sees(tiny_model, small_gptoss):
+    for path in (tiny_model, small_gptoss):
         shape = load_model_shape(path)
         reader = GGUFReader(path)
         tensors = {t.name: t for t in reader.tensors}
@@ -135,17 +135,17 @@ def test_missing_file(tmp_path):
 
 
 @pytest.mark.parametrize("keep_bytes", [6, 30, 200, 3000])
-def test_truncated_header(small_qwen, tmp_path, keep_bytes):
+def test_truncated_header(tiny_model, tmp_path, keep_bytes):
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(small_qwen.read_bytes()[:keep_bytes])
+    cut.write_bytes(tiny_model.read_bytes()[:keep_bytes])
     with pytest.raises(ModelError) as e:
         load_model_shape(cut)
     assert "truncated GGUF header" in _one_line(e)
 
 
-def test_truncated_tensor_data(small_qwen, tmp_path):
+def test_truncated_tensor_data(tiny_model, tmp_path):
     cut = tmp_path / "cut.gguf"
-    data = small_qwen.read_bytes()
+    data = tiny_model.read_bytes()
     cut.write_bytes(data[: len(data) - 1000])
     with pytest.raises(ModelError) as e:
         load_model_shape(cut)
@@ -169,16 +169,16 @@ def test_non_moe_gguf(tmp_path):
 
 @pytest.mark.parametrize("top_k, message", [(9, "top-k 9 is above this model's n_expert of 8"),
                                             (0, "top-k must be at least 1")])
-def test_top_k_out_of_range(small_qwen, top_k, message):
-    shape = load_model_shape(small_qwen)
+def test_top_k_out_of_range(tiny_model, top_k, message):
+    shape = load_model_shape(tiny_model)
     with pytest.raises(ModelError, match=message):
         shape.cycle_mib(top_k)
 
 
-def test_nextn_blocks_are_not_priced(small_qwen, tmp_path):
+def test_nextn_blocks_are_not_priced(tiny_model, tmp_path):
     """A trailing next-token-prediction block names expert tensors but is never bound."""
     path = tmp_path / "mtp.gguf"
-    shutil.copy(small_qwen, path)
+    shutil.copy(tiny_model, path)
     shape = load_model_shape(path)
     assert len(shape.moe_layers) == 3
     w = GGUFWriter(tmp_path / "with-mtp.gguf", "qwen3moe")

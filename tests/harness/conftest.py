@@ -22,15 +22,6 @@ def harness_models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(harness_models) -> Path:
-    """0.6 MiB qwen3moe, 3 layers x 8 experts, top-2: a run of a few tokens takes ~0.3 s."""
-    path = harness_models / "tiny.gguf"
-    write_model(path, synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96, vocab=300,
-                                    seed=7))
-    return path
-
-
-@pytest.fixture(scope="session")
 def mid_model(harness_models) -> Path:
     """~64 MiB qwen3moe (4 layers x 16 experts, top-4): resident (--no-mmap) bmoe-py holds ~93 MiB
     of anonymous memory, more than the 84 MiB `tight` phone has; streamed with an 18 MiB cache, ~62."""

@@ -32,8 +32,8 @@ def test_every_command_has_help_text():
                 assert param.help, f"{' '.join(path)} {param.opts[0]} has no help text"
 
 
-def test_inspect_prints_the_cycle_lines(small_qwen):
-    result = _invoke("model", "inspect", small_qwen)
+def test_inspect_prints_the_cycle_lines(tiny_model):
+    result = _invoke("model", "inspect", tiny_model)
     assert result.exit_code == 0
     lines = result.output.splitlines()
     # model top-k 2, plus 4 (2 is the model's own): token cycle = 3 layers x 19584 B x k
@@ -42,8 +42,8 @@ def test_inspect_prints_the_cycle_lines(small_qwen):
     assert not any(line.startswith("top-k 8") for line in lines)
 
 
-def test_inspect_json_and_explicit_top_ks(small_qwen):
-    result = _invoke("model", "inspect", small_qwen, "--top-k", 1, "--top-k", 8, "--json")
+def test_inspect_json_and_explicit_top_ks(tiny_model):
+    result = _invoke("model", "inspect", tiny_model, "--top-k", 1, "--top-k", 8, "--json")
     assert result.exit_code == 0
     data = json.loads(result.output)
     assert data["format"] == "bmoe-fleet.model-shape" and data["version"] == 1
@@ -59,12 +59,12 @@ def test_inspect_json_and_explicit_top_ks(small_qwen):
     ("none", ["model", "synth", "{p}", "--preset", "gpt-oss", "--quant", "Q4_0"], "not offered for gpt-oss"),
     ("none", ["model", "synth", "{p}", "--size", "lots"], "cannot read 'lots' as a size"),
 ])
-def test_errors_are_one_line_and_exit_1(tmp_path, small_qwen, setup, args, message):
+def test_errors_are_one_line_and_exit_1(tmp_path, tiny_model, setup, args, message):
     p = tmp_path / "x.gguf"
     if setup == "text":
         p.write_text("not a model")
     elif setup == "model":
-        p = small_qwen
+        p = tiny_model
     result = CliRunner().invoke(main, [a.format(p=p) for a in args])
     assert result.exit_code == 1
     assert message in result.output

@@ -89,10 +89,10 @@ def _runs(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("runs/*/1/run.json"))]
 
 
-def test_a_real_bmoe_cli_session_imports_as_one_session_cell_the_table_reads(bmoe_cli, small_qwen, tmp_path, cli):
+def test_a_real_bmoe_cli_session_imports_as_one_session_cell_the_table_reads(bmoe_cli, tiny_model, tmp_path, cli):
     src = tmp_path / "capture"
     src.mkdir()
-    sampled = _engine_session(bmoe_cli, small_qwen, src, "host")
+    sampled = _engine_session(bmoe_cli, tiny_model, src, "host")
     dones = _dones(src / "rewarm-ab-host.out")
     assert len(dones) == 2
 
@@ -102,7 +102,7 @@ def test_a_real_bmoe_cli_session_imports_as_one_session_cell_the_table_reads(bmo
     assert rec["outcome"] == "ok", rec["evidence"]
     assert rec["config"]["turns"] == 2 and rec["config"]["idle_s"] == GAP_SAMPLES
     # the engine's own lines: its model, experts, lanes, budget
-    assert rec["model"] == "small-qwen" and rec["config"]["n_expert"] == 8 and rec["config"]["budget_mib"] == 1
+    assert rec["model"] == "tiny" and rec["config"]["n_expert"] == 8 and rec["config"]["budget_mib"] == 1
     turns = rec["turns"]
     for turn, done in zip(turns, dones):
         assert turn["outcome"] == "done"

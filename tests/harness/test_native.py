@@ -26,6 +26,7 @@ from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError, ModelSpec, remote_model_path
 from harness.campaign.options import campaign_from_options
 from harness.run.runner import prepare
+from tests.conftest import TINY_MODEL
 
 
 def base(tmp_path, model, **sections):
@@ -135,7 +136,7 @@ class CountingHost(LocalDevice):
         return data
 
 
-def test_a_header_is_pulled_alone_in_doubling_pieces(tmp_path, gptoss_120b_shape, small_qwen):
+def test_a_header_is_pulled_alone_in_doubling_pieces(tmp_path, gptoss_120b_shape, tiny_model):
     host = CountingHost()
     found = load_device_model(host, ModelSpec("big", str(gptoss_120b_shape), on_device=True))
     here = load_model_shape(gptoss_120b_shape)
@@ -148,12 +149,12 @@ def test_a_header_is_pulled_alone_in_doubling_pieces(tmp_path, gptoss_120b_shape
 
     # a small header comes in one piece, cut at the header's end
     small = CountingHost()
-    found = load_device_model(small, ModelSpec("s", str(small_qwen), on_device=True))
-    assert len(small.pieces) == 1 and found.shard_bytes == (small_qwen.stat().st_size,)
+    found = load_device_model(small, ModelSpec("s", str(tiny_model), on_device=True))
+    assert len(small.pieces) == 1 and found.shard_bytes == (tiny_model.stat().st_size,)
 
     # a file cut inside its header: the engine's one-line reason, naming the device path
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(small_qwen.read_bytes()[:3000])
+    cut.write_bytes(tiny_model.read_bytes()[:3000])
     with pytest.raises(ModelError, match=rf"^{cut}: truncated GGUF header: "):
         load_device_model(LocalDevice(), ModelSpec("c", str(cut), on_device=True))
     # not a GGUF file at all: refused after the first piece
@@ -168,8 +169,7 @@ def test_a_header_is_pulled_alone_in_doubling_pieces(tmp_path, gptoss_120b_shape
 def test_a_split_model_on_a_device_is_named_by_its_first_shard(tmp_path):
     folder = tmp_path / "split"
     folder.mkdir()
-    write_model(folder / "sp.gguf", synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96,
-                                                  vocab=300, seed=7, split_count=3))
+    write_model(folder / "sp.gguf", synth_options(**TINY_MODEL, split_count=3))
     first = folder / "sp-00001-of-00003.gguf"
     found = load_device_model(LocalDevice(), ModelSpec("sp", str(first), on_device=True))
     here = load_model_shape(first)

@@ -35,6 +35,7 @@ from harness.campaign.file import libs_beside, parse_campaign
 from harness.campaign.model import CampaignError, ModelSpec
 from harness.run.errors import RunnerError
 from harness.run.runner import prepare, run_campaign
+from tests.conftest import TINY_MODEL
 from tests.harness.conftest import one_phone
 
 PHONE = "nsmall"
@@ -170,8 +171,7 @@ def test_models_already_on_the_phone_are_priced_from_their_headers(tmp_path, pho
     split_local = harness_models / "onphone" / "sp-00001-of-00003.gguf"
     if not split_local.exists():
         split_local.parent.mkdir(exist_ok=True)
-        write_model(split_local.parent / "sp.gguf", synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64,
-                                                                  expert_ffn=96, vocab=300, seed=7, split_count=3))
+        write_model(split_local.parent / "sp.gguf", synth_options(**TINY_MODEL, split_count=3))
     shards = sorted(split_local.parent.glob("sp-*.gguf"))
     assert len(shards) == 3
     for shard in shards:
@@ -229,8 +229,7 @@ def test_models_already_on_the_phone_are_priced_from_their_headers(tmp_path, pho
     # header): refused, nothing run
     other = harness_models / "onphone-other"
     other.mkdir(exist_ok=True)
-    write_model(other / "sp.gguf", synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96,
-                                                 vocab=300, seed=8, split_count=3))
+    write_model(other / "sp.gguf", synth_options(**{**TINY_MODEL, "seed": 8}, split_count=3))
     device.push(str(other / shards[0].name), f"{MODELS_DIR}/{shards[0].name}")
     with pytest.raises(RunnerError, match=r"^model sp \(device:/data/local/tmp/models/sp-00001-of-00003.gguf\) "
                                           r"changed since this campaign started"):

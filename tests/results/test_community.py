@@ -118,19 +118,19 @@ def test_hardware_is_named_by_class():
     assert hardware_class(phone, 8) == "Phone, 12 GB RAM, Snapdragon class"
 
 
-def test_presets_refuse_what_they_fix_and_publish_asks_for_a_published_number(cli, small_qwen, tmp_path):
+def test_presets_refuse_what_they_fix_and_publish_asks_for_a_published_number(cli, tiny_model, tmp_path):
     runner = CliRunner()
-    fixed = runner.invoke(cli, ["sweep", "--preset", "community", "--model", str(small_qwen), "--cache-mb", "0",
+    fixed = runner.invoke(cli, ["sweep", "--preset", "community", "--model", str(tiny_model), "--cache-mb", "0",
                                 "--device", "local", "-o", str(tmp_path / "c")])
     assert fixed.exit_code == 1 and "--preset community fixes --cache-mb (upstream's protocol)" in fixed.output
-    short = runner.invoke(cli, ["sweep", "--preset", "publish", "--model", str(small_qwen), "--device", "local",
+    short = runner.invoke(cli, ["sweep", "--preset", "publish", "--model", str(tiny_model), "--device", "local",
                                 "-n", "64", "-o", str(tmp_path / "p")])
     assert short.exit_code == 1 and "-n 64 is under the 256 tokens" in short.output
-    plan = runner.invoke(cli, ["sweep", "--preset", "publish", "--model", str(small_qwen), "--device", "local",
+    plan = runner.invoke(cli, ["sweep", "--preset", "publish", "--model", str(tiny_model), "--device", "local",
                                "--cache-mb", "0", "-o", str(tmp_path / "p"), "--dry-run", "--json"])
     assert plan.exit_code == 0, plan.output
     cells = json.loads(plan.stdout)["cells"]
     assert {c["config"]["n_predict"] for c in cells} == {256} and sorted({c["repeat"] for c in cells}) == [0, 1, 2]
     assert {c["pass"] for c in cells} == {0, 1} and not (tmp_path / "p").exists()
-    none = runner.invoke(cli, ["sweep", "--model", str(small_qwen), "-o", str(tmp_path / "n")])
+    none = runner.invoke(cli, ["sweep", "--model", str(tiny_model), "-o", str(tmp_path / "n")])
     assert none.exit_code == 1 and "--device: name at least one device" in none.output

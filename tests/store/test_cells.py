@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.gguf.synth import synth_options, write_model
 from harness.campaign.file import parse_campaign
 from harness.plan.grid import make_plan, read_plan, resolve_knee, resolve_threads, write_plan
 from store.campaign_dir import CampaignDir
@@ -34,13 +33,10 @@ def test_a_plan_written_before_the_typed_config_reads_and_writes_back_byte_for_b
 
 
 @pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    """The fixture's campaign, planned today (its model synthesised again: cell ids hash no path)."""
+def golden(tiny_model):
+    """The fixture's campaign, planned today on the tests' tiny model (cell ids hash no path)."""
     saved = json.loads((FIXTURES / "resolved.json").read_text())
-    model = tmp_path_factory.mktemp("golden") / "tiny.gguf"
-    write_model(model, synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96, vocab=300,
-                                     seed=7))
-    data = dict(saved["campaign"], models={"m": str(model)})
+    data = dict(saved["campaign"], models={"m": str(tiny_model)})
     campaign = parse_campaign(data)
     return saved, campaign, make_plan(campaign)
 
