@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from devices.adb.files import recv_exactly
 from tests.devices.conftest import ADB
-from tests.devices.test_virtual_adbd import RawSync, _recv_exact
+from tests.devices.test_virtual_adbd import RawSync
 
 MIB = 1 << 20
 PY = shlex.quote(sys.executable)
@@ -69,11 +70,11 @@ def _list_inodes(sync: RawSync) -> list[int]:
     """The inodes of a LIS2 reply's entries (DNT2 ... DONE)."""
     inodes: list[int] = []
     while True:
-        head = _recv_exact(sync.s, DNT2.size)
+        head = recv_exactly(sync.s, DNT2.size)
         fields = DNT2.unpack(head)
         if fields[0] == b"DONE":
             return inodes
-        _recv_exact(sync.s, fields[-1])
+        recv_exactly(sync.s, fields[-1])
         inodes.append(fields[3])
 
 
@@ -254,10 +255,10 @@ def test_the_daemons_folder_and_fifos_lead_nowhere(adb_server, phones, tmp_path)
             sync.request(b"LIS2", "/")
             names = []
             while True:
-                fields = DNT2.unpack(_recv_exact(sync.s, DNT2.size))
+                fields = DNT2.unpack(recv_exactly(sync.s, DNT2.size))
                 if fields[0] == b"DONE":
                     break
-                names.append(_recv_exact(sync.s, fields[-1]).decode())
+                names.append(recv_exactly(sync.s, fields[-1]).decode())
             assert "data" in names and ".vphone" not in names, names
         finally:
             sync.close()
