@@ -1,8 +1,9 @@
 """The campaign a `bmoe-fleet sweep` command line means, validated exactly as a campaign file is.
 
-The options become the data a file would hold, read by harness.campaign.file.parse_campaign: one
-set of checks and messages for both. No --device means $ANDROID_SERIAL (as a file without
-`fleet.devices`); no --adb means the server adb's environment names (devices.adb.default_server).
+The options (declared in harness.campaign.sweep_options, each with the campaign key it sets) become
+the data a file would hold, read by harness.campaign.file.parse_campaign: one set of checks and
+messages for both. No --device means $ANDROID_SERIAL (as a file without `fleet.devices`); no --adb
+means the server adb's environment names (devices.adb.default_server).
 """
 
 from __future__ import annotations
@@ -20,49 +21,72 @@ from engine.errors import BmoeError
 from engine.interface.releases import NEXT
 from harness.campaign import flags as flag_rules
 from harness.campaign.budgets import PLANNER
-from harness.campaign.defaults import PYTHON_ENGINE, SWEEP
+from harness.campaign.defaults import PYTHON_ENGINE
 from harness.campaign.file import parse_campaign
 from harness.campaign.model import FORMAT_VERSION, HOST_BUILD, Campaign, CampaignError
+from harness.campaign.sweep_options import BY_DEST, SWEEP_OPTIONS
 from store.names import safe_id
 
 
-def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_mb: Sequence[str],
-                          dense_weights: Sequence[str] = SWEEP.dense_weights,
-                          n_expert_used: Sequence[int] = SWEEP.n_expert_used,
-                          io_threads: Sequence[int] = SWEEP.io_threads,
-                          cache_ceil_mb: Sequence[int] = SWEEP.cache_ceil_mb,
-                          repeats: int = SWEEP.repeats, n_predict: int = SWEEP.n_predict, adb: Sequence[str] = (),
-                          reverse_pass: bool = False, name: str = SWEEP.name, timeout_s: float | None = None,
-                          device_timeout_s: float | None = None,
+def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_mb: Sequence[str], *,
                           extra: Mapping[str, Mapping[str, Any]] | None = None,
-                          engine: str = SWEEP.engine, engine_builds: Mapping[str, str] | None = None,
-                          threads: str | None = None, engine_args: Sequence[str] = (),
-                          flags: Sequence[str] = (), apps: Sequence[str] = (), run_as: Sequence[str] = (),
-                          turns: int | None = None,
-                          idle_s: float | None = None, gap_apps: str | None = None,
-                          planner: bool = False, adaptive: bool = False, resolution_mb: int | None = None,
-                          max_error_pct: float | None = None) -> Campaign:
-    """The campaign a `bmoe-fleet sweep` command line means (validated like a file). `engine` is
-    bmoe-py or the path of a bmoe-cli binary: its `host` build, the lib*.so* beside it included;
-    `engine_builds` maps an ABI to the bmoe-cli built for it (`--engine arm64-v8a=PATH`,
-    sweep_engines), an [engine.native.ABI] entry each, so real phones need no campaign file.
-    A model `device:PATH` is already on the devices. `threads` is run.threads ("auto" or a
-    number); each `engine_args` item is split like a shell line into run.engine_args; each
-    `flags` item is `NAME=V1,V2`, an [axes.flags] entry with typed values (harness.campaign.flags); each
-    `apps` item one load of other apps (`cached:1GiB+perceptible:512MiB`, `none`), axes.apps;
-    `run_as` how the engine is started (`shell`, `app-service`, `app-top`), axes.run_as;
-    `turns`, `idle_s` and `gap_apps` are run.turns, run.idle_s and run.gap_apps (session cells).
-    `planner` (sweep --plan) adds the "planner" budget: the engine's own planner picks it on each
-    device; bmoe-py then claims bmoe-cli NEXT, the release that has the planner (engine.claim).
-    `adaptive`, `resolution_mb` and `max_error_pct` are the [plan] table (harness.plan.adaptive)."""
-    model_table: dict[str, str] = {}
+                          engine_builds: Mapping[str, str] | None = None, **options: Any) -> Campaign:
+    """The campaign a `bmoe-fleet sweep` command line means (validated like a file). Each keyword
+    is a sweep option's value, named by its `dest` in harness.campaign.sweep_options, which gives
+    its default and the campaign key it goes to; `engine` is bmoe-py or the path of a bmoe-cli
+    binary (its `host` build, the lib*.so* beside it included) and `engine_builds` maps an ABI to
+    the bmoe-cli built for it (`--engine arm64-v8a=PATH`, sweep_engines). `extra` is campaign data
+    laid over the options' (a preset's prompt, the demo's gate)."""
+    unknown = sorted(set(options) - {o.dest for o in SWEEP_OPTIONS if o.key})
+    if unknown:
+        raise TypeError(f"campaign_from_options() got an unexpected keyword argument {unknown[0]!r}")
+    values = {o.dest: o.default for o in SWEEP_OPTIONS if o.key}
+    values.update(options, devices=devices, models=models, cache_mb=cache_mb)
+    # the values that are more than copied, converted in this order (the first mistake is the one
+    # reported); --plan's is the budgets with the planner's added
+    adds_planner = values["planner"] and PLANNER not in values["cache_mb"]
+    converted: dict[str, Any] = {
+        "models": _model_table(values["models"]), "adb": _servers(values["adb"] or ()),
+        "engine": _engine_table(values["engine"], engine_builds or {}),
+        "engine_args": _engine_args(values["engine_args"] or ()), "flags": _flag_table(values["flags"] or ()),
+        "threads": _threads(values["threads"]), "planner": [*values["cache_mb"], PLANNER] if adds_planner else None}
+    data: dict[str, Any] = {"version": FORMAT_VERSION}
+    for option in SWEEP_OPTIONS:
+        if option.key is None:
+            continue
+        value = converted.get(option.dest, values[option.dest])
+        if isinstance(value, tuple):
+            value = list(value)
+        if not option.keep_empty and (value is None or value is False or (isinstance(value, list | dict) and not value)):
+            continue
+        table, _, key = option.key.rpartition(".")
+        (data.setdefault(table, {}) if table else data)[key] = value
+    if values["planner"] and "engine" not in data:     # bmoe-py has the planner when it claims NEXT
+        data["engine"] = {"claim": str(NEXT)}
+    for name in converted["flags"]:     # a --flag that maps onto an axis replaces that axis' default
+        axis = BY_DEST.get(flag_rules.MAPPED.get(name, ""))
+        if axis and axis.key == f"axes.{axis.dest}" and tuple(values[axis.dest]) == axis.default:
+            data["axes"].pop(axis.dest, None)
+    for section, section_values in (extra or {}).items():
+        data.setdefault(section, {}).update(section_values)
+    return parse_campaign(data, source="sweep", base_dir=os.getcwd(), default_name=values["name"])
+
+
+def _model_table(models: Sequence[str]) -> dict[str, str]:
+    """--model paths as [models]: each named after its file, numbered when two share a name."""
+    table: dict[str, str] = {}
     for path in models:
         base = safe_id(Path(path).name.removesuffix(".gguf"))
         key, n = base, 1
-        while key in model_table:
+        while key in table:
             n += 1
             key = f"{base}-{n}"
-        model_table[key] = path
+        table[key] = path
+    return table
+
+
+def _servers(adb: Sequence[str]) -> list[dict[str, Any]]:
+    """--adb HOST:PORT values as [[fleet.adb]] tables."""
     servers = []
     for text in adb:
         try:
@@ -70,67 +94,40 @@ def campaign_from_options(devices: Sequence[str], models: Sequence[str], cache_m
         except BmoeError as e:
             raise CampaignError(f"--adb: {e}") from None
         servers.append({"host": s.host, "port": s.port})
-    run: dict[str, Any] = {"repeats": repeats, "n_predict": n_predict, "reverse_pass": reverse_pass}
-    if timeout_s is not None:
-        run["timeout_s"] = timeout_s
-    if device_timeout_s is not None:
-        run["device_timeout_s"] = device_timeout_s
-    for key, value in (("turns", turns), ("idle_s", idle_s), ("gap_apps", gap_apps)):
-        if value is not None:
-            run[key] = value
-    data: dict[str, Any] = {
-        "version": FORMAT_VERSION, "name": name,
-        "fleet": {"devices": list(devices), "adb": servers},
-        "models": model_table,
-        "axes": {"cache_mb": list(cache_mb), "dense_weights": list(dense_weights),
-                 "n_expert_used": list(n_expert_used), "io_threads": list(io_threads),
-                 "cache_ceil_mb": list(cache_ceil_mb)},
-        "run": run,
-    }
-    if apps:
-        data["axes"]["apps"] = list(apps)
-    if run_as:
-        data["axes"]["run_as"] = list(run_as)
-    plan = {key: value for key, value in (("adaptive", adaptive or None), ("resolution_mb", resolution_mb),
-                                          ("max_error_pct", max_error_pct)) if value is not None}
-    if plan:
-        data["plan"] = plan
-    if planner and PLANNER not in data["axes"]["cache_mb"]:
-        data["axes"]["cache_mb"].append(PLANNER)
-    if engine != PYTHON_ENGINE or engine_builds:
-        native = {HOST_BUILD: {"cli": _engine_binary(engine)}} if engine != PYTHON_ENGINE else {}
-        native.update((abi, {"cli": _engine_binary(path, f"--engine {abi}=")}) for abi, path in (engine_builds or {}).items())
-        data["engine"] = {"kind": "native", "native": native}
-    elif planner:
-        data["engine"] = {"claim": str(NEXT)}
-    _sweep_threads_and_flags(data, threads, engine_args, flags,
-                             {"dense_weights": tuple(dense_weights) == SWEEP.dense_weights,
-                              "n_expert_used": tuple(n_expert_used) == SWEEP.n_expert_used,
-                              "io_threads": tuple(io_threads) == SWEEP.io_threads})
-    for section, values in (extra or {}).items():
-        data.setdefault(section, {}).update(values)
-    if not servers:
-        del data["fleet"]["adb"]
-    if not devices:                          # the file's rule: no device named means $ANDROID_SERIAL
-        del data["fleet"]["devices"]
-    return parse_campaign(data, source="sweep", base_dir=os.getcwd(), default_name=name)
+    return servers
 
 
-def _sweep_threads_and_flags(data: dict[str, Any], threads: str | None, engine_args: Sequence[str],
-                             flags: Sequence[str], defaulted: Mapping[str, bool]) -> None:
-    """The sweep's --threads, --engine-arg and --flag as campaign data. A --flag that maps onto an
-    axis replaces that axis' default; against values given with the axis' own option it is
-    refused by parse_campaign, as in a file."""
-    if threads is not None:
-        data["run"]["threads"] = int(threads) if threads.strip().isdigit() else threads.strip()
+def _engine_table(engine: str, builds: Mapping[str, str]) -> dict[str, Any] | None:
+    """--engine as [engine]: None for bmoe-py alone, else kind native with a build per ABI."""
+    if engine == PYTHON_ENGINE and not builds:
+        return None
+    native = {HOST_BUILD: {"cli": _engine_binary(engine)}} if engine != PYTHON_ENGINE else {}
+    native.update((abi, {"cli": _engine_binary(path, f"--engine {abi}=")}) for abi, path in builds.items())
+    return {"kind": "native", "native": native}
+
+
+def _threads(threads: str | None) -> int | str | None:
+    """-t as run.threads: a number, or "auto" as given (parse_campaign checks it)."""
+    if threads is None:
+        return None
+    return int(threads) if threads.strip().isdigit() else threads.strip()
+
+
+def _engine_args(engine_args: Sequence[str]) -> list[str]:
+    """--engine-arg values as run.engine_args: each split like a shell line."""
     args: list[str] = []
     for text in engine_args:
         try:
             args += shlex.split(text)
         except ValueError as e:
             raise CampaignError(f"--engine-arg: {text!r}: {e}") from None
-    if args:
-        data["run"]["engine_args"] = args
+    return args
+
+
+def _flag_table(flags: Sequence[str]) -> dict[str, Any]:
+    """--flag NAME=V1,V2 values as [axes.flags] (typed values, harness.campaign.flags); one that
+    maps onto an axis is refused with values given with the axis' own option by parse_campaign,
+    as in a file."""
     table: dict[str, Any] = {}
     for text in flags:
         try:
@@ -140,11 +137,7 @@ def _sweep_threads_and_flags(data: dict[str, Any], threads: str | None, engine_a
         if name in table:
             raise CampaignError(f"--flag: {name} is given twice; list its values once (NAME=V1,V2)")
         table[name] = values
-        axis = flag_rules.MAPPED.get(name)
-        if axis and defaulted.get(axis):
-            data["axes"].pop(axis, None)
-    if table:
-        data["axes"]["flags"] = table
+    return table
 
 
 def _engine_binary(text: str, given: str = "--engine ") -> str:

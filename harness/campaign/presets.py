@@ -37,6 +37,7 @@ from harness.campaign.defaults import PYTHON_ENGINE, SWEEP
 from harness.campaign.engine_probe import protocol_flags
 from harness.campaign.model import LOCAL, Campaign, CampaignError
 from harness.campaign.options import campaign_from_options
+from harness.campaign.sweep_options import BY_DEST, PRESETS
 from results.analysis import android_app as app
 from results.analysis.community import (
     COMMUNITY_LANES,
@@ -46,13 +47,11 @@ from results.analysis.community import (
 )
 from results.read.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 
-PRESETS = ("quick", "publish", "community", "app")
 QUICK = {"n_predict": SWEEP.n_predict, "repeats": SWEEP.repeats}   # the sweep's own defaults
 # sweep options the protocol fixes: given with --preset community, they are refused
-PROTOCOL_OPTIONS = {"cache_mb": "--cache-mb", "cache_ceil_mb": "--cache-ceil-mb", "dense_weights": "--dense-weights",
-                    "n_expert_used": "--n-expert-used", "io_threads": "--io-threads", "repeats": "--repeats",
-                    "n_predict": "-n", "reverse_pass": "--reverse-pass", "engine_args": "--engine-arg",
-                    "flags": "--flag"}
+PROTOCOL_OPTIONS = {dest: BY_DEST[dest].flag for dest in ("cache_mb", "cache_ceil_mb", "dense_weights", "n_expert_used",
+                                                          "io_threads", "repeats", "n_predict", "reverse_pass",
+                                                          "engine_args", "flags")}
 # sweep options the app's settings fix: given with --preset app, they are refused (tokens, repeats,
 # passes, threads and the session's turns and gap are the user's, as they are in the app)
 APP_OPTIONS = {key: flag for key, flag in PROTOCOL_OPTIONS.items() if key not in ("repeats", "n_predict",

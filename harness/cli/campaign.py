@@ -7,15 +7,23 @@ into one-line `Error: …` messages with exit status 1.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from harness.campaign.defaults import SWEEP
+from harness.campaign.sweep_options import AS_JSON, DRY_RUN, RERUN_FAILED, SWEEP_OPTIONS, SweepOption
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
     """Comma-separated and/or repeated option values, in order."""
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def _words(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[str]:
+    return _split(values)
 
 
 def _ints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[int]:
@@ -25,8 +33,47 @@ def _ints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
         raise click.BadParameter(f"expected comma-separated integers, got {','.join(values)!r}") from None
 
 
-def _listed(values: tuple) -> str:
-    return ",".join(map(str, values))
+def _click_option(option: SweepOption) -> Callable[[F], F]:
+    """The click option a declaration describes (its names, type, default and help)."""
+    kwargs: dict[str, Any] = {"help": option.help}
+    if option.kind is bool:
+        kwargs["is_flag"] = True
+    elif option.listed or option.multiple:
+        kwargs["multiple"] = True
+        if option.listed:
+            kwargs["callback"] = _ints if option.kind is int else _words
+        if option.default not in (None, ()):
+            kwargs["default"] = tuple(map(str, option.default if isinstance(option.default, tuple) else
+                                          (option.default,)))
+    else:
+        kwargs["type"] = _scalar_type(option)
+        if option.default is not None:
+            kwargs["default"] = option.default
+    if option.path:
+        kwargs["type"] = click.Path(dir_okay=False) if option.path == "file" else click.Path(file_okay=False)
+    for name in ("show_default", "required", "metavar"):
+        if getattr(option, name):
+            kwargs[name] = getattr(option, name)
+    return click.option(*option.names, option.dest, **kwargs)
+
+
+def _scalar_type(option: SweepOption) -> Any:
+    if option.choices:
+        return click.Choice(list(option.choices))
+    if option.kind is int:
+        return click.INT if option.minimum is None else click.IntRange(min=int(option.minimum))
+    if option.kind is float:
+        return click.FLOAT if option.minimum is None else click.FloatRange(min=option.minimum, min_open=option.above)
+    return None
+
+
+def _options(*declared: SweepOption) -> Callable[[F], F]:
+    """Decorate a command with these declared options, listed in this order."""
+    def decorate(f: F) -> F:
+        for option in reversed(declared):
+            f = _click_option(option)(f)
+        return f
+    return decorate
 
 
 def _echo_plan(plan, as_json: bool) -> None:
@@ -44,9 +91,7 @@ def _finish(end, as_json: bool) -> None:
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False),
               help="Campaign directory (default: a folder named after the campaign next to the file; a "
                    "campaign directory's own campaign.toml runs in that directory).")
-@click.option("--dry-run", is_flag=True, help="Print the plan (every cell's exact engine command line) and stop.")
-@click.option("--rerun-failed", is_flag=True, help="Also run again the cells whose latest outcome is not ok.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan or the final status as JSON.")
+@_options(DRY_RUN, RERUN_FAILED, AS_JSON)
 def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_failed: bool, as_json: bool) -> None:
     """Run (or resume) the campaign in CAMPAIGN_FILE: every cell not yet done, devices in parallel.
 
@@ -64,100 +109,9 @@ def run_command(campaign_file: str, out_dir: str | None, dry_run: bool, rerun_fa
 
 
 @click.command("sweep")
-@click.option("--device", "devices", multiple=True,
-              help="local, an adb serial, virtual:NAME or HOST:PORT (repeatable, or comma separated). Default: "
-                   "$ANDROID_SERIAL; with --preset community, this host and $ANDROID_SERIAL, else this host and "
-                   "every phone attached to the adb servers.")
-@click.option("--preset", type=click.Choice(["quick", "publish", "community", "app"]),
-              help="quick: 32 tokens, one run per config; publish: at least 256 tokens, 3 repeats and a reverse "
-                   "pass (what a published number needs); community: upstream's community-benchmark protocol "
-                   "(docs/results.md), then each device's storage probe; `report --format community` prints the "
-                   "rows; app: what upstream's Android app runs, its cache rungs as budgets, its session flags and "
-                   "a 2-turn session (docs/campaigns.md); `recommend` names the app rung.")
-@click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
-              help="A GGUF model on this host (pushed to phones), or device:PATH, one already on every device "
-                   "(nothing pushed; on local, a path on this host). Repeatable.")
-@click.option("--engine", "engines", multiple=True, default=(SWEEP.engine,), show_default=True,
-              metavar="bmoe-py|PATH|ABI=PATH",
-              help="bmoe-py, or the path of a bmoe-cli binary (the lib*.so* beside it go along) for this host "
-                   "and virtual phones; ABI=PATH (repeatable, one per ABI) the bmoe-cli built for real phones of "
-                   "that ABI: --engine arm64-v8a=build-android/bin/bmoe-cli.")
-@click.option("--cache-mb", "cache_mb", multiple=True, default=tuple(map(str, SWEEP.cache_mb)), show_default=True,
-              help="Budgets: 0, auto, cycle*F (F x the model's token cycle), a MiB number, planner (the engine's "
-                   "own pick), mmap, resident.")
-@click.option("--cache-ceil-mb", multiple=True, callback=_ints,
-              help=f"Caps for the auto budgets (default {_listed(SWEEP.cache_ceil_mb)}: none).")
-@click.option("--dense-weights", multiple=True, default=SWEEP.dense_weights, show_default=True,
-              help="Dense-weight policies: mmap, warm, anon (ahwb on Android bmoe-cli).")
-@click.option("--n-expert-used", multiple=True, callback=_ints, help="Top-k values (default: the model's own).")
-@click.option("--io-threads", multiple=True, callback=_ints,
-              help=f"Expert-read lanes (default {_listed(SWEEP.io_threads)}).")
-@click.option("-t", "--threads", "threads", metavar="N|auto",
-              help=f"Compute threads (-t) of every run; {SWEEP.threads} (the default): each device's online cores, "
-                   "at most 4.")
-@click.option("--engine-arg", "engine_args", multiple=True, metavar="ARGS",
-              help="Engine arguments passed to every run, split like a shell line (repeatable): "
-                   "--engine-arg '--ubatch 512' --engine-arg --no-think.")
-@click.option("--flag", "flags", multiple=True, metavar="NAME=V1,V2",
-              help="An engine flag as an axis (repeatable): --flag --prefetch=0,2; true passes the flag alone, "
-                   "false leaves it out; -t, --n-expert-used, --io-threads, --dense-weights become that axis.")
-@click.option("--apps", "apps", multiple=True, metavar="LOAD,LOAD",
-              help="Other apps open beside the engine, one load per value: none, cached:1GiB, "
-                   "cached:1GiB+perceptible:512MiB (STATE:SIZE[:compressible][:active]; phones only).")
-@click.option("--run-as", "run_as", multiple=True, metavar="HOW,HOW",
-              help="How the engine is started, an axis (axes.run_as): shell (default: over adb, as a phone's user "
-                   "runs it; lmkd never considers it), app-service or app-top (virtual phones only: as the app, "
-                   "registered with lmkd at adj 200 or 0, to check the app's replayed verdict against a real kill).")
-@click.option("--turns", "turns", type=int, metavar="N",
-              help="Turns of one engine session per run (run.turns; default 1, a one-shot run): the engine runs "
-                   "with --session and gets N requests, an idle gap between them.")
-@click.option("--idle-s", "idle_s", type=float, metavar="S", help="Seconds of idle between a session's turns (run.idle_s).")
-@click.option("--gap-apps", "gap_apps", metavar="LOAD",
-              help="One load of other apps started during each gap and stopped at its end (run.gap_apps), e.g. "
-                   "cached:64MiB; phones only.")
-@click.option("--plan", "planner", is_flag=True,
-              help="Also run the engine's own planner on each device: a \"planner\" budget per dense mode, "
-                   "recorded with its plan and shown beside the measured boundary (bmoe-cli after 0.24; bmoe-py "
-                   "then claims that release).")
-@click.option("--adaptive", is_flag=True,
-              help="Spend cells only where the prediction is unsure ([plan] adaptive): cache 0 with a route trace, "
-                   "then the predicted knee and largest safe budget, then bisection of the kill-or-fight boundary; "
-                   "a group whose cells miss their prediction falls back to the --cache-mb grid.")
-@click.option("--resolution-mb", "resolution_mb", type=click.IntRange(min=0), metavar="MIB",
-              help="With --adaptive: bisect until the bracket is this narrow (default 0: a quarter of the token "
-                   "cycle).")
-@click.option("--max-error-pct", "max_error_pct", type=click.FloatRange(min=0, min_open=True), metavar="PCT",
-              help="With --adaptive: a measured cell further than this from its predicted s/token sends its group "
-                   "to the grid (default 25).")
-@click.option("--repeats", type=click.IntRange(min=1), default=SWEEP.repeats, show_default=True,
-              help="Runs of every config, interleaved across configs.")
-@click.option("--reverse-pass", is_flag=True, help="Run the whole sequence a second time in reverse order.")
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=1), default=SWEEP.n_predict, show_default=True,
-              help="Tokens to generate per run (256 or more for a published number).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-              help=f"Seconds before a run is killed and recorded as a timeout (default {SWEEP.timeout_s:g}).")
-@click.option("--device-timeout-s", "device_timeout_s", type=click.FloatRange(min=0, min_open=True),
-              help="Seconds a phone may leave the harness without an answer mid-run before the cell is "
-                   f"device_lost (default {SWEEP.device_timeout_s:g}).")
-@click.option("--adb", "adb", multiple=True,
-              help="adb server HOST:PORT (repeatable). Default: $ADB_SERVER_SOCKET, else $ANDROID_ADB_SERVER_ADDRESS "
-                   "and $ANDROID_ADB_SERVER_PORT, else 127.0.0.1:5037.")
-@click.option("--name", default=SWEEP.name, show_default=True, help="Campaign name.")
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Campaign directory; the equivalent campaign file is written into it as campaign.toml.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (every cell's exact engine command line) and stop.")
-@click.option("--rerun-failed", is_flag=True, help="Also run again the cells whose latest outcome is not ok.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan or the final status as JSON.")
-def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: tuple[str, ...],
-                  cache_ceil_mb: list[int], dense_weights: tuple[str, ...], n_expert_used: list[int],
-                  io_threads: list[int], repeats: int, reverse_pass: bool, n_predict: int, timeout_s: float | None,
-                  device_timeout_s: float | None, adb: tuple[str, ...], name: str, out_dir: str, dry_run: bool,
-                  rerun_failed: bool, as_json: bool, engines: tuple[str, ...], threads: str | None,
-                  engine_args: tuple[str, ...],
-                  flags: tuple[str, ...], apps: tuple[str, ...], run_as: tuple[str, ...], preset: str | None,
-                  turns: int | None,
-                  idle_s: float | None, gap_apps: str | None, planner: bool, adaptive: bool,
-                  resolution_mb: int | None, max_error_pct: float | None) -> None:
+@_options(*SWEEP_OPTIONS)
+def sweep_command(preset: str | None, engine: tuple[str, ...], out_dir: str, dry_run: bool, rerun_failed: bool,
+                  as_json: bool, **options: Any) -> None:
     """Sweep cache budgets and dense modes across devices without writing a campaign file.
 
     Exit status: 0 complete, 3 cells pending (rerun to resume), 130 interrupted, 1 error."""
@@ -168,18 +122,8 @@ def sweep_command(devices: tuple[str, ...], models: tuple[str, ...], cache_mb: t
 
     ctx = click.get_current_context()
     explicit = {p for p in ctx.params if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE}
-    explicit |= {"engine"} if "engines" in explicit else set()
-    engine, engine_builds = sweep_engines(engines, preset)
-    sweep = sweep_campaign(preset, explicit, dict(
-        devices=_split(devices), models=list(models), cache_mb=_split(cache_mb),
-        dense_weights=_split(dense_weights), n_expert_used=n_expert_used or list(SWEEP.n_expert_used),
-        io_threads=io_threads or list(SWEEP.io_threads), cache_ceil_mb=cache_ceil_mb or list(SWEEP.cache_ceil_mb),
-        repeats=repeats, n_predict=n_predict, adb=_split(adb),
-        reverse_pass=reverse_pass, name=name, timeout_s=timeout_s, engine=engine, engine_builds=engine_builds,
-        device_timeout_s=device_timeout_s, threads=threads,
-        engine_args=engine_args, flags=flags, apps=_split(apps), run_as=_split(run_as), turns=turns, idle_s=idle_s,
-        gap_apps=gap_apps,
-        planner=planner, adaptive=adaptive, resolution_mb=resolution_mb, max_error_pct=max_error_pct))
+    host_engine, engine_builds = sweep_engines(engine, preset)
+    sweep = sweep_campaign(preset, explicit, dict(options, engine=host_engine, engine_builds=engine_builds))
     for note in sweep.notes:              # a preset's flag the engine lacks is left out, never silently
         click.echo(f"--preset {preset}: {note}", err=True)
     prepared = prepare(sweep.campaign)

@@ -224,8 +224,8 @@ def test_an_import_record_is_not_a_campaign_to_run(tmp_path):
 
 def test_sweep_options_make_the_campaign_a_file_would(tmp_path, tiny_model, mid_model):
     c = campaign_from_options(["local"], [str(tiny_model), str(mid_model)], ["0", "auto", "cycle*1.2", "4000"],
-                              ["anon", "warm"], [0, 2], [4], [0, 3000], repeats=3, n_predict=8, reverse_pass=True,
-                              name="sw")
+                              dense_weights=["anon", "warm"], n_expert_used=[0, 2], io_threads=[4],
+                              cache_ceil_mb=[0, 3000], repeats=3, n_predict=8, reverse_pass=True, name="sw")
     assert isinstance(c, Campaign)
     assert [m.name for m in c.models] == ["tiny", "mid"]
     assert c.axes.cache_mb == (0, "auto", "cycle*1.2", 4000) and c.axes.n_expert_used == (0, 2)
