@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from results.analysis import android_app as app
+from results.read.run_keys import budget_label
 
 
 def _dry(cli, *args: str) -> tuple[list[dict], list[str]]:
@@ -130,4 +131,4 @@ def test_the_preset_runs_on_a_virtual_phone_and_recommend_names_a_measured_safe_
     ceiling = rec["auto"]["cache_ceil_mb"] if rec["auto"] else 0
     assert rec["app_rung_mb"] in ok and rec["app_rung_mb"] <= ceiling, rec["app_rung_reason"]
     assert rec["app_rung_mb"] == 0 or not rec["cache_off"]
-    assert rec["app_rung_reason"].startswith(f"app rung {rec['app_rung_mb']}")
+    assert rec["app_rung_reason"].startswith(f"app rung {budget_label(rec['app_rung_mb'])}: "), rec["app_rung_reason"]
