@@ -41,7 +41,7 @@ from tests.devices.test_vphone_swapping import WAR_APP, WAR_CACHE_MB, WAR_RAM, W
 # engine's mapped model read as over 100 % thrashing at any budget and lmkd's thrashing kills came
 # at random budgets (bmoe-cli: killed at 24 MiB, ok at 48); its kills are left to low swap
 LMK = {"kill_heaviest_task": True, "thrashing_limit": 1000}
-TOKENS = 256                  # uniform routing: enough for a cache near the whole bank to fill
+TOKENS = 96                   # uniform routing: 1,360 MiB of expert reads, the bank (~115 MiB) many times over
 TOP_K = 2                      # the model's cycle is 14.2 MiB at top-k 2: every budget below clears it
 # The loads' phone has a quarter more RAM than the model has bytes, zram of half that; each load
 # holds 30 % of the RAM: two installed apps opened through ActivityManager (devices/virtual/am.py

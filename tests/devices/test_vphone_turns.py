@@ -1,6 +1,6 @@
 """A session cell on a virtual phone (docs/decisions/session-cells.md), with bmoe-py and with the
 real bmoe-cli, through the real adb server and the campaign runner: 3 turns of one `--session`
-engine with a 20 s idle gap between them, another app started by the harness in each gap and
+engine with a 10 s idle gap between them, another app started by the harness in each gap and
 stopped at its end. The engine's requests go in through adb's shell-protocol stdin packets; the
 run records per turn the hit % and MiB read (so the re-reads after each gap), and per gap the
 engine's VmSwap / VmRSS / RssFile, in run.json and in the run table. No zram (another agent runs
@@ -26,7 +26,7 @@ from results.read.rundir import read_campaigns
 from results.read.table import build_table
 from results.read.turns import gap_rereads
 
-TURNS, IDLE_S, TOKENS = 3, 20.0, 16
+TURNS, IDLE_S, TOKENS = 3, 10.0, 16
 GAP_APPS = "cached:48MiB"
 
 
@@ -50,7 +50,7 @@ def _campaign(name: str, phone, adb_server, phone_home, model, engine: dict) -> 
 
 def test_session_cells_record_their_turns_and_gaps(request, tmp_path, adb_server, make_phone, phone_home, model):
     """bmoe-py and bmoe-cli each on a phone of its own, at the same time (each decodes 16 tokens
-    with -t 1 and idles 20 s twice: two engines fit this host's two cores; one after the other took
+    with -t 1 and idles 10 s twice: two engines fit this host's two cores; one after the other took
     84 s of the suite's 20 minutes)."""
     engines = {"bmoe-py": {"kind": "python"}}
     if os.environ.get("BMOE_CLI"):
