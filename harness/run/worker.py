@@ -423,6 +423,7 @@ class Worker(threading.Thread):
                     app["lmk_killed"] = app["pid"] in taken
         # another app lmkd killed past its soft level to make room (docs/method.md, fought rule 3)
         record["others_hard_killed"] = hard_kills_of_others(events, kills)
+        verdict = classify(outcome, kills, metrics, bool(cell.config.o_direct), bool(cell.config.moe_stream))
         if isinstance(device, AdbPhone):
             # over adb lmkd never considers the engine: what it took instead, and what it would have
             # done in the app (harness/run/app_verdict.py)
@@ -436,7 +437,8 @@ class Worker(threading.Thread):
                 record["lmkd_setting"] = {"marks_from": setting.marks_from, "props_set": list(setting.props_set),
                                           "watermarks_kb": dataclasses.asdict(setting.marks)}
                 if cell.config.run_as not in RUN_AS_APP:      # run as the app, the run is its own verdict
-                    kernel_kill = outcome.killed_by_sigkill and not outcome.timed_out and not kills
+                    # the kernel's kill, its line shown (a userdebug build) or not: classify's `killed`
+                    kernel_kill = verdict.outcome == outcomes.KILLED
                     swap_kb = self.ctx.identities.get(self.ref.spec, {}).get("swap_total_kb")
                     record["app_verdicts"] = [v.to_dict() for v in app_verdict.verdicts(
                         [(s.t_s, s.lmkd) for s in outcome.samples], setting, others,
@@ -450,7 +452,6 @@ class Worker(threading.Thread):
         if metrics is not None:
             record["summary"] = dict(metrics.summary) if metrics.summary is not None else None
         record["result"] = result_of(metrics, cell.config)
-        verdict = classify(outcome, kills, metrics, bool(cell.config.o_direct), bool(cell.config.moe_stream))
         evidence = verdict.evidence
         if verdict.outcome == outcomes.INVALID and parse_problem:
             evidence = (parse_problem,)
