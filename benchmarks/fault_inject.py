@@ -12,7 +12,13 @@ The machinery is the fault test's (tests/harness/faults.py). Per kind it prints:
 - lost / duplicated / torn after the rerun (tests/harness/faults.py says what each counts).
 The target is 0 crashes, 0 lost, 0 duplicated, 0 torn.
 
-    .venv/bin/python benchmarks/fault_inject.py [--faults 20] [--seed 14]
+    .venv/bin/python benchmarks/fault_inject.py [--faults 20] [--seed 14] [--adaptive-kills 0]
+
+`--adaptive-kills N`: then N SIGKILLs into real adaptive sweeps on two virtual phones, each
+campaign resumed after every kill until it completes (tests/harness/adaptive_kills.py: between
+rounds, mid-round, while starting). Per kill point it prints the kills, and per campaign what its
+folder held that one uninterrupted run would not have needed (replanned, dropped, open, lost,
+duplicated, torn). The target is 0 of each.
 
 Runs as root (virtual phones need memory cgroups). Timings are printed for information only; this
 machine may be shared.
@@ -48,6 +54,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", type=int, default=20, help="faults to inject (the four kinds in turn)")
     ap.add_argument("--seed", type=int, default=14, help="random seed for the moments")
+    ap.add_argument("--adaptive-kills", type=int, default=0, metavar="N",
+                    help="then N SIGKILLs into adaptive sweeps, each resumed to completion")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="fault-inject-"))
     os.environ["BMOE_FLEET_HOME"] = str(folder / "home")     # locks and staged engines, never ~/.bmoe-fleet
@@ -61,6 +69,7 @@ def main() -> int:
     write_model(model, synth_options("qwen3moe", layers=3, experts=8, top_k=2, hidden=64, expert_ffn=96, vocab=300,
                                      seed=7))
     per_kind: dict[str, Counter] = {k: Counter() for k in faults.KINDS}
+    adaptive_bad = 0
     t0 = time.perf_counter()
     with running_adb_server(folder / "android") as (port, _env):
         rig = faults.Rig(port, folder / "phones", model, folder, random.Random(args.seed))
@@ -84,6 +93,8 @@ def main() -> int:
                       flush=True)
         finally:
             manager.down(faults.VICTIM, home=folder / "phones", adb_host="127.0.0.1", adb_port=port)
+        if args.adaptive_kills:
+            adaptive_bad = _adaptive_kills(folder, port, model, random.Random(args.seed), args.adaptive_kills)
     print(f"{'fault':<15}{'tried':>6}{'clean':>7}{'crashes':>9}{'lost':>6}{'duplicated':>12}{'torn':>6}")
     total = Counter()
     for kind, c in per_kind.items():
@@ -93,12 +104,37 @@ def main() -> int:
     print(f"{'all':<15}{total['tried']:>6}{total['clean']:>7}{total['crashes']:>9}{total['lost']:>6}"
           f"{total['duplicated']:>12}{total['torn']:>6}   ({time.perf_counter() - t0:.0f} s, "
           f"{sum(rig.missed.values())} faults landed after their run ended and were tried again)")
-    bad = total["crashes"] + total["lost"] + total["duplicated"] + total["torn"]
+    bad = total["crashes"] + total["lost"] + total["duplicated"] + total["torn"] + adaptive_bad
     if bad or total["tried"] < args.faults:
         print(f"kept for a look: {folder}")
         return 1
     shutil.rmtree(folder, ignore_errors=True)
     return 0
+
+
+def _adaptive_kills(folder: Path, port: int, model: Path, rng: random.Random, kills: int) -> int:
+    """Chains of SIGKILLs into adaptive sweeps (module doc); the number of problems found."""
+    from tests.harness import adaptive_kills
+
+    t0 = time.perf_counter()
+    points: Counter = Counter()
+    bad = 0
+    print(f"{'campaign':<10}{'kills':>6}{'runs':>6}   problems")
+    (folder / "adaptive").mkdir()
+    adaptive_kills.phones_up(folder / "phones", port)
+    try:
+        for path, out, chain in adaptive_kills.chains(folder / "adaptive", folder / "phones", port, model, rng, kills):
+            points.update(k.point for k in chain.kills)
+            found = adaptive_kills.problems(path, out, chain, folder / "scratch")
+            if chain.last_status != 0:
+                found["failed"] += 1
+            bad += sum(found.values())
+            print(f"{out.name:<10}{len(chain.kills):>6}{chain.runs:>6}   {dict(found) or 'none'}", flush=True)
+    finally:
+        adaptive_kills.phones_down(folder / "phones", port)
+    print(f"adaptive kills: {sum(points.values())} ({', '.join(f'{p} {n}' for p, n in points.items())}), "
+          f"{bad} problems ({time.perf_counter() - t0:.0f} s)")
+    return bad
 
 
 if __name__ == "__main__":

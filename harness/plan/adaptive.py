@@ -174,6 +174,15 @@ def _bases(grid: Plan) -> dict[GroupKey, list[Cell]]:
     return {k: list(v.values()) for k, v in out.items()}
 
 
+def foreign_cells(grid: Plan, cells: Sequence[Cell]) -> list[Cell]:
+    """The cells no round of this campaign can plan: neither the grid's nor a point of one of its
+    groups' series (at any budget, any repeat, traced or not). A folder holding one holds another
+    campaign (harness.run.runner refuses it)."""
+    ours = {c.cell_id for c in grid.cells}
+    series = {(k, _series_key(b.config)) for k, bases in _bases(grid).items() for b in bases}
+    return [c for c in cells if c.cell_id not in ours and (group_key(c), _series_key(c.config)) not in series]
+
+
 def _analysis(cdir: CampaignDir):
     """The analysis of the runs so far (None before any)."""
     from results.analysis.analyze import analyze
@@ -182,7 +191,10 @@ def _analysis(cdir: CampaignDir):
 
     if not cdir.has_runs():
         return None
-    table = build_table(read_campaigns([cdir.root]))
+    campaigns = read_campaigns([cdir.root])
+    if not any(c.runs for c in campaigns):     # a runs folder with no attempt in it yet (one killed mid-way)
+        return None
+    table = build_table(campaigns)
     return analyze(table) if len(table) else None
 
 

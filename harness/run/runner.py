@@ -33,7 +33,7 @@ from harness.campaign.device_models import DeviceModel, price_device_models
 from harness.campaign.device_resolution import DeviceRef, resolve_devices
 from harness.campaign.file import load_campaign
 from harness.campaign.model import Campaign, CampaignError, ModelSpec, fleet_home
-from harness.plan.adaptive import AdaptivePlan, adaptive_plan
+from harness.plan.adaptive import AdaptivePlan, adaptive_plan, foreign_cells
 from harness.plan.grid import Plan, load_shapes, make_plan, read_plan, write_plan
 from harness.run.errors import OtherCampaignError, RunnerError, disk_error
 from harness.run.gate import stop_strays
@@ -95,7 +95,8 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
     root = Path(out_dir).resolve()
     cdir = CampaignDir(root)
     adaptive = adaptive_plan(campaign, plan, cdir) if campaign.plan.adaptive else None
-    _check_out_dir(cdir, plan, adaptive)
+    _check_out_dir(cdir, plan, adaptive_plan(campaign, plan, None) if adaptive is not None else None,
+                   campaign.to_toml())
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
     locks = [dir_lock(fleet_home(), root)] + [device_lock(fleet_home(), r) for r in refs]
     with holding(locks, campaign.run.lock_wait_s, owner):
@@ -105,6 +106,9 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             identities = prepared.identities or _identities(refs, campaign)
             root.mkdir(parents=True, exist_ok=True)
             cdir.write_campaign_toml(toml_text)
+            # a run killed between renaming its attempt and appending its ledger line: its line first,
+            # so the adaptive plan below is decided from every run on disk
+            cdir.reconcile()
             if adaptive is not None and not created:   # decided again under the lock: the runs as they are now
                 adaptive = adaptive_plan(campaign, plan, cdir)
             _write_plan(cdir, plan, adaptive)
@@ -127,15 +131,20 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
         else:
             # each round runs what the results so far decide, then asks again (harness.plan.adaptive); it
             # stops when nothing new is decided, or when a cell is still pending (a lost device)
+            # (a rerun whose plan has nothing left to run still asks: a kill may have landed between a
+            # round's last run and the next round's plan)
             while True:
-                ran = _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty, stagers,
-                                 identities)
+                _run_round(campaign, adaptive.plan, cdir, refs, rerun_failed, progress_stream, tty, stagers,
+                           identities)
                 rerun_failed = False            # once: the later rounds' failures are results
                 latest = latest_by_cell(cdir.ledger.read())
-                if not ran or not all(outcomes.is_done(latest.get(c.cell_id)) for c in adaptive.plan.cells):
+                if not all(outcomes.is_done(latest.get(c.cell_id)) for c in adaptive.plan.cells):
                     break
+                planned = {c.cell_id for c in adaptive.plan.cells}
                 adaptive = adaptive_plan(campaign, plan, cdir)
                 _write_plan(cdir, plan, adaptive)
+                if {c.cell_id for c in adaptive.plan.cells} <= planned:
+                    break
     return campaign_status(root)
 
 
@@ -205,7 +214,10 @@ def _stop_strays_quietly(ref: DeviceRef, stray_names: Sequence[str]) -> None:
         stop_strays(ref.open(), stray_names)
 
 
-def _check_out_dir(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None = None) -> None:
+def _check_out_dir(cdir: CampaignDir, plan: Plan, first: AdaptivePlan | None = None, toml_text: str = "") -> None:
+    """Refuse a folder that holds something other than this campaign. `first` is an adaptive
+    campaign's first round (its plan decided from no runs); `toml_text` the campaign.toml this
+    campaign writes."""
     root = cdir.root
     if not root.exists():
         return
@@ -213,18 +225,32 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None 
         raise RunnerError(f"{root}: exists and is not a folder")
     old = read_plan(cdir)
     if old is None:
-        if any(root.iterdir()):
+        if any(not _left_by_a_start(p, toml_text) for p in root.iterdir()):
             raise RunnerError(f"{root}: is not empty and holds no campaign (no plan.json); choose another -o")
         return
     old_ids, new_ids = {c.cell_id for c in old.cells}, {c.cell_id for c in plan.cells}
-    if adaptive is not None:
-        # an adaptive plan grows round by round: the old one is this campaign's when its first
-        # cells (cache 0 with a route trace, per group) are among them, and every old cell stays planned
-        first = {c.cell_id for c in adaptive.plan.cells if c.config.route_trace and c.config.cache_mb == 0}
-        old_ids, new_ids = (old_ids, old_ids) if old_ids and first <= old_ids else (old_ids, first)
+    if first is not None:
+        # an adaptive plan grows round by round and keeps every cell plan.json holds (adaptive_plan
+        # starts from them), whatever round each group was in when the run stopped: the folder holds
+        # this campaign when its first round is among the old cells and every old cell is a point
+        # of this campaign's series
+        new_ids = {c.cell_id for c in first.plan.cells}
+        foreign = foreign_cells(plan, old.cells)
+        if new_ids <= old_ids and not foreign:
+            return
+        old_ids = new_ids | {c.cell_id for c in foreign} if new_ids <= old_ids else old_ids
     if old_ids != new_ids:
         raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are "
                                  f"not in this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
+
+
+def _left_by_a_start(path: Path, toml_text: str) -> bool:
+    """What a run of this campaign killed before its first plan.json leaves: its campaign.toml, or
+    a temporary file of an atomic write."""
+    if path.name.startswith(".") and path.is_file():
+        return True
+    return path.name == names.CAMPAIGN_TOML and path.is_file() and bool(toml_text) and \
+        path.read_text(errors="replace") == toml_text
 
 
 def _identities(refs: Sequence[DeviceRef], campaign: Campaign) -> dict[str, dict]:

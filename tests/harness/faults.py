@@ -67,9 +67,9 @@ class Rig:
 
 
 def write_campaign(path: Path, name: str, devices: list[str], phone_home: Path, adb_port: int, model: Path,
-                   cache_mb: str, run: str) -> Path:
-    """A campaign file of one tiny model on virtual phones of one adb server: `cache_mb` and the
-    [run] lines as TOML text, the gate never waiting long."""
+                   cache_mb: str, run: str, more_axes: str = "", plan: str = "") -> Path:
+    """A campaign file of one tiny model on virtual phones of one adb server: `cache_mb`, the other
+    axes' lines, the [run] and [plan] lines as TOML text, the gate never waiting long."""
     path.write_text(f"""version = 1
 name = "{name}"
 [fleet]
@@ -82,10 +82,13 @@ port = {adb_port}
 tiny = "{model}"
 [axes]
 cache_mb = {cache_mb}
+{more_axes}
 [run]
 {run}
 [gate]
 max_wait_s = 1
+[plan]
+{plan}
 """)
     return path
 
@@ -153,10 +156,11 @@ def run_episode(rig: Rig, kind: str) -> Episode | None:
                    end.exit_status)
 
 
-def check_dir(campaign_file: Path, out: Path) -> Counter:
-    """lost, duplicated and torn in a campaign directory after a completed rerun."""
+def check_dir(campaign_file: Path, out: Path, planned=None) -> Counter:
+    """lost, duplicated and torn in a campaign directory after a completed rerun; `planned`: the
+    cells it should hold (the campaign's grid when not given)."""
     problems: Counter = Counter()
-    plan = make_plan(load_campaign(campaign_file))
+    cells = planned if planned is not None else make_plan(load_campaign(campaign_file)).cells
     cdir = CampaignDir(out)
     try:
         records = cdir.ledger.read()
@@ -166,12 +170,12 @@ def check_dir(campaign_file: Path, out: Path) -> Counter:
     raw_lines = [line for line in cdir.ledger.path.read_text().split("\n") if line.strip()]
     problems["torn"] += len(raw_lines) - len(records)                 # a line that is not a record
     finals = Counter(r["cell_id"] for r in records if r["outcome"] not in INFRA)
-    for cell in plan.cells:
+    for cell in cells:
         if finals[cell.cell_id] == 0:
             problems["lost"] += 1
         elif finals[cell.cell_id] > 1:
             problems["duplicated"] += finals[cell.cell_id] - 1
-    problems["lost"] += sum(1 for cid in finals if cid not in {c.cell_id for c in plan.cells})
+    problems["lost"] += sum(1 for cid in finals if cid not in {c.cell_id for c in cells})
     by_folder = {(r["cell_id"], int(r["attempt"])): r for r in records}
     folders = set()
     for sub in (out / "runs").glob("*/*"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import time
 import tomllib
 from pathlib import Path
@@ -19,6 +20,7 @@ from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError
 from harness.plan.adaptive import BISECTING, BRACKETED, GRID, brackets_of
 from harness.plan.grid import make_plan
+from harness.run.errors import RunnerError
 from harness.run.runner import run_campaign
 from harness.run.status import campaign_status
 from results.analysis.analyze import analyze
@@ -29,9 +31,9 @@ from store.ledger import was_attempted
 from tests.harness.faults import _CLI, stop_phone_when
 
 
-def adaptive_campaign(model: Path, devices, cache_mb, plan=None, run=None, fleet=None, name="adapt"):
+def adaptive_campaign(model: Path, devices, cache_mb, plan=None, run=None, fleet=None, name="adapt", axes=None):
     return parse_campaign({"version": 1, "name": name, "fleet": {"devices": list(devices), **(fleet or {})},
-                           "models": {"mid": str(model)}, "axes": {"cache_mb": cache_mb},
+                           "models": {"mid": str(model)}, "axes": {"cache_mb": cache_mb, **(axes or {})},
                            "run": {"n_predict": 8, **(run or {})}, "gate": {"max_wait_s": 2},
                            "plan": {"adaptive": True, **(plan or {})}}, source=f"{name}.toml")
 
@@ -347,3 +349,59 @@ def test_the_predicted_safe_budget_is_the_ram_left_at_cache0_or_the_top_when_eve
 
     assert safe(435) == 435            # the 640 MiB phone: what cache 0 left
     assert safe(1411) == 668           # the 2 GiB phone: all 634 MiB fit, so the top (not 634)
+
+
+def test_a_run_killed_between_two_rounds_resumes_and_another_campaigns_folder_is_refused(tmp_path, tiny_model):
+    """The state a SIGKILL leaves between two rounds (every cell of the first round done, its
+    next round's cells not yet in plan.json; the groups' second cache-0 runs among them, as every
+    run misses a prediction held to 0 %): the same campaign resumes it, deciding the rounds again
+    from the runs. A folder whose plan.json holds another campaign's first round is refused."""
+    from harness.plan.adaptive import adaptive_plan
+
+    c = adaptive_campaign(tiny_model, ["local"], [0, "cycle*1.2", 3], plan={"resolution_mb": 1, "max_error_pct": 0.001},
+                          name="between", axes={"n_expert_used": [1, 2]})
+    out = tmp_path / "between"
+    full = run_campaign(c, out, progress_stream=io.StringIO())
+    assert full.complete
+    grid = make_plan(c)
+    round_one = adaptive_plan(c, grid, None)
+    first = {cell.cell_id for cell in round_one.plan.cells}
+    cdir = CampaignDir(out)
+    doc = cdir.read_plan_doc()
+    later = [x for x in doc["cells"] if x["cell_id"] not in first]
+    # the groups measured cache 0 again (route-traced) in a later round: the cells the old check took for the first
+    assert any(x["config"].get("route_trace") and not x["config"].get("cache_mb") for x in later), later
+    # back to the moment round one ended: its runs, its plan.json
+    kept = [r for r in ledger(out) if r["cell_id"] in first]
+    (out / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    for x in later:
+        shutil.rmtree(out / "runs" / x["cell_id"], ignore_errors=True)
+    cdir.write_plan_doc(round_one.to_doc())
+
+    resumed = run_campaign(c, out, progress_stream=io.StringIO())
+    assert resumed.complete, resumed.text()
+    after = ledger(out)
+    assert after[:len(kept)] == kept
+    assert {r["cell_id"] for r in after} == {x["cell_id"] for x in cdir.read_plan_doc()["cells"]}
+    assert not {r["cell_id"] for r in after[len(kept):]} & first          # round one not run again
+
+    other = adaptive_campaign(tiny_model, ["local"], [0, "cycle*1.2", 3], name="other")
+    with pytest.raises(RunnerError, match="holds a different campaign"):
+        run_campaign(other, out, progress_stream=io.StringIO())
+
+
+def test_a_run_killed_in_its_first_attempt_resumes(tmp_path, tiny_model):
+    """A SIGKILL in the middle of an adaptive campaign's first attempt leaves plan.json, and a runs
+    folder with no attempt in it but the half-written one: the rerun decides from no runs."""
+    from harness.plan.adaptive import adaptive_plan
+
+    c = adaptive_campaign(tiny_model, ["local"], [0, "cycle*1.2"], name="first")
+    out = tmp_path / "first"
+    round_one = adaptive_plan(c, make_plan(c), None)
+    cdir = CampaignDir(out)
+    cdir.write_campaign_toml(c.to_toml())
+    cdir.write_plan_doc(round_one.to_doc())
+    (out / "runs" / round_one.plan.cells[0].cell_id / ".tmp-1-4242").mkdir(parents=True)
+    status = run_campaign(c, out, progress_stream=io.StringIO())
+    assert status.complete, status.text()
+    assert not list(out.glob("runs/*/.tmp-*"))

@@ -282,6 +282,23 @@ def test_a_different_campaign_is_refused_in_a_used_directory(tmp_path, tiny_mode
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
 
+def test_a_run_killed_before_its_first_plan_runs_again_and_a_stranger_folder_is_refused(tmp_path, tiny_model):
+    """A SIGKILL between campaign.toml and the first plan.json leaves the folder with the
+    campaign's own campaign.toml (and maybe an atomic write's temporary file): the same campaign
+    runs there. A folder whose campaign.toml is another's, with no plan, is still refused."""
+    c = local_campaign(tiny_model, "early", {"cache_mb": [0]})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "campaign.toml").write_text(c.to_toml())
+    (out / f".plan.json.tmp-{os.getpid()}-1").write_text('{"cam')
+    assert run_campaign(c, out, progress_stream=io.StringIO()).complete
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "campaign.toml").write_text(local_campaign(tiny_model, "else", {"cache_mb": [0]}).to_toml())
+    with pytest.raises(RunnerError, match="holds no campaign"):
+        run_campaign(c, other, progress_stream=io.StringIO())
+
+
 def test_a_locked_device_fails_clearly_or_waits(tmp_path, tiny_model):
     c = local_campaign(tiny_model, "locked", {"cache_mb": [0]})
     lock = device_lock(fleet_home(), DeviceRef("local", "local", "local"))
