@@ -53,7 +53,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from devices.android import (
@@ -65,7 +65,7 @@ from devices.android import (
     PREVIOUS_APP_ADJ,
     App,
 )
-from devices.virtual import apps, logbuf, servicecmd
+from devices.virtual import apps, logbuf, namespace, servicecmd
 from devices.virtual.lmkd_registry import (
     CONTROL_SOCKET,
     PROC_TYPE_APP,
@@ -103,11 +103,12 @@ class Package:
         return f"{self.name}.{cls}"
 
 
-def installed(boot_apps: list[App]) -> dict[str, Package]:
-    """The phone's packages: its `--apps` (their uids and sizes) and INSTALLED."""
-    out = {a.name: Package(a.name, a.uid, a.size_bytes, a.compressible, a.active) for a in boot_apps}
+def installed(boot_apps: list[App], uid_offset: int = 0) -> dict[str, Package]:
+    """The phone's packages: its `--apps` (their uids and sizes) and INSTALLED, every uid moved
+    by the phone's `uid_offset` (its own block of app uids: devices.virtual.run.claim_app_uids)."""
+    out = {a.name: Package(a.name, a.uid + uid_offset, a.size_bytes, a.compressible, a.active) for a in boot_apps}
     for k, (name, size_bytes) in enumerate(INSTALLED):
-        out.setdefault(name, Package(name, INSTALLED_FIRST_UID + k, size_bytes))
+        out.setdefault(name, Package(name, INSTALLED_FIRST_UID + uid_offset + k, size_bytes))
     return out
 
 
@@ -156,10 +157,10 @@ def reply(out: str = "", err: str = "", status: int = 0) -> dict:
 
 class ActivityManager:
     def __init__(self, root: Path, boot_apps: list[App], procs_files: list[str], ns_fd: int | None,
-                 net_fd: int | None = None):
+                 net_fd: int | None = None, uid_offset: int = 0):
         self.root = Path(root)
-        self.boot_apps = boot_apps
-        self.packages = installed(boot_apps)
+        self.boot_apps = [replace(a, uid=a.uid + uid_offset) for a in boot_apps]
+        self.packages = installed(boot_apps, uid_offset)
         self.procs_files, self.ns_fd, self.net_fd = procs_files, ns_fd, net_fd
         self.running: dict[str, AppProcess] = {}
         self.top: str | None = None          # the package `am start` brought to the front last
@@ -229,7 +230,8 @@ class ActivityManager:
         self.running[pkg.name] = rec
         self._register(rec)
         logbuf.append(self.root, "system", "ActivityManager",
-                      f"Start proc {rec.pid}:{pkg.name}/{format_uid(pkg.uid)} for {hosting}")
+                      f"Start proc {namespace.phone_pid(rec.pid) or rec.pid}:{pkg.name}/{format_uid(pkg.uid)} "
+                      f"for {hosting}")
         self._task(self._watch(rec))
         return rec
 

@@ -53,7 +53,7 @@ from devices.lmkd_policy import (
     choose_victim,
     read_psi_full_total_us,
 )
-from devices.virtual import logbuf
+from devices.virtual import logbuf, namespace
 from devices.virtual.lmkd_registry import Registration, Registry
 from devices.virtual.meminfo import MemInfo
 
@@ -85,6 +85,7 @@ class ProcSample:
     uid: int = SHELL_UID
     started: float = 0.0   # /proc/PID/stat starttime, clock ticks since boot (lmkd's LRU order)
     pgid: int = 0          # its process group (an app's command is in the app's)
+    phone_pid: int = 0     # the pid the phone knows it by (its pid namespace's: NSpid), 0: `pid`
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,11 @@ def sample(pid: int, now: float) -> ProcSample | None:
         started, pgid = float(stat[19]), int(stat[2])
     except (OSError, IndexError, ValueError):
         started, pgid = 0.0, 0
-    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started, pgid)
+    try:
+        phone_pid = int(fields.get("NSpid", str(pid)).split()[-1])
+    except (ValueError, IndexError):
+        phone_pid = pid
+    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started, pgid, phone_pid)
 
 
 def process_name(cmdline: bytes, comm: str) -> str:
@@ -251,7 +256,8 @@ class Lmkd:
                     found.append(Kill(pid, prev.name if prev else m[2], rss, prev.swap_kb if prev else 0,
                                       prev.oom_score_adj if prev else 0, "kmsg",
                                       prev.uid if prev else int(uid[1]) if uid else SHELL_UID))
-                    logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
+                    logbuf.append(self.root, "kernel", "kernel", self._as_phone_sees(line, pid), priority="E",
+                                  pid=0, tid=0)
         if self.oom_kills is not None:
             count = self.oom_kills()
             self.unexplained += [now] * max(0, count - self.kernel_count)
@@ -364,11 +370,26 @@ class Lmkd:
         self.kills.append(kill)
         if kill.source != "kmsg":   # the kernel's own line was not readable: write what it logs
             comm = os.path.basename(kill.name)[:15]     # the kernel names a task by its comm
-            line = (f"Memory cgroup out of memory: Killed process {kill.pid} ({comm}) total-vm:0kB, "
+            line = (f"Memory cgroup out of memory: Killed process {self.shown_pid(kill.pid)} ({comm}) total-vm:0kB, "
                     f"anon-rss:{kill.rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:{kill.uid} pgtables:0kB "
                     f"oom_score_adj:{kill.oom_score_adj}")
             logbuf.append(self.root, "kernel", "kernel", line, priority="E", pid=0, tid=0)
         log.info("the kernel's OOM killer killed %s (%d, %d kB)", kill.name, kill.pid, kill.rss_kb)
+
+    def shown_pid(self, pid: int) -> int:
+        """A host pid as the phone's processes know it (their pid namespace's), for what the phone
+        reads: sampled, else read now, else the pid itself."""
+        s = self.samples.get(pid)
+        if s is not None and s.phone_pid:
+            return s.phone_pid
+        return namespace.phone_pid(pid) or pid
+
+    def _as_phone_sees(self, line: str, pid: int) -> str:
+        """The kernel's line with the victim's pid as the phone knows it (`pid=N`, `process N`)."""
+        shown = self.shown_pid(pid)
+        if shown == pid:
+            return line
+        return re.sub(rf"(\bpid=|Killed process ){pid}\b", lambda m: f"{m[1]}{shown}", line)
 
     @property
     def poll_interval_s(self) -> float:
@@ -400,7 +421,7 @@ class Lmkd:
             reason = "min watermark is breached" if self.android >= 14 else \
                 "min watermark is breached and swap is low (0kB < 0kB)"
             min_adj = 0
-        k = kill
+        k = replace(kill, pid=self.shown_pid(kill.pid))
         if self.android >= 12:
             msg = (f"Kill '{k.name}' ({k.pid}), uid {k.uid}, oom_score_adj {k.oom_score_adj} to free "
                    f"{k.rss_kb}kB rss, {k.swap_kb}kB swap; reason: {reason}")

@@ -11,8 +11,8 @@ The phone's `/` is a small tmpfs (read-only once built) holding what an Android 
   /data     the phone's data folder (nosuid, nodev): /data/local/tmp is the shell user's
   /sdcard   the phone's sdcard folder (nosuid, nodev, noexec)
   /vendor/bin, /product/bin, /system_ext/bin, /odm/bin   empty, as on a phone with nothing there
-  /proc, /sys   the host's (one kernel), with the phone's meminfo, thermal zones and cpufreq
-            policies bind-mounted over the host's
+  /proc, /sys   one kernel's: /sys the host's, /proc the phone's own pid namespace's (below),
+            with the phone's meminfo, thermal zones and cpufreq policies bind-mounted over them
   /dev      a tmpfs with the character devices a shell uses (null, zero, random, tty, ptmx, pts, ...)
             and /dev/socket, the phone's dev/socket (lmkd's control socket, the services' for `cmd`)
 plus, read-only, nosuid and nodev, the few host paths an engine needs (HostPaths): the C library
@@ -20,6 +20,12 @@ and friends (/usr/lib, /lib*) for a host-built bmoe-cli and the Python interpret
 library and the venv for bmoe-py. Nothing else of the host is there: no /usr/bin, /tmp, /home,
 /root (beyond the interpreter's own folder), /etc of the host.
 Mount propagation is made private first so nothing leaks back to the host.
+
+The phone's processes live in a pid namespace of its own (`new_pid_namespace`), as a phone's
+have no other phone's: its `init` (pid 1, a fork of the daemon that reaps orphans) mounts /proc
+afresh for it, so `ps`, `kill PID` and /proc/PID/root in a phone reach only its own processes.
+The daemon stays in the host's pid namespace and knows them by their host pids; what it shows
+the phone (lmkd's and the kernel's kill lines) names them by the phone's (`phone_pid`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
@@ -76,7 +84,7 @@ def setns(fd: int, nstype: int = CLONE_NEWNS) -> None:
     """Enter the mount (or `nstype`'s) namespace `fd` (os.setns arrived in Python 3.12). Safe
     between fork and exec."""
     if _libc.setns(fd, nstype) != 0:
-        name = "CLONE_NEWNET" if nstype == CLONE_NEWNET else "CLONE_NEWNS"
+        name = {CLONE_NEWNET: "CLONE_NEWNET", CLONE_NEWPID: "CLONE_NEWPID"}.get(nstype, "CLONE_NEWNS")
         raise OSError(ctypes.get_errno(), f"setns({name})")
 
 
@@ -120,6 +128,133 @@ def new_network() -> int:
             setns(host, CLONE_NEWNET)
     finally:
         os.close(host)
+
+
+PROC_OVERLAYS = tuple(rel for rel in OVERLAYS if rel.startswith("proc/"))
+INIT_REAP_S = 0.2
+
+
+def new_pid_namespace(mnt_fd: int) -> tuple[int, int]:
+    """The phone's own pid namespace, whose pid 1 (`init`, forked here) mounts a /proc of it in
+    the phone's mount namespace `mnt_fd` (the phone's files bound over it again) and reaps what is
+    orphaned in it. Every process the calling thread forks from now on is in it. Returns (init's host pid, a pipe's write end: closing it, or the daemon's
+    death, ends init and with it every process of the namespace). Call single-threaded: from
+    then on the calling thread can start no thread (the kernel refuses CLONE_THREAD across pid
+    namespaces), so its children are waited for by pidfd (devices.virtual.run.serve). Raises
+    NamespaceUnavailable, the thread left as it was."""
+    host = os.open("/proc/thread-self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    alive_r, alive_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    try:
+        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        try:
+            pid = os.fork()
+        except OSError as e:
+            setns(host, CLONE_NEWPID)
+            raise NamespaceUnavailable(f"fork the phone's init: {e}") from None
+        if pid == 0:                                     # init: pid 1 of the phone
+            os.close(alive_w)
+            os.close(ready_r)
+            try:
+                _libc.prctl(PR_SET_PDEATHSIG, 9)        # SIGKILL with the daemon
+                _libc.prctl(PR_SET_NAME, b"init")
+                setns(mnt_fd)
+                os.chdir("/")
+                _own_proc()
+            except BaseException as e:
+                os.write(ready_w, f"{e}".encode(errors="replace")[:300] or b"?")
+                os._exit(1)
+            os.write(ready_w, b"ok")
+            os.close(ready_w)
+            _reap(alive_r)
+            os._exit(0)
+        os.close(ready_w)
+        ready_w = -1
+        said = os.read(ready_r, 400)
+        if said != b"ok":
+            os.waitpid(pid, 0)
+            setns(host, CLONE_NEWPID)
+            raise NamespaceUnavailable(f"the phone's /proc: {said.decode(errors='replace') or 'init died'}")
+        return pid, alive_w
+    except BaseException:
+        os.close(alive_w)
+        raise
+    finally:
+        os.close(host)
+        os.close(alive_r)
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+
+
+def _own_proc() -> None:
+    """In init: a /proc of this pid namespace over the host's, the phone's files bound over it
+    again (held by O_PATH descriptors across the mount that hides them)."""
+    held = {}
+    for rel in PROC_OVERLAYS:
+        with contextlib.suppress(OSError):
+            held[rel] = os.open("/" + rel, os.O_PATH | os.O_CLOEXEC)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for rel, fd in held.items():
+        _mount(f"/proc/self/fd/{fd}", "/" + rel, None, MS_BIND)
+        os.close(fd)
+
+
+def _reap(alive_fd: int) -> None:
+    """init's loop: reap every child that ended, until `alive_fd` reads EOF (the daemon closed it)."""
+    import select
+    import signal
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    while True:
+        ready, _, _ = select.select([alive_fd, wake_r], [], [], INIT_REAP_S)
+        if alive_fd in ready and not os.read(alive_fd, 64):
+            return
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        while True:
+            try:
+                child, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if child == 0:
+                break
+
+
+def host_pid(pid_ns: str, phone_pid: int) -> int | None:
+    """The host's pid of the process a phone knows as `phone_pid`: `pid_ns` is the phone's pid
+    namespace as /proc/PID/ns/pid names it (its state file's `pid_namespace`); None when none."""
+    for entry in os.listdir("/proc"):
+        if not entry.isascii() or not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") != pid_ns:
+                continue
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == str(phone_pid):
+                return int(entry)
+    return None
+
+
+def phone_pid(host_pid: int) -> int | None:
+    """The pid the phone's processes know a process by (the last of its NSpid), None once gone."""
+    try:
+        status = Path(f"/proc/{host_pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            with contextlib.suppress(ValueError, IndexError):
+                return int(line.split()[-1])
+    return host_pid
 
 
 @dataclass(frozen=True)

@@ -525,6 +525,7 @@ def _serve_main(argv: list[str] | None = None) -> int:
         # opened at their host paths, before entering the phone's namespace
         dev = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         backing = os.open(a.data, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        host_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         from devices.virtual.namespace import MS_NODEV, MS_NOSUID, NamespaceUnavailable, _mount, setns
     except OSError as e:
         os.write(a.ready_fd, f"{e}".encode()[:60])
@@ -536,6 +537,10 @@ def _serve_main(argv: list[str] | None = None) -> int:
         _mount(f"{FS_NAME}:{Path(a.data).parent.name}", "/data", f"fuse.{FS_NAME}", MS_NOSUID | MS_NODEV,
                f"fd={dev},rootmode={stat.S_IFMT(st.st_mode) | 0o755:o},user_id=0,group_id=0,allow_other,"
                f"default_permissions,max_read={MAX_IO}")
+        # back to the host's namespace to serve: the server names its files /proc/self/fd/N, and
+        # the phone's /proc is its own pid namespace's, where this process is not (namespace.py)
+        setns(host_ns)
+        os.close(host_ns)
     except (OSError, NamespaceUnavailable) as e:
         os.write(a.ready_fd, f"{e}".encode()[:60])
         return 1

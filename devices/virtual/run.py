@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
 import time
+import warnings as warnings_module
 from pathlib import Path
 
 from devices.android import parse_apps
@@ -239,9 +243,69 @@ def network(spec: PhoneSpec, warnings: list[str]) -> int | None:
         return None
 
 
+APP_UID_BLOCK = 500          # a phone's app uids: FIRST_APP_UID + its block's offset and up
+APP_UID_BLOCKS = 19          # 10100 + 18 * 500 + INSTALLED's stays under LAST_APPLICATION_UID (19999)
+
+
+def claim_app_uids(warnings: list[str]) -> tuple[int, socket.socket | None]:
+    """A block of app uids of this phone's own, none another phone running on this host has (as
+    two phones' app uids are their own), held by an abstract unix socket named after the block
+    for the daemon's life: the kernel drops the name with the daemon, whatever ends it, and leaves
+    nothing on the host. Returns (the block's offset, the socket); offset 0 and a warning when
+    every block is taken."""
+    for k in range(APP_UID_BLOCKS):
+        holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            holder.bind(f"\0bmoe-vphone-app-uids-{k}")
+        except OSError:
+            holder.close()
+            continue
+        return k * APP_UID_BLOCK, holder
+    _warn_once(warnings, f"{APP_UID_BLOCKS} phones are up on this host: this one shares the first's app uids")
+    return 0, None
+
+
+EXECUTOR_THREADS = 4
+
+
+def started_executor(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """A thread pool whose `threads` threads are all running now (a pool starts its threads one
+    submit at a time, and after the phone's pid namespace this thread may start none)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vphone")
+    gate = threading.Barrier(threads + 1)
+    for _ in range(threads):
+        pool.submit(gate.wait)
+    gate.wait()
+    return pool
+
+
+def pid_namespace(ns_fd: int | None, warnings: list[str]) -> tuple[int, int] | None:
+    """The phone's own pid namespace (namespace.new_pid_namespace): (its init's host pid, the pipe
+    that keeps it alive); None without the phone's mount namespace, or where unavailable (said)."""
+    if ns_fd is None:
+        return None
+    try:
+        return namespace.new_pid_namespace(ns_fd)
+    except (namespace.NamespaceUnavailable, OSError) as e:
+        _warn_once(warnings, f"pid namespace unavailable ({e}); the phone's processes see the host's")
+        return None
+
+
 async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns_fd: int | None,
                 port: int, warnings: list[str], net_fd: int | None = None, z: zram.Zram | None = None,
-                ballast: Ballast | None = None) -> None:
+                ballast: Ballast | None = None, pid_ns: tuple[int, int] | None = None,
+                executor: concurrent.futures.ThreadPoolExecutor | None = None, uid_offset: int = 0) -> None:
+    if executor is not None:
+        syncsvc.EXECUTOR = executor
+    if pid_ns is not None:
+        # this thread forks into the phone's pid namespace, where the kernel lets it start no
+        # thread (CLONE_THREAD across pid namespaces): children are waited for by pidfd, not by
+        # asyncio's default watcher's thread per child
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(asyncio.get_running_loop())
+        with warnings_module.catch_warnings():
+            warnings_module.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_child_watcher(watcher)
     phone = VirtualPhone(spec, layout, cgroup, ns_fd, zram=z, ballast=ballast)
     phone.net_namespace_fd = net_fd
     banner = Banner(product_name=spec.device, model=spec.model, device=spec.device)
@@ -257,7 +321,7 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
     # the phone's ActivityManager: the --apps, the apps `am` starts, each registered with lmkd (am.py)
     lmkd.watch_control(asyncio.get_running_loop())
     activity = ActivityManager(layout.root, parse_apps(spec.apps), [str(p) for p in cgroup.procs_files()] if cgroup
-                               else [], ns_fd, net_fd)
+                               else [], ns_fd, net_fd, uid_offset)
     await activity.start()
     logbuf.append(layout.root, "main", "vphone", f"{spec.model} ({spec.soc}, Android {spec.android}) up, "
                   f"RAM {spec.ram_bytes} bytes, adbd on 127.0.0.1:{actual_port}")
@@ -267,6 +331,11 @@ async def serve(spec: PhoneSpec, layout: Layout, cgroup: MemoryCgroup | None, ns
              # the phone's mount namespace as /proc/PID/ns/mnt names it: how the host tells its processes
              "mount_namespace": os.readlink(f"/proc/self/fd/{ns_fd}") if ns_fd is not None else None,
              "net_namespace": os.readlink(f"/proc/self/fd/{net_fd}") if net_fd is not None else None,
+             # the phone's pid namespace, and its init's host pid
+             "pid_namespace": os.readlink(f"/proc/{pid_ns[0]}/ns/pid") if pid_ns is not None else None,
+             "init_pid": pid_ns[0] if pid_ns is not None else None,
+             # its own app uids: FIRST_APP_UID + this and up (claim_app_uids)
+             "app_uid_offset": uid_offset,
              "warnings": warnings,
              "cgroup": None if cgroup is None else {"version": cgroup.version, "path": str(cgroup.path),
                                                     "cpu_path": str(cgroup.cpu_path) if cgroup.cpu_path else None,
@@ -370,10 +439,15 @@ def main(argv: list[str] | None = None) -> int:
                 _remove_zram(layout, z)
                 return 1
         net_fd = network(spec, warnings)
+        uid_offset, uid_claim = claim_app_uids(warnings)
         install_tools(layout, ns_fd is not None)
         install_getconf(layout, spec.page_size_bytes, ns_fd is not None)
+        # the threads asyncio.to_thread uses, started while this thread may still start them
+        executor = started_executor(EXECUTOR_THREADS)
+        pid_ns = pid_namespace(ns_fd, warnings)      # last: every fork from here on is the phone's
         try:
-            asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast))
+            asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast, pid_ns,
+                              executor, uid_offset))
         except OSError as e:
             print(f"vphone: {e}", file=sys.stderr)
             if ballast is not None:
@@ -382,6 +456,14 @@ def main(argv: list[str] | None = None) -> int:
                 cgroup.remove()
             _remove_zram(layout, z)
             return 1
+        finally:
+            executor.shutdown(wait=False)
+            if uid_claim is not None:
+                uid_claim.close()
+            if pid_ns is not None:
+                os.close(pid_ns[1])         # init ends, and every process of the phone with it
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid_ns[0], 0)
     finally:
         if flash is not None:
             flash.stop()

@@ -25,6 +25,7 @@ to walking host paths.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
@@ -40,6 +41,10 @@ from devices.virtual.adbd import Stream
 from engine.units import KIB
 
 log = logging.getLogger("bmoe.vphone.sync")
+# the threads that drop a pushed file's pages (None: asyncio's default pool); a daemon whose
+# thread forks into the phone's pid namespace can start no thread, so it sets pre-started ones
+# (devices.virtual.run.started_executor)
+EXECUTOR: concurrent.futures.Executor | None = None
 
 
 def leave_page_cache(fd: int) -> None:
@@ -372,7 +377,7 @@ class SyncSession:
         with contextlib.suppress(OSError):
             os.utime(fd, (mtime, mtime))
         try:
-            await asyncio.to_thread(leave_page_cache, fd)
+            await asyncio.get_running_loop().run_in_executor(EXECUTOR, leave_page_cache, fd)
         finally:
             os.close(fd)
         await self.stream.write(DATA.pack(b"OKAY", 0))

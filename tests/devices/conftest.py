@@ -6,6 +6,7 @@ manager.down(), the adb server by `adb kill-server` and, failing that, by its pi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -71,6 +72,25 @@ def server(adb_server) -> DeviceAdbServer:
 @pytest.fixture(scope="session")
 def phone_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vphones")
+
+
+def host_pid(phone_root: Path, pid: int) -> int:
+    """The host's pid of a process the phone at `phone_root` knows as `pid` (its own pid
+    namespace's: devices/virtual/namespace.py); -1 when it has none (gone)."""
+    from devices.virtual import namespace
+
+    ns = json.loads((Path(phone_root) / ".vphone/state.json").read_text()).get("pid_namespace")
+    if ns is None:
+        return pid
+    found = namespace.host_pid(ns, pid)
+    return -1 if found is None else found
+
+
+def app_uid(phone_root: Path, uid: int) -> int:
+    """An app uid as the phone at `phone_root` assigns it: each phone up at a time has its own
+    block of app uids (devices.virtual.run.claim_app_uids), `uid` being the first block's."""
+    state = json.loads((Path(phone_root) / ".vphone/state.json").read_text())
+    return uid + int(state.get("app_uid_offset") or 0)
 
 
 def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.1):

@@ -20,6 +20,7 @@ from devices.adb.server import AdbServer as Server
 from devices.android import HOST_ABI, parse_load
 from devices.lmk import LmkEvent, hard_kills_of_others
 from engine.units import MIB
+from tests.devices.conftest import host_pid
 
 
 def status_of(pid: int) -> dict[str, str]:
@@ -62,33 +63,34 @@ def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, t
     try:
         assert [r.ready for r in running] == [True, True]
         for r, want_adj in zip(running, (900, 200)):
-            st = status_of(r.pid)
+            pid = host_pid(phone_info.root, r.pid)       # the phone's pid is its own namespace's
+            st = status_of(pid)
             assert st["Name"] == r.process_name and int(st["VmRSS"].split()[0]) >= r.app.size_bytes // 1024 * 0.9
-            with open(f"/proc/{r.pid}/oom_score_adj") as f:
+            with open(f"/proc/{pid}/oom_score_adj") as f:
                 assert int(f.read()) == want_adj
-            with open(f"/proc/{r.pid}/cgroup") as f:     # in the phone's memory cgroup, charged to its RAM
+            with open(f"/proc/{pid}/cgroup") as f:     # in the phone's memory cgroup, charged to its RAM
                 assert any(phone_info.name in line for line in f if ":memory:" in line)
             assert int(st["Uid"].split()[0]) == 2000      # the shell user that started it
         # a campaign that died leaves them running: the next start of these names kills them first
         again = coapps.start(phone, apps, binary)
-        assert _all_gone(running) and not _all_gone(again.running, 0.5)
+        assert _all_gone(running, phone_info.root) and not _all_gone(again.running, phone_info.root, 0.5)
         for conn in session.connections:               # (the lost phone's shells, here still open)
             conn.close()
         session, running = again, again.running
     finally:
         gone = coapps.stop(phone, session)
-    assert gone == [] and _all_gone(running)
+    assert gone == [] and _all_gone(running, phone_info.root)
     assert coapps.stop(phone, session) == [r.process_name for r in running]       # already gone: named
     # a campaign that dies closes the shell with it: the phone hangs up the apps
     crashed = coapps.start(phone, apps[:1], binary)
-    assert not _all_gone(crashed.running, 0.5)
+    assert not _all_gone(crashed.running, phone_info.root, 0.5)
     crashed.connections[0].close()
-    assert _all_gone(crashed.running)
+    assert _all_gone(crashed.running, phone_info.root)
 
 
-def _all_gone(running, wait_s: float = 5.0) -> bool:
+def _all_gone(running, phone_root, wait_s: float = 5.0) -> bool:
     deadline = time.monotonic() + wait_s
-    while any(_alive(r.pid) for r in running):
+    while any(_alive(host_pid(phone_root, r.pid)) for r in running):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

@@ -18,6 +18,7 @@ from devices.virtual.run import may_lower_oom_score_adj
 from engine.errors import BmoeError
 from engine.units import MIB
 from harness.cli.virtual import virtual
+from tests.devices.conftest import app_uid
 
 # an engine stand-in: allocates MiB in 8 MiB steps (touching every page), then says it survived
 ALLOC = ("import sys, time\nmib = int(sys.argv[1]); held = []\n"
@@ -79,8 +80,8 @@ def test_apps_run_in_the_phone_and_the_cached_one_is_killed_before_the_engine(ad
                       int(status["VmRSS"].split()[0]), os.readlink(f"/proc/{pid}/ns/mnt"))
     assert set(rows) == {"com.bmoe.app.cached1", "com.bmoe.app.perceptible1"}, rows
     adj, uid, rss_kb, mnt = rows["com.bmoe.app.cached1"]
-    assert (adj, uid) == (900, 10100) and rss_kb > 90 * 1024
-    assert rows["com.bmoe.app.perceptible1"][:2] == (200, 10101)
+    assert (adj, uid) == (900, app_uid(phone.root, 10100)) and rss_kb > 90 * 1024
+    assert rows["com.bmoe.app.perceptible1"][:2] == (200, app_uid(phone.root, 10101))
     assert mnt == manager.info("apps1", phone_home).mount_namespace   # inside the phone's own `/`
     # the shell runs at adbd's -950 (at 0 where this host's root may not lower an adj: the phone
     # warns); the shell user may raise its own (an app's adj) and lower it again, to its floor
@@ -102,7 +103,8 @@ def test_apps_run_in_the_phone_and_the_cached_one_is_killed_before_the_engine(ad
             break
         time.sleep(0.1)
     assert kills and all("com.bmoe.app.cached1" in ln for ln in kills), kills
-    assert re.search(r"Kill 'com\.bmoe\.app\.cached1' \(\d+\), uid 10100, oom_score_adj 900 to free \d+kB rss", kills[0])
+    assert re.search(rf"Kill 'com\.bmoe\.app\.cached1' \(\d+\), uid {app_uid(phone.root, 10100)}, oom_score_adj 900 "
+                     r"to free \d+kB rss", kills[0])
     assert "/data/local/tmp/eng" not in " ".join(kills)
 
 

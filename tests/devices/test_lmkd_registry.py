@@ -22,7 +22,7 @@ from devices.virtual import logbuf, zram
 from devices.virtual.lmkd import Lmkd
 from devices.virtual.lmkd_registry import CONTROL_SOCKET, SYSTEM_UID, procprio_packet
 from engine.units import MIB
-from tests.devices.conftest import wait_for
+from tests.devices.conftest import app_uid, host_pid, wait_for
 
 # Fills MiB of anonymous memory with a same-filled pattern (zram keeps such a page in a few bytes,
 # so swap, not RAM, runs out first: lmkd's low-swap kill comes before the kernel's OOM), fast up
@@ -31,7 +31,7 @@ ALLOC = ("import os, sys, time\nprint(os.getpid(), flush=True)\nmib, fast = int(
          "held = []\npage = b'bmoe' * 1024\n"
          "for i in range(mib):\n    held.append(page * 256)\n    time.sleep(0 if i < fast else 0.06)\n"
          "print('survived', flush=True)\n")
-ENGINE_PACKAGE, ENGINE_UID = "io.bigmoeonedge.example", 10200
+ENGINE_PACKAGE, ENGINE_UID = "io.bigmoeonedge.example", 10200    # the first block's (app_uid)
 
 
 @pytest.fixture
@@ -88,7 +88,8 @@ def test_lmkd_kills_the_apps_never_the_shells_engine_which_the_kernel_kills(adb_
     kills = wait_for(lambda: lmkd_kills(adb_server, phone))
     # lmkd's victims: the cached app first, then the previous one, each named and at the adj
     # ActivityManager gave it; never the engine, whatever adj it wrote for itself
-    assert kills and re.search(r"Kill 'com\.bmoe\.app\.cached1' \(\d+\), uid 10100, oom_score_adj 900 to free "
+    assert kills and re.search(rf"Kill 'com\.bmoe\.app\.cached1' \(\d+\), uid {app_uid(phone.root, 10100)}, "
+                               r"oom_score_adj 900 to free "
                                r"\d+kB rss, \d+kB swap; reason: .*swap is low", kills[0]), kills
     assert len(kills) >= 2 and "Kill 'com.bmoe.app.chat' (" in kills[1] and "oom_score_adj 700 " in kills[1], kills
     assert all("Kill 'com.bmoe.app." in k or f"Kill '{ENGINE_PACKAGE}'" in k for k in kills), kills
@@ -118,14 +119,16 @@ def test_an_engine_run_as_the_app_goes_with_its_app_by_lmkds_hand(adb_server, ma
     pid = int(r.stdout.split()[0])
     kills = wait_for(lambda: lmkd_kills(adb_server, phone))
     assert len(kills) == 1, kills
-    m = re.search(rf"Kill '{re.escape(ENGINE_PACKAGE)}' \((\d+)\), uid {ENGINE_UID}, oom_score_adj 200 to free \d+kB "
+    m = re.search(rf"Kill '{re.escape(ENGINE_PACKAGE)}' \((\d+)\), uid {app_uid(phone.root, ENGINE_UID)}, "
+                  r"oom_score_adj 200 to free \d+kB "
                   r"rss, \d+kB swap; reason: ", kills[0])
     assert m and int(m[1]) != pid, kills
     # lmkd killed the app, ActivityManager its process group and the engine with it: not the kernel
-    assert wait_for(lambda: not Path(f"/proc/{pid}").exists())
+    assert wait_for(lambda: host_pid(phone.root, pid) == -1)     # gone from the phone's pid namespace
     assert not [ln for ln in kernel_lines(phone) if f"Killed process {pid} " in ln]
     started = [e.message for e in logbuf.read(phone.root, ["system"]) if e.message.startswith("Start proc ")]
-    assert started == [f"Start proc {m[1]}:{ENGINE_PACKAGE}/u0a200 for run-as-app {eng}"]
+    assert started == [f"Start proc {m[1]}:{ENGINE_PACKAGE}/u0a{app_uid(phone.root, ENGINE_UID) - 10000} "
+                       f"for run-as-app {eng}"]
 
 
 def test_without_swap_a_kernel_kill_in_the_apps_group_stands_in_for_lmkds_kill_of_the_app(adb_server, make_phone):
@@ -134,7 +137,8 @@ def test_without_swap_a_kernel_kill_in_the_apps_group_stands_in_for_lmkds_kill_o
     assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
     pid = int(r.stdout.split()[0])
     kills = wait_for(lambda: lmkd_kills(adb_server, phone))
-    assert len(kills) == 1 and f"Kill '{ENGINE_PACKAGE}' (" in kills[0] and f"uid {ENGINE_UID}, oom_score_adj 0 " \
+    assert len(kills) == 1 and f"Kill '{ENGINE_PACKAGE}' (" in kills[0] and \
+        f"uid {app_uid(phone.root, ENGINE_UID)}, oom_score_adj 0 " \
         in kills[0] and f"({pid})" not in kills[0], kills
     assert wait_for(lambda: [ln for ln in kernel_lines(phone) if f"Killed process {pid} " in ln])
 
@@ -149,7 +153,7 @@ def test_run_as_app_runs_as_the_app_and_a_shell_process_cannot_register_itself(a
                               "echo adj $(cat /proc/$$/oom_score_adj); echo cwd $(pwd); echo to-stderr >&2; exit 7'")
     assert r.returncode == 7 and r.stderr == b"to-stderr\n", (r.returncode, r.stdout, r.stderr)
     said = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
-    assert said["uid"] == str(ENGINE_UID) and said["ppid"] == said["pgid"], said
+    assert said["uid"] == str(app_uid(phone.root, ENGINE_UID)) and said["ppid"] == said["pgid"], said
     assert said["app"].split()[0] == ENGINE_PACKAGE and (said["adj"], said["cwd"]) == ("200", "/data/local/tmp")
     # the lmkd socket is init's `0660 system system`: the shell cannot even connect
     ls = sh(adb_server, phone, "ls -l /dev/socket/lmkd").stdout.decode()

@@ -14,6 +14,7 @@ import pytest
 from devices import lmk
 from devices.virtual import zram
 from engine.units import MIB
+from tests.devices.conftest import app_uid
 
 # Fills MiB of anonymous memory with a same-filled pattern (zram keeps such a page in a few bytes,
 # so swap, not RAM, runs out first), fast up to FAST MiB, then 1 MiB every 60 ms: the last 10 % of
@@ -62,7 +63,8 @@ def test_silent_while_swap_is_free_then_killed_with_the_low_swap_reason(adb_serv
             break
         time.sleep(0.1)
     assert kills, f"no lmkd line for {pid}'s app: {logcat(adb_server, phone)[-6:]}; {swap_line(adb_server, phone)}"
-    m = re.search(r"Kill 'io\.bigmoeonedge\.example' \((\d+)\), uid 10200, oom_score_adj 0 to free \d+kB rss, (\d+)kB "
+    m = re.search(rf"Kill 'io\.bigmoeonedge\.example' \((\d+)\), uid {app_uid(phone.root, 10200)}, oom_score_adj 0 to "
+                  r"free \d+kB rss, (\d+)kB "
                   r"swap; reason: min watermark is breached and swap is low \((\d+)kB < (\d+)kB\)$", kills[0])
     assert m, kills[0]
     assert int(m[2]) >= 0 and int(m[3]) < int(m[4]) == 32 * 1024 // 10

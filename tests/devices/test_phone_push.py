@@ -24,6 +24,7 @@ from devices.adb.runs import RUN_PID_PREFIX
 from devices.base import DeviceError, PushRefused, RunInterrupted
 from harness.campaign.model import GateSettings
 from harness.run.gate import cool
+from tests.devices.conftest import host_pid
 
 SPARSE_BYTES = 5 << 30                 # past sync STAT v1's 32-bit size
 HUGE_BYTES = 8 << 40                   # more than any test host's disk has free
@@ -187,19 +188,22 @@ def test_an_engine_a_lost_run_left_is_killed_by_pid_at_the_next_contact(phone, p
     other = None
     try:
         time.sleep(1.0)                          # the hang-up has reached the shell
-        assert Path(f"/proc/{pid}/comm").read_text().strip() == "bmoe-py" and pid_file.exists()
+        on_host = host_pid(phones["b"].root, pid)          # the phone's pid is its own namespace's
+        assert Path(f"/proc/{on_host}/comm").read_text().strip() == "bmoe-py" and pid_file.exists()
         # a stale file naming a live process of another start time, and one of another name: left alone
         other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         (work / f"{RUN_PID_PREFIX}{other.pid}").write_text(f"{other.pid} 1\n")
         decoy = work / f"{RUN_PID_PREFIX}1"
-        decoy.write_text(f"1 {Path('/proc/1/stat').read_text().rpartition(') ')[2].split()[19]}\n")
+        init_stat = phone.shell("cat /proc/1/stat")[1].decode()          # the phone's init, its start time
+        decoy.write_text(f"1 {init_stat.rpartition(') ')[2].split()[19]}\n")
         gate = cool(phone, GateSettings(max_wait_s=1.0), ["bmoe-py"])
         assert gate.reaped == (pid,) and gate.to_dict()["reaped_pids"] == [pid] and gate.strays_stopped == 0
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z" \
+        while Path(f"/proc/{on_host}").exists() and Path(f"/proc/{on_host}/stat").read_text().split(") ")[1][0] != "Z" \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+        assert not Path(f"/proc/{on_host}").exists() or \
+            Path(f"/proc/{on_host}/stat").read_text().split(") ")[1][0] == "Z"
         assert other.poll() is None and not pid_file.exists()
         assert not (work / f"{RUN_PID_PREFIX}{other.pid}").exists()     # stale: removed, its process spared
         assert decoy.exists()                                           # init lives on, not an engine: kept

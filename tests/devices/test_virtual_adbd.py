@@ -26,7 +26,7 @@ from devices.virtual.phone import Layout
 from engine.errors import BmoeError
 from engine.units import MIB
 from harness.cli.virtual import virtual
-from tests.devices.conftest import wait_for
+from tests.devices.conftest import app_uid, wait_for
 
 PY = shlex.quote(sys.executable)  # a phone has no python3 on its PATH; bmoe-py's interpreter is reachable
 
@@ -628,8 +628,8 @@ def test_android_11_phone_logs_the_older_lmkd_format(adb_server, make_phone):
     r = sh(adb_server, phone, f"am run-as-app --adj 0 -- {alloc_engine(phone, 'alloc11')} 512")
     assert r.returncode == 137
     pid = int(r.stdout.split()[0])
-    pattern = (r"lowmemorykiller: Kill 'io\.bigmoeonedge\.example' \((\d+)\), uid 10200, oom_adj 0 to free \d+kB; "
-               r"reason: ")
+    pattern = (rf"lowmemorykiller: Kill 'io\.bigmoeonedge\.example' \((\d+)\), uid {app_uid(phone.root, 10200)}, "
+               r"oom_adj 0 to free \d+kB; reason: ")
     # a loaded host (the whole suite) has been seen to take over 5 s to log it: wait longer, and
     # say what was logged instead when the line never comes
     logged = wait_for(lambda: re.search(pattern, adb_server.run("-s", phone.serial, "logcat", "-d").stdout.decode()),

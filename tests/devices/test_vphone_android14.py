@@ -33,7 +33,7 @@ from devices.virtual.lmkd import Kill, Lmkd
 from devices.virtual.meminfo import HOST_PAGE_BYTES, compute, vmstat_text
 from devices.virtual.run import may_lower_oom_score_adj
 from harness.cli.main import main as cli
-from tests.devices.conftest import start_phone, wait_for
+from tests.devices.conftest import host_pid, start_phone, wait_for
 
 QUOTA_BYTES = 48 << 20
 needs_adj = pytest.mark.skipif(not may_lower_oom_score_adj(), reason="this host's root lacks CAP_SYS_RESOURCE, so no "
@@ -123,7 +123,8 @@ def test_a_closed_stream_hangs_up_the_shell_alone_and_closes_its_pipes(adb_serve
     a = phones["a"]
     tag = f"1000.{os.getpid()}"
     cmd = (f"echo $$; sleep {tag} & echo $!; (while :; do sleep 0.2; echo tick; done) & echo $!; wait")
-    conn, (shell, sleeper, ticker) = open_shell(adb_server, a, cmd, 3)
+    conn, pids = open_shell(adb_server, a, cmd, 3)
+    shell, sleeper, ticker = (host_pid(a.root, p) for p in pids)     # the phone's are its own namespace's
     try:
         assert all(alive(p) for p in (shell, sleeper, ticker))
         conn.close()
@@ -140,7 +141,8 @@ def test_a_closed_stream_hangs_up_the_shell_alone_and_closes_its_pipes(adb_serve
 
 def test_a_shell_that_ignores_sighup_outlives_its_stream(adb_server, phones):
     a = phones["a"]
-    conn, (shell,) = open_shell(adb_server, a, f"trap '' HUP; echo $$; sleep 1000.{os.getpid()}1", 1)
+    conn, (in_phone,) = open_shell(adb_server, a, f"trap '' HUP; echo $$; sleep 1000.{os.getpid()}1", 1)
+    shell = host_pid(a.root, in_phone)
     try:
         conn.close()
         time.sleep(1.5)      # adbd only waits for it (WaitForExit): nothing kills it
@@ -153,7 +155,8 @@ def test_a_shell_that_ignores_sighup_outlives_its_stream(adb_server, phones):
 def test_virtual_down_kills_what_outlived_its_stream(adb_server, make_phone, phone_home, isolated):
     phone = make_phone(f"orphans{int(isolated)}", 128 << 20, isolated=isolated,
                        data_quota_bytes=dataquota.MIN_BYTES if isolated else 0)
-    conn, (shell, sleeper) = open_shell(adb_server, phone, f"echo $$; sleep 1000.{os.getpid()}2 & echo $!; wait", 2)
+    conn, pids = open_shell(adb_server, phone, f"echo $$; sleep 1000.{os.getpid()}2 & echo $!; wait", 2)
+    shell, sleeper = (host_pid(phone.root, p) for p in pids)
     conn.close()
     assert wait_for(lambda: not alive(shell)) and alive(sleeper)
     manager.down(phone.name, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)

@@ -272,3 +272,57 @@ def test_the_daemons_folder_and_fifos_lead_nowhere(adb_server, phones, tmp_path)
 
 def sh(server, phone, command: str):
     return server.run("-s", phone.serial, "shell", command)
+
+
+def test_a_phone_sees_reads_writes_and_kills_none_of_another_phones_processes(adb_server, phones):
+    """Each phone's processes are in a pid namespace of their own: from phone a, phone b's process
+    (by its host pid and by the pid phone b knows it by) is not in /proc, its /proc/PID/root leads
+    to none of b's files, and `kill -9` reaches it not; b's process lives on, b's file is unchanged.
+    Phone a's own process is reachable the same way (the probes could succeed). And each phone's
+    apps have uids of their own."""
+    a, b = phones["a"], phones["b"]
+
+    def sh(phone, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return adb_server.run("-s", phone.serial, "shell", command, timeout=timeout)
+
+    # a long-lived process on each phone, holding a file in its /data/local/tmp
+    for p in (a, b):
+        assert sh(p, "echo secret-$(getprop ro.product.model) >/data/local/tmp/f").returncode == 0
+    started = {p.name: sh(p, "sleep 300 </dev/null >/dev/null 2>&1 & echo $!").stdout.decode().strip() for p in (a, b)}
+    try:
+        b_phone_pid = int(started[b.name])
+        b_host = [int(x) for x in (Path(b.cgroup_path) / "cgroup.procs").read_text().split()
+                  if Path(f"/proc/{x}/cmdline").read_bytes().startswith(b"sleep")] if b.cgroup_path else []
+        assert b_host, "phone b's sleep is not in its cgroup"
+        b_host_pid = b_host[0]
+        assert b_host_pid != b_phone_pid     # phone b knows it by its own namespace's pid
+        # phone a's own process: reachable, so each probe below could succeed
+        mine = int(started[a.name])
+        own = sh(a, f"cat /proc/{mine}/root/data/local/tmp/f; ls /proc/{mine}/cmdline").stdout.decode()
+        assert "secret-" in own and "cmdline" in own, own
+        # phone a's /proc holds only its own processes
+        listed = {int(x) for x in sh(a, "ls /proc").stdout.decode().split() if x.isdigit()}
+        assert 1 in listed and mine in listed and b_host_pid not in listed
+        for pid in {b_host_pid} | ({b_phone_pid} - listed):
+            r = sh(a, f"cat /proc/{pid}/root/data/local/tmp/f; echo x >/proc/{pid}/root/data/local/tmp/x; "
+                      f"kill -9 {pid}; echo done")
+            out = r.stdout.decode()
+            assert "secret-" not in out and out.strip().endswith("done"), out
+        assert Path(f"/proc/{b_host_pid}").exists(), "phone a killed phone b's process"
+        assert sh(b, f"kill -0 {b_phone_pid} && echo alive").stdout.decode().strip() == "alive"
+        assert not (b.root / "data/local/tmp/x").exists()
+        assert (b.root / "data/local/tmp/f").read_text().startswith("secret-")
+        # each phone's apps run as uids of its own: the same package, another uid on the other phone
+        uids = {p.name: sh(p, "am run-as-app --adj 0 -- sh -c 'grep ^Uid: /proc/$$/status'").stdout.decode().split()
+                for p in (a, b)}
+        assert all(len(u) == 5 and int(u[1]) >= 10000 for u in uids.values()), uids
+        assert uids[a.name][1] != uids[b.name][1], uids
+        # what each phone calls pid 1 is its own init, not the host's
+        inits = {p.name: json.loads((p.root / ".vphone/state.json").read_text())["init_pid"] for p in (a, b)}
+        assert len(set(inits.values())) == 2 and all(inits.values()), inits
+        for p in (a, b):
+            assert sh(p, "readlink /proc/self/ns/pid").stdout.decode().strip() == \
+                os.readlink(f"/proc/{inits[p.name]}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    finally:
+        for p in (a, b):
+            sh(p, f"kill -9 {started[p.name]}")
