@@ -2,8 +2,9 @@
 
 `--format text|csv|json|jsonl|md` (md: a GitHub table, as llama-bench's `-o md`, ready for an issue
 or a pull request); `-o -` (the default) writes to stdout, `-o FILE` writes the file atomically
-(temporary file + rename: a reader sees the old file or the new one). Without `--format`, a
-file's suffix chooses (`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
+(temporary file + rename: a reader sees the old file or the new one; a symlink there is replaced,
+a FIFO or a device refused: engine/fsutil.py). Without `--format`, a file's suffix chooses
+(`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
 Parquet (the run table only) needs pyarrow: `pip install 'bmoe-fleet[parquet]'`.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.fsutil import atomic_write
+from engine.fsutil import atomic_write, replaced_link, write_target
 from results.errors import ResultsError
 from store.versioned import json_safe
 
@@ -105,16 +106,27 @@ def to_text(records: Sequence[Mapping[str, Any]], columns: Sequence[str], header
     return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(row) for row in cells]) + "\n"
 
 
+def check_out(out: str | None) -> None:
+    """Refuse, before any work, an `-o` that emit would refuse (a folder, a FIFO, a device …)."""
+    if out is None or out == STDOUT:
+        return
+    try:
+        write_target(out)
+    except OSError as e:
+        raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
+
+
 def emit(data: str | bytes, out: str | None, what: str = "") -> str:
     """Write `data` to `out` (atomically) and return the line to print; for stdout (`-`, or no
     `-o`), return the data itself."""
     if out is None or out == STDOUT:
         return data.decode("utf-8") if isinstance(data, bytes) else data
+    check_out(out)
     path = Path(out)
-    if path.is_dir():
-        raise ResultsError(f"{out}: is a folder; give a file name")
+    link = replaced_link(path)
     try:
         atomic_write(path, data, mkdir=True)
     except OSError as e:
         raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
-    return f"wrote {what + ' to ' if what else ''}{out}"
+    replaced = f" (a file now: it was a symlink to {link}, left as it was)" if link is not None else ""
+    return f"wrote {what + ' to ' if what else ''}{out}{replaced}"
