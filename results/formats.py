@@ -6,6 +6,13 @@ or a pull request); `-o -` (the default) writes to stdout, `-o FILE` writes the 
 a FIFO or a device refused: engine/fsutil.py). Without `--format`, a file's suffix chooses
 (`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
 Parquet (the run table only) needs pyarrow: `pip install 'bmoe-fleet[parquet]'`.
+
+Markdown is read where GitHub renders it, so every string from a campaign (a device name, an
+engine argument, a path) is text there, never markup: `md_text` escapes HTML's `<`, `>` and `&`
+as entities (GitHub renders raw HTML such as `<img src=y onerror=…>`), and the backslash, the
+backtick and the square brackets (a code span, a link or an image) with a backslash; in a table
+cell the pipe too, and a line break is `<br>`. `md_code` puts a string in a code span that no
+backtick inside it can close.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,9 +84,26 @@ def to_csv(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return buf.getvalue()
 
 
+_MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]",
+                              "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+def md_text(text: str) -> str:
+    """`text` as Markdown that shows it and does nothing else (module doc), on one line."""
+    return text.translate(_MD_ESCAPES).replace("\r", " ").replace("\n", " ")
+
+
+def md_code(text: str) -> str:
+    """`text` in a code span, on one line: fenced by one backtick more than its longest run of them."""
+    text = text.replace("\r", " ").replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _md_cell(text: str) -> str:
     # a pipe ends a cell and a newline ends the row in GitHub's tables
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+    return text.translate(_MD_ESCAPES).replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
 
 
 def to_md(records: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
