@@ -9,19 +9,23 @@ What callers differ in is a parameter, not a copy: `fsync` (a campaign's records
 a power cut; a phone's thermal file need not), `mode` (executables get 0o755), `tmp` (a caller
 whose temporary name others see, or clean up, keeps its own), `mkdir` (create the folder).
 
-A path a user points a write at is not always a file to replace (docs/decisions/output-formats.md). Only a regular file,
-or no file, gets the temporary file and the rename. A device, a FIFO or a socket (`/dev/full`,
-`/dev/stdout` on a pipe or a terminal, a named pipe) is written through, never replaced. A
-symlink is followed: its target is replaced atomically when it is a regular file or missing, and
-written through otherwise; a link that passes through `/proc/*/fd` or `/dev/fd` (`/dev/stdout`)
-always names an open file of this process and is written through. `write_output` adds `-` for
-stdout.
+A path a write is pointed at is not always a file to replace (docs/decisions/output-formats.md).
+`atomic_write` writes the path it is given, nothing else: a regular file or no file gets the
+temporary file and the rename, and so does a symlink, which the rename replaces (its target is
+left as it was: a link never carries a write somewhere else). A FIFO, a device, a socket or a
+folder is refused, in one line (an OSError naming the path): a FIFO with no reader would block the
+write forever, and a device is no output file (`-o /dev/sda`). The one exception is stdout's kind:
+a path naming an open descriptor of this process (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`,
+or a link that leads there) is written through, opened without blocking (a pipe with no reader
+is an error, not a hang). `write_output` adds `-` for stdout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import stat
 import sys
 import threading
@@ -56,7 +60,11 @@ def replacing(path: str | os.PathLike, *, fsync: bool = False, mode: int | None 
     `path` when the block ends without an error and is removed when it does not."""
     tmp = os.fspath(tmp) if tmp is not None else temp_path(path)
     try:
-        with open(tmp, "wb") as fh:
+        # a new file of our own, never one planted under the temporary name (a symlink): O_EXCL
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with open(fd, "wb") as fh:
             yield fh
             fh.flush()
             if fsync:
@@ -71,39 +79,65 @@ def replacing(path: str | os.PathLike, *, fsync: bool = False, mode: int | None 
 
 
 STDOUT = "-"
-_OPEN_FILE_LINKS = ("/proc/", "/dev/fd/")
 _MAX_LINKS = 40                      # the kernel's own limit on symlinks followed in one lookup
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
-def _via_open_file_link(path: str) -> bool:
-    """Whether following `path`'s symlinks passes through /proc/*/fd or /dev/fd (an open file)."""
+def _fd_link_re() -> re.Pattern[str]:
+    # this process's descriptors: /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N, /proc/PID/fd/N
+    return re.compile(rf"/dev/fd/[0-9]+|/proc/(?:self|thread-self|{os.getpid()})/fd/[0-9]+", re.ASCII)
+
+
+def names_open_file(path: str | os.PathLike) -> bool:
+    """Whether `path`, or a symlink on the way to its file, is one of this process's descriptors
+    (`/dev/stdout` is a link to /proc/self/fd/1): stdout's kind of output, written through."""
+    fd_link = _fd_link_re()
+    text = os.path.abspath(os.fspath(path))
     for _ in range(_MAX_LINKS):
-        if not os.path.islink(path):
-            return False
-        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-        if path.startswith(_OPEN_FILE_LINKS):
+        if fd_link.fullmatch(os.path.normpath(text)):
             return True
+        try:
+            to = os.readlink(text)
+        except OSError:                                          # no link, or not ours to read
+            return False
+        text = os.path.normpath(os.path.join(os.path.dirname(text), to))
     return False
 
 
-def write_target(path: str | os.PathLike) -> tuple[str, bool]:
-    """Where a write of `path` goes: (the path, True) to write it through in place (a device, a
-    FIFO, a socket, a folder — whose open then fails — or a link to an open file), or (the path
-    to replace, False): `path` itself, or a symlink's resolved target, a regular file or none."""
+def replaced_link(path: str | os.PathLike) -> str | None:
+    """What the symlink `path` points to when a write of `path` replaces the link (it is not a
+    descriptor's link), else None: for the line that says where a write went."""
     text = os.fspath(path)
-    try:
-        st = os.stat(text)                                       # follows symlinks
-    except FileNotFoundError:
-        st = None
-    if (st is not None and not stat.S_ISREG(st.st_mode)) or _via_open_file_link(text):
+    if text == STDOUT or not os.path.islink(text) or names_open_file(text):
+        return None
+    return os.readlink(text)
+
+
+def write_target(path: str | os.PathLike) -> tuple[str, bool]:
+    """Where a write of `path` goes: (the path, True) to write it through (one of this process's
+    descriptors: names_open_file), or (the path, False) to replace by a rename (a regular file, a
+    symlink, or nothing there). Anything else raises an OSError naming it, with the reason."""
+    text = os.fspath(path)
+    if names_open_file(text):
         return text, True
-    if os.path.islink(text):
-        return os.path.realpath(text), False                     # a regular file, or a dangling link's target
+    try:
+        st = os.lstat(text)                                      # the name itself: a link is replaced
+    except FileNotFoundError:
+        return text, False
+    for is_kind, what in _KINDS:
+        if is_kind(st.st_mode):
+            raise OSError(errno.EISDIR if what == "a folder" else errno.EINVAL,
+                          f"is {what}, not a file: give a file name, or - for stdout", text)
     return text, False
 
 
 def _write_through(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    # O_NONBLOCK: opening a pipe with no reader fails (ENXIO) instead of waiting for one forever
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | nonblock | getattr(os, "O_CLOEXEC", 0))
+    if nonblock:
+        os.set_blocking(fd, True)                                # writes wait for a slow reader
     with open(fd, "wb", closefd=True) as fh:
         fh.write(data)
         fh.flush()
@@ -111,8 +145,9 @@ def _write_through(path: str, data: bytes) -> None:
 
 def atomic_write(path: str | os.PathLike, data: bytes | str, *, fsync: bool = False, mode: int | None = None,
                  tmp: str | os.PathLike | None = None, mkdir: bool = False) -> None:
-    """Write `data` (str as UTF-8) to `path` atomically (a regular file or none; a symlink's such
-    target), or through (a device, a FIFO …: `write_target`); an OSError names `path`."""
+    """Write `data` (str as UTF-8) to `path` atomically (a regular file, a symlink or nothing
+    there, replaced), through (one of this process's descriptors), or not at all (a FIFO, a
+    device …: an OSError naming `path`; see `write_target`)."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     if mkdir:
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
@@ -121,8 +156,6 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, fsync: bool = Fa
         if through:
             _write_through(target, payload)
             return
-        if target != os.fspath(path):
-            tmp = None                                           # beside the link's target, not the link
         with replacing(target, fsync=fsync, mode=mode, tmp=tmp) as fh:
             fh.write(payload)
 

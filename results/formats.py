@@ -2,9 +2,17 @@
 
 `--format text|csv|json|jsonl|md` (md: a GitHub table, as llama-bench's `-o md`, ready for an issue
 or a pull request); `-o -` (the default) writes to stdout, `-o FILE` writes the file atomically
-(temporary file + rename: a reader sees the old file or the new one). Without `--format`, a
-file's suffix chooses (`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
+(temporary file + rename: a reader sees the old file or the new one; a symlink there is replaced,
+a FIFO or a device refused: engine/fsutil.py). Without `--format`, a file's suffix chooses
+(`.csv`, `.json`, `.jsonl`, `.md`, `.parquet`, anything else text).
 Parquet (the run table only) needs pyarrow: `pip install 'bmoe-fleet[parquet]'`.
+
+Markdown is read where GitHub renders it, so every string from a campaign (a device name, an
+engine argument, a path) is text there, never markup: `md_text` escapes HTML's `<`, `>` and `&`
+as entities (GitHub renders raw HTML such as `<img src=y onerror=…>`), and the backslash, the
+backtick and the square brackets (a code span, a link or an image) with a backslash; in a table
+cell the pipe too, and a line break is `<br>`. `md_code` puts a string in a code span that no
+backtick inside it can close.
 """
 
 from __future__ import annotations
@@ -12,11 +20,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.fsutil import atomic_write
+from engine.fsutil import atomic_write, replaced_link, write_target
 from results.errors import ResultsError
 from store.versioned import json_safe
 
@@ -75,9 +84,26 @@ def to_csv(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return buf.getvalue()
 
 
+_MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]",
+                              "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+def md_text(text: str) -> str:
+    """`text` as Markdown that shows it and does nothing else (module doc), on one line."""
+    return text.translate(_MD_ESCAPES).replace("\r", " ").replace("\n", " ")
+
+
+def md_code(text: str) -> str:
+    """`text` in a code span, on one line: fenced by one backtick more than its longest run of them."""
+    text = text.replace("\r", " ").replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _md_cell(text: str) -> str:
     # a pipe ends a cell and a newline ends the row in GitHub's tables
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+    return text.translate(_MD_ESCAPES).replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
 
 
 def to_md(records: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
@@ -105,16 +131,27 @@ def to_text(records: Sequence[Mapping[str, Any]], columns: Sequence[str], header
     return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(row) for row in cells]) + "\n"
 
 
+def check_out(out: str | None) -> None:
+    """Refuse, before any work, an `-o` that emit would refuse (a folder, a FIFO, a device …)."""
+    if out is None or out == STDOUT:
+        return
+    try:
+        write_target(out)
+    except OSError as e:
+        raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
+
+
 def emit(data: str | bytes, out: str | None, what: str = "") -> str:
     """Write `data` to `out` (atomically) and return the line to print; for stdout (`-`, or no
     `-o`), return the data itself."""
     if out is None or out == STDOUT:
         return data.decode("utf-8") if isinstance(data, bytes) else data
+    check_out(out)
     path = Path(out)
-    if path.is_dir():
-        raise ResultsError(f"{out}: is a folder; give a file name")
+    link = replaced_link(path)
     try:
         atomic_write(path, data, mkdir=True)
     except OSError as e:
         raise ResultsError(f"{out}: cannot write: {e.strerror or e}") from None
-    return f"wrote {what + ' to ' if what else ''}{out}"
+    replaced = f" (a file now: it was a symlink to {link}, left as it was)" if link is not None else ""
+    return f"wrote {what + ' to ' if what else ''}{out}{replaced}"

@@ -14,7 +14,6 @@ import builtins
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -26,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from devices.android import AppSpecError, parse_apps
+from devices.android import parse_apps
 from devices.virtual import cgroup as cgroups
-from devices.virtual import cpuinfo, dataquota, variant, zram
+from devices.virtual import cpuinfo, dataquota, zram
+from devices.virtual.checks import VirtualPhoneError, check_args
 from devices.virtual.phone import (
     INTERNAL,
     NotLinux,
@@ -39,16 +39,10 @@ from devices.virtual.phone import (
     require_linux,
 )
 from engine.errors import BmoeError
-from engine.units import MIB
+from engine.procfs import read_kb_fields
+from engine.units import KIB, MIB
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-MIN_RAM_BYTES = 32 * MIB
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-class VirtualPhoneError(BmoeError):
-    """A virtual phone cannot be started, reached or stopped."""
-
 
 @dataclass(frozen=True)
 class PhoneInfo:
@@ -181,29 +175,23 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     build: "user" (the default, as phones are sold) or "userdebug" (its logd keeps the kernel's
     log). page_size_bytes: 4096 or 16384 (Android 15 on). data_quota_bytes: the size of its /data
     and /sdcard (0: the host's disk; devices/virtual/dataquota.py). thermal_unit: what its CPU
-    zones count in, "mC", "dC" or "C" (devices/virtual/variant.py)."""
-    if not _NAME.match(name):
-        raise VirtualPhoneError(f"bad phone name {name!r}: use letters, digits, '_', '.', '-'")
-    if ram_bytes < MIN_RAM_BYTES:
-        raise VirtualPhoneError(f"RAM of {ram_bytes} bytes is too small (at least {MIN_RAM_BYTES // MIB} MiB)")
-    if port is not None and not 0 < port < 65536:
-        raise VirtualPhoneError(f"bad port {port}")
-    try:
-        app_items = tuple(apps.split(",") if isinstance(apps, str) else apps)
-        if any(a.opened for a in parse_apps(app_items)):
-            raise AppSpecError("open:PACKAGE opens an installed app for a campaign's cell; a virtual phone's --apps "
-                               "are apps of its own (STATE:SIZE)")
-    except AppSpecError as e:
-        raise VirtualPhoneError(str(e)) from None
+    zones count in, "mC", "dC" or "C" (devices/virtual/variant.py).
+
+    Every argument is checked first (devices/virtual/checks.py), then what this host can give;
+    a refusal is one line and leaves nothing made."""
+    app_items = tuple(apps.split(",") if isinstance(apps, str) else apps)
+    check_args(name=name, ram_bytes=ram_bytes, model=model, manufacturer=manufacturer, soc=soc, android=android,
+               abi=abi, port=port, apps=app_items, zram_bytes=zram_bytes, zram_algorithm=zram_algorithm,
+               swappiness=swappiness, cpus=cpus, storage_mbps=storage_mbps, profile=profile, build=build,
+               page_size_bytes=page_size_bytes, data_quota_bytes=data_quota_bytes, thermal_unit=thermal_unit)
     try:
         require_linux()
-        host_userland()
-    except (NotLinux, UserlandMissing) as e:
+    except NotLinux as e:
         raise VirtualPhoneError(str(e)) from None
-    _check_resources(zram_bytes, zram_algorithm, swappiness, cpus, storage_mbps, isolated)
+    _check_resources(ram_bytes, zram_bytes, zram_algorithm, cpus, storage_mbps, isolated)
     try:
-        variant.check(build, page_size_bytes, android, thermal_unit)
-    except variant.VariantError as e:
+        host_userland()
+    except UserlandMissing as e:
         raise VirtualPhoneError(str(e)) from None
     root = _home(home) / name
     _check_quota(data_quota_bytes, isolated, root)
@@ -246,11 +234,13 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     return serial
 
 
-def _check_resources(zram_bytes: int, algorithm: str, swappiness: int, cpus: int, storage_mbps: int,
+def _check_resources(ram_bytes: int, zram_bytes: int, algorithm: str, cpus: int, storage_mbps: int,
                      isolated: bool) -> None:
     """Refuse, in one line, what this host cannot give a phone (before anything is started)."""
-    if zram_bytes < 0 or cpus < 0 or storage_mbps < 0:
-        raise VirtualPhoneError("--zram, --cpus and --storage-mbps take sizes and counts of 0 or more")
+    host_kib = read_kb_fields("/proc/meminfo").get("MemTotal")
+    if host_kib and ram_bytes > host_kib * KIB:
+        raise VirtualPhoneError(f"--ram {ram_bytes // MIB}MiB refused: this host has {host_kib * KIB // MIB} MiB "
+                                "(a phone's limit it could never reach measures nothing)")
     if not isolated and (zram_bytes or cpus or storage_mbps):
         raise VirtualPhoneError("--zram, --cpus and --storage-mbps need isolation (cgroups): drop --no-isolation")
     if zram_bytes:
@@ -261,8 +251,6 @@ def _check_resources(zram_bytes: int, algorithm: str, swappiness: int, cpus: int
         if offered and algorithm not in offered:
             raise VirtualPhoneError(f"zram algorithm {algorithm!r} not offered by this kernel (it has "
                                     f"{', '.join(offered)})")
-    if not 0 <= swappiness <= 200:
-        raise VirtualPhoneError(f"swappiness {swappiness} out of range (0-200)")
     have = len(cpuinfo.host_cpus())
     if cpus > have:
         raise VirtualPhoneError(f"--cpus {cpus} refused: this host has {have} cores")

@@ -304,8 +304,10 @@ def prepare(spec: PhoneSpec, root: Path) -> Layout:
               layout.root / "dev/socket"):   # lmkd's and the services' sockets (lmkd.py, am.py)
         d.mkdir(parents=True, exist_ok=True)
     layout.spec_file.write_text(json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n")
+    from devices.virtual import tools as phone_tools
+
     props = spec.props()
-    (layout.root / "system/build.prop").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (layout.root / phone_tools.BUILD_PROP).write_text(phone_tools.build_prop_text(props), encoding="utf-8")
     for buffer in logbuf.BUFFERS:
         path = logbuf.buffer_path(layout.root, buffer)
         path.touch()

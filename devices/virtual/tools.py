@@ -25,11 +25,17 @@ BUILD_PROP = "system/build.prop"     # under the phone's root
 PROPS_TABLE = "getprop.table"        # beside tools.py: what the shell's getprop serves
 
 
+def build_prop_text(props: dict[str, str]) -> str:
+    """system/build.prop as the phone's folder is made with it (UTF-8): read_props reads these back
+    as given when no value holds a line break or a space at either end (devices/virtual/checks.py)."""
+    return "".join(f"{key}={value}\n" for key, value in props.items())
+
+
 def read_props(root: str | Path) -> dict[str, str]:
     """The phone's getprop table (system/build.prop)."""
     props: dict[str, str] = {}
     try:
-        with open(os.path.join(root, BUILD_PROP)) as f:
+        with open(os.path.join(root, BUILD_PROP), encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
     except OSError:
         return props

@@ -34,9 +34,18 @@ def _write(data: str | bytes, out: str | None, what: str) -> None:
     click.echo(printed, nl=bool(out) and out != formats.STDOUT)
 
 
+def _checked_out(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """-o refused before any work when no output can go there (a FIFO, a device: results/formats.py)."""
+    from results import formats
+
+    formats.check_out(value)
+    return value
+
+
 def _out(what: str):
     return click.option("-o", "--out", "out", default="-", show_default=True, type=click.Path(dir_okay=False),
-                        help=f"Write {what} to this file (atomically); - for stdout.")
+                        callback=_checked_out,
+                        help=f"Write {what} to this file (atomically; a symlink there is replaced); - for stdout.")
 
 
 @click.command("table")
@@ -99,7 +108,10 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
     from results.read.table import parse_model_files
 
     if fmt == "community":
+        from results import formats
         from results.analysis.community import community_rows, render_community
+
+        formats.check_out(out)
 
         rows = community_rows(list(dirs), by, parse_model_files(model_files))
         _write(render_community(rows, as_json), out, "the community rows")

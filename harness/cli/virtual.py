@@ -7,11 +7,30 @@ main group prints as `Error: ...` with exit status 1.
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
 from engine.safetext import printable
 from engine.units import KIB, MIB
+
+
+class _AsciiInt(click.ParamType):
+    """A whole number in ASCII digits: click's int takes any Unicode digit (`٣` is 3), which no one
+    typing a core count means; refused as click refuses a non-number."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if not re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII):
+            self.fail(f"{printable(repr(value))} is not a whole number in ASCII digits", param, ctx)
+        return int(text)
+
+
+INT = _AsciiInt()
 
 
 @click.group("virtual")
@@ -20,19 +39,23 @@ def virtual() -> None:
 
 
 @virtual.command("up")
-@click.option("--name", required=True, help="Phone name (letters, digits, '_', '.', '-').")
-@click.option("--ram", "ram_text", help="RAM, e.g. 3GiB or 512MiB (a memory cgroup limit); required without --profile.")
-@click.option("--model", help="ro.product.model (default vphone).")
-@click.option("--manufacturer", help="ro.product.manufacturer (default bmoe).")
+@click.option("--name", required=True, help="Phone name (letters, digits, '_', '.', '-'; at most 63).")
+@click.option("--ram", "ram_text", help="RAM, e.g. 3GiB or 512MiB (a memory cgroup limit), at least 32MiB and at "
+                                        "most this host's; required without --profile.")
+@click.option("--model", help="ro.product.model (default vphone; no ':', ';' or '=', which adb's banner splits at).")
+@click.option("--manufacturer", help="ro.product.manufacturer (default bmoe; no '/' or ':', the fingerprint's "
+                                     "separators).")
 @click.option("--soc", help="ro.soc.model; picks the cpufreq layout (sm8650, sm8550 the default, sm8450, "
-                            "tensor-g3, mt6989).")
-@click.option("--android", type=int, help="Android release (9-16, default 14).")
-@click.option("--zram", "zram_text", help="The phone's own zram swap, e.g. 512MiB; 0 for none (default: half "
-                                          "the RAM, refused where the host has no zram).")
+                            "tensor-g3, mt6989; others get a generic one; no '/'). --model, --manufacturer and "
+                            "--soc: 1-91 bytes, no control characters.")
+@click.option("--android", type=INT, help="Android release (9-16, default 14).")
+@click.option("--zram", "zram_text", help="The phone's own zram swap, e.g. 512MiB, at most twice the RAM; 0 for "
+                                          "none (default: half the RAM, refused where the host has no zram).")
 @click.option("--zram-algorithm", help="zram's compressor (default lz4, as on Android).")
-@click.option("--swappiness", type=int, help="The phone's swappiness (default 100, Android's).")
-@click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
-@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, every read paced (default: none).")
+@click.option("--swappiness", type=INT, help="The phone's swappiness, 0-200 (default 100, Android's).")
+@click.option("--cpus", type=INT, help="Cores of its own, a cpuset (default: the host's, shared).")
+@click.option("--storage-mbps", type=INT,
+              help="Read rate of its /data in MiB/s, every read paced, at most 100000 (default: none).")
 @click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
                                 "pixel8, galaxy-s24, redmi-note12, galaxy-a05, or celsius-zones (a vendor whose "
                                 "CPU zones count °C); flags given override them.")
@@ -44,8 +67,9 @@ def virtual() -> None:
 @click.option("--data-quota", "data_quota_text",
               help="The size of its /data and /sdcard, e.g. 8GiB: a write past it fails with ENOSPC (default: "
                    "the host's disk, no quota).")
-@click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")
-@click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
+@click.option("--abi", default="arm64-v8a", show_default=True,
+              help="ro.product.cpu.abi: arm64-v8a, armeabi-v7a, riscv64, x86 or x86_64.")
+@click.option("--port", type=INT, help="TCP port on 127.0.0.1 (default: any free port).")
 @click.option("--no-isolation", is_flag=True,
               help="No memory cgroup or mount namespace: an RSS watchdog enforces the RAM instead.")
 @click.option("--apps", "apps", default="",

@@ -277,7 +277,8 @@ def community_markdown(rows: Sequence[CommunityRow]) -> str:
     machines = {r.device: dict(r.machine) for r in rows}
     text = ("**Machine**\n\n" + formats.to_md(list(machines.values()), MACHINE_COLUMNS, numeric=MACHINE_NUMERIC)
             + "\n**Run**\n\n" + formats.to_md([dict(r.cells) for r in rows], COLUMNS, numeric=NUMERIC))
-    notes = [f"- row {i + 1} ({r.device}, run {r.run_id}): {n}" for i, r in enumerate(rows) for n in r.notes]
+    notes = [f"- row {i + 1} ({formats.md_text(r.device)}, run {formats.md_text(r.run_id)}): {formats.md_text(n)}"
+             for i, r in enumerate(rows) for n in r.notes]
     return text + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "")
 
 
@@ -289,6 +290,6 @@ def render_community(rows: Sequence[CommunityRow], as_json: bool = False) -> str
         data = formats.to_json({"format": "bmoe-fleet.community-rows", "version": 1, "columns": list(COLUMNS),
                                 "machine_columns": list(MACHINE_COLUMNS),
                                 "rows": [redactor.value(asdict(r)) for r in rows]})
-    else:
-        data = redactor.text(community_markdown(rows))
+    else:     # redacted before the Markdown escapes: a path is found as written, `<campaign …>` then escaped
+        data = community_markdown([CommunityRow(**redactor.value(asdict(r))) for r in rows])
     return data

@@ -279,6 +279,6 @@ def render(c: Comparison, fmt: str) -> str:
         head = (f"**{len(c.cells)} cells: {len(c.regressions)} regressed, {len(c.improvements)} improved, "
                 f"{len(c.newly_failing)} newly failing**"
                 + (f" (threshold {c.threshold_pct:g} % over noise)" if c.threshold_pct else "")
-                + f" — A = `{c.a}`, B = `{c.b}`\n\n")
+                + f" — A = {formats.md_code(c.a)}, B = {formats.md_code(c.b)}\n\n")
         return head + formats.to_md(rows, ROW_COLUMNS, _ROW_HEADERS, _NUMERIC)
     return c.text() + "\n"

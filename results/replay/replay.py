@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.fsutil import write_output
+from engine.fsutil import STDOUT, write_output, write_target
 from engine.gguf.model import cycle_price_mib
 from engine.safetext import printable
 from engine.units import MIB
@@ -209,6 +209,11 @@ def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | No
         raise ReplayError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
     if csv_path is not None and len(paths) != 1:
         raise ReplayError("--csv writes upstream's one-trace curve format: pass exactly one trace (or use --json)")
+    if csv_path is not None and str(csv_path) != STDOUT:
+        try:
+            write_target(csv_path)           # a FIFO or a device refused before the replay, not after
+        except OSError as e:
+            raise ReplayError(f"cannot write {csv_path}: {e.strerror or e}") from None
     policies = tuple(dict.fromkeys(policies))
     _check_options(budgets_mib, policies)
     replays = tuple(replay_trace(read_route_trace(p), budgets_mib, policies) for p in paths)

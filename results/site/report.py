@@ -13,7 +13,8 @@ strings are data and always render as text (figures travel as `tojson` inside
 `<script type="application/json">`, which escapes `<`, `>`, `&` and `'`). File names derived from
 device and model strings go through slug(). The site is written into a temporary folder and
 swapped in whole, so a reader never sees half a site; an existing folder that is not a site is
-refused rather than overwritten.
+refused rather than overwritten. A symlink named by `-o` is replaced by the site, its target left
+as it was, as every `-o` treats a link (docs/decisions/output-formats.md).
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def _plotly_js() -> Path:
 
 
 def _prepare_out(out: Path) -> Path:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / SITE_MARKER).exists())):
+    if out.is_symlink():
+        pass                  # replaced by the site, whatever it points to (module doc)
+    elif out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / SITE_MARKER).exists())):
         raise ResultsError(f"{out}: exists and is not a bmoe-fleet site; choose another -o folder")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -108,7 +111,9 @@ def _prepare_out(out: Path) -> Path:
 
 def _swap_in(tmp: Path, out: Path) -> None:
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
+    if out.is_symlink():
+        out.unlink()
+    elif out.exists():
         os.rename(out, old)
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
@@ -122,7 +127,7 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     table = build_table(camps, model_files)
     analysis = analyze(table)
     recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
-    out = Path(out).resolve()
+    out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
     try:
         pages = _render(tmp, camps, analysis, recs)

@@ -1,6 +1,6 @@
 """Every output option writes where the user points it (docs/decisions/output-formats.md): `-o /dev/stdout` prints,
-`--csv /dev/full` is one line about the full disk and leaves /dev/full a device, `-o link.json`
-writes the link's target and keeps the link.
+`--csv /dev/full` is refused in one line (a device is no output file) and leaves /dev/full a device,
+`-o link.json` replaces the link with the output and leaves the link's target as it was.
 
 The commands run as root in a private mount namespace whose /dev is a fresh tmpfs holding only
 the nodes they need (null, zero, full, random, urandom; stdout, stderr, stdin and fd as the links
@@ -87,14 +87,14 @@ def test_outputs_print_to_dev_stdout_fail_on_dev_full_and_follow_a_link_in_a_pri
     full = got["full"]
     assert full["rc"] == 1 and full["out"] == "", full
     (line,) = full["err"].strip().splitlines()
-    assert line.startswith("Error: ") and "/dev/full" in line and "space" in line.lower(), line
+    assert line.startswith("Error: ") and "/dev/full" in line and "is a character device, not a file" in line, line
     assert got["link"]["rc"] == 0, got["link"]
     # the namespace's own /dev: still the links and devices it was, nothing added beside them
     assert got["dev"] == {"stdout": ["/proc/self/fd/1", 0o120000], "full": [None, 0o020000],
                           "null": [None, 0o020000]}, got["dev"]
     assert got["dev_listing"] == ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom",
                                   "zero"]
-    # -o link.json: the link is kept, its target holds the recommendations
-    assert os.readlink(work / "link.json") == "real/recs.json"
-    assert json.loads((work / "real" / "recs.json").read_text())
+    # -o link.json: the link is replaced by the recommendations, its target left as it was
+    assert not os.path.islink(work / "link.json") and json.loads((work / "link.json").read_text())
+    assert (work / "real" / "recs.json").read_text() == "old\n"
     assert sorted(os.listdir(work)) == ["link.json", "real"] and os.listdir(work / "real") == ["recs.json"]

@@ -112,3 +112,47 @@ def test_the_run_table_carries_each_runs_reclaim(local_campaign):
     assert (ok["rss_file_max_mib"] > 0).all()
     assert (ok["swap_in_mib_per_tok"] >= 0).all() and (ok["swap_out_mib_per_tok"] >= 0).all()
     assert not ok["reclaim_refused"].str.contains("/proc/vmstat").any()
+
+
+# ---- Markdown is read where GitHub renders it: data shows as text, never as markup -------------------------
+def render_md(text: str) -> str:
+    """`text` as a CommonMark renderer with GitHub's tables and raw HTML on makes it (markdown-it-py,
+    which rich brings): what a reader's browser would be handed before GitHub's sanitizer."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+
+
+def test_markdown_cells_show_html_pipes_and_backticks_as_text():
+    from results import formats
+
+    argv = "-m x.gguf --prompt <img src=y onerror=alert(1)> | `a` [t](http://e/) & \\"
+    md = formats.to_md([{"device": "<script>alert(1)</script>", "auto": argv}], ["device", "auto"])
+    cells = md.splitlines()[2]
+    assert cells == ("| &lt;script&gt;alert(1)&lt;/script&gt; | -m x.gguf --prompt &lt;img src=y onerror=alert(1)&gt; "
+                     "\\| \\`a\\` \\[t\\](http://e/) &amp; \\\\ |")
+    html = render_md(md)
+    assert "<img" not in html and "<script" not in html and "<a " not in html and "<code>" not in html, html
+    assert html.count("<td>") == 2 and "&lt;img src=y onerror=alert(1)&gt; | `a` [t](http://e/) &amp; \\" in html
+    line = formats.md_text("run <b>x</b>\n# not a heading")
+    assert line == "run &lt;b&gt;x&lt;/b&gt; # not a heading" and "<b>" not in render_md(line)
+    assert formats.md_code("A`` b") == "```A`` b```" and render_md(formats.md_code("<i>`x`")).strip() == \
+        "<p><code>&lt;i&gt;`x`</code></p>"
+
+
+def test_every_markdown_output_shows_a_device_named_like_a_script_tag_as_text(imported, cli, tmp_path):
+    """The imported campaign's device label is `<script>alert(1)</script>` (tests/results/conftest.py)."""
+    runner = CliRunner()
+    outputs = {
+        "table": runner.invoke(cli, ["table", str(imported), "--format", "md"]),
+        "recommend": runner.invoke(cli, ["recommend", str(imported), "--format", "md"]),
+        "compare": runner.invoke(cli, ["compare", str(imported), str(imported), "--format", "md"]),
+        "community": runner.invoke(cli, ["report", str(imported), "--format", "community"]),
+    }
+    for name, result in outputs.items():
+        assert result.exit_code == 0, (name, result.output)
+        assert "<script" not in result.stdout and "&lt;script&gt;alert(1)&lt;/script&gt;" in result.stdout, name
+        html = render_md(result.stdout)
+        assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html, name
+    assert md_table(outputs["recommend"].stdout)[1][0] == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert "- row 1 (&lt;script&gt;alert(1)&lt;/script&gt;, run " in outputs["community"].stdout
