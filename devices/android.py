@@ -35,7 +35,7 @@ STATES = {"foreground": FOREGROUND_APP_ADJ, "visible": VISIBLE_APP_ADJ,
 # `open:PACKAGE`: an installed app opened by its launcher activity (am start), as a user opens it
 OPEN = "open"
 _PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)+", re.A)
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|K|M|G)?$", re.I)
 _UNITS = {"": MIB, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
 
 # An `:active` app reads one byte of ACTIVE_PERCENT % of its pages every ACTIVE_PERIOD_S, in turn

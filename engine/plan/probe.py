@@ -57,7 +57,7 @@ PROBE_LANES = (1, 2, 4)
 PROBE_SAMPLES = 3
 REQUESTS_PER_LANE = 4          # each sample keeps every lane busy for four slices
 COMPUTE_REPEATS = 5
-_SWAP_TOTAL = re.compile(r"^SwapTotal:\s+(\d+)\s*kB", re.MULTILINE)
+_SWAP_TOTAL = re.compile(r"^SwapTotal:\s+([0-9]+)\s*kB", re.MULTILINE)
 
 
 def model_profile(path: str, n_expert_used: int = 0) -> tuple[ModelProfile, ModelShape | None]:

@@ -104,7 +104,7 @@ def validate(flags: CacheFlags) -> None:
 # ---- available memory -----------------------------------------------------------------------
 def mem_available_from_meminfo(text: str) -> int | None:
     """MemAvailable in bytes from /proc/meminfo text; None when the line is missing."""
-    m = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
+    m = re.search(r"^MemAvailable:\s+([0-9]+)\s*kB", text, re.MULTILINE)
     return int(m[1]) * 1024 if m else None
 
 

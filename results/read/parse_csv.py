@@ -52,8 +52,8 @@ REQUIRED_COLUMNS = ("step", "steps", "wall_ms", "io_ms", "compute_ms", "read_byt
 NOT_MEASURED = -1
 SENTINEL_COLUMNS = ("cache_hit_pct", "dense_resident_frac", "resident_frac")
 
-_MAGIC_RE = re.compile(r"#\s*bmoe_metrics\s+v(\d+)\s*")
-_ROUTE_TRACE_RE = re.compile(r"#\s*route_trace\s+v\d+")
+_MAGIC_RE = re.compile(r"#\s*bmoe_metrics\s+v([0-9]+)\s*")
+_ROUTE_TRACE_RE = re.compile(r"#\s*route_trace\s+v[0-9]+")
 
 SummaryValue = int | float | str
 

@@ -31,7 +31,7 @@ SidecarValue = int | float | None
 _SECTION_RE = re.compile(r"^---\s*(\w+)\s*---\s*$")
 _SECTIONS = {"before": "entry", "after": "exit", "entry": "entry", "exit": "exit"}
 _TEMPERATURE_RE = re.compile(r"Temperature\{mValue=([^,}]*),.*?mName=([^,}]+)")
-_MEMINFO_RE = re.compile(r"(\w+):\s*(\d+)\s*kB")
+_MEMINFO_RE = re.compile(r"(\w+):\s*([0-9]+)\s*kB")
 _STATE_KEYS = {"battery_temp_dC": "batt_temp_dC", "Thermal Status": "thermal_status"}
 
 
@@ -97,7 +97,7 @@ def _state_line(line: str) -> dict[str, object]:
         return {}
     key, _, text = line.partition(":")
     key, text = key.strip(), text.strip()
-    if re.fullmatch(r"policy\d+", key):
+    if re.fullmatch(r"policy[0-9]+", key):
         # cpufreq sysfs values are kHz
         return {"cpufreq_khz": {key: {k: to_number(v, k) for k, v in re.findall(r"(\w+)=(\S+)", text)}}}
     if key == "meminfo":

@@ -44,8 +44,8 @@ CAPTURE_SUFFIXES = (".out", ".log", ".txt")          # where an engine capture o
 TAG_PREFIXES = ("rewarm-ab-", "turns-", "idle-")      # the script's and upstream bench-data's file names
 SCRIPT_TURNS = 2                                      # rewarm-ab.sh sends two requests
 _DROPPED_KEYS = ("text", "reasoning")                 # the answer, not a measurement (the script cuts it too)
-_MEM_HEADER_RE = re.compile(r"^-- idle (\d+(?:\.\d+)?)s from turn 1 done --\s*$")
-_SAMPLE_RE = re.compile(r"^t=(\d+)\s*(?:VmSwap:\s*(\d+)\s+kB)?\s*(?:VmRSS:\s*(\d+)\s+kB)?\s*$")
+_MEM_HEADER_RE = re.compile(r"^-- idle ([0-9]+(?:\.[0-9]+)?)s from turn 1 done --\s*$")
+_SAMPLE_RE = re.compile(r"^t=([0-9]+)\s*(?:VmSwap:\s*([0-9]+)\s+kB)?\s*(?:VmRSS:\s*([0-9]+)\s+kB)?\s*$")
 _REPORT_START_RE = re.compile(r"^== (\S+): engine pid (\S*), flags:(.*)$")
 _REPORT_SECTION_RE = re.compile(r"^== (\S+) (swap through the idle gap|turns):\s*$")
 # the script's own words when a step failed (it prints them instead of the step's output)

@@ -14,14 +14,15 @@ from pathlib import Path
 
 from engine.errors import BmoeError
 from engine.safetext import excerpt
+from engine.units import is_digits
 from results.errors import safe_message
 
 BOM = "\ufeff"
 # printf's %f spellings of a number, including the nan/inf a division by zero can print
-NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
-_INT_RE = re.compile(r"-?\d+")
+NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+|nan|inf)"
+_INT_RE = re.compile(r"-?[0-9]+")
 # what to_number reads as a float: printf's %f/%g/%e spellings (no `1_0`, no hex, no padding)
-_FLOAT_RE = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|infinity)", re.IGNORECASE)
+_FLOAT_RE = re.compile(r"[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE)
 _KV_RE = re.compile(r"(\S+?)=(\S*)")
 # The engine's counters are 64-bit and every time, size and rate it prints is far below 2^64; %f of
 # the largest of them is about 30 characters. A longer numeral, or a larger value, was not printed
@@ -92,7 +93,7 @@ def check_magnitude(key: str, value: int | float, text: str | None = None) -> in
 
 
 def out_of_range(key: str, text: str) -> NumberError:
-    digits = sum(c.isdigit() for c in text)
+    digits = sum(is_digits(c) for c in text)
     shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
     return NumberError(f"{shown} ({digits} digits): no engine prints a number this large")
 
