@@ -63,7 +63,7 @@ from results.read.console_records import (
 )
 from results.read.parse_config import config_from_command, config_from_tag
 from results.read.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
-from results.read.parse_values import checked, note, problem
+from results.read.parse_values import checked, inconsistent, note, problem
 
 N = f"({NUMBER})"
 # How the engine's lines begin, where a shape below and a verdict after the shapes (o_direct_seen …
@@ -395,7 +395,17 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
                     seen["plan_lines"] = int(str(seen["plan_lines"])) + 1
                     continue
                 if name == "plan-reproduce":
-                    read = _plan_flags(lines[index + 1] if index + 1 < len(lines) else "")
+                    command = lines[index + 1] if index + 1 < len(lines) else ""
+                    if not _PLAN_COMMAND_RE.match(command):
+                        # the planner indents the command line it prints after this one; anything
+                        # else (or nothing: the capture ends here) is another line, not the plan's flags
+                        notes.append(f"{where(index)}: `plan: reproduce with` has no command line after it: "
+                                     "the plan's flags stored as missing")
+                        continue
+                    try:
+                        read = _plan_flags(command)
+                    except NumberError as e:
+                        raise located(e, where(index + 1)) from None
                 line_values[name] = dict(read)
             continue
         if kind == "pressure":
@@ -418,6 +428,10 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         warnings=tuple(warnings), events=tuple(events), answer=None if answer is None else "\n".join(answer),
         pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), notes=tuple(notes),
         values=MappingProxyType({k: MappingProxyType(v) for k, v in line_values.items()}), **fields)
+
+
+# the line after `plan: reproduce with`: the planner's `  PROGRAM -m MODEL FLAGS`, indented (engine/plan/planner.py)
+_PLAN_COMMAND_RE = re.compile(r"[ \t]+[^ \t]")
 
 
 def _plan_flags(command: str) -> dict[str, object]:
@@ -473,6 +487,9 @@ def _plausible(values: Fields, where: str, notes: list[str]) -> Fields:
                 if reason is not None:
                     notes.append(note(where, f.name, getattr(value, f.name), reason))
                     bad[f.name] = None
+            record = {f.name: getattr(value, f.name) for f in dataclass_fields(value)} | bad
+            for part, whole in inconsistent(record, where, notes):
+                bad[part] = bad[whole] = None
             value = replace(value, **bad) if bad else value
         elif isinstance(value, str) and key.endswith(_UNIT_SUFFIXES):
             # a pressure line (`peak_rss_kb=1.2.3`) whose value is no number

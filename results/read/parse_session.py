@@ -36,7 +36,7 @@ from typing import Any
 from engine.app import protocol
 from results.read.console_records import ConsoleRun
 from results.read.parse_console import EVENT_RE, event_json, parse_console
-from results.read.parse_text import ParseError, one_line, read_lines, to_number
+from results.read.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
 from results.read.parse_values import checked
 
 ENGINE, REPORT, JSONL = "engine", "report", "jsonl"
@@ -117,9 +117,12 @@ def is_engine_capture(lines: Sequence[str]) -> bool:
 
 
 def is_done_lines(lines: Sequence[str]) -> bool:
-    """A JSON-lines file of BMOE_DONE summaries: its first non-blank line is one."""
+    """A JSON-lines file of BMOE_DONE summaries: its first non-blank line is one (`BMOE_DONE …`,
+    however damaged, or a bare `{…"tokens"…}`), or a later line says `BMOE_DONE {`. A damaged
+    first summary (`BMOE_DONE null`) is then read, and refused, rather than the file skipped."""
     first = next((line.strip() for line in lines if line.strip()), "")
-    return first.startswith(protocol.DONE + " {") or (first.startswith("{") and '"tokens"' in first)
+    return (first.startswith(protocol.DONE) or (first.startswith("{") and '"tokens"' in first)
+            or any(line.startswith(protocol.DONE + " {") for line in lines))
 
 
 # ── readers ────────────────────────────────────────────────────────────────────────────────────
@@ -130,6 +133,8 @@ def done_object(text: str, where: str, notes: list[str]) -> Mapping[str, Any]:
     stored as missing with a note. ParseError when it is not a JSON object."""
     try:
         obj = event_json(text.strip())
+    except NumberError as e:
+        raise located(e, where) from None
     except ValueError:
         raise ParseError(f"{where}: {protocol.DONE} is not JSON (cut short?): {one_line(text)}") from None
     if not isinstance(obj, dict):
@@ -154,10 +159,17 @@ def gap_lines(lines: Sequence[str], where: Any, cut_last: bool) -> GapLog:
             raise ParseError(f"{where(i)}: not a status sample (t=N VmSwap: X kB VmRSS: Y kB): {one_line(line)}")
         if cut_last and i == len(lines) - 1 and m[3] is None:
             raise ParseError(f"{where(i)}: the last line is cut short (no newline, no VmRSS): {one_line(line)}")
-        samples.append(GapSample(int(to_number(m[1], "t")),
-                                 None if m[2] is None else int(to_number(m[2], "vm_swap_kb")),
-                                 None if m[3] is None else int(to_number(m[3], "vm_rss_kb"))))
-    return GapLog(where(0), float(head[1]), tuple(samples))
+        try:
+            samples.append(GapSample(int(to_number(m[1], "t")),
+                                     None if m[2] is None else int(to_number(m[2], "vm_swap_kb")),
+                                     None if m[3] is None else int(to_number(m[3], "vm_rss_kb"))))
+        except NumberError as e:
+            raise located(e, where(i)) from None
+    try:
+        idle_s = float(to_number(head[1], "idle_s"))
+    except NumberError as e:
+        raise located(e, where(0)) from None
+    return GapLog(where(0), idle_s, tuple(samples))
 
 
 def read_gap_log(path: Path) -> GapLog:
@@ -203,6 +215,8 @@ def read_engine_capture(path: Path, gap: GapLog | None = None) -> SessionCapture
         elif kind in (protocol.ERROR, protocol.READY):
             try:
                 obj = event_json(m[2])
+            except NumberError as e:
+                raise located(e, where) from None
             except ValueError:
                 continue           # a cut line of these tells nothing a turn measured
             if isinstance(obj, dict):

@@ -1,0 +1,143 @@
+"""What the importer stores of the numbers it reads (docs/decisions/ascii-numbers.md,
+docs/decisions/impossible-values.md): a numeral that is no ASCII decimal is refused naming file and
+line, a bool or a part larger than its whole is stored as missing with a note, the planner's flags
+are the line after `plan: reproduce with` only, a session file with a damaged first summary is
+refused, and every refusal names file and line."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.importer import import_runs
+from results.read.parse_console import parse_console, read_console
+from results.read.parse_text import NumberError
+from results.read.table import build_table
+from tests.results.mutants import UPSTREAM
+
+HOST = UPSTREAM / "host-v2-0.19.0"
+SESSIONS = UPSTREAM.parent / "sessions"
+NINES = "9" * 400
+
+
+def _import(cli, src: Path, out: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["import", str(src), "-o", str(out)])
+    return result.exit_code, result.output
+
+
+def _one_run(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """host-v2's tiny_auto run, `old` replaced by `new` in its file `name`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in HOST.glob("tiny_auto.*"):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if f.name == name:
+            assert old in text
+            text = text.replace(old, new, 1)
+        (src / f.name).write_text(text, encoding="utf-8")
+    return src
+
+
+@pytest.mark.parametrize(("old", "new", "where"), [
+    ("tokens=32 ", "tokens=١٢٣ ", "tiny_auto.csv:39: tokens="),          # Arabic-Indic digits: int() reads 123
+    ("read_MiB=1.2 ", "read_MiB=１２ ", "tiny_auto.csv:39: read_MiB="),  # fullwidth: float() reads 12.0
+    ("cache_hit_pct=88.7 ", "cache_hit_pct=1_000 ", "tiny_auto.csv:39: cache_hit_pct="),   # float() reads 1000
+    ("n_expert=8 ", "n_expert=٨ ", "tiny_auto.csv:3: n_expert="),
+    ("cache_ceil_mb=3000 ", "cache_ceil_mb=3_000 ", "tiny_auto.csv:4: cache_ceil_mb="),
+])
+def test_a_numeral_python_reads_but_no_engine_prints_refuses_the_import(tmp_path, cli, old, new, where):
+    code, output = _import(cli, _one_run(tmp_path, "tiny_auto.csv", old, new), tmp_path / "out")
+    assert code == 1 and output.startswith("Error: ") and output.count("\n") == 1, output
+    assert where in output and "not an ASCII decimal number" in output, output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_substitute_line_with_more_substituted_than_reranked_stores_both_as_missing():
+    run = parse_console(["moe-substitute: 50/10 reranked slots went to a resident expert (500.0%), margin 0.50 x "
+                         "score range"], paths=("x.out",))
+    assert run.value("moe-substitute", "experts_substituted") is None
+    assert run.value("moe-substitute", "experts_reranked") is None
+    assert run.value("moe-substitute", "substituted_pct") is None and run.value("moe-substitute", "substitute_margin") == 0.5
+    assert any("x.out:1: experts_substituted=50 > experts_reranked=10" in n for n in run.notes), run.notes
+    fine = parse_console(["moe-substitute: 10/50 reranked slots went to a resident expert (20.0%), margin 0.50 x "
+                          "score range"])
+    assert (fine.value("moe-substitute", "experts_substituted"), fine.value("moe-substitute", "experts_reranked")) == (10, 50)
+
+
+def test_a_drop_line_and_a_summary_with_a_part_over_its_whole_store_both_as_missing(tmp_path):
+    run = parse_console(["moe-drop: 2400/2304 routed experts dropped (104.2%), threshold 1.00 x uniform"])
+    assert run.value("moe-drop", "experts_dropped") is None and run.value("moe-drop", "experts_routed") is None
+    src = _one_run(tmp_path, "tiny_auto.csv", "experts_routed=0 experts_dropped=0",
+                   "experts_routed=10 experts_dropped=20")
+    import_runs([src], tmp_path / "out")
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("run.json")]
+    assert record["summary"]["experts_dropped"] is None and record["summary"]["experts_routed"] is None
+    assert any("experts_dropped=20 > experts_routed=10" in n for n in record["notes"]), record["notes"]
+    assert math.isnan(build_table([tmp_path / "out"]).iloc[0]["drop_pct"])
+
+
+def _session(tmp_path: Path, lines: list[str]) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(SESSIONS / "jsonl", src)
+    (src / "turns-a.jsonl").write_text("\n".join(lines) + "\n")
+    return src
+
+
+def test_a_bool_where_a_bmoe_done_count_goes_is_stored_as_missing_not_as_1(tmp_path):
+    src = _session(tmp_path, ['{"id":1,"tokens":3,"tok_s":9.0}', 'BMOE_DONE {"id":2,"tokens":true,"tok_s":9.0,'
+                                                                  '"cache_hit_pct":false,"cancelled":false}'])
+    import_runs([src], tmp_path / "out")
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("run.json")]
+    done = record["turns"][1]["bmoe_done"]
+    assert done["tokens"] is None and done["cache_hit_pct"] is None and done["cancelled"] is False
+    assert any("tokens=True: not a number, stored as missing" in n for n in record["notes"]), record["notes"]
+    row = build_table([tmp_path / "out"]).iloc[0]
+    assert math.isnan(row["tokens"]) and math.isnan(row["cache_hit_pct"])
+
+
+@pytest.mark.parametrize("first", ["BMOE_DONE null", "[]", "BMOE_DONE [1]", "BMOE_DONE"])
+def test_a_session_file_whose_first_summary_is_damaged_is_refused_not_skipped(tmp_path, cli, first):
+    src = _session(tmp_path, [first, 'BMOE_DONE {"id":2,"tokens":40,"tok_s":1.9}'])
+    code, output = _import(cli, src, tmp_path / "out")
+    assert code == 1 and output.startswith("Error: ") and output.count("\n") == 1, output
+    assert "turns-a.jsonl:1: " in output, output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("lines", "where"), [
+    ([f'{{"id":1,"tokens":{NINES},"tok_s":1.0}}'], "turns-a.jsonl:1: "),
+    (['{"id":1,"tokens":3}', 'BMOE_DONE {"id":2,"tokens":18446744073709551616}'], "turns-a.jsonl:2: "),
+])
+def test_a_number_too_large_inside_bmoe_done_names_file_and_line(tmp_path, cli, lines, where):
+    code, output = _import(cli, _session(tmp_path, lines), tmp_path / "out")
+    assert code == 1 and where in output and "no engine prints a number this large" in output, output
+
+
+def test_a_number_too_large_in_a_gap_log_names_file_and_line(tmp_path, cli):
+    src = _session(tmp_path, ['{"id":1,"tokens":3}', '{"id":2,"tokens":3}'])
+    (src / "idle-a.mem").write_text(f"-- idle {NINES}s from turn 1 done --\nt=0 VmSwap: 1 kB VmRSS: 2 kB\n")
+    code, output = _import(cli, src, tmp_path / "out")
+    assert code == 1 and "idle-a.mem:1: idle_s=" in output, output
+    (src / "idle-a.mem").write_text(f"-- idle 5s from turn 1 done --\nt={NINES} VmSwap: 1 kB VmRSS: 2 kB\n")
+    code, output = _import(cli, src, tmp_path / "out")
+    assert code == 1 and "idle-a.mem:2: t=" in output, output
+
+
+@pytest.mark.parametrize("after", [[], ["generation: 5 tokens, 0.100 s/token (10.00 tok/s)"], [""]])
+def test_the_plans_flags_are_only_the_indented_command_line_after_reproduce_with(after):
+    run = parse_console(["plan: machine host", "plan: reproduce with", *after], paths=("p.err",))
+    assert run.value("plan-reproduce", "plan_flags") is None
+    assert any("p.err:2: `plan: reproduce with` has no command line after it" in n for n in run.notes), run.notes
+
+
+def test_a_number_too_large_in_the_plans_command_line_names_file_and_line(tmp_path):
+    capture = tmp_path / "p.err"
+    capture.write_text(f"plan: reproduce with\n  bmoe-cli -m /m/q.gguf --moe-stream --cache-mb {NINES}\n")
+    with pytest.raises(NumberError, match=r"p\.err:2: plan_cache_mb=") as error:
+        read_console(capture)
+    assert "\n" not in str(error.value)
