@@ -111,9 +111,9 @@ def _typed(text: str) -> FlagValue:
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
-    if _INT.match(text):
+    if _INT.fullmatch(text):
         return int(text)
-    if _FLOAT.match(text):
+    if _FLOAT.fullmatch(text):
         return float(text)
     return text
 

@@ -12,6 +12,7 @@ import click
 
 from engine.safetext import printable
 from engine.units import KIB, MIB
+from harness.cli.numbers import INT
 
 
 @click.group("virtual")
@@ -26,13 +27,13 @@ def virtual() -> None:
 @click.option("--manufacturer", help="ro.product.manufacturer (default bmoe).")
 @click.option("--soc", help="ro.soc.model; picks the cpufreq layout (sm8650, sm8550 the default, sm8450, "
                             "tensor-g3, mt6989).")
-@click.option("--android", type=int, help="Android release (9-16, default 14).")
+@click.option("--android", type=INT, help="Android release (9-16, default 14).")
 @click.option("--zram", "zram_text", help="The phone's own zram swap, e.g. 512MiB; 0 for none (default: half "
                                           "the RAM, refused where the host has no zram).")
 @click.option("--zram-algorithm", help="zram's compressor (default lz4, as on Android).")
-@click.option("--swappiness", type=int, help="The phone's swappiness (default 100, Android's).")
-@click.option("--cpus", type=int, help="Cores of its own, a cpuset (default: the host's, shared).")
-@click.option("--storage-mbps", type=int, help="Read rate of its /data in MiB/s, every read paced (default: none).")
+@click.option("--swappiness", type=INT, help="The phone's swappiness (default 100, Android's).")
+@click.option("--cpus", type=INT, help="Cores of its own, a cpuset (default: the host's, shared).")
+@click.option("--storage-mbps", type=INT, help="Read rate of its /data in MiB/s, every read paced (default: none).")
 @click.option("--profile", help="A real phone's figures scaled to this host (devices/virtual/profiles.py): "
                                 "pixel8, galaxy-s24, redmi-note12, galaxy-a05, or celsius-zones (a vendor whose "
                                 "CPU zones count °C); flags given override them.")
@@ -45,7 +46,7 @@ def virtual() -> None:
               help="The size of its /data and /sdcard, e.g. 8GiB: a write past it fails with ENOSPC (default: "
                    "the host's disk, no quota).")
 @click.option("--abi", default="arm64-v8a", show_default=True, help="ro.product.cpu.abi.")
-@click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: any free port).")
+@click.option("--port", type=INT, help="TCP port on 127.0.0.1 (default: any free port).")
 @click.option("--no-isolation", is_flag=True,
               help="No memory cgroup or mount namespace: an RSS watchdog enforces the RAM instead.")
 @click.option("--apps", "apps", default="",

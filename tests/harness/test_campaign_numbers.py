@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from engine.contract.claim import CLAIM_ENV, claimed
+from engine.contract.config import UsageExit, parse_args
+from engine.interface.releases import Release
+from tests.results.mutants import UPSTREAM
+
 NINES = "9" * 400
 
 
@@ -43,3 +48,41 @@ def _refused(cli, path: Path, tmp_path: Path, key: str, why: str) -> None:
 def test_an_app_size_no_phone_holds_or_an_empty_app_is_one_line_naming_the_key(tmp_path, tiny_model, cli,
                                                                                  axes, run, key, why):
     _refused(cli, _campaign(tmp_path, tiny_model, axes=axes, run=run), tmp_path, key, why)
+
+
+@pytest.mark.parametrize("claim", ["0.٢٥", "０.25", "0.2_5"])
+def test_a_release_claim_is_ascii_digits_in_the_campaign_and_the_environment(tmp_path, tiny_model, cli, claim):
+    with pytest.raises(ValueError):
+        Release.parse(claim)
+    with pytest.raises(ValueError, match="is not a bmoe-cli release"):
+        claimed({CLAIM_ENV: claim})
+    _refused(cli, _campaign(tmp_path, tiny_model, engine=f'claim = "{claim}"'), tmp_path, "engine.claim",
+             "is not a bmoe-cli release")
+
+
+@pytest.mark.parametrize("tokens", ["١,٢", "1_0,2", "１"])
+def test_bmoe_pys_prompt_tokens_are_ascii_digits_and_other_digits_are_junk_exit_2(tokens):
+    with pytest.raises(UsageExit) as e:
+        parse_args(["-m", "m.gguf", "--prompt-tokens", tokens], {})
+    assert e.value.code == 2 and "expects comma-separated token ids" in str(e.value)
+    assert parse_args(["-m", "m.gguf", "--prompt-tokens", " 1, 2"], {}).prompt_tokens == (1, 2)
+
+
+@pytest.mark.parametrize("args", [
+    ["--repeats", "٣"], ["-n", "1_0"], ["--n-expert-used", "٢"], ["--timeout", "１０"], ["--idle-s", "1_0"],
+])
+def test_a_sweep_option_that_is_no_ascii_decimal_is_a_usage_error(tmp_path, tiny_model, cli, args):
+    result = CliRunner().invoke(cli, ["sweep", "--model", str(tiny_model), "--device", "local", *args, "--dry-run",
+                                      "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert args[0] in result.output and ("ASCII decimal" in result.output or "integers" in result.output), result.output
+
+
+def test_model_inspect_and_replay_take_ascii_numbers_only(tiny_model, cli):
+    result = CliRunner().invoke(cli, ["model", "inspect", str(tiny_model), "--top-k", "٢"])
+    assert result.exit_code == 2 and "'٢' is not an ASCII decimal number" in result.output, result.output
+    assert CliRunner().invoke(cli, ["model", "inspect", str(tiny_model), "--top-k", "2"]).exit_code == 0
+    trace = next(UPSTREAM.glob("*/*.route.csv"))
+    for budgets in ("1_000", "١٠٠", "100,２00"):
+        result = CliRunner().invoke(cli, ["replay", str(trace), "--budgets", budgets])
+        assert result.exit_code == 2 and "--budgets" in result.output, result.output
