@@ -61,8 +61,17 @@ from results.read.console_records import (
     SpecGate,
     StreamingOn,
 )
-from results.read.parse_config import config_from_command, config_from_tag
-from results.read.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
+from results.read.parse_config import LOG_NUMBER_RE, config_from_command, config_from_tag
+from results.read.parse_text import (
+    NUMBER,
+    NumberError,
+    ParseError,
+    excerpt,
+    foreign_numeral,
+    located,
+    read_lines,
+    to_number,
+)
 from results.read.parse_values import checked, inconsistent, note, problem
 
 N = f"({NUMBER})"
@@ -272,6 +281,7 @@ def _line_values(name: str, m: re.Match[str]) -> Fields:
 
 
 _PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[0-9.]*)\s*$")
+_PRESSURE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*_(?:kb|dC|mC|uah)=")
 _ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
 EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
 _TOP_K_CONTINUATION_RE = re.compile(r"^at top-k ([0-9]+)")
@@ -380,6 +390,14 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
             found = _checked_match(lines, index, where, notes)
         except NumberError as e:
             raise located(e, where(index)) from None
+        if m := LOG_NUMBER_RE.match(line):      # llama.cpp's load log, which config_from_log reads
+            try:
+                to_number(m[3], m[1] or m[2])
+            except NumberError as e:
+                raise located(e, where(index)) from None
+        if (engine_part := _numbers_part(line, found)) and (foreign := foreign_numeral(engine_part)) is not None:
+            # a line the engine prints, with digits no engine prints (`read ١٢.٥ MiB`): damaged
+            raise located(foreign, where(index))
         if found is None:
             if line.startswith(PERF_PREFIXES) or "bmoe:" in line:
                 unparsed.append(line)
@@ -403,7 +421,7 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
                                      "the plan's flags stored as missing")
                         continue
                     try:
-                        read = _plan_flags(command)
+                        read = checked(_plan_flags(command), where(index + 1), notes)   # `--cache-mb -5`
                     except NumberError as e:
                         raise located(e, where(index + 1)) from None
                 line_values[name] = dict(read)
@@ -432,6 +450,23 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
 
 # the line after `plan: reproduce with`: the planner's `  PROGRAM -m MODEL FLAGS`, indented (engine/plan/planner.py)
 _PLAN_COMMAND_RE = re.compile(r"[ \t]+[^ \t]")
+
+
+# the fields of the lines whose text is the engine's words or a user's argument echoed, not numbers
+_TEXT_LINE_FIELDS = frozenset({"config_error", "arg_error", "runtime_error", "warnings"})
+
+
+def _numbers_part(line: str, found: Found | None) -> str:
+    """The part of a line whose numbers this reader reads, where the engine or a bench driver
+    printed them: an end-of-run line, a `bmoe:` line from `bmoe:` on (generated text may precede
+    it), a pressure or entry-state line; "" for anything else (generated text, the loader's log, a
+    `BMOE_*` event, whose JSON holds its numbers, an error's words)."""
+    if found is not None and found[0] == "fields" and set(found[1]) <= _TEXT_LINE_FIELDS:
+        return ""
+    if line.startswith(PERF_PREFIXES) or line.startswith("ENTRY STATE:") or _PRESSURE_KEY_RE.match(line):
+        return line
+    at = line.find("bmoe:")
+    return line[at:] if at >= 0 else ""
 
 
 def _plan_flags(command: str) -> dict[str, object]:

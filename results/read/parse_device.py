@@ -24,7 +24,7 @@ from pathlib import Path
 from results.read.console_records import ConsoleRun
 from results.read.parse_console import read_console_runs
 from results.read.parse_csv import looks_like_metrics_csv
-from results.read.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
+from results.read.parse_text import NumberError, ParseError, foreign_numeral, located, one_line, read_lines, to_number
 from results.read.parse_values import checked
 
 SidecarValue = int | float | None
@@ -101,6 +101,8 @@ def _state_line(line: str) -> dict[str, object]:
         # cpufreq sysfs values are kHz
         return {"cpufreq_khz": {key: {k: to_number(v, k) for k, v in re.findall(r"(\w+)=(\S+)", text)}}}
     if key == "meminfo":
+        if (foreign := foreign_numeral(text)) is not None:    # `MemFree: ٣٠٠ kB` would be left out unseen
+            raise foreign
         return {f"{_snake(name)}_kb": to_number(kb, name) for name, kb in _MEMINFO_RE.findall(text)}
     if key == "date":
         return {"date": text}

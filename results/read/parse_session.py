@@ -223,7 +223,7 @@ def read_engine_capture(path: Path, gap: GapLog | None = None) -> SessionCapture
                 if kind == protocol.READY:
                     ready = MappingProxyType(checked(obj, where, notes))
                 else:
-                    errors.append(MappingProxyType(obj))
+                    errors.append(MappingProxyType(checked(obj, where, notes)))   # its id is a turn's
     console = parse_console(lines, paths=(str(path),))
     return SessionCapture(ENGINE, capture_tag(path), (path,), tuple(dones), tuple(errors), begins, gap,
                           console=console, ready=ready, notes=(*notes, *console.notes))
@@ -338,9 +338,11 @@ def find_sessions(files: Iterable[Path]) -> tuple[list[SessionCapture], set[Path
 # ── run.json `turns` (the shape harness/run/turns.py writes for a live session cell) ─────────────────
 
 
-def _num(obj: Mapping[str, Any], key: str) -> float | None:
+def _num(obj: Mapping[str, Any], key: str) -> int | float | None:
+    """A number of `obj` as it is (an int stays one: float() would round 2^64 - 1 up to 2^64); None
+    for anything else, a bool included."""
     v = obj.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 # run.json turn key -> the BMOE_DONE key it is read from

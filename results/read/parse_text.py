@@ -105,6 +105,17 @@ def _python_reads(text: str) -> bool:
     return not _FLOAT_RE.fullmatch(text.strip(ASCII_SPACE))
 
 
+# a word holding a digit of another script (`[^\D0-9]`: a digit that is not 0-9) or ASCII digits
+# joined by `_`: a numeral int() would read and no engine prints
+_FOREIGN_NUMERAL_RE = re.compile(r"\S*?(?:[^\D0-9]|[0-9]_[0-9])\S*")
+
+
+def foreign_numeral(line: str) -> NumberError | None:
+    """The refusal of a line that holds a numeral no engine prints (`read ١٢.٥ MiB`), else None."""
+    m = _FOREIGN_NUMERAL_RE.search(line)
+    return not_ascii("", m[0]) if m else None
+
+
 def not_ascii(key: str, text: str) -> NumberError:
     shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
     return NumberError(f"{shown}: not an ASCII decimal number (another script's digits, `_` or a Unicode space): "

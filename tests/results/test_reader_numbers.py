@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.importer import import_runs
+from results.read.parse import read_metrics_csv, read_state
 from results.read.parse_console import parse_console, read_console
+from results.read.parse_session import find_sessions, session_turns
 from results.read.parse_text import NumberError
 from results.read.table import build_table
 from tests.results.mutants import UPSTREAM
@@ -141,3 +143,54 @@ def test_a_number_too_large_in_the_plans_command_line_names_file_and_line(tmp_pa
     with pytest.raises(NumberError, match=r"p\.err:2: plan_cache_mb=") as error:
         read_console(capture)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("line", "where"), [
+    ("moe-stream: read ١٢.٥ MiB (1.0 MiB/token), decode 0.3 s/token (compute 0.1 + flash I/O 0.2 s/token, 5.0 MiB/s)",
+     "x.out:2: ١٢.٥"),
+    ("moe-cache: 61.5% hit, resident 2296.0 MiB, budget ２３００ MiB (fixed)", "x.out:2: ２３００"),
+    ("the answer bmoe: expert streaming ON  n_expert=1_28 o_direct=1 io_threads=4 cache=4 MiB", "x.out:2: bmoe: 1_28"),
+    ("peak_rss_kb=٥٠٠", "x.out:2: peak_rss_kb=٥٠٠"),
+    ("print_info: n_expert_used = ٤", "x.out:2: n_expert_used=٤"),
+])
+def test_an_engine_line_with_digits_no_engine_prints_is_refused_with_its_line(tmp_path, line, where):
+    capture = tmp_path / "x.out"
+    capture.write_text(f"generation: 5 tokens, 0.100 s/token (10.00 tok/s)\n{line}\n", encoding="utf-8")
+    with pytest.raises(NumberError, match="not an ASCII decimal number") as error:
+        read_console(capture)
+    assert where in str(error.value), error.value
+
+
+def test_other_digits_in_generated_text_and_an_engines_error_words_are_text(tmp_path):
+    capture = tmp_path / "x.out"
+    capture.write_text("٣ + ٤ = ٧ bmoe: expert streaming ON  n_expert=8 o_direct=1 io_threads=4 cache=4 MiB\n"
+                       "config error: moe.cache_mb=١٢ is below 32\nBMOE_PROGRESS {\"id\":1,\"delta_text\":\"٣\"}\n",
+                       encoding="utf-8")
+    run = read_console(capture)
+    assert run.streaming is not None and run.streaming.n_expert == 8
+    assert run.config_error == "moe.cache_mb=١٢ is below 32" and run.events[0][1]["delta_text"] == "٣"
+
+
+def test_a_metrics_version_of_5000_digits_is_refused_with_its_line(tmp_path):
+    csv = tmp_path / "m.csv"
+    csv.write_text("# bmoe_metrics v" + "1" * 5000 + "\nstep,steps,wall_ms,io_ms,compute_ms,read_bytes,cache_hit_pct\n")
+    with pytest.raises(NumberError, match=r"m\.csv:1: bmoe_metrics="):
+        read_metrics_csv(csv)
+
+
+def test_a_state_files_meminfo_in_other_digits_is_refused_not_left_out(tmp_path):
+    state = tmp_path / "s.state"
+    state.write_text("--- BEFORE ---\nmeminfo: MemFree: ٣٠٠ kB MemAvailable: 7184292 kB\n", encoding="utf-8")
+    with pytest.raises(NumberError, match=r"s\.state:2: "):
+        read_state(state)
+
+
+def test_a_refused_turns_error_and_the_plans_budget_are_range_checked(tmp_path):
+    run = parse_console(["plan: reproduce with", "  bmoe-cli -m /m/q.gguf --cache-mb -5"], paths=("p.err",))
+    assert run.value("plan-reproduce", "plan_cache_mb") is None
+    assert any("p.err:2: plan_cache_mb=-5: negative" in n for n in run.notes), run.notes
+    capture = tmp_path / "rewarm-ab-y.out"
+    capture.write_text('BMOE_READY {"load_s":1.0}\nBMOE_BEGIN {"id":1}\nBMOE_ERROR {"id":-2,"fatal":false,"msg":"x"}\n')
+    (found,), _ = find_sessions([capture])
+    assert found.errors[0]["id"] is None and any("id=-2: negative" in n for n in found.notes), found.notes
+    assert [t["id"] for t in session_turns(found)] == [1]
