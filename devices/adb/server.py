@@ -57,8 +57,8 @@ class AdbServer:
     def parse(cls, text: str) -> AdbServer:
         """`HOST:PORT` (an IPv6 host in brackets, or bare: the last colon splits), or `:PORT`."""
         host, _, port = text.rpartition(":")
-        if not is_digits(port) or not 0 < int(port) < 65536:
-            raise DeviceError(f"--adb expects HOST:PORT, got {text!r}")
+        if not (is_digits(port) and len(port) <= 5 and 0 < int(port) < 65536):    # int() refuses 4,300 digits
+            raise DeviceError(f"--adb expects HOST:PORT, got {one_line(text, 80)!r}")
         return cls(_unbracket(host) or DEFAULT_ADB_HOST, int(port))
 
     def client(self, socket_timeout_s: float = 30.0) -> _Client:
@@ -105,7 +105,7 @@ def _socket_spec(spec: str) -> AdbServer:
 
 
 def _port(text: str, where: str) -> int:
-    if is_digits(text) and 0 < int(text) < 65536:
+    if is_digits(text) and len(text) <= 5 and 0 < int(text) < 65536:
         return int(text)
     name = where if "=" in where else f"{where}={one_line(text, 40)!r}"
     raise DeviceError(f"{name}: the port must be a number from 1 to 65535")

@@ -86,3 +86,15 @@ def test_model_inspect_and_replay_take_ascii_numbers_only(tiny_model, cli):
     for budgets in ("1_000", "١٠٠", "100,２00"):
         result = CliRunner().invoke(cli, ["replay", str(trace), "--budgets", budgets])
         assert result.exit_code == 2 and "--budgets" in result.output, result.output
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--adb", "127.0.0.1:" + "9" * 5000], {}), (["--adb", "127.0.0.1:٥٠٣٧"], {}),
+    ([], {"ADB_SERVER_SOCKET": "tcp:" + "9" * 5000}), ([], {"ANDROID_ADB_SERVER_PORT": "٥٠٣٧"}),
+])
+def test_an_adb_port_of_5000_digits_or_other_digits_is_one_line(tmp_path, tiny_model, cli, args, env):
+    result = CliRunner().invoke(cli, ["sweep", "--model", str(tiny_model), "--device", "R58XYZ", *args, "--dry-run",
+                                      "-o", str(tmp_path / "out")], env=env, catch_exceptions=False)
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and result.output.count("\n") == 1, \
+        result.output
+    assert len(result.output) < 400 and ("--adb" in result.output or next(iter(env)) in result.output)
