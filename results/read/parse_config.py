@@ -76,7 +76,7 @@ _MODEL_PATH_RE = re.compile(r"llama_model_loader: loaded meta data .* from (.+?)
 _THREADS_RE = re.compile(r"^set_n_threads: n_threads = ([0-9]+)")
 # the same lines with any value: results.read.parse_console checks it where it knows the file and
 # line (a numeral no engine prints is refused there), so config_from_log reads only good ones
-LOG_NUMBER_RE = re.compile(r"^(?:print_info: (n_expert_used|n_expert)\s*=|set_n_threads: (n_threads) =)\s*(\S+)")
+LOG_NUMBER_RE = re.compile(r"^(?:print_info: (n_expert_used|n_expert)\s*=|set_n_threads: (n_threads) =)\s*([0-9]+|\S+)")
 
 
 def run_stem(path: str | Path) -> str:

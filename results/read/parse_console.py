@@ -14,8 +14,10 @@ without a newline. A line that starts like a known end-of-run line but does not 
 kept in `unparsed` rather than dropped, so a new engine variant shows up instead of vanishing.
 
 Numbers are range-checked as they are read (results.read.parse_values): a numeral no engine prints is
-refused with the file, line and line kind; nan/inf and impossible values (a negative time, a hit
-rate over 100 %) become None, and `notes` says which.
+refused with the file, line and line kind (too large; or in digits no engine prints, `١٢`, `1_0`,
+anywhere in an engine's line, even where its shape would still match without that number);
+nan/inf and impossible values (a negative time, a hit rate over 100 %, a bool, a part over its
+whole) become None, and `notes` says which.
 
 The judgements other modules make of a run from its lines (harness.run.classify: did O_DIRECT hold,
 was the command line taken or refused; harness.campaign.engine_probe: why a flag was refused;

@@ -18,7 +18,8 @@ keeps three things, each of which reads here as one SessionCapture:
 
 A .mem pairs with the engine capture or JSON-lines file of the same TAG in its folder (the name
 minus `rewarm-ab-`, `turns-` or `idle-`). Strict where a capture says what a turn did: a
-`BMOE_DONE` whose JSON does not parse (cut short; the script's cut parses), a .mem line that is no
+`BMOE_DONE` whose JSON does not parse (cut short; the script's cut parses) or is no object (a
+JSON-lines file whose first summary is `BMOE_DONE null` is read, and refused), a .mem line that is no
 `t=N …` sample, or a last line cut mid-way refuses the capture with `file:line: what`
 (ParseError). Lenient elsewhere: unknown keys of `BMOE_DONE` are kept, the engine's other lines
 are left to results.read.parse_console, impossible values are stored as missing with a note.
@@ -166,9 +167,10 @@ def gap_lines(lines: Sequence[str], where: Any, cut_last: bool) -> GapLog:
         except NumberError as e:
             raise located(e, where(i)) from None
     try:
-        idle_s = float(to_number(head[1], "idle_s"))
+        idle_s = to_number(head[1], "idle_s")     # as read: float() would round 2^64 - 1 up to 2^64
     except NumberError as e:
         raise located(e, where(0)) from None
+    assert not isinstance(idle_s, str)           # the header's pattern holds a numeral
     return GapLog(where(0), idle_s, tuple(samples))
 
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from harness.importer import import_runs
 from results.read.parse import read_metrics_csv, read_state
 from results.read.parse_console import parse_console, read_console
-from results.read.parse_session import find_sessions, session_turns
+from results.read.parse_session import find_sessions, read_gap_log, session_turns
 from results.read.parse_text import NumberError
 from results.read.table import build_table
 from tests.results.mutants import UPSTREAM
@@ -194,3 +194,18 @@ def test_a_refused_turns_error_and_the_plans_budget_are_range_checked(tmp_path):
     (found,), _ = find_sessions([capture])
     assert found.errors[0]["id"] is None and any("id=-2: negative" in n for n in found.notes), found.notes
     assert [t["id"] for t in session_turns(found)] == [1]
+
+
+def test_a_huge_top_k_in_llamas_load_log_is_refused_where_its_line_is_known(tmp_path):
+    """config_from_log reads the digits a `print_info:` value starts with; the console reader checks
+    those same digits, with the file and line (junk after them included)."""
+    capture = tmp_path / "x.out"
+    capture.write_text("generation: 5 tokens, 0.100 s/token (10.00 tok/s)\n"
+                       f"print_info: n_expert_used = {'1' * 50}\ufffd1\n", encoding="utf-8")
+    with pytest.raises(NumberError, match=r"x\.out:2: n_expert_used=1+… \(50 digits\)"):
+        read_console(capture)
+
+
+def test_a_gap_of_2_to_the_64_minus_1_seconds_is_kept_as_written_not_rounded_up(tmp_path):
+    (tmp_path / "idle-a.mem").write_text(f"-- idle {2 ** 64 - 1}s from turn 1 done --\nt=0 VmSwap: 1 kB VmRSS: 2 kB\n")
+    assert read_gap_log(tmp_path / "idle-a.mem").idle_s == 2 ** 64 - 1
