@@ -30,7 +30,7 @@ TINY = ROOT / "tests" / "fixtures" / "upstream" / "host-v2-0.19.0" / "tiny-qwen3
 def s_per_token(argv: list[str], csv: str) -> float:
     subprocess.run(argv + ["--csv", csv], check=True, capture_output=True, cwd=ROOT)
     with open(csv) as fh:
-        rows = [line.split(",") for line in fh if line[:1].isdigit()]
+        rows = [line.split(",") for line in fh if line[:1].isascii() and line[:1].isdigit()]
     return sum(float(r[2]) for r in rows) / len(rows) / 1000.0
 
 

@@ -2,9 +2,11 @@
 
 The mutators and readers are the fuzz tests' own, driven here by a seeded random.Random instead
 of hypothesis, --mutants per reader (10,000 by default): from tests/results/mutants.py the metrics
-CSVs of every version, `.metrics` sidecars, console captures (one run, and split into runs),
-driver logs, `.state` files, route traces, replay, and the importer on a folder holding one
-mutant; campaign files and their plans (tests/harness/campaign_mutants.py); GGUF headers through
+CSVs of every version, `.metrics` sidecars, console captures (one run, and split into runs; the
+newer releases' lines among them), driver logs, `.state` files, route traces, replay, session
+captures and their gap logs, and the importer on a folder holding one mutant (numbers spelled in
+other digits, bools and parts over their wholes among the mutations); campaign files and their
+plans, app sizes among them (tests/harness/campaign_mutants.py); GGUF headers through
 `model inspect` (tests/engine/gguf_mutants.py); and the virtual adbd over a real socket, sync
 requests and transport messages (tests/devices/sync_mutants.py; a phone is started for them).
 Per reader it prints: tried, clean errors (the project's own error type, one terminal-safe

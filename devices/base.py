@@ -283,12 +283,12 @@ parse_status_kb = parse_kb_fields  # VmHWM / VmRSS … from /proc/PID/status
 
 
 def parse_battery_temp_dc(dumpsys_battery: str) -> int | None:
-    m = re.search(r"^\s*temperature:\s*(-?\d+)", dumpsys_battery, re.MULTILINE)
+    m = re.search(r"^\s*temperature:\s*(-?[0-9]+)", dumpsys_battery, re.MULTILINE)
     return int(m[1]) if m else None
 
 
 def parse_thermal_status(dumpsys_thermal: str) -> int | None:
-    m = re.search(r"Thermal Status:\s*(\d+)", dumpsys_thermal)
+    m = re.search(r"Thermal Status:\s*([0-9]+)", dumpsys_thermal)
     return int(m[1]) if m else None
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from devices.android import ACTIVE_PERCENT, ACTIVE_PERIOD_S, HOST_ABI, App
 from devices.base import DeviceError
-from engine.units import GIB, MIB
+from engine.units import GIB, MIB, is_digits
 
 SOURCE = Path(__file__).with_name("coapp.c")
 BINARY = "bmoe-coapp"
@@ -108,7 +108,7 @@ OPEN_SH = (
 def _open(phone, app: App) -> RunningApp:
     status, out, err = phone.shell(f"sh -c {shlex.quote(OPEN_SH)} sh {shlex.quote(app.name)}", timeout_s=30)
     pid = out.decode(errors="replace").strip()
-    if status != 0 or not pid.isdigit():
+    if status != 0 or not is_digits(pid):
         raise CoAppError(f"{app.describe()} could not be opened: "
                          f"{(err.decode(errors='replace').strip() or 'no pid')[:200]}")
     return RunningApp(app, int(pid), True)
@@ -217,7 +217,7 @@ def _start_ballast(phone, apps: Sequence[App], binary_local: Path, session: AppS
     deadline = time.monotonic() + max(FILL_MIN_S, FILL_S_PER_GIB * sum(a.size_bytes for a in apps) / GIB)
     for app, conn in zip(apps, connections):
         lines = _lines_until(conn, "ready", deadline)
-        if not lines or not lines[0].isdigit():
+        if not lines or not is_digits(lines[0]):
             raise CoAppError(f"{app.describe()} did not start: {' '.join(lines)[:200]!r}")
         session.running.append(RunningApp(app, int(lines[0]), "ready" in lines[1:]))
 

@@ -75,26 +75,26 @@ class LmkEvent:
 # brief `L/TAG(PID): `, epoch `%19lld.mmm  PID  TID L TAG: ` (the seconds space-padded), with -v year
 # `YYYY-MM-DD HH:MM:SS.mmm`; dmesg `[  123.456] `.
 _PREFIX_RE = re.compile(
-    r"^\s*(?:(?P<ts>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d\.\d+|\d{9,}\.\d+)\s+)?"
-    r"(?:\s*\d+\s+\d+\s+[VDIWEF]\s+(?P<tag1>[^:]+?)\s*:\s|[VDIWEF]/(?P<tag2>[^(]+?)\(\s*\d+\):\s)?"
-    r"(?:\[\s*(?P<ktime>\d+\.\d+)\]\s*)?"
+    r"^\s*(?:(?P<ts>(?:[0-9]{4}-)?[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9]+|[0-9]{9,}\.[0-9]+)\s+)?"
+    r"(?:\s*[0-9]+\s+[0-9]+\s+[VDIWEF]\s+(?P<tag1>[^:]+?)\s*:\s|[VDIWEF]/(?P<tag2>[^(]+?)\(\s*[0-9]+\):\s)?"
+    r"(?:\[\s*(?P<ktime>[0-9]+\.[0-9]+)\]\s*)?"
 )
 _LMKD_12 = re.compile(
-    r"Kill '(?P<name>[^']*)' \((?P<pid>\d+)\), uid (?P<uid>\d+), oom_score_adj (?P<adj>-?\d+) "
-    r"to free (?P<rss>\d+)kB rss, (?P<swap>\d+)k[Bb] swap(?:; reason: (?P<reason>.*))?"
+    r"Kill '(?P<name>[^']*)' \((?P<pid>[0-9]+)\), uid (?P<uid>[0-9]+), oom_score_adj (?P<adj>-?[0-9]+) "
+    r"to free (?P<rss>[0-9]+)kB rss, (?P<swap>[0-9]+)k[Bb] swap(?:; reason: (?P<reason>.*))?"
 )
 _LMKD_11 = re.compile(
-    r"Kill '(?P<name>[^']*)' \((?P<pid>\d+)\), uid (?P<uid>\d+), oom_adj (?P<adj>-?\d+) "
-    r"to free (?P<rss>\d+)kB(?:; reason: (?P<reason>.*))?"
+    r"Kill '(?P<name>[^']*)' \((?P<pid>[0-9]+)\), uid (?P<uid>[0-9]+), oom_adj (?P<adj>-?[0-9]+) "
+    r"to free (?P<rss>[0-9]+)kB(?:; reason: (?P<reason>.*))?"
 )
-_LMKD_9 = re.compile(r"Killing '(?P<name>[^']*)' \((?P<pid>\d+)\), uid (?P<uid>\d+), adj (?P<adj>-?\d+)(?P<rest>.*)")
-_KERNEL_LMK = re.compile(r"lowmemorykiller: Killing '(?P<name>[^']*)' \((?P<pid>\d+)\), adj (?P<adj>-?\d+)(?P<rest>.*)")
+_LMKD_9 = re.compile(r"Killing '(?P<name>[^']*)' \((?P<pid>[0-9]+)\), uid (?P<uid>[0-9]+), adj (?P<adj>-?[0-9]+)(?P<rest>.*)")
+_KERNEL_LMK = re.compile(r"lowmemorykiller: Killing '(?P<name>[^']*)' \((?P<pid>[0-9]+)\), adj (?P<adj>-?[0-9]+)(?P<rest>.*)")
 _KERNEL_OOM = re.compile(
-    r"(?:Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)"
+    r"(?:Memory cgroup out of memory|Out of memory)(?: \([^)]*\))?: Killed process (?P<pid>[0-9]+) \((?P<name>[^)]*)\)"
     r"(?P<rest>.*)"
 )
-_KILLINFO = re.compile(r"killinfo\s*:\s*\[(?P<fields>[-\d.,\s]+)\]")
-_TO_FREE = re.compile(r"to free (\d+)kB")
+_KILLINFO = re.compile(r"killinfo\s*:\s*\[(?P<fields>[-0-9.,\s]+)\]")
+_TO_FREE = re.compile(r"to free ([0-9]+)kB")
 
 
 def _prefix(line: str) -> tuple[str | None, str | None, str]:
@@ -138,11 +138,11 @@ def parse_line(line: str) -> LmkEvent | None:
                         oom_score_adj=int(m["adj"]), rss_kb=int(free[1]) if free else None, timestamp=ts, line=line)
     if m := _KERNEL_OOM.search(line):
         rest = m["rest"]
-        anon = re.search(r"anon-rss:(\d+)kB", rest)
-        file_rss = re.search(r"file-rss:(\d+)kB", rest)
-        shmem = re.search(r"shmem-rss:(\d+)kB", rest)
-        uid = re.search(r"UID:(\d+)", rest)
-        adj = re.search(r"oom_score_adj:(-?\d+)", rest)
+        anon = re.search(r"anon-rss:([0-9]+)kB", rest)
+        file_rss = re.search(r"file-rss:([0-9]+)kB", rest)
+        shmem = re.search(r"shmem-rss:([0-9]+)kB", rest)
+        uid = re.search(r"UID:([0-9]+)", rest)
+        adj = re.search(r"oom_score_adj:(-?[0-9]+)", rest)
         rss = sum(int(x[1]) for x in (anon, file_rss, shmem) if x) if anon else None
         return LmkEvent("kernel-oom", "kernel-oom", int(m["pid"]), name=m["name"], uid=int(uid[1]) if uid else None,
                         oom_score_adj=int(adj[1]) if adj else None, rss_kb=rss,
@@ -156,9 +156,9 @@ def _killinfo_fields(text: str) -> tuple[list[int], dict[str, float]] | None:
     appends since Android 13 (named when there are the five of killinfo_log); None for a list that
     is neither (a float among the integers, too few fields)."""
     items = [v for v in text.replace(" ", "").split(",") if v]
-    n_ints = next((i for i, v in enumerate(items) if not re.fullmatch(r"-?\d+", v)), len(items))
+    n_ints = next((i for i, v in enumerate(items) if not re.fullmatch(r"-?[0-9]+", v)), len(items))
     tail = items[n_ints:]
-    if n_ints < 6 or not all(re.fullmatch(r"-?\d+\.\d+", v) for v in tail):
+    if n_ints < 6 or not all(re.fullmatch(r"-?[0-9]+\.[0-9]+", v) for v in tail):
         return None
     psi = dict(zip(KILLINFO_PSI_FIELDS, map(float, tail))) if len(tail) == len(KILLINFO_PSI_FIELDS) else {}
     return [int(v) for v in items[:n_ints]], psi

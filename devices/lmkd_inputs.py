@@ -124,7 +124,7 @@ def parse_zoneinfo(text: str, page_bytes: int) -> Watermarks | None:
     min, low and high plus its largest `protection` entry, summed, in kB; None when the text has no zone."""
     totals = [0, 0, 0]
     zones = 0
-    for block in re.split(r"^Node \d+, zone ", text, flags=re.M)[1:]:
+    for block in re.split(r"^Node [0-9]+, zone ", text, flags=re.M)[1:]:
         fields_ = {k: int(v) for k, v in re.findall(r"^\s+(min|low|high|present)\s+([0-9]{1,20})$", block, re.M | re.A)}
         if not fields_.get("present") or not all(k in fields_ for k in ("min", "low", "high")):
             continue

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from devices.android import PERCEPTIBLE_APP_ADJ
+from engine.units import ascii_int
 
 # enum kill_reasons (lmkd statslog.h, Android 14)
 PRESSURE_AFTER_KILL, NOT_RESPONDING, LOW_SWAP_AND_THRASHING, LOW_MEM_AND_SWAP, LOW_MEM_AND_THRASHING = 0, 1, 2, 3, 4
@@ -237,7 +238,7 @@ def read_psi_full_total_us(path: str = "/proc/pressure/memory") -> int | None:
         with open(path) as f:
             for line in f:
                 if line.startswith("full"):
-                    return int(line.rsplit("total=", 1)[1])
+                    return ascii_int(line.rsplit("total=", 1)[1])
     except (OSError, ValueError, IndexError):
         return None
     return None

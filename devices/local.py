@@ -31,7 +31,7 @@ from devices.base import (
 )
 from devices.lmk import LmkEvent, parse_line
 from engine.fsutil import fleet_home, replacing
-from engine.units import MIB
+from engine.units import MIB, ascii_int
 
 LOCAL_SERIAL = "local"
 
@@ -47,7 +47,7 @@ def _read(path: str) -> str | None:
 def _read_int(path: str) -> int | None:
     text = _read(path)
     try:
-        return int(text) if text is not None else None
+        return ascii_int(text) if text is not None else None
     except ValueError:
         return None
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from devices import sections
+from engine.units import is_digits
 
 MARK = "@@RECLAIM"
 VMSTAT_KEYS = ("pswpin", "pswpout", "pgmajfault", "allocstall", "pgsteal_direct", "workingset_refault")
@@ -84,14 +85,14 @@ def split(text: str) -> dict[str, str]:
 
 
 def _kb(text: str, key: str) -> int | None:
-    m = re.search(rf"^{key}:\s+(\d+)\s*kB", text, re.MULTILINE)
+    m = re.search(rf"^{key}:\s+([0-9]+)\s*kB", text, re.MULTILINE)
     return int(m[1]) if m else None
 
 
 def _majflt(stat: str) -> int | None:
     # comm may hold spaces and parentheses: the fields after it start past the last ')'
     rest = stat.rpartition(")")[2].split()
-    return int(rest[9]) if len(rest) > 9 and rest[9].isdigit() else None
+    return int(rest[9]) if len(rest) > 9 and is_digits(rest[9]) else None
 
 
 def vmstat_counters(text: str) -> dict[str, int]:
@@ -99,7 +100,7 @@ def vmstat_counters(text: str) -> dict[str, int]:
     found: dict[str, int] = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) != 2 or not f[1].isdigit():
+        if len(f) != 2 or not is_digits(f[1]):
             continue
         name, value = f[0], int(f[1])
         key = next((k for k in ("allocstall", "workingset_refault") if name.startswith(k)), name)
@@ -112,12 +113,12 @@ def vmstat_counters(text: str) -> dict[str, int]:
 
 
 def _psi(text: str, kind: str) -> float | None:
-    m = re.search(rf"^{kind} avg10=(\d+(?:\.\d+)?)", text, re.MULTILINE)
+    m = re.search(rf"^{kind} avg10=([0-9]+(?:\.[0-9]+)?)", text, re.MULTILINE)
     return float(m[1]) if m else None
 
 
 def _zram_kb(text: str) -> int | None:
-    used = [int(f[2]) for f in (line.split() for line in text.splitlines()) if len(f) >= 3 and f[2].isdigit()]
+    used = [int(f[2]) for f in (line.split() for line in text.splitlines()) if len(f) >= 3 and is_digits(f[2])]
     return sum(used) // 1024 if used else None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-_KB_LINE = re.compile(r"^([\w()]+):\s+(\d+)\s*kB", re.MULTILINE)   # Active(file) too
-_KB_VALUE = re.compile(rb"\s+(\d+)\s*kB")    # what follows "Key:" on such a line
+_KB_LINE = re.compile(r"^([\w()]+):\s+([0-9]+)\s*kB", re.MULTILINE)   # Active(file) too
+_KB_VALUE = re.compile(rb"\s+([0-9]+)\s*kB")    # what follows "Key:" on such a line
 
 
 def parse_kb_fields(text: str) -> dict[str, int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.fsutil import naming
+from engine.units import is_digits
 from store import names, versioned
 from store.errors import StoreError
 from store.ledger import Ledger, ledger_line
@@ -100,7 +101,7 @@ class CampaignDir:
         used = [int(r["attempt"]) for r in records if r["cell_id"] == cell_id]
         folder = names.cell_runs(self.root, cell_id)
         if folder.is_dir():
-            used += [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+            used += [int(p.name) for p in folder.iterdir() if is_digits(p.name)]
         return max(used, default=0) + 1
 
     def start_attempt(self, cell_id: str, attempt: int) -> Path:
@@ -147,7 +148,7 @@ class CampaignDir:
             for sub in sorted(cell_dir.iterdir()):
                 if sub.name.startswith(names.TMP_PREFIX):
                     shutil.rmtree(sub, ignore_errors=True)
-                elif sub.name.isdigit() and (cell_dir.name, int(sub.name)) not in known:
+                elif is_digits(sub.name) and (cell_dir.name, int(sub.name)) not in known:
                     run_json = sub / names.RUN_JSON
                     if run_json.is_file():
                         self.ledger.append(ledger_line(versioned.read_json(run_json, versioned.RUN.name)))
@@ -163,7 +164,7 @@ class CampaignDir:
         for cell_dir in sorted(runs.iterdir()):
             if not cell_dir.is_dir():
                 continue
-            for sub in sorted((p for p in cell_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+            for sub in sorted((p for p in cell_dir.iterdir() if is_digits(p.name)), key=lambda p: int(p.name)):
                 if (sub / names.RUN_JSON).is_file():
                     out.append((sub, versioned.read_json(sub / names.RUN_JSON, versioned.RUN.name)))
         return out

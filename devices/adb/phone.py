@@ -36,6 +36,7 @@ from devices.base import (
 )
 from devices.lmk import LmkEvent, parse_log
 from engine.safetext import one_line
+from engine.units import ascii_float
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def lmk_since(head: str, dmesg: str, since_phone: float) -> list[LmkEvent]:
     (phone epoch seconds), and any line without an epoch stamp."""
     lines = head.strip("\n").splitlines()
     try:
-        boot_s = float(lines[0]) - float(lines[1])
+        boot_s = ascii_float(lines[0]) - ascii_float(lines[1])
     except (IndexError, ValueError):
         boot_s = None
     events = []
@@ -229,7 +230,7 @@ def parse_page_size(text: str) -> int | None:
 
 def _at(timestamp: str | None, base_s: float) -> float | None:
     try:
-        return base_s + float(timestamp) if timestamp else None
+        return base_s + ascii_float(timestamp) if timestamp else None
     except ValueError:  # an MM-DD HH:MM:SS stamp: logcat was not asked for epoch times
         return None
 

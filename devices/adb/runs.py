@@ -25,7 +25,7 @@ from devices.base import (
     parse_meminfo_kb,
 )
 from engine.safetext import one_line
-from engine.units import KIB
+from engine.units import KIB, is_digits
 
 # shell v2 packet ids (adb's shell_protocol.h): stdin, stdout, stderr, exit, close-stdin
 _SHELL_STDIN, _SHELL_STDOUT, _SHELL_STDERR, _SHELL_EXIT, _SHELL_CLOSE_STDIN = 0, 1, 2, 3, 4
@@ -283,7 +283,7 @@ class PhoneRuns(PhoneLink):
 def strays_killed(text: str) -> int:
     """How many strays the strays command said it killed by name (0 when it said nothing)."""
     lines = text.strip().splitlines()
-    return int(lines[-1]) if lines and lines[-1].isdigit() else 0
+    return int(lines[-1]) if lines and is_digits(lines[-1]) else 0
 
 
 def reaped_pids(text: str) -> list[int]:

@@ -27,6 +27,7 @@ from devices.adb.adbutils_import import AdbClient, AdbConnection, AdbConnectionE
 from devices.base import DeviceError
 from engine.fsutil import fleet_home, replacing
 from engine.safetext import one_line
+from engine.units import is_digits
 
 DEFAULT_ADB_PORT = 5037
 DEFAULT_ADB_HOST = "127.0.0.1"
@@ -56,8 +57,8 @@ class AdbServer:
     def parse(cls, text: str) -> AdbServer:
         """`HOST:PORT` (an IPv6 host in brackets, or bare: the last colon splits), or `:PORT`."""
         host, _, port = text.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise DeviceError(f"--adb expects HOST:PORT, got {text!r}")
+        if not (is_digits(port) and len(port) <= 5 and 0 < int(port) < 65536):    # int() refuses 4,300 digits
+            raise DeviceError(f"--adb expects HOST:PORT, got {one_line(text, 80)!r}")
         return cls(_unbracket(host) or DEFAULT_ADB_HOST, int(port))
 
     def client(self, socket_timeout_s: float = 30.0) -> _Client:
@@ -104,7 +105,7 @@ def _socket_spec(spec: str) -> AdbServer:
 
 
 def _port(text: str, where: str) -> int:
-    if text.isascii() and text.isdigit() and 0 < int(text) < 65536:
+    if is_digits(text) and len(text) <= 5 and 0 < int(text) < 65536:
         return int(text)
     name = where if "=" in where else f"{where}={one_line(text, 40)!r}"
     raise DeviceError(f"{name}: the port must be a number from 1 to 65535")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.fsutil import atomic_write
+from engine.units import is_digits
 
 PREFIX = "bmoe-vphone-"
 # one file per group made here, named by its leaf: the making daemon's pid, then the group's folders,
@@ -107,7 +108,7 @@ def _keyed(path: Path) -> dict[str, int]:
     out = {}
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+        if len(parts) == 2 and is_digits(parts[1].removeprefix("-")):
             out[parts[0]] = int(parts[1])
     return out
 

@@ -107,7 +107,7 @@ def write(root: Path, cpus: list[int]) -> None:
     for block in blocks:
         first = block.split("\n", 1)[0]
         if first.startswith("processor") and int(first.split(":")[1]) in cpus:
-            block = re.sub(r"^(siblings|cpu cores)(\s*): \d+$", lambda m: f"{m[1]}{m[2]}: {len(cpus)}", block,
+            block = re.sub(r"^(siblings|cpu cores)(\s*): [0-9]+$", lambda m: f"{m[1]}{m[2]}: {len(cpus)}", block,
                            flags=re.M)
             keep.append(block)
     if not keep or not blocks[0].startswith("processor"):   # arm64 puts common lines last

@@ -64,9 +64,9 @@ KILLINFO_TAG = "killinfo"
 LMKD_TAG = "lowmemorykiller"
 # enum kill_reasons (statslog.h): LOW_MEM_AND_SWAP = 3, LOW_MEM = 8 (Android 14).
 LOW_MEM_AND_SWAP, LOW_MEM = 3, 8
-_KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
-_SUMMARY = re.compile(r"oom-kill:.*oom_memcg=([^,]*),.*pid=(\d+)")
-_UID = re.compile(r"UID:(\d+)")
+_KILLED = re.compile(r"Killed process ([0-9]+) \(([^)]*)\).*?anon-rss:([0-9]+)kB, file-rss:([0-9]+)kB, shmem-rss:([0-9]+)kB")
+_SUMMARY = re.compile(r"oom-kill:.*oom_memcg=([^,]*),.*pid=([0-9]+)")
+_UID = re.compile(r"UID:([0-9]+)")
 FIRST_APPLICATION_UID = 10000     # android_filesystem_config.h: an app's processes share its uid
 FORGET_AFTER_S = 10.0
 # after a victim is gone, lmkd decides again once the phone's counters have its memory back (the

@@ -57,6 +57,7 @@ from devices.virtual.variant import build_variant_props
 from devices.virtual.zram import Zram, ram_for
 from devices.virtual.zram_charge import Ballast
 from engine.fsutil import atomic_write, fleet_home, replacing
+from engine.units import is_digits
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
@@ -603,7 +604,7 @@ def _host_vmstat() -> dict[str, int]:
     with contextlib.suppress(OSError):
         for line in Path("/proc/vmstat").read_text().splitlines():
             k, _, v = line.partition(" ")
-            if v.strip().isdigit():
+            if is_digits(v.strip()):
                 out[k] = int(v)
     return out
 
@@ -622,7 +623,7 @@ def join_cgroup(procs_files: list[str]) -> None:
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if is_digits(entry):
             try:
                 ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):

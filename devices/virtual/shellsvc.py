@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from devices.virtual.adbd import Stream, StreamClosed
-from engine.units import KIB
+from engine.units import KIB, is_digits
 
 log = logging.getLogger("bmoe.vphone.shell")
 
@@ -150,7 +150,7 @@ def _members(sids: set[int]) -> dict[int, list[int]]:
     if not wanted:
         return out
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not is_digits(entry):
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from devices.virtual.cgroup import daemon_alive
 from engine.fsutil import atomic_write
+from engine.units import is_digits
 
 CONTROL = Path("/sys/class/zram-control")
 SYS_BLOCK = Path("/sys/block")
@@ -165,7 +166,7 @@ def ram_for(swapped_bytes: int) -> int:
     (docs/decisions/vphone-swap-counters.md)."""
     orig = used = 0
     for dev in swap_areas():
-        if dev.startswith("/dev/zram") and dev[9:].isdigit():
+        if dev.startswith("/dev/zram") and is_digits(dev[9:]):
             stat = Zram(int(dev[9:])).mm_stat()
             orig += stat.get("orig_data_size", 0)
             used += stat.get("mem_used_total", 0)

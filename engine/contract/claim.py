@@ -28,7 +28,7 @@ from engine.units import MIB
 
 CLAIM_ENV = "BMOE_PY_RELEASE"
 DEFAULT = V0_19
-_CLAIMED_IN = re.compile(r"\(bmoe-cli (\d+\.\d+(?:\.\d+)?)\)|\+bmoe-cli-(\d+\.\d+(?:\.\d+)?)")
+_CLAIMED_IN = re.compile(r"\(bmoe-cli ([0-9]+\.[0-9]+(?:\.[0-9]+)?)\)|\+bmoe-cli-([0-9]+\.[0-9]+(?:\.[0-9]+)?)")
 
 
 def claimed(environ: Mapping[str, str]) -> Release:

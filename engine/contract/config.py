@@ -41,6 +41,7 @@ from engine.interface.flags import (
 from engine.interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
 from engine.interface.releases import NEXT, V0_19, Release
 from engine.stream.budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
+from engine.units import ascii_int
 
 # ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
 DENSE_MODES = DENSE_WEIGHTS.choices
@@ -274,7 +275,7 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
         elif a in _BY_KIND[interface.TOKENS]:
             raw = next_value(a)
             try:
-                values[interface.flag(a).field] = tuple(int(t) for t in raw.split(",") if t.strip())
+                values[interface.flag(a).field] = tuple(ascii_int(t) for t in raw.split(",") if t.strip())
             except ValueError:
                 raise UsageExit(f"bmoe: {a} expects comma-separated token ids, got '{raw}'", 2) from None
         elif a in _BY_KIND[interface.MIB_OR_AUTO]:

@@ -31,10 +31,10 @@ def cycle_price_mib(cycle_bytes: float) -> float:
 SHAPE_FORMAT, SHAPE_VERSION = "bmoe-fleet.model-shape", 1
 
 # Streamed expert weights: split gate/up/down, or gate+up fused. Biases and scales stay dense.
-_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_EXPERT_RE = re.compile(r"^blk\.([0-9]+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+_LAYER_RE = re.compile(r"^blk\.([0-9]+)\.")
 MAX_LAYERS = 512   # llama.cpp's LLAMA_MAX_LAYERS: bmoe-cli refuses a block_count above it
-_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)(?:\.([0-9]+))?$")
 
 
 @dataclass(frozen=True, order=True)

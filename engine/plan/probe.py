@@ -49,7 +49,7 @@ from engine.plan.planner import (
 )
 from engine.stream.budget import available_memory
 from engine.stream.io import DirectReader
-from engine.units import GIB, MIB
+from engine.units import GIB, MIB, ascii_int
 
 PROGRAM = "bmoe-py"            # the program the reproduce line names: the engine that made the plan
 
@@ -57,7 +57,7 @@ PROBE_LANES = (1, 2, 4)
 PROBE_SAMPLES = 3
 REQUESTS_PER_LANE = 4          # each sample keeps every lane busy for four slices
 COMPUTE_REPEATS = 5
-_SWAP_TOTAL = re.compile(r"^SwapTotal:\s+(\d+)\s*kB", re.MULTILINE)
+_SWAP_TOTAL = re.compile(r"^SwapTotal:\s+([0-9]+)\s*kB", re.MULTILINE)
 
 
 def model_profile(path: str, n_expert_used: int = 0) -> tuple[ModelProfile, ModelShape | None]:
@@ -139,7 +139,7 @@ def core_classes(cpus: list[int], root: str = "/sys/devices/system/cpu") -> tupl
     for cpu in cpus:
         try:
             with open(f"{root}/cpu{cpu}/cpufreq/cpuinfo_max_freq", encoding="ascii") as f:
-                v = int(f.read().split()[0])
+                v = ascii_int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             return ()
         if v <= 0:

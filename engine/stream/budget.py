@@ -22,7 +22,7 @@ import psutil
 
 from engine.errors import BmoeError
 from engine.gguf.model import ModelShape
-from engine.units import MIB
+from engine.units import MIB, ascii_int
 
 CACHE_MIN_MB = 1500  # MoeStreamConfig::cache_min_mb: smallest non-pathological fixed budget
 CACHE_FLOOR_MB_DEFAULT = 1536
@@ -104,7 +104,7 @@ def validate(flags: CacheFlags) -> None:
 # ---- available memory -----------------------------------------------------------------------
 def mem_available_from_meminfo(text: str) -> int | None:
     """MemAvailable in bytes from /proc/meminfo text; None when the line is missing."""
-    m = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
+    m = re.search(r"^MemAvailable:\s+([0-9]+)\s*kB", text, re.MULTILINE)
     return int(m[1]) * 1024 if m else None
 
 
@@ -124,7 +124,7 @@ def _read_int(path: str) -> int | None:
     if text == "max":
         return None  # v2's "no limit"
     try:
-        return int(text)
+        return ascii_int(text)
     except ValueError:
         return None
 

@@ -24,7 +24,7 @@ PLANNER = PLANNER_BUDGET
 MAX_FACTOR = 1000.0             # cycle*F, knee*F
 # budgets relative to a measure of the model: its token cycle (from the header) or the knee of the
 # LRU curve replayed from a route-traced probe run on the device (harness.plan.probe)
-# ASCII digits only: Python's \d also takes ١ or ９, which no engine or person means here
+# ASCII digits only: Python's [0-9] also takes ١ or ９, which no engine or person means here
 _RELATIVE_RE = re.compile(r"^(cycle|knee)\s*(?:\*\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+))?$", re.ASCII)
 
 

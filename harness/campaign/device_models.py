@@ -41,7 +41,7 @@ FIRST_PIECE_BYTES = 4 * RANGE_ALIGN       # 256 KiB: most headers; a large vocab
 # Ten times the largest real header (a 150k-token vocabulary with its merges is ~6 MiB): a corrupt
 # file, whose parse keeps failing however much is pulled, stops here.
 HEADER_MAX_BYTES = 64 * MIB
-_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from harness.campaign.model import (
 from store.names import safe_id
 
 _PHONE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 # Bounds every numeric setting is checked against when the file is read (docs/campaigns.md).
 MAX_SECONDS = 30 * 24 * 3600    # timeouts and waits: 30 days
 MAX_RETRIES = 20                # the backoff doubles per retry

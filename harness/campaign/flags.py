@@ -24,8 +24,8 @@ from engine.interface import flags as interface
 from engine.interface.flags import AXIS, BUDGET, HARNESS, NO_RUN, PLANNER, RUN, SESSION
 
 _FLAG = re.compile(r"^(-[A-Za-z]|--[A-Za-z][A-Za-z0-9_-]*)$")
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_INT = re.compile(r"^[+-]?[0-9]+$")
+_FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 
 # flags the harness writes itself -> where a campaign sets what they mean (engine.interface.flags)
 RESERVED: dict[str, str] = {s: f.harness for f in interface.with_role(RUN, BUDGET, HARNESS, PLANNER)
@@ -111,9 +111,9 @@ def _typed(text: str) -> FlagValue:
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
-    if _INT.match(text):
+    if _INT.fullmatch(text):
         return int(text)
-    if _FLOAT.match(text):
+    if _FLOAT.fullmatch(text):
         return float(text)
     return text
 

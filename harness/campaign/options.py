@@ -19,6 +19,7 @@ from typing import Any
 from devices.adb.server import AdbServer
 from engine.errors import BmoeError
 from engine.interface.releases import NEXT
+from engine.units import is_digits
 from harness.campaign import flags as flag_rules
 from harness.campaign.budgets import PLANNER
 from harness.campaign.defaults import PYTHON_ENGINE
@@ -110,7 +111,7 @@ def _threads(threads: str | None) -> int | str | None:
     """-t as run.threads: a number, or "auto" as given (parse_campaign checks it)."""
     if threads is None:
         return None
-    return int(threads) if threads.strip().isdigit() else threads.strip()
+    return int(threads) if is_digits(threads.strip()) else threads.strip()
 
 
 def _engine_args(engine_args: Sequence[str]) -> list[str]:

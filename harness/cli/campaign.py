@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 
 import click
 
+from engine.units import ascii_int
 from harness.campaign.sweep_options import AS_JSON, DRY_RUN, RERUN_FAILED, SWEEP_OPTIONS, SweepOption
+from harness.cli.numbers import FLOAT, INT, AsciiFloatRange, AsciiIntRange
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,7 +30,7 @@ def _words(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 
 def _ints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[int]:
     try:
-        return [int(v) for v in _split(values)]
+        return [ascii_int(v) for v in _split(values)]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {','.join(values)!r}") from None
 
@@ -61,9 +63,9 @@ def _scalar_type(option: SweepOption) -> Any:
     if option.choices:
         return click.Choice(list(option.choices))
     if option.kind is int:
-        return click.INT if option.minimum is None else click.IntRange(min=int(option.minimum))
+        return INT if option.minimum is None else AsciiIntRange(min=int(option.minimum))
     if option.kind is float:
-        return click.FLOAT if option.minimum is None else click.FloatRange(min=option.minimum, min_open=option.above)
+        return FLOAT if option.minimum is None else AsciiFloatRange(min=option.minimum, min_open=option.above)
     return None
 
 

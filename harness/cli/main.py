@@ -15,6 +15,7 @@ import click
 from engine.errors import BmoeError
 from engine.safetext import one_line, printable
 from engine.units import MIB
+from harness.cli.numbers import FLOAT, INT
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,7 +65,7 @@ def model() -> None:
 
 @model.command("inspect")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--top-k", "top_ks", type=int, multiple=True,
+@click.option("--top-k", "top_ks", type=INT, multiple=True,
               help="Price the token cycle at this top-k (repeatable). Default: the model's own, plus 2 and 4.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def model_inspect(path: str, top_ks: tuple[int, ...], as_json: bool) -> None:
@@ -82,19 +83,19 @@ def model_inspect(path: str, top_ks: tuple[int, ...], as_json: bool) -> None:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--preset", type=click.Choice(["qwen3moe", "gpt-oss", "gpt-oss-120b"]), default="qwen3moe",
               show_default=True, help="Architecture and default dimensions.")
-@click.option("--layers", type=int, help="Number of layers (block_count).")
-@click.option("--experts", type=int, help="Experts per MoE layer (expert_count).")
-@click.option("--top-k", type=int, help="Experts routed per token (expert_used_count).")
-@click.option("--hidden", type=int, help="Hidden size (embedding_length); a multiple of 32.")
-@click.option("--expert-ffn", type=int, help="Expert FFN size (expert_feed_forward_length); a multiple of 32.")
-@click.option("--vocab", type=int, help="Vocabulary size (at least 259: specials + 256 byte tokens).")
+@click.option("--layers", type=INT, help="Number of layers (block_count).")
+@click.option("--experts", type=INT, help="Experts per MoE layer (expert_count).")
+@click.option("--top-k", type=INT, help="Experts routed per token (expert_used_count).")
+@click.option("--hidden", type=INT, help="Hidden size (embedding_length); a multiple of 32.")
+@click.option("--expert-ffn", type=INT, help="Expert FFN size (expert_feed_forward_length); a multiple of 32.")
+@click.option("--vocab", type=INT, help="Vocabulary size (at least 259: specials + 256 byte tokens).")
 @click.option("--quant", type=click.Choice(["F32", "F16", "Q8_0", "Q4_0", "MXFP4"]),
               help="Expert weight type (qwen3moe: F32/F16/Q8_0/Q4_0; gpt-oss: MXFP4).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for every weight.")
-@click.option("--router-skew", type=float, default=1.0, show_default=True,
+@click.option("--seed", type=INT, default=0, show_default=True, help="Seed for every weight.")
+@click.option("--router-skew", type=FLOAT, default=1.0, show_default=True,
               help="0 = uniform routing; larger = a few popular experts per layer.")
 @click.option("--size", "size_text", help="Choose the free dimensions so the file reaches this size, e.g. 2GiB.")
-@click.option("--split", "split_count", type=int, default=1, show_default=True,
+@click.option("--split", "split_count", type=INT, default=1, show_default=True,
               help="Write the model as this many -0000i-of-0000N.gguf shards.")
 @click.option("--shape-only", is_flag=True,
               help="Write the real header and extend the file sparsely: a shape to price, no weights.")

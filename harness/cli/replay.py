@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from engine.errors import BmoeError
+from engine.units import ascii_float
 from harness.campaign.model import INT_MAX, number_text
 from results.replay.lru_replay import POLICIES
 from results.replay.replay import PHASES, replay_traces
@@ -18,7 +19,7 @@ def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> l
     if value is None or not value.strip():
         return None
     try:
-        budgets = [float(part) for part in value.split(",") if part.strip()]
+        budgets = [ascii_float(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of MiB values, e.g. 250,500,1000") from None
     for budget in budgets:

@@ -13,6 +13,8 @@ import json
 
 import click
 
+from harness.cli.numbers import FLOAT
+
 _DIRS = click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 _MODEL_FILE = click.option(
     "--model-file", "model_files", multiple=True, metavar="NAME=PATH",
@@ -132,7 +134,7 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
 @_out("the comparison")
 @_format()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON, as --format json.")
-@click.option("--threshold", "threshold_pct", type=float, default=0.0, show_default=True, metavar="PCT",
+@click.option("--threshold", "threshold_pct", type=FLOAT, default=0.0, show_default=True, metavar="PCT",
               help="Count a change beyond noise as a regression or improvement only past PCT %.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit with status 4 when a cell regressed past noise and threshold, or newly fails (for CI).")

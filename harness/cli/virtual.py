@@ -7,30 +7,12 @@ main group prints as `Error: ...` with exit status 1.
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
 from engine.safetext import printable
 from engine.units import KIB, MIB
-
-
-class _AsciiInt(click.ParamType):
-    """A whole number in ASCII digits: click's int takes any Unicode digit (`٣` is 3), which no one
-    typing a core count means; refused as click refuses a non-number."""
-
-    name = "integer"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        text = str(value).strip()
-        if not re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII):
-            self.fail(f"{printable(repr(value))} is not a whole number in ASCII digits", param, ctx)
-        return int(text)
-
-
-INT = _AsciiInt()
+from harness.cli.numbers import INT
 
 
 @click.group("virtual")

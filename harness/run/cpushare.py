@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 
 from engine.interface.flags import THREADS
+from engine.units import is_digits
 
 ENGINE_NAMES = ("bmoe-cli", "bmoe-py")
 PYTHON_ENGINE_NAME = "bmoe-py"
@@ -77,7 +78,7 @@ def cpu_set(text: str) -> frozenset[int] | None:
     cpus: set[int] = set()
     for part in text.strip().split(","):
         lo, _, hi = part.partition("-")
-        if not (lo.isascii() and lo.isdigit() and (not hi or (hi.isascii() and hi.isdigit()))):
+        if not (is_digits(lo) and (not hi or is_digits(hi))):
             return None
         first, last = int(lo), int(hi or lo)
         if last < first or last >= MAX_CPUS:
@@ -99,7 +100,7 @@ def parse_cpu_report(text: str) -> CpuSeen:
     boot = parts[2].strip().lower()
     _, _, allowed = parts[3].partition(":")
     return CpuSeen(count_cpu_list(parts[0]) if parts[0].strip() else None,
-                   int(usable) if usable.isascii() and usable.isdigit() and int(usable) > 0 else None,
+                   int(usable) if is_digits(usable) and int(usable) > 0 else None,
                    boot if len(boot) >= 16 else None,
                    cpu_set(allowed) if allowed.strip() else None)
 
@@ -135,7 +136,7 @@ def engine_threads(name: str, argv: Sequence[str]) -> int:
     (bmoe-py's kernels run on -t threads too, and its default is bmoe-cli's)."""
     args = list(argv)
     for i, arg in enumerate(args[:-1]):
-        if arg in THREADS.spellings and args[i + 1].isdigit():
+        if arg in THREADS.spellings and is_digits(args[i + 1]):
             return max(1, int(args[i + 1]))
     return CLI_DEFAULT_THREADS
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import BmoeError
-from engine.units import KIB, MIB
+from engine.units import KIB, MIB, is_digits
 from harness.campaign.model import Campaign, remote_model_path
 from harness.campaign.presets import Sweep
 from results.analysis import android_app as app
@@ -114,7 +114,7 @@ DRIVE_SH = (
     'm=$(cat /sys/block/"$d"/device/model 2>/dev/null | sed "s/[[:space:]]*$//"); '
     '[ -n "$m" ] && { echo "$m"; exit 0; }; done; echo "$b"'
 )
-_DD_RE = re.compile(r"(\d+) bytes.*?copied,\s*([\d.]+)\s*s")
+_DD_RE = re.compile(r"([0-9]+) bytes.*?copied,\s*([0-9.]+)\s*s")
 
 
 def probe_storage(ref, path: str, model: str) -> StorageProbe:
@@ -125,7 +125,7 @@ def probe_storage(ref, path: str, model: str) -> StorageProbe:
     device = ref.open()
     out = device.run(["stat", "-c", "%s", path], timeout_s=60)
     text = out.stdout.decode("utf-8", "replace").strip()
-    if out.exit_status != 0 or not text.isdigit():
+    if out.exit_status != 0 or not is_digits(text):
         return StorageProbe(ref.spec, model, 0, 0, None, None, False, f"not measured: no size for {path}", time.time())
     skip = int(text) // 4 // PROBE_BLOCK
     if ref.kind in ("local", "virtual"):

@@ -33,7 +33,7 @@ import pandas as pd
 
 from engine.contract.flags import PLANNER_BUDGET
 from engine.gguf.model import cycle_price_mib
-from engine.units import MIB
+from engine.units import MIB, is_digits
 from results.analysis import planner_check
 from results.analysis.noise import differs, median
 from results.analysis.planner_check import PlannerPick
@@ -553,7 +553,7 @@ def _dense(rows: pd.DataFrame) -> DenseComparison:
         have = set(asked[ok["dense_weights"] == m]) if len(ok) else set()
         common = have if common is None else common & have
     use = ok[asked.isin(common)] if common and len(modes) > 1 else ok
-    where = ("budgets " + ", ".join(sorted(common, key=lambda s: (not s.replace('.', '').isdigit(), s)))
+    where = ("budgets " + ", ".join(sorted(common, key=lambda s: (not is_digits(s.replace('.', '')), s)))
              if common and len(modes) > 1 else "all runs")
     out = []
     for m in modes:

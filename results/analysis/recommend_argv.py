@@ -29,6 +29,7 @@ from engine.interface.flags import (
     SESSION,
 )
 from engine.interface.flags import with_role as _with_role
+from engine.units import is_digits
 from results.read.run_keys import text_of as _text
 from store.cells import CellConfig
 from store.engine_argv import settings_argv
@@ -124,7 +125,7 @@ def rebuilt_config(row: Mapping[str, Any]) -> CellConfig:
         "cache_ceil_mb": _whole(row.get("cache_ceil_mb")) if auto else None,
         "force_cache": bool(stream and not auto and budget is not None and needs_force(budget)),
         "io_threads": io if stream and io else None,
-        "threads": (int(float(threads)) if threads.replace(".", "", 1).isdigit() else threads) or None,
+        "threads": (int(float(threads)) if is_digits(threads.replace(".", "", 1)) else threads) or None,
         "n_expert_used": _whole(row.get("n_expert_used")), "dense_weights": str(row.get("dense_weights") or ""),
         "engine_args": list(extras)})
 

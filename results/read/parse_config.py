@@ -46,12 +46,12 @@ STREAMING = {"moe_stream": True}
 _TOKENS: tuple[tuple[re.Pattern, Callable[[re.Match], dict[str, object]]], ...] = (
     (re.compile(r"mmap"), lambda m: {"moe_stream": False}),
     (re.compile(r"stream"), lambda m: {**STREAMING, "cache_mib": 0}),
-    (re.compile(r"c(\d+)"), lambda m: {**STREAMING, "cache_mib": to_number(m[1], "cache_mib")}),
-    (re.compile(r"(?:l|io)(\d+)"), lambda m: {**STREAMING, "io_threads": to_number(m[1], "io_threads")}),
+    (re.compile(r"c([0-9]+)"), lambda m: {**STREAMING, "cache_mib": to_number(m[1], "cache_mib")}),
+    (re.compile(r"(?:l|io)([0-9]+)"), lambda m: {**STREAMING, "io_threads": to_number(m[1], "io_threads")}),
     (re.compile(r"ov"), lambda m: {**STREAMING, "overlap": True}),
-    (re.compile(r"k(\d+)"), lambda m: {"top_k": to_number(m[1], "top_k")}),
+    (re.compile(r"k([0-9]+)"), lambda m: {"top_k": to_number(m[1], "top_k")}),
     (re.compile(r"kdef"), lambda m: {"top_k": 0}),
-    (re.compile(r"pf(\d+)"), lambda m: {**STREAMING, "prefetch": to_number(m[1], "prefetch")}),
+    (re.compile(r"pf([0-9]+)"), lambda m: {**STREAMING, "prefetch": to_number(m[1], "prefetch")}),
     (re.compile(r"auto"), lambda m: {**STREAMING, "cache_auto": True}),
     (re.compile(r"autocap"), lambda m: {**STREAMING, "cache_auto": True, "cache_capped": True}),
     (re.compile(r"base"), lambda m: {**STREAMING, "cache_auto": False}),
@@ -59,7 +59,7 @@ _TOKENS: tuple[tuple[re.Pattern, Callable[[re.Match], dict[str, object]]], ...] 
     (re.compile(r"(warm|anon)"), lambda m: {"dense_weights": m[1]}),
     (re.compile(r"progress"), lambda m: {"progress": True}),
 )
-_MODEL_CACHE_RE = re.compile(r"([a-z]+)(\d+)k")  # qwen5k: Qwen at a 5000 MiB cache
+_MODEL_CACHE_RE = re.compile(r"([a-z]+)([0-9]+)k")  # qwen5k: Qwen at a 5000 MiB cache
 _TAG_PARAMS = {"k": "top_k", "io": "io_threads", "n": "n_predict", "t": "threads", "cache": "cache_mib"}
 
 # bmoe-cli flags -> the key a capture's config records, and how the value reads (engine.interface.flags)
@@ -69,11 +69,14 @@ _BOOL_FLAGS: dict[str, dict[str, object]] = {s: {key: sets} for s, (key, sets) i
 # flags whose value is not configuration (but must be skipped over)
 _OTHER_VALUE_FLAGS = {s for f in FLAGS if f.takes_value and not f.key and f is not CACHE_MB for s in f.spellings}
 
-_N_EXPERT_USED_RE = re.compile(r"^print_info: n_expert_used\s*=\s*(\d+)")
-_N_EXPERT_RE = re.compile(r"^print_info: n_expert\s*=\s*(\d+)")
+_N_EXPERT_USED_RE = re.compile(r"^print_info: n_expert_used\s*=\s*([0-9]+)")
+_N_EXPERT_RE = re.compile(r"^print_info: n_expert\s*=\s*([0-9]+)")
 # searched, not matched: the echoed prompt is glued in front of llama.cpp's first stderr line
 _MODEL_PATH_RE = re.compile(r"llama_model_loader: loaded meta data .* from (.+?) \(version")
-_THREADS_RE = re.compile(r"^set_n_threads: n_threads = (\d+)")
+_THREADS_RE = re.compile(r"^set_n_threads: n_threads = ([0-9]+)")
+# the same lines with any value: results.read.parse_console checks it where it knows the file and
+# line (a numeral no engine prints is refused there), so config_from_log reads only good ones
+LOG_NUMBER_RE = re.compile(r"^(?:print_info: (n_expert_used|n_expert)\s*=|set_n_threads: (n_threads) =)\s*([0-9]+|\S+)")
 
 
 def run_stem(path: str | Path) -> str:

@@ -14,8 +14,10 @@ without a newline. A line that starts like a known end-of-run line but does not 
 kept in `unparsed` rather than dropped, so a new engine variant shows up instead of vanishing.
 
 Numbers are range-checked as they are read (results.read.parse_values): a numeral no engine prints is
-refused with the file, line and line kind; nan/inf and impossible values (a negative time, a hit
-rate over 100 %) become None, and `notes` says which.
+refused with the file, line and line kind (too large; or in digits no engine prints, `١٢`, `1_0`,
+anywhere in an engine's line, even where its shape would still match without that number);
+nan/inf and impossible values (a negative time, a hit rate over 100 %, a bool, a part over its
+whole) become None, and `notes` says which.
 
 The judgements other modules make of a run from its lines (harness.run.classify: did O_DIRECT hold,
 was the command line taken or refused; harness.campaign.engine_probe: why a flag was refused;
@@ -61,9 +63,18 @@ from results.read.console_records import (
     SpecGate,
     StreamingOn,
 )
-from results.read.parse_config import config_from_command, config_from_tag
-from results.read.parse_text import NUMBER, NumberError, ParseError, excerpt, located, read_lines, to_number
-from results.read.parse_values import checked, note, problem
+from results.read.parse_config import LOG_NUMBER_RE, config_from_command, config_from_tag
+from results.read.parse_text import (
+    NUMBER,
+    NumberError,
+    ParseError,
+    excerpt,
+    foreign_numeral,
+    located,
+    read_lines,
+    to_number,
+)
+from results.read.parse_values import checked, inconsistent, note, problem
 
 N = f"({NUMBER})"
 # How the engine's lines begin, where a shape below and a verdict after the shapes (o_direct_seen …
@@ -140,7 +151,7 @@ def _moe_stream(m: re.Match[str]) -> Fields:
 
 def _moe_cache(m: re.Match[str]) -> Fields:
     detail = m[4] or ""
-    resized = re.search(r"resized\s+(\d+)", detail)
+    resized = re.search(r"resized\s+([0-9]+)", detail)
     return {"moe_cache": MoeCache(_num(m[1]), _num(m[2]), _opt(m[3]), detail.startswith("auto"),
                                   _count(resized[1]) if resized else None)}
 
@@ -174,16 +185,16 @@ def _dense_anon(m: re.Match[str]) -> Fields:
 
 
 _STDOUT: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], ...] = (
-    ("generation", re.compile(rf"^{GENERATION} (\d+) tokens, {N} s/token \({N} tok/s\)"), _generation),
-    ("compute", re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over (\d+) threads\), {N} major faults/token"),
+    ("generation", re.compile(rf"^{GENERATION} ([0-9]+) tokens, {N} s/token \({N} tok/s\)"), _generation),
+    ("compute", re.compile(rf"^compute: {N}% CPU occupancy \({N} cpu-s/token over ([0-9]+) threads\), {N} major faults/token"),
      _compute),
-    ("prefill", re.compile(rf"^prefill: (\d+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
+    ("prefill", re.compile(rf"^prefill: ([0-9]+) tokens, {N} s \({N} tok/s\) \| model load {N} s \| TTFT {N} s"), _prefill),
     ("moe-stream", re.compile(rf"^moe-stream: read {N} MiB \({N} MiB/token\), decode {N} s/token \(compute {N}"
                 rf"(?: \+ cache mgmt {N})? \+ flash I/O {N} s/token, {N} MiB/s\)"), _moe_stream),
     ("moe-cache", re.compile(rf"^moe-cache: {N}% hit, resident {N} MiB(?:, budget {N} MiB \(([^)]*)\))?"), _moe_cache),
-    ("moe-cache-churn", re.compile(rf"^moe-cache: (\d+) evictions, (\d+) re-reads \({N}/token\)(.*)"), _churn),
+    ("moe-cache-churn", re.compile(rf"^moe-cache: ([0-9]+) evictions, ([0-9]+) re-reads \({N}/token\)(.*)"), _churn),
     ("moe-overlap", re.compile(rf"^moe-overlap: stall {N} s/token"), lambda m: {"overlap_stall_s_per_token": _num(m[1])}),
-    ("moe-prefetch", re.compile(rf"^moe-prefetch: {N} MiB speculative, (\d+)/(\d+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
+    ("moe-prefetch", re.compile(rf"^moe-prefetch: {N} MiB speculative, ([0-9]+)/([0-9]+) experts useful \({N}%\)(?: \[([\w-]+)\])?"),
      _prefetch),
     ("moe-spec-gate", re.compile(rf"^moe-spec-gate: {N}% router prediction recall(?: \(auto-disabled below {N}%\))?"),
      lambda m: {"spec_gate": SpecGate(_num(m[1]), _opt(m[2]))}),
@@ -199,9 +210,9 @@ _STDERR: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], .
     ("dense-warmup", re.compile(rf"bmoe: dense warm-up.*?{N} MiB in {N} s"),
      lambda m: {"dense_warmup": DenseWarmup(_num(m[1]), _num(m[2]))}),
     ("dense-dropped", re.compile(rf"bmoe: dense-weights=\w+.*?dropped {N} MiB"), lambda m: {"dense_dropped_mib": _num(m[1])}),
-    ("dense-anon", re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in (\d+) anon buffers"), _dense_anon),
+    ("dense-anon", re.compile(rf"bmoe: dense-weights=(\w+).*?{N} MiB in ([0-9]+) anon buffers"), _dense_anon),
     ("streaming-on", re.compile(rf"{STREAMING_ON}\s+(.*)"), _streaming),
-    ("cycle-warning", re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k (\d+))?"),
+    ("cycle-warning", re.compile(rf"bmoe: WARNING expert cache {N} MiB is below.*?token cycle of {N} MiB(?:\s+at top-k ([0-9]+))?"),
      _cycle_warning),
     # a bad --dense-weights value is refused like a config error (exit 2 instead of 1)
     ("dense-weights-refused", re.compile(r"bmoe: (--dense-weights expects .*)"), lambda m: {"config_error": m[1].strip()}),
@@ -209,47 +220,47 @@ _STDERR: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], Fields]], .
 # Lines whose values are declared field by field in engine/interface/outputs.py: each group is
 # named as its field, so a line's values arrive as {field: value} under the line's name
 # (ConsoleRun.values). Matched at the start of a line, after the record lines above.
-S = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"     # a signed numeral (`%+.0f`)
+S = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+|nan|inf)"     # a signed numeral (`%+.0f`)
 _VALUE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
     ("plan-check", rf"^plan: predicted (?P<plan_predicted_s_per_tok>{NUMBER}) s/token, measured "
                    rf"(?P<plan_measured_s_per_tok>{NUMBER}) \((?P<plan_error_pct>{S})%\)"
                    rf"(?:; cache hits credited (?P<plan_credited_hit_pct>{NUMBER})%, measured "
                    rf"(?P<plan_measured_hit_pct>{NUMBER})%)?"),
-    ("spec-accepted", rf"^(?P<spec_source>mtp|ngram): (?P<spec_accepted>\d+)/(?P<spec_drafted>\d+) drafts accepted "
+    ("spec-accepted", rf"^(?P<spec_source>mtp|ngram): (?P<spec_accepted>[0-9]+)/(?P<spec_drafted>[0-9]+) drafts accepted "
                       rf"\((?P<spec_accept_pct>{NUMBER})%\), (?P<tokens_per_decode>{NUMBER}) tokens per verify decode "
-                      rf"\((?P<spec_decodes>\d+) decodes for (?P<spec_tokens>\d+) tokens\)"),
+                      rf"\((?P<spec_decodes>[0-9]+) decodes for (?P<spec_tokens>[0-9]+) tokens\)"),
     ("spec-effective", rf"^(?P<spec_source>mtp|ngram): drafting costs (?P<spec_draft_s_per_tok>{NUMBER}) s/token on top "
                        rf"of decode .*? (?P<effective_tok_s>{NUMBER}) tok/s effective "
                        rf"\(vs (?P<reported_tok_s>{NUMBER}) reported\)"),
-    ("ngram-coverage", rf"^ngram: drafted on (?P<drafted_steps>\d+) of (?P<spec_decodes>\d+) steps "
+    ("ngram-coverage", rf"^ngram: drafted on (?P<drafted_steps>[0-9]+) of (?P<spec_decodes>[0-9]+) steps "
                        rf"\((?P<drafted_steps_pct>{NUMBER})%\)"),
     ("mtp-read-split", rf"^mtp: of (?P<read_mib>{NUMBER}) MiB streamed, (?P<mtp_head_read_mib>{NUMBER}) MiB "
                        rf"\((?P<mtp_head_read_pct>{NUMBER})%\) was the head's own routing, "
                        rf"(?P<verify_read_mib>{NUMBER}) MiB the widened verify batch"),
-    ("mode", r"^mode: (?P<mode>expert streaming|mmap)(?:, (?P<mode_cache>cache (?:auto|off|\d+ MiB)), "
+    ("mode", r"^mode: (?P<mode>expert streaming|mmap)(?:, (?P<mode_cache>cache (?:auto|off|[0-9]+ MiB)), "
              r"dense (?P<mode_dense>[\w-]+)(?:, (?P<mode_overlap>overlap))?)?"),
     ("moe-rows", rf"^moe-rows: (?P<row_table_mib>{NUMBER}) MiB of row-gathered table\(s\) off the resident set, "
-                 rf"(?P<row_resident_mib>{NUMBER}) MiB resident, (?P<row_rows>\d+) rows gathered, "
-                 rf"(?P<row_reads>\d+) reads \((?P<row_read_mib>{NUMBER}) MiB\)"),
-    ("moe-rows-failed", r"^moe-rows: (?P<row_io_errors>\d+) FAILED reads"),
+                 rf"(?P<row_resident_mib>{NUMBER}) MiB resident, (?P<row_rows>[0-9]+) rows gathered, "
+                 rf"(?P<row_reads>[0-9]+) reads \((?P<row_read_mib>{NUMBER}) MiB\)"),
+    ("moe-rows-failed", r"^moe-rows: (?P<row_io_errors>[0-9]+) FAILED reads"),
     ("moe-waits", rf"^moe-waits: drain (?P<drain_s_per_token>{NUMBER}) s/token \(inside compute\), "
                   rf"adopt (?P<adopt_s_per_token>{NUMBER}) s/token"),
-    ("moe-drop", rf"^moe-drop: (?P<experts_dropped>\d+)/(?P<experts_routed>\d+) routed experts dropped "
+    ("moe-drop", rf"^moe-drop: (?P<experts_dropped>[0-9]+)/(?P<experts_routed>[0-9]+) routed experts dropped "
                  rf"\((?P<drop_pct>{NUMBER})%\), threshold (?P<drop_threshold>{NUMBER}) x uniform"),
-    ("moe-substitute", rf"^moe-substitute: (?P<experts_substituted>\d+)/(?P<experts_reranked>\d+) reranked slots went "
+    ("moe-substitute", rf"^moe-substitute: (?P<experts_substituted>[0-9]+)/(?P<experts_reranked>[0-9]+) reranked slots went "
                        rf"to a resident expert \((?P<substituted_pct>{NUMBER})%\), margin "
                        rf"(?P<substitute_margin>{NUMBER}) x score range"),
-    ("moe-route-ahead", rf"^moe-route-ahead: (?P<route_ahead_layers>\d+) layers early .*? (?P<ra_committed>\d+) "
-                        rf"routings committed, (?P<ra_passthrough>\d+) passed through; committed selection agreed "
+    ("moe-route-ahead", rf"^moe-route-ahead: (?P<route_ahead_layers>[0-9]+) layers early .*? (?P<ra_committed>[0-9]+) "
+                        rf"routings committed, (?P<ra_passthrough>[0-9]+) passed through; committed selection agreed "
                         rf"with the router on (?P<ra_agree_pct>{NUMBER})% of slots"),
     ("moe-route-ahead-cost", rf"^moe-route-ahead: prediction (?P<ra_gemv_ms_per_tok>{NUMBER}) ms/token of worker CPU "
-                             rf"\((?P<ra_gemv_jobs>\d+) GEMVs, (?P<ra_gemv_ms>{NUMBER}) ms each\) \+ "
+                             rf"\((?P<ra_gemv_jobs>[0-9]+) GEMVs, (?P<ra_gemv_ms>{NUMBER}) ms each\) \+ "
                              rf"(?P<ra_issue_ms_per_tok>{NUMBER}) ms/token issuing the reads \+ "
                              rf"(?P<ra_wd_ms_per_tok>{NUMBER}) ms/token watchdog"),
-    ("ppl", rf"^ppl: (?P<ppl>{NUMBER})\s+nll: (?P<ppl_nll>{NUMBER})\s+next-token hits: (?P<ppl_hits>\d+)/"
-            rf"(?P<ppl_scored>\d+) \((?P<ppl_hit_pct>{NUMBER})%\)\s+(?P<ppl_seconds>{NUMBER}) s"),
-    ("ppl-policy", r"^ppl-policy: (?P<experts_dropped>\d+)/(?P<experts_routed>\d+) routed experts dropped, "
-                   r"(?P<experts_substituted>\d+)/(?P<experts_reranked>\d+) reranked slots substituted"),
+    ("ppl", rf"^ppl: (?P<ppl>{NUMBER})\s+nll: (?P<ppl_nll>{NUMBER})\s+next-token hits: (?P<ppl_hits>[0-9]+)/"
+            rf"(?P<ppl_scored>[0-9]+) \((?P<ppl_hit_pct>{NUMBER})%\)\s+(?P<ppl_seconds>{NUMBER}) s"),
+    ("ppl-policy", r"^ppl-policy: (?P<experts_dropped>[0-9]+)/(?P<experts_routed>[0-9]+) routed experts dropped, "
+                   r"(?P<experts_substituted>[0-9]+)/(?P<experts_reranked>[0-9]+) reranked slots substituted"),
     ("plan-reproduce", r"^plan: reproduce with\s*$"),
     ("plan-regime", r"^plan: regime (?P<plan_regime>[\w-]+)\s*$"),
     ("plan-cost", rf"^plan:   cost (?P<plan_cost_ms_per_tok>{NUMBER}) ms/token predicted, "
@@ -271,16 +282,17 @@ def _line_values(name: str, m: re.Match[str]) -> Fields:
     return {"values": {name: values}}       # plan-explain lines are counted, plan-reproduce read, by parse_console
 
 
-_PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[\d.]*)\s*$")
+_PRESSURE_RE = re.compile(r"^([a-z][a-z0-9_]*_(?:kb|dC|mC|uah))=(-?[0-9.]*)\s*$")
+_PRESSURE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*_(?:kb|dC|mC|uah)=")
 _ENTRY_RE = re.compile(r"^ENTRY STATE:\s*(.*)")
 EVENT_RE = re.compile(r"^BMOE_([A-Z_]+) (\{.*)")
-_TOP_K_CONTINUATION_RE = re.compile(r"^at top-k (\d+)")
-_LOOSE_NUMBER_RE = re.compile(r'"(\w+)":(-?[\d.]+)')
+_TOP_K_CONTINUATION_RE = re.compile(r"^at top-k ([0-9]+)")
+_LOOSE_NUMBER_RE = re.compile(r'"(\w+)":(-?[0-9.]+)')
 _UNIT_SUFFIXES = ("_kb", "_dC", "_mC", "_uah")
 # ENTRY STATE keys of upstream's cooling gate -> our unit-suffixed names
 _ENTRY_KEYS = {"batt": "batt_temp_dC", "memavail": "mem_available_kb", "freq": "scaling_max_freq_khz",
                "waited": "waited_s"}
-_ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[\d.]+)\s*([A-Za-z]*)")
+_ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[0-9.]+)\s*([A-Za-z]*)")
 
 
 # ── a run's lines as other modules judge it ────────────────────────────────────────────────────
@@ -288,7 +300,7 @@ _ENTRY_ITEM_RE = re.compile(r"(\w+)=(-?[\d.]+)\s*([A-Za-z]*)")
 # each keeps the reach its caller always had (anywhere in a line or at its start, the first line or
 # the last), wider than the shapes' in places (a refusal is seen anywhere in a line).
 
-_O_DIRECT_RE = re.compile(rf"{STREAMING_ON}\b.*?\bo_direct=(\d+)")
+_O_DIRECT_RE = re.compile(rf"{STREAMING_ON}\b.*?\bo_direct=([0-9]+)")
 _ACCEPTED_RE = re.compile(rf"{STREAMING_ON}.*|^{GENERATION} .*", re.M)
 _REFUSAL_RE = re.compile(rf"{CONFIG_ERROR}|{UNKNOWN_ARG}|{MISSING_VALUE}|expects ")
 _WHY_RE = re.compile(rf"({UNKNOWN_ARG} .*|{CONFIG_ERROR} .*|{RUNTIME_ERROR}: .*)")
@@ -380,6 +392,14 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
             found = _checked_match(lines, index, where, notes)
         except NumberError as e:
             raise located(e, where(index)) from None
+        if m := LOG_NUMBER_RE.match(line):      # llama.cpp's load log, which config_from_log reads
+            try:
+                to_number(m[3], m[1] or m[2])
+            except NumberError as e:
+                raise located(e, where(index)) from None
+        if (engine_part := _numbers_part(line, found)) and (foreign := foreign_numeral(engine_part)) is not None:
+            # a line the engine prints, with digits no engine prints (`read ١٢.٥ MiB`): damaged
+            raise located(foreign, where(index))
         if found is None:
             if line.startswith(PERF_PREFIXES) or "bmoe:" in line:
                 unparsed.append(line)
@@ -395,7 +415,17 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
                     seen["plan_lines"] = int(str(seen["plan_lines"])) + 1
                     continue
                 if name == "plan-reproduce":
-                    read = _plan_flags(lines[index + 1] if index + 1 < len(lines) else "")
+                    command = lines[index + 1] if index + 1 < len(lines) else ""
+                    if not _PLAN_COMMAND_RE.match(command):
+                        # the planner indents the command line it prints after this one; anything
+                        # else (or nothing: the capture ends here) is another line, not the plan's flags
+                        notes.append(f"{where(index)}: `plan: reproduce with` has no command line after it: "
+                                     "the plan's flags stored as missing")
+                        continue
+                    try:
+                        read = checked(_plan_flags(command), where(index + 1), notes)   # `--cache-mb -5`
+                    except NumberError as e:
+                        raise located(e, where(index + 1)) from None
                 line_values[name] = dict(read)
             continue
         if kind == "pressure":
@@ -418,6 +448,27 @@ def parse_console(lines: list[str], paths: tuple[str, ...] = (), tag: str | None
         warnings=tuple(warnings), events=tuple(events), answer=None if answer is None else "\n".join(answer),
         pressure=MappingProxyType(pressure) if pressure else None, unparsed=tuple(unparsed), notes=tuple(notes),
         values=MappingProxyType({k: MappingProxyType(v) for k, v in line_values.items()}), **fields)
+
+
+# the line after `plan: reproduce with`: the planner's `  PROGRAM -m MODEL FLAGS`, indented (engine/plan/planner.py)
+_PLAN_COMMAND_RE = re.compile(r"[ \t]+[^ \t]")
+
+
+# the fields of the lines whose text is the engine's words or a user's argument echoed, not numbers
+_TEXT_LINE_FIELDS = frozenset({"config_error", "arg_error", "runtime_error", "warnings"})
+
+
+def _numbers_part(line: str, found: Found | None) -> str:
+    """The part of a line whose numbers this reader reads, where the engine or a bench driver
+    printed them: an end-of-run line, a `bmoe:` line from `bmoe:` on (generated text may precede
+    it), a pressure or entry-state line; "" for anything else (generated text, the loader's log, a
+    `BMOE_*` event, whose JSON holds its numbers, an error's words)."""
+    if found is not None and found[0] == "fields" and set(found[1]) <= _TEXT_LINE_FIELDS:
+        return ""
+    if line.startswith(PERF_PREFIXES) or line.startswith("ENTRY STATE:") or _PRESSURE_KEY_RE.match(line):
+        return line
+    at = line.find("bmoe:")
+    return line[at:] if at >= 0 else ""
 
 
 def _plan_flags(command: str) -> dict[str, object]:
@@ -473,6 +524,9 @@ def _plausible(values: Fields, where: str, notes: list[str]) -> Fields:
                 if reason is not None:
                     notes.append(note(where, f.name, getattr(value, f.name), reason))
                     bad[f.name] = None
+            record = {f.name: getattr(value, f.name) for f in dataclass_fields(value)} | bad
+            for part, whole in inconsistent(record, where, notes):
+                bad[part] = bad[whole] = None
             value = replace(value, **bad) if bad else value
         elif isinstance(value, str) and key.endswith(_UNIT_SUFFIXES):
             # a pressure line (`peak_rss_kb=1.2.3`) whose value is no number

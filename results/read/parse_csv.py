@@ -52,8 +52,8 @@ REQUIRED_COLUMNS = ("step", "steps", "wall_ms", "io_ms", "compute_ms", "read_byt
 NOT_MEASURED = -1
 SENTINEL_COLUMNS = ("cache_hit_pct", "dense_resident_frac", "resident_frac")
 
-_MAGIC_RE = re.compile(r"#\s*bmoe_metrics\s+v(\d+)\s*")
-_ROUTE_TRACE_RE = re.compile(r"#\s*route_trace\s+v\d+")
+_MAGIC_RE = re.compile(r"#\s*bmoe_metrics\s+v([0-9]+)\s*")
+_ROUTE_TRACE_RE = re.compile(r"#\s*route_trace\s+v[0-9]+")
 
 SummaryValue = int | float | str
 
@@ -173,9 +173,12 @@ def looks_like_metrics_csv(lines: list[str]) -> bool:
 
 def _version(name: str, head: list[str]) -> int:
     """The `# bmoe_metrics vN` number from the comment lines above the header; 0 without one."""
-    first = next((line for line in head if line.strip()), "")
+    at, first = next(((i, line) for i, line in enumerate(head) if line.strip()), (0, ""))
     if magic := _MAGIC_RE.fullmatch(first):
-        return int(magic.group(1))
+        try:   # `v` and 5,000 digits: int() itself refuses past 4,300
+            return int(to_number(magic.group(1), "bmoe_metrics"))
+        except NumberError as e:
+            raise located(e, f"{name}:{at + 1}") from None
     if _ROUTE_TRACE_RE.match(first):
         raise ParseError(f"{name}: is a route trace, not a metrics CSV")
     return 0

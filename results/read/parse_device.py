@@ -24,14 +24,14 @@ from pathlib import Path
 from results.read.console_records import ConsoleRun
 from results.read.parse_console import read_console_runs
 from results.read.parse_csv import looks_like_metrics_csv
-from results.read.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
+from results.read.parse_text import NumberError, ParseError, foreign_numeral, located, one_line, read_lines, to_number
 from results.read.parse_values import checked
 
 SidecarValue = int | float | None
 _SECTION_RE = re.compile(r"^---\s*(\w+)\s*---\s*$")
 _SECTIONS = {"before": "entry", "after": "exit", "entry": "entry", "exit": "exit"}
 _TEMPERATURE_RE = re.compile(r"Temperature\{mValue=([^,}]*),.*?mName=([^,}]+)")
-_MEMINFO_RE = re.compile(r"(\w+):\s*(\d+)\s*kB")
+_MEMINFO_RE = re.compile(r"(\w+):\s*([0-9]+)\s*kB")
 _STATE_KEYS = {"battery_temp_dC": "batt_temp_dC", "Thermal Status": "thermal_status"}
 
 
@@ -97,10 +97,12 @@ def _state_line(line: str) -> dict[str, object]:
         return {}
     key, _, text = line.partition(":")
     key, text = key.strip(), text.strip()
-    if re.fullmatch(r"policy\d+", key):
+    if re.fullmatch(r"policy[0-9]+", key):
         # cpufreq sysfs values are kHz
         return {"cpufreq_khz": {key: {k: to_number(v, k) for k, v in re.findall(r"(\w+)=(\S+)", text)}}}
     if key == "meminfo":
+        if (foreign := foreign_numeral(text)) is not None:    # `MemFree: ٣٠٠ kB` would be left out unseen
+            raise foreign
         return {f"{_snake(name)}_kb": to_number(kb, name) for name, kb in _MEMINFO_RE.findall(text)}
     if key == "date":
         return {"date": text}

@@ -18,7 +18,8 @@ keeps three things, each of which reads here as one SessionCapture:
 
 A .mem pairs with the engine capture or JSON-lines file of the same TAG in its folder (the name
 minus `rewarm-ab-`, `turns-` or `idle-`). Strict where a capture says what a turn did: a
-`BMOE_DONE` whose JSON does not parse (cut short; the script's cut parses), a .mem line that is no
+`BMOE_DONE` whose JSON does not parse (cut short; the script's cut parses) or is no object (a
+JSON-lines file whose first summary is `BMOE_DONE null` is read, and refused), a .mem line that is no
 `t=N …` sample, or a last line cut mid-way refuses the capture with `file:line: what`
 (ParseError). Lenient elsewhere: unknown keys of `BMOE_DONE` are kept, the engine's other lines
 are left to results.read.parse_console, impossible values are stored as missing with a note.
@@ -36,7 +37,7 @@ from typing import Any
 from engine.app import protocol
 from results.read.console_records import ConsoleRun
 from results.read.parse_console import EVENT_RE, event_json, parse_console
-from results.read.parse_text import ParseError, one_line, read_lines, to_number
+from results.read.parse_text import NumberError, ParseError, located, one_line, read_lines, to_number
 from results.read.parse_values import checked
 
 ENGINE, REPORT, JSONL = "engine", "report", "jsonl"
@@ -44,8 +45,8 @@ CAPTURE_SUFFIXES = (".out", ".log", ".txt")          # where an engine capture o
 TAG_PREFIXES = ("rewarm-ab-", "turns-", "idle-")      # the script's and upstream bench-data's file names
 SCRIPT_TURNS = 2                                      # rewarm-ab.sh sends two requests
 _DROPPED_KEYS = ("text", "reasoning")                 # the answer, not a measurement (the script cuts it too)
-_MEM_HEADER_RE = re.compile(r"^-- idle (\d+(?:\.\d+)?)s from turn 1 done --\s*$")
-_SAMPLE_RE = re.compile(r"^t=(\d+)\s*(?:VmSwap:\s*(\d+)\s+kB)?\s*(?:VmRSS:\s*(\d+)\s+kB)?\s*$")
+_MEM_HEADER_RE = re.compile(r"^-- idle ([0-9]+(?:\.[0-9]+)?)s from turn 1 done --\s*$")
+_SAMPLE_RE = re.compile(r"^t=([0-9]+)\s*(?:VmSwap:\s*([0-9]+)\s+kB)?\s*(?:VmRSS:\s*([0-9]+)\s+kB)?\s*$")
 _REPORT_START_RE = re.compile(r"^== (\S+): engine pid (\S*), flags:(.*)$")
 _REPORT_SECTION_RE = re.compile(r"^== (\S+) (swap through the idle gap|turns):\s*$")
 # the script's own words when a step failed (it prints them instead of the step's output)
@@ -117,9 +118,12 @@ def is_engine_capture(lines: Sequence[str]) -> bool:
 
 
 def is_done_lines(lines: Sequence[str]) -> bool:
-    """A JSON-lines file of BMOE_DONE summaries: its first non-blank line is one."""
+    """A JSON-lines file of BMOE_DONE summaries: its first non-blank line is one (`BMOE_DONE …`,
+    however damaged, or a bare `{…"tokens"…}`), or a later line says `BMOE_DONE {`. A damaged
+    first summary (`BMOE_DONE null`) is then read, and refused, rather than the file skipped."""
     first = next((line.strip() for line in lines if line.strip()), "")
-    return first.startswith(protocol.DONE + " {") or (first.startswith("{") and '"tokens"' in first)
+    return (first.startswith(protocol.DONE) or (first.startswith("{") and '"tokens"' in first)
+            or any(line.startswith(protocol.DONE + " {") for line in lines))
 
 
 # ── readers ────────────────────────────────────────────────────────────────────────────────────
@@ -130,6 +134,8 @@ def done_object(text: str, where: str, notes: list[str]) -> Mapping[str, Any]:
     stored as missing with a note. ParseError when it is not a JSON object."""
     try:
         obj = event_json(text.strip())
+    except NumberError as e:
+        raise located(e, where) from None
     except ValueError:
         raise ParseError(f"{where}: {protocol.DONE} is not JSON (cut short?): {one_line(text)}") from None
     if not isinstance(obj, dict):
@@ -154,10 +160,18 @@ def gap_lines(lines: Sequence[str], where: Any, cut_last: bool) -> GapLog:
             raise ParseError(f"{where(i)}: not a status sample (t=N VmSwap: X kB VmRSS: Y kB): {one_line(line)}")
         if cut_last and i == len(lines) - 1 and m[3] is None:
             raise ParseError(f"{where(i)}: the last line is cut short (no newline, no VmRSS): {one_line(line)}")
-        samples.append(GapSample(int(to_number(m[1], "t")),
-                                 None if m[2] is None else int(to_number(m[2], "vm_swap_kb")),
-                                 None if m[3] is None else int(to_number(m[3], "vm_rss_kb"))))
-    return GapLog(where(0), float(head[1]), tuple(samples))
+        try:
+            samples.append(GapSample(int(to_number(m[1], "t")),
+                                     None if m[2] is None else int(to_number(m[2], "vm_swap_kb")),
+                                     None if m[3] is None else int(to_number(m[3], "vm_rss_kb"))))
+        except NumberError as e:
+            raise located(e, where(i)) from None
+    try:
+        idle_s = to_number(head[1], "idle_s")     # as read: float() would round 2^64 - 1 up to 2^64
+    except NumberError as e:
+        raise located(e, where(0)) from None
+    assert not isinstance(idle_s, str)           # the header's pattern holds a numeral
+    return GapLog(where(0), idle_s, tuple(samples))
 
 
 def read_gap_log(path: Path) -> GapLog:
@@ -203,13 +217,15 @@ def read_engine_capture(path: Path, gap: GapLog | None = None) -> SessionCapture
         elif kind in (protocol.ERROR, protocol.READY):
             try:
                 obj = event_json(m[2])
+            except NumberError as e:
+                raise located(e, where) from None
             except ValueError:
                 continue           # a cut line of these tells nothing a turn measured
             if isinstance(obj, dict):
                 if kind == protocol.READY:
                     ready = MappingProxyType(checked(obj, where, notes))
                 else:
-                    errors.append(MappingProxyType(obj))
+                    errors.append(MappingProxyType(checked(obj, where, notes)))   # its id is a turn's
     console = parse_console(lines, paths=(str(path),))
     return SessionCapture(ENGINE, capture_tag(path), (path,), tuple(dones), tuple(errors), begins, gap,
                           console=console, ready=ready, notes=(*notes, *console.notes))
@@ -324,9 +340,11 @@ def find_sessions(files: Iterable[Path]) -> tuple[list[SessionCapture], set[Path
 # ── run.json `turns` (the shape harness/run/turns.py writes for a live session cell) ─────────────────
 
 
-def _num(obj: Mapping[str, Any], key: str) -> float | None:
+def _num(obj: Mapping[str, Any], key: str) -> int | float | None:
+    """A number of `obj` as it is (an int stays one: float() would round 2^64 - 1 up to 2^64); None
+    for anything else, a bool included."""
     v = obj.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 # run.json turn key -> the BMOE_DONE key it is read from

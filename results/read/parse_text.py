@@ -14,14 +14,15 @@ from pathlib import Path
 
 from engine.errors import BmoeError
 from engine.safetext import excerpt
+from engine.units import ASCII_SPACE, FLOAT_TEXT, is_digits
 from results.errors import safe_message
 
 BOM = "\ufeff"
 # printf's %f spellings of a number, including the nan/inf a division by zero can print
-NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
-_INT_RE = re.compile(r"-?\d+")
+NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+|nan|inf)"
+_INT_RE = re.compile(r"-?[0-9]+")
 # what to_number reads as a float: printf's %f/%g/%e spellings (no `1_0`, no hex, no padding)
-_FLOAT_RE = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|infinity)", re.IGNORECASE)
+_FLOAT_RE = re.compile(FLOAT_TEXT)
 _KV_RE = re.compile(r"(\S+?)=(\S*)")
 # The engine's counters are 64-bit and every time, size and rate it prints is far below 2^64; %f of
 # the largest of them is about 30 characters. A longer numeral, or a larger value, was not printed
@@ -39,7 +40,8 @@ class ParseError(BmoeError):
 
 
 class NumberError(ParseError):
-    """A numeral no engine could print (too long, or |value| >= 2^64): the file is damaged."""
+    """A numeral no engine could print (too long, |value| >= 2^64, or not ASCII decimal): the file
+    is damaged."""
 
 
 def read_lines(path: str | Path) -> tuple[list[str], bool]:
@@ -68,12 +70,15 @@ def _split_lines(text: str) -> tuple[list[str], bool]:
 def to_number(text: str, key: str = "") -> int | float | str:
     """`12` -> 12, `-1.00` -> -1.0, `nan` -> nan, anything else stays the string it was (unknown keys
     are kept). A numeral no engine could print raises NumberError naming `key` (the caller adds the
-    file and line)."""
+    file and line): too long or too large, or one Python would read that is not ASCII decimal
+    (`١٢٣`, `１２`, `1_000`: int() reads them, no engine prints them; engine.units)."""
     if _INT_RE.fullmatch(text):
         if len(text) > MAX_NUMBER_CHARS:
             raise out_of_range(key, text)
         return check_magnitude(key, int(text), text)
     if not _FLOAT_RE.fullmatch(text):
+        if _python_reads(text):
+            raise not_ascii(key, text)
         return text
     if len(text) > MAX_NUMBER_CHARS:
         raise out_of_range(key, text)
@@ -91,8 +96,34 @@ def check_magnitude(key: str, value: int | float, text: str | None = None) -> in
     return value
 
 
+def _python_reads(text: str) -> bool:
+    """float() reads `text`, and it is no ASCII decimal numeral (with ASCII space around at most)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return not _FLOAT_RE.fullmatch(text.strip(ASCII_SPACE))
+
+
+# a word holding a digit of another script (`[^\D0-9]`: a digit that is not 0-9) or ASCII digits
+# joined by `_`: a numeral int() would read and no engine prints
+_FOREIGN_NUMERAL_RE = re.compile(r"\S*?(?:[^\D0-9]|[0-9]_[0-9])\S*")
+
+
+def foreign_numeral(line: str) -> NumberError | None:
+    """The refusal of a line that holds a numeral no engine prints (`read ١٢.٥ MiB`), else None."""
+    m = _FOREIGN_NUMERAL_RE.search(line)
+    return not_ascii("", m[0]) if m else None
+
+
+def not_ascii(key: str, text: str) -> NumberError:
+    shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
+    return NumberError(f"{shown}: not an ASCII decimal number (another script's digits, `_` or a Unicode space): "
+                       "no engine prints one")
+
+
 def out_of_range(key: str, text: str) -> NumberError:
-    digits = sum(c.isdigit() for c in text)
+    digits = sum(is_digits(c) for c in text)
     shown = f"{key}={excerpt(text, 24)}" if key else excerpt(text, 24)
     return NumberError(f"{shown} ({digits} digits): no engine prints a number this large")
 

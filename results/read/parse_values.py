@@ -8,8 +8,10 @@ Three kinds of impossible number, three rules (docs/decisions/impossible-values.
 - not finite: `nan`, `inf`. printf writes them for a division by zero, so an engine can print them;
   they are stored as missing (None, NaN in a column), with a note.
 - impossible for its key: a negative count, size, time or rate; a percentage outside 0..100 or a
-  fraction outside 0..1 other than -1 (the engine's "not measured", kept as written). Stored as
-  missing, with a note.
+  fraction outside 0..1 other than -1 (the engine's "not measured", kept as written); a JSON
+  `true`/`false` where a number goes (a bool is no count); a part larger than its whole
+  (`moe-substitute: 50/10`: more slots substituted than reranked, PARTS). Stored as missing, with
+  a note.
 
 A key's kind comes from its name, the way the engine and this project name things: a unit suffix
 (`_ms`, `_s`, `/tok`, `_mib`, `_kb`, `_bytes`, …), `_pct`, `_frac`, or a known count. Temperatures,
@@ -49,6 +51,10 @@ ENGINE_INTS: dict[str, tuple[int, int]] = {
                      "n_prompt", "prefetch", "cache_mb", "cache_mib", "budget_mib", "cache_floor_mib",
                      "cache_ceil_mib"), (0, INT_MAX)),
 }
+# counts that are a part of another count of the same line or record: (part, whole)
+PARTS = (("experts_substituted", "experts_reranked"), ("experts_dropped", "experts_routed"),
+         ("spec_accepted", "spec_drafted"), ("mtp_accepted", "mtp_drafted"), ("drafted_steps", "spec_decodes"),
+         ("ppl_hits", "ppl_scored"), ("useful_experts", "experts"))
 # a clock difference, temperatures, the planner's signed error against what it measured: below 0 is real
 SIGNED_MARKS = ("overhead", "temp", "_dc", "_mc", "_error_pct")
 _FREE = (-math.inf, math.inf, None)
@@ -73,9 +79,11 @@ def value_range(key: str) -> tuple[float, float, float | None]:
 
 
 def problem(key: str, value: Any) -> str | None:
-    """Why `value` cannot be a value of `key` (None when it can, and for non-numbers). Raises
-    NumberError for a magnitude no engine prints."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Why `value` cannot be a value of `key` (None when it can, and for non-numbers but a bool
+    where a number goes). Raises NumberError for a magnitude no engine prints."""
+    if isinstance(value, bool):
+        return "not a number" if value_range(key) != _FREE else None
+    if not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return "not a finite number"
@@ -95,7 +103,8 @@ def note(where: str, key: str, value: Any, reason: str) -> str:
 
 def checked(values: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
     """`values` with every impossible number replaced by None and a note appended for it; nested
-    mappings (a .state file's cpufreq policies) are checked key by key."""
+    mappings (a .state file's cpufreq policies) are checked key by key. A part larger than its
+    whole (PARTS) stores both as missing: which of the two is wrong, the line does not say."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Mapping):
@@ -109,7 +118,22 @@ def checked(values: Mapping[str, Any], where: str, notes: list[str]) -> dict[str
             notes.append(note(where, key, value, reason))
             value = None
         out[key] = value
+    for part, whole in inconsistent(out, where, notes):
+        out[part] = out[whole] = None
     return out
+
+
+def inconsistent(values: Mapping[str, Any], where: str, notes: list[str]) -> list[tuple[str, str]]:
+    """The (part, whole) pairs of PARTS whose part is larger than its whole in `values`, a note
+    appended for each: the caller stores both as missing."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    pairs = [(part, whole) for part, whole in PARTS
+             if number(values.get(part)) and number(values.get(whole)) and values[part] > values[whole]]
+    notes += [f"{where}: {part}={values[part]} > {whole}={values[whole]}: a part larger than its whole, both "
+              f"stored as missing" for part, whole in pairs]
+    return pairs
 
 
 def bad_in_column(column: str, values: pd.Series) -> np.ndarray:

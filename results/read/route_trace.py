@@ -44,8 +44,8 @@ MAX_EXPERT_BYTES = 1 << 40         # one expert's streamed slices: 1 TiB
 _INT_LIMIT = 1 << 63
 _COUNT_LIMIT = 1 << 62             # turns and steps (compared as float64, where 2^62 is exact)
 
-_MAGIC_RE = re.compile(r"^# route_trace v(\d+)\s*$")
-_FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+_MAGIC_RE = re.compile(r"^# route_trace v([0-9]+)\s*$")
+_FIELDS_RE = re.compile(r"Expected ([0-9]+) fields in line ([0-9]+), saw ([0-9]+)")
 
 
 class TraceError(BmoeError):

@@ -17,7 +17,7 @@ import pytest
 from devices import coapps
 from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer as Server
-from devices.android import HOST_ABI, parse_load
+from devices.android import HOST_ABI, AppSpecError, parse_apps, parse_load
 from devices.lmk import LmkEvent, hard_kills_of_others
 from engine.units import MIB
 from tests.devices.conftest import host_pid
@@ -52,6 +52,23 @@ def test_loads_parse_as_apps():
         (900, 64 * MIB, 200, True)
     assert [coapps.process_name(a) for a in (cached, perceptible)] == ["co.cached1", "co.perceptible1"]
 
+
+
+@pytest.mark.parametrize("load", ["cached:32MiB+", "+cached:32MiB", "a++b", "cached:1MiB++visible:2MiB", " + "])
+def test_a_load_with_an_empty_item_is_refused_not_shortened(load):
+    with pytest.raises(AppSpecError, match="an empty item"):
+        parse_load(load)
+    with pytest.raises(AppSpecError, match="an empty item"):
+        parse_apps(load.replace("+", ","))
+
+
+@pytest.mark.parametrize("size", ["9" * 400, "9" * 400 + "MiB", "1" * 5000 + "G", "2000GiB", "１２MiB", "٣٠٠MiB",
+                                  "1_000MiB", "1e3MiB", "0MiB", "0.0000001K", "32MiB\nx"])
+def test_an_app_size_is_ascii_digits_above_0_and_below_a_tib_with_one_clean_error(size):
+    with pytest.raises(AppSpecError) as error:
+        parse_load(f"cached:{size}")
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 300 and "size" in message, message
 
 def test_apps_start_in_the_phone_at_their_adj_and_stop(adb_server, make_phone, tmp_path):
     phone_info = make_phone("coapps", 256 * MIB)

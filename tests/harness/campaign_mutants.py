@@ -4,11 +4,13 @@ plan a dry run prints).
 Shared by the fuzz test (tests/harness/test_fuzz_campaign.py, hypothesis draws the choices) and the
 fuzz benchmark (benchmarks/fuzz_readers.py, random.Random draws them): every choice is `pick(n)`.
 
-A seed is a valid campaign file (a small one, and one using every section); a mutant has one to
-three operations applied: a value replaced by nan, inf, a 400- or 5,000-digit integer, 2^63 - 1,
-a negative, a huge repeat count, an empty list, a string where a number goes, an escape
-sequence; a line dropped or duplicated (a key twice); and the byte-level operations of
-tests/results/mutants.py. "Parsed, or one clean error": the file loads into a campaign that
+A seed is a valid campaign file (a small one, one using every section, and one on a phone with
+other apps open); a mutant has one to three operations applied: a value replaced by nan, inf, a
+400- or 5,000-digit integer, 2^63 - 1, a negative, a huge repeat count, an empty list, a string
+where a number goes, an escape sequence; a number inside a string (an app's size, a budget's
+factor, a release) replaced by a huge one, another script's digits, an underscore, 0 or an
+exponent; a `+` or `,` doubled or left at the end of a string (an empty app); a line dropped or
+duplicated (a key twice); and the byte-level operations of tests/results/mutants.py. "Parsed, or one clean error": the file loads into a campaign that
 writes back to the same TOML, plans within the cell bound with every number finite, or it is
 refused with one CampaignError line that is terminal-safe and short.
 """
@@ -33,10 +35,14 @@ _VALUES = (b"nan", b"inf", b"-inf", b"+nan", b"9" * 400, b"1" * 5000, b"92233720
            b"-1", b"0", b"100000", b"1e308", b"1.5", b"\"x\"", b"\"\"", b"[]", b"[0, 0]", b"true", b"{}",
            b"\"\\u001b]0;pwned\\u0007\"", b"\"a\\u0000b\"", b"\"cycle*99999999999\"", b"\"knee*0\"", b"2147483648")
 _KEY_LINE = re.compile(rb"^([A-Za-z_\"][^=\n]*?)\s*=\s*(.+)$", re.MULTILINE)
+# what replaces a number inside a string: too large, other scripts' digits (UTF-8), `_`, 0, an exponent
+_IN_STRING = (b"9" * 400, b"1" * 5000, "١٢٣".encode(), "１２".encode(), "٠.٢٥".encode(), b"1_000", b"0",
+              b"0.0000001", b"1e3", b"-1", b"18446744073709551616")
+_STRING_NUMBER = re.compile(rb'(?<=")([^"\n]*?)([0-9]+(?:\.[0-9]+)?)')
 
 
 def seed_texts(model: Path) -> list[bytes]:
-    """Two valid campaign files on one model."""
+    """Three valid campaign files on one model (the third on a phone, with other apps)."""
     small = f"""version = 1
 name = "fz"
 [fleet]
@@ -91,27 +97,47 @@ mem_available_min_mb = 100
 max_wait_s = 30.0
 poll_s = 1.0
 """.encode()
-    return [small, full]
+    # the small one on a phone, with other apps open beside each run and in a session's gap
+    apps = (small.replace(b'"fz"', b'"apps"').replace(b'["local"]', b'["R58XYZ"]')
+            .replace(b"[axes]\n", b'[engine]\nclaim = "0.25"\n[axes]\napps = ["none", '
+                     b'"cached:64MiB+perceptible:32MiB:compressible", "visible:1.5G:active"]\n')
+            + b'turns = 2\nidle_s = 1.0\ngap_apps = "cached:300MiB"\n')
+    return [small, full, apps]
+
+
+def _replace_one(data: bytes, found: list[re.Match[bytes]], pick: Pick, choices: tuple[bytes, ...],
+                 group: int = 0) -> bytes:
+    """One of the matches `found` (its `group`) replaced by one of `choices`."""
+    if not found:
+        return data
+    m = found[pick(len(found))]
+    return data[:m.start(group)] + choices[pick(len(choices))] + data[m.end(group):]
 
 
 def set_value(data: bytes, pick: Pick) -> bytes:
-    lines = list(_KEY_LINE.finditer(data))
-    if not lines:
-        return data
-    m = lines[pick(len(lines))]
-    return data[:m.start(2)] + _VALUES[pick(len(_VALUES))] + data[m.end(2):]
+    return _replace_one(data, list(_KEY_LINE.finditer(data)), pick, _VALUES, 2)
 
 
 def set_list_item(data: bytes, pick: Pick) -> bytes:
     """One element of a list value replaced (a list of budgets with a nan among them …)."""
-    items = list(re.finditer(rb"(?<=[\[,] )[^,\]\n]+|(?<=\[)[^,\]\n]+", data))
-    if not items:
+    return _replace_one(data, list(re.finditer(rb"(?<=[\[,] )[^,\]\n]+|(?<=\[)[^,\]\n]+", data)), pick, _VALUES)
+
+
+def string_number(data: bytes, pick: Pick) -> bytes:
+    """A number inside a quoted string (`cached:64MiB`, `cycle*1.5`, `0.25`) replaced."""
+    return _replace_one(data, list(_STRING_NUMBER.finditer(data)), pick, _IN_STRING, 2)
+
+
+def empty_item(data: bytes, pick: Pick) -> bytes:
+    """A `+` or `,` inside a string doubled, or one added at its end: an empty app or item."""
+    ends = [m.start() for m in re.finditer(rb'[+,](?=[^"\n]*")|(?<=[A-Za-z0-9])"', data)]
+    if not ends:
         return data
-    m = items[pick(len(items))]
-    return data[:m.start()] + _VALUES[pick(len(_VALUES))] + data[m.end():]
+    at = ends[pick(len(ends))]
+    return data[:at] + (b"+" if pick(2) else b",") + data[at:]
 
 
-OPERATIONS = (set_value, set_value, set_list_item) + BYTE_OPERATIONS
+OPERATIONS = (set_value, set_value, set_list_item, string_number, string_number, empty_item) + BYTE_OPERATIONS
 
 
 def mutate(data: bytes, pick: Pick, n_ops: int) -> bytes:

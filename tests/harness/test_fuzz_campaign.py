@@ -22,3 +22,18 @@ def test_campaign_files_load_or_are_refused_cleanly(tiny_model, tmp_path):
         return cm.load_mutant(cm.mutate(seeds[pick(len(seeds))], pick, n_ops), tmp_path)
 
     assert fuzz(one, 300) == {"accepted", "refused"}
+
+
+def test_numbers_inside_campaign_strings_load_or_are_refused_cleanly(tiny_model, tmp_path):
+    """The apps seed's strings (app sizes, a budget's factor, the release claimed) with their numbers
+    made huge, another script's, underscored or 0, and empty apps: accepted or one clean line, never
+    a traceback (an app of 400 nines MiB once raised OverflowError under `run --dry-run`)."""
+    seed = cm.seed_texts(tiny_model)[2]
+
+    def one(pick, n_ops: int) -> str:
+        data = seed
+        for _ in range(n_ops):
+            data = (cm.string_number, cm.empty_item)[pick(2)](data, pick)
+        return cm.load_mutant(data, tmp_path)
+
+    assert fuzz(one, 200) == {"accepted", "refused"}

@@ -4,14 +4,21 @@ Shared by the property-based fuzz tests (tests/results/test_fuzz_readers.py, hyp
 choices) and the fuzz benchmark (benchmarks/fuzz_readers.py, random.Random draws them): every
 mutation takes `pick(n)`, a choice in 0..n-1, so both drive the same code.
 
-A mutant is a fixture from tests/fixtures/upstream with one to three operations applied: a byte
-flip, a truncation, a number replaced by a huge one (400 and 5,000 digits, 2^63, 2^64, 1e400), by
-nan/inf, by its negative or by an edge value, a column duplicated, dropped or swapped, binary junk
-or an escape sequence inserted, a line duplicated, dropped or glued to the next, CRLF or a BOM.
+A mutant is a fixture from tests/fixtures/upstream (and the hand-made captures of the newer
+releases' lines and of sessions, tests/fixtures/console and tests/fixtures/sessions) with one to
+three operations applied: a byte flip, a truncation, a number replaced by a huge one (400 and
+5,000 digits, 2^63, 2^64, 1e400), by nan/inf, by its negative or by an edge value, by POISON spelled
+in digits no engine prints (other scripts', fullwidth, with `_`: int() reads them), by a JSON
+`true`/`false`, a part made larger than its whole (`50/10`, a trailer's `experts_dropped` over its
+`experts_routed`), a column duplicated, dropped or swapped, binary junk or an escape sequence
+inserted, a line duplicated, dropped or glued to the next, CRLF or a BOM.
 
 Each Reader says what to read and what a parsed result must satisfy (strict JSON, every number
-possible for its key). "Parsed, or one clean error": a reader may refuse a mutant only with the
-project's own error type (BmoeError) and a one-line, terminal-safe message.
+possible for its key, no part over its whole, no bool where a number goes, and never POISON: a
+numeral in other digits is refused or not read, never read as the number Python makes of it).
+"Parsed, or one clean error": a reader may refuse a mutant only with the project's own error type
+(BmoeError) and a one-line, terminal-safe message that names the mutant's file, and its line when
+the refusal is a number's (NumberError).
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from engine.errors import BmoeError
 from harness.importer import import_runs
 from results.errors import MESSAGE_CHARS
@@ -38,13 +48,17 @@ from results.read.parse import (
     read_sidecar,
     read_state,
 )
-from results.read.parse_text import to_number
-from results.read.parse_values import bad_in_column, problem
+from results.read.parse_session import find_sessions, read_gap_log, session_turns
+from results.read.parse_text import NumberError, to_number
+from results.read.parse_values import PARTS, bad_in_column, inconsistent, problem
 from results.read.route_trace import read_route_trace
 from results.read.table import build_table, render_table
 from results.replay.replay import replay_trace
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+UPSTREAM = FIXTURES / "upstream"
+SESSIONS = FIXTURES / "sessions"
+CONSOLE = FIXTURES / "console"
 Pick = Callable[[int], int]
 
 _NUMBER_RE = re.compile(rb"-?\d+(?:\.\d+)?")
@@ -52,6 +66,12 @@ _HUGE = (b"9" * 400, b"1" * 5000, str(2 ** 64).encode(), str(2 ** 63).encode(), 
          b"18446744073709551615", b"4294967296")
 _NON_FINITE = (b"nan", b"-nan", b"inf", b"-inf", b"NaN", b"Infinity")
 _EDGE = (b"101", b"-2", b"-1", b"0", b"999999", b"1.5", b"-0.5", b"65536")
+# a number Python reads from each of these spellings and no engine prints: never to be stored
+POISON = 7654321
+_FOREIGN = tuple(text.encode() for text in ("٧٦٥٤٣٢١", "７６５４３２１", "७६५४३२१", "۷۶۵۴۳۲۱", "7_654_321", "𝟕𝟔𝟓𝟒𝟑𝟐𝟏",
+                                            "76_54321.0", "٧٦٥٤٣٢١.٠"))
+_BOOLS = (b"true", b"false")
+_SLASH_RE = re.compile(rb"([0-9]+)/([0-9]+)")
 _JUNK = (b"\x00", b"\x1b]0;pwned\x07", b"\x1b[2J", b"\xff\xfe", b"\r", b"\n", b",", b"=", b"#", b"\"", b"\xe2\x80\xae",
          b"====== X ======\n", b"# summary tokens=1\n", bytes(range(256)))
 
@@ -94,6 +114,28 @@ def negate(data: bytes, pick: Pick) -> bytes:
 
 def edge_value(data: bytes, pick: Pick) -> bytes:
     return _replace_number(data, pick, _EDGE)
+
+
+def foreign_digits(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, _FOREIGN)
+
+
+def boolean(data: bytes, pick: Pick) -> bytes:
+    return _replace_number(data, pick, _BOOLS)
+
+
+def part_over_whole(data: bytes, pick: Pick) -> bytes:
+    """A part made larger than its whole: the A of an `A/B` line (`moe-substitute: 50/10`), or a
+    part key of parse_values.PARTS (`experts_dropped=`, `"spec_accepted":`) set above its whole's."""
+    spots = [(m.start(1), m.end(1), int(m[2])) for m in _SLASH_RE.finditer(data) if len(m[2]) < 30]
+    for part, whole in PARTS:
+        found = [re.search(rb'(?<![\w])"?' + key.encode() + rb'"?[=:]([0-9]{1,29})\b', data) for key in (part, whole)]
+        if found[0] and found[1]:
+            spots.append((found[0].start(1), found[0].end(1), int(found[1][1])))
+    if not spots:
+        return data
+    start, end, whole_value = spots[pick(len(spots))]
+    return data[:start] + str(whole_value + 1 + pick(1000)).encode() + data[end:]
 
 
 def _csv_lines(lines: list[bytes]) -> list[int]:
@@ -148,13 +190,21 @@ def encoding_change(data: bytes, pick: Pick) -> bytes:
 
 
 OPERATIONS = (flip_byte, truncate, huge_number, non_finite, negate, edge_value, column_change, junk, line_change,
-              encoding_change)
+              encoding_change, foreign_digits, boolean, part_over_whole)
+# the operations on a number's grammar alone (tests/results/test_fuzz_readers.py runs them apart too)
+NUMBER_OPERATIONS = (huge_number, foreign_digits, boolean, part_over_whole, negate)
 
 
-def mutate(data: bytes, pick: Pick, n_ops: int) -> bytes:
+def mutate(data: bytes, pick: Pick, n_ops: int, operations: Sequence[Callable[[bytes, Pick], bytes]] = OPERATIONS
+           ) -> bytes:
     for _ in range(n_ops):
-        data = OPERATIONS[pick(len(OPERATIONS))](data, pick)
+        data = operations[pick(len(operations))](data, pick)
     return data
+
+
+def poisoned(mutant: bytes) -> bool:
+    """The mutant spells POISON in digits no engine prints."""
+    return any(spelling in mutant for spelling in _FOREIGN)
 
 
 # ── what a parsed result must satisfy ───────────────────────────────────────────────────────────
@@ -165,12 +215,38 @@ def strict_json(obj: object) -> None:
 
 
 def plausible(values: Mapping[str, object]) -> None:
-    """Every number possible for its key (results.read.parse_values), nested mappings included."""
+    """Every number possible for its key (results.read.parse_values: no bool where a number goes),
+    no part over its whole, nested mappings included."""
     for key, value in values.items():
         if isinstance(value, Mapping):
             plausible(value)
         else:
             assert problem(key, value) is None, (key, value)
+    assert inconsistent(values, "", []) == [], dict(values)
+
+
+def numbers_in(obj: object) -> list[float]:
+    """Every number a parsed result holds: records, mappings, sequences, frames and arrays."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, bytes)):
+        return []
+    if isinstance(obj, (int, float, np.integer, np.floating)):
+        return [float(obj)]
+    if isinstance(obj, pd.DataFrame):
+        return [x for column in obj.columns for x in numbers_in(obj[column])]
+    if isinstance(obj, (pd.Series, np.ndarray)):
+        values = pd.to_numeric(pd.Series(np.asarray(obj).ravel()), errors="coerce").to_numpy(dtype=np.float64)
+        return [float(x) for x in values[~np.isnan(values)]]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [x for f in dataclasses.fields(obj) for x in numbers_in(getattr(obj, f.name))]
+    if isinstance(obj, Mapping):
+        return [x for v in obj.values() for x in numbers_in(v)]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [x for v in obj for x in numbers_in(v)]
+    return []
+
+
+def not_poisoned(obj: object) -> None:
+    assert float(POISON) not in numbers_in(obj), f"{POISON}, spelled in other digits, was read as a number"
 
 
 def _check_metrics(m) -> None:
@@ -190,9 +266,34 @@ def _check_console(runs) -> None:
                 plausible({g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
             elif isinstance(value, (int, float)):
                 plausible({f.name: value})
-        for mapping in (run.pressure or {}, run.entry_state or {}):
+        for mapping in (run.pressure or {}, run.entry_state or {}, *run.values.values()):
             strict_json(dict(mapping))
             plausible(mapping)
+
+
+def _read_sessions(path: Path):
+    """The session captures of a folder holding this one file (find_sessions, as the importer)."""
+    return find_sessions([path])[0]
+
+
+def _check_sessions(captures) -> None:
+    for capture in captures:
+        for mapping in (*capture.dones, *capture.errors, capture.ready or {}):
+            strict_json(dict(mapping))
+            plausible(mapping)
+        if capture.gap is not None:
+            _check_gap(capture.gap)
+        if capture.console is not None:
+            _check_console(capture.console)
+        for turn in session_turns(capture):
+            strict_json(turn)
+            plausible({k: v for k, v in turn.items() if k != "bmoe_done"})
+
+
+def _check_gap(gap) -> None:
+    assert math.isfinite(gap.idle_s) and gap.idle_s >= 0
+    for sample in gap.samples:
+        plausible(dataclasses.asdict(sample))
 
 
 def _check_mapping(values) -> None:
@@ -234,9 +335,10 @@ def import_folder(files: Sequence[Path], mutant_index: int, mutant: bytes, work:
     return work / "out"
 
 
-def check_import(out: Path) -> None:
+def check_import(out: Path, poison: bool = False) -> None:
     """Every JSON file written is strict JSON, every stored number possible for its key, and the
-    run table builds from the directory (table, report and recommend all start from its rows)."""
+    run table builds from the directory (table, report and recommend all start from its rows);
+    with `poison`, POISON is in neither."""
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} in stored JSON")
 
@@ -245,9 +347,19 @@ def check_import(out: Path) -> None:
         if path.name == "run.json":
             for key in ("summary", "pressure", "entry_state", "exit_state", "result", "config"):
                 plausible(data.get(key) or {})
-    for line in (out / "ledger.jsonl").read_text().splitlines():
+            for turn in data.get("turns") or ():
+                plausible(turn)
+        if poison:
+            not_poisoned(data)
+    ledger = out / "ledger.jsonl"
+    if not ledger.exists():                # the folder held no run (a capture cut to nothing)
+        return
+    for line in ledger.read_text().splitlines():
         json.loads(line, parse_constant=refuse)
-    emit(render_table(build_table([out]), "csv"), str(out.parent / "runs.csv"))
+    table = build_table([out])
+    if poison:
+        not_poisoned(table)
+    emit(render_table(table, "csv"), str(out.parent / "runs.csv"))
 
 
 # ── readers ─────────────────────────────────────────────────────────────────────────────────────
@@ -270,17 +382,23 @@ def _files(*patterns: str) -> tuple[Path, ...]:
 _METRICS_CSVS = tuple(p for p in _files("*/*.csv", "*/*/*.csv", "2026-07-15-route-trace/gptoss.metrics")
                       if not p.name.endswith(".route.csv"))
 _SIDECARS = tuple(p for p in _files("*/*.metrics") if p.parent.name != "2026-07-15-route-trace")
+_NEXT_RUN = (CONSOLE / "next-run.out", CONSOLE / "next-run.err")    # the newer releases' lines
+_SESSION_FILES = (SESSIONS / "jsonl" / "turns-a.jsonl", SESSIONS / "report" / "two-tags.txt",
+                  SESSIONS / "report" / "short.txt", SESSIONS / "engine" / "rewarm-ab-x.out")
+_GAP_LOGS = tuple(sorted(SESSIONS.glob("*/*.mem")))
 
 READERS = (
     Reader("metrics-csv", _METRICS_CSVS, read_metrics_csv, _check_metrics),
     Reader("sidecar", _SIDECARS, read_sidecar, _check_mapping),
-    Reader("console", _files("*/*.log", "*/*.out", "*/*.err"), read_console, _check_console),
+    Reader("console", _files("*/*.log", "*/*.out", "*/*.err") + _NEXT_RUN, read_console, _check_console),
     Reader("console-runs", _files("2026-07-14/gptoss-matrix.out", "2026-07-17/driver-*.log"), read_console_runs,
            _check_console),
     Reader("driver-log", _files("2026-07-17/driver-*.log"), read_driver_log, _check_mapping),
     Reader("state", _files("*/*.state"), read_state, _check_mapping),
     Reader("route-trace", _files("*/*.route.csv"), read_route_trace, _check_trace),
     Reader("replay", _files("*/*.route.csv"), _replay, _check_replay),
+    Reader("session", _SESSION_FILES, _read_sessions, _check_sessions),
+    Reader("gap-log", _GAP_LOGS, read_gap_log, _check_gap),
 )
 
 # folders for the importer: one engine run's files each (the mutant replaces one of them)
@@ -290,15 +408,24 @@ IMPORT_SEEDS = (
     _files("2026-07-17/gpt_c2000_l8_k2.*", "2026-07-17/driver-lanes.log"),
     _files("2026-07-15-route-trace/gptoss.*"),
     _files("host-v2-0.19.0/tiny_auto.*", "host-v2-0.19.0/bad.*"),
+    _NEXT_RUN,
+    (SESSIONS / "jsonl" / "turns-a.jsonl", SESSIONS / "jsonl" / "idle-a.mem"),
+    (SESSIONS / "engine" / "rewarm-ab-x.out", SESSIONS / "engine" / "rewarm-ab-x.mem"),
+    (SESSIONS / "report" / "two-tags.txt",),
 )
 
 
-def check_refusal(error: BaseException) -> None:
-    """A clean refusal: the project's own error type, one terminal-safe line of bounded length."""
+def check_refusal(error: BaseException, name: str = "") -> None:
+    """A clean refusal: the project's own error type, one terminal-safe line of bounded length,
+    naming the file `name` (and its line, for a number's refusal)."""
     assert isinstance(error, BmoeError), f"{type(error).__name__}: {error}"
     message = str(error)
     assert message and "\n" not in message and len(message) <= MESSAGE_CHARS + 1, message
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", message), message
+    if name:
+        assert name in message, f"the refusal names no file: {message}"
+        if isinstance(error, NumberError):
+            assert re.search(re.escape(name) + r":[0-9]+", message), f"the refusal names no line: {message}"
 
 
 def read_mutant(reader: Reader, seed: Path, mutant: bytes, folder: Path) -> tuple[str, str]:
@@ -308,9 +435,11 @@ def read_mutant(reader: Reader, seed: Path, mutant: bytes, folder: Path) -> tupl
     try:
         result = reader.read(path)
     except BmoeError as e:
-        check_refusal(e)
+        check_refusal(e, seed.name)
         return "refused", str(e)
     reader.check(result)
+    if poisoned(mutant):
+        not_poisoned(result)
     return "accepted", ""
 
 
@@ -322,14 +451,14 @@ def import_mutant(files: Sequence[Path], index: int, mutant: bytes) -> tuple[str
         try:
             out = import_folder(files, index, mutant, work)
         except BmoeError as e:
-            check_refusal(e)
+            check_refusal(e, files[index].name)
             assert not (work / "out").exists(), "a refused import wrote its output folder"
             return "refused", str(e)
-        check_import(out)
+        check_import(out, poisoned(mutant))
         return "accepted", ""
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["IMPORT_SEEDS", "OPERATIONS", "READERS", "Reader", "check_refusal", "import_mutant",
+__all__ = ["IMPORT_SEEDS", "NUMBER_OPERATIONS", "OPERATIONS", "READERS", "Reader", "check_refusal", "import_mutant",
            "mutate", "read_mutant"]

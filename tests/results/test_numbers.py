@@ -14,8 +14,14 @@ from store.versioned import json_safe
 
 
 def test_to_float_reads_what_files_hold_and_nan_for_the_rest():
-    assert [to_float(v) for v in ("12.5", 3, True, " 7 ")] == [12.5, 3.0, 1.0, 7.0]
+    assert [to_float(v) for v in ("12.5", 3, " 7 ", np.int64(4))] == [12.5, 3.0, 7.0, 4.0]
     assert all(math.isnan(to_float(v)) for v in (None, "", "n/a", [1], float("nan")))
+
+
+def test_to_float_takes_no_bool_and_no_numeral_float_alone_would_read():
+    """JSON's `true` is no count, and `1_000`, `١٢`, `１２` are no engine's numerals (engine.units):
+    a run table cell of them is missing, never 1, 1000 or 12."""
+    assert all(math.isnan(to_float(v)) for v in (True, False, "1_000", "١٢", "１２", "9" * 400, 10 ** 400))
 
 
 def test_is_missing_is_none_or_nan_only():
