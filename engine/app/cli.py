@@ -59,8 +59,9 @@ def _preamble(session: Session) -> str:
         "io_threads": stream.io_threads if stream else 0, "o_direct": int(stream.o_direct) if stream else 0,
         "overlap": 0, "io_two_wave": 0, "prefetch": cfg.prefetch if stream else 0, "route_ahead": 0,
         "predict_prefetch": 0, "predict_log": 0, "predict_spec_max": 2 if stream else 0,
-        "prefetch_sync": int(cfg.prefetch_sync), "dense_weights": cfg.dense_weights, "drop_cold_frac": 0,
-        "drop_renorm": 1, "drop_prefill": 0,
+        "prefetch_sync": int(cfg.prefetch_sync), "dense_weights": cfg.dense_weights,
+        "drop_cold_frac": _g4(cfg.drop_cold_frac if stream else 0.0), "drop_renorm": int(cfg.drop_renorm),
+        "drop_prefill": int(cfg.drop_prefill),
     }
     sampling = {"temp": _g4(cfg.temp), "top_k": cfg.top_k, "top_p": _g4(cfg.top_p), "seed": cfg.seed,
                 "compute_trace_layers": 0, "spec": "off", "spec_draft_max": 0, "mtp_p_min": 0, "ngram_min_match": 0}

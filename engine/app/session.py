@@ -31,6 +31,7 @@ from engine.forward.graph import Model, Sampler
 from engine.gguf.model import ModelShape, engine_refusal, load_model_shape
 from engine.gguf.tokenizer import SpmTokenizer, eog_ids_from_metadata
 from engine.procfs import KbFile
+from engine.stream import drop
 from engine.stream.budget import CacheBudget, resolve_budget
 from engine.stream.io import DirectReader, Slice
 from engine.stream.source import Residency, StreamingExpertSource
@@ -89,6 +90,7 @@ class _RouteTracer:
         self.n_prompt_fn = n_prompt_fn
         self.pending: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.access: dict[int, Residency] = {}
+        self.dropped: np.ndarray | None = None   # the pending layer's dropped slots (--drop-cold-experts)
         self.turn = 0
         # KV cells before this turn's prompt (a continued turn): upstream's trace numbers steps
         # from the turn's own prompt, so positions are written relative to it
@@ -98,6 +100,13 @@ class _RouteTracer:
     def on_route(self, layer: int, positions: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
         self.pending = (layer, positions, ids, weights)
         self.access = {}
+        self.dropped = None
+
+    def on_drop(self, layer: int, dropped: np.ndarray) -> None:
+        """The drop policy's decision on the pending layer (engine.stream.drop): a dropped slot was
+        a miss that is never read, so it neither pays the read nor claims its charge."""
+        if self.pending is not None and self.pending[0] == layer:
+            self.dropped = dropped
 
     def on_access(self, layer: int, expert: int, residency: Residency) -> None:
         self.access[expert] = residency
@@ -117,13 +126,14 @@ class _RouteTracer:
                 phase = 0 if pos < n_prompt else 1
                 for slot in range(ids.shape[1]):
                     e = int(ids[row, slot])
-                    residency = self.access.get(e, Residency.HIT)
+                    dropped = self.dropped is not None and bool(self.dropped[row, slot])
+                    residency = Residency.MISS if dropped else self.access.get(e, Residency.HIT)
                     nbytes = 0
-                    if residency == Residency.MISS and e not in read_done:
+                    if residency == Residency.MISS and not dropped and e not in read_done:
                         read_done.add(e)
                         nbytes = expert_bytes
                     self.sink.row(self.turn, phase, int(pos), layer, slot, e, float(weights[row, slot]),
-                                  int(residency), nbytes)
+                                  int(residency), nbytes, dropped)
             self.pending = None
         return out
 
@@ -140,6 +150,7 @@ class Session:
         self._on_message = on_message
         self.stream: StreamingExpertSource | None = None
         self.tracer: _RouteTracer | None = None
+        self.drop: drop.DropPolicy | None = None     # --drop-cold-experts on a streamed run
         self._route_trace = route_trace if cfg.moe_stream else None
         try:
             self.shape: ModelShape = load_model_shape(cfg.model_path)
@@ -180,6 +191,13 @@ class Session:
                 source = self.tracer
             if self.budget.warning:
                 self._message(self.budget.warning)
+            if cfg.drop_cold_frac > 0:      # validated: a cache is on
+                self.drop = drop.DropPolicy(cfg.drop_cold_frac, self.shape.n_layer, self.stream.resident_before_read,
+                                            renorm=cfg.drop_renorm, in_prefill=cfg.drop_prefill,
+                                            traced=self.tracer is not None,
+                                            on_drop=self.tracer.on_drop if self.tracer else None)
+                if line := drop.warning(cfg.drop_cold_frac, self.top_k):
+                    self._message(line)
         else:
             from engine.forward.weights import DenseWeights
 
@@ -189,7 +207,8 @@ class Session:
         # (with bmoe-cli's margin) in generate().
         kv_ctx = -(-cfg.n_ctx // KV_CTX_PAD) * KV_CTX_PAD
         self.model = Model(self.shape, source, weights=weights, n_ctx=kv_ctx,
-                           on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads,
+                           on_route=self.tracer.on_route if self.tracer else None, route_hook=self.drop,
+                           upstream_threads=cfg.n_threads,
                            threads=cfg.n_threads)
         if self.top_k != self.model.hp.n_expert_used:
             from dataclasses import replace
@@ -341,6 +360,8 @@ class Session:
             raise SessionError(f"prompt + n_predict exceeds the session n_ctx ({cfg.n_ctx}); open the session with a "
                                "larger n_ctx")
         self._n_prompt = len(prompt)
+        if self.drop is not None:
+            self.drop.decoding = False      # upstream's set_batch_phase before each batch
         t_prefill = time.perf_counter()
         try:
             logits = self.model.prefill(prompt)
@@ -353,6 +374,10 @@ class Session:
         if cancel is not None and cancel.is_set():
             self.model.reset()
             raise PrefillCancelled("cancelled during the prefill")
+        # the drop counters describe the decode loop: taken after the prefill, as upstream takes them
+        dropping = (self.drop.routed, self.drop.dropped) if self.drop is not None else (0, 0)
+        if self.drop is not None:
+            self.drop.decoding = True
         cancelled = False
         rows: list[TokenRow] = []
         tokens: list[int] = []
@@ -411,11 +436,14 @@ class Session:
         totals["overhead_s"] += time.perf_counter() - loop_start
         if cancelled:
             self.model.reset()
+        if self.drop is not None:
+            dropping = (self.drop.routed - dropping[0], self.drop.dropped - dropping[1])
         return GenerationResult(tuple(tokens), bytes(text), len(prompt), tuple(rows),
-                                self._summary(len(tokens), len(prompt), prefill_s, totals), cancelled=cancelled,
-                                n_past=len(prompt) + len(tokens))
+                                self._summary(len(tokens), len(prompt), prefill_s, totals, dropping),
+                                cancelled=cancelled, n_past=len(prompt) + len(tokens))
 
-    def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float]) -> RunSummary:
+    def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float],
+                 dropping: tuple[int, int]) -> RunSummary:
         per = (lambda v: v / n) if n else (lambda v: 0.0)
         cache = self.stream.stats().cache if self.stream else None
         stream_stats = self.stream.stats() if self.stream else None
@@ -438,6 +466,8 @@ class Session:
             spec_useful=cache.spec_useful if cache else 0,
             mode=claim.mode_line(self.cfg.release, self.cfg.moe_stream, self.budget.cache_auto, self.cfg.cache_mb,
                                  self.cfg.dense_weights, self.shape.arch),
+            drop_cold_frac=self.cfg.drop_cold_frac if self.drop is not None else 0.0,
+            experts_routed=dropping[0], experts_dropped=dropping[1],
         )
 
     # ---- embedders' API -------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from engine.interface.flags import (
 )
 from engine.interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
 from engine.interface.releases import NEXT, V0_19, Release
+from engine.stream import drop
 from engine.stream.budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 
 # ahwb is accepted as bmoe-cli accepts it; like bmoe-cli off Android, the load then fails.
@@ -89,6 +90,9 @@ class RunConfig:
     dense_weights: str = "anon"
     prefetch: int = 0
     prefetch_sync: bool = False     # debug/tests: each speculative read completes on issue
+    drop_cold_frac: float = 0.0     # --drop-cold-experts F (float32), lossy: engine.stream.drop
+    drop_renorm: bool = True        # --drop-no-renorm: the kept weights are not rescaled after a drop
+    drop_prefill: bool = False      # --drop-in-prefill
     progress: bool = False
     session: bool = False           # --session: serve JSON requests from stdin (engine.app.protocol)
     no_mmap: bool = False           # resident runs: weights in anonymous memory, not a file map
@@ -357,6 +361,8 @@ def validate_run(cfg: RunConfig) -> None:
         for _env, field in cfg.unimplemented_env:
             raise ConfigError(f"{field} requires moe.enabled")
     validate(cache_flags(cfg))
+    if cfg.moe_stream:          # the last of validate()'s streaming checks
+        drop.validate(cfg.drop_cold_frac, cache_flags(cfg).cache_on)
     for env, field in cfg.unimplemented_env:
         raise ConfigError(f"{env} asks for {field}, which bmoe-py does not implement (unset it)")
 

@@ -251,6 +251,8 @@ class FastDecoder:
                 raise MemoryError("the fused decode could not allocate its scratch")
             if on_route is not None:
                 on_route(il, positions.copy(), ids.copy(), weights.copy())
+            if model.route_hook is not None:   # edits ids and weights in place: the buffers the MoE call reads
+                model.route_hook(il, ids, weights)
             routed = ids[0].tolist()
             raw = source.fetch(il, routed)
             mats = self._mats

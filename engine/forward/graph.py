@@ -56,6 +56,9 @@ F16, F32, F64 = np.float16, np.float32, np.float64
 
 # on_route(layer, token_positions[n_tok], expert_ids[n_tok, k], weights[n_tok, k])
 RouteObserver = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+# route_hook(layer, expert_ids[n_tok, k], weights[n_tok, k]): may edit both in place before the
+# layer's fetch (engine.stream.drop's --drop-cold-experts)
+RouteHook = Callable[[int, np.ndarray, np.ndarray], None]
 
 KV_PAD_CELLS = 256         # llama_kv_cache::get_n_kv pads the used cells to a multiple of this
 UPSTREAM_THREADS = 4       # bmoe-cli's default -t (the fixture's CSV header: threads=4)
@@ -82,7 +85,9 @@ class Model:
     `prefill(tokens)` runs the prompt (in ubatches of `ubatch_tokens`) and returns the last
     token's logits; `decode(token)` appends one token. Both act on `self.state` unless given
     another State. `on_route(layer, positions, expert_ids, weights)` sees every routing decision,
-    just before the layer's one `source.fetch`.
+    just before the layer's one `source.fetch`; `route_hook(layer, expert_ids, weights)` runs
+    after it and may change both in place (a dropped slot: its weight 0, its id another routed
+    expert), and the fetch and the products use what it leaves.
 
     `numerics="ggml"` (default) rounds like llama.cpp's CPU backend, to reproduce bmoe-cli's
     bytes; `"float32"` is the plain architecture. `n_ctx` caps the context (None: unbounded; it
@@ -99,6 +104,7 @@ class Model:
         source: ExpertSource | None = None,
         *,
         on_route: RouteObserver | None = None,
+        route_hook: RouteHook | None = None,
         weights: DenseWeights | None = None,
         ubatch_tokens: int = DEFAULT_UBATCH,
         n_ctx: int | None = None,
@@ -115,6 +121,7 @@ class Model:
         self.source = source if source is not None else ResidentExpertSource(shape)
         self.weights = weights if weights is not None else DenseWeights(shape)
         self.on_route = on_route
+        self.route_hook = route_hook
         self.ubatch_tokens = ubatch_tokens
         self.n_ctx = n_ctx
         # Only a numerics="ggml" decode over 512+ padded KV cells reads this: ggml then splits
@@ -297,6 +304,8 @@ class Model:
         ids, weights = self.route(il, act)
         if self.on_route is not None:
             self.on_route(il, positions.copy(), ids.copy(), weights.copy())
+        if self.route_hook is not None:
+            self.route_hook(il, ids, weights)
         # The source gets the ids in routing order (token-major, repeats kept): a cache that
         # promotes on every occurrence then ends the batch in upstream's exact LRU order.
         raw = self.source.fetch(il, [int(e) for e in ids.ravel()])
@@ -311,9 +320,10 @@ class Model:
             except KeyError:
                 raise ForwardError(f"expert source returned no slices for layer {il} expert {e}") from None
             rows, cols = np.nonzero(ids == e)
-            # every token routed here (a decode's one token): the batch's own activation, so
-            # the gate and up products of all experts share one stacked input
-            xe = act if rows.size == n else act.take(rows)
+            # every token routed here once (a decode's one token): the batch's own activation, so
+            # the gate and up products of all experts share one stacked input (a token may route
+            # an expert twice once a route_hook repointed a slot: then its row is taken twice)
+            xe = act if rows.size == n and np.array_equal(rows, np.arange(n)) else act.take(rows)
             experts.append((e, rows, cols, expert_weights(layer, slices), xe))
         # every routed expert's gate and up in one parallel step, then every down in another
         gate_up = matmul_pairs([(xe, m) for _, _, _, mats, xe in experts for m in (mats.gate, mats.up)],
