@@ -103,6 +103,9 @@ class RunSummary:
     drop_cold_frac: float = 0.0   # --drop-cold-experts F of a streamed run (engine.stream.drop): the moe-drop line
     experts_routed: int = 0       # routed slots while the policy was on, and the ones it dropped (decode loop)
     experts_dropped: int = 0
+    substitute_lambda: float = 0.0    # --expert-substitute L of a streamed run (engine.stream.substitute)
+    experts_reranked: int | None = None   # slots it examined; None: the claimed release writes no such keys
+    experts_substituted: int = 0
 
     @property
     def tok_per_s(self) -> float:
@@ -125,7 +128,9 @@ class RunSummary:
             f"cpu_s/tok={s.cpu_s_per_tok:.4f} "
             f"token_demand_MiB={s.token_demand_mib:.1f} layer_demand_MiB={s.layer_demand_mib:.1f} "
             f"experts_routed={s.experts_routed} experts_dropped={s.experts_dropped} "
-            f"loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
+            + (f"experts_reranked={s.experts_reranked} experts_substituted={s.experts_substituted} "
+               if s.experts_reranked is not None else "")
+            + f"loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
             f"mtp_drafted=0 mtp_accepted=0 mtp_decodes={s.tokens} mtp_draft_s/tok=0.0000 drafted_steps=0 "
             f"ra_committed=0 ra_passthrough=0 ra_agree_pct=0.0 ra_gemv_ms/tok=0.00 ra_issue_ms/tok=0.00 "
             f"ra_wd_ms/tok=0.00 drain_s/tok=0.000 adopt_s/tok=0.000 evictions={s.evictions} rereads={s.rereads}"
@@ -169,6 +174,10 @@ class RunSummary:
                 drop_pct = 100.0 * s.experts_dropped / s.experts_routed if s.experts_routed else 0.0
                 lines.append(f"moe-drop: {s.experts_dropped}/{s.experts_routed} routed experts dropped ({drop_pct:.1f}%), "
                              f"threshold {s.drop_cold_frac:.2f} x uniform")
+            if s.substitute_lambda > 0 and s.experts_reranked is not None:
+                sub_pct = 100.0 * s.experts_substituted / s.experts_reranked if s.experts_reranked else 0.0
+                lines.append(f"moe-substitute: {s.experts_substituted}/{s.experts_reranked} reranked slots went to a "
+                             f"resident expert ({sub_pct:.1f}%), margin {s.substitute_lambda:.2f} x score range")
         return lines
 
 

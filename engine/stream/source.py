@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -265,9 +265,14 @@ class StreamingExpertSource:
             self._issue_prefetch(layer)
             self._remember(layer, routed)
             self._issued_early = layer
+        return self.resident(layer, routed)
+
+    def resident(self, layer: int, experts: Iterable[int]) -> list[bool]:
+        """Which of `experts` the cache holds now, prefetches that landed integrated first
+        (upstream's settle_spec before query_residency); what --expert-substitute prefers."""
         if self._pending:
             self._integrate_prefetch()
-        return [self._cache.contains(layer, int(e)) for e in routed]
+        return [self._cache.contains(layer, int(e)) for e in experts]
 
     # ---- budget --------------------------------------------------------------------------
     def set_cache_budget(self, budget_bytes: int) -> int:
