@@ -12,12 +12,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine import __version__
+from engine.app import ppl
 from engine.app.protocol import serve
 from engine.app.session import Session
 from engine.contract import claim
 from engine.contract.config import RunConfig, UsageExit, parse_args, print_usage_exit, validate_run
 from engine.contract.telemetry import CsvSink, RouteTraceSink, csv_preamble, progress_lines
 from engine.errors import BmoeError
+from engine.interface.outputs import PREAMBLE
 from engine.plan.planner import check_line
 from engine.plan.probe import plan_for
 from engine.safetext import printable
@@ -59,9 +61,12 @@ def _preamble(session: Session) -> str:
         "io_threads": stream.io_threads if stream else 0, "o_direct": int(stream.o_direct) if stream else 0,
         "overlap": 0, "io_two_wave": 0, "prefetch": cfg.prefetch if stream else 0, "route_ahead": 0,
         "predict_prefetch": 0, "predict_log": 0, "predict_spec_max": 2 if stream else 0,
-        "prefetch_sync": int(cfg.prefetch_sync), "dense_weights": cfg.dense_weights, "drop_cold_frac": 0,
-        "drop_renorm": 1, "drop_prefill": 0,
+        "prefetch_sync": int(cfg.prefetch_sync), "dense_weights": cfg.dense_weights,
+        "drop_cold_frac": _g4(cfg.drop_cold_frac if stream else 0.0), "drop_renorm": int(cfg.drop_renorm),
+        "drop_prefill": int(cfg.drop_prefill),
     }
+    if claim.written(PREAMBLE, "substitute_lambda", cfg.release):
+        streaming["substitute_lambda"] = _g4(cfg.substitute_lambda if stream else 0.0)
     sampling = {"temp": _g4(cfg.temp), "top_k": cfg.top_k, "top_p": _g4(cfg.top_p), "seed": cfg.seed,
                 "compute_trace_layers": 0, "spec": "off", "spec_draft_max": 0, "mtp_p_min": 0, "ngram_min_match": 0}
     return csv_preamble(claim.engine_name(__version__, cfg.release), model, streaming, sampling)
@@ -106,6 +111,14 @@ def run(argv: list[str], environ: dict[str, str]) -> int:
                 _err(f"warning: could not open route trace {cfg.route_trace_path}")
     if cfg.session:
         return _serve(cfg, csv, route_trace)
+    if cfg.ppl_path or cfg.ppl_list:    # 0.24: score texts instead of generating (the CSV stays empty)
+        try:
+            return ppl.run(cfg, route_trace, _out, _err)
+        finally:
+            if route_trace is not None:
+                route_trace.close()
+            if csv:
+                csv.close()
     if cfg.prompt_tokens is None and not cfg.progress:
         _out(cfg.prompt.encode("utf-8", "surrogateescape"))
 

@@ -10,7 +10,12 @@ loop (sample, emit, decode the emitted token) and measures every token the way t
 reports it. Successive generate() calls share the warm expert cache and count turns, as upstream's
 Session does for `--session` (engine/app/protocol.py): `clear_kv=False` continues the KV of the
 previous turn, `cancel` stops a generation at the next token boundary. `set_cache_budget_mb()` is
-the embedders' resize: between generations only.
+the embedders' resize: between generations only. The lossy routing policies (engine.stream.drop,
+engine.stream.substitute) are built here and told each batch's phase (`set_phase`).
+
+Long because: it is upstream's Session, load then generation loop, in its order; every part (the
+budget, the dense policy, the routing policies, the per-token row) reads the same loaded state,
+and the route trace's writer, the one piece that stands alone, is the small class at the top.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from engine.forward.experts import ResidentExpertSource
 from engine.forward.graph import Model, Sampler
 from engine.gguf.model import ModelShape, engine_refusal, load_model_shape
 from engine.gguf.tokenizer import SpmTokenizer, eog_ids_from_metadata
+from engine.interface.outputs import SUMMARY
 from engine.procfs import KbFile
+from engine.stream import drop, substitute
 from engine.stream.budget import CacheBudget, resolve_budget
 from engine.stream.io import DirectReader, Slice
 from engine.stream.source import Residency, StreamingExpertSource
@@ -89,6 +96,7 @@ class _RouteTracer:
         self.n_prompt_fn = n_prompt_fn
         self.pending: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.access: dict[int, Residency] = {}
+        self.dropped: np.ndarray | None = None   # the pending layer's dropped slots (--drop-cold-experts)
         self.turn = 0
         # KV cells before this turn's prompt (a continued turn): upstream's trace numbers steps
         # from the turn's own prompt, so positions are written relative to it
@@ -98,6 +106,13 @@ class _RouteTracer:
     def on_route(self, layer: int, positions: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
         self.pending = (layer, positions, ids, weights)
         self.access = {}
+        self.dropped = None
+
+    def on_drop(self, layer: int, dropped: np.ndarray) -> None:
+        """The drop policy's decision on the pending layer (engine.stream.drop): a dropped slot was
+        a miss that is never read, so it neither pays the read nor claims its charge."""
+        if self.pending is not None and self.pending[0] == layer:
+            self.dropped = dropped
 
     def on_access(self, layer: int, expert: int, residency: Residency) -> None:
         self.access[expert] = residency
@@ -117,13 +132,14 @@ class _RouteTracer:
                 phase = 0 if pos < n_prompt else 1
                 for slot in range(ids.shape[1]):
                     e = int(ids[row, slot])
-                    residency = self.access.get(e, Residency.HIT)
+                    dropped = self.dropped is not None and bool(self.dropped[row, slot])
+                    residency = Residency.MISS if dropped else self.access.get(e, Residency.HIT)
                     nbytes = 0
-                    if residency == Residency.MISS and e not in read_done:
+                    if residency == Residency.MISS and not dropped and e not in read_done:
                         read_done.add(e)
                         nbytes = expert_bytes
                     self.sink.row(self.turn, phase, int(pos), layer, slot, e, float(weights[row, slot]),
-                                  int(residency), nbytes)
+                                  int(residency), nbytes, dropped)
             self.pending = None
         return out
 
@@ -140,6 +156,8 @@ class Session:
         self._on_message = on_message
         self.stream: StreamingExpertSource | None = None
         self.tracer: _RouteTracer | None = None
+        self.drop: drop.DropPolicy | None = None     # --drop-cold-experts on a streamed run
+        self.substitute: substitute.SubstitutePolicy | None = None   # --expert-substitute (0.24)
         self._route_trace = route_trace if cfg.moe_stream else None
         try:
             self.shape: ModelShape = load_model_shape(cfg.model_path)
@@ -180,6 +198,15 @@ class Session:
                 source = self.tracer
             if self.budget.warning:
                 self._message(self.budget.warning)
+            if cfg.drop_cold_frac > 0:      # validated: a cache is on
+                self.drop = drop.DropPolicy(cfg.drop_cold_frac, self.shape.n_layer, self.stream.resident_before_read,
+                                            renorm=cfg.drop_renorm, in_prefill=cfg.drop_prefill,
+                                            traced=self.tracer is not None,
+                                            on_drop=self.tracer.on_drop if self.tracer else None)
+                if line := drop.warning(cfg.drop_cold_frac, self.top_k):
+                    self._message(line)
+            if cfg.substitute_lambda > 0:   # validated: a cache is on
+                self.substitute = substitute.SubstitutePolicy(cfg.substitute_lambda, self.stream.resident)
         else:
             from engine.forward.weights import DenseWeights
 
@@ -189,7 +216,9 @@ class Session:
         # (with bmoe-cli's margin) in generate().
         kv_ctx = -(-cfg.n_ctx // KV_CTX_PAD) * KV_CTX_PAD
         self.model = Model(self.shape, source, weights=weights, n_ctx=kv_ctx,
-                           on_route=self.tracer.on_route if self.tracer else None, upstream_threads=cfg.n_threads,
+                           on_route=self.tracer.on_route if self.tracer else None, route_hook=self.drop,
+                           rerank=self.substitute,
+                           upstream_threads=cfg.n_threads,
                            threads=cfg.n_threads)
         if self.top_k != self.model.hp.n_expert_used:
             from dataclasses import replace
@@ -341,6 +370,7 @@ class Session:
             raise SessionError(f"prompt + n_predict exceeds the session n_ctx ({cfg.n_ctx}); open the session with a "
                                "larger n_ctx")
         self._n_prompt = len(prompt)
+        self.set_phase(decoding=False)
         t_prefill = time.perf_counter()
         try:
             logits = self.model.prefill(prompt)
@@ -353,6 +383,9 @@ class Session:
         if cancel is not None and cancel.is_set():
             self.model.reset()
             raise PrefillCancelled("cancelled during the prefill")
+        # the policies' counters describe the decode loop: taken after the prefill, as upstream takes them
+        counts_before = self.policy_counts()
+        self.set_phase(decoding=True)
         cancelled = False
         rows: list[TokenRow] = []
         tokens: list[int] = []
@@ -411,11 +444,13 @@ class Session:
         totals["overhead_s"] += time.perf_counter() - loop_start
         if cancelled:
             self.model.reset()
+        counts = tuple(now - before for now, before in zip(self.policy_counts(), counts_before))
         return GenerationResult(tuple(tokens), bytes(text), len(prompt), tuple(rows),
-                                self._summary(len(tokens), len(prompt), prefill_s, totals), cancelled=cancelled,
-                                n_past=len(prompt) + len(tokens))
+                                self._summary(len(tokens), len(prompt), prefill_s, totals, counts),
+                                cancelled=cancelled, n_past=len(prompt) + len(tokens))
 
-    def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float]) -> RunSummary:
+    def _summary(self, n: int, n_prompt: int, prefill_s: float, t: dict[str, float],
+                 counts: tuple[int, ...]) -> RunSummary:
         per = (lambda v: v / n) if n else (lambda v: 0.0)
         cache = self.stream.stats().cache if self.stream else None
         stream_stats = self.stream.stats() if self.stream else None
@@ -438,7 +473,25 @@ class Session:
             spec_useful=cache.spec_useful if cache else 0,
             mode=claim.mode_line(self.cfg.release, self.cfg.moe_stream, self.budget.cache_auto, self.cfg.cache_mb,
                                  self.cfg.dense_weights, self.shape.arch),
+            drop_cold_frac=self.cfg.drop_cold_frac if self.drop is not None else 0.0,
+            experts_routed=counts[0], experts_dropped=counts[1],
+            substitute_lambda=self.cfg.substitute_lambda if self.substitute is not None else 0.0,
+            experts_reranked=counts[2] if claim.written(SUMMARY, "experts_reranked", self.cfg.release) else None,
+            experts_substituted=counts[3],
         )
+
+    # ---- the lossy routing policies ------------------------------------------------------------
+    def set_phase(self, decoding: bool) -> None:
+        """The phase of the batches that follow (upstream's set_batch_phase): the drop policy acts
+        in decode (in prefill too when asked), substitution in decode only."""
+        for policy in (self.drop, self.substitute):
+            if policy is not None:
+                policy.decoding = decoding
+
+    def policy_counts(self) -> tuple[int, int, int, int]:
+        """(routed, dropped, reranked, substituted) so far: a turn reports its own deltas."""
+        d, s = self.drop, self.substitute
+        return (d.routed if d else 0, d.dropped if d else 0, s.reranked if s else 0, s.substituted if s else 0)
 
     # ---- embedders' API -------------------------------------------------------------------------
     def set_cache_budget_mb(self, mb: int) -> int:

@@ -7,6 +7,9 @@ upstream has after 0.24.0) makes it speak a newer contract where the two agree:
 - from 0.21, `cache_cycle_mb` in the CSV preamble is an integer rounded up, as upstream writes it
   (bmoe-py wrote it with one decimal before upstream had it), and the cycle warning is upstream's
   own line (the seed's words on one line, not two);
+- from 0.24, `--expert-substitute` and the `--ppl` family are taken (engine.interface.flags), and the
+  CSV records the substitution (`substitute_lambda`, `experts_reranked`, `experts_substituted`:
+  `written`);
 - after 0.24 (NEXT), every run prints a `mode:` line after `prefill:` (cli/main.cpp, the store's
   newest version: "mode: expert streaming, cache 230 MiB, dense anon" or "mode: mmap. Expert
   streaming is OFF …"), and `--moe-stream` without `--cache-mb` (nor BMOE_CACHE_MB) sizes the cache
@@ -22,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from engine.interface import outputs
 from engine.interface.releases import NEXT, V0_19, V0_21, Release
 from engine.stream.budget import cycle_mb_of
 from engine.units import MIB
@@ -58,6 +62,12 @@ def release_of(engine: str) -> Release | None:
     """The release a bmoe-py version line or engine name claims (None: none claimed)."""
     m = _CLAIMED_IN.search(engine)
     return Release.parse(m[1] or m[2]) if m else None
+
+
+def written(place: str, name: str, release: Release) -> bool:
+    """Whether the claimed release writes that output (engine.interface.outputs: from 0.24 the
+    preamble's `substitute_lambda`, the summary's `experts_reranked` and `experts_substituted`)."""
+    return any(o.name == name for o in outputs.outputs(place, release))
 
 
 def cycle_text(cycle_bytes: int, release: Release) -> str:

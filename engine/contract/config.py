@@ -40,6 +40,7 @@ from engine.interface.flags import (
 )
 from engine.interface.flags import LIST_ARCHS as LIST_ARCHS_FLAG
 from engine.interface.releases import NEXT, V0_19, Release
+from engine.stream import drop, substitute
 from engine.stream.budget import CACHE_MIN_MB, IO_THREADS_MAX, CacheFlags, ConfigError, validate
 from engine.units import ascii_int
 
@@ -90,6 +91,16 @@ class RunConfig:
     dense_weights: str = "anon"
     prefetch: int = 0
     prefetch_sync: bool = False     # debug/tests: each speculative read completes on issue
+    drop_cold_frac: float = 0.0     # --drop-cold-experts F (float32), lossy: engine.stream.drop
+    drop_renorm: bool = True        # --drop-no-renorm: the kept weights are not rescaled after a drop
+    drop_prefill: bool = False      # --drop-in-prefill
+    substitute_lambda: float = 0.0  # --expert-substitute L (0.24; float32), lossy: engine.stream.substitute
+    # --ppl FILE, --ppl-list FILE (0.24): score texts instead of generating (engine.app.ppl)
+    ppl_path: str = ""
+    ppl_list: str = ""
+    ppl_step: bool = False          # --ppl-step: one token per decode
+    ppl_choices: tuple[str, ...] = ()   # --ppl-choices A,B,…: each one's first-token log-probability
+    ppl_skip: int = 8               # --ppl-skip N (NEXT; 8 before it): leading tokens not scored
     progress: bool = False
     session: bool = False           # --session: serve JSON requests from stdin (engine.app.protocol)
     no_mmap: bool = False           # resident runs: weights in anonymous memory, not a file map
@@ -170,7 +181,7 @@ _STR_FLAGS = {s: f.field for f in _OURS if f.value in (interface.PATH, interface
 # "kept so existing scripts keep working")
 _BOOL_FLAGS = {s: (f.field, f.sets) for f in _OURS if f.value == interface.NONE and f.field for s in f.spellings}
 _BY_KIND = {kind: {s for f in _OURS if f.value == kind for s in f.spellings}
-            for kind in (interface.U32, interface.TOKENS, interface.MIB_OR_AUTO, interface.CHOICE)}
+            for kind in (interface.U32, interface.TOKENS, interface.MIB_OR_AUTO, interface.CHOICE, interface.LIST)}
 # bmoe-cli names a missing value by the flag's short form where it has one (cli/main.cpp next()).
 _VALUE_NAME = {s: f.typed for f in _OURS for s in f.spellings}
 # the env override of each value flag (flag wins)
@@ -284,6 +295,12 @@ def parse_args(argv: list[str], environ: dict[str, str]) -> RunConfig:
                 values["cache_auto"] = True
             else:
                 values[interface.flag(a).field] = _atoi(v)
+        elif a in _BY_KIND[interface.LIST]:
+            # split at every comma, empty items kept; a repeated flag adds to the list (cli/main.cpp)
+            field = interface.flag(a).field
+            before = values.get(field, ())
+            assert isinstance(before, tuple)
+            values[field] = (*before, *next_value(a).split(","))
         elif a in _BY_KIND[interface.CHOICE]:
             m = next_value(a)
             choices = interface.flag(a).choices
@@ -358,6 +375,9 @@ def validate_run(cfg: RunConfig) -> None:
         for _env, field in cfg.unimplemented_env:
             raise ConfigError(f"{field} requires moe.enabled")
     validate(cache_flags(cfg))
+    if cfg.moe_stream:          # the last of validate()'s streaming checks
+        drop.validate(cfg.drop_cold_frac, cache_flags(cfg).cache_on)
+        substitute.validate(cfg.substitute_lambda, cache_flags(cfg).cache_on)
     for env, field in cfg.unimplemented_env:
         raise ConfigError(f"{env} asks for {field}, which bmoe-py does not implement (unset it)")
 

@@ -100,6 +100,12 @@ class RunSummary:
     spec_experts: int = 0         # prefetched experts that entered the cache
     spec_useful: int = 0          # of those, the ones a later lookup hit
     mode: str = ""                # the `mode:` line of a claimed release after 0.24 (engine.claim), else ""
+    drop_cold_frac: float = 0.0   # --drop-cold-experts F of a streamed run (engine.stream.drop): the moe-drop line
+    experts_routed: int = 0       # routed slots while the policy was on, and the ones it dropped (decode loop)
+    experts_dropped: int = 0
+    substitute_lambda: float = 0.0    # --expert-substitute L of a streamed run (engine.stream.substitute)
+    experts_reranked: int | None = None   # slots it examined; None: the claimed release writes no such keys
+    experts_substituted: int = 0
 
     @property
     def tok_per_s(self) -> float:
@@ -121,7 +127,10 @@ class RunSummary:
             f"spec_experts={s.spec_experts} spec_useful={s.spec_useful} majflt/tok={s.majflt_per_tok:.2f} "
             f"cpu_s/tok={s.cpu_s_per_tok:.4f} "
             f"token_demand_MiB={s.token_demand_mib:.1f} layer_demand_MiB={s.layer_demand_mib:.1f} "
-            f"experts_routed=0 experts_dropped=0 loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
+            f"experts_routed={s.experts_routed} experts_dropped={s.experts_dropped} "
+            + (f"experts_reranked={s.experts_reranked} experts_substituted={s.experts_substituted} "
+               if s.experts_reranked is not None else "")
+            + f"loop_overhead_s/tok={s.loop_overhead_s_per_tok:.4f} "
             f"mtp_drafted=0 mtp_accepted=0 mtp_decodes={s.tokens} mtp_draft_s/tok=0.0000 drafted_steps=0 "
             f"ra_committed=0 ra_passthrough=0 ra_agree_pct=0.0 ra_gemv_ms/tok=0.00 ra_issue_ms/tok=0.00 "
             f"ra_wd_ms/tok=0.00 drain_s/tok=0.000 adopt_s/tok=0.000 evictions={s.evictions} rereads={s.rereads}"
@@ -161,6 +170,14 @@ class RunSummary:
                 useful_pct = 100.0 * s.spec_useful / s.spec_experts if s.spec_experts else 0.0
                 lines.append(f"moe-prefetch: {s.spec_read_mib:.1f} MiB speculative, {s.spec_useful}/{s.spec_experts} "
                              f"experts useful ({useful_pct:.0f}%)")
+            if s.drop_cold_frac > 0:
+                drop_pct = 100.0 * s.experts_dropped / s.experts_routed if s.experts_routed else 0.0
+                lines.append(f"moe-drop: {s.experts_dropped}/{s.experts_routed} routed experts dropped ({drop_pct:.1f}%), "
+                             f"threshold {s.drop_cold_frac:.2f} x uniform")
+            if s.substitute_lambda > 0 and s.experts_reranked is not None:
+                sub_pct = 100.0 * s.experts_substituted / s.experts_reranked if s.experts_reranked else 0.0
+                lines.append(f"moe-substitute: {s.experts_substituted}/{s.experts_reranked} reranked slots went to a "
+                             f"resident expert ({sub_pct:.1f}%), margin {s.substitute_lambda:.2f} x score range")
         return lines
 
 
@@ -272,10 +289,11 @@ class RouteTraceSink(_CFile):
         self._write("".join(lines) + self.HEADER + "\n")
 
     def row(self, turn: int, phase: int, step: int, layer: int, slot: int, expert: int, weight: float,
-            residency: int, expert_bytes: int) -> None:
+            residency: int, expert_bytes: int, dropped: bool = False) -> None:
+        """`expert` and `weight` as the router chose them; `dropped`: --drop-cold-experts discarded it."""
         # printf's %.6g of the float32 weight: "0.5", "0.0123457", "nan" for a weight never exposed.
         self._write(f"{turn},{phase},{step},{layer},{slot},{expert},{weight:.6g},{residency},"
-                    f"{expert_bytes},0\n", flush=False)
+                    f"{expert_bytes},{int(dropped)}\n", flush=False)
 
     def flush(self) -> None:
         """Once per forward pass (upstream flushes once per decode, not per row)."""

@@ -249,8 +249,14 @@ class FastDecoder:
                               kc_addr, vc_addr, cap, hp.rms_eps, hp.kq_scale, hp.weights_scale, k, n_kv_pad,
                               kv_chunks, self._lut_addr, lanes, addr[1], addr[2], self._ids_addr, self._w_addr):
                 raise MemoryError("the fused decode could not allocate its scratch")
+            if model.rerank is not None:
+                # the router again, in numpy (the same bits as the C call's), with the reranking
+                # between its top-k and its weights; the MoE call reads these buffers
+                ids[:], weights[:] = model.route(il, bufs[2:3].copy())
             if on_route is not None:
                 on_route(il, positions.copy(), ids.copy(), weights.copy())
+            if model.route_hook is not None:   # edits ids and weights in place: the buffers the MoE call reads
+                model.route_hook(il, ids, weights)
             routed = ids[0].tolist()
             raw = source.fetch(il, routed)
             mats = self._mats

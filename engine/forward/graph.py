@@ -56,6 +56,12 @@ F16, F32, F64 = np.float16, np.float32, np.float64
 
 # on_route(layer, token_positions[n_tok], expert_ids[n_tok, k], weights[n_tok, k])
 RouteObserver = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+# route_hook(layer, expert_ids[n_tok, k], weights[n_tok, k]): may edit both in place before the
+# layer's fetch (engine.stream.drop's --drop-cold-experts)
+RouteHook = Callable[[int, np.ndarray, np.ndarray], None]
+# rerank(layer, scores[n_tok, n_expert], expert_ids[n_tok, k], scores_are_probabilities): the ids the
+# router's weights are then taken for (engine.stream.substitute's --expert-substitute)
+Rerank = Callable[[int, np.ndarray, np.ndarray, bool], np.ndarray]
 
 KV_PAD_CELLS = 256         # llama_kv_cache::get_n_kv pads the used cells to a multiple of this
 UPSTREAM_THREADS = 4       # bmoe-cli's default -t (the fixture's CSV header: threads=4)
@@ -82,7 +88,10 @@ class Model:
     `prefill(tokens)` runs the prompt (in ubatches of `ubatch_tokens`) and returns the last
     token's logits; `decode(token)` appends one token. Both act on `self.state` unless given
     another State. `on_route(layer, positions, expert_ids, weights)` sees every routing decision,
-    just before the layer's one `source.fetch`.
+    just before the layer's one `source.fetch`; `route_hook(layer, expert_ids, weights)` runs
+    after it and may change both in place (a dropped slot: its weight 0, its id another routed
+    expert), and the fetch and the products use what it leaves. `rerank` may change the top-k
+    before the weights are taken from the router's scores for it (`route`).
 
     `numerics="ggml"` (default) rounds like llama.cpp's CPU backend, to reproduce bmoe-cli's
     bytes; `"float32"` is the plain architecture. `n_ctx` caps the context (None: unbounded; it
@@ -99,6 +108,8 @@ class Model:
         source: ExpertSource | None = None,
         *,
         on_route: RouteObserver | None = None,
+        route_hook: RouteHook | None = None,
+        rerank: Rerank | None = None,
         weights: DenseWeights | None = None,
         ubatch_tokens: int = DEFAULT_UBATCH,
         n_ctx: int | None = None,
@@ -115,6 +126,8 @@ class Model:
         self.source = source if source is not None else ResidentExpertSource(shape)
         self.weights = weights if weights is not None else DenseWeights(shape)
         self.on_route = on_route
+        self.route_hook = route_hook
+        self.rerank = rerank
         self.ubatch_tokens = ubatch_tokens
         self.n_ctx = n_ctx
         # Only a numerics="ggml" decode over 512+ padded KV cells reads this: ggml then splits
@@ -169,6 +182,15 @@ class Model:
             self._forward(tokens[b0:b0 + self.ubatch_tokens], state, want_logits=False)
         return self._logits(self._forward(tokens[starts[-1]:], state, want_logits=True))
 
+    def logits_all(self, tokens: Sequence[int], state: State | None = None) -> np.ndarray:
+        """Every position's logits [n_tokens, n_vocab] (a scoring pass: llama.cpp with a logit
+        asked at every position keeps every row through the last layer)."""
+        state = self.state if state is None else state
+        self._fast_decoder()
+        return np.concatenate([self._logits_rows(self._forward(tokens[b0:b0 + self.ubatch_tokens], state,
+                                                               want_logits=True, all_rows=True))
+                               for b0 in range(0, len(tokens), self.ubatch_tokens)])
+
     def decode(self, token: int, state: State | None = None) -> np.ndarray:
         state = self.state if state is None else state
         fast = self._fast_decoder()
@@ -185,9 +207,9 @@ class Model:
         return self._fast if isinstance(self._fast, FastDecoder) else None
 
     # ---- one forward batch ------------------------------------------------------------------
-    def _forward(self, tokens: Sequence[int], state: State, want_logits: bool) -> np.ndarray:
+    def _forward(self, tokens: Sequence[int], state: State, want_logits: bool, all_rows: bool = False) -> np.ndarray:
         """Run a batch through every layer; the last token's hidden state [1, n_embd] when
-        `want_logits`, else no rows [0, n_embd]."""
+        `want_logits` (every token's with `all_rows`), else no rows [0, n_embd]."""
         hp, w = self.hp, self.weights
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.min() < 0 or ids.max() >= hp.n_vocab:
@@ -207,7 +229,7 @@ class Model:
             rows = pos
             last = il == hp.n_layer - 1
             # llama.cpp's inp_out_ids: the last layer only keeps rows whose logits are wanted
-            keep = slice(T - 1, T) if want_logits else slice(0, 0)
+            keep = slice(0, T) if all_rows else slice(T - 1, T) if want_logits else slice(0, 0)
             if last and hp.out_rows_before_moe:
                 attn, x, rows = attn[keep], x[keep], pos[keep]
             ffn_inp = attn + x
@@ -220,10 +242,14 @@ class Model:
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
         """The output head on the last token's hidden state [1, n_embd]: logits [n_vocab]."""
+        return self._logits_rows(x)[0]
+
+    def _logits_rows(self, x: np.ndarray) -> np.ndarray:
+        """The output head on hidden states [n, n_embd]: logits [n, n_vocab]."""
         w = self.weights
         x = rms_norm(x, w.get("output_norm.weight"), self.hp.rms_eps)
         head = "output.weight" if "output.weight" in w else "token_embd.weight"
-        return matmul(self._activation(x), w.matrix(head), self.threads)[0]
+        return matmul(self._activation(x), w.matrix(head), self.threads)
 
     def _linear(self, x: np.ndarray | Activation, name: str) -> np.ndarray:
         return self._linears(x, [name])[0]
@@ -276,9 +302,13 @@ class Model:
         if hp.gating == "softmax":
             probs = soft_max(logits)
             ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+            if self.rerank is not None:
+                ids = self.rerank(il, probs, ids, True)
             weights = np.take_along_axis(probs, ids, axis=-1)
         else:
             ids = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+            if self.rerank is not None:
+                ids = self.rerank(il, logits, ids, False)
             weights = soft_max(np.take_along_axis(logits, ids, axis=-1))
         if hp.norm_weights:
             total = weights.astype(F64).sum(axis=-1, keepdims=True).astype(F32)
@@ -297,6 +327,8 @@ class Model:
         ids, weights = self.route(il, act)
         if self.on_route is not None:
             self.on_route(il, positions.copy(), ids.copy(), weights.copy())
+        if self.route_hook is not None:
+            self.route_hook(il, ids, weights)
         # The source gets the ids in routing order (token-major, repeats kept): a cache that
         # promotes on every occurrence then ends the batch in upstream's exact LRU order.
         raw = self.source.fetch(il, [int(e) for e in ids.ravel()])
@@ -311,9 +343,10 @@ class Model:
             except KeyError:
                 raise ForwardError(f"expert source returned no slices for layer {il} expert {e}") from None
             rows, cols = np.nonzero(ids == e)
-            # every token routed here (a decode's one token): the batch's own activation, so
-            # the gate and up products of all experts share one stacked input
-            xe = act if rows.size == n else act.take(rows)
+            # every token routed here once (a decode's one token): the batch's own activation, so
+            # the gate and up products of all experts share one stacked input (a token may route
+            # an expert twice once a route_hook repointed a slot: then its row is taken twice)
+            xe = act if rows.size == n and np.array_equal(rows, np.arange(n)) else act.take(rows)
             experts.append((e, rows, cols, expert_weights(layer, slices), xe))
         # every routed expert's gate and up in one parallel step, then every down in another
         gate_up = matmul_pairs([(xe, m) for _, _, _, mats, xe in experts for m in (mats.gate, mats.up)],

@@ -18,7 +18,9 @@ first thing evicted; reads still running are waited for and dropped, queued ones
 bytes of every read that ran count in read_bytes, as upstream's reader counts them). A hit on a
 prefetched entry is residency 2 in the route trace and counts once in spec_useful. With one I/O
 lane there is no idle lane (upstream's lane 0 is the eval thread), so nothing speculative runs
-unless prefetch_sync (`--prefetch-sync`) reads each guess on issue.
+unless prefetch_sync (`--prefetch-sync`) reads each guess on issue. A layer --drop-cold-experts
+decides issues its guesses before its read instead, as upstream's deferred load does
+(`resident_before_read`).
 
 Every DENSE_PROBE_EVERY layer loads the source also samples the dense-weights residency sensor
 (upstream's dense_resident_frac), when the session gave it one.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -136,6 +138,7 @@ class StreamingExpertSource:
         self._top_k = top_k or shape.top_k or 0
         # Per layer, the last token's routing at its latest visit: what --prefetch bets on next.
         self._history: dict[int, tuple[int, ...]] = {}
+        self._issued_early: int | None = None   # the layer resident_before_read issued for
         self.dense_probe = dense_probe
         self._dense_resident_frac = -1.0
         # Pass tracking: a layer index that does not increase starts the next token's pass.
@@ -193,10 +196,10 @@ class StreamingExpertSource:
                     Residency.PREFETCH_HIT if e in spec_hits else Residency.HIT if e in hits else Residency.MISS
                 )
                 self.on_access(layer, e, residency)
-        if self.prefetch_layers:
+        if self.prefetch_layers and self._issued_early != layer:
             self._issue_prefetch(layer)
-            ids = [int(e) for e in experts]
-            self._history[layer] = tuple(ids[-self._top_k:] if self._top_k else unique)
+            self._remember(layer, experts)
+        self._issued_early = None
         self._fetches += 1
         self._fetch_s += time.perf_counter() - t0
         return {e: out[e] for e in unique}
@@ -249,6 +252,28 @@ class StreamingExpertSource:
     def is_resident(self, layer: int, expert: int) -> bool:
         return self._cache.contains(layer, expert)
 
+    def resident_before_read(self, layer: int, routed: Sequence[int]) -> list[bool]:
+        """Which of the router's `routed` ids (routing order) the cache holds before this layer's
+        read: what --drop-cold-experts decides on (engine.stream.drop).
+
+        It is upstream's deferred load (RouterHook at 2d4f2b1): when the drop policy decides a
+        layer, the router's callback has already issued the next layers' prefetch and recorded
+        this routing for the next token's guesses, and only then are landed guesses integrated
+        (settle_spec) and residency asked. The fetch that follows reads the layer, issuing and
+        recording nothing again, so its edited ids never become a guess."""
+        if self.prefetch_layers:
+            self._issue_prefetch(layer)
+            self._remember(layer, routed)
+            self._issued_early = layer
+        return self.resident(layer, routed)
+
+    def resident(self, layer: int, experts: Iterable[int]) -> list[bool]:
+        """Which of `experts` the cache holds now, prefetches that landed integrated first
+        (upstream's settle_spec before query_residency); what --expert-substitute prefers."""
+        if self._pending:
+            self._integrate_prefetch()
+        return [self._cache.contains(layer, int(e)) for e in experts]
+
     # ---- budget --------------------------------------------------------------------------
     def set_cache_budget(self, budget_bytes: int) -> int:
         """Resize between generations, with Session::set_cache_budget_mb's rules; returns the budget.
@@ -277,6 +302,11 @@ class StreamingExpertSource:
         demand = len(unique) * expert_bytes
         self._demand_accum_bytes += demand
         self._layer_demand_accum_bytes = max(self._layer_demand_accum_bytes, demand)
+
+    def _remember(self, layer: int, routed: Sequence[int]) -> None:
+        """This pass's routing at `layer` (its last token's row): the next pass's guesses there."""
+        ids = [int(e) for e in routed]
+        self._history[layer] = tuple(ids[-self._top_k:]) if self._top_k else tuple(dict.fromkeys(reversed(ids)))[::-1]
 
     def _issue_prefetch(self, layer: int) -> None:
         # One lane is the caller's own: no idle lane ever picks a guess up, so (as upstream) it is
