@@ -42,6 +42,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.units import is_digits
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
@@ -230,7 +232,7 @@ def host_pid(pid_ns: str, phone_pid: int) -> int | None:
     """The host's pid of the process a phone knows as `phone_pid`: `pid_ns` is the phone's pid
     namespace as /proc/PID/ns/pid names it (its state file's `pid_namespace`); None when none."""
     for entry in os.listdir("/proc"):
-        if not entry.isascii() or not entry.isdigit():
+        if not is_digits(entry):
             continue
         try:
             if os.readlink(f"/proc/{entry}/ns/pid") != pid_ns:

@@ -47,13 +47,13 @@ def up(tmp_path, monkeypatch):
 REFUSED = [
     (["--android", "8"], "Error: --android 8: give a release from 9 to 16"),
     (["--android", "17"], "Error: --android 17: give a release from 9 to 16"),
-    (["--cpus", "\u0663"], "'\u0663' is not a whole number in ASCII digits"),          # ARABIC-INDIC THREE
-    (["--storage-mbps", "\uff13"], "'\uff13' is not a whole number in ASCII digits"),  # FULLWIDTH THREE
-    (["--swappiness", "\u0967\u0966"], "is not a whole number in ASCII digits"),     # DEVANAGARI 10
-    (["--port", "\u0665\u0665\u0665\u0665"], "is not a whole number in ASCII digits"),
-    (["--android", "\u0661\u0664"], "is not a whole number in ASCII digits"),
+    (["--cpus", "\u0663"], "'\u0663' is not an ASCII decimal number"),          # ARABIC-INDIC THREE
+    (["--storage-mbps", "\uff13"], "'\uff13' is not an ASCII decimal number"),  # FULLWIDTH THREE
+    (["--swappiness", "\u0967\u0966"], "is not an ASCII decimal number"),     # DEVANAGARI 10
+    (["--port", "\u0665\u0665\u0665\u0665"], "is not an ASCII decimal number"),
+    (["--android", "\u0661\u0664"], "is not an ASCII decimal number"),
     (["--apps", "cached:\u0663\u0660\u0660MiB"], "Error: --apps item 'cached:\u0663\u0660\u0660MiB': ASCII only"),
-    (["--storage-mbps", "1e23"], "'1e23' is not a whole number in ASCII digits"),
+    (["--storage-mbps", "1e23"], "'1e23' is not an ASCII decimal number"),
     (["--storage-mbps", str(10 ** 23)], f"Error: --storage-mbps {10 ** 23}: at most 100000 MiB/s"),
     (["--zram", "1TiB"], "Error: --zram 1048576MiB: at most 2 times the RAM (512 MiB for 256 MiB)"),
     (["--apps", "cached:1GiB"], "Error: --apps cached:1024MiB: larger than the phone's RAM (256 MiB)"),
