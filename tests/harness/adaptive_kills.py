@@ -56,9 +56,9 @@ SHAPES = (
     "resolution_mb = 1\nmax_error_pct = 1000.0",
 )
 KILL_POINTS = ("between-rounds", "mid-round", "early")
-WEIGHTS = (1, 2, 2)          # a campaign has a few round boundaries and many cells
+WEIGHTS = (1, 1, 3)          # a few round boundaries; a kill while starting costs the least
 MID_ROUND_S = 1.0
-EARLY_S = 2.5
+EARLY_S = 2.0
 RUN_TIMEOUT_S = 240.0
 
 
