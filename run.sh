@@ -95,13 +95,14 @@ case "${1:-}" in
         export BMOE_TEST_SHARED
         trap 'rm -rf "$BMOE_TEST_SHARED"' EXIT
         # two runs of pytest: first, alone, the tests that measure the host's memory, swap or speed
-        # (marked serial: tests/conftest.py), then the rest on two workers. Serial first: what both
+        # (marked serial: tests/conftest.py), then the rest on three workers (most of them wait on
+        # phones and adb: a third keeps both cores busy). Serial first: what both
         # parts build once (a campaign whose runs sample the host's memory) is then built alone. A
         # run that selects nothing (exit 5: the arguments name tests of the other part only) is not
         # a failure.
         status=0 ran=0
         for part in "${parts[@]}"; do
-            workers=(); [ "$part" = serial ] || workers=(-n 2)
+            workers=(); [ "$part" = serial ] || workers=(-n 3)
             echo "run.sh: pytest -m '$part$quick' ${workers[*]}" >&2
             code=0 started=$SECONDS
             # each part names its ten slowest tests (the suite's budget: docs/decisions/test-suite.md)
