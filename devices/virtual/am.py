@@ -104,9 +104,10 @@ class Package:
 
 
 def installed(boot_apps: list[App], uid_offset: int = 0) -> dict[str, Package]:
-    """The phone's packages: its `--apps` (their uids and sizes) and INSTALLED, every uid moved
-    by the phone's `uid_offset` (its own block of app uids: devices.virtual.run.claim_app_uids)."""
-    out = {a.name: Package(a.name, a.uid + uid_offset, a.size_bytes, a.compressible, a.active) for a in boot_apps}
+    """The phone's packages: its `--apps` (their uids and sizes) and INSTALLED, whose uids start
+    at the phone's `uid_offset` past INSTALLED_FIRST_UID (its own block of app uids, which the
+    `--apps` already carry: devices.virtual.run.claim_app_uids)."""
+    out = {a.name: Package(a.name, a.uid, a.size_bytes, a.compressible, a.active) for a in boot_apps}
     for k, (name, size_bytes) in enumerate(INSTALLED):
         out.setdefault(name, Package(name, INSTALLED_FIRST_UID + uid_offset + k, size_bytes))
     return out
@@ -160,7 +161,7 @@ class ActivityManager:
                  net_fd: int | None = None, uid_offset: int = 0):
         self.root = Path(root)
         self.boot_apps = [replace(a, uid=a.uid + uid_offset) for a in boot_apps]
-        self.packages = installed(boot_apps, uid_offset)
+        self.packages = installed(self.boot_apps, uid_offset)
         self.procs_files, self.ns_fd, self.net_fd = procs_files, ns_fd, net_fd
         self.running: dict[str, AppProcess] = {}
         self.top: str | None = None          # the package `am start` brought to the front last

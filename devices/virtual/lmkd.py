@@ -121,11 +121,9 @@ def sample(pid: int, now: float) -> ProcSample | None:
         started, pgid = float(stat[19]), int(stat[2])
     except (OSError, IndexError, ValueError):
         started, pgid = 0.0, 0
-    try:
-        phone_pid = int(fields.get("NSpid", str(pid)).split()[-1])
-    except (ValueError, IndexError):
-        phone_pid = pid
-    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started, pgid, phone_pid)
+    phone_pid = namespace.innermost_pid(status)
+    return ProcSample(pid, name, kb("VmRSS"), kb("VmSwap"), adj, now, uid, started, pgid,
+                      pid if phone_pid is None else phone_pid)
 
 
 def process_name(cmdline: bytes, comm: str) -> str:

@@ -139,8 +139,9 @@ INIT_REAP_S = 0.2
 def new_pid_namespace(mnt_fd: int) -> tuple[int, int]:
     """The phone's own pid namespace, whose pid 1 (`init`, forked here) mounts a /proc of it in
     the phone's mount namespace `mnt_fd` (the phone's files bound over it again) and reaps what is
-    orphaned in it. Every process the calling thread forks from now on is in it. Returns (init's host pid, a pipe's write end: closing it, or the daemon's
-    death, ends init and with it every process of the namespace). Call single-threaded: from
+    orphaned in it. Every process the calling thread forks from now on is in it. Returns (init's
+    host pid, a pipe's write end: closing it, or the daemon's death, ends init and with it every
+    process of the namespace). Call single-threaded: from
     then on the calling thread can start no thread (the kernel refuses CLONE_THREAD across pid
     namespaces), so its children are waited for by pidfd (devices.virtual.run.serve). Raises
     NamespaceUnavailable, the thread left as it was."""
@@ -240,9 +241,18 @@ def host_pid(pid_ns: str, phone_pid: int) -> int | None:
             status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
-        for line in status.splitlines():
-            if line.startswith("NSpid:") and line.split()[-1] == str(phone_pid):
-                return int(entry)
+        if innermost_pid(status) == phone_pid:
+            return int(entry)
+    return None
+
+
+def innermost_pid(status: str) -> int | None:
+    """The pid the innermost pid namespace knows a process by: the last of /proc/PID/status's
+    NSpid (None when the text has none)."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            with contextlib.suppress(ValueError, IndexError):
+                return int(line.split()[-1])
     return None
 
 
@@ -252,11 +262,8 @@ def phone_pid(host_pid: int) -> int | None:
         status = Path(f"/proc/{host_pid}/status").read_text()
     except OSError:
         return None
-    for line in status.splitlines():
-        if line.startswith("NSpid:"):
-            with contextlib.suppress(ValueError, IndexError):
-                return int(line.split()[-1])
-    return host_pid
+    found = innermost_pid(status)
+    return host_pid if found is None else found
 
 
 @dataclass(frozen=True)

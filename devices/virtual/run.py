@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         uid_offset, uid_claim = claim_app_uids(warnings)
         install_tools(layout, ns_fd is not None)
         install_getconf(layout, spec.page_size_bytes, ns_fd is not None)
-        # the threads asyncio.to_thread uses, started while this thread may still start them
+        # the sync service's threads (syncsvc.EXECUTOR), started while this thread may still start them
         executor = started_executor(EXECUTOR_THREADS)
         pid_ns = pid_namespace(ns_fd, warnings)      # last: every fork from here on is the phone's
         try:

@@ -94,9 +94,9 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
     plan, refs = prepared.plan, prepared.devices
     root = Path(out_dir).resolve()
     cdir = CampaignDir(root)
-    adaptive = adaptive_plan(campaign, plan, cdir) if campaign.plan.adaptive else None
-    _check_out_dir(cdir, plan, adaptive_plan(campaign, plan, None) if adaptive is not None else None,
-                   campaign.to_toml())
+    # an adaptive campaign's first round (decided from no runs) says whether the folder is this campaign's
+    first = adaptive_plan(campaign, plan, None) if campaign.plan.adaptive else None
+    _check_out_dir(cdir, plan, first, campaign.to_toml())
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
     locks = [dir_lock(fleet_home(), root)] + [device_lock(fleet_home(), r) for r in refs]
     with holding(locks, campaign.run.lock_wait_s, owner):
@@ -109,8 +109,8 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             # a run killed between renaming its attempt and appending its ledger line: its line first,
             # so the adaptive plan below is decided from every run on disk
             cdir.reconcile()
-            if adaptive is not None and not created:   # decided again under the lock: the runs as they are now
-                adaptive = adaptive_plan(campaign, plan, cdir)
+            # decided under the lock, from the runs as they are now (a new folder's: the first round)
+            adaptive = adaptive_plan(campaign, plan, cdir) if first is not None and not created else first
             _write_plan(cdir, plan, adaptive)
             device_models = prepared.device_models
             if any(m.on_device and m.name not in device_models for m in campaign.models):  # a Prepared made by hand
@@ -118,7 +118,6 @@ def run_campaign(campaign: Campaign, out_dir: str | os.PathLike, rerun_failed: b
             _write_models(cdir, campaign, plan, device_models)
             for ref in refs:
                 cdir.write_device(ref.device_id, {"device": ref.spec, "kind": ref.kind}, identities[ref.spec])
-            cdir.reconcile()
         except BaseException as e:
             if created:                     # nothing ran yet: leave no folder behind
                 shutil.rmtree(root, ignore_errors=True)
@@ -160,8 +159,8 @@ def _write_plan(cdir: CampaignDir, plan: Plan, adaptive: AdaptivePlan | None) ->
 
 def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence[DeviceRef], rerun_failed: bool,
                progress_stream, tty: bool | None, stagers: dict[str, Stager],
-               identities: Mapping[str, dict] | None = None) -> bool:
-    """Run every cell of the plan not yet done, devices in parallel; False when there was none.
+               identities: Mapping[str, dict] | None = None) -> None:
+    """Run every cell of the plan not yet done, devices in parallel.
     `stagers` holds each device's Stager from an earlier round and gets this round's; `identities`
     each device's identity (its page size)."""
     records = cdir.ledger.read()
@@ -169,7 +168,7 @@ def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence
     todo = {ref.spec: [cell for cell in plan.for_device(ref.spec)
                        if not outcomes.is_done(latest.get(cell.cell_id), rerun_failed)] for ref in refs}
     if not any(todo.values()):
-        return False
+        return
     progress = Progress({ref.spec: len(todo[ref.spec]) for ref in refs}, progress_stream, tty)
     ctx = RunContext(campaign, plan, cdir, progress, rerun_failed, identities=dict(identities or {}))
     workers = [Worker(ctx, ref, todo[ref.spec], list(records), stagers.get(ref.spec)) for ref in refs
@@ -203,7 +202,6 @@ def _run_round(campaign: Campaign, plan: Plan, cdir: CampaignDir, refs: Sequence
     errors = [w.error for w in workers if w.error is not None]
     if errors:
         raise errors[0]
-    return True
 
 
 INTERRUPT_WAIT_S = 3.0      # Ctrl-C: the longest wait for the workers (the sweep ends within 5 s)
@@ -235,10 +233,11 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan, first: AdaptivePlan | None = N
         # this campaign when its first round is among the old cells and every old cell is a point
         # of this campaign's series
         new_ids = {c.cell_id for c in first.plan.cells}
-        foreign = foreign_cells(plan, old.cells)
-        if new_ids <= old_ids and not foreign:
-            return
-        old_ids = new_ids | {c.cell_id for c in foreign} if new_ids <= old_ids else old_ids
+        foreign = {c.cell_id for c in foreign_cells(plan, old.cells)}
+        if new_ids <= old_ids:
+            if not foreign:
+                return
+            old_ids = new_ids | foreign        # the message counts the cells this campaign cannot hold
     if old_ids != new_ids:
         raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are "
                                  f"not in this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
