@@ -144,10 +144,11 @@ def _flag_values(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def lossy_levers(row: Mapping[str, Any]) -> str:
+def lossy_levers(row: Mapping[str, Any], top_k: bool = True) -> str:
     """The lossy levers a run pulled, in words ("drop 0.75, top-k 1 of 2"); "" for a lossless run.
     A lever's value is the engine's own (the CSV preamble's), else the flag's as the config passed
-    it; 0 is off. A top-k counts when it is under the model's own (`model_top_k`)."""
+    it; 0 is off. A top-k counts when it is under the model's own (`model_top_k`); `top_k=False`
+    leaves it out (the analysis groups runs by top-k: there the flags alone set a setting apart)."""
     flags = _flag_values(row)
     parts = []
     for flag, column in _LEVER_COLUMNS.items():
@@ -157,7 +158,7 @@ def lossy_levers(row: Mapping[str, Any]) -> str:
         if not math.isnan(value) and value != 0:
             parts.append(f"{_LEVER_WORDS[flag]} {value:g}")
     k, own = to_float(row.get("n_expert_used")), to_float(row.get("model_top_k"))
-    if not math.isnan(k) and not math.isnan(own) and k < own:
+    if top_k and not math.isnan(k) and not math.isnan(own) and k < own:
         parts.append(f"top-k {k:g} of {own:g}")
     return ", ".join(parts)
 
