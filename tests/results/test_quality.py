@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from results.analysis.noise import differs
 from results.analysis.quality import parse_bound, quality_front
 from results.analysis.recommend import recommend
 from results.analysis.recommend_argv import settings_of
@@ -147,9 +148,10 @@ def test_a_ppl_txt_beside_the_runs_gives_the_perplexity_loss(quality_campaign, s
 
 
 def test_recommend_without_a_bound_never_names_a_lossy_setting(quality_campaign, quality_table):
-    # the drop runs are faster beyond noise: a default ranked by speed alone would be one of them
+    # the drop runs are faster beyond noise (the wrapper's doing): a default ranked by speed alone would be one
     k2 = _rows(quality_table, outcome="ok", n_expert_used=2.0)
-    assert min(r["tok_s"] for r in k2 if r["lossy_levers"]) > 2 * max(r["tok_s"] for r in k2 if not r["lossy_levers"])
+    beyond, ratio, _ = differs([r["tok_s"] for r in k2 if not r["lossy_levers"]], [r["tok_s"] for r in k2 if r["lossy_levers"]])
+    assert beyond and ratio > 1
     recs = recommend([quality_campaign])
     rec = next(r for r in recs.all() if r.top_k == 2)
     for argv in rec.argvs().values():
