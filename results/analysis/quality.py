@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from results.analysis.analyze import speeds
+from results.analysis.analyze import BudgetPoint, GroupAnalysis, speeds
 from results.analysis.noise import differs, median
 from results.analysis.recommend_argv import argv_of_runs
 from results.errors import ResultsError
@@ -283,10 +283,24 @@ def lossy_alternative(bound: QualityBound, default_tok_s: Sequence[float], candi
         sq.tokens, sq.identical, sq.compared, sq.ppl_loss_pct, sq.loss, sq.basis, text)
 
 
-def speeds_of(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]]) -> tuple[float, ...]:
-    """The finished runs' tok/s as the analysis ranks them (a speculative run's effective rate)."""
-    frame = pd.DataFrame([rows[r] for r in run_ids if r in rows])
-    return tuple(_speed(frame)) if len(frame) else ()
+def candidates(g: GroupAnalysis, lower: Sequence[GroupAnalysis],
+               in_dense: Callable[[Sequence[BudgetPoint]], list[BudgetPoint]], ceiling: float | None,
+               rows: Mapping[str, Mapping[str, Any]]) -> list[Candidate]:
+    """The lossy settings a default of group `g` may be set beside: among the fixed budgets it could
+    have used ({0} ∪ [cycle, ceiling], every run finished, its dense mode: `in_dense`), those of `g`
+    run with a lossy flag and every one of the `lower` top-k groups of the same device, model and apps."""
+    out = []
+    for group in (g, *lower):
+        for p in in_dense(group.points):
+            if (group is g and not p.lossy) or p.auto or not (p.ok == p.runs and p.ok > 0) or math.isnan(p.budget_mib):
+                continue
+            if p.budget_mib != 0 and (ceiling is None or p.budget_mib > ceiling + 1e-9 or
+                                      (not math.isnan(group.cycle_mib) and p.budget_mib < group.cycle_mib)):
+                continue
+            asked = argv_of_runs(p.run_ids, rows).asked_mib
+            levers = p.lossy if group is g else levers_of(p.run_ids, rows) or f"top-k {group.top_k}"
+            out.append(Candidate(p.run_ids, p.tok_s_values, int(asked if asked is not None else p.budget_mib), levers))
+    return out
 
 
 def levers_of(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]]) -> str:

@@ -42,7 +42,7 @@ from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, analy
 from results.analysis.android_app import app_rung
 from results.analysis.fleet_rules import device_default, fleet_rules, identity_of
 from results.analysis.noise import differs
-from results.analysis.quality import Candidate, LossyAlternative, QualityBound, levers_of, lossy_alternative
+from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative
 from results.analysis.recommend_argv import argv_of_runs
 from results.analysis.recommend_records import (
     HIGH_SPREAD_PCT,
@@ -185,26 +185,13 @@ def _lossless(points: Sequence[BudgetPoint]) -> list[BudgetPoint]:
 def _alternative(g: GroupAnalysis, bound: QualityBound, fixed: FixedChoice | None, auto: AutoChoice | None,
                  dense: str | None, lower: Sequence[GroupAnalysis],
                  rows: Mapping[str, Mapping[str, Any]]) -> LossyAlternative:
-    """The lossy setting `--max-quality-loss` names beside the default: among the fixed budgets of
-    this device and model that the default could have used ({0} ∪ [cycle, ceiling], every run
-    finished, the default's dense mode) run with a lossy flag or at a lower top-k, the fastest within
-    the bound that beats the default's fixed budget beyond noise (results.analysis.quality)."""
+    """The lossy setting `--max-quality-loss` names beside the default (results.analysis.quality.candidates:
+    the fixed budgets the default could have used, with a lossy flag or at a lower top-k)."""
     base = next((p for p in g.points if fixed is not None and fixed.measured and fixed.run_ids
                  and set(fixed.run_ids) <= set(p.run_ids)), None)
     ceiling = float(auto.cache_ceil_mb) if auto is not None else None
-    candidates = []
-    for group in (g, *lower):
-        for p in _in_dense(group.points, dense):
-            if (group is g and not p.lossy) or p.auto or not (p.ok == p.runs and p.ok > 0) or math.isnan(p.budget_mib):
-                continue
-            if p.budget_mib != 0 and (ceiling is None or p.budget_mib > ceiling + 1e-9 or
-                                      (not math.isnan(group.cycle_mib) and p.budget_mib < group.cycle_mib)):
-                continue
-            asked = argv_of_runs(p.run_ids, rows).asked_mib
-            levers = p.lossy if group is g else levers_of(p.run_ids, rows) or f"top-k {group.top_k}"
-            candidates.append(Candidate(p.run_ids, p.tok_s_values, int(asked if asked is not None else p.budget_mib),
-                                        levers))
-    return lossy_alternative(bound, base.tok_s_values if base is not None else (), candidates, rows)
+    found = candidates(g, lower, lambda points: _in_dense(points, dense), ceiling, rows)
+    return lossy_alternative(bound, base.tok_s_values if base is not None else (), found, rows)
 
 
 def _short(text: str, limit: int = 90) -> str:
