@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from engine.contract.flags import flags_text
+from engine.interface.flags import FLAGS, N_EXPERT_USED, PROGRESS
 from engine.interface.flags import flag as flag_of
 from results.numbers import to_float
 from results.read.run_keys import text_of
@@ -42,15 +43,18 @@ from store import names, outcomes
 # the scoring run's stdout beside a run's files: store.names spells it once the harness keeps it
 PPL_TXT: str = getattr(names, "PPL_TXT", "ppl.txt")
 
-# the flags that change what a run generates, by lever: the value flag and the switches that only
-# modify it (without the value flag they change nothing)
-DROP, SUBSTITUTE, ROUTE_AHEAD, TOP_K = "--drop-cold-experts", "--expert-substitute", "--route-ahead", "--n-expert-used"
-LOSSY_FLAGS = frozenset({DROP, "--drop-no-renorm", "--drop-in-prefill", SUBSTITUTE, ROUTE_AHEAD, TOP_K})
+# the flags that change what a run generates, from the table (engine/interface/flags.py): the levers,
+# whose help says LOSSY, the switches that only modify the drop (without it they change nothing),
+# and the top-k
+_LEVERS = tuple(f for f in FLAGS if f.meaning.startswith("LOSSY:"))
+LOSSY_FLAGS = frozenset(s for f in (*_LEVERS, *(f for f in FLAGS if f.field.startswith("drop_")), N_EXPERT_USED)
+                        for s in f.spellings)
 # flags that change nothing a run generates but may differ between a run and its reference: telemetry
-OUTPUT_NEUTRAL_FLAGS = frozenset({"--progress"})
-# the run-table columns a lever's value is read from (the CSV preamble's), by flag
-_LEVER_COLUMNS = {DROP: "drop_cold_frac", SUBSTITUTE: "substitute_lambda", ROUTE_AHEAD: "route_ahead"}
-_LEVER_WORDS = {DROP: "drop", SUBSTITUTE: "substitute", ROUTE_AHEAD: "route-ahead"}
+OUTPUT_NEUTRAL_FLAGS = frozenset(PROGRESS.spellings)
+# each lever's run-table column (the CSV preamble's key: bmoe-py's field, else the flag's name) by flag,
+# and the word a person reads for it
+_LEVER_COLUMNS = {f.name: f.field or f.name.lstrip("-").replace("-", "_") for f in _LEVERS}
+_LEVER_WORDS = {"drop_cold_frac": "drop", "substitute_lambda": "substitute", "route_ahead": "route-ahead"}
 
 # the quality columns, each name written here once (docs/results.md lists them)
 LOSSY_LEVERS = "lossy_levers"              # the levers a run pulled, in words ("" lossless)
@@ -156,7 +160,7 @@ def lossy_levers(row: Mapping[str, Any], top_k: bool = True) -> str:
         if math.isnan(value):
             value = to_float(flags.get(flag))
         if not math.isnan(value) and value != 0:
-            parts.append(f"{_LEVER_WORDS[flag]} {value:g}")
+            parts.append(f"{_LEVER_WORDS.get(column, flag)} {value:g}")
     k, own = to_float(row.get("n_expert_used")), to_float(row.get("model_top_k"))
     if top_k and not math.isnan(k) and not math.isnan(own) and k < own:
         parts.append(f"top-k {k:g} of {own:g}")
