@@ -50,6 +50,13 @@ def _out(what: str):
                         help=f"Write {what} to this file (atomically; a symlink there is replaced); - for stdout.")
 
 
+def _checked_bound(ctx: click.Context, param: click.Parameter, value: str | None):
+    """--max-quality-loss parsed before any work (results.analysis.quality.parse_bound: one line on bad input)."""
+    from results.analysis.quality import parse_bound
+
+    return parse_bound(value) if value is not None else None
+
+
 @click.command("table")
 @_DIRS
 @_out("the run table")
@@ -76,9 +83,14 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
 @click.option("--verify", is_flag=True,
               help="Run every recommended command line once (-n 1) on its device with the campaign's engine, and "
                    "record whether the engine accepted or refused it, with the engine's line.")
+@click.option("--max-quality-loss", "max_quality_loss", metavar="BOUND", callback=_checked_bound,
+              help="Also name a lossy setting (--drop-cold-experts, --expert-substitute, --route-ahead, a lower "
+                   "top-k) measured faster beyond noise, within BOUND: ppl+P% (perplexity at most P% over the "
+                   "lossless run's), agreement>=A (the share of tokens before the first that differs, 0..1), "
+                   "or both joined by ','. The lossless setting stays the default.")
 @_MODEL_FILE
 def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json: bool, verify: bool,
-                      model_files: tuple[str, ...]) -> None:
+                      max_quality_loss, model_files: tuple[str, ...]) -> None:
     """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
     as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
     from harness.run.verify import verifier
@@ -89,7 +101,7 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
 
     fmt = formats.choose_format("json" if as_json else fmt, out)
     recs = recommend(list(dirs), parse_model_files(model_files),
-                     verifier(lambda line: click.echo(line, err=True)) if verify else None)
+                     verifier(lambda line: click.echo(line, err=True)) if verify else None, max_quality_loss)
     _write(render(recs, fmt), out, "the recommendations")
 
 

@@ -40,6 +40,7 @@ from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
 from results.read.parse_text import NumberError, ParseError
+from results.read.quality import lossy_levers
 from results.read.run_keys import (
     AUTO_BUDGET,
     MMAP,
@@ -124,6 +125,9 @@ class BudgetPoint:
     app_replayed: int = 0
     app_reason: str = ""
     run_as: str = ""                         # its runs' axes.run_as ("shell", or "" before it was kept; "app-…": as the app)
+    # the lossy flags its runs had ("" lossless; results.read.quality.lossy_levers without the top-k, which
+    # is the group's): a default is never a lossy point (results.analysis.recommend)
+    lossy: str = ""
 
     @property
     def as_app(self) -> bool:
@@ -403,7 +407,9 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
                                               for x in str(v).split(",") if x)),
-        gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"), **_app_verdicts(rows))
+        gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"),
+        lossy=next((x for r in rows.to_dict("records") if (x := lossy_levers(r, top_k=False))), ""),
+        **_app_verdicts(rows))
 
 
 def _app_verdicts(rows: pd.DataFrame) -> dict[str, Any]:

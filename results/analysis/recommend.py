@@ -42,6 +42,7 @@ from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, analy
 from results.analysis.android_app import app_rung
 from results.analysis.fleet_rules import device_default, fleet_rules, identity_of
 from results.analysis.noise import differs
+from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative
 from results.analysis.recommend_argv import argv_of_runs
 from results.analysis.recommend_records import (
     HIGH_SPREAD_PCT,
@@ -109,7 +110,9 @@ def _fixed(g: GroupAnalysis, ceiling: float | None, dense: str | None,
            rows: Mapping[str, Mapping[str, Any]]) -> FixedChoice | None:
     """The fastest measured budget in {0} ∪ [cycle, ceiling] whose every run finished, with the
     argv its runs had; None when there is none."""
-    pts = [p for p in g.points if not p.auto and p.ok == p.runs and p.ok > 0 and not math.isnan(p.tok_s)]
+    # never a lossy setting: the default is lossless (a lossy one is named beside it only within a
+    # --max-quality-loss bound: _alternative)
+    pts = [p for p in g.points if not p.auto and p.ok == p.runs and p.ok > 0 and not math.isnan(p.tok_s) and not p.lossy]
     pts = _in_dense(pts, dense)
     cands = [p for p in pts if p.budget_mib == 0 or (
         ceiling is not None and (math.isnan(g.cycle_mib) or p.budget_mib >= g.cycle_mib)
@@ -137,14 +140,14 @@ def _fixed(g: GroupAnalysis, ceiling: float | None, dense: str | None,
 
 def _cache_off_choice(g: GroupAnalysis, dense: str | None, rows: Mapping[str, Mapping[str, Any]]) -> FixedChoice:
     """`--cache-mb 0` with the flags measured: a cache-0 run's own argv when there is one."""
-    zero = _in_dense([p for p in g.points if p.budget_mib == 0 and not p.auto], dense)
+    zero = _in_dense([p for p in g.points if p.budget_mib == 0 and not p.auto and not p.lossy], dense)
     zero.sort(key=lambda p: (-(p.ok == p.runs and p.ok > 0), -p.ok))
     if zero:
         p = zero[0]
         m = argv_of_runs(p.run_ids, rows)
         return FixedChoice(0, m.fixed(0), m.source, p.ok > 0, p.tok_s, math.nan, p.ok, p.spread_pct, m.run_ids,
                            p.series, UNDER)
-    streamed = _in_dense([p for p in g.points if p.ok or p.killed], dense)
+    streamed = _in_dense([p for p in _lossless(g.points) if p.ok or p.killed], dense)
     ids = tuple(r for p in streamed for r in p.run_ids)
     m = argv_of_runs(ids, rows)
     return FixedChoice(0, m.fixed(0), m.source, False, math.nan, math.nan, 0, 0.0, m.run_ids,
@@ -160,13 +163,13 @@ def _auto(g: GroupAnalysis, ceiling: int, series: str | None, dense: str | None,
         same = [p for p in points if series is not None and p.series == series]
         return same or _in_dense(points, dense)
 
-    autos = mine([p for p in g.points if p.auto])
+    autos = mine([p for p in g.points if p.auto and not p.lossy])
     autos.sort(key=lambda p: (-(p.ok == p.runs and p.ok > 0), -p.ok))
     for p in autos:
         m = argv_of_runs(p.run_ids, rows, prefer_ok=True)
         if m.settings and m.source == "measured":
             return m.auto(ceiling), "measured auto runs", m.run_ids
-    at_safe = mine(_points_at(g, safe))
+    at_safe = mine(_lossless(_points_at(g, safe)))
     ids = tuple(r for p in at_safe for r in p.run_ids)
     m = argv_of_runs(ids, rows)
     floors = [_text(rows[r].get("cache_floor_mb")) for r in m.run_ids if r in rows]
@@ -174,13 +177,33 @@ def _auto(g: GroupAnalysis, ceiling: int, series: str | None, dense: str | None,
     return m.auto(ceiling, floor), ("measured fixed runs" if m.source == "measured" else "rebuilt"), m.run_ids
 
 
+def _lossless(points: Sequence[BudgetPoint]) -> list[BudgetPoint]:
+    """The points without lossy flags; all of them when every one has some (the argv then says so)."""
+    return [p for p in points if not p.lossy] or list(points)
+
+
+def _alternative(g: GroupAnalysis, bound: QualityBound, fixed: FixedChoice | None, auto: AutoChoice | None,
+                 dense: str | None, lower: Sequence[GroupAnalysis],
+                 rows: Mapping[str, Mapping[str, Any]]) -> LossyAlternative:
+    """The lossy setting `--max-quality-loss` names beside the default (results.analysis.quality.candidates:
+    the fixed budgets the default could have used, with a lossy flag or at a lower top-k)."""
+    base = next((p for p in g.points if fixed is not None and fixed.measured and fixed.run_ids
+                 and set(fixed.run_ids) <= set(p.run_ids)), None)
+    ceiling = float(auto.cache_ceil_mb) if auto is not None else None
+    found = candidates(g, lower, lambda points: _in_dense(points, dense), ceiling, rows)
+    return lossy_alternative(bound, base.tok_s_values if base is not None else (), found, rows)
+
+
 def _short(text: str, limit: int = 90) -> str:
     return text if len(text) <= limit else text[:limit - 1].rsplit(" ", 1)[0] + "…"
 
 
-def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | None = None) -> Recommendation:
+def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | None = None,
+                    bound: QualityBound | None = None, lower: Sequence[GroupAnalysis] = ()) -> Recommendation:
     """The recommendation of one (device, model, top-k) group; `rows` are the run table's rows by
-    run id (for the runs' own argv)."""
+    run id (for the runs' own argv). With a quality `bound`, a lossy setting within it may be named
+    beside the default (`lossy_alternative`), from this group's lossy points and the `lower` top-k
+    groups of the same device, model and apps."""
     rows = rows or {}
     b = g.boundary
     cycle = g.cycle_mib
@@ -315,7 +338,8 @@ def recommend_group(g: GroupAnalysis, rows: Mapping[str, Mapping[str, Any]] | No
         under_cycle_budgets_mib=under, evidence=evidence, confidence=confidence,
         confidence_reasons=tuple(reasons + why_not), replay=replay, apps=g.apps, app_rung_mb=rung.rung_mb,
         app_rung_reason=rung.reason, planner=tuple(p.to_dict() for p in g.planner),
-        predicted=_predicted(g, dense, fixed, b.largest_safe_mib))
+        predicted=_predicted(g, dense, fixed, b.largest_safe_mib),
+        lossy_alternative=_alternative(g, bound, fixed, auto, dense, lower, rows) if bound is not None else None)
 
 
 def _predicted(g: GroupAnalysis, dense: str | None, fixed: FixedChoice | None,
@@ -400,9 +424,11 @@ def _iso(epoch: float) -> str:
 
 
 def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = None,
-                         identities: Mapping[str, Mapping[str, Any]] | None = None) -> Recommendations:
+                         identities: Mapping[str, Mapping[str, Any]] | None = None,
+                         bound: QualityBound | None = None) -> Recommendations:
     """Every group's recommendation, per device with its default, and the fleet's rule for phones
-    never measured (`identities`: what each device reports, by name)."""
+    never measured (`identities`: what each device reports, by name); with a quality `bound`, each
+    names a lossy alternative within it where one was measured faster (recommend_group)."""
     rows = {r["run_id"]: r for r in analysis.table.to_dict("records")}
     by_device: dict[str, list[Recommendation]] = {}
     ram: dict[str, float] = {}
@@ -410,7 +436,9 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
     for g in analysis.groups:
         if not any(p.ok or p.killed for p in g.points):
             continue                      # no streamed run finished or was killed: nothing to size from
-        by_device.setdefault(g.device, []).append(recommend_group(g, rows))
+        lower = [o for o in analysis.groups if (o.device, o.model, o.apps) == (g.device, g.model, g.apps)
+                 and o.top_k is not None and g.top_k is not None and o.top_k < g.top_k]
+        by_device.setdefault(g.device, []).append(recommend_group(g, rows, bound, lower))
         ram[g.device] = g.ram_total_kb
     for r in rows.values():
         kinds.setdefault(r["device"], str(r.get("device_kind") or ""))
@@ -428,23 +456,25 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
 
 
 def recommend(dirs: Sequence[str | Path], model_files: Mapping[str, str] | None = None,
-              verify: Verify | None = None) -> Recommendations:
+              verify: Verify | None = None, max_quality_loss: QualityBound | None = None) -> Recommendations:
     """`bmoe-fleet recommend`: campaign directories in, recommendations out; `verify` (harness.run.verify's
-    `recommend --verify`) then gets them with the campaigns they came from."""
+    `recommend --verify`) then gets them with the campaigns they came from; `max_quality_loss`
+    (results.analysis.quality.parse_bound) lets each name a lossy alternative within it."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files)
-    recs = recommendations_for(camps, analyze(table))
+    recs = recommendations_for(camps, analyze(table), max_quality_loss)
     return verify(recs, camps) if verify is not None else recs
 
 
-def recommendations_for(camps: Sequence[CampaignData], analysis: Analysis) -> Recommendations:
+def recommendations_for(camps: Sequence[CampaignData], analysis: Analysis,
+                        bound: QualityBound | None = None) -> Recommendations:
     """Recommendations of campaigns already read and analysed, with the devices' own identities,
     every string redacted for publishing (results.publish)."""
     identities: dict[str, dict[str, Any]] = {}
     for c in camps:
         for name, record in c.devices.items():
             identities.setdefault(name, dict(record))
-    recs = recommendations_from(analysis, None, identities)
+    recs = recommendations_from(analysis, None, identities, bound)
     return redact(recs, Redactor(camps))
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from results import formats
+from results.analysis.quality import LossyAlternative
 from results.read.run_keys import load_text
 from results.read.tokens import PUBLISHED_MIN_TOKENS
 from store.versioned import json_safe
@@ -134,6 +135,9 @@ class Recommendation:
     # the engine's own planner beside the measured boundary (results.analysis.planner_check PlannerPick.to_dict)
     planner: tuple[dict, ...] = ()
     predicted: PredictedChoice | None = None   # the model's view beside it (None: no probe or no cache-0 run)
+    # `recommend --max-quality-loss`: a lossy setting within the bound, beside the lossless default
+    # (results.analysis.quality); None without a bound, and then absent from recommendations.json
+    lossy_alternative: LossyAlternative | None = None
 
     @property
     def load(self) -> str:
@@ -160,6 +164,10 @@ class Recommendation:
         d["verification"] = dict(self.verification) if self.verification is not None else None
         if self.fixed is not None:
             d["fixed"]["basis"] = self.fixed.basis
+        if self.lossy_alternative is None:
+            d.pop("lossy_alternative")     # version 2 as it was without a bound
+        else:
+            d["lossy_alternative"] = self.lossy_alternative.to_dict()
         return json_safe(d, 3)
 
 
@@ -256,6 +264,10 @@ class Recommendations:
                     lines.append(f"    {r.app_rung_reason}")
                 for p in r.planner:
                     lines.append(f"    {p['text']}")
+                alt = r.lossy_alternative
+                if alt is not None:
+                    lines.append(f"    lossy, within {alt.bound}: " + (f"{alt.text} — {shlex.join(alt.argv)}"
+                                                                      if alt.argv is not None else alt.why))
                 for name, v in (r.verification or {}).items():
                     lines.append(f"    verify {name}: {v['status']}" + (f" — {v['line']}" if v.get("line") else ""))
         rule = self.rules.get("unmeasured") if self.rules else None

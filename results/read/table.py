@@ -38,6 +38,7 @@ from engine.interface.releases import Release, reported_as
 from engine.units import MIB
 from results.errors import ResultsError
 from results.numbers import to_float
+from results.read.quality import outputs_of, quality_columns, read_ppl
 from results.read.run_keys import MMAP, budget_asked, budget_label
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.tokens import PUBLISHED_MIN_TOKENS, token_stats
@@ -453,6 +454,9 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "n_expert": _first(pre.get("n_expert"), config.extra.get("n_expert"), shape.n_expert if shape else None,
                            (model_rec or {}).get("n_expert")),
         "cycle_source": cycle_source,
+        # the model's own top-k: a run under it is lossy (results.read.quality)
+        "model_top_k": _first((model_rec or {}).get("top_k"), shape.top_k if shape is not None else None,
+                              pre.get("n_expert_used") if not config.n_expert_used else None),
         # the most any cache of this model can hold (a budget over it fills at the bank)
         "expert_bank_mib": _first(shape.expert_bytes / MIB if shape else None,
                                   to_float((model_rec or {}).get("expert_bytes")) / MIB),
@@ -490,6 +494,12 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         if last_done and math.isnan(row[column]):
             row[column] = to_float(last_done.get(key))
     row.update(_line_columns(console, row))
+    if math.isnan(to_float(row.get("ppl"))):
+        # a quality campaign's scoring run with the same flags, beside the run (results.read.quality)
+        scored = read_ppl(run)
+        for field, column in _LINE_COLUMNS.get("ppl", {}).items():
+            if field in scored:
+                row[column] = to_float(scored[field])
     row.update(releases)
     row["mode"] = mode
     row["baseline"] = stream is False          # no expert streaming: mmap or resident, a baseline
@@ -661,6 +671,8 @@ def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
     if not rows:
         raise ResultsError("no runs in " + ", ".join(str(c.root) for c in camps))
     frame = pd.DataFrame(rows)
+    # each run against a lossless run of the same question (results.read.quality)
+    frame = quality_columns(frame, outputs_of([(r, str(r.record.get("outcome") or "")) for c in camps for r in c.runs]))
     rest = [c for c in frame.columns if c not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)

@@ -164,7 +164,8 @@ def wanted(condition):
     return (kind == "always" or (kind == "cache0" and flag("--cache-mb") == "0")
             or (kind == "topk" and flag("--n-expert-used") == arg) or (kind == "after" and call > int(arg))
             or (kind == "auto" and flag("--cache-mb") == "auto")
-            or (kind == "call" and call == int(arg)))
+            or (kind == "call" and call == int(arg))
+            or (kind == "without" and flag(arg) in (False, "0")))
 
 
 if wanted({fail_when!r}):
