@@ -61,6 +61,8 @@ class CellConfig:
     probe_cell_id: str | None = None        # … and that probe's cell
     threads_auto: bool | None = None        # `-t auto` resolved on the device (run.json only)
     planner: bool | None = None             # the engine's own planner picks the budget (--auto; axes.cache_mb "planner")
+    progress: bool | None = None            # --progress: the answer's tokens on stdout (run.quality on; absent when off)
+    quality_reference: bool | None = None   # a lossless cell the plan added to score its group's lossy ones against
     extra: Mapping[str, Any] = field(default_factory=_no_flags)   # keys no planner writes, as read
     keys: tuple[str, ...] = ()              # the keys this config has, in their written order
 

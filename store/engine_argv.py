@@ -12,6 +12,8 @@ stored argv; tests hold the two to each other on every run of a campaign).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.contract.flags import flag_argv
 from engine.interface.flags import (
     AUTO,
@@ -29,6 +31,8 @@ from engine.interface.flags import (
     NO_MMAP,
     NO_ODIRECT,
     PLAN_EXPLAIN,
+    PPL,
+    PROGRESS,
     PROMPT,
     ROUTE_TRACE,
     SESSION_MODE,
@@ -90,4 +94,28 @@ def engine_argv(engine: str, model_path: str, config: CellConfig, csv_path: str,
     argv += [CSV.typed, csv_path]
     if route_path and c.route_trace:
         argv += [ROUTE_TRACE.typed, route_path]
+    if c.progress:
+        argv.append(PROGRESS.typed)              # the answer's tokens on stdout (run.quality), not a setting
     return argv
+
+
+# what a scoring run leaves out of its cell's command line: the generation's prompt, length and
+# outputs, the token telemetry and the session switch (a value follows the first four)
+_NOT_SCORED = {s: f.takes_value for f in (PROMPT, N_PREDICT, CSV, ROUTE_TRACE, PROGRESS, SESSION_MODE)
+               for s in f.spellings}
+
+
+def scoring_argv(argv: Sequence[str], text_path: str) -> list[str]:
+    """A cell's command line made its quality scoring run (bmoe-cli 0.24's `--ppl`): the same engine,
+    model and settings, levers included, without the generation's prompt, length, outputs and
+    telemetry, scoring the text at `text_path` (docs/decisions/quality-runs.md)."""
+    out: list[str] = list(argv[:1])
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word in _NOT_SCORED:
+            i += 2 if _NOT_SCORED[word] else 1
+            continue
+        out.append(word)
+        i += 1
+    return out + [PPL.typed, text_path]

@@ -267,14 +267,18 @@ _BY_SPELLING = _index()
 MODEL, PROMPT, N_PREDICT, THREADS, N_EXPERT_USED, MOE_STREAM, CACHE_MB, CACHE_FLOOR_MB, CACHE_CEIL_MB, \
     FORCE_CACHE, IO_THREADS, NO_ODIRECT, DENSE_WEIGHTS, NO_MMAP, SESSION_MODE, CSV, ROUTE_TRACE, \
     CTX_SIZE, UBATCH, CHATML, NO_THINK, OVERLAP, VERSION, HELP, LIST_ARCHS, PROGRESS, \
-    AUTO, PLAN, PLAN_EXPLAIN, PROBE, PROBE_IO, NO_PROBE_IO, PROBE_MEM, NO_PROBE_MEM = (
+    AUTO, PLAN, PLAN_EXPLAIN, PROBE, PROBE_IO, NO_PROBE_IO, PROBE_MEM, NO_PROBE_MEM, \
+    DROP_COLD_EXPERTS, DROP_NO_RENORM, DROP_IN_PREFILL, EXPERT_SUBSTITUTE, ROUTE_AHEAD, PPL = (
         _BY_SPELLING[s] for s in (
             "--model", "--prompt", "--n-predict", "--threads", "--n-expert-used", "--moe-stream", "--cache-mb",
             "--cache-floor-mb", "--cache-ceil-mb", "--force-cache", "--io-threads", "--no-odirect",
             "--dense-weights", "--no-mmap", "--session", "--csv", "--route-trace",
             "--ctx-size", "--ubatch", "--chatml", "--no-think", "--overlap", "--version", "--help", "--list-archs",
             "--progress", "--auto", "--plan", "--plan-explain", "--probe", "--probe-io", "--no-probe-io",
-            "--probe-mem", "--no-probe-mem"))
+            "--probe-mem", "--no-probe-mem",
+            # the lossy levers and the scoring run a campaign's quality runs use (store.quality)
+            "--drop-cold-experts", "--drop-no-renorm", "--drop-in-prefill", "--expert-substitute", "--route-ahead",
+            "--ppl"))
 
 
 def flag(spelling: str) -> Flag:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PYTHON_ENGINE = "bmoe-py"   # `sweep --engine` value for this project's engine
+# run.quality (`sweep --quality`): measure what the lossy levers do to the text; "auto": when a cell is lossy
+QUALITY_AUTO, QUALITY_ON, QUALITY_OFF = "auto", "on", "off"
+QUALITY = (QUALITY_AUTO, QUALITY_ON, QUALITY_OFF)
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class SweepDefaults:
     n_expert_used: tuple[int, ...] = (0,)        # 0 = the model's own top-k
     io_threads: tuple[int, ...] = (4,)
     threads: int | str = "auto"                  # -t: the device's online cores (harness.run.cpushare)
+    quality: str = QUALITY_AUTO
     n_predict: int = 32
     repeats: int = 1
     timeout_s: float = 1800.0

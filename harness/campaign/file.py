@@ -36,6 +36,7 @@ from engine.stream.budget import IO_THREADS_MAX
 from engine.units import MIB
 from harness.campaign import flags as flag_rules
 from harness.campaign.budgets import PLANNER, parse_cache_value
+from harness.campaign.defaults import QUALITY
 from harness.campaign.model import (
     DENSE_MODES,
     DEVICE_PREFIX,
@@ -335,6 +336,7 @@ def parse_campaign(data: Mapping[str, Any], source: str = "", base_dir: str | os
         turns=rd.scalar(r, "turns", "run", int, d.turns, check=_at_least(1, MAX_TURNS)),
         idle_s=rd.scalar(r, "idle_s", "run", float, d.idle_s, check=_at_least(0, MAX_SECONDS)),
         gap_apps=apps_load(rd.scalar(r, "gap_apps", "run", str, d.gap_apps, check=_apps_problem)),
+        quality=rd.scalar(r, "quality", "run", str, d.quality, check=_quality_problem),
     )
     if run.turns == 1 and (run.idle_s or run.gap_apps):
         raise rd.fail("run.idle_s" if run.idle_s else "run.gap_apps",
@@ -452,6 +454,10 @@ def _threads_problem(value: int | str) -> str | None:
 
 def _threads_value(value: int | str) -> int | str:
     return THREADS_AUTO if isinstance(value, str) else value
+
+
+def _quality_problem(value: str) -> str | None:
+    return None if value in QUALITY else f"expected one of {', '.join(QUALITY)}, got {json.dumps(value)}"
 
 
 def _run_as_problem(value: str) -> str | None:

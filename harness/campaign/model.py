@@ -235,11 +235,15 @@ class RunSettings:
     turns: int = 1
     idle_s: float = 0.0
     gap_apps: str = ""
+    # output quality beside speed (QUALITY, docs/decisions/quality-runs.md): "on" runs every cell with
+    # --progress, adds a lossless reference where a group has none and, at bmoe-cli 0.24 or later, a
+    # --ppl scoring run after each; "auto" is on when a cell of the plan is lossy (store.quality)
+    quality: str = SWEEP.quality
 
 
 # run keys written to campaign.toml only when they differ from these (files written before them stay equal)
 _RUN_OMITTED = {"device_timeout_s": SWEEP.device_timeout_s, "turns": 1, "idle_s": 0.0, "gap_apps": "",
-                "host_threads_max": THREADS_AUTO_MAX}
+                "host_threads_max": THREADS_AUTO_MAX, "quality": SWEEP.quality}
 
 
 @dataclass(frozen=True)

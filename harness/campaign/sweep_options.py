@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.campaign.defaults import SWEEP
+from harness.campaign.defaults import QUALITY, SWEEP
 
 PRESETS = ("quick", "publish", "community", "app")   # harness.campaign.presets
 
@@ -130,6 +130,13 @@ SWEEP_OPTIONS: tuple[SweepOption, ...] = (
                 "One load of other apps started during each gap and stopped at its end (run.gap_apps), e.g. "
                 "cached:64MiB; phones only.",
                 key="run.gap_apps", metavar="LOAD"),
+    SweepOption(("--quality",), "quality",
+                "Measure output quality beside speed (run.quality): on runs every cell with --progress (its "
+                "answer's tokens), adds a lossless reference cell where a group has only lossy ones and, at "
+                "bmoe-cli 0.24 or later, a --ppl scoring run after each; auto (the default) is on when a cell is "
+                "lossy (--drop-cold-experts, --expert-substitute, --route-ahead above 0, or a top-k not the "
+                "model's own).",
+                key="run.quality", choices=QUALITY),
     SweepOption(("--plan",), "planner",
                 "Also run the engine's own planner on each device: a \"planner\" budget per dense mode, "
                 "recorded with its plan and shown beside the measured boundary (bmoe-cli after 0.24; bmoe-py "

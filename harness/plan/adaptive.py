@@ -155,9 +155,11 @@ def _series_key(config: CellConfig) -> str:
 
 
 def _streamed(cell: Cell) -> bool:
-    """A grid cell of a series the plan can set a budget in: streamed (auto included), not the planner's."""
+    """A grid cell of a series the plan can set a budget in: streamed (auto included), not the
+    planner's, nor a quality reference (one lossless cell at its group's smallest grid budget,
+    planned as the grid has it: harness.plan.grid.with_quality)."""
     c = cell.config
-    return bool(c.moe_stream) and not c.planner and not c.probe
+    return bool(c.moe_stream) and not c.planner and not c.probe and not c.quality_reference
 
 
 def _fixed(cell: Cell) -> bool:
@@ -222,10 +224,11 @@ def adaptive_plan(campaign: Campaign, grid: Plan, cdir: CampaignDir | None) -> A
         for cell in wanted:
             cells.setdefault(cell.cell_id, cell)
         brackets.append(bracket)
-    # a device and model with no streamed series (baselines only) has nothing to bisect: its grid
+    # a device and model with no streamed series (baselines only) has nothing to bisect: its grid;
+    # a quality reference is run as the grid has it, from the first round
     bases = {k[:2] for k in _bases(grid)}
     for cell in grid.cells:
-        if (cell.device, cell.model) not in bases:
+        if (cell.device, cell.model) not in bases or cell.config.quality_reference:
             cells.setdefault(cell.cell_id, cell)
     ordered: list[Cell] = []
     for device in dict.fromkeys(c.device for c in cells.values()):

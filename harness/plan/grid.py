@@ -11,6 +11,7 @@ MiB) gets `--force-cache`, and the cell records that the harness added it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -22,7 +23,8 @@ from typing import Any
 from engine.contract.flags import flags_label, needs_force
 from engine.errors import ModelError
 from engine.gguf.model import ModelShape, cycle_price_mib, load_model_shape
-from harness.campaign.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee
+from harness.campaign.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee, parse_cache_value
+from harness.campaign.defaults import QUALITY_AUTO, QUALITY_ON
 from harness.campaign.model import (
     LOCAL,
     RUN_AS_SHELL,
@@ -40,6 +42,7 @@ from store import versioned
 from store.campaign_dir import CampaignDir
 from store.cells import CellConfig
 from store.engine_argv import engine_argv
+from store.quality import args_without_levers, flags_without_levers, lossy_levers, quality_group
 
 CELL_KEYS = ("cell_id", "device", "model", "engine", "config", "repeat", "pass", "order", "argv")
 
@@ -81,6 +84,7 @@ class Cell:
                 + (f" apps={c.apps}" if c.apps else "") + (f" as={c.run_as}" if c.run_as else "")
                 + (f" turns={c.turns} idle={c.idle_s:g}s" if c.turns and c.idle_s is not None else "")
                 + (f" gap-apps={c.gap_apps}" if c.gap_apps else "")
+                + (" quality-reference" if c.quality_reference else "")
                 + f" r{self.repeat} p{self.pass_no}")
 
 
@@ -94,6 +98,7 @@ class Plan:
     top_ks: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
     # one route-traced probe per (device, model, top-k) that has "knee" budgets (harness.plan.probe)
     probes: tuple[Cell, ...] = ()
+    quality: bool = field(default=False, compare=False)     # run.quality resolved (with_quality)
 
     def probe_for(self, cell: Cell) -> Cell:
         """The route-trace probe behind a knee cell."""
@@ -124,6 +129,10 @@ class Plan:
         if any(c.config.threads == THREADS_AUTO for c in self.cells + self.probes):
             lines.append(f"-t <{THREADS_AUTO}>: each device's online cores, at most {THREADS_AUTO_MAX}, read on the "
                          "device right before each run")
+        if self.quality:
+            added = sum(1 for c in self.cells if c.config.quality_reference)
+            lines.append(f"quality: on: every cell writes its answer (--progress), {added} lossless reference "
+                         "cell(s) added; with bmoe-cli 0.24 or later a --ppl scoring run follows each cell")
         for name, shape in self.models.items():
             prices = ", ".join(f"top-k {k}: cycle {shape.cycle_mib(k):.1f} MiB" for k in self.top_ks.get(name, ()))
             lines.append(f"model {name} ({shape.paths[0]}): {shape.arch}, {shape.n_layer} layers x "
@@ -304,6 +313,9 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
     check_cell_bound(campaign)
     shapes = dict(shapes) if shapes is not None else load_shapes(campaign)
     per_model = {m.name: configs_for(campaign, m, shapes[m.name]) for m in campaign.models}
+    quality = quality_on(campaign, {name: (cs, shapes[name].top_k) for name, cs in per_model.items()})
+    if quality:
+        per_model = {m.name: with_quality(campaign, per_model[m.name], shapes[m.name]) for m in campaign.models}
     top_ks = {name: tuple(sorted({_top_k(c) for c in cs})) for name, cs in per_model.items()}
     cells: list[Cell] = []
     for device in campaign.devices:
@@ -315,7 +327,7 @@ def make_plan(campaign: Campaign, shapes: Mapping[str, ModelShape] | None = None
             for model, config, repeat in sequence:
                 cells.append(new_cell(campaign, device, model.name, config, repeat, order, pass_no))
                 order += 1
-    return Plan(campaign.name, tuple(cells), shapes, top_ks, probes_for(campaign, cells))
+    return Plan(campaign.name, tuple(cells), shapes, top_ks, probes_for(campaign, cells), quality)
 
 
 def new_cell(campaign: Campaign, device: str, model: str, config: CellConfig, repeat: int, order: int,
@@ -328,12 +340,70 @@ def new_cell(campaign: Campaign, device: str, model: str, config: CellConfig, re
 
 def budget_config(campaign: Campaign, base: CellConfig, budget_mib: int) -> CellConfig:
     """A streamed configuration like `base` (its dense mode, top-k, lanes, threads, flags, apps, how
-    it is started and turns) at a whole-MiB budget, as the grid would plan that budget written as a number."""
+    it is started, turns and quality runs) at a whole-MiB budget, as the grid would plan that budget
+    written as a number."""
     config = _config(budget_mib, 0, base.dense_weights, _top_k(base), int(base.io_threads or 0), _cycle_mb(base),
                      campaign, base.threads if base.threads is not None else campaign.run.threads,
                      dict(base.engine_flags))
+    return _like(campaign, config, base)
+
+
+def _like(campaign: Campaign, config: CellConfig, base: CellConfig) -> CellConfig:
+    """A config the planner made from the axes, with the keys `base` has after them, in the order
+    configs_for adds them: its other apps, how it is started, its turns and its quality runs."""
     config = config.with_(apps=base.apps) if base.apps else config
-    return _with_turns(config.with_(run_as=base.run_as) if base.run_as else config, campaign)
+    config = _with_turns(config.with_(run_as=base.run_as) if base.run_as else config, campaign)
+    return config.with_(progress=True) if base.progress else config
+
+
+def quality_on(campaign: Campaign, per_model: Mapping[str, tuple[Sequence[CellConfig], int | None]]) -> bool:
+    """run.quality resolved: "on", "off", or with "auto" whether a config of any model (with that
+    model's own top-k) sets a lossy lever (store.quality)."""
+    if campaign.run.quality != QUALITY_AUTO:
+        return campaign.run.quality == QUALITY_ON
+    return any(lossy_levers(c, own) for configs, own in per_model.values() for c in configs)
+
+
+def with_quality(campaign: Campaign, configs: Sequence[CellConfig], shape: ModelShape) -> list[CellConfig]:
+    """One model's configs with quality runs: each writes its answer (`progress`), and every group
+    (store.quality.quality_group) of lossy configs without a lossless one gets a reference: the
+    config at the group's smallest budget with the levers taken out, marked `quality_reference`
+    (docs/decisions/quality-runs.md). Configs of a campaign with quality off never come here, so
+    they keep the keys, and the cell ids, they always had."""
+    marked = [c.with_(progress=True) for c in configs]
+    groups: dict[str, list[CellConfig]] = {}
+    for c in marked:
+        groups.setdefault(quality_group(c), []).append(c)
+    references = []
+    for members in groups.values():
+        if all(lossy_levers(c, shape.top_k) for c in members):
+            references.append(_reference(campaign, min(members, key=_budget_rank), shape))
+    return marked + references
+
+
+def _budget_rank(config: CellConfig) -> tuple[int, float]:
+    """Smaller is less memory: a fixed budget by its MiB, then auto, a knee (known once its probe
+    ran), the planner's pick and last the no-streaming baselines (the whole model mapped)."""
+    if config.planner:
+        return (3, 0.0)
+    if not config.moe_stream:
+        return (4, 0.0)
+    if config.cache_auto:
+        return (1, 0.0)
+    return (2, 0.0) if config.cache_mb is None else (0, float(config.cache_mb))
+
+
+def _reference(campaign: Campaign, base: CellConfig, shape: ModelShape) -> CellConfig:
+    """`base` planned again without its lossy levers (the model's own top-k, the levers out of its
+    flags and engine_args), at its budget as written (a `cycle*F` priced at that top-k)."""
+    k = shape.top_k or _top_k(base)
+    plain = dataclasses.replace(campaign, run=dataclasses.replace(
+        campaign.run, engine_args=args_without_levers(base.engine_args)))
+    config = _config(parse_cache_value(base.budget_spec), int(base.cache_ceil_mb or 0), base.dense_weights, k,
+                     int(base.io_threads or 0), cycle_price_mib(shape.cycle_bytes(k)), plain,
+                     base.threads if base.threads is not None else campaign.run.threads,
+                     flags_without_levers(base.engine_flags))
+    return _like(campaign, config, base).with_(quality_reference=True)
 
 
 def probes_for(campaign: Campaign, cells: Sequence[Cell]) -> tuple[Cell, ...]:

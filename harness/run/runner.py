@@ -239,8 +239,13 @@ def _check_out_dir(cdir: CampaignDir, plan: Plan, first: AdaptivePlan | None = N
                 return
             old_ids = new_ids | foreign        # the message counts the cells this campaign cannot hold
     if old_ids != new_ids:
+        # a folder begun before run.quality existed, whose lossy cells "auto" now runs with --progress
+        hint = ("; this plan measures output quality (run.quality) and the folder's did not: run.quality = \"off\" "
+                "(sweep --quality off) plans it as before" if plan.quality and not any(c.config.progress for c in old.cells)
+                else "")
         raise OtherCampaignError(f"{root}: holds a different campaign ({len(old_ids - new_ids)} of its cells are "
-                                 f"not in this plan, {len(new_ids - old_ids)} cells are new); write to another -o folder")
+                                 f"not in this plan, {len(new_ids - old_ids)} cells are new){hint}; write to another "
+                                 "-o folder")
 
 
 def _left_by_a_start(path: Path, toml_text: str) -> bool:

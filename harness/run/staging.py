@@ -1,5 +1,6 @@
 """The engine and the models as a device sees them: built (bmoe-py as one zipapp), pushed where
-the device lacks the same bytes, and checked to start there.
+the device lacks the same bytes, and checked to start there; with them the text a quality scoring
+run scores (harness.run.quality), when a cell has one.
 
 A Stager keeps what one device has been given during a campaign run (its engine once per
 connection, each model once), so a cell pushes only what is new; a lost device starts over.
@@ -26,6 +27,7 @@ from engine.kernels import native
 from harness.campaign.device_resolution import DeviceRef
 from harness.campaign.model import RUN_AS_APP, Campaign, fleet_home, remote_model_path
 from harness.plan.grid import Cell, engine_path
+from harness.run import quality
 from harness.run.errors import RunnerError
 
 ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
@@ -146,6 +148,7 @@ class Stager:
         self.engine: StagedEngine | None = None
         self.models: set[str] = set()
         self.apps: Path | None = None
+        self.text = False                # the quality text is on the device (harness.run.quality)
         # pushes the device refused for good (devices.base.PushRefused), by source file: a later cell
         # is refused the same way without asking the device again (a rerun asks again)
         self.refused: dict[str, PushRefused] = {}
@@ -160,6 +163,7 @@ class Stager:
     def forget(self) -> None:
         """A lost device: check everything again on the next cell."""
         self.engine = None
+        self.text = False
         self.models.clear()
         self.refused.clear()
 
@@ -190,6 +194,14 @@ class Stager:
                     if self._push(device, shard, dst):
                         pushed.append({"path": dst, "bytes": os.path.getsize(shard)})
             self.models.add(cell.model)
+        if cell.config.progress and not self.text and quality.scores(engine.kind, engine.version):
+            # the text a scoring run scores goes where the models go, once (a few KiB)
+            if self.ref.kind != "local":
+                dst = quality.text_path(cell.device)
+                self.note(f"checking {quality.QUALITY_TEXT.name}")
+                if self._push(device, str(quality.QUALITY_TEXT), dst):
+                    pushed.append({"path": dst, "bytes": quality.QUALITY_TEXT.stat().st_size})
+            self.text = True
         return engine, pushed
 
     def _stage_engine(self, device: Device, cell: Cell, pushed: list[dict]) -> StagedEngine:

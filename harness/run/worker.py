@@ -3,7 +3,8 @@
 Per cell (docs/campaigns.md says why in this order): push what the device lacks (staging.py),
 cool on a condition (gate.py: stop strays, sync, poll), clear old outputs, run the engine with a
 timeout and `BMOE_*` scrubbed, pull its CSV (and route trace), then classify the run
-(classify.py). Only infrastructure failures (`device_lost`, `push_failed`) are retried, with
+(classify.py); an ok run of a campaign measuring quality on an engine that takes `--ppl` is followed
+by its scoring run (quality.py). Only infrastructure failures (`device_lost`, `push_failed`) are retried, with
 exponential backoff (run.retries times), except a push the device refused for good (no room, no
 permission: devices.base.PushRefused), which a retry cannot change; an LMK kill is a result. A
 knee cell first gets its budget from the device's route-trace probe (probe.py). An attempt is assembled in a temporary folder and committed whole
@@ -53,7 +54,7 @@ from harness.campaign.device_resolution import DeviceRef
 from harness.campaign.model import RUN_AS_APP, Campaign
 from harness.plan.grid import Cell, Plan, out_paths, resolve_knee, resolve_threads
 from harness.plan.probe import Knee, ProbeError, knee_of_trace
-from harness.run import app_verdict
+from harness.run import app_verdict, quality
 from harness.run.classify import classify, o_direct_in_effect, result_of
 from harness.run.cpushare import CPU_SCRIPT, CpuSeen, CpuShare, engine_threads, local_cpu, parse_cpu_report
 from harness.run.errors import disk_error
@@ -458,9 +459,26 @@ class Worker(threading.Thread):
         if feeder is not None and verdict.outcome == outcomes.OK and not _session_whole(record["turns"], feeder):
             # exit 0 with a summary, but the session did not run every turn it was asked for
             return outcomes.INVALID, (_session_short(record["turns"], feeder.n_turns),)
+        if verdict.outcome == outcomes.OK and cell.config.progress and quality.scores(engine.kind, engine.version):
+            self._score(device, cell, engine, seen, tmp, record)
         return verdict.outcome, evidence
 
     # -- pieces -----------------------------------------------------------------------------
+    def _score(self, device: Device, cell: Cell, engine: StagedEngine, seen: CpuSeen, tmp: Path,
+               record: dict) -> None:
+        """The cell's quality scoring run (harness.run.quality), after its own run and its reads:
+        run.json's `quality`. It counts among the campaign's engines on its cores while it runs."""
+        c = self.ctx.campaign
+        share = self.ctx.cpu.begin(cell.device, cell.cell_id, seen, engine_threads(c.engine.staged_name, cell.argv),
+                                   quality.text_path(cell.device))
+        try:
+            record["quality"] = quality.score(device, cell.device, cell.argv, engine_env(device, engine.env),
+                                              c.run.timeout_s, tmp)
+        finally:
+            self.ctx.cpu.end(share)
+        # the next cell reads its own lmk baseline and device services: this run came between
+        self.lmk_seen = self.last_exit = None
+
     def _lmkd_setting(self, device: AdbPhone) -> lmkd_inputs.LmkdSetting:
         """The phone's lmkd setting, read once per connection (its properties are fixed at boot and
         its watermarks move only when a margin is changed)."""
