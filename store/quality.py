@@ -3,7 +3,8 @@ without them: what a campaign's quality runs compare (docs/decisions/quality-run
 
 A lever is lossy when it is set to act: `--drop-cold-experts F` with F > 0, `--expert-substitute L`
 with L > 0, `--route-ahead N` with N > 0 (the flag table marks each LOSSY: engine/interface/flags.py),
-and a top-k (`n_expert_used`) other than the model's own. `--drop-no-renorm` and `--drop-in-prefill`
+and a top-k (`n_expert_used`) under the model's own (more experts than it was trained with is
+slower, not a lever anyone pulls to go faster). `--drop-no-renorm` and `--drop-in-prefill`
 change only how a drop acts, so they go with the drop flag: a cell without the levers has neither.
 A lever may be set by an `[axes.flags]` axis (`engine_flags`) or in `run.engine_args`.
 
@@ -62,11 +63,11 @@ def _args_levers(args: Sequence[str]) -> list[tuple[str, Any]]:
 
 
 def lossy_levers(config: CellConfig, own_top_k: int | None) -> tuple[str, ...]:
-    """The lossy levers a cell sets to act: flag names, and TOP_K when its top-k is not the model's
+    """The lossy levers a cell sets to act: flag names, and TOP_K when its top-k is under the model's
     own (`own_top_k`; None: the model has none to compare with). Empty: the cell is lossless."""
     found = [name for name, value in _args_levers(config.engine_args) if acts(value)]
     found += [name for name, value in config.engine_flags.items() if name in _LEVER and acts(value)]
-    if own_top_k and config.n_expert_used and config.n_expert_used != own_top_k:
+    if own_top_k and config.n_expert_used and config.n_expert_used < own_top_k:
         found.append(TOP_K)
     return tuple(dict.fromkeys(found))
 

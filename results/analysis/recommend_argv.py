@@ -25,6 +25,7 @@ from engine.interface.flags import (
     CACHE_FLOOR_MB,
     CACHE_MB,
     MOE_STREAM,
+    PROGRESS,
     RUN,
     SESSION,
 )
@@ -37,9 +38,10 @@ from store.outcomes import OK
 
 # argv elements that belong to one run, not to its settings (engine.interface.flags' RUN role):
 # its files, prompt and length; and those without a value, a session cell's --session, how the
-# harness drove the run (harness/run/turns.py), not a setting: a recommended command line runs one-shot
+# harness drove the run (harness/run/turns.py), not a setting: a recommended command line runs one-shot;
+# and a quality cell's --progress, the telemetry its answer is read from (store.engine_argv leaves it out too)
 RUN_ONLY = frozenset(s for f in _with_role(RUN) if f.takes_value for s in f.spellings)
-RUN_ONLY_ALONE = frozenset(s for f in _with_role(SESSION) for s in f.spellings)
+RUN_ONLY_ALONE = frozenset(s for f in (*_with_role(SESSION), PROGRESS) for s in f.spellings)
 
 
 def settings_of(argv: Sequence[str]) -> tuple[str, ...]:

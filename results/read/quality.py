@@ -25,35 +25,24 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from engine.contract.flags import flags_text
-from engine.interface.flags import FLAGS, N_EXPERT_USED, PROGRESS
 from engine.interface.flags import flag as flag_of
 from results.numbers import to_float
 from results.read.run_keys import text_of
 from results.read.rundir import RunFolder
 from store import names, outcomes
+from store.cells import CellConfig
+from store.names import PPL_TXT
+from store.quality import LEVERS, quality_group
 
-# the scoring run's stdout beside a run's files: store.names spells it once the harness keeps it
-PPL_TXT: str = getattr(names, "PPL_TXT", "ppl.txt")
-
-# the flags that change what a run generates, from the table (engine/interface/flags.py): the levers,
-# whose help says LOSSY, the switches that only modify the drop (without it they change nothing),
-# and the top-k
-_LEVERS = tuple(f for f in FLAGS if f.meaning.startswith("LOSSY:"))
-LOSSY_FLAGS = frozenset(s for f in (*_LEVERS, *(f for f in FLAGS if f.field.startswith("drop_")), N_EXPERT_USED)
-                        for s in f.spellings)
-# flags that change nothing a run generates but may differ between a run and its reference: telemetry
-OUTPUT_NEUTRAL_FLAGS = frozenset(PROGRESS.spellings)
 # each lever's run-table column (the CSV preamble's key: bmoe-py's field, else the flag's name) by flag,
 # and the word a person reads for it
-_LEVER_COLUMNS = {f.name: f.field or f.name.lstrip("-").replace("-", "_") for f in _LEVERS}
+_LEVER_COLUMNS = {f.name: f.field or f.name.lstrip("-").replace("-", "_") for f in LEVERS}
 _LEVER_WORDS = {"drop_cold_frac": "drop", "substitute_lambda": "substitute", "route_ahead": "route-ahead"}
 
 # the quality columns, each name written here once (docs/results.md lists them)
@@ -162,40 +151,20 @@ def lossy_levers(row: Mapping[str, Any], top_k: bool = True) -> str:
         if not math.isnan(value) and value != 0:
             parts.append(f"{_LEVER_WORDS.get(column, flag)} {value:g}")
     k, own = to_float(row.get("n_expert_used")), to_float(row.get("model_top_k"))
-    if top_k and not math.isnan(k) and not math.isnan(own) and k < own:
+    if top_k and not math.isnan(k) and not math.isnan(own) and 0 < k < own:
         parts.append(f"top-k {k:g} of {own:g}")
     return ", ".join(parts)
 
 
-def _without(args: Sequence[str], drop: frozenset[str]) -> list[str]:
-    """Command-line arguments without these flags (and their values)."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in drop:
-            skip = _takes_value(a)
-        else:
-            out.append(a)
-    return out
-
-
-def question_flags(row: Mapping[str, Any]) -> str:
-    """A run's flags ([axes.flags] and engine_args) without the lossy and output-neutral ones: the
-    same for a run and its reference."""
-    drop = LOSSY_FLAGS | OUTPUT_NEUTRAL_FLAGS
-    doc = _config(row)
-    kept = flags_text({k: v for k, v in (doc.get("engine_flags") or {}).items() if k not in drop})
-    args = shlex.join(_without([str(a) for a in doc.get("engine_args") or ()], drop))
-    return f"{kept} | {args}"
-
-
 def reference_key(row: Mapping[str, Any]) -> tuple[str, ...]:
-    """What makes two runs the same question: device, model, engine, prompt, n_predict, turns, the
-    other apps and the flags without the lossy ones (question_flags)."""
-    return tuple(text_of(row.get(c)) for c in ("device", "model", "engine", "prompt", "n_predict", "turns", "apps")) \
-        + (question_flags(row),)
+    """What makes two runs the same question: device, model, engine, and the group a lossless cell
+    shares with lossy ones (store.quality.quality_group: prompt, n_predict, turns, other apps and the
+    flags that are no lever)."""
+    try:
+        group = quality_group(CellConfig.from_dict(_config(row)))
+    except (TypeError, ValueError):
+        group = json.dumps(_config(row), sort_keys=True, default=str)
+    return tuple(text_of(row.get(c)) for c in ("device", "model", "engine")) + (group,)
 
 
 def is_reference_marked(row: Mapping[str, Any]) -> bool:

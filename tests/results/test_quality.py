@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def quality_campaign(tmp_path_factory, skewed_model) -> Path:
         run_local(root / "quality", local_campaign_data(
             "quality", skewed_model,
             {"cache_mb": ["cycle*1.0"], "n_expert_used": [2, 1], "flags": {DROP: [0, 1.0]}},
-            run={"repeats": 2, "n_predict": 16, "engine_args": ["--progress"]},
+            run={"repeats": 2, "n_predict": 16},
             engine=write_engine(root / "engines", "lossless-slowed", "without:" + DROP)))
 
     return copied_once(tmp_path_factory, "quality", build) / "quality"
@@ -182,9 +183,14 @@ def test_recommend_with_a_bound_names_a_lossy_setting_only_within_it(quality_cam
         # the argv is one that was measured: the chosen runs' own
         assert alt.argv in {settings_of(json.loads(r["argv"])) for r in mine}
         assert f"{alt.identical} of {alt.compared} outputs identical" in alt.text
-        # the fastest setting within the bound
-        within = [r for r in lossy if r["agree_frac"] >= parsed.agreement]
-        assert alt.levers == max(within, key=lambda r: r["tok_s"])["lossy_levers"]
+        # the fastest setting within the bound, by its runs' median tok/s (a setting's speed)
+        within: dict[str, list[float]] = {}
+        for r in lossy:
+            within.setdefault(r["lossy_levers"], []).append(r["tok_s"])
+        within = {k: v for k, v in within.items()
+                  if sum(rows[x]["agree_frac"] for x in rows if rows[x]["lossy_levers"] == k and rows[x]["outcome"] == "ok")
+                  / len(v) >= parsed.agreement}
+        assert alt.levers == max(within, key=lambda k: statistics.median(within[k]))
     else:
         assert alt.argv is None and alt.why.startswith("none qualifies")
         if parsed.ppl_pct is not None:
