@@ -87,6 +87,8 @@ class Flag:
                                      # (an imported run's config; results.read.parse_config), with `sets`
     env: str = ""                    # the env override the engine reads for it (flag wins)
     changes: tuple[Change, ...] = ()
+    needs_cache: bool = False        # refused without the LRU cache (cache_mb > 0 or auto): a campaign
+                                     # leaves it out of cache-off cells (harness.plan.grid)
 
     @property
     def spellings(self) -> tuple[str, ...]:
@@ -192,10 +194,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--prefetch-sync", NONE, TUNING, "debug/tests: complete each speculative read when issued",
          **_py("prefetch_sync", True)),
     Flag("--drop-cold-experts", FLOAT, TUNING, "LOSSY: skip a cold, low-weight routed expert that misses",
-         **_py("drop_cold_frac")),
+         needs_cache=True, **_py("drop_cold_frac")),
     Flag("--drop-no-renorm", NONE, TUNING, "do not rescale the surviving weights after a drop",
-         **_py("drop_renorm", False)),
-    Flag("--drop-in-prefill", NONE, TUNING, "drop during prefill too", **_py("drop_prefill", True)),
+         needs_cache=True, **_py("drop_renorm", False)),
+    Flag("--drop-in-prefill", NONE, TUNING, "drop during prefill too", needs_cache=True, **_py("drop_prefill", True)),
     Flag("--route-ahead", INT, TUNING, "LOSSY: commit decode routing to a prediction N layers early", since=V0_19),
     Flag("--predict-log", NONE, TUNING, "diagnostics: how much routing could be known a layer early",
          env="BMOE_PREDICT_LOG"),
@@ -212,7 +214,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--row-stream", NONE, TUNING, "serve row-gathered dense tables from flash", since=V0_24),
     Flag("--row-stream-mb", INT, TUNING, "resident window for row-streamed tables", default="64", since=V0_24),
     Flag("--expert-substitute", FLOAT, TUNING, "LOSSY: prefer cached experts within L of the score range",
-         since=V0_24, **_py("substitute_lambda")),
+         since=V0_24, needs_cache=True, **_py("substitute_lambda")),
     Flag("--ppl", PATH, NO_RUN, "score FILE's perplexity instead of generating", since=V0_24, **_py("ppl_path")),
     Flag("--ppl-step", NONE, TUNING, "with --ppl: score one token per decode", since=V0_24, **_py("ppl_step", True)),
     Flag("--ppl-list", PATH, NO_RUN, "score every text FILE names, in one session", since=V0_24, **_py("ppl_list")),

@@ -20,7 +20,8 @@
   session-open flags as run flags where the engine has them (`-c 4096`, `--ubatch 512`, `--chatml`,
   `--no-think` for its per-request think=false, `--overlap`), 4 lanes, `--dense-weights anon`, the
   model's own top-k, 128 tokens of its default prompt per turn, and its session: 2 turns 240 s apart
-  (`--turns`/`--idle-s`/`-n` override). A flag left out is named in app.json with its reason;
+  (`--turns`/`--idle-s`/`-n` override); each cache-on rung with and without the app's
+  `--drop-cold-experts 0.75`, so the campaign prices it. A flag left out is named in app.json with its reason;
   recommend maps each recommendation onto the rungs (app_rung_mb).
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from devices.adb.server import ENV_SERIAL, default_serial
 from engine.errors import BmoeError
+from engine.interface.flags import DROP_COLD_EXPERTS
 from harness.campaign.defaults import PYTHON_ENGINE, SWEEP
 from harness.campaign.engine_probe import protocol_flags
 from harness.campaign.model import LOCAL, Campaign, CampaignError
@@ -126,14 +128,18 @@ def app_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     engine = opts.get("engine") or PYTHON_ENGINE
     model = next((str(m) for m in opts.get("models") or () if not str(m).startswith("device:")), None)
     flags, notes = protocol_flags(engine, model, app.APP_FLAGS)
+    # the app's dropping, beside the same rung without it (what it costs: results.analysis.quality)
+    drop, drop_notes = protocol_flags(engine, model, ((DROP_COLD_EXPERTS.typed, f"{app.APP_DROP_COLD_FRAC:g}"),))
+    notes = [*notes, *drop_notes]
     opts.update(cache_mb=["auto", *map(str, app.APP_RUNGS_MB)], cache_ceil_mb=[app.APP_AUTO_CEIL_MB],
                 dense_weights=[app.APP_DENSE_WEIGHTS], n_expert_used=[0], io_threads=[app.APP_IO_THREADS],
                 n_predict=opts["n_predict"] if "n_predict" in explicit else app.APP_N_PREDICT, turns=turns,
                 idle_s=opts.get("idle_s") if "idle_s" in explicit else app.APP_IDLE_S,
-                engine_args=[shlex.join(f) for f in flags], flags=(), extra=_with_prompt(opts, app.APP_PROMPT))
+                engine_args=[shlex.join(f) for f in flags],
+                flags=[f"{name}=false,{value}" for name, value in drop], extra=_with_prompt(opts, app.APP_PROMPT))
     if not opts.get("name") or opts["name"] == SWEEP.name:
         opts["name"] = "app"
-    return Sweep(campaign_from_options(**opts), "app", (*notes, *app.APP_LEFT_OUT))
+    return Sweep(campaign_from_options(**opts), "app", tuple(notes))
 
 
 def community_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:

@@ -23,6 +23,7 @@ from typing import Any
 from engine.contract.flags import flags_label, needs_force
 from engine.errors import ModelError
 from engine.gguf.model import ModelShape, cycle_price_mib, load_model_shape
+from engine.interface.flags import FLAGS
 from harness.campaign.budgets import PLANNER, budget_from_cycle, cycle_factor, is_knee, parse_cache_value
 from harness.campaign.defaults import QUALITY_AUTO, QUALITY_ON
 from harness.campaign.model import (
@@ -220,6 +221,17 @@ def _flag_settings(campaign: Campaign) -> list[dict[str, Any]]:
     return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in campaign.axes.flags))]
 
 
+_NEEDS_CACHE = frozenset(s for f in FLAGS if f.needs_cache for s in f.spellings)
+
+
+def without_cache(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """A flag setting for a cell without the LRU cache (cache 0, mmap, resident): the flags that need
+    the cache (engine.interface.flags `needs_cache`: the drop, the substitution) left out, as the
+    engine refuses them there ("requires the LRU cache") and upstream's app sends them only with a
+    cache on. False keeps the key, so the cell is the one the axis' own `false` value plans."""
+    return {name: (False if name in _NEEDS_CACHE else value) for name, value in flags.items()}
+
+
 def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: float,
             campaign: Campaign, threads: int | str, flags: Mapping[str, Any]) -> CellConfig:
     planner = spec == PLANNER
@@ -235,6 +247,8 @@ def _config(spec: int | str, ceil: int, dense: str, k: int, io: int, cycle_mb: f
     else:
         cache_mb = 0
     force = stream and cache_mb is not None and needs_force(cache_mb)
+    if not planner and not auto and (not stream or cache_mb == 0):
+        flags = without_cache(flags)
     r = campaign.run
     config = CellConfig.planned(
         moe_stream=stream, no_mmap=spec == "resident", cache_mb=cache_mb, cache_auto=auto,

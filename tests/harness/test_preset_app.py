@@ -31,7 +31,11 @@ def _budgets(cells: list[dict]) -> set[tuple[str, int]]:
 def test_the_budgets_are_the_apps_rungs_in_a_session_with_its_context_and_top_k(cli, tiny_model, tmp_path):
     cells, notes = _dry(cli, "--model", str(tiny_model), "-t", "1", "-o", str(tmp_path / "a"))
     assert _budgets(cells) == {("fixed", mb) for mb in app.APP_RUNGS_MB} | {("auto", app.APP_AUTO_CEIL_MB)}
-    assert len(cells) == len(app.APP_RUNGS_MB) + 1
+    # each cache-on rung (and auto) with the app's dropping and without it; the 0 rung once, without
+    drops = [c for c in cells if "--drop-cold-experts" in c["argv"]]
+    assert len(cells) == 2 * len(app.APP_RUNGS_MB) + 1 and len(drops) == len(app.APP_RUNGS_MB)
+    assert all(c["argv"][c["argv"].index("--drop-cold-experts") + 1] == "0.75" for c in drops)
+    assert _budgets(drops) == _budgets(cells) - {("fixed", 0)}
     for cell in cells:
         c, argv = cell["config"], cell["argv"]
         assert (c["turns"], c["idle_s"], c["n_predict"], c["prompt"]) == (2, 240.0, 128, app.APP_PROMPT)
@@ -39,10 +43,12 @@ def test_the_budgets_are_the_apps_rungs_in_a_session_with_its_context_and_top_k(
         assert "--session" in argv and argv[argv.index("-c") + 1] == "4096"
         assert ("--force-cache" in argv) == (0 < c["cache_mb"] < 1500 if not c["cache_auto"] else False)
         # bmoe-py lacks the app's other flags: none of them is sent, each is named
-        assert not {"--ubatch", "--chatml", "--no-think", "--overlap", "--drop-cold-experts"} & set(argv)
+        assert not {"--ubatch", "--chatml", "--no-think", "--overlap"} & set(argv)
+        # the answer is kept to price the dropping against its lossless twin (quality on)
+        assert c["progress"] is True and argv[-1] == "--progress"
     for flag in ("--ubatch", "--chatml", "--no-think", "--overlap"):
         assert f"--preset app: {flag} left out: the engine does not take it (unknown arg: {flag})" in notes
-    assert any(n.startswith("--preset app: --drop-cold-experts 0.75 left out: ") for n in notes)
+    assert not any("--drop-cold-experts" in n for n in notes)
     assert not (tmp_path / "a").exists()
 
 
@@ -53,8 +59,11 @@ def test_with_bmoe_cli_the_argv_carries_the_flags_the_release_takes(cli, bmoe_cl
                         "-t", "1", "-o", str(tmp_path / "a"))
     for cell in cells:
         line = shlex.join(cell["argv"])
-        assert " -c 4096 --ubatch 512 --chatml --no-think --session " in line, line
-        assert "--overlap" not in cell["argv"] and "--drop-cold-experts" not in cell["argv"]
+        assert " -c 4096 --ubatch 512 --chatml --no-think " in line and " --session " in line, line
+        assert "--overlap" not in cell["argv"]
+        # 0.19.0 takes the app's dropping: every cache-on rung runs with it and without it
+        assert ("--drop-cold-experts" in cell["argv"]) <= (cell["config"]["cache_auto"] or cell["config"]["cache_mb"] > 0)
+    assert sum("--drop-cold-experts" in c["argv"] for c in cells) == len(app.APP_RUNGS_MB)
     (overlap,) = [n for n in notes if "--overlap" in n]     # 0.19.0 lists it; this build refuses it at load
     assert overlap.startswith("--preset app: --overlap left out: the engine refuses it at load") and "fork" in overlap
 
@@ -78,7 +87,7 @@ def test_the_session_is_the_users_to_shape_but_stays_a_session(cli, tiny_model, 
     cells, _ = _dry(cli, "--model", str(tiny_model), "-t", "1", "--turns", "3", "--idle-s", "5", "-n", "16",
                     "--repeats", "2", "-o", str(tmp_path / "a"))
     assert {(c["config"]["turns"], c["config"]["idle_s"], c["config"]["n_predict"]) for c in cells} == {(3, 5.0, 16)}
-    assert len(cells) == 2 * (len(app.APP_RUNGS_MB) + 1)
+    assert len(cells) == 2 * (2 * len(app.APP_RUNGS_MB) + 1)     # two repeats; each cache-on rung twice
     one = CliRunner().invoke(cli, ["sweep", "--preset", "app", "--device", "local", "--model", str(tiny_model),
                                    "--turns", "1", "-o", str(tmp_path / "b")])
     assert one.exit_code == 1 and "--preset app runs a session, as the app does (--session): --turns 1" in one.output
