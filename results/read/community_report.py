@@ -7,7 +7,7 @@ optional field, a textarea with `render:` inside a fenced block. The `Measured r
 what `scripts/bench-report.sh` prints (at 37d88175): a **Machine** table, a `**Run** — engine V
 (REV), model `FILE` (G GiB, arch `A`), N tokens` line, a run table, an `Extra flags:` line; or
 the engine's own end-of-run lines plus the CSV's `# summary` trailer. Reports are also pasted
-without the form (upstream issue #192 is bench-report.sh's block alone), so every part is looked
+without the form (upstream's #192 is bench-report.sh's block alone), so every part is looked
 for in the whole text, and a report may carry any subset of them.
 
 The engine's lines are read by results.read.parse_console (the parser the importer uses), the CSV
