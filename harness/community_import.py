@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.safetext import printable
+from engine.units import MIB
 from harness.campaign.model import CampaignError
 from harness.importer import IMPORT_ENGINE, Imported, check_out_dir, commit_imported, run_record, stored_text
 from harness.plan.grid import Cell, cell_id_of
@@ -38,7 +39,7 @@ from store import names, outcomes
 from store.cells import CellConfig
 
 PROVENANCE_KIND = "community-report"
-MAX_REPORT_BYTES = 4 << 20        # an issue body is at most 65,536 characters; a file far larger is not one
+MAX_REPORT_BYTES = 4 * MIB        # an issue body is at most 65,536 characters; a file far larger is not one
 _ISSUE_URL_RE = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/issues/(?P<number>[0-9]+)")
 _SHARD_SUFFIX_RE = re.compile(r"-[0-9]+-of-[0-9]+$")
 _MIB_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*MiB$")

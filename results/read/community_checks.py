@@ -28,6 +28,7 @@ from typing import Any
 
 from engine.units import MIB
 from results.read.community_report import CommunityReport
+from results.read.parse_console import not_streamed
 
 STORAGE, STREAMING, MODEL_SIZE, TOKENS, ENGINE, UNREADABLE = (
     "storage", "streaming", "model-size", "tokens", "engine", "unreadable")
@@ -151,18 +152,11 @@ def _baseline_label(report: CommunityReport) -> bool:
 def _streaming(report: CommunityReport, facts: dict[str, Any]) -> Rejection | None:
     console = report.console
     evidence = None
-    mode = str(console.value("mode", "mode") or "") if console is not None else ""
-    if mode == "mmap":
-        evidence = "its `mode: mmap` line says the run did not stream experts (plain llama.cpp on mmap)"
-    elif str(report.csv_preamble.get("moe_stream", "")) == "0":
+    if str(report.csv_preamble.get("moe_stream", "")) == "0":      # the CSV's explicit word first
         evidence = "its CSV says moe_stream=0: the run did not stream experts (plain llama.cpp on mmap)"
-    elif console is not None and console.generation is not None and console.moe_stream is None \
-            and console.streaming is None and not mode:
-        evidence = ("its end-of-run lines have no `moe-stream:` line, which the engine prints whenever it streams "
-                    "(upstream #186): plain llama.cpp on mmap")
-    elif console is not None and console.streaming is not None and not console.streaming.o_direct:
-        evidence = "its `bmoe: expert streaming ON` line says o_direct=0: the expert reads went through the page cache"
-    elif str(report.csv_preamble.get("o_direct", "")) == "0":
+    elif console is not None:
+        evidence = not_streamed(console)
+    if evidence is None and str(report.csv_preamble.get("o_direct", "")) == "0":
         evidence = "its CSV says o_direct=0: the expert reads went through the page cache"
     facts["streamed"] = evidence is None
     if evidence is None:
@@ -215,7 +209,7 @@ def _tokens(report: CommunityReport, facts: dict[str, Any]) -> Rejection | None:
     console = report.console
     said: list[tuple[float, str]] = []
     if console is not None and console.generation is not None:
-        said.append((float(console.generation.tokens), "generated (its `generation:` line)"))
+        said.append((float(console.generation.tokens), "generated (its end-of-run lines)"))
     tokens = report.csv_summary.get("tokens")
     if isinstance(tokens, (int, float)):
         said.append((float(tokens), "generated (its CSV summary)"))

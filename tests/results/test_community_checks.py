@@ -120,7 +120,7 @@ def test_model_size_zero_and_a_size_short_of_its_shards_are_rejected():
 def test_tokens_under_the_protocols_are_rejected():
     assert PROTOCOL_TOKENS == COMMUNITY_TOKENS
     reason = _rules(_text("147-threads2-128-tokens.md"))[TOKENS]     # #147: a streaming run of 128 tokens
-    assert reason == f"128 tokens generated (its `generation:` line), under the protocol's {COMMUNITY_TOKENS}"
+    assert reason == f"128 tokens generated (its end-of-run lines), under the protocol's {COMMUNITY_TOKENS}"
     assert set(_rules(_text("147-threads2-128-tokens.md"))) == {TOKENS}
 
 
