@@ -123,7 +123,7 @@ class ImportReport:
 
 
 @dataclass(frozen=True)
-class _Imported:
+class Imported:
     cell: Cell
     record: dict[str, Any]
     files: dict[str, Path | bytes]               # run-folder file name (store.names) -> source file or content
@@ -148,8 +148,8 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         if names.is_campaign_dir(folder):
             raise CampaignError(f"import: {shown}: is a bmoe-fleet campaign directory, not upstream bench data")
         folders.append(folder)
-    old_plan = _check_out_dir(root)
-    found: list[_Imported] = []
+    old_plan = check_out_dir(root)
+    found: list[Imported] = []
     per_source: dict[str, int] = {}
     skipped_dirs: list[str] = []
     captures: dict[Path, dict[str | None, ConsoleRun]] = {}   # each capture read once, not once per run
@@ -163,6 +163,17 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         for session in sessions:
             found.append(_import_session(folder, session, device, len(found)))
 
+    added, notes, counts = commit_imported(root, old_plan, found, {device: {}}, [str(f) for f in folders], device)
+    return ImportReport(str(root), len(found), added, len(found) - added, dict(counts), per_source,
+                        tuple(skipped_dirs), tuple(notes))
+
+
+def commit_imported(root: Path, old_plan: Plan | None, found: Sequence[Imported],
+                    devices: Mapping[str, Mapping[str, Any]], sources: Sequence[str],
+                    device: str) -> tuple[int, list[str], Counter[str]]:
+    """Write the runs found into root under its directory lock (a cell already there is skipped):
+    the plan, devices/ (each label with what is known of it), models/, each run's files and run.json.
+    Returns (runs added, their notes, outcomes over all found)."""
     cdir = CampaignDir(root)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "dir": str(root), "since": time.time()}
     with holding([dir_lock(fleet_home(), root)], 0.0, owner):
@@ -178,10 +189,11 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         if not cdir.campaign_toml_path.exists():
             cdir.write_campaign_toml(tomli_w.dumps({
                 "version": FORMAT_VERSION, "name": root.name,
-                "import": {"sources": [str(f) for f in folders], "device": device}}))
+                "import": {"sources": list(sources), "device": device}}))
         if new_cells or old_plan is None:
             write_plan(cdir, Plan(old_plan.campaign if old_plan else root.name, base_cells + tuple(new_cells)))
-        cdir.write_device(device_id(device), {"device": device, "kind": "imported", "serial": device}, {})
+        for label, identity in devices.items():
+            cdir.write_device(device_id(label), {"device": label, "kind": "imported", "serial": label}, identity)
         added = 0
         notes: list[str] = []
         counts: Counter[str] = Counter()
@@ -200,11 +212,10 @@ def import_runs(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
             latest[cid] = record
             notes += record["notes"]
             added += 1
-    return ImportReport(str(root), len(found), added, len(found) - added, dict(counts), per_source,
-                        tuple(skipped_dirs), tuple(notes))
+    return added, notes, counts
 
 
-def _check_out_dir(root: Path) -> Plan | None:
+def check_out_dir(root: Path) -> Plan | None:
     """The plan of the import to extend (None for a new folder); anything else is refused before a
     byte is written."""
     if not root.exists():
@@ -239,7 +250,7 @@ def _write_model(cdir: CampaignDir, record: Mapping[str, Any]) -> None:
 
 
 def _import_group(source: Path, group: RunFiles, device: str, index: int,
-                  captures: dict[Path, dict[str | None, ConsoleRun]]) -> _Imported:
+                  captures: dict[Path, dict[str | None, ConsoleRun]]) -> Imported:
     rel = group.folder.relative_to(source)
     where = printable("/".join(part for part in (source.name, *rel.parts, group.stem) if part))
     console = _console(group)
@@ -252,8 +263,8 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int,
     except NumberError as e:
         raise located(e, str(group.folder / group.stem)) from None
     # a configuration value no engine could have run with is not known: left out, with a note
-    config = {k: _text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
-    model = _text(_model_name(config, group, metrics))
+    config = {k: stored_text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
+    model = stored_text(_model_name(config, group, metrics))
     config.update(model=model, budget_spec="imported", source=where)
     # free-form keys as the files state them (sorted, as imports always stored them)
     stated = {k: v for k, v in sorted(config.items()) if _jsonable(v)}
@@ -270,8 +281,8 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int,
     sidecar = read_sidecar(group.sidecar, notes) if group.sidecar else None
     told = console or section
     pressure = dict(sidecar) if sidecar else dict(told.pressure or {}) if told is not None else {}
-    record = _record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
-                     engine_version=_text(str(metrics.preamble.get("engine", "")) if metrics else ""),
+    record = run_record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
+                     engine_version=stored_text(str(metrics.preamble.get("engine", "")) if metrics else ""),
                      entry_state=dict(entry) if entry else None,
                      exit_state=dict(state["exit"]) if state.get("exit") else None, pressure=pressure,
                      o_direct=config.get("o_direct_reported"),
@@ -291,10 +302,10 @@ def _import_group(source: Path, group: RunFiles, device: str, index: int,
         files[names.STDOUT_TXT] = ("\n".join(section.lines) + "\n").encode("utf-8")
     if group.err:
         files[names.STDERR_TXT] = group.err
-    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record, files)
+    return Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record, files)
 
 
-def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: int, outcome: str,
+def run_record(cid: str, device: str, model: str, cell_config: CellConfig, index: int, outcome: str,
             evidence: Sequence[str], when: float, notes: list[str], where: str, *, engine_version: str = "",
             entry_state: dict | None = None, exit_state: dict | None = None, pressure: dict | None = None,
             o_direct: Any = None, summary: dict | None = None, result: dict[str, Any],
@@ -305,7 +316,7 @@ def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: i
         "device_id": device_id(device), "model": model, "model_id": safe_id(model),
         "engine": {"kind": IMPORT_ENGINE, "version": engine_version},
         "config": cell_config.to_dict(), "argv": [], "repeat": 0, "pass": 0, "order": index, "outcome": outcome,
-        "evidence": [_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
+        "evidence": [stored_text(e) for e in evidence], "exit_status": None, "timed_out": False, "wall_s": None,
         "timeout_s": None, "gate": None, "entry_state": entry_state, "exit_state": exit_state,
         "pressure": pressure or {}, "lmk_events": [], "o_direct": o_direct, "summary": summary, "result": result,
         "pushed": [], "started_at": when, "ended_at": when, "host": socket.gethostname(),
@@ -321,7 +332,7 @@ def _record(cid: str, device: str, model: str, cell_config: CellConfig, index: i
 # ── one session capture ─────────────────────────────────────────────────────────────────────────
 
 
-def _import_session(source: Path, capture: SessionCapture, device: str, index: int) -> _Imported:
+def _import_session(source: Path, capture: SessionCapture, device: str, index: int) -> Imported:
     """An upstream session capture (results.read.parse_session) as one session cell: its turns in the
     shape a live session cell's run.json has them, what the capture lacks null and noted."""
     first = capture.paths[0]
@@ -333,10 +344,10 @@ def _import_session(source: Path, capture: SessionCapture, device: str, index: i
         config = _session_config(capture)
     except NumberError as e:
         raise located(e, str(first)) from None
-    config = {k: _text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
+    config = {k: stored_text(v) for k, v in checked(config, f"{where} (configuration)", notes).items() if v is not None}
     path = config.get("model_path")
     name = Path(path).name.removesuffix(".gguf") if isinstance(path, str) and path else "unknown"
-    model = _text(MODEL_ALIASES.get(name, name))
+    model = stored_text(MODEL_ALIASES.get(name, name))
     turns = session_turns(capture)
     config.update(model=model, budget_spec="imported", source=where, turns=len(turns),
                   **({"idle_s": capture.gap.idle_s} if capture.gap is not None else {}))
@@ -352,12 +363,12 @@ def _import_session(source: Path, capture: SessionCapture, device: str, index: i
         result.update(cache_hit_pct=hit, budget_mib=last.get("cache_budget_mib", config.get("budget_mib")))
     notes += missing_notes(capture, where)
     when = min(p.stat().st_mtime for p in capture.paths)
-    record = _record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
+    record = run_record(cid, device, model, cell_config, index, outcome, evidence, when, notes, where,
                      o_direct=config.get("o_direct_reported"), result=result,
                      imported_from={"files": [str(p) for p in capture.paths], "section": capture.tag,
                                     "capture": capture.kind},
                      turns=turns)
-    return _Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record,
+    return Imported(Cell(cid, device, model, IMPORT_ENGINE, cell_config, 0, 0, index, ()), record,
                      {names.STDOUT_TXT: first})
 
 
@@ -502,11 +513,11 @@ def _jsonable(value: Any) -> bool:
         return False
 
 
-def _text(value: Any) -> Any:
+def stored_text(value: Any) -> Any:
     """A string from a file as stored: control characters escaped, at most TEXT_CHARS (lists item
     by item); anything else unchanged."""
     if isinstance(value, str):
         return excerpt(value, TEXT_CHARS)
     if isinstance(value, (list, tuple)):
-        return [_text(v) for v in value]
+        return [stored_text(v) for v in value]
     return value

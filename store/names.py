@@ -5,7 +5,7 @@ they make. Every other module asks here instead of spelling a name.
 DIR/campaign.toml  plan.json  ledger.jsonl  community.json
     devices/<device_id>.json  models/<model_id>.json  storage/<device>.json
     runs/<cell_id>/<attempt>/run.json metrics.csv route.csv stdout.txt stderr.txt samples.csv run.metrics
-                             ppl.txt ppl-stderr.txt
+                             ppl.txt ppl-stderr.txt report.md
 ```
 
 Ids passed in are already safe as one path component: `safe_id` and `device_id` below made them.
@@ -53,6 +53,7 @@ SAMPLES_CSV = "samples.csv"           # pressure samples (SAMPLE_COLUMNS)
 RUN_METRICS = "run.metrics"           # upstream's `.metrics` sidecar keys
 PPL_TXT = "ppl.txt"                   # the quality scoring run's stdout (`ppl:` …), raw bytes (run.json `quality`)
 PPL_STDERR_TXT = "ppl-stderr.txt"     # … and its stderr
+REPORT_MD = "report.md"               # an imported community report, as given (its sha256 is in run.json)
 SAMPLE_COLUMNS = ("t_s", "mem_available_kb", "vm_hwm_kb", "vm_rss_kb", "cpu_temp_mc", "battery_temp_dc")
 # ... then devices.reclaim.COLUMNS (vm_swap_kb … zram_used_kb); files written before the reclaim columns stop at the six
 TMP_PREFIX = ".tmp-"                  # an attempt being assembled; readers skip dot-folders

@@ -147,18 +147,34 @@ def status_command(campaign_dir: str, as_json: bool) -> None:
 
 
 @click.command("import")
-@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Campaign directory to create or extend.")
 @click.option("--device", default="imported", show_default=True,
               help="Device label for the imported runs (upstream files do not say which phone).")
+@click.option("--url", default=None, help="Where a community report file came from (its issue's address).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def import_command(sources: tuple[str, ...], out_dir: str, device: str, as_json: bool) -> None:
-    """Turn upstream bench-data folders (CSVs, .metrics, .log/.out captures, route traces) into runs."""
+@click.pass_context
+def import_command(ctx: click.Context, sources: tuple[str, ...], out_dir: str, device: str, url: str | None,
+                   as_json: bool) -> None:
+    """Turn upstream bench-data folders (CSVs, .metrics, .log/.out captures, route traces) into runs, and
+    community benchmark reports (files: an issue's text or its JSON export) into runs once they pass
+    their checks; exit 1 when reports were given and none was accepted."""
+    from pathlib import Path
+
+    from harness.community_import import import_reports, render
     from harness.importer import import_runs
 
-    report = import_runs(sources, out_dir, device)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+    folders = [s for s in sources if Path(s).is_dir()]
+    reports = [s for s in sources if not Path(s).is_dir()]
+    if folders:
+        report = import_runs(folders, out_dir, device)
+        click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+    if reports:
+        checked = import_reports(reports, out_dir, url)
+        click.echo(render(checked, as_json))
+        if not checked.accepted:
+            ctx.exit(1)
 
 
 COMMANDS = (run_command, sweep_command, status_command, import_command)

@@ -319,6 +319,21 @@ def o_direct_seen(text: str) -> int | None:
     return int(seen[-1]) if seen else None
 
 
+def not_streamed(run: ConsoleRun) -> str | None:
+    """Why a run's own lines say it did not stream experts through O_DIRECT (None: they do not say
+    so): its `mode: mmap` line, an end-of-run block without the `moe-stream:` line (the engine prints
+    it whenever it streams; upstream's #186), or `o_direct=0` on its streaming line (buffered reads)."""
+    mode = str(run.value("mode", "mode") or "")
+    if mode == "mmap":
+        return "its `mode: mmap` line says the run did not stream experts (plain llama.cpp on mmap)"
+    if run.generation is not None and run.moe_stream is None and run.streaming is None and not mode:
+        return ("its end-of-run lines have no `moe-stream:` line, which the engine prints whenever it streams "
+                "(upstream #186): plain llama.cpp on mmap")
+    if run.streaming is not None and not run.streaming.o_direct:
+        return f"its `{STREAMING_ON}` line says o_direct=0: the expert reads went through the page cache"
+    return None
+
+
 def accepted_line(text: str) -> str | None:
     """The first line by which an engine shows it took its command line: `bmoe: expert streaming
     ON …` (from there to the line's end) or a `generation: …` line, stripped; None without one."""
