@@ -143,23 +143,28 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
     return json_safe({"data": data, "layout": layout})
 
 
-DROP_FLAG = "--drop-cold-experts"
+def _spelled(field: str) -> set[str]:
+    """Every spelling of the engine flag that sets bmoe-py's config `field` (engine.interface.flags)."""
+    from engine.interface.flags import FLAGS
+
+    return {s for f in FLAGS if f.field == field for s in f.spellings}
 
 
 def _drop_lever(flags: Sequence[str]) -> Any:
     """The --drop-cold-experts lever a point's pass-through flags set (None: none, or no number)."""
+    from results.errors import ReplayError
     from results.replay.drop_replay import DropLever
 
+    frac_flag, prefill_flag = _spelled("drop_cold_frac"), _spelled("drop_prefill")
     frac = None
     for i, flag in enumerate(flags):
-        if flag == DROP_FLAG and i + 1 < len(flags):
-            frac = flags[i + 1]
-        elif flag.startswith(DROP_FLAG + "="):
-            frac = flag.partition("=")[2]
+        name, eq, value = flag.partition("=")
+        if name in frac_flag:
+            frac = value if eq else (flags[i + 1] if i + 1 < len(flags) else None)
     try:
-        value = float(frac) if frac is not None else math.nan
-        return DropLever(value, in_prefill="--drop-in-prefill" in flags) if value > 0 else None
-    except ValueError:           # not a number, or outside [0, 1]: the engine refused those runs
+        number = float(frac) if frac is not None else math.nan
+        return DropLever(number, in_prefill=bool(prefill_flag & set(flags))) if number > 0 else None
+    except (ValueError, ReplayError):   # not a number, or outside [0, 1]: the engine refused those runs
         return None
 
 

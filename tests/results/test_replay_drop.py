@@ -28,7 +28,7 @@ from results.read.parse import read_metrics_csv
 from results.read.route_trace import PHASE_DECODE, read_route_trace
 from results.replay.drop_replay import DropLever, drop_curve, drop_routing, simulate_drop
 from results.replay.lru_replay import access_sequence, lru_curve, mib_to_bytes
-from results.site.charts import drop_replay_traces
+from results.site.charts import _drop_lever, drop_replay_traces
 from tests.results.test_replay import GPTOSS, TINY
 
 MODEL = synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=128, expert_ffn=256, vocab=300, quant="F32",
@@ -162,3 +162,5 @@ def test_the_budget_chart_draws_the_drop_curve_beside_the_measured_drop_points(r
     gone = SimpleNamespace(replay=SimpleNamespace(trace_path=str(runs["f05-prefill"][1]) + ".gone", budgets_mib=(2.0,)),
                            points=(measured,))
     assert drop_replay_traces(gone) == []
+    assert _drop_lever(("--drop-cold-experts=0.5", "--drop-in-prefill")) == DropLever(0.5, in_prefill=True)
+    assert _drop_lever(("--drop-cold-experts", "0")) is None and _drop_lever(("--drop-cold-experts", "2")) is None
