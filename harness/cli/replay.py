@@ -11,6 +11,7 @@ import click
 from engine.errors import BmoeError
 from engine.units import ascii_float
 from harness.campaign.model import INT_MAX, number_text
+from results.replay.drop_replay import DropLever
 from results.replay.lru_replay import POLICIES
 from results.replay.replay import PHASES, replay_traces
 
@@ -45,13 +46,23 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str) -> list[st
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
               help="Also write upstream's curve CSV (budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib) "
                    "for one trace.")
+@click.option("--drop-cold-experts", "drop_frac", type=float, default=None, metavar="F",
+              help="Also replay the engine's LRU under --drop-cold-experts F (0 to 1): hit %, flash MiB/token "
+                   "and drop % per budget, exact on the trace's routing.")
+@click.option("--drop-in-prefill", is_flag=True, help="With --drop-cold-experts: the run drops in prefill too.")
+@click.option("--drop-traced", is_flag=True,
+              help="With --drop-cold-experts: the run writes a route trace, so its first decode drops too.")
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON record instead of text.")
 def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[str], phase: str,
-           csv_path: str | None, as_json: bool) -> None:
+           csv_path: str | None, drop_frac: float | None, drop_in_prefill: bool, drop_traced: bool,
+           as_json: bool) -> None:
     """Replay bmoe-cli route traces (--route-trace) through expert-cache policies.
 
     Prints each trace's token cycle T and the hit rate and flash reads at each budget, global LRU
     exactly as the engine runs it.
     """
-    report = replay_traces(traces, budgets, policies, phase, csv_path)
+    if drop_frac is None and (drop_in_prefill or drop_traced):
+        raise BmoeError("replay: --drop-in-prefill and --drop-traced describe --drop-cold-experts F: give F too")
+    drop = DropLever(drop_frac, drop_in_prefill, drop_traced) if drop_frac is not None else None
+    report = replay_traces(traces, budgets, policies, phase, csv_path, drop)
     click.echo(report.to_json() if as_json else report.text)

@@ -22,6 +22,7 @@ from engine.safetext import printable
 from engine.units import MIB
 from results.errors import ReplayError
 from results.read.route_trace import RouteTrace, read_route_trace
+from results.replay.drop_replay import DropLever, DropPoint, drop_curve
 from results.replay.lru_replay import (
     MAX_TRACE_BYTES,
     POLICIES,
@@ -64,6 +65,9 @@ class TraceReplay:
     knee_mib: int | None             # knee_mib(): where more MiB start buying fewer hits (decode)
     budgets_mib: tuple[float, ...]
     points: tuple[CurvePoint, ...]
+    # --drop-cold-experts replayed (results.replay.drop_replay): the lever and a point per budget
+    drop: DropLever | None = None
+    drop_points: tuple[DropPoint, ...] = ()
 
     @property
     def cycle_mib(self) -> float:
@@ -81,6 +85,8 @@ class TraceReplay:
             "first_decode_hit_mib": self.first_decode_hit_mib, "knee_mib": self.knee_mib,
             "budgets_mib": list(self.budgets_mib),
             "points": [p.to_dict() for p in self.points],
+            **({"drop": {**self.drop.to_dict(), "points": [p.to_dict() for p in self.drop_points]}}
+               if self.drop is not None else {}),
         }
 
 
@@ -95,8 +101,9 @@ def _check_options(budgets_mib: Sequence[float] | None, policies: Sequence[str])
 
 
 def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
-                 policies: Sequence[str] = ("lru",)) -> TraceReplay:
-    """Curve points for one parsed trace: `lru` from stack distances, the others simulated."""
+                 policies: Sequence[str] = ("lru",), drop: DropLever | None = None) -> TraceReplay:
+    """Curve points for one parsed trace: `lru` from stack distances, the others simulated; with
+    `drop`, the engine's LRU under --drop-cold-experts at the same budgets (drop_replay)."""
     _check_options(budgets_mib, policies)
     seq = access_sequence(trace)
     if len(seq) == 0:
@@ -121,7 +128,8 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
         cycle_bytes=cycle, lookups=len(seq), decode_lookups=int(seq.decode.sum()), batches=seq.n_batches,
         decode_batches=seq.n_decode_batches, dropped_rows=int(trace.rows.dropped.sum()),
         first_decode_hit_mib=first_decode_hit_mib(seq, distance),
-        knee_mib=knee_mib(seq, distance), budgets_mib=budgets, points=tuple(points))
+        knee_mib=knee_mib(seq, distance), budgets_mib=budgets, points=tuple(points), drop=drop,
+        drop_points=tuple(drop_curve(trace, drop, budgets)) if drop is not None else ())
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,8 @@ def _trace_text(t: TraceReplay, policies: Sequence[str], phase: str) -> str:
         lines.append(f"knee    {t.knee_mib} MiB: past it each MiB buys fewer hits than on average (LRU "
                      f"{'decode' if t.decode_lookups else 'all lookups'}, Kneedle)")
     if t.dropped_rows:
-        lines.append(f"note    {t.dropped_rows} dropped routings replayed as reads (the replay has no drop policy)")
+        lines.append(f"note    {t.dropped_rows} dropped routings replayed as reads in the table below (the lossless "
+                     f"cache); --drop-cold-experts replays the lever")
     label = "decode hit%" if phase == "decode" else "hit% (all)"
     head1 = f"{'budget':>12}" + "".join(f"{p:>22}" for p in policies)
     head2 = f"{'MiB':>12}" + "".join(f"{label:>12}{'read MiB':>10}" for _ in policies)
@@ -180,6 +189,26 @@ def _trace_text(t: TraceReplay, policies: Sequence[str], phase: str) -> str:
             hit = p.hit_pct_decode if phase == "decode" else p.hit_pct_cum
             row += f"{hit:>12.1f}{p.read_mib:>10.1f}"
         lines.append(row)
+    if t.drop is not None:
+        lines += ["", _drop_text(t)]
+    return "\n".join(lines)
+
+
+def _drop_text(t: TraceReplay) -> str:
+    d = t.drop
+    assert d is not None
+    switches = "".join((", in prefill" if d.in_prefill else "", ", traced" if d.traced else ""))
+    lines = [f"drop    --drop-cold-experts {d.frac:g}{switches}: the engine's LRU at each budget, a dropped miss "
+             f"neither read nor cached",
+             "        (exact on this trace's routing; a lossy run routes after a drop as the trace did not: "
+             "docs/replay.md)",
+             f"{'budget':>12}{'decode hit%':>12}{'MiB/token':>11}{'lossless':>10}{'drop %':>8}",
+             f"{'MiB':>12}{'':>12}{'decode':>11}{'MiB/token':>10}"]
+    for p in t.drop_points:
+        mark = " <T" if p.under_cycle else "   "
+        off = "  (cache off: the engine refuses the lever)" if p.budget_mib == 0 and d.frac > 0 else ""
+        lines.append(f"{p.budget_mib:>9.1f}{mark}{p.hit_pct_decode:>12.1f}{p.decode_read_mib_per_token:>11.2f}"
+                     f"{p.lossless_decode_read_mib_per_token:>10.2f}{p.drop_pct:>8.1f}{off}")
     return "\n".join(lines)
 
 
@@ -200,7 +229,7 @@ def write_curve_csv(t: TraceReplay, path: str | Path) -> None:
 
 def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | None = None,
                   policies: Sequence[str] = ("lru",), phase: str = "decode",
-                  csv_path: str | Path | None = None) -> ReplayReport:
+                  csv_path: str | Path | None = None, drop: DropLever | None = None) -> ReplayReport:
     """`bmoe-fleet replay`: parse each trace, replay it, optionally write the curve CSV."""
     paths = [str(p) for p in paths]
     if not paths:
@@ -216,7 +245,7 @@ def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | No
             raise ReplayError(f"cannot write {csv_path}: {e.strerror or e}") from None
     policies = tuple(dict.fromkeys(policies))
     _check_options(budgets_mib, policies)
-    replays = tuple(replay_trace(read_route_trace(p), budgets_mib, policies) for p in paths)
+    replays = tuple(replay_trace(read_route_trace(p), budgets_mib, policies, drop) for p in paths)
     if csv_path is not None:
         try:
             write_curve_csv(replays[0], csv_path)

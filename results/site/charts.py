@@ -47,7 +47,8 @@ RECOMMENDED = "#00695c"
 def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
     """Hit % (top) and tok/s (bottom) against the budget, per series, with the token cycle, the LMK
     boundary, killed runs (an `auto` run at the budget it was sized to; one whose budget is not known
-    at all marked along the axis's right end), the replayed LRU curve as the predicted hit % line,
+    at all marked along the axis's right end), the replayed LRU curve as the predicted hit % line (and
+    under each --drop-cold-experts F a series ran, its replay beside the measured drop points),
     the predicted tok/s curve of each dense mode (results.replay.predict), and the recommendation (results.analysis.recommend.Recommendation): its ceiling and its fixed budget."""
     data: list[dict[str, Any]] = []
     series = g.series()
@@ -98,6 +99,7 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
         data.append({"type": "scatter", "mode": "lines", "name": "replayed LRU (predicted hit %)",
                      "x": list(r.budgets_mib), "y": list(r.hit_pct_cum),
                      "line": {"color": "#444444", "width": 2, "dash": "dash"}, "xaxis": "x", "yaxis": "y"})
+        data += drop_replay_traces(g)
     for pred in g.predictions:
         # the whole predicted curve (docs/prediction.md): every budget, the measured points drawn on it
         curve = sorted((b.budget_mib, b.tok_s) for b in pred.budgets if math.isfinite(b.tok_s))
@@ -139,6 +141,77 @@ def budget_figure(g: GroupAnalysis, rec: Any = None) -> dict[str, Any]:
                      yaxis2={"title": {"text": "tok/s"}, "domain": [0.0, 0.45], "rangemode": "tozero"},
                      shapes=shapes, annotations=notes, height=520)
     return json_safe({"data": data, "layout": layout})
+
+
+def _spelled(field: str) -> set[str]:
+    """Every spelling of the engine flag that sets bmoe-py's config `field` (engine.interface.flags)."""
+    from engine.interface.flags import FLAGS
+
+    return {s for f in FLAGS if f.field == field for s in f.spellings}
+
+
+def _drop_lever(flags: Sequence[str]) -> Any:
+    """The --drop-cold-experts lever a point's pass-through flags set (None: none, or no number)."""
+    from results.errors import ReplayError
+    from results.replay.drop_replay import DropLever
+
+    frac_flag, prefill_flag = _spelled("drop_cold_frac"), _spelled("drop_prefill")
+    frac = None
+    for i, flag in enumerate(flags):
+        name, eq, value = flag.partition("=")
+        if name in frac_flag:
+            frac = value if eq else (flags[i + 1] if i + 1 < len(flags) else None)
+    try:
+        number = float(frac) if frac is not None else math.nan
+        return DropLever(number, in_prefill=bool(prefill_flag & set(flags))) if number > 0 else None
+    except (ValueError, ReplayError):   # not a number, or outside [0, 1]: the engine refused those runs
+        return None
+
+
+def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
+    """The replayed LRU under each --drop-cold-experts F the group's series ran (results.replay.drop_replay,
+    on the group's route trace), as predicted hit % lines on the hit panel beside the measured drop
+    points, which carry the predicted flash MiB/token and drop % in their hover. No line without a
+    replay or without drop runs; a trace that no longer reads is left out, as the page's other parts do."""
+    from results.errors import ReplayError
+    from results.read.route_trace import TraceError, read_route_trace
+    from results.replay.drop_replay import drop_curve
+
+    if g.replay is None:
+        return []
+    levers: dict[Any, list[Any]] = {}
+    for p in g.points:
+        lever = _drop_lever(p.flags)
+        if lever is not None and p.ok and not math.isnan(p.budget_mib):
+            levers.setdefault(lever, []).append(p)
+    if not levers:
+        return []
+    try:
+        trace = read_route_trace(g.replay.trace_path)
+    except (TraceError, OSError):
+        return []
+    out: list[dict[str, Any]] = []
+    for i, (lever, points) in enumerate(sorted(levers.items(), key=lambda kv: kv[0].frac)):
+        budgets = sorted(set(g.replay.budgets_mib) | {p.budget_mib for p in points})
+        try:
+            curve = {c.budget_mib: c for c in drop_curve(trace, lever, budgets)}
+        except ReplayError:
+            continue
+        color = PALETTE[(i + 3) % len(PALETTE)]
+        name = f"drop {lever.frac:g}" + (", in prefill" if lever.in_prefill else "")
+        out.append({"type": "scatter", "mode": "lines", "name": f"replayed LRU, {name} (predicted hit %)",
+                    "x": budgets, "y": [curve[b].hit_pct_cum if b > 0 else None for b in budgets],
+                    "text": [f"{curve[b].decode_read_mib_per_token:.2f} MiB/token, {curve[b].drop_pct:.1f} % dropped "
+                             f"(predicted)" for b in budgets],
+                    "line": {"color": color, "width": 2, "dash": "dashdot"}, "xaxis": "x", "yaxis": "y"})
+        out.append({"type": "scatter", "mode": "markers", "name": f"measured, {name}",
+                    "x": [p.budget_mib for p in points], "y": [p.hit_pct for p in points],
+                    "text": [f"{p.label}: {p.hit_pct:.1f} % hit measured, {curve[p.budget_mib].hit_pct_cum:.1f} % "
+                             f"predicted; {curve[p.budget_mib].decode_read_mib_per_token:.2f} MiB/token and "
+                             f"{curve[p.budget_mib].drop_pct:.1f} % dropped predicted" for p in points],
+                    "marker": {"color": color, "size": 11, "symbol": "star-open", "line": {"width": 2}},
+                    "xaxis": "x", "yaxis": "y"})
+    return out
 
 
 def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any] | None:
