@@ -33,14 +33,18 @@ APP_IO_THREADS = 4               # --io-threads
 APP_DENSE_WEIGHTS = "anon"       # --dense-weights
 APP_N_PREDICT = 128              # DEFAULT_N_PREDICT: tokens a turn asks for
 APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   # MainActivity's default prompt
+# dropColdPct's default, 75 (a percentage of the uniform share 1/top-k): sessionArgv sends it as
+# `--drop-cold-experts 0.75` whenever a cache is on. Lossy: the preset leaves it out (APP_LEFT_OUT),
+# and the site marks where a campaign measured it on the quality chart (results.site.quality_view).
+APP_DROP_COLD = 0.75
 # the session-open flags the harness does not set itself, in sessionArgv's order; each is kept only
 # where the engine takes it (harness.campaign.engine_probe.protocol_flags). --no-think stands for the app's
 # per-request `"think": false`: the harness's requests carry no think key (harness.run.turns).
 APP_FLAGS = ((CTX_SIZE.typed, "4096"), (UBATCH.typed, "512"), (CHATML.typed,), (NO_THINK.typed,), (OVERLAP.typed,))
 # what the app sends and the preset does not, with the reason (recorded in app.json)
 APP_LEFT_OUT = (
-    "--drop-cold-experts 0.75 left out: the app sends it only with a cache on, the engine refuses it at "
-    "--cache-mb 0 (the 0 rung), and it is lossy (it changes the output, not the budget)",
+    f"--drop-cold-experts {APP_DROP_COLD:g} left out: the app sends it only with a cache on, the engine refuses it "
+    "at --cache-mb 0 (the 0 rung), and it is lossy (it changes the output, not the budget)",
 )
 # session use: two turns with an idle gap between them, as upstream's scripts/rewarm-ab.sh ("same argv
 # the Android app uses") measures the app's session; the app itself unloads after 10 minutes idle
