@@ -129,7 +129,7 @@ def app_campaign(explicit: set[str], opts: dict[str, Any]) -> Sweep:
     model = next((str(m) for m in opts.get("models") or () if not str(m).startswith("device:")), None)
     flags, notes = protocol_flags(engine, model, app.APP_FLAGS)
     # the app's dropping, beside the same rung without it (what it costs: results.analysis.quality)
-    drop, drop_notes = protocol_flags(engine, model, ((DROP_COLD_EXPERTS.typed, f"{app.APP_DROP_COLD_FRAC:g}"),))
+    drop, drop_notes = protocol_flags(engine, model, ((DROP_COLD_EXPERTS.typed, f"{app.APP_DROP_COLD:g}"),))
     notes = [*notes, *drop_notes]
     opts.update(cache_mb=["auto", *map(str, app.APP_RUNGS_MB)], cache_ceil_mb=[app.APP_AUTO_CEIL_MB],
                 dense_weights=[app.APP_DENSE_WEIGHTS], n_expert_used=[0], io_threads=[app.APP_IO_THREADS],

@@ -33,15 +33,16 @@ APP_IO_THREADS = 4               # --io-threads
 APP_DENSE_WEIGHTS = "anon"       # --dense-weights
 APP_N_PREDICT = 128              # DEFAULT_N_PREDICT: tokens a turn asks for
 APP_PROMPT = "Explain what a mixture-of-experts model is, in two sentences."   # MainActivity's default prompt
+# dropColdPct's default, 75 (a percentage of the uniform share 1/top-k; "LOSSY and cache-dependent —
+# it changes the output, and not reproducibly"): sessionArgv sends it as `--drop-cold-experts 0.75`
+# whenever a cache is on. The preset runs every cache-on rung with it and without it (the engine
+# refuses it at --cache-mb 0: harness.plan.grid.without_cache), so a campaign says what it costs; the
+# site marks where a campaign measured it on the quality chart (results.site.quality_view).
+APP_DROP_COLD = 0.75
 # the session-open flags the harness does not set itself, in sessionArgv's order; each is kept only
 # where the engine takes it (harness.campaign.engine_probe.protocol_flags). --no-think stands for the app's
 # per-request `"think": false`: the harness's requests carry no think key (harness.run.turns).
 APP_FLAGS = ((CTX_SIZE.typed, "4096"), (UBATCH.typed, "512"), (CHATML.typed,), (NO_THINK.typed,), (OVERLAP.typed,))
-# dropColdPct's default (75, a percentage of the uniform share 1/top-k: "LOSSY and cache-dependent —
-# it changes the output, and not reproducibly"): the app sends `--drop-cold-experts 0.75` whenever its
-# cache is on. The preset runs every cache-on rung with it and without it (the engine refuses it at
-# --cache-mb 0: harness.plan.grid.without_cache), so a campaign says what the app's dropping costs.
-APP_DROP_COLD_FRAC = 0.75
 # session use: two turns with an idle gap between them, as upstream's scripts/rewarm-ab.sh ("same argv
 # the Android app uses") measures the app's session; the app itself unloads after 10 minutes idle
 APP_TURNS = 2

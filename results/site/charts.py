@@ -323,3 +323,56 @@ def cycle_figure(model: str, prices: Sequence[tuple[int, float]],
     layout = _layout(f"{model}: token cycle per top-k", xaxis={"title": {"text": "top-k"}, "dtick": 1},
                      yaxis={"title": {"text": "MiB per token"}, "rangemode": "tozero"}, height=360)
     return json_safe({"data": data, "layout": layout})
+
+
+APP_DEFAULT = "#e67e00"   # the app's default dropping on the quality chart
+RECOMMENDED_POINT = "recommended (the lossless default)"
+
+
+def quality_figure(title: str, points: Sequence[Mapping[str, Any]], x_title: str, recommended: int | None,
+                   app: Sequence[int], app_name: str) -> dict[str, Any]:
+    """tok/s (y) against quality loss (x), one point per setting (results.site.quality_view): per
+    budget the front joined (filled markers) and the settings it beats (open markers); the
+    recommended lossless default a star, the app's default dropping an open diamond, each named.
+    A point is a mapping of budget, x (NaN: not drawn), y, on_front, basis (ppl, agreement) and hover."""
+    budgets = list(dict.fromkeys(p["budget"] for p in points))
+    shape = {"ppl": "square", "agreement": "circle"}
+    data: list[dict[str, Any]] = []
+    for i, budget in enumerate(budgets):
+        color = PALETTE[i % len(PALETTE)]
+        label = f" at {budget}" if len(budgets) > 1 else ""
+        mine = [p for p in points if p["budget"] == budget and not math.isnan(p["x"]) and not math.isnan(p["y"])]
+        front = sorted((p for p in mine if p["on_front"]), key=lambda p: (p["x"], -p["y"]))
+        beaten = [p for p in mine if not p["on_front"]]
+        for name, pts, mode, fill in ((f"front{label}", front, "lines+markers", ""),
+                                      (f"beaten{label}", beaten, "markers", "-open")):
+            if pts:
+                data.append({"type": "scatter", "mode": mode, "name": name, "x": [p["x"] for p in pts],
+                             "y": [p["y"] for p in pts], "text": [p["hover"] for p in pts], "hoverinfo": "text",
+                             "marker": {"color": color, "size": 11 if fill == "" else 9,
+                                        "symbol": [shape.get(p["basis"], "circle") + fill for p in pts]},
+                             "line": {"color": color, "width": 2}})
+    xs = [p["x"] for p in points if not math.isnan(p["x"])]
+    pad = max(max(xs, default=1.0) - min(xs + [0.0]), 1.0) * 0.06       # a point at 0 loss is drawn whole
+    middle = (min(xs + [0.0]) + max(xs, default=1.0)) / 2
+    notes = []
+    for name, idx, symbol, color in ((RECOMMENDED_POINT, [recommended] if recommended is not None else [], "star",
+                                      RECOMMENDED),
+                                     (app_name, list(app), "diamond-open", APP_DEFAULT)):
+        pts = [points[i] for i in idx if not math.isnan(points[i]["x"])]
+        if not pts:
+            continue
+        data.append({"type": "scatter", "mode": "markers", "name": name, "x": [p["x"] for p in pts],
+                     "y": [p["y"] for p in pts], "text": [f"{name}<br>{p['hover']}" for p in pts], "hoverinfo": "text",
+                     "marker": {"color": color, "size": 20, "symbol": symbol, "line": {"color": color, "width": 3}}})
+        # the name on the side of the point with room for it (a point right of the middle: to its left)
+        notes += [{"x": p["x"], "y": p["y"], "xref": "x", "yref": "y", "text": name, "showarrow": True,
+                   "arrowhead": 2, "ax": -40 if p["x"] > middle else 40, "xanchor": "right" if p["x"] > middle
+                   else "left", "ay": -30 if color == RECOMMENDED else 30, "font": {"size": 11, "color": color}}
+                  for p in pts]
+    layout = _layout(title, xaxis={"title": {"text": x_title}, "zeroline": True,
+                                   "range": [min(xs + [0.0]) - pad, max(xs, default=1.0) + pad]},
+                     yaxis={"title": {"text": "tok/s (median)"}, "rangemode": "tozero"}, annotations=notes,
+                     height=420)
+    return json_safe({"data": data, "layout": layout})
+

@@ -41,6 +41,7 @@ from results.site.pages import (
     RunPage,
     TurnRow,
 )
+from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from store import names
 from store.outcomes import OK
@@ -302,8 +303,9 @@ def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tu
 
 
 def device_page(device: str, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations,
-                rec_by_key: RecsByKey, ids: Ids, redactor: Redactor) -> DevicePage:
-    """A device's page: its identity, its default, and per model and top-k the budget sweep."""
+                rec_by_key: RecsByKey, ids: Ids, redactor: Redactor, front: pd.DataFrame | None = None) -> DevicePage:
+    """A device's page: its identity, its default, per model and top-k the budget sweep, and per model
+    with a lossy setting measured its quality against speed (`front`: results.analysis.quality.quality_front)."""
     table = analysis.table
     groups = [g for g in analysis.groups if g.device == device]
     dev_recs = next((d for d in recs.devices if d.device == device), None)
@@ -313,12 +315,15 @@ def device_page(device: str, camps: Sequence[CampaignData], analysis: Analysis, 
         default=shlex.join(dev_recs.default.argv) if dev_recs else "no streamed runs: nothing to recommend",
         default_notes=dev_recs.default.notes if dev_recs else (),
         groups=tuple(_group_view(g, rec_by_key.get(g.key), ids, table) for g in groups if g.points),
-        recommendations=tuple(_rec_row(r, "../") for r in (dev_recs.recommendations if dev_recs else ())))
+        recommendations=tuple(_rec_row(r, "../") for r in (dev_recs.recommendations if dev_recs else ())),
+        quality=quality_views(front, table, recs.all(), ids.next, "../", device=device) if front is not None else ())
 
 
 def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, analysis: Analysis,
-               ids: Ids, recs: RecsByKey | None = None, redactor: Redactor | None = None) -> ModelPage:
-    """A model's page: its shape, its cycle per top-k (priced and measured), its devices and runs."""
+               ids: Ids, recs: RecsByKey | None = None, redactor: Redactor | None = None,
+               front: pd.DataFrame | None = None) -> ModelPage:
+    """A model's page: its shape, its cycle per top-k (priced and measured), its devices and runs, and
+    per device with a lossy setting measured its quality against speed (`front`, as device_page's)."""
     root = "../"
     rec: Mapping[str, Any] = next((c.models[name] for c in camps if name in c.models), {})
     mine = table[table["model"] == name]
@@ -360,9 +365,11 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
         Chart(ids.next(), f, f"on {g.device}" + (f" (top-k {g.top_k})" if g.top_k else "")
               + (f": {_replay_text(g.replay)}" if g.replay is not None else ": no route trace to replay"))
         for g, f in figures if _drawable(f))
+    cycle_chart = Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0") if fig else None
+    quality = quality_views(front, table, list((recs or {}).values()), ids.next, root, model=name) \
+        if front is not None else ()
     return ModelPage(title=f"model {name}", root=root, model=name, shape=tuple(shape), cycles=cycles,
-                     chart=Chart(ids.next(), fig, "the cache budget must hold one token cycle, or hit % is 0")
-                     if fig else None, devices=devices, runs=runs, budget_charts=budget_charts)
+                     chart=cycle_chart, devices=devices, runs=runs, budget_charts=budget_charts, quality=quality)
 
 
 def index_page(analysis: Analysis, recs: Recommendations) -> IndexPage:

@@ -144,6 +144,38 @@ class GroupView:
 
 
 @dataclass(frozen=True)
+class QualityRow:
+    """One setting (lossy levers × budget) of a quality chart, as the table under it shows it."""
+
+    setting: str                     # "drop 0.75", "drop 0.75, top-k 1 of 2", "lossless"
+    budget: str
+    top_k: str
+    runs: str                        # "2/2 ok"
+    tok_s: str                       # the median
+    loss: str                        # "75.0 (agreement)", "1.20 (ppl)", or "not compared"
+    agreement: str
+    identical: str                   # "0 of 2"
+    ppl: str                         # "+1.20%" or "—"
+    resident: str                    # median peak RSS, MiB
+    front: str                       # "yes" on its budget's front, else ""
+    marks: str                       # "recommended", "app's default" or ""
+    run_links: tuple[Link, ...]
+
+
+@dataclass(frozen=True)
+class QualityView:
+    """One (device, model, other apps): tok/s against quality loss per setting, the recommended lossless
+    default and the app's default dropping marked (results.site.quality_view)."""
+
+    heading: str
+    chart: Chart
+    axis: str                        # what the quality loss is: perplexity, agreement, or both
+    recommended: str                 # the recommended point in words, or why none is marked
+    app_costs: tuple[str, ...]       # the app's default dropping at each budget measured, or that it was not
+    rows: tuple[QualityRow, ...]
+
+
+@dataclass(frozen=True)
 class DevicePage:
     title: str
     root: str
@@ -153,10 +185,11 @@ class DevicePage:
     default_notes: tuple[str, ...]
     groups: tuple[GroupView, ...]
     recommendations: tuple[RecRow, ...]
+    quality: tuple[QualityView, ...] = ()      # per model with a lossy setting measured; () none
 
     @property
     def needs_plotly(self) -> bool:
-        return any(g.chart is not None for g in self.groups)
+        return any(g.chart is not None for g in self.groups) or bool(self.quality)
 
 
 @dataclass(frozen=True)
@@ -171,10 +204,11 @@ class ModelPage:
     runs: tuple[Link, ...]
     # per device (and top-k): measured hit % and tok/s against the budget, with the replayed LRU curve
     budget_charts: tuple[Chart, ...] = ()
+    quality: tuple[QualityView, ...] = ()      # per device with a lossy setting measured; () none
 
     @property
     def needs_plotly(self) -> bool:
-        return self.chart is not None or bool(self.budget_charts)
+        return self.chart is not None or bool(self.budget_charts) or bool(self.quality)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 SITE/index.html (campaigns, devices, models, the recommendations table), SITE/devices/*.html (a
 device's identity, recommendations, and per model and top-k the hit % and tok/s against the
-budget with the cycle, the LMK boundary, the kills and the replayed LRU curve), SITE/models/*.html
-(shape, cycle per top-k), SITE/runs/<campaign>/<cell>-<attempt>.html (per-token wall/io/compute/
+budget with the cycle, the LMK boundary, the kills and the replayed LRU curve; per model with a lossy
+setting measured, tok/s against quality loss: results.site.quality_view), SITE/models/*.html
+(shape, cycle per top-k, the same quality charts per device), SITE/runs/<campaign>/<cell>-<attempt>.html (per-token wall/io/compute/
 mgmt and hit %, memory over time, entry and exit state, evidence, the exact argv), plus
 recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
 site works offline from file://).
@@ -32,6 +33,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from results.analysis.analyze import Analysis, analyze
+from results.analysis.quality import quality_front
 from results.analysis.recommend import recommendations_for
 from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
@@ -171,13 +173,14 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     pages = 0
     # pages in this order: a chart's id (fig-N) counts up across the whole site
     rec_by_key = {r.key: r for r in recs.all()}
+    front = quality_front(table)           # the quality charts' settings, for every device and model page
     for device in sorted(set(table["device"])):
-        page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor)
+        page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor, front)
         _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
     for model in sorted(set(table["model"])):
         _write(site / Urls.model(model),
-               _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor)))
+               _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor, front)))
         pages += 1
     rows = {r["run_id"]: r for r in table.to_dict("records")}
     for camp in camps:

@@ -12,6 +12,8 @@ hand), plus headless Chromium driven over the DevTools protocol on a pipe.
   At top-k 2 (cycle 51 MiB) 256 MiB is killed; at top-k 8 (cycle 204 MiB) every budget that
   survives is under the cycle. The phone reports the getprop model `<script>alert(1)</script>`.
 - `imported`: `bmoe-fleet import` of the upstream fixtures (the device label is a script tag too).
+- `quality_campaign`: lossless and lossy runs (a drop at the app's default, a top-k under the model's
+  own) of one question, `--progress` on, for the quality columns, the front and the quality chart.
 - Wrapper engines (`write_engine`): a campaign may run `engine.kind = "native"` with a small Python
   script as bmoe-cli. It runs the real bmoe-py in-process and, on the conditions baked into it,
   makes every decode step SLOW_FACTOR (5) times as long plus a fixed delay (a slowed engine / a
@@ -279,6 +281,34 @@ def killed_auto_campaign(tmp_path_factory, small_model) -> Path:
     return run_local(root / "killed-auto", local_campaign_data(
         "killed-auto", small_model, {"cache_mb": ["cycle*1.5", "auto"]},
         engine=write_engine(root / "engines", "killer", kill_when="auto")))
+
+
+@pytest.fixture(scope="session")
+def skewed_model(tmp_path_factory) -> Path:
+    """qwen3moe, 4 layers x 8 F32 experts, top-2, router_skew 3 (docs/decisions/drop-cold-experts.md):
+    a drop at a budget of the token cycle changes the output a few tokens in."""
+    return shared_model(tmp_path_factory, "skewed", preset="qwen3moe", layers=4, experts=8, top_k=2, hidden=128,
+                        expert_ffn=256, vocab=300, seed=7, router_skew=3.0)
+
+
+@pytest.fixture(scope="session")
+def quality_campaign(tmp_path_factory, skewed_model) -> Path:
+    """The quality campaign (tests/results/test_quality.py, test_site_quality.py): bmoe-py with --progress
+    on the skewed model at one budget (the token cycle), top-k 2 (the model's own) and 1,
+    `--drop-cold-experts` 0 and the app's default (android_app.APP_DROP_COLD), two repeats, by a wrapper
+    engine that makes every run without a drop five times as slow."""
+    from results.analysis.android_app import APP_DROP_COLD
+
+    drop = "--drop-cold-experts"
+
+    def build(root: Path) -> None:
+        run_local(root / "quality", local_campaign_data(
+            "quality", skewed_model,
+            {"cache_mb": ["cycle*1.0"], "n_expert_used": [2, 1], "flags": {drop: [0, APP_DROP_COLD]}},
+            run={"repeats": 2, "n_predict": 16, "engine_args": ["--progress"]},
+            engine=write_engine(root / "engines", "lossless-slowed", "without:" + drop)))
+
+    return copied_once(tmp_path_factory, "quality", build) / "quality"
 
 
 # ── adb server and the virtual phone ─────────────────────────────────────────────────────────

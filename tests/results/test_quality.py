@@ -1,10 +1,11 @@
 """Quality as a run-table value and an axis, and `recommend --max-quality-loss` (results/read/quality.py,
 results/analysis/quality.py, docs/decisions/quality-measure.md), on a campaign really run.
 
-The campaign: bmoe-py (through a wrapper engine) with --progress on a skewed-router synthetic model, one
-budget, top-k 2 (the model's own) and 1, `--drop-cold-experts` 0 and 1, two repeats. The wrapper makes
-every run without a drop five times as slow (conftest `without:` condition), so the drop runs are faster
-beyond noise whatever this host's load: without the lossless rule the default would be a drop setting.
+The campaign (conftest `quality_campaign`): bmoe-py (through a wrapper engine) with --progress on a
+skewed-router synthetic model, one budget, top-k 2 (the model's own) and 1, `--drop-cold-experts` 0 and
+0.75 (the app's default), two repeats. The wrapper makes every run without a drop five times as slow
+(conftest `without:` condition), so the drop runs are faster beyond noise whatever this host's load:
+without the lossless rule the default would be a drop setting.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from results.analysis.android_app import APP_DROP_COLD
 from results.analysis.noise import differs
 from results.analysis.quality import parse_bound, quality_front
 from results.analysis.recommend import recommend
@@ -29,31 +31,10 @@ from results.analysis.recommend_argv import settings_of
 from results.errors import ResultsError
 from results.read.quality import PPL_TXT, RunOutput, agreement
 from results.read.table import build_table
-from tests.conftest import copied_once
-from tests.results.conftest import local_campaign_data, run_local, shared_model, write_engine
 from tests.results.test_recommend_v2 import validate
 
 DROP = "--drop-cold-experts"
-
-
-@pytest.fixture(scope="session")
-def skewed_model(tmp_path_factory) -> Path:
-    """qwen3moe, 4 layers x 8 F32 experts, top-2, router_skew 3 (docs/decisions/drop-cold-experts.md):
-    a drop at a budget of the token cycle changes the output a few tokens in."""
-    return shared_model(tmp_path_factory, "skewed", preset="qwen3moe", layers=4, experts=8, top_k=2, hidden=128,
-                        expert_ffn=256, vocab=300, seed=7, router_skew=3.0)
-
-
-@pytest.fixture(scope="session")
-def quality_campaign(tmp_path_factory, skewed_model) -> Path:
-    def build(root: Path) -> None:
-        run_local(root / "quality", local_campaign_data(
-            "quality", skewed_model,
-            {"cache_mb": ["cycle*1.0"], "n_expert_used": [2, 1], "flags": {DROP: [0, 1.0]}},
-            run={"repeats": 2, "n_predict": 16},
-            engine=write_engine(root / "engines", "lossless-slowed", "without:" + DROP)))
-
-    return copied_once(tmp_path_factory, "quality", build) / "quality"
+DROP_LEVERS = f"drop {APP_DROP_COLD:g}"      # the campaign's drop, as lossy_levers words it
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +75,7 @@ def test_identical_outputs_agree_in_every_token(quality_table):
 
 
 def test_a_drop_diverges_at_the_first_token_whose_bytes_differ(quality_table):
-    drops = _rows(quality_table, outcome="ok", lossy_levers="drop 1")
+    drops = _rows(quality_table, outcome="ok", lossy_levers=DROP_LEVERS)
     assert len(drops) == 2
     for r in drops:
         assert r["drop_pct"] > 0
@@ -129,10 +110,10 @@ def test_a_ppl_txt_beside_the_runs_gives_the_perplexity_loss(quality_campaign, s
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("BMOE_")}, "BMOE_PY_RELEASE": "0.24"}
     base = [sys.executable, "-m", "engine", "-m", str(skewed_model), "-t", "1", "--moe-stream", "--cache-mb", "1",
             "--force-cache", "--ppl", str(text), "--ppl-step"]
-    ref_row = _rows(quality_table, run_id=_rows(quality_table, lossy_levers="drop 1")[0]["quality_ref_run"])[0]
-    drop_row = _rows(quality_table, outcome="ok", lossy_levers="drop 1")[0]
+    ref_row = _rows(quality_table, run_id=_rows(quality_table, lossy_levers=DROP_LEVERS)[0]["quality_ref_run"])[0]
+    drop_row = _rows(quality_table, outcome="ok", lossy_levers=DROP_LEVERS)[0]
     ppl = {}
-    for row, extra in ((ref_row, []), (drop_row, [DROP, "1"])):
+    for row, extra in ((ref_row, []), (drop_row, [DROP, f"{APP_DROP_COLD:g}"])):
         done = subprocess.run(base + extra, capture_output=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr
         folder = camp / Path(row["run_dir"]).relative_to(quality_campaign)
@@ -144,7 +125,7 @@ def test_a_ppl_txt_beside_the_runs_gives_the_perplexity_loss(quality_campaign, s
     assert got[ref_id]["ppl"] == ppl[ref_row["run_id"]] and got[ref_id]["ppl_loss_pct"] == 0
     expect = 100 * (ppl[drop_row["run_id"]] / ppl[ref_row["run_id"]] - 1)
     assert got[drop_row["run_id"]]["ppl_loss_pct"] == pytest.approx(expect, abs=1e-9)
-    other_drop = next(r for r in _rows(table, lossy_levers="drop 1") if r["run_id"] != drop_row["run_id"])
+    other_drop = next(r for r in _rows(table, lossy_levers=DROP_LEVERS) if r["run_id"] != drop_row["run_id"])
     assert math.isnan(other_drop["ppl_loss_pct"])          # no ppl.txt of its own: unknown, not zero
 
 
