@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from engine.contract.flags import flags_text
 from engine.interface.flags import flag as flag_of
 from results.numbers import to_float
 from results.read.run_keys import text_of
@@ -38,7 +40,7 @@ from results.read.rundir import RunFolder
 from store import names, outcomes
 from store.cells import CellConfig
 from store.names import PPL_TXT
-from store.quality import LEVERS, quality_group
+from store.quality import LEVERS, args_without_levers, flags_without_levers, quality_group
 
 # each lever's run-table column (the CSV preamble's key: bmoe-py's field, else the flag's name) by flag,
 # and the word a person reads for it
@@ -154,6 +156,16 @@ def lossy_levers(row: Mapping[str, Any], top_k: bool = True) -> str:
     if top_k and not math.isnan(k) and not math.isnan(own) and 0 < k < own:
         parts.append(f"top-k {k:g} of {own:g}")
     return ", ".join(parts)
+
+
+def question_flags(row: Mapping[str, Any]) -> str:
+    """A run's flags ([axes.flags] and engine_args) without the levers, in words: the same for a run
+    and its reference (store.quality.flags_without_levers, args_without_levers)."""
+    try:
+        config = CellConfig.from_dict(_config(row))
+    except (TypeError, ValueError):
+        return ""
+    return f"{flags_text(flags_without_levers(config.engine_flags))} | {shlex.join(args_without_levers(config.engine_args))}"
 
 
 def reference_key(row: Mapping[str, Any]) -> tuple[str, ...]:

@@ -47,29 +47,33 @@ def _text(cell) -> str:
 def test_quality_off_plans_the_cells_the_code_before_it_planned(tiny_model):
     """tests/fixtures/store/quality-off/plan.json was planned by the code before run.quality, from a
     campaign whose every cell is lossy (a drop axis, a top-k below the model's, a drop companion in
-    engine_args): with quality off today's planner makes the same cells, ids and config bytes; with
-    the default ("auto") every cell changes and a reference joins each group."""
+    engine_args): with quality off today's planner makes the same cells, ids and config bytes, but for
+    the cache-off cells, which leave the drop out; with the default ("auto") every cell changes."""
     saved = json.loads((GOLDEN / "campaign.json").read_text())
     old = read_plan(CampaignDir(GOLDEN))
     assert old is not None and len(old.cells) == 12 and len(old.probes) == 2
     off = make_plan(parse_campaign(dict(saved, models={"m": str(tiny_model)},
                                         run={**saved["run"], "quality": "off"})))
-    assert [(c.cell_id, _text(c)) for c in off.cells] == [(c.cell_id, _text(c)) for c in old.cells]
+    on_cache = [(c.cell_id, _text(c)) for c in old.cells if c.config.cache_mb != 0]
+    assert len(on_cache) == 8 and [(c.cell_id, _text(c)) for c in off.cells if c.config.cache_mb != 0] == on_cache
+    # the cache-off cells alone changed: the drop axis' value is left out there, as the engine refuses it
+    # without the LRU cache (harness.plan.grid.without_cache); everything else as the code before planned it
+    zero_old = [c.config for c in old.cells if c.config.cache_mb == 0]
+    zero_new = [c.config for c in off.cells if c.config.cache_mb == 0]
+    assert len(zero_new) == len(zero_old) == 4
+    assert [c.with_(engine_flags={**c.engine_flags, "--drop-cold-experts": False}) for c in zero_old] == zero_new
     assert [(c.cell_id, _text(c)) for c in off.probes] == [(c.cell_id, _text(c)) for c in old.probes]
     assert all("--progress" not in c.argv for c in off.cells) and not off.quality
 
     auto = make_plan(parse_campaign(dict(saved, models={"m": str(tiny_model)})))
     assert auto.quality and not {c.cell_id for c in auto.cells} & {c.cell_id for c in old.cells}
-    refs = [c for c in auto.cells if c.config.quality_reference]
-    assert len(auto.cells) == 12 + 2 and len(refs) == 2        # one per --prefetch setting (a non-lossy flag)
-    for ref in refs:
-        c = ref.config
-        # the smallest budget of the grid, the model's own top-k, no drop in the flags nor in engine_args
-        assert (c.cache_mb, c.budget_spec, c.n_expert_used) == (0, "0", 2), c.to_dict()
-        assert "engine_args" not in c.keys and "--drop-cold-experts" not in c.engine_flags
-        assert "--drop-cold-experts" not in ref.argv and "--drop-no-renorm" not in ref.argv
-        assert lossy_levers(c, 2) == ()
-    assert {r.config.engine_flags.get("--prefetch") for r in refs} == {False, 1}
+    # the cache-0 cells at the model's own top-k run without a lever (the drop is left out there): each
+    # --prefetch setting's group has its lossless cells, so no reference joins
+    lossless = [c for c in auto.cells if not lossy_levers(c.config, 2)]
+    assert len(auto.cells) == 12 and not any(c.config.quality_reference for c in auto.cells)
+    assert {(c.config.cache_mb, c.config.n_expert_used) for c in lossless} == {(0, 2)}
+    assert {c.config.engine_flags.get("--prefetch") for c in lossless} == {False, 1}
+    assert all("--drop-cold-experts" not in c.argv for c in lossless)
     for cell in auto.cells:
         assert cell.config.progress is True and cell.argv[-1] == "--progress" and cell.argv.count("--progress") == 1
     # probes are no quality cells: they keep their ids
@@ -80,7 +84,8 @@ def test_auto_adds_a_reference_only_where_a_group_has_no_lossless_cell(tiny_mode
     # the drop axis has 0: every group already has its lossless cells
     plan = make_plan(parse_campaign(data(tiny_model, {"cache_mb": [0, "cycle*3"],
                                                       "flags": {"--drop-cold-experts": [0, 0.5]}})))
-    assert plan.quality and len(plan.cells) == 4 and not any(c.config.quality_reference for c in plan.cells)
+    # (cache 0 runs once, without the drop: the engine refuses it without the cache)
+    assert plan.quality and len(plan.cells) == 3 and not any(c.config.quality_reference for c in plan.cells)
     assert all(c.config.progress for c in plan.cells)
     # a top-k below the model's own (2): the reference at the model's top-k and the smallest budget
     plan = make_plan(parse_campaign(data(tiny_model, {"cache_mb": [2000, 1600], "n_expert_used": [1]})))
@@ -112,16 +117,18 @@ def test_the_setting_reads_writes_back_and_is_a_sweep_option(tiny_model):
 
 
 def test_an_adaptive_plan_runs_the_reference_as_the_grid_has_it(tiny_model):
-    campaign = parse_campaign(data(tiny_model, {"cache_mb": [0, "cycle*3", 64], "flags": {
+    campaign = parse_campaign(data(tiny_model, {"cache_mb": ["cycle*3", 64], "flags": {
         "--drop-cold-experts": [1]}}, plan={"adaptive": True}))
     grid = make_plan(campaign)
     (ref,) = [c for c in grid.cells if c.config.quality_reference]
     first = adaptive_plan(campaign, grid, None).plan
     assert ref.cell_id in {c.cell_id for c in first.cells}
-    # the lossy series is searched (its cache-0 traced cell, with --progress); the reference is not a series
+    # the lossy series is searched (its cache-0 traced cell, with --progress, runs without the drop: the
+    # engine refuses it without the cache); the reference is not a series
     assert [c.config.quality_reference for c in first.cells].count(True) == 1
     traced = [c for c in first.cells if c.config.route_trace]
-    assert traced and all(c.config.progress and c.config.engine_flags == {"--drop-cold-experts": 1} for c in traced)
+    assert traced and all(c.config.progress and c.config.engine_flags == {"--drop-cold-experts": False} and
+                          "--drop-cold-experts" not in c.argv for c in traced)
 
 
 # ── runs on this host ────────────────────────────────────────────────────────────────────────

@@ -293,8 +293,8 @@ def skewed_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def quality_campaign(tmp_path_factory, skewed_model) -> Path:
-    """The quality campaign (tests/results/test_quality.py, test_site_quality.py): bmoe-py with --progress
-    on the skewed model at one budget (the token cycle), top-k 2 (the model's own) and 1,
+    """The quality campaign (tests/results/test_quality.py, test_site_quality.py): bmoe-py (the campaign's
+    quality runs: --progress) on the skewed model at one budget (the token cycle), top-k 2 (the model's own) and 1,
     `--drop-cold-experts` 0 and the app's default (android_app.APP_DROP_COLD), two repeats, by a wrapper
     engine that makes every run without a drop five times as slow."""
     from results.analysis.android_app import APP_DROP_COLD
@@ -305,7 +305,7 @@ def quality_campaign(tmp_path_factory, skewed_model) -> Path:
         run_local(root / "quality", local_campaign_data(
             "quality", skewed_model,
             {"cache_mb": ["cycle*1.0"], "n_expert_used": [2, 1], "flags": {drop: [0, APP_DROP_COLD]}},
-            run={"repeats": 2, "n_predict": 16, "engine_args": ["--progress"]},
+            run={"repeats": 2, "n_predict": 16},      # quality on (a drop axis): the harness adds --progress
             engine=write_engine(root / "engines", "lossless-slowed", "without:" + drop)))
 
     return copied_once(tmp_path_factory, "quality", build) / "quality"
