@@ -192,9 +192,10 @@ def demo(out_dir: str, no_phones: bool) -> None:
 
 # Commands defined in their own modules (each parses and calls one library function).
 from harness.cli.campaign import COMMANDS as CAMPAIGN_COMMANDS  # noqa: E402
+from harness.cli.db import COMMANDS as DB_COMMANDS  # noqa: E402
 from harness.cli.replay import replay  # noqa: E402
 from harness.cli.results import COMMANDS as RESULTS_COMMANDS  # noqa: E402
 from harness.cli.virtual import virtual  # noqa: E402
 
-for _command in (*CAMPAIGN_COMMANDS, *RESULTS_COMMANDS, replay, virtual):
+for _command in (*CAMPAIGN_COMMANDS, *RESULTS_COMMANDS, *DB_COMMANDS, replay, virtual):
     main.add_command(_command)

@@ -21,6 +21,21 @@ _MODEL_FILE = click.option(
     help="The GGUF of a model the runs name (repeatable): its token cycle is priced from the header when a "
          "CSV predates the cache_cycle_mb key (imported upstream runs, for instance).")
 _FORMATS = ("text", "csv", "json", "jsonl", "md")
+_DB = click.option(
+    "--db", "db", metavar="URL|PATH",
+    help="Read the run table from this results database (bmoe-fleet db ingest DIR… filled it: an SQLite file's "
+         "path, sqlite:///PATH or postgresql://…) instead of rebuilding it from the files.")
+
+
+def _db_table(db: str | None, dirs: list[str], model_files: tuple[str, ...]):
+    """The run table of DIRS from the results database, or None without --db."""
+    if db is None:
+        return None
+    if model_files:
+        raise click.UsageError("--model-file prices rows as they are built; with --db they were built at ingest")
+    from results.db.load import run_table
+
+    return run_table(dirs, db)
 
 
 def _format(extra: tuple[str, ...] = ()):
@@ -62,7 +77,9 @@ def _checked_bound(ctx: click.Context, param: click.Parameter, value: str | None
 @_out("the run table")
 @_format(("parquet",))
 @_MODEL_FILE
-def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files: tuple[str, ...]) -> None:
+@_DB
+def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files: tuple[str, ...],
+                  db: str | None) -> None:
     """Write the tidy run table (one row per run) of campaign directories DIRS.
 
     text and md show the columns a person reads; csv, json, jsonl and parquet carry every column
@@ -71,7 +88,9 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
     from results.read.table import TABLE_FORMATS, build_table, parse_model_files, render_table, table_what
 
     fmt = formats.choose_format(fmt, out, TABLE_FORMATS)
-    frame = build_table(list(dirs), parse_model_files(model_files))
+    frame = _db_table(db, list(dirs), model_files)
+    if frame is None:
+        frame = build_table(list(dirs), parse_model_files(model_files))
     _write(render_table(frame, fmt), out, table_what(frame))
 
 
@@ -89,8 +108,9 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
                    "lossless run's), agreement>=A (the share of tokens before the first that differs, 0..1), "
                    "or both joined by ','. The lossless setting stays the default.")
 @_MODEL_FILE
+@_DB
 def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json: bool, verify: bool,
-                      max_quality_loss, model_files: tuple[str, ...]) -> None:
+                      max_quality_loss, model_files: tuple[str, ...], db: str | None) -> None:
     """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
     as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
     from harness.run.verify import verifier
@@ -101,7 +121,8 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
 
     fmt = formats.choose_format("json" if as_json else fmt, out)
     recs = recommend(list(dirs), parse_model_files(model_files),
-                     verifier(lambda line: click.echo(line, err=True)) if verify else None, max_quality_loss)
+                     verifier(lambda line: click.echo(line, err=True)) if verify else None, max_quality_loss,
+                     _db_table(db, list(dirs), model_files))
     _write(render(recs, fmt), out, "the recommendations")
 
 
@@ -116,8 +137,9 @@ def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json:
 @click.option("--by", "by", default="bmoe-fleet", show_default=True, help="The community table's `By` column.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written (or the rows) as JSON.")
 @_MODEL_FILE
+@_DB
 def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as_json: bool,
-                   model_files: tuple[str, ...]) -> None:
+                   model_files: tuple[str, ...], db: str | None) -> None:
     """Render the static benchmark site (works offline from file://), or upstream's community rows."""
     from results.read.table import parse_model_files
 
@@ -127,14 +149,15 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
 
         formats.check_out(out)
 
-        rows = community_rows(list(dirs), by, parse_model_files(model_files))
+        rows = community_rows(list(dirs), by, parse_model_files(model_files), _db_table(db, list(dirs), model_files))
         _write(render_community(rows, as_json), out, "the community rows")
         return
     from results.site.report import build_site
 
     if not out:
         raise click.UsageError("report --format site needs -o SITE_FOLDER")
-    site = build_site(list(dirs), out, parse_model_files(model_files))
+    site = build_site(list(dirs), out, parse_model_files(model_files),
+                      table=_db_table(db, list(dirs), model_files))
     click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
 
 
@@ -151,9 +174,10 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit with status 4 when a cell regressed past noise and threshold, or newly fails (for CI).")
 @_MODEL_FILE
+@_DB
 def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, out: str, fmt: str | None,
                     as_json: bool, threshold_pct: float, fail_on_regression: bool,
-                    model_files: tuple[str, ...]) -> None:
+                    model_files: tuple[str, ...], db: str | None) -> None:
     """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
 
     Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
@@ -162,7 +186,9 @@ def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, 
     from results.read.table import parse_model_files
 
     fmt = formats.choose_format("json" if as_json else fmt, out)
-    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct)
+    ta, tb = _db_table(db, [a], model_files), _db_table(db, [b], model_files)
+    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct,
+                     None if ta is None or tb is None else (ta, tb))
     _write(render(result, fmt), out, "the comparison")
     if fail_on_regression and result.failed:
         click.get_current_context().exit(FAIL_EXIT_STATUS)

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from engine.interface.flags import CHATML, OVERLAP, UBATCH
 from engine.interface.outputs import STALL_UNION
 from engine.units import GIB, KIB
@@ -175,10 +177,11 @@ def read_storage(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 
 def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
-                   model_files: Mapping[str, str] | None = None) -> list[CommunityRow]:
-    """One row per (device, model, top-k) of these campaign directories, with its notes."""
+                   model_files: Mapping[str, str] | None = None, table: pd.DataFrame | None = None) -> list[CommunityRow]:
+    """One row per (device, model, top-k) of these campaign directories, with its notes (`table`:
+    their run table as the results database gave it)."""
     camps = read_campaigns(list(dirs))
-    table = build_table(camps, model_files)
+    table = build_table(camps, model_files) if table is None else table
     table = table[(table["latest"]) & (~table["probe"].astype(bool))]
     storage: dict[str, dict[str, Any]] = {}
     protocol_notes: list[str] = []

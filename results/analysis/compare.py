@@ -216,12 +216,14 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
 
 
 def compare(a: str | Path, b: str | Path, engine_a: str | None = None, engine_b: str | None = None,
-            model_files: Mapping[str, str] | None = None, threshold_pct: float = 0.0) -> Comparison:
+            model_files: Mapping[str, str] | None = None, threshold_pct: float = 0.0,
+            tables: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Comparison:
     """`bmoe-fleet compare`: campaign directory A against B; with engine_a/engine_b, only the runs of
-    those engine versions on each side (A and B may then be the same directory)."""
+    those engine versions on each side (A and B may then be the same directory). `tables`: A's and
+    B's run tables as the results database gave them."""
     if not (threshold_pct >= 0 and math.isfinite(threshold_pct)):
         raise ResultsError(f"--threshold {threshold_pct:g}: give a percentage of 0 or more")
-    ta, tb = build_table([a], model_files), build_table([b], model_files)
+    ta, tb = tables if tables is not None else (build_table([a], model_files), build_table([b], model_files))
     for side, t, engine in (("A", ta, engine_a), ("B", tb, engine_b)):
         if engine is not None and not (t["engine"] == engine).any():
             have = ", ".join(sorted(set(t["engine"])))

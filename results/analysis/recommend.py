@@ -38,6 +38,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, analyze
 from results.analysis.android_app import app_rung
 from results.analysis.fleet_rules import device_default, fleet_rules, identity_of
@@ -456,12 +458,14 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
 
 
 def recommend(dirs: Sequence[str | Path], model_files: Mapping[str, str] | None = None,
-              verify: Verify | None = None, max_quality_loss: QualityBound | None = None) -> Recommendations:
+              verify: Verify | None = None, max_quality_loss: QualityBound | None = None,
+              table: pd.DataFrame | None = None) -> Recommendations:
     """`bmoe-fleet recommend`: campaign directories in, recommendations out; `verify` (harness.run.verify's
     `recommend --verify`) then gets them with the campaigns they came from; `max_quality_loss`
-    (results.analysis.quality.parse_bound) lets each name a lossy alternative within it."""
+    (results.analysis.quality.parse_bound) lets each name a lossy alternative within it. `table`: their
+    run table as the results database gave it."""
     camps = read_campaigns(list(dirs))
-    table = build_table(camps, model_files)
+    table = build_table(camps, model_files) if table is None else table
     recs = recommendations_for(camps, analyze(table), max_quality_loss)
     return verify(recs, camps) if verify is not None else recs
 

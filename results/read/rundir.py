@@ -9,7 +9,7 @@ attempt interrupted before its commit) is skipped, as the runner itself would di
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -69,6 +69,21 @@ def _campaign_name(cdir: CampaignDir) -> tuple[str, bool, int]:
 
 def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
     """Read one campaign directory (plan, devices, models and every committed attempt)."""
+    head = campaign_head(root, label)
+    cdir = CampaignDir(head.root)
+    folders = cdir.attempt_folders()
+    latest: dict[str, int] = {}
+    for _, rec in folders:
+        cid, attempt = str(rec["cell_id"]), int(rec["attempt"])
+        latest[cid] = max(attempt, latest.get(cid, 0))
+    runs = tuple(RunFolder(head.label, head.root, path, MappingProxyType(rec),
+                           int(rec["attempt"]) == latest[str(rec["cell_id"])]) for path, rec in folders)
+    return replace(head, runs=runs)
+
+
+def campaign_head(root: str | Path, label: str | None = None) -> CampaignData:
+    """One campaign directory without its runs: its name, plan size, device and model records (the
+    results database reads the attempts it lacks itself)."""
     root = Path(root).resolve()
     if not root.is_dir():
         raise ResultsError(f"{root}: not a folder")
@@ -76,22 +91,26 @@ def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
     if not cdir.has_plan() and not cdir.has_runs():
         raise ResultsError(f"{root}: not a campaign directory (no plan.json, no runs/)")
     name, imported, cells = _campaign_name(cdir)
-    label = label or name
     devices: dict[str, Mapping[str, Any]] = {}
     for p, d in cdir.device_records():
         devices[str(d.get("device") or p.stem)] = MappingProxyType(d)
     models: dict[str, Mapping[str, Any]] = {}
     for p, m in cdir.model_records():
         models[str(m.get("name") or p.stem)] = MappingProxyType(m)
-    folders = cdir.attempt_folders()
-    latest: dict[str, int] = {}
-    for _, rec in folders:
-        cid, attempt = str(rec["cell_id"]), int(rec["attempt"])
-        latest[cid] = max(attempt, latest.get(cid, 0))
-    runs = tuple(RunFolder(label, root, path, MappingProxyType(rec),
-                           int(rec["attempt"]) == latest[str(rec["cell_id"])]) for path, rec in folders)
-    return CampaignData(label, name, root, imported, MappingProxyType(devices), MappingProxyType(models), runs,
+    return CampaignData(label or name, name, root, imported, MappingProxyType(devices), MappingProxyType(models), (),
                         cells)
+
+
+def campaign_labels(names: Sequence[str], roots: Sequence[str | Path]) -> list[str]:
+    """Each campaign's label among these: its name, or name@folder where two share a name (then
+    `#N` if even that repeats)."""
+    out: list[str] = []
+    for root, name in zip(roots, names):
+        label = name if names.count(name) == 1 else f"{name}@{Path(root).resolve().name}"
+        if label in out:
+            label = f"{label}#{len(out)}"
+        out.append(label)
+    return out
 
 
 def read_campaigns(roots: Sequence[str | Path]) -> list[CampaignData]:
@@ -99,10 +118,4 @@ def read_campaigns(roots: Sequence[str | Path]) -> list[CampaignData]:
     if not roots:
         raise ResultsError("give at least one campaign directory")
     names = [_campaign_name(CampaignDir(Path(r).resolve()))[0] if Path(r).is_dir() else str(r) for r in roots]
-    out: list[CampaignData] = []
-    for root, name in zip(roots, names):
-        label = name if names.count(name) == 1 else f"{name}@{Path(root).resolve().name}"
-        if label in (c.label for c in out):
-            label = f"{label}#{len(out)}"
-        out.append(read_campaign(root, label))
-    return out
+    return [read_campaign(root, label) for root, label in zip(roots, campaign_labels(names, roots))]

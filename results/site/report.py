@@ -122,11 +122,12 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 
 def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None,
-               recommendations: Recommendations | None = None) -> SiteReport:
+               recommendations: Recommendations | None = None, table: pd.DataFrame | None = None) -> SiteReport:
     """Render the site for these campaign directories into `out` (with `recommendations` made of
-    the same directories, e.g. verified ones, instead of computing them again)."""
+    the same directories, e.g. verified ones, instead of computing them again; with `table`, their
+    run table as the results database gave it)."""
     camps = read_campaigns(list(dirs))
-    table = build_table(camps, model_files)
+    table = build_table(camps, model_files) if table is None else table
     analysis = analyze(table)
     recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed

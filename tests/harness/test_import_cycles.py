@@ -99,7 +99,7 @@ def test_the_loop_finder_finds_a_loop_of_three_and_nothing_else():
 
 # results/'s rooms, top down (CONTRIBUTING.md): each imports only the rooms under it and the shared
 # modules at results/'s top (errors, numbers, formats, publish), which import no room but read/'s
-ROOMS = ("site", "analysis", "replay", "read")
+ROOMS = ("site", "analysis", "replay", "db", "read")
 
 
 @pytest.mark.parametrize("room", ROOMS)

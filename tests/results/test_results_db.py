@@ -1,0 +1,232 @@
+"""The declared run table (results/read/columns.py) and the results database (results/db/):
+columns as declared, ingest incremental and transactional, the table read back byte for byte, and
+SQLite and PostgreSQL answering alike (PostgreSQL: tests/results/pg.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from results.db import ingest as ingest_mod
+from results.db import schema
+from results.db.load import run_table
+from results.read import columns as cols
+from results.read.rundir import read_campaign
+from results.read.table import ShapeCache, build_table, render_table, run_row
+from tests.results import pg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A PostgreSQL server's URL: BMOE_TEST_PG_URL (.ci/run's cluster), else a cluster of our own."""
+    if os.environ.get(pg.ENV):
+        yield os.environ[pg.ENV]
+        return
+    if pg.binaries() is None:
+        pytest.skip(f"no PostgreSQL: {pg.ENV} is unset and no initdb/pg_ctl on this host (apt-get install postgresql)")
+    # in /tmp itself: as root the server runs as postgres, which cannot enter pytest's 0700 folders
+    folder = Path(tempfile.mkdtemp(prefix="bmoe-test-pg-"))
+    try:
+        url = pg.start(folder)
+    except Exception as e:                # a host that cannot run one: say why
+        pg.stop(folder)
+        pytest.skip(f"no PostgreSQL: {pg.ENV} is unset and a cluster would not start here ({e})")
+    try:
+        yield url
+    finally:
+        pg.stop(folder)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield str(tmp_path / "results.sqlite")
+        return
+    with pg.database(request.getfixturevalue("pg_server")) as url:
+        yield url
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+# ── the declared columns ────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("which", ["local_campaign", "imported"])
+def test_the_run_table_has_exactly_the_declared_columns_in_order_and_types(which, request):
+    folder = request.getfixturevalue(which)
+    table = build_table([folder])
+    camp = read_campaign(folder)
+    keys = [list((r.record.get("config") or {}).keys()) for r in camp.runs]
+    assert list(table.columns) == cols.expected_columns(keys)
+    undeclared = [c for c in table.columns if c not in cols.BY_NAME]
+    assert not undeclared, f"run_row makes columns results/read/columns.py does not declare: {undeclared}"
+    # each value as run_row made it (the frame turns an int column with gaps into floats)
+    shapes = ShapeCache()
+    rows = [run_row(camp, run, shapes) for run in camp.runs]
+    problems = [p for row in rows for c, v in row.items() if (p := cols.type_problem(cols.BY_NAME[c], v))]
+    assert not problems, problems[:5]
+    assert cols.get_fields()[:3] == ["device", "model", "engine"] and cols.get_field_type("latest") == "bool"
+
+
+def test_every_declared_column_has_a_type_a_group_and_a_meaning():
+    assert len(set(cols.get_fields())) == len(cols.COLUMNS)
+    for c in cols.COLUMNS:
+        assert c.type in cols.TYPES and c.group in cols.GROUPS and c.meaning and c.meaning != cols.ENGINE, c
+    # an engine output's column says which bmoe-cli release first writes it, from its declaration
+    assert cols.BY_NAME["prefill_cpu_s"].engine_release == "0.23.0"
+
+
+def test_the_column_list_in_docs_results_md_is_made_from_the_declaration(cli, tmp_path):
+    doc = (ROOT / "docs" / "results.md").read_text()
+    assert cols.updated_doc(doc) == doc, "run: bmoe-fleet db columns --update docs/results.md"
+    stale = tmp_path / "results.md"
+    stale.write_text(doc.replace("| `tok_s` |", "| `tok_s_old` |"))
+    out = CliRunner().invoke(cli, ["db", "columns", "--update", str(stale)])
+    assert out.exit_code == 0 and stale.read_text() == doc
+
+
+# ── the database ────────────────────────────────────────────────────────────────────────────────
+
+def test_the_run_table_from_the_database_is_the_files_table(local_campaign, imported, db_url, cli):
+    runner = CliRunner()
+    got = runner.invoke(cli, ["db", "ingest", str(local_campaign), str(imported), "--db", db_url, "--json"])
+    assert got.exit_code == 0, got.output
+    done = json.loads(got.stdout)["campaigns"]
+    assert [(d["added"], d["unchanged"]) for d in done] == [(20, 0), (57, 0)]
+    files = build_table([local_campaign, imported])
+    from_db = run_table([local_campaign, imported], db_url)
+    pd.testing.assert_frame_equal(from_db, files, check_exact=True)
+    for fmt in ("csv", "json", "md"):
+        assert render_table(from_db, fmt) == render_table(files, fmt)
+    again = runner.invoke(cli, ["db", "ingest", str(local_campaign), "--db", db_url, "--json"])
+    assert json.loads(again.stdout)["campaigns"][0] == {**done[0], "added": 0, "unchanged": 20}
+
+
+def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_campaign, cli, tmp_path):
+    runner = CliRunner()
+    db = str(tmp_path / "r.sqlite")
+    assert runner.invoke(cli, ["db", "ingest", str(local_campaign), "--db", db]).exit_code == 0
+    camp = str(local_campaign)
+    for args in (["table", camp, "--format", "csv"], ["recommend", camp, "--json"],
+                 ["compare", camp, camp, "--json"], ["report", camp, "--format", "community", "--json"]):
+        files, from_db = runner.invoke(cli, args), runner.invoke(cli, [*args, "--db", db])
+        assert files.exit_code == from_db.exit_code == 0, from_db.output
+        assert from_db.stdout == files.stdout and len(files.stdout) > 100, args
+    sites = {}
+    for name, extra in (("files", []), ("db", ["--db", db])):
+        out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / name), *extra])
+        assert out.exit_code == 0, out.output
+        sites[name] = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*")
+                       if p.is_file()}
+    assert len(sites["files"]) > 20 and sites["db"] == sites["files"]
+
+
+def test_ingest_adds_new_attempts_updates_changed_ones_and_drops_removed_ones(local_campaign, db_url, tmp_path):
+    camp = _copy(local_campaign, tmp_path / "camp")
+    assert ingest_mod.ingest([camp], db_url)[0].added == 20
+    cells = sorted(p for p in (camp / "runs").iterdir() if p.is_dir())
+    # a second attempt of one cell (attempt 1 is then no longer its latest) …
+    second = cells[0] / "2"
+    shutil.copytree(cells[0] / "1", second)
+    rec = json.loads((second / "run.json").read_text())
+    (second / "run.json").write_text(json.dumps({**rec, "attempt": 2, "outcome": "killed"}))
+    # … an attempt re-reconciled (its outcome rewritten) and one whose folder is gone
+    changed = cells[1] / "1" / "run.json"
+    changed.write_text(json.dumps({**json.loads(changed.read_text()), "evidence": ["reconciled again"]}))
+    shutil.rmtree(cells[2])
+    done = ingest_mod.ingest([camp], db_url)[0]
+    assert (done.added, done.updated, done.removed, done.unchanged) == (1, 1, 1, 18)
+    from_db = run_table([camp], db_url)
+    pd.testing.assert_frame_equal(from_db, build_table([camp]), check_exact=True)
+    assert len(from_db) == 20 and (from_db["evidence"] == "reconciled again").sum() == 1
+    assert from_db.loc[from_db["cell_id"] == cells[0].name, ["attempt", "latest"]].values.tolist() == \
+        [[1, False], [2, True]]
+
+
+def test_an_ingest_interrupted_mid_write_leaves_the_database_as_it_was(local_campaign, db_url, tmp_path,
+                                                                        monkeypatch):
+    camp = _copy(local_campaign, tmp_path / "camp")
+    ingest_mod.ingest([camp], db_url)
+    before = run_table([camp], db_url)
+    for run_json in (camp / "runs").glob("*/*/run.json"):      # every attempt changed: deleted, then re-inserted
+        run_json.write_text(json.dumps({**json.loads(run_json.read_text()), "evidence": ["changed"]}))
+    real, calls = ingest_mod.db_row, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt          # Ctrl-C after the old rows were deleted in the transaction
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_mod, "db_row", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ingest_mod.ingest([camp], db_url)
+    pd.testing.assert_frame_equal(run_table([camp], db_url), before, check_exact=True)
+    monkeypatch.setattr(ingest_mod, "db_row", real)
+    assert ingest_mod.ingest([camp], db_url)[0].updated == 20
+    assert set(run_table([camp], db_url)["evidence"]) == {"changed"}
+
+
+def test_sqlite_and_postgresql_give_the_same_answers(local_campaign, pg_server, tmp_path):
+    lite = str(tmp_path / "r.sqlite")
+    with pg.database(pg_server) as pg_url:
+        answers = []
+        for url in (lite, pg_url):
+            ingest_mod.ingest([local_campaign], url)
+            engine = schema.connect(url, create=False)
+            r = schema.runs
+            queries = [
+                select(r.c.dense_weights, r.c.outcome, func.count(), func.max(r.c.tok_s))
+                .group_by(r.c.dense_weights, r.c.outcome).order_by(r.c.dense_weights, r.c.outcome),
+                select(r.c.cell_id, r.c.attempt, r.c.cache_mb, r.c.cache_hit_pct, r.c.latest)
+                .where(r.c.cache_mb > 0).order_by(r.c.cell_id, r.c.attempt),
+                select(func.count()).where(r.c.under_cycle.is_(True), r.c.moe_stream.is_(True)),
+                select(r.c.cell_id, r.c.budget_spec, r.c.n_predict, r.c.config_cache_auto, r.c.threads)
+                .order_by(r.c.cell_id),
+            ]
+            with engine.connect() as conn:
+                answers.append([[tuple(row) for row in conn.execute(q)] for q in queries])
+            engine.dispose()
+            answers.append(run_table([local_campaign], url))
+        lite_rows, lite_table, pg_rows, pg_table = answers
+        assert lite_rows == pg_rows and len(lite_rows[1]) > 5 and lite_rows[2][0][0] > 0
+        pd.testing.assert_frame_equal(lite_table, pg_table, check_exact=True)
+
+
+def test_bad_input_is_one_line_and_changes_nothing(local_campaign, cli, tmp_path):
+    runner = CliRunner()
+    db = tmp_path / "r.sqlite"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = runner.invoke(cli, ["db", "ingest", str(empty), "--db", str(db)])
+    assert bad.exit_code == 1 and "not a campaign directory" in bad.output and len(bad.output.splitlines()) == 1
+    missing = runner.invoke(cli, ["table", str(local_campaign), "--db", str(db)])
+    assert missing.exit_code == 1 and "not in the database" in missing.output
+    nowhere = runner.invoke(cli, ["table", str(local_campaign), "--db", str(tmp_path / "none.sqlite")])
+    assert nowhere.exit_code == 1 and "no results database there" in nowhere.output
+    assert not (tmp_path / "none.sqlite").exists()
+    with_model = runner.invoke(cli, ["table", str(local_campaign), "--db", str(db), "--model-file", "a=b"])
+    assert with_model.exit_code == 2 and "--model-file" in with_model.output
+    # a database made for another run-table schema is refused until rebuilt (from the folders it holds)
+    assert runner.invoke(cli, ["db", "ingest", str(local_campaign), "--db", str(db)]).exit_code == 0
+    engine = schema.connect(str(db))
+    with engine.begin() as conn:
+        conn.execute(schema.meta.update().values(value="older"))
+    engine.dispose()
+    refused = runner.invoke(cli, ["table", str(local_campaign), "--db", str(db)])
+    assert refused.exit_code == 1 and "db rebuild" in refused.output
+    rebuilt = runner.invoke(cli, ["db", "rebuild", "--db", str(db)])
+    assert rebuilt.exit_code == 0 and "20 added" in rebuilt.stdout
+    assert runner.invoke(cli, ["table", str(local_campaign), "--db", str(db)]).exit_code == 0
