@@ -33,9 +33,10 @@ from engine.units import is_digits
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
-from store import names, versioned
+from store import names, outcomes, versioned
 from store.errors import StoreError
 
 Progress = Callable[[str], None]
@@ -108,11 +109,11 @@ def _db_value(column: cols.Column, value: Any, pg: bool, run_id: str) -> Any:
     return value
 
 
-def db_row(row: Mapping[str, Any], campaign_id: int, files: str, pg: bool) -> dict[str, Any]:
-    """A run-table row as a `runs` row."""
-    out: dict[str, Any] = {"campaign_id": campaign_id, "files": files}
+def db_row(row: Mapping[str, Any], campaign_id: int, files: str, pg: bool, output: str | None = None) -> dict[str, Any]:
+    """A run-table row as a `runs` row; `output`: what the run generated (an ok run's; JSON text)."""
+    out: dict[str, Any] = {"campaign_id": campaign_id, "files": files, "output": output}
     run_id = str(row.get("run_id"))
-    for c in cols.COLUMNS:
+    for c in cols.STORED:
         out[c.name] = _db_value(c, row.get(c.name), pg, run_id)
     return out
 
@@ -145,7 +146,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
     gone = [k for k in seen if k not in on_disk]
     flips = [k for k in on_disk if k in seen and k not in todo and seen[k][1] != (k[1] == latest[k[0]])]
     shapes = ShapeCache()
-    built: list[tuple[tuple[str, int], dict[str, Any]]] = []
+    built: list[tuple[tuple[str, int], dict[str, Any], str | None]] = []
     for i, key in enumerate(todo, 1):
         path = on_disk[key][0]
         rec = _read_run(path)
@@ -153,7 +154,8 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
             raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}")
         run = RunFolder(head.label, head.root, path, MappingProxyType(rec), key[1] == latest[key[0]])
         camp = replace(head, runs=(run,))
-        built.append((key, run_row(camp, run, shapes)))
+        row = run_row(camp, run, shapes)
+        built.append((key, row, read_output(run).to_json() if row.get("outcome") == outcomes.OK else None))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
     try:
@@ -167,7 +169,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
                     [{"k_cell": c, "k_attempt": a} for c, a in stale])
             if built:
                 conn.execute(schema.runs.insert(),
-                             [db_row(row, campaign_id, on_disk[key][1], pg) for key, row in built])
+                             [db_row(row, campaign_id, on_disk[key][1], pg, output) for key, row, output in built])
             if flips:
                 conn.execute(update(schema.runs).where(and_(
                     schema.runs.c.campaign_id == campaign_id, schema.runs.c.cell_id == bindparam("k_cell"),

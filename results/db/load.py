@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read.quality import RunOutput, quality_columns
 from results.read.rundir import campaign_labels
 from results.read.table import KEY_COLUMNS
 
@@ -58,12 +59,14 @@ def _decoder(c: cols.Column) -> Callable[[Any], Any]:
 
 _FIXED = [(c.name, _decoder(c)) for c in cols.FIXED]
 _AFTER = [(c.name, _decoder(c)) for c in cols.AFTER_CONFIG]
+_OUTPUT = " output"              # a run's output while its row is read (no column of the table)
 
 
 def _row(db: Any, label: str) -> dict[str, Any]:
     """A `runs` row as `run_row` made it."""
     m = db._mapping
     row: dict[str, Any] = {name: decode(m[name]) for name, decode in _FIXED}
+    row[_OUTPUT] = m["output"]
     row["campaign"] = label
     row["run_id"] = f"{label}/{row['cell_id']}/{row['attempt']}"
     for key, value in sorted(json.loads(row["config"] or "{}").items()):
@@ -101,7 +104,11 @@ def run_table(dirs: Sequence[str | Path], db: str | None) -> pd.DataFrame:
         engine.dispose()
     if not rows:
         raise ResultsError("no runs in " + ", ".join(str(w.dir) for w in wanted))
+    # each run against a lossless run of the same question, from the outputs the database kept (as
+    # results.read.table.build_table does from the run folders)
+    outputs = {str(r["run_id"]): RunOutput.from_json(r.pop(_OUTPUT)) for r in rows}
     frame = pd.DataFrame(rows)          # as results.read.table.build_table frames its rows
+    frame = quality_columns(frame, {k: v for k, v in outputs.items() if v.known})
     rest = [col for col in frame.columns if col not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)

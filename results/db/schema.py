@@ -7,7 +7,9 @@ Three tables, through SQLAlchemy Core (docs/decisions/results-db.md):
   model records): when that changes, every run of the campaign is built again.
 - `runs`: one row per attempt, keyed by campaign, cell id and attempt; a column per declared
   run-table column, of the declared type (`value` columns hold their JSON text), plus `files`,
-  the attempt folder's file names, sizes and mtimes (a changed attempt is built again).
+  the attempt folder's file names, sizes and mtimes (a changed attempt is built again), and
+  `output`, what an ok run generated (results.read.quality.RunOutput.to_json), from which the quality
+  columns, which set a run against another of the table, are worked out when the table is read.
 - `meta`: the schema's fingerprint; a database made for another run-table schema is refused until
   `bmoe-fleet db rebuild`.
 
@@ -63,7 +65,8 @@ runs = Table(
     Column("cell_id", Text, primary_key=True),
     Column("attempt", BigInteger, primary_key=True, autoincrement=False),
     Column("files", Text, nullable=False),
-    *(Column(c.name, _TYPES[c.type]()) for c in cols.COLUMNS if c.name not in ("cell_id", "attempt")),
+    Column("output", Text),
+    *(Column(c.name, _TYPES[c.type]()) for c in cols.STORED if c.name not in ("cell_id", "attempt")),
 )
 Index("runs_device_model", runs.c.device, runs.c.model)
 meta = Table(

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.interface import outputs as out_table
+from results.read import quality as q
 
 TYPES = ("int", "float", "bool", "text", "json", "value")
 RELEASE = "0.1.0"              # bmoe-fleet's release the columns below appeared in (pyproject's version)
@@ -77,6 +78,8 @@ GROUPS = {
     "config": "the cell's configuration keys (run.json's `config`)",
     "apps": "the other apps, lmkd, and the engine as the app (phones)",
     "cpu": "the cores the run had and the engines that shared them",
+    "quality": "what a run generated, against a lossless run of the same question (results/read/quality.py); "
+               "set across the table's runs once they are framed, never stored per run",
 }
 
 
@@ -134,6 +137,7 @@ _FIXED: tuple[Column, ...] = (
     _c("n_layer", "float", "count", "shape", "the model's blocks"),
     _c("n_expert", "float", "count", "shape", "experts per MoE layer"),
     _c("cycle_source", "text", "", "shape", "where cache_cycle_mb came from: csv, gguf, plan, models-json, token_demand"),
+    _c("model_top_k", "float", "count", "shape", "the model's own top-k (its GGUF header or model record)"),
     _c("expert_bank_mib", "float", "MiB", "shape", "every expert of the model: the most any cache can hold"),
     _c("expert_entry_mib", "float", "MiB", "shape", "the widest single expert entry"),
     _c("moe_stream", "bool", "", "shape", "experts streamed (False: mmap or resident, a baseline); None where unknown",
@@ -386,8 +390,23 @@ CONFIG: tuple[Column, ...] = tuple(
     Column(config_column(key, _BEFORE), type_, unit, "config", meaning,
            nullable=True, config_key=key)
     for key, type_, unit, meaning in sorted(_CONFIG_KEYS) if key not in CONFIG_TAKES_PLACE)
-# every declared column in table order
-COLUMNS: tuple[Column, ...] = FIXED + CONFIG + AFTER_CONFIG
+# the quality columns (results.read.quality names them): a run against its reference, which may be any run
+# of the table, so they are added once the rows are framed (a database keeps each run's output instead)
+_QUALITY_TYPES = {q.LOSSY_LEVERS: ("text", "", "the lossy levers the run pulled, in words (empty: lossless)"),
+                  q.OUTPUT_TOKENS: ("float", "count", "its --progress decode steps"),
+                  q.QUALITY_REF_CELL: ("text", "", "the lossless reference's cell id"),
+                  q.QUALITY_REF_RUN: ("text", "", "the lossless reference's run id"),
+                  q.QUALITY_REF_CONFLICT: ("text", "", "lossless runs of the same question whose output differs"),
+                  q.AGREE_TOKENS: ("float", "count", "tokens equal to the reference's before the first that differs"),
+                  q.AGREE_FRAC: ("float", "fraction", "agree_tokens over the longer output's tokens"),
+                  q.AGREE_IDENTICAL: ("bool", "", "the whole output identical to the reference's"),
+                  q.PPL_LOSS_PCT: ("float", "%", "100 x (ppl / the reference's ppl - 1)")}
+QUALITY: tuple[Column, ...] = tuple(
+    Column(name, *_QUALITY_TYPES[name][:2], "quality", _QUALITY_TYPES[name][2],
+           nullable=name == q.AGREE_IDENTICAL) for name in q.COLUMNS)
+# every declared column in table order; those a run's own files give (what a database stores per run)
+COLUMNS: tuple[Column, ...] = FIXED + CONFIG + AFTER_CONFIG + QUALITY
+STORED: tuple[Column, ...] = FIXED + CONFIG + AFTER_CONFIG
 BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}
 
 
@@ -411,6 +430,7 @@ def expected_columns(config_keys: Iterable[Iterable[str]]) -> list[str]:
             row[config_column(key, row)] = None
         row.update(dict.fromkeys(c.name for c in AFTER_CONFIG))
         order.update(row)
+    order.update(dict.fromkeys(c.name for c in QUALITY))
     return list(order)
 
 

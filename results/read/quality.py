@@ -74,6 +74,24 @@ class RunOutput:
         """Something to compare."""
         return self.tokens is not None or self.text is not None
 
+    def to_json(self) -> str:
+        """As JSON text, each byte string as latin-1 (one code point per byte: lossless)."""
+        return json.dumps({"tokens": None if self.tokens is None else [t.decode("latin-1") for t in self.tokens],
+                           "text": None if self.text is None else self.text.decode("latin-1")})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> RunOutput:
+        """to_json's text back (NO_OUTPUT for none or a text that does not read)."""
+        try:
+            doc = json.loads(text) if text else None
+        except ValueError:
+            return cls(None, None)
+        if not isinstance(doc, dict):
+            return cls(None, None)
+        tokens, answer = doc.get("tokens"), doc.get("text")
+        return cls(None if not isinstance(tokens, list) else tuple(str(t).encode("latin-1") for t in tokens),
+                   answer.encode("latin-1") if isinstance(answer, str) else None)
+
 
 NO_OUTPUT = RunOutput(None, None)
 

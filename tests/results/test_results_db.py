@@ -63,7 +63,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 # ── the declared columns ────────────────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("which", ["local_campaign", "imported"])
+@pytest.mark.parametrize("which", ["local_campaign", "imported", "quality_campaign"])
 def test_the_run_table_has_exactly_the_declared_columns_in_order_and_types(which, request):
     folder = request.getfixturevalue(which)
     table = build_table([folder])
@@ -99,15 +99,19 @@ def test_the_column_list_in_docs_results_md_is_made_from_the_declaration(cli, tm
 
 # ── the database ────────────────────────────────────────────────────────────────────────────────
 
-def test_the_run_table_from_the_database_is_the_files_table(local_campaign, imported, db_url, cli):
+def test_the_run_table_from_the_database_is_the_files_table(local_campaign, imported, quality_campaign, db_url, cli):
     runner = CliRunner()
-    got = runner.invoke(cli, ["db", "ingest", str(local_campaign), str(imported), "--db", db_url, "--json"])
+    dirs = [local_campaign, imported, quality_campaign]
+    got = runner.invoke(cli, ["db", "ingest", *map(str, dirs), "--db", db_url, "--json"])
     assert got.exit_code == 0, got.output
     done = json.loads(got.stdout)["campaigns"]
-    assert [(d["added"], d["unchanged"]) for d in done] == [(20, 0), (57, 0)]
-    files = build_table([local_campaign, imported])
-    from_db = run_table([local_campaign, imported], db_url)
+    assert [(d["added"], d["unchanged"]) for d in done] == [(20, 0), (57, 0), (8, 0)]
+    files = build_table(dirs)
+    from_db = run_table(dirs, db_url)
     pd.testing.assert_frame_equal(from_db, files, check_exact=True)
+    # the quality columns, which set a run against another, from the outputs the database kept
+    drops = from_db[from_db["lossy_levers"] != ""]
+    assert len(drops) and drops["quality_ref_run"].str.len().min() > 0 and (drops["agree_tokens"] >= 0).all()
     for fmt in ("csv", "json", "md"):
         assert render_table(from_db, fmt) == render_table(files, fmt)
     again = runner.invoke(cli, ["db", "ingest", str(local_campaign), "--db", db_url, "--json"])
