@@ -42,9 +42,10 @@ import pandas as pd
 
 from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, analyze
 from results.analysis.android_app import app_rung
+from results.analysis.app_drop import app_costs
 from results.analysis.fleet_rules import device_default, fleet_rules, identity_of
 from results.analysis.noise import differs
-from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative
+from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative, quality_front
 from results.analysis.recommend_argv import argv_of_runs
 from results.analysis.recommend_records import (
     HIGH_SPREAD_PCT,
@@ -432,6 +433,8 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
     never measured (`identities`: what each device reports, by name); with a quality `bound`, each
     names a lossy alternative within it where one was measured faster (recommend_group)."""
     rows = {r["run_id"]: r for r in analysis.table.to_dict("records")}
+    # what the app's default dropping costs where it was measured (the app preset runs it: results.analysis.app_drop)
+    costs = app_costs(quality_front(analysis.table), analysis.table)
     by_device: dict[str, list[Recommendation]] = {}
     ram: dict[str, float] = {}
     kinds: dict[str, str] = {}
@@ -440,7 +443,9 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
             continue                      # no streamed run finished or was killed: nothing to size from
         lower = [o for o in analysis.groups if (o.device, o.model, o.apps) == (g.device, g.model, g.apps)
                  and o.top_k is not None and g.top_k is not None and o.top_k < g.top_k]
-        by_device.setdefault(g.device, []).append(recommend_group(g, rows, bound, lower))
+        rec = recommend_group(g, rows, bound, lower)
+        drop = tuple(c.text for c in costs if (c.device, c.model, c.apps, c.top_k) == (g.device, g.model, g.apps, g.top_k))
+        by_device.setdefault(g.device, []).append(replace(rec, app_drop=drop) if drop else rec)
         ram[g.device] = g.ram_total_kb
     for r in rows.values():
         kinds.setdefault(r["device"], str(r.get("device_kind") or ""))
@@ -490,6 +495,7 @@ def redact(recs: Recommendations, redactor: Redactor) -> Recommendations:
         for r in d.recommendations:
             out.append(replace(r, reason=redactor.text(r.reason), evidence=redactor.value(r.evidence),
                                app_rung_reason=redactor.text(r.app_rung_reason),
+                               app_drop=tuple(redactor.text(x) for x in r.app_drop),
                                confidence_reasons=tuple(redactor.text(x) for x in r.confidence_reasons),
                                lmk=redactor.value(r.lmk), planner=tuple(redactor.value(p) for p in r.planner)))
         devices.append(replace(d, recommendations=tuple(out),

@@ -138,6 +138,9 @@ class Recommendation:
     # `recommend --max-quality-loss`: a lossy setting within the bound, beside the lossless default
     # (results.analysis.quality); None without a bound, and then absent from recommendations.json
     lossy_alternative: LossyAlternative | None = None
+    # what the app's default dropping costs and buys at each budget it was measured (results.analysis.app_drop);
+    # () when not measured, and then absent from recommendations.json
+    app_drop: tuple[str, ...] = ()
 
     @property
     def load(self) -> str:
@@ -164,6 +167,10 @@ class Recommendation:
         d["verification"] = dict(self.verification) if self.verification is not None else None
         if self.fixed is not None:
             d["fixed"]["basis"] = self.fixed.basis
+        if not self.app_drop:
+            d.pop("app_drop")              # version 2 as it was before the app preset measured it
+        else:
+            d["app_drop"] = list(self.app_drop)
         if self.lossy_alternative is None:
             d.pop("lossy_alternative")     # version 2 as it was without a bound
         else:
@@ -262,6 +269,7 @@ class Recommendations:
                     lines.append(f"    {r.lmk['adb_text']}  |  {r.lmk['app_text']}")
                 if r.app_rung_reason:
                     lines.append(f"    {r.app_rung_reason}")
+                lines += [f"    {x}" for x in r.app_drop]
                 for p in r.planner:
                     lines.append(f"    {p['text']}")
                 alt = r.lossy_alternative

@@ -11,16 +11,13 @@ lossless runs shows none, not an empty one.
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from engine.interface.flags import FLAGS
-from results.analysis.analyze import speeds
 from results.analysis.android_app import APP_DROP_COLD
-from results.analysis.noise import differs
+from results.analysis.app_drop import APP_NAME, app_cost, is_app_default
 from results.analysis.quality import AGREEMENT, PPL
 from results.analysis.recommend_records import Recommendation
 from results.numbers import to_float
@@ -29,14 +26,7 @@ from results.read.run_keys import budget_label, load_text
 from results.site import charts
 from results.site.pages import Chart, Link, QualityRow, QualityView
 from results.site.site_format import Urls, fmt_num
-from store.outcomes import OK
 
-# the setting the app ships, as results.read.quality words its levers, and the drop's own switches (the
-# app sends none of them: a run with one is not the app's default)
-APP_LEVERS = f"drop {APP_DROP_COLD:g}"
-APP_NAME = f"the app's default dropping ({APP_DROP_COLD:g})"
-_DROP_SWITCHES = frozenset(s for f in FLAGS if f.field.startswith("drop_") and not f.meaning.startswith("LOSSY:")
-                           for s in f.spellings)
 AXIS_TITLES = {PPL: "quality loss: perplexity +% over the lossless reference",
                AGREEMENT: "quality loss: 100 × (1 − agreement with the lossless reference)",
                "": "quality loss: perplexity +% where measured (squares), else 100 × (1 − agreement) (circles)"}
@@ -48,13 +38,6 @@ def _budget_order(label: str) -> tuple[float, str]:
         return float(head), label
     except ValueError:
         return (0.0 if label == "cache 0" else math.inf), label
-
-
-def _is_app_default(s: Mapping[str, Any]) -> bool:
-    """The app's default setting: the drop at APP_DROP_COLD alone (the model's own top-k, no other
-    lever), without the drop's switches."""
-    words = set(shlex.split(str(s["engine_flags"]))) | set(shlex.split(str(s["engine_args"])))
-    return s["lossy_levers"] == APP_LEVERS and not words & _DROP_SWITCHES
 
 
 def _or_inf(x: Any) -> float:
@@ -118,40 +101,6 @@ def _recommended(settings: Sequence[Mapping[str, Any]], rows: Mapping[str, Mappi
                    f"{_fmt(s['peak_rss_mib'], '.1f')} MiB resident")
 
 
-def _baseline(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
-              rows: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The lossless setting of the same budget, top-k, dense mode and other flags: what a lossy
-    setting's speed-up is measured against."""
-    def question(t: Mapping[str, Any]) -> tuple[Any, ...]:
-        first = next((rows[r] for r in t["run_ids"] if r in rows), {})
-        return t["budget"], t["dense_weights"], question_flags(first) if first else ""
-    return next((t for t in settings if not t["lossy_levers"] and question(t) == question(s)), None)
-
-
-def _tok_values(s: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> list[float]:
-    ok = [rows[r] for r in s["run_ids"] if r in rows and rows[r].get("outcome") == OK]
-    return speeds(pd.DataFrame(ok)) if ok else []
-
-
-def _app_cost(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]], rows: Mapping[str, Mapping[str, Any]]) -> str:
-    """"the app's default dropping (0.75) at 1 MiB: 3.41× tok/s, agreement 0.25, 0 of 2 outputs identical"."""
-    base = _baseline(s, settings, rows)
-    if base is None:
-        speed = f"{fmt_num(float(s['tok_s']))} tok/s (no lossless setting at this budget to compare with)"
-    else:
-        beyond, ratio, threshold = differs(_tok_values(base, rows), _tok_values(s, rows))
-        speed = f"{ratio:.2f}× tok/s" + ("" if beyond or math.isnan(ratio) else
-                                         f" (within noise, {threshold:.0%})")
-    quality = (f"agreement {float(s['agreement']):.2f}" if not math.isnan(float(s["agreement"]))
-               else "agreement unknown (no --progress lines)")
-    parts = [speed, quality]
-    if s["compared"]:
-        parts.append(f"{s['identical']} of {s['compared']} outputs identical")
-    if not math.isnan(float(s["ppl_loss_pct"])):
-        parts.append(f"ppl {float(s['ppl_loss_pct']):+.2f}%")
-    return f"{APP_NAME} at {s['budget']}: " + ", ".join(parts)
-
-
 def _labels(settings: Sequence[Mapping[str, Any]], rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Each setting in words: its levers ("lossless" for none), and what else varies among them."""
     extra: list[list[str]] = [[] for _ in settings]
@@ -173,8 +122,8 @@ def _view(device: str, model: str, apps: str, settings: list[dict[str, Any]], ro
     bases = {s["quality_basis"] for s, d in zip(settings, drawn, strict=True) if d}
     basis = next(iter(bases)) if len(bases) == 1 else ""
     recommended, rec_text = _recommended(settings, rows, recs, device, model, apps)
-    apps_at = [i for i, s in enumerate(settings) if _is_app_default(s) and drawn[i]]
-    costs = tuple(_app_cost(settings[i], settings, rows) for i in apps_at) or (
+    apps_at = [i for i, s in enumerate(settings) if is_app_default(s) and drawn[i]]
+    costs = tuple(app_cost(settings[i], settings, rows).text for i in apps_at) or (
         f"{APP_NAME} was not measured here: no run of --drop-cold-experts {APP_DROP_COLD:g} alone",)
     points = []
     for i, s in enumerate(settings):

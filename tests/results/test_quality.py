@@ -143,6 +143,16 @@ def test_recommend_without_a_bound_never_names_a_lossy_setting(quality_campaign,
     doc = json.loads(recs.to_json())
     validate(doc)
     assert not any("lossy_alternative" in r for d in doc["devices"] for r in d["recommendations"])
+    # the app's default dropping is not shipped, but what it costs is said, at the model's own top-k only
+    app = _rows(quality_table, outcome="ok", lossy_levers=f"drop {APP_DROP_COLD:g}")
+    base = [r for r in k2 if not r["lossy_levers"]]
+    (said,) = rec.app_drop
+    assert said.startswith(f"the app's default dropping ({APP_DROP_COLD:g}) at {app[0]['budget_label']}: ")
+    assert f"agreement {statistics.mean(r['agree_frac'] for r in app):.2f}" in said
+    assert (f"flash {statistics.median(r['read_mib_per_tok'] for r in base):.2f} → "
+            f"{statistics.median(r['read_mib_per_tok'] for r in app):.2f} MiB/token") in said
+    assert said in recs.text() and not next(r for r in recs.all() if r.top_k == 1).app_drop
+    assert [r["app_drop"] for d in doc["devices"] for r in d["recommendations"] if "app_drop" in r] == [[said]]
 
 
 @pytest.mark.parametrize("bound", ["agreement>=0", "agreement>=0.2", "agreement>=0.5", "agreement>=1", "ppl+5%"])
