@@ -1,20 +1,28 @@
 """The replay under `--drop-cold-experts` against real runs: predicted flash MiB/token per budget.
 
 Writes a synthetic qwen3moe (F32 weights, a skewed router: engine.gguf.synth, as the drop
-differential's model, so bmoe-cli and bmoe-py route alike), records one lossless route trace, then
-runs the engine (bmoe-cli from $BMOE_CLI at -t 1 if set, else bmoe-py) with `--drop-cold-experts F`
-at budgets above the token cycle, untraced as a sweep runs them, and prints per budget: the
-measured decode flash MiB/token (the CSV's read_bytes), the replay of the lossless trace
-(results.replay.drop_replay) at that budget, the error, and the drop % both ways. The replay counts
-entry bytes; O_DIRECT reads whole 4 KiB windows, so the replay is scaled by one alignment factor,
-the lossless run's measured reads over its own replay (exact without drops: docs/replay.md).
+differential's model, so bmoe-cli and bmoe-py route alike) and runs the engine (bmoe-cli from
+$BMOE_CLI at -t 1 if set, else bmoe-py) per sampler seed:
 
-It also runs each cell again with `--route-trace` and replays that run's own trace at its own
-budget ("own trace"): that replay sees the run's real routing, so what is left there is the
-replay's own error, and the difference to the first column is what the lossless trace's routing
-costs (a drop changes the hidden state, and later tokens route differently).
+- one lossless run with `--route-trace` (the lossless trace);
+- per F, a drop run with `--route-trace` at each probe budget (`--probe-budgets`, default the second
+  and the last measured budget, about 1.5 and 2.75 times the token cycle): the lossy traces;
+- per (F, budget), the drop run measured, untraced as a sweep runs it.
 
-    BMOE_CLI=… .venv/bin/python benchmarks/bench_replay_drop.py [--tokens 48] [--fracs 0.75,0.5]
+It prints per (F, budget) the measured decode flash MiB/token (the CSV's read_bytes) and the replay
+(results.replay.drop_replay.drop_curve_from): each budget from the lossy trace taken at the budget
+nearest in ratio, residency and drops re-simulated from its routing (the probe's residency and
+dropped columns are not used); its error, the error of each lossy trace alone ("from N MiB"), of
+the lossless trace, and the drop % measured and replayed. The replay counts entry bytes; O_DIRECT
+reads whole 4 KiB windows, so every replay is scaled by one alignment factor, the lossless run's
+measured reads over its own replay (exact without drops: docs/replay.md). The 'probe' line checks
+the replay on each lossy trace at its own budget, as the probe ran (traced: it drops from its first
+decode): exact, so what is left elsewhere is routing. The verdict is on the mean over the seeds;
+'median err %' is the per-seed errors' median, which one run whose sampled text turned read-heavy
+does not move (eight seeds: with four, one such run decided the verdict).
+
+    BMOE_CLI=… .venv/bin/python benchmarks/bench_replay_drop.py [--tokens 192] [--fracs 0.75,0.5]
+        [--sample-seeds 7,11,13,17,19,23,29,31] [--probe-budgets MiB,MiB]
 """
 
 from __future__ import annotations
@@ -28,12 +36,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from engine.gguf.model import load_model_shape
 from engine.gguf.synth import synth_options, write_model
 from engine.units import MIB
 from results.read.parse import read_metrics_csv
 from results.read.route_trace import read_route_trace
-from results.replay.drop_replay import DropLever, drop_curve
+from results.replay.drop_replay import DropLever, LossyTrace, drop_curve, drop_curve_from
 
 PROMPT = ("The harbour master counted the boats that came back before the storm, wrote each name in the "
           "ledger and asked the keeper to light the lamp early")
@@ -74,14 +84,16 @@ class Cell:
     """One (F, budget), summed over the sampler seeds."""
 
     measured: float = 0.0
-    replayed: float = 0.0
+    lossy: float = 0.0
     lossless: float = 0.0
+    by_probe: dict[int, float] = field(default_factory=dict)
     drop_measured: float = 0.0
     drop_replayed: float = 0.0
-    own_measured: float = 0.0
-    own_replayed: float = 0.0
-    own_lossless: float = 0.0
     errors: list[float] = field(default_factory=list)
+
+
+def pct(got: float, want: float) -> float:
+    return 100.0 * (got - want) / want
 
 
 def main() -> None:
@@ -93,8 +105,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="the synthetic model's seed")
     ap.add_argument("--skew", type=float, default=3.0, help="the synthetic router's skew")
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--sample-seeds", default="7,11,13,17",
-                    help="the sampler's seeds: each gives its own lossless trace and runs, and the table pools them")
+    ap.add_argument("--sample-seeds", default="7,11,13,17,19,23,29,31",
+                    help="the sampler's seeds: each gives its own traces and runs, and the table pools them")
+    ap.add_argument("--probe-budgets", default=None,
+                    help="MiB of the traced drop runs (the lossy traces), comma separated; default the second and "
+                         "the last measured budget")
     args = ap.parse_args()
     fracs = [float(f) for f in args.fracs.split(",")]
     seeds = [int(x) for x in args.sample_seeds.split(",")]
@@ -111,7 +126,10 @@ def main() -> None:
         working = shape.cycle_mib(shape.n_expert)
         budgets = sorted({int(cycle) + 1, int(cycle * 1.5) + 1, int(cycle * 2) + 1, int(cycle * 2.75) + 1})
         lossless_budget = budgets[len(budgets) // 2]
+        probes = ([int(x) for x in args.probe_budgets.split(",")] if args.probe_budgets
+                  else [budgets[1], budgets[-1]])
         cells = {(f, b): Cell() for f in fracs for b in budgets}
+        probe_own = {(f, p): [0.0, 0.0] for f in fracs for p in probes}   # measured, replayed at its own budget
         alignments = []
         for seed in seeds:
             SAMPLING[:] = ["--temp", str(args.temp), "--seed", str(seed), "--top-p", "1.0", "--top-k", "0"]
@@ -124,48 +142,70 @@ def main() -> None:
             alignments.append(alignment)
             for frac in fracs:
                 flags = ("--drop-cold-experts", str(frac))
-                for budget, point in zip(budgets, drop_curve(trace, DropLever(frac), budgets)):
+                lossy_traces = []
+                for pb in probes:
+                    probe_path = root / f"s{seed}-f{frac}-p{pb}.route.csv"
+                    probe_measured, _ = run(argv, model, root / f"s{seed}-f{frac}-p{pb}", pb, args.tokens,
+                                            args.top_k, *flags, trace=probe_path)
+                    probe = read_route_trace(probe_path)
+                    (own,) = drop_curve(probe, DropLever(frac, traced=True), [pb])
+                    probe_own[(frac, pb)][0] += probe_measured
+                    probe_own[(frac, pb)][1] += own.decode_read_mib_per_token * alignment
+                    lossy_traces.append(LossyTrace(probe, pb))
+                # the sweep's runs are untraced: replay the probes' routing as one
+                lever = DropLever(frac)
+                from_lossy = drop_curve_from(trace, lever, budgets, lossy_traces)
+                from_lossless = drop_curve(trace, lever, budgets)
+                alone = {t.budget_mib: drop_curve(t.trace, lever, budgets) for t in lossy_traces}
+                for i, (budget, lossy, lossless) in enumerate(zip(budgets, from_lossy, from_lossless)):
                     c = cells[(frac, budget)]
                     measured, drop_m = run(argv, model, root / f"s{seed}-f{frac}-b{budget}", budget, args.tokens,
                                            args.top_k, *flags)
-                    own_trace = root / f"s{seed}-f{frac}-b{budget}.route.csv"
-                    measured_t, _ = run(argv, model, root / f"s{seed}-f{frac}-b{budget}-t", budget, args.tokens,
-                                        args.top_k, *flags, trace=own_trace)
-                    (own,) = drop_curve(read_route_trace(own_trace), DropLever(frac, traced=True), [budget])
-                    replayed = point.decode_read_mib_per_token * alignment
+                    replayed = lossy.decode_read_mib_per_token * alignment
                     c.measured += measured
-                    c.replayed += replayed
-                    c.lossless += point.lossless_decode_read_mib_per_token * alignment
+                    c.lossy += replayed
+                    c.lossless += lossless.decode_read_mib_per_token * alignment
+                    for pb, curve in alone.items():
+                        c.by_probe[int(pb)] = c.by_probe.get(int(pb), 0.0) + curve[i].decode_read_mib_per_token * alignment
                     c.drop_measured += drop_m
-                    c.drop_replayed += point.drop_pct
-                    c.own_measured += measured_t
-                    c.own_replayed += own.decode_read_mib_per_token * alignment
-                    c.own_lossless += own.lossless_decode_read_mib_per_token * alignment
-                    c.errors.append(100.0 * (replayed - measured) / measured)
+                    c.drop_replayed += lossy.drop_pct
+                    c.errors.append(pct(replayed, measured))
         n = len(seeds)
         print(f"engine  {name}; model qwen3moe F32, 6 layers x {args.experts} experts, top-{args.top_k}, router skew "
               f"{args.skew}, seed {args.seed}; {args.tokens} tokens at temp {args.temp}, sampler seeds {args.sample_seeds}")
-        print(f"cycle   T = {cycle:.2f} MiB; working set {working:.1f} MiB; lossless traces at {lossless_budget} MiB; "
-              f"alignment factor {min(alignments):.4f}-{max(alignments):.4f}")
-        print("means over the seeds; 'own' = the drop run traced, replayed at its own budget (err %) and without "
-              "dropping (F=0)")
+        print(f"cycle   T = {cycle:.2f} MiB; working set {working:.1f} MiB; lossless traces at {lossless_budget} MiB, "
+              f"lossy traces (traced drop runs) at {', '.join(map(str, probes))} MiB; alignment factor "
+              f"{min(alignments):.4f}-{max(alignments):.4f}")
+        print("means over the seeds; 'replayed' = from the lossy trace of the same F taken nearest (ratio) to the "
+              "budget; 'from N' = from the one at N MiB alone")
+        print("probe   each lossy trace replayed at its own budget, traced: "
+              + ", ".join(f"F {f:g} at {pb} {pct(r, m):+.2f} %" for (f, pb), (m, r) in probe_own.items()))
         print()
-        print(f"{'F':>5} {'budget':>7} {'measured':>9} {'replayed':>9} {'err %':>7} {'per seed':>15} {'lossless':>9} "
-              f"{'drop% m':>8} {'drop% r':>8} {'own err %':>10} {'own F=0':>9}")
-        print(f"{'':>5} {'MiB':>7} {'MiB/tok':>9} {'MiB/tok':>9} {'':>7} {'err %':>15} {'MiB/tok':>9} {'':>8} {'':>8} "
-              f"{'':>10} {'MiB/tok':>9}")
-        worst = 0.0
+        probe_heads = "".join(f"{'from ' + str(pb):>8}" for pb in probes)
+        probe_units = "".join(f"{'err %':>8}" for _ in probes)
+        print(f"{'F':>5} {'budget':>7} {'measured':>9} {'replayed':>9} {'err %':>7} {'per seed':>15} {'median':>6}{probe_heads} "
+              f"{'lossless':>9} {'drop% m':>8} {'drop% r':>8}")
+        print(f"{'':>5} {'MiB':>7} {'MiB/tok':>9} {'MiB/tok':>9} {'':>7} {'err %':>15} {'err %':>6}{probe_units} "
+              f"{'err %':>9} {'':>8} {'':>8}")
+        worst = worst_lossless = 0.0
+        worst_one = dict.fromkeys(probes, 0.0)
         for (frac, budget), c in cells.items():
-            err = 100.0 * (c.replayed - c.measured) / c.measured
-            own_err = 100.0 * (c.own_replayed - c.own_measured) / c.own_measured
-            worst = max(worst, abs(err))
+            err, err_lossless = pct(c.lossy, c.measured), pct(c.lossless, c.measured)
+            by_probe = {pb: pct(c.by_probe[pb], c.measured) for pb in probes}
+            if budget > cycle:
+                worst, worst_lossless = max(worst, abs(err)), max(worst_lossless, abs(err_lossless))
+                for pb, e in by_probe.items():
+                    worst_one[pb] = max(worst_one[pb], abs(e))
             spread = f"{min(c.errors):+.1f}..{max(c.errors):+.1f}"
-            print(f"{frac:>5.2f} {budget:>7d} {c.measured / n:>9.3f} {c.replayed / n:>9.3f} {err:>+7.1f} {spread:>15} "
-                  f"{c.lossless / n:>9.3f} {c.drop_measured / n:>8.1f} {c.drop_replayed / n:>8.1f} {own_err:>+10.2f} "
-                  f"{c.own_lossless / n:>9.3f}")
+            median = float(np.median(c.errors))
+            print(f"{frac:>5.2f} {budget:>7d} {c.measured / n:>9.3f} {c.lossy / n:>9.3f} {err:>+7.1f} {spread:>15} {median:>+6.1f}"
+                  f"{''.join(f'{e:>+8.1f}' for e in by_probe.values())} {err_lossless:>+9.1f} "
+                  f"{c.drop_measured / n:>8.1f} {c.drop_replayed / n:>8.1f}")
         print()
-        print(f"every budget above the cycle within {TOLERANCE_PCT:g} % (mean over seeds): "
-              f"{'yes' if worst <= TOLERANCE_PCT else 'no'} (worst {worst:.1f} %); {time.monotonic() - t_start:.0f} s")
+        alone = ", ".join(f"from {pb} MiB alone {worst_one[pb]:.1f} %" for pb in probes)
+        print(f"every budget above the cycle within {TOLERANCE_PCT:g} % (mean over seeds), from the nearest lossy "
+              f"trace: {'yes' if worst <= TOLERANCE_PCT else 'no'} (worst {worst:.1f} %; {alone}; from the lossless "
+              f"trace {worst_lossless:.1f} %); {time.monotonic() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

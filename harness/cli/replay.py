@@ -6,6 +6,8 @@ library errors (BmoeError) into one-line `Error: …` messages with exit 1.
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from engine.errors import BmoeError
@@ -30,6 +32,21 @@ def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> l
     return budgets
 
 
+def _drop_traces(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[tuple[float, str]]:
+    out = []
+    for item in value:
+        budget, sep, path = item.partition(":")
+        try:
+            mib = ascii_float(budget) if sep and path else math.nan
+        except ValueError:
+            mib = math.nan
+        if not (math.isfinite(mib) and 0 < mib <= INT_MAX):
+            raise BmoeError(f"replay: --drop-trace {item!r} is not MIB:PATH, a drop run's budget (more than 0 MiB) "
+                            f"and its route trace, e.g. 14:route.csv")
+        out.append((mib, path))
+    return out
+
+
 def _policies(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -48,14 +65,18 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str) -> list[st
                    "for one trace.")
 @click.option("--drop-cold-experts", "drop_frac", type=float, default=None, metavar="F",
               help="Also replay the engine's LRU under --drop-cold-experts F (0 to 1): hit %, flash MiB/token "
-                   "and drop % per budget, exact on the trace's routing.")
+                   "and drop % per budget, exact on the routing replayed (see --drop-trace).")
 @click.option("--drop-in-prefill", is_flag=True, help="With --drop-cold-experts: the run drops in prefill too.")
 @click.option("--drop-traced", is_flag=True,
               help="With --drop-cold-experts: the run writes a route trace, so its first decode drops too.")
+@click.option("--drop-trace", "drop_traces", multiple=True, metavar="MIB:PATH", callback=_drop_traces,
+              help="With --drop-cold-experts: the route trace of a run with that F at MIB (repeatable). The drop "
+                   "table replays each budget from the one taken nearest, a lossy run's routing; without it, "
+                   "from the TRACES themselves (a lossless trace gives a lower bound on reads).")
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON record instead of text.")
 def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[str], phase: str,
            csv_path: str | None, drop_frac: float | None, drop_in_prefill: bool, drop_traced: bool,
-           as_json: bool) -> None:
+           drop_traces: list[tuple[float, str]], as_json: bool) -> None:
     """Replay bmoe-cli route traces (--route-trace) through expert-cache policies.
 
     Prints each trace's token cycle T and the hit rate and flash reads at each budget, global LRU
@@ -64,5 +85,5 @@ def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[
     if drop_frac is None and (drop_in_prefill or drop_traced):
         raise BmoeError("replay: --drop-in-prefill and --drop-traced describe --drop-cold-experts F: give F too")
     drop = DropLever(drop_frac, drop_in_prefill, drop_traced) if drop_frac is not None else None
-    report = replay_traces(traces, budgets, policies, phase, csv_path, drop)
+    report = replay_traces(traces, budgets, policies, phase, csv_path, drop, drop_traces)
     click.echo(report.to_json() if as_json else report.text)

@@ -26,7 +26,11 @@ engine/stream/cache.py and source.py for the cache):
 What the replay cannot know: after a drop the hidden state differs, so a lossy run routes later
 tokens differently from the trace it is replayed on. Replaying a drop run's own trace at its own
 budget is exact; any other budget, or a lossless trace, carries that divergence (docs/replay.md,
-"Under dropping", says how much it measured). `--drop-no-renorm` changes only the kept weights'
+"Under dropping", says how much it measured). So `drop_curve_from` replays each budget from the
+routing nearest to a lossy run's at that budget: a traced drop run of the same F (a LossyTrace),
+the one taken at the budget nearest in ratio when there are several, and the lossless trace only
+where there is none (then the reads are a lower bound). The residency and dropped columns of a
+lossy trace are its own budget's: the walk re-simulates both from the routing at every budget. `--drop-no-renorm` changes only the kept weights'
 scale, which no read depends on: it enters the replay only through that divergence.
 `--expert-substitute` is not replayed: it reranks on the router's scores of every expert, and a
 trace carries only the chosen top-k.
@@ -37,7 +41,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -88,6 +92,10 @@ class DropPoint:
     dropped: int
     routed: int
     under_cycle: bool
+    # the routing replayed: a lossy trace's path and the budget its run had (drop_curve_from), or
+    # "" and NaN for the trace the curve was asked of
+    routing_path: str = ""
+    routing_budget_mib: float = math.nan
 
     @property
     def drop_pct(self) -> float:
@@ -100,7 +108,18 @@ class DropPoint:
                 "read_mib": self.read_mib, "decode_read_mib_per_token": self.decode_read_mib_per_token,
                 "lossless_decode_read_mib_per_token": self.lossless_decode_read_mib_per_token,
                 "dropped": self.dropped, "routed": self.routed, "drop_pct": self.drop_pct,
-                "under_cycle": self.under_cycle}
+                "under_cycle": self.under_cycle,
+                **({"routing": {"path": self.routing_path, "budget_mib": self.routing_budget_mib}}
+                   if self.routing_path else {})}
+
+
+@dataclass(frozen=True, eq=False)
+class LossyTrace:
+    """A route trace written by a run with --drop-cold-experts of the lever's F, at budget_mib: a
+    lossy run's routing (check_lossy holds it to the lever)."""
+
+    trace: RouteTrace
+    budget_mib: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,3 +415,49 @@ def simulate_drop(routing: DropRouting, lever: DropLever, budget_bytes: int) -> 
         while used > budget_bytes and len(cache) > len(unique):
             used -= cache.popitem(last=False)[1]
     return out
+
+
+def check_lossy(lossy: LossyTrace, lever: DropLever, like: RouteTrace | None = None) -> None:
+    """A ReplayError unless the trace can be a run of this lever: it dropped (a trace without dropped
+    routings is a lossless run's), no dropped routing weighs F / k or more (that run's F was larger),
+    and, given `like`, the same model shape. A run of a smaller F passes: the trace cannot tell."""
+    trace = lossy.trace
+    if not math.isfinite(lossy.budget_mib) or lossy.budget_mib <= 0:
+        raise ReplayError(f"{trace.path}: a drop run's budget is a cache of more than 0 MiB, not {lossy.budget_mib:g}")
+    dropped = trace.rows.dropped.astype(bool)
+    if not dropped.any():
+        raise ReplayError(f"{trace.path}: no dropped routings: not the trace of a --drop-cold-experts run")
+    top_k = drop_routing(trace).top_k
+    heaviest = float(trace.rows.weight[dropped].astype(F32).max())
+    if not heaviest < threshold(lever.frac, top_k):
+        raise ReplayError(f"{trace.path}: its run dropped a routing of weight {heaviest:.4g}, at or over F / k = "
+                          f"{lever.frac:g} / {top_k}: a larger --drop-cold-experts than {lever.frac:g}")
+    if like is not None and (trace.n_expert, trace.n_expert_used, dict(trace.expert_bytes_by_layer)) != (
+            like.n_expert, like.n_expert_used, dict(like.expert_bytes_by_layer)):
+        raise ReplayError(f"{trace.path}: not the model of {like.path} (experts, top-k or streamed layers differ)")
+
+
+def nearest_lossy(budget_mib: float, lossy: Sequence[LossyTrace]) -> LossyTrace | None:
+    """The lossy trace taken at the budget nearest in ratio (the first of a tie); None at budget 0,
+    where the engine refuses the lever and the run is lossless, or when there is none."""
+    if budget_mib <= 0 or not lossy:
+        return None
+    return min(lossy, key=lambda t: abs(math.log(budget_mib / t.budget_mib)))
+
+
+def drop_curve_from(trace: RouteTrace, lever: DropLever, budgets_mib: Sequence[float],
+                    lossy: Sequence[LossyTrace] = ()) -> list[DropPoint]:
+    """drop_curve at every budget, each replayed from the lossy trace nearest to it (nearest_lossy),
+    from `trace` where there is none. Each lossy trace's residency and drops are re-simulated at the
+    budgets it serves; `lossless_decode_read_mib_per_token` stays `trace`'s, and each point names
+    the routing it came from."""
+    budgets = [float(b) for b in budgets_mib]
+    points = drop_curve(trace, lever, budgets)
+    for source in dict.fromkeys(nearest_lossy(b, lossy) for b in budgets):
+        if source is None:
+            continue
+        at = [i for i, b in enumerate(budgets) if nearest_lossy(b, lossy) is source]
+        for i, p in zip(at, drop_curve(source.trace, lever, [budgets[i] for i in at])):
+            points[i] = replace(p, lossless_decode_read_mib_per_token=points[i].lossless_decode_read_mib_per_token,
+                                routing_path=str(source.trace.path), routing_budget_mib=source.budget_mib)
+    return points

@@ -22,7 +22,7 @@ from engine.safetext import printable
 from engine.units import MIB
 from results.errors import ReplayError
 from results.read.route_trace import RouteTrace, read_route_trace
-from results.replay.drop_replay import DropLever, DropPoint, drop_curve
+from results.replay.drop_replay import DropLever, DropPoint, LossyTrace, check_lossy, drop_curve_from
 from results.replay.lru_replay import (
     MAX_TRACE_BYTES,
     POLICIES,
@@ -101,9 +101,11 @@ def _check_options(budgets_mib: Sequence[float] | None, policies: Sequence[str])
 
 
 def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
-                 policies: Sequence[str] = ("lru",), drop: DropLever | None = None) -> TraceReplay:
+                 policies: Sequence[str] = ("lru",), drop: DropLever | None = None,
+                 lossy: Sequence[LossyTrace] = ()) -> TraceReplay:
     """Curve points for one parsed trace: `lru` from stack distances, the others simulated; with
-    `drop`, the engine's LRU under --drop-cold-experts at the same budgets (drop_replay)."""
+    `drop`, the engine's LRU under --drop-cold-experts at the same budgets (drop_replay), each
+    budget from the nearest of `lossy` (drop runs' traces of that F) where given."""
     _check_options(budgets_mib, policies)
     seq = access_sequence(trace)
     if len(seq) == 0:
@@ -129,7 +131,7 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
         decode_batches=seq.n_decode_batches, dropped_rows=int(trace.rows.dropped.sum()),
         first_decode_hit_mib=first_decode_hit_mib(seq, distance),
         knee_mib=knee_mib(seq, distance), budgets_mib=budgets, points=tuple(points), drop=drop,
-        drop_points=tuple(drop_curve(trace, drop, budgets)) if drop is not None else ())
+        drop_points=tuple(drop_curve_from(trace, drop, budgets, lossy)) if drop is not None else ())
 
 
 @dataclass(frozen=True)
@@ -199,17 +201,30 @@ def _drop_text(t: TraceReplay) -> str:
     assert d is not None
     switches = "".join((", in prefill" if d.in_prefill else "", ", traced" if d.traced else ""))
     lines = [f"drop    --drop-cold-experts {d.frac:g}{switches}: the engine's LRU at each budget, a dropped miss "
-             f"neither read nor cached",
-             "        (exact on this trace's routing; a lossy run routes after a drop as the trace did not: "
-             "docs/replay.md)",
-             f"{'budget':>12}{'decode hit%':>12}{'MiB/token':>11}{'lossless':>10}{'drop %':>8}",
+             f"neither read nor cached", "        " + _drop_routing_text(t),
+             f"{'budget':>12}{'decode hit%':>12}{'MiB/token':>11}{'lossless':>10}{'drop %':>8}  routing",
              f"{'MiB':>12}{'':>12}{'decode':>11}{'MiB/token':>10}"]
     for p in t.drop_points:
         mark = " <T" if p.under_cycle else "   "
         off = "  (cache off: the engine refuses the lever)" if p.budget_mib == 0 and d.frac > 0 else ""
+        source = f"drop run at {p.routing_budget_mib:g} MiB" if p.routing_path else "this trace"
         lines.append(f"{p.budget_mib:>9.1f}{mark}{p.hit_pct_decode:>12.1f}{p.decode_read_mib_per_token:>11.2f}"
-                     f"{p.lossless_decode_read_mib_per_token:>10.2f}{p.drop_pct:>8.1f}{off}")
+                     f"{p.lossless_decode_read_mib_per_token:>10.2f}{p.drop_pct:>8.1f}  {source}{off}")
     return "\n".join(lines)
+
+
+def _drop_routing_text(t: TraceReplay) -> str:
+    """Which routing the drop table replays, and so what its reads are (docs/replay.md, "Under dropping")."""
+    lossy = {(p.routing_path, p.routing_budget_mib) for p in t.drop_points if p.routing_path}
+    if lossy:
+        where = ", ".join(f"{path} at {budget:g} MiB" for path, budget in sorted(lossy, key=lambda x: x[1]))
+        return (f"(each budget from the drop run's trace taken nearest to it: {where}; a lossy run's routing, "
+                f"so a prediction)")
+    if t.dropped_rows:
+        return (f"(this trace is a drop run's, {t.dropped_rows} routings dropped: exact at its run's budget, a "
+                f"prediction at the others; say which with --drop-trace MIB:PATH)")
+    return ("(from this lossless trace: a lower bound on the reads, as a lossy run routes after a drop as the trace "
+            "did not; a drop run's trace of this F, --drop-trace MIB:PATH, predicts them: docs/replay.md)")
 
 
 def _csv_number(value: float, digits: int) -> str:
@@ -229,8 +244,11 @@ def write_curve_csv(t: TraceReplay, path: str | Path) -> None:
 
 def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | None = None,
                   policies: Sequence[str] = ("lru",), phase: str = "decode",
-                  csv_path: str | Path | None = None, drop: DropLever | None = None) -> ReplayReport:
-    """`bmoe-fleet replay`: parse each trace, replay it, optionally write the curve CSV."""
+                  csv_path: str | Path | None = None, drop: DropLever | None = None,
+                  lossy_paths: Sequence[tuple[float, str | Path]] = ()) -> ReplayReport:
+    """`bmoe-fleet replay`: parse each trace, replay it, optionally write the curve CSV. `lossy_paths`
+    are (budget MiB, route trace) of drop runs of `drop`'s F: the drop table replays each budget from
+    the one taken nearest to it (drop_replay.drop_curve_from)."""
     paths = [str(p) for p in paths]
     if not paths:
         raise ReplayError("no route trace given")
@@ -245,7 +263,15 @@ def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | No
             raise ReplayError(f"cannot write {csv_path}: {e.strerror or e}") from None
     policies = tuple(dict.fromkeys(policies))
     _check_options(budgets_mib, policies)
-    replays = tuple(replay_trace(read_route_trace(p), budgets_mib, policies, drop) for p in paths)
+    if lossy_paths and drop is None:
+        raise ReplayError("--drop-trace is a drop run's trace for --drop-cold-experts F: give F too")
+    lossy = tuple(LossyTrace(read_route_trace(p), float(b)) for b, p in lossy_paths)
+    traces = [read_route_trace(p) for p in paths]
+    if drop is not None:
+        for trace in traces:
+            for one in lossy:
+                check_lossy(one, drop, like=trace)
+    replays = tuple(replay_trace(trace, budgets_mib, policies, drop, lossy) for trace in traces)
     if csv_path is not None:
         try:
             write_curve_csv(replays[0], csv_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -168,14 +169,56 @@ def _drop_lever(flags: Sequence[str]) -> Any:
         return None
 
 
-def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
-    """The replayed LRU under each --drop-cold-experts F the group's series ran (results.replay.drop_replay,
-    on the group's route trace), as predicted hit % lines on the hit panel beside the measured drop
-    points, which carry the predicted flash MiB/token and drop % in their hover. No line without a
-    replay or without drop runs; a trace that no longer reads is left out, as the page's other parts do."""
+def _lossy_traces(g: GroupAnalysis, lever: Any, points: Sequence[Any], like: Any) -> list[Any]:
+    """The route traces the group's drop runs of this lever wrote (a traced drop run), each with its
+    budget: runs of the replay trace's own campaign directory (run ids are campaign/cell/attempt),
+    held to the lever by check_lossy; one per point."""
     from results.errors import ReplayError
     from results.read.route_trace import TraceError, read_route_trace
-    from results.replay.drop_replay import drop_curve
+    from results.replay.drop_replay import LossyTrace, check_lossy
+    from store import names
+
+    assert g.replay is not None
+    replay_path = Path(g.replay.trace_path)
+    if len(replay_path.parents) < 4:
+        return []
+    root, campaign = replay_path.parents[3], str(g.replay.run_id).split("/", 1)[0]
+    out = []
+    for p in points:
+        for run_id in p.run_ids:
+            label, _, rest = str(run_id).partition("/")
+            cell, _, attempt = rest.rpartition("/")
+            path = root / names.RUNS_DIR / cell / attempt / names.ROUTE_CSV
+            if label != campaign or not cell or not attempt or not path.is_file():
+                continue
+            try:
+                lossy = LossyTrace(read_route_trace(path), p.budget_mib)
+                check_lossy(lossy, lever, like=like)
+            except (TraceError, OSError, ReplayError):
+                continue
+            out.append(lossy)
+            break
+    return out
+
+
+def _drop_predicted(c: Any) -> str:
+    """A drop point's predicted reads and drops, and the routing they came from."""
+    source = (f"from the drop run's trace at {c.routing_budget_mib:g} MiB" if c.routing_path
+              else "from the lossless trace: reads a lower bound")
+    return f"{c.decode_read_mib_per_token:.2f} MiB/token and {c.drop_pct:.1f} % dropped predicted ({source})"
+
+
+def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
+    """The replayed LRU under each --drop-cold-experts F the group's series ran (results.replay.drop_replay),
+    as predicted hit % lines on the hit panel beside the measured drop points, which carry the
+    predicted flash MiB/token and drop % in their hover. Each budget is replayed from the route
+    trace of the group's drop run of that F taken nearest to it (a traced drop run: a lossy run's
+    routing, docs/replay.md "Under dropping"), from the group's lossless trace where it has none
+    (then the reads are a lower bound, and the hover says so). No line without a replay or
+    without drop runs; a trace that no longer reads is left out, as the page's other parts do."""
+    from results.errors import ReplayError
+    from results.read.route_trace import TraceError, read_route_trace
+    from results.replay.drop_replay import drop_curve_from
 
     if g.replay is None:
         return []
@@ -194,21 +237,21 @@ def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
     for i, (lever, points) in enumerate(sorted(levers.items(), key=lambda kv: kv[0].frac)):
         budgets = sorted(set(g.replay.budgets_mib) | {p.budget_mib for p in points})
         try:
-            curve = {c.budget_mib: c for c in drop_curve(trace, lever, budgets)}
+            curve = {c.budget_mib: c for c in drop_curve_from(trace, lever, budgets,
+                                                              _lossy_traces(g, lever, points, trace))}
         except ReplayError:
             continue
+
         color = PALETTE[(i + 3) % len(PALETTE)]
         name = f"drop {lever.frac:g}" + (", in prefill" if lever.in_prefill else "")
         out.append({"type": "scatter", "mode": "lines", "name": f"replayed LRU, {name} (predicted hit %)",
                     "x": budgets, "y": [curve[b].hit_pct_cum if b > 0 else None for b in budgets],
-                    "text": [f"{curve[b].decode_read_mib_per_token:.2f} MiB/token, {curve[b].drop_pct:.1f} % dropped "
-                             f"(predicted)" for b in budgets],
+                    "text": [_drop_predicted(curve[b]) for b in budgets],
                     "line": {"color": color, "width": 2, "dash": "dashdot"}, "xaxis": "x", "yaxis": "y"})
         out.append({"type": "scatter", "mode": "markers", "name": f"measured, {name}",
                     "x": [p.budget_mib for p in points], "y": [p.hit_pct for p in points],
                     "text": [f"{p.label}: {p.hit_pct:.1f} % hit measured, {curve[p.budget_mib].hit_pct_cum:.1f} % "
-                             f"predicted; {curve[p.budget_mib].decode_read_mib_per_token:.2f} MiB/token and "
-                             f"{curve[p.budget_mib].drop_pct:.1f} % dropped predicted" for p in points],
+                             f"predicted; {_drop_predicted(curve[p.budget_mib])}" for p in points],
                     "marker": {"color": color, "size": 11, "symbol": "star-open", "line": {"width": 2}},
                     "xaxis": "x", "yaxis": "y"})
     return out

@@ -11,6 +11,7 @@ routing for the lossless comparisons too.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -26,7 +27,15 @@ from harness.cli.replay import replay
 from results.errors import ReplayError
 from results.read.parse import read_metrics_csv
 from results.read.route_trace import PHASE_DECODE, read_route_trace
-from results.replay.drop_replay import DropLever, drop_curve, drop_routing, simulate_drop
+from results.replay.drop_replay import (
+    DropLever,
+    LossyTrace,
+    check_lossy,
+    drop_curve,
+    drop_curve_from,
+    drop_routing,
+    simulate_drop,
+)
 from results.replay.lru_replay import access_sequence, lru_curve, mib_to_bytes
 from results.site.charts import _drop_lever, drop_replay_traces
 from tests.results.test_replay import GPTOSS, TINY
@@ -148,9 +157,12 @@ def test_the_budget_chart_draws_the_drop_curve_beside_the_measured_drop_points(r
     from the group's trace; a group without drop runs or without a readable trace gets none."""
     summary = read_metrics_csv(runs["f1"][0]).summary
     measured = SimpleNamespace(flags=("--drop-cold-experts", "1.0"), ok=1, budget_mib=float(BUDGET_MIB),
-                               hit_pct=float(summary["cache_hit_pct"]), label=f"{BUDGET_MIB} MiB")
-    lossless = SimpleNamespace(flags=(), ok=1, budget_mib=float(BUDGET_MIB), hit_pct=50.0, label="4 MiB")
-    group = SimpleNamespace(replay=SimpleNamespace(trace_path=str(runs["f05-prefill"][1]), budgets_mib=(0.0, 2.0, 6.0)),
+                               hit_pct=float(summary["cache_hit_pct"]), label=f"{BUDGET_MIB} MiB",
+                               run_ids=("c/drop/1",))
+    lossless = SimpleNamespace(flags=(), ok=1, budget_mib=float(BUDGET_MIB), hit_pct=50.0, label="4 MiB",
+                               run_ids=("c/lossless/1",))
+    group = SimpleNamespace(replay=SimpleNamespace(trace_path=str(runs["f05-prefill"][1]), budgets_mib=(0.0, 2.0, 6.0),
+                                                   run_id="c/lossless/1"),
                             points=(lossless, measured))
     line, marks = drop_replay_traces(group)
     want = {p.budget_mib: p for p in drop_curve(read_route_trace(runs["f05-prefill"][1]), DropLever(1.0),
@@ -158,9 +170,89 @@ def test_the_budget_chart_draws_the_drop_curve_beside_the_measured_drop_points(r
     assert line["x"] == [0.0, 2.0, 4.0, 6.0]
     assert line["y"] == [None, *(want[b].hit_pct_cum for b in (2.0, 4.0, 6.0))]
     assert marks["x"] == [4.0] and marks["y"] == [measured.hit_pct] and "predicted" in marks["text"][0]
+    assert "lower bound" in marks["text"][0]       # no drop run's trace beside it: the lossless routing
     assert drop_replay_traces(SimpleNamespace(replay=group.replay, points=(lossless,))) == []
-    gone = SimpleNamespace(replay=SimpleNamespace(trace_path=str(runs["f05-prefill"][1]) + ".gone", budgets_mib=(2.0,)),
+    gone = SimpleNamespace(replay=SimpleNamespace(trace_path=str(runs["f05-prefill"][1]) + ".gone", budgets_mib=(2.0,),
+                                                  run_id="c/lossless/1"),
                            points=(measured,))
     assert drop_replay_traces(gone) == []
     assert _drop_lever(("--drop-cold-experts=0.5", "--drop-in-prefill")) == DropLever(0.5, in_prefill=True)
     assert _drop_lever(("--drop-cold-experts", "0")) is None and _drop_lever(("--drop-cold-experts", "2")) is None
+
+
+def test_each_budget_is_replayed_from_the_drop_trace_taken_nearest_to_it(runs):
+    """drop_curve_from: a budget takes the lossy trace nearest in ratio and re-simulates residency and
+    drops there (not the trace's own columns); budget 0 (cache off, lossless) and no lossy trace
+    take the trace asked of; the lossless column stays that trace's."""
+    base, f1 = read_route_trace(runs["f05-prefill"][1]), read_route_trace(runs["f1"][1])
+    lever = DropLever(1.0, traced=True)
+    budgets = [0.0, 2.0, 4.0, 5.5, 6.0, 12.0]
+    lossy = [LossyTrace(f1, 4.0), LossyTrace(base, 8.0)]
+    points = drop_curve_from(base, lever, budgets, lossy)
+    from_f1, from_base = drop_curve(f1, lever, budgets), drop_curve(base, lever, budgets)
+    for i, (budget, want, routing) in enumerate(zip(budgets, [from_base, from_f1, from_f1, from_f1, from_base,
+                                                              from_base], ["", *[runs["f1"][1]] * 3, *[runs["f05-prefill"][1]] * 2])):
+        p = points[i]
+        assert (p.decode_read_mib_per_token, p.dropped, p.hit_pct_cum) == (
+            want[i].decode_read_mib_per_token, want[i].dropped, want[i].hit_pct_cum), budget
+        assert p.lossless_decode_read_mib_per_token == from_base[i].lossless_decode_read_mib_per_token
+        assert p.routing_path == str(routing) and (p.to_dict().get("routing") is None) == (routing == "")
+    assert points[1].routing_budget_mib == 4.0 and points[5].routing_budget_mib == 8.0
+    # at 2 MiB the f1 run's own residency (4 MiB) would be wrong: the walk re-simulated it
+    assert points[1].decode_read_mib_per_token != from_f1[2].decode_read_mib_per_token
+    assert drop_curve_from(base, lever, budgets) == from_base
+
+
+def test_a_lossy_trace_must_be_a_drop_run_of_no_larger_f(runs):
+    f1, f05 = read_route_trace(runs["f1"][1]), read_route_trace(runs["f05-prefill"][1])
+    check_lossy(LossyTrace(f05, 4.0), DropLever(0.5), like=f1)
+    check_lossy(LossyTrace(f05, 4.0), DropLever(1.0))              # a smaller F passes: the trace cannot tell
+    bad = [(LossyTrace(f1, 4.0), DropLever(0.25), None, "larger --drop-cold-experts"),
+           (LossyTrace(read_route_trace(TINY), 4.0), DropLever(1.0), None, "no dropped routings"),
+           (LossyTrace(f1, 4.0), DropLever(1.0), read_route_trace(TINY), "not the model"),
+           (LossyTrace(f1, 0.0), DropLever(1.0), None, "more than 0 MiB")]
+    for lossy, lever, like, words in bad:
+        with pytest.raises(ReplayError, match=words):
+            check_lossy(lossy, lever, like=like)
+
+
+def test_the_cli_replays_from_a_drop_runs_trace_and_says_which(runs):
+    group = _Group(commands={"replay": replay})
+    trace, lossy = str(runs["f05-prefill"][1]), str(runs["f1"][1])
+    r = CliRunner().invoke(group, ["replay", trace, "--budgets", "0,4", "--drop-cold-experts", "1"])
+    assert "drop run's" in r.output and "--drop-trace" in r.output        # its own trace has drops: it says so
+    r = CliRunner().invoke(group, ["replay", trace, "--budgets", "0,2,4", "--drop-cold-experts", "1",
+                                   "--drop-trace", f"4:{lossy}"])
+    assert r.exit_code == 0, r.output
+    assert f"{lossy} at 4 MiB" in r.output and "drop run at 4 MiB" in r.output
+    r = CliRunner().invoke(group, ["replay", trace, "--budgets", "2", "--drop-cold-experts", "1", "--json",
+                                   "--drop-trace", f"4:{lossy}"])
+    (point,) = json.loads(r.output)["traces"][0]["drop"]["points"]
+    (want,) = drop_curve(read_route_trace(lossy), DropLever(1.0), [2.0])
+    assert point["routing"] == {"path": lossy, "budget_mib": 4.0}
+    assert point["decode_read_mib_per_token"] == want.decode_read_mib_per_token
+    for bad in (["--drop-trace", f"4:{lossy}"], ["--drop-cold-experts", "1", "--drop-trace", lossy],
+                ["--drop-cold-experts", "1", "--drop-trace", f"0:{lossy}"],
+                ["--drop-cold-experts", "0.25", "--drop-trace", f"4:{lossy}"],
+                ["--drop-cold-experts", "1", "--drop-trace", f"4:{TINY}"]):
+        r = CliRunner().invoke(group, ["replay", trace, *bad])
+        assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, (bad, r.output)
+
+
+def test_the_chart_takes_the_groups_traced_drop_run(runs, tmp_path):
+    """A traced drop run of the group's F in the replay trace's campaign directory is the routing the
+    chart replays (its hover says so); without its trace the chart falls back to the lossless one."""
+    for cell, name in (("lossless", "f05-prefill"), ("drop", "f1")):
+        (tmp_path / "runs" / cell / "1").mkdir(parents=True)
+        shutil.copy(runs[name][1], tmp_path / "runs" / cell / "1" / "route.csv")
+    measured = SimpleNamespace(flags=("--drop-cold-experts", "1.0"), ok=1, budget_mib=float(BUDGET_MIB), hit_pct=60.0,
+                               label="4 MiB", run_ids=("c/drop/1",))
+    replayed = SimpleNamespace(trace_path=str(tmp_path / "runs" / "lossless" / "1" / "route.csv"),
+                               budgets_mib=(2.0, 6.0), run_id="c/lossless/1")
+    line, marks = drop_replay_traces(SimpleNamespace(replay=replayed, points=(measured,)))
+    want = drop_curve(read_route_trace(runs["f1"][1]), DropLever(1.0), [2.0, 4.0, 6.0])
+    assert line["y"] == [p.hit_pct_cum for p in want]
+    assert "from the drop run's trace at 4 MiB" in marks["text"][0]
+    other = SimpleNamespace(**{**vars(measured), "run_ids": ("elsewhere/drop/1",)})   # another campaign's run
+    _, marks = drop_replay_traces(SimpleNamespace(replay=replayed, points=(other,)))
+    assert "lower bound" in marks["text"][0]
