@@ -40,7 +40,7 @@ from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
 from results.read.parse_text import NumberError, ParseError
-from results.read.quality import lossy_levers
+from results.read.quality import LOSSY_LEVERS, lossy_levers
 from results.read.run_keys import (
     AUTO_BUDGET,
     MMAP,
@@ -588,6 +588,8 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     )
 
     candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == outcomes.OK)]
+    if LOSSY_LEVERS in candidates.columns:   # a lossy run's trace routes as its drops made it: not the LRU curve's
+        candidates = candidates[candidates[LOSSY_LEVERS] == ""]
     candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
     for rec in candidates.to_dict("records"):
         path = Path(rec["run_dir"]) / names.ROUTE_CSV
