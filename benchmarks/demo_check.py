@@ -131,6 +131,50 @@ def check(out: Path, output: str) -> None:
         assert f"planner: {pick['budget_mib']:g} MiB (experts-stream) — {pick['verdict']}" in output
     pages = "".join(p.read_text() for p in (out / "site").glob("devices/*.html"))
     assert pages.count("the engine&#39;s own planner") + pages.count("the engine's own planner") >= 4
+    check_drop(out, output, set(probes))
+
+
+def check_drop(out: Path, output: str, phones: set[str]) -> None:
+    """The app's dropping on the demo's phones: drop × budget × top-k, a quality value for every ok
+    cell, its cost printed per phone, and recommend naming a lossy setting only within a bound."""
+    from results.analysis.app_drop import APP_NAME
+    from results.analysis.quality import parse_bound
+    from results.analysis.recommend import recommend
+    from results.analysis.recommend_argv import settings_of
+    from results.read.rundir import read_campaigns
+    from results.read.table import build_table
+
+    table = build_table(read_campaigns([out / "drop"]))
+    assert set(table["device"]) == phones and len(table) == 8 * len(phones), len(table)
+    ok = table[table["outcome"] == OK]
+    assert len(ok) >= 6 * len(phones), table[["device", "cache_mb", "outcome"]]
+    # every ok cell has a quality value: its reference, and the tokens it shares with it
+    assert (ok["quality_ref_run"].str.len() > 0).all() and ok["agree_tokens"].notna().all()
+    assert ok["agree_identical"].notna().all()
+    lossless = ok[ok["lossy_levers"] == ""]
+    assert len(lossless) and lossless["agree_identical"].all()       # greedy and lossless: the same answer
+    assert set(ok["lossy_levers"]) >= {"", "drop 0.75", "top-k 2 of 4", "drop 0.75, top-k 2 of 4"}
+    for phone in sorted(phones):
+        assert f"  {phone}: {APP_NAME} at " in output, phone
+    rows = {r["run_id"]: r for r in table.to_dict("records")}
+    # lossless by default; with a bound, a lossy setting only within it, at an argv its own runs ran
+    for r in recommend([out / "drop"]).all():
+        assert r.lossy_alternative is None
+        assert all("--drop-cold-experts" not in argv for argv in r.argvs().values())
+    named = 0
+    for bound in ("agreement>=0.5", "agreement>=0"):
+        parsed = parse_bound(bound)
+        for r in recommend([out / "drop"], max_quality_loss=parsed).all():
+            alt = r.lossy_alternative
+            assert alt is not None
+            if alt.argv is None:
+                continue
+            mine = [rows[i] for i in alt.run_ids]
+            assert alt.agreement >= parsed.agreement and alt.speedup > 1, alt
+            assert alt.argv in {settings_of(json.loads(x["argv"])) for x in mine}, alt
+            assert f"{alt.identical} of {alt.compared} outputs identical" in alt.text
+            named += 1
+    print(f"demo check: recommend named a lossy setting {named} time(s) over two bounds on {len(phones)} phones")
 
 
 def main() -> None:

@@ -9,9 +9,11 @@
    own planner pick one (`--auto`: bmoe-py claims bmoe-cli 0.25, the release with the planner).
 4. Run every recommended command line once on its phone (`recommend --verify`), while the phones
    are still up.
-5. Render the site, print the recommendations (per phone and load: what the runs showed over adb,
-   where lmkd never kills the engine, beside the app's verdict replayed from them) and the path of
-   index.html.
+5. On each phone, price upstream's Android app's default dropping (`--drop-cold-experts 0.75`):
+   two budgets with it and without it, each answer set against its lossless twin's.
+6. Render the site, print the recommendations (per phone and load: what the runs showed over adb,
+   where lmkd never kills the engine, beside the app's verdict replayed from them), what the app's
+   dropping costs and buys on each phone, and the path of index.html.
 
 Everything it starts it stops; the campaign directory and the site stay in --out.
 """
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 Echo = Callable[[str], None]
 
+TOP_K = 4                        # the demo model's own top-k
 PHONES = {"small": (640 * MIB, "Demo 640MB", "sm6375"), "large": (2 * GIB, "Demo 2GB", "sm8550")}
 # each phone's own flash (MiB/s, virtual up --storage-mbps): a phone reads its own storage, where
 # unpaced phones share this host's disk and one phone's reads slow the other's
@@ -77,7 +80,7 @@ def _model(out: Path, echo: Echo) -> Path:
     # 8 layers x 72 experts of hidden 768: a 1.01 GiB expert bank (past the small phone's RAM)
     # while a token costs only what 4 experts cost. Uniform routing
     # (skew 0), so a long prompt reads nearly the whole bank.
-    options = synth_options("qwen3moe", layers=8, experts=72, top_k=4, hidden=768, expert_ffn=768, vocab=512,
+    options = synth_options("qwen3moe", layers=8, experts=72, top_k=TOP_K, hidden=768, expert_ffn=768, vocab=512,
                             seed=1, router_skew=0.0)
     if not path.exists():
         write_model(path, options)
@@ -148,6 +151,23 @@ def _turns_campaign(model: Path, devices: list[str], port: int, home: Path):
                "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
 
 
+def _drop_campaign(model: Path, devices: list[str], port: int, home: Path):
+    """The app's default dropping on each phone: two budgets (just over the token cycle, where a miss
+    is common, and four cycles) with `--drop-cold-experts 0.75` and without it, at the model's own
+    top-k and at half of it (the other lossy lever), no other app open: every answer is set against
+    the lossless run's of the same question (results.read.quality)."""
+    from engine.interface.flags import DROP_COLD_EXPERTS
+    from harness.campaign.options import campaign_from_options
+    from results.analysis.android_app import APP_DROP_COLD
+
+    return campaign_from_options(
+        devices, [str(model)], ["cycle*1.2", "cycle*4"], n_expert_used=[0, TOP_K // 2], repeats=1, n_predict=12,
+        adb=[f"127.0.0.1:{port}"], name="demo-drop", timeout_s=600,
+        flags=[f"{DROP_COLD_EXPERTS.name}=false,{APP_DROP_COLD:g}"],
+        extra={"fleet": {"virtual_home": str(home)}, "run": {"prompt": PROMPT},
+               "gate": {"cpu_temp_max_c": 95.0, "max_wait_s": 10}})
+
+
 def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoResult:
     """The whole demo (module doc), into out_dir."""
     from harness.run.verify import verifier
@@ -178,6 +198,9 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
             turns_dir = out / "turns"
             echo(run_into(_turns_campaign(model, devices, port, home), turns_dir, echo).text())
             dirs.append(turns_dir)
+        drop_dir = out / "drop"
+        echo(run_into(_drop_campaign(model, devices, port, home), drop_dir, echo).text())
+        dirs.append(drop_dir)
         # while the phones are up: every recommended command line, once, on its own device
         recs = recommend([campaign_dir], verify=verifier(echo))
     finally:
@@ -188,11 +211,13 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
             manager.down(all_phones=True, home=home, adb_host="127.0.0.1", adb_port=port)
             subprocess.run([adb_binary(), "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=60)
     site = build_site(dirs, out / "site", recommendations=recs)
-    if len(dirs) > 1:
+    if phones:
         echo("")
-        echo(_turns_text(dirs[1]))
+        echo(_turns_text(out / "turns"))
     echo("")
     echo(recs.text())
+    echo("")
+    echo(_drop_text(drop_dir))
     echo("")
     echo(site.text())
     return DemoResult(str(out), str(campaign_dir), str(Path(site.out_dir) / "index.html"), tuple(devices))
@@ -217,6 +242,21 @@ def run_into(campaign: Campaign, campaign_dir: Path, echo: Echo = print) -> Camp
         campaign_dir.rename(kept)
         echo(f"{campaign_dir} held another demo's campaign (an earlier release's plan): kept as {kept.name}")
         return run_campaign(campaign, campaign_dir)
+
+
+def _drop_text(drop_dir: Path) -> str:
+    """What the app's default dropping costs and buys on each device (results.analysis.app_drop)."""
+    from results.analysis.app_drop import APP_NAME, app_costs
+    from results.analysis.quality import quality_front
+    from results.read.rundir import read_campaigns
+    from results.read.table import build_table
+
+    table = build_table(read_campaigns([drop_dir]))
+    costs = app_costs(quality_front(table), table)
+    lines = [f"{APP_NAME} on each device, beside the same budget without it (upstream's app sends it whenever "
+             "its cache is on):"]
+    lines += [f"  {c.device}: {c.text}" for c in costs] or ["  not measured: no run of it finished"]
+    return "\n".join(lines)
 
 
 def _turns_text(turns_dir: Path) -> str:
