@@ -69,6 +69,7 @@ def check(out: Path, output: str) -> None:
     from results.read.run_keys import load_text
 
     all_recs = recommend([out / "campaign"]).all()
+    fought_small = False
     assert sorted((r.device, r.apps) for r in all_recs) == sorted((d, a) for d in probes for a in APPS)
     for r in all_recs:                 # one recommendation per phone and load of other apps, named
         trace = out / "campaign" / "runs" / probes[r.device]["cell_id"] / "1" / "route.csv"
@@ -81,11 +82,13 @@ def check(out: Path, output: str) -> None:
             assert all(u["held_mib"] < 0.95 * 1032 for u in r.lmk["unfilled"])
             assert r.auto.cache_ceil_mb == 600
         else:
-            # the small phone swaps (zram) beside the app: a budget past the RAM left survives while
-            # swapped back in (or while lmkd kills the perceptible app), is fought, and the ceiling
-            # sits under it and under any kill
+            # the small phone swaps (zram) beside its ballast: a budget past the RAM left survives while
+            # swapped back in, is fought (beside the opened apps lmkd takes them instead: no fight
+            # needed there), and the ceiling sits under any fought budget and under any kill
             unsafe = [f["budget_mib"] for f in r.lmk["fought"]] + [r.lmk["smallest_killed_mib"] or math.inf]
-            assert r.lmk["fought"] and r.auto.cache_ceil_mb < min(unsafe), r.lmk
+            assert r.auto.cache_ceil_mb < min(unsafe), r.lmk
+            fought_small = fought_small or bool(r.lmk["fought"])
+    assert fought_small, "no budget fought on the small phone under either load"
     # the session cells: three turns on each phone, each turn's hit % and reads recorded
     from results.read.rundir import read_campaigns
     from results.read.table import build_table
