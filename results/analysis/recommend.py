@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import shlex
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +57,7 @@ from results.analysis.recommend_records import (
     Recommendation,
     Recommendations,
     ReplayCitation,
+    campaign_summaries,
 )
 from results.publish import Redactor
 from results.read.run_keys import load_text
@@ -65,7 +65,6 @@ from results.read.run_keys import text_of as _text
 from results.read.rundir import CampaignData, read_campaigns
 from results.read.table import build_table
 from results.read.tokens import PUBLISHED_MIN_TOKENS
-from store.ledger import spent_of
 
 CONFIDENCE = ("low", "medium", "high")
 # the `recommend --verify` step: the recommendations and the campaigns they came from in, the
@@ -404,26 +403,6 @@ def _confidence(g: GroupAnalysis, fixed: FixedChoice | None, auto: AutoChoice | 
     if g.tells:
         cap(0, "contamination tells: " + "; ".join(sorted({t.kind for t in g.tells})))
     return CONFIDENCE[level], why
-
-
-def campaign_summaries(table) -> list[dict[str, Any]]:
-    """Per campaign: its label, engines, dates, outcomes and what it spent (the cells run and their
-    device time, store.ledger.spent_of over its attempts; no folder: labels only)."""
-    out = []
-    for label, mine in table.groupby("campaign", sort=True):
-        starts = [x for x in mine["started_at"] if isinstance(x, (int, float)) and not math.isnan(x)]
-        spent = spent_of(mine.to_dict("records"))
-        out.append({"label": str(label), "imported": bool(mine["imported"].any()),
-                    "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": len(mine),
-                    "first_run": _iso(min(starts)) if starts else None,
-                    "last_run": _iso(max(starts)) if starts else None,
-                    "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())},
-                    "spent": spent.to_dict()})
-    return out
-
-
-def _iso(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from results import formats
 from results.analysis.quality import LossyAlternative
 from results.read.run_keys import load_text
 from results.read.tokens import PUBLISHED_MIN_TOKENS
+from store.ledger import spent_of
 from store.versioned import json_safe
 
 FORMAT = "bmoe-fleet.recommendations"
@@ -333,3 +335,22 @@ def render(recs: Recommendations, fmt: str) -> str:
         return formats.to_md(rows, ROW_COLUMNS, _ROW_HEADERS, _NUMERIC)
     return recs.text() + "\n"
 
+
+def campaign_summaries(table) -> list[dict[str, Any]]:
+    """Per campaign: its label, engines, dates, outcomes and what it spent (the cells run and their
+    device time, store.ledger.spent_of over its attempts; no folder: labels only)."""
+    out = []
+    for label, mine in table.groupby("campaign", sort=True):
+        starts = [x for x in mine["started_at"] if isinstance(x, (int, float)) and not math.isnan(x)]
+        spent = spent_of(mine.to_dict("records"))
+        out.append({"label": str(label), "imported": bool(mine["imported"].any()),
+                    "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": len(mine),
+                    "first_run": _iso(min(starts)) if starts else None,
+                    "last_run": _iso(max(starts)) if starts else None,
+                    "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())},
+                    "spent": spent.to_dict()})
+    return out
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))

@@ -154,6 +154,14 @@ def engine(request) -> dict:
     return {"kind": "python"}
 
 
+@pytest.fixture
+def real_engine(bmoe_cli) -> dict:
+    """The campaign engine table of the real bmoe-cli alone: for a test of what the phone does around
+    any engine (lmkd, the kernel, the replayed verdict), where bmoe-py's run adds time and no
+    behaviour (docs/decisions/test-suite.md)."""
+    return {"kind": "native", "native": {"host": {"cli": str(bmoe_cli)}}}
+
+
 @pytest.fixture(scope="session")
 def uniform_model(tmp_path_factory) -> Path:
     """qwen3moe of 128 MiB with uniform routing (cycle 14.2 MiB at top-k 2, 28.4 at its own 4): the

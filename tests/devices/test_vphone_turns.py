@@ -43,8 +43,9 @@ def _campaign(name: str, phone, adb_server, phone_home, model, engine: dict) -> 
                       "adb": [{"host": "127.0.0.1", "port": adb_server.port}]},
             "models": {"m": str(model)}, "engine": engine,
             "axes": {"cache_mb": [16], "dense_weights": ["anon"], "n_expert_used": [2]},
+            # a top-k under the model's own for the memory it leaves, not for its answers: no quality runs
             "run": {"n_predict": TOKENS, "threads": 1, "retries": 0, "turns": TURNS, "idle_s": IDLE_S,
-                    "gap_apps": GAP_APPS, "timeout_s": 600},
+                    "gap_apps": GAP_APPS, "timeout_s": 600, "quality": "off"},
             "gate": {"max_wait_s": 2}}
 
 

@@ -18,7 +18,7 @@ from tests.harness import adaptive_kills
 
 pytestmark = pytest.mark.phone
 
-KILLS = 20
+KILLS = 10
 
 
 def test_an_adaptive_sweep_killed_at_random_points_resumes_to_what_one_run_would_need(

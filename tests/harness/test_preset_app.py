@@ -127,11 +127,13 @@ def test_the_preset_runs_on_a_virtual_phone_and_recommend_names_a_measured_safe_
     out, swept, recommended = app_sweep
     assert swept.exit_code == 0, swept.output
     runs = [json.loads(p.read_text()) for p in (out / "runs").glob("*/*/run.json")]
-    assert len(runs) == len(app.APP_RUNGS_MB) + 1
+    # every rung, and every cache-on one (auto too) again with the app's dropping
+    assert len(runs) == 2 * len(app.APP_RUNGS_MB) + 1
+    assert sum("--drop-cold-experts" in r["argv"] for r in runs) == len(app.APP_RUNGS_MB)
     assert all(len(r["turns"]) == 2 for r in runs if r["outcome"] == "ok")
     meta = json.loads((out / "app.json").read_text())
     assert meta["rungs_mb"] == list(app.APP_RUNGS_MB) and meta["upstream"]["settings_commit"].startswith("07045c19")
-    assert meta["engine_args"] == ["-c", "4096"] and len(meta["notes"]) == 5       # four flags and drop-cold
+    assert meta["engine_args"] == ["-c", "4096"] and len(meta["notes"]) == 4       # the four flags bmoe-py lacks
     assert recommended.exit_code == 0, recommended.output
     doc = json.loads(recommended.stdout)
     validate(doc)
@@ -141,3 +143,8 @@ def test_the_preset_runs_on_a_virtual_phone_and_recommend_names_a_measured_safe_
     assert rec["app_rung_mb"] in ok and rec["app_rung_mb"] <= ceiling, rec["app_rung_reason"]
     assert rec["app_rung_mb"] == 0 or not rec["cache_off"]
     assert rec["app_rung_reason"].startswith(f"app rung {budget_label(rec['app_rung_mb'])}: "), rec["app_rung_reason"]
+    # and what the app's dropping costs on this phone, at each rung both of its runs finished
+    priced = {(r["config"]["cache_mb"], r["config"]["cache_auto"]) for r in runs if r["outcome"] == "ok"
+              and "--drop-cold-experts" in r["argv"]}
+    assert rec["app_drop"] and all(t.startswith("the app's default dropping (0.75) at ") for t in rec["app_drop"])
+    assert len(rec["app_drop"]) <= len(priced)

@@ -157,8 +157,9 @@ def test_a_flag_the_harness_sets_or_not_a_flag_is_one_line_naming_the_key(case, 
 
 
 def test_flag_axes_multiply_the_cells_and_render_exactly_into_argv(tiny_model):
+    # a float flag that needs no cache (one that does is left out of the cache-0 cells: test_quality.py)
     c = parse_campaign(data(tiny_model, axes={"cache_mb": [0, "knee"], "flags": {
-        "--drop-cold-experts": [0, 0.1], "--no-think": [False, True], "-t": [1, "auto"]}},
+        "--mtp-p-min": [0, 0.1], "--no-think": [False, True], "-t": [1, "auto"]}},
         run={"engine_args": ["--ubatch", "512"], "n_predict": 4}))
     plan = make_plan(c)
     assert len(plan.cells) == 2 * 2 * 2 * 2
@@ -169,10 +170,10 @@ def test_flag_axes_multiply_the_cells_and_render_exactly_into_argv(tiny_model):
         flags = cell.config.engine_flags
         assert argv[argv.index("-t") + 1] == ("<auto>" if cell.config.threads == "auto" else "1")
         tail = argv[argv.index("--dense-weights") + 2: argv.index("--csv")]
-        expected = ["--ubatch", "512", "--drop-cold-experts", {0: "0", 0.1: "0.1"}[flags["--drop-cold-experts"]]]
+        expected = ["--ubatch", "512", "--mtp-p-min", {0: "0", 0.1: "0.1"}[flags["--mtp-p-min"]]]
         assert tail == expected + (["--no-think"] if flags["--no-think"] else [])   # false: absent; true: alone
         assert cell.config.engine_args == ("--ubatch", "512")
-        assert f"t={cell.config.threads}" in cell.label() and "--drop-cold-experts" in cell.label()
+        assert f"t={cell.config.threads}" in cell.label() and "--mtp-p-min" in cell.label()
     # the knee probe keeps the pass-through args, not the flag axis (a --prefetch needs a cache it lacks)
     (probe,) = plan.probes
     assert "engine_flags" not in probe.config.keys and probe.config.engine_args == ("--ubatch", "512")
