@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from results.analysis.analyze import analyze
-from results.analysis.history import History, engine_release, history
+from results.analysis.history import History, compare_release, engine_release, history
 from results.analysis.noise import U_ALPHA, mann_whitney_p
 from results.analysis.recommend import recommendations_from
 from results.db import schema
@@ -34,7 +34,9 @@ from results.read.table import build_table
 from results.site.history_view import history_pages, history_url
 from results.site.page_views import Ids
 from tests.conftest import copied_once
+from tests.results import pg
 from tests.results.conftest import local_campaign_data, run_local, write_engine
+from tests.results.test_results_db import pg_server  # noqa: F401  (the fixture, shared)
 from tests.results.test_site import page
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -154,6 +156,14 @@ def test_compare_takes_the_previous_release_and_the_u_test_flags_only_the_real_s
     # two campaigns: the comparison as it always was (the noise rule, no test, no p-values)
     plain = json.loads(_cli("compare", releases / "old-a", releases / "slow", "--json").stdout)
     assert "test" not in plain and all("p_value" not in m for c in plain["cells"] for m in c["changes"])
+
+
+def test_postgresql_gives_the_history_and_the_comparison_sqlite_gives(releases, dbs, pg_server):  # noqa: F811
+    with pg.database(pg_server) as url:
+        ingest([releases / n for n in OLDS + NEWS], url)
+        assert history(url).to_dict() == history(dbs["same"]).to_dict()
+        b = releases / "new-b"
+        assert compare_release(url, b).to_dict() == compare_release(dbs["same"], b).to_dict()
 
 
 def _enumerated_p(a: list[float], b: list[float]) -> float:
