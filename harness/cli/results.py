@@ -156,16 +156,24 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
 
     if not out:
         raise click.UsageError("report --format site needs -o SITE_FOLDER")
-    site = build_site(list(dirs), out, parse_model_files(model_files),
-                      table=_db_table(db, list(dirs), model_files))
+    table = _db_table(db, list(dirs), model_files)
+    history = None
+    if db is not None and table is not None:
+        from results.analysis.history import site_history
+
+        history = site_history(db, table, lambda line: click.echo(line, err=True))
+    site = build_site(list(dirs), out, parse_model_files(model_files), table=table, history=history)
     click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
 
 
 @click.command("compare")
-@click.argument("a", type=click.Path(exists=True, file_okay=False))
-@click.argument("b", type=click.Path(exists=True, file_okay=False))
-@click.option("--engine-a", help="Only A's runs of this engine version (compare two engines of one directory).")
+@click.argument("a", type=click.Path(exists=True, file_okay=False), required=False)
+@click.argument("b", type=click.Path(exists=True, file_okay=False), required=False)
+@click.option("--engine-a", help="Only A's runs of this engine version (compare two engines of one directory); "
+                                 "with --db and one campaign, the release to compare with instead of the previous.")
 @click.option("--engine-b", help="Only B's runs of this engine version.")
+@click.option("--device", help="With --db and no campaign: this device's newest release against the one before.")
+@click.option("--model", help="With --db: only this model's runs (with no campaign, the one to compare).")
 @_out("the comparison")
 @_format()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON, as --format json.")
@@ -175,23 +183,62 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
               help="Exit with status 4 when a cell regressed past noise and threshold, or newly fails (for CI).")
 @_MODEL_FILE
 @_DB
-def compare_command(a: str, b: str, engine_a: str | None, engine_b: str | None, out: str, fmt: str | None,
+def compare_command(a: str | None, b: str | None, engine_a: str | None, engine_b: str | None,
+                    device: str | None, model: str | None, out: str, fmt: str | None,
                     as_json: bool, threshold_pct: float, fail_on_regression: bool,
                     model_files: tuple[str, ...], db: str | None) -> None:
     """Compare the matching cells of campaign directories A and B: regressions, improvements, new failures.
 
+    With --db and one campaign (or --device and --model and none), its runs against the previous
+    release's on the same device and model from the database, judged by the Mann-Whitney U test
+    (two-sided p < 0.05) and the noise threshold.
+
     Exit status: 0, or 4 with --fail-on-regression when anything regressed; 1 error, 2 usage."""
     from results import formats
     from results.analysis.compare import FAIL_EXIT_STATUS, compare, render
-    from results.read.table import parse_model_files
 
     fmt = formats.choose_format("json" if as_json else fmt, out)
-    ta, tb = _db_table(db, [a], model_files), _db_table(db, [b], model_files)
-    result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct,
-                     None if ta is None or tb is None else (ta, tb))
+    if b is None or device is not None or model is not None:
+        if db is None:
+            raise click.UsageError("compare needs A and B, or --db URL with one campaign (or --device and --model)")
+        if b is not None:
+            raise click.UsageError("--device and --model go with one campaign or none, not two")
+        if model_files:
+            raise click.UsageError("--model-file prices rows as they are built; with --db they were built at ingest")
+        from results.analysis.history import compare_release
+
+        result = compare_release(db, a, device, model, engine_b, engine_a, threshold_pct)
+    else:
+        from results.read.table import parse_model_files
+
+        assert a is not None                   # click fills A before B
+        ta, tb = _db_table(db, [a], model_files), _db_table(db, [b], model_files)
+        result = compare(a, b, engine_a, engine_b, parse_model_files(model_files), threshold_pct,
+                         None if ta is None or tb is None else (ta, tb))
     _write(render(result, fmt), out, "the comparison")
     if fail_on_regression and result.failed:
         click.get_current_context().exit(FAIL_EXIT_STATUS)
 
 
-COMMANDS = (table_command, recommend_command, report_command, compare_command)
+@click.command("history")
+@click.option("--db", "db", metavar="URL|PATH", required=True,
+              help="The results database (bmoe-fleet db ingest DIR… filled it): an SQLite file's path, sqlite:///PATH "
+                   "or postgresql://…. No campaign folder is read.")
+@click.option("--device", help="Only this device.")
+@click.option("--model", help="Only this model.")
+@_out("the history")
+@_format()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON, as --format json.")
+def history_command(db: str, device: str | None, model: str | None, out: str, fmt: str | None,
+                    as_json: bool) -> None:
+    """Each device and model across engine releases, in release order: per release the recommended
+    ceiling, tok/s at the recommended fixed budget (median, of how many runs), hit % there and the
+    app's verdict, as the recommendation of that release's runs alone gives them."""
+    from results import formats
+    from results.analysis.history import history, render
+
+    fmt = formats.choose_format("json" if as_json else fmt, out)
+    _write(render(history(db, device, model, lambda line: click.echo(line, err=True)), fmt), out, "the history")
+
+
+COMMANDS = (table_command, recommend_command, report_command, compare_command, history_command)

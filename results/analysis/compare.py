@@ -13,6 +13,12 @@ finished in A but fails in B is called out as newly failing, and always counts a
 improvement only when it also exceeds PCT % (as max(r, 1/r) - 1 of the median ratio r, like the
 noise rule). `--fail-on-regression` makes the command exit with FAIL_EXIT_STATUS when anything
 regressed, for CI; `--format md` prints the comparison as a GitHub table.
+
+`compare B --db URL` (or `--db URL --device D --model M`) takes A from the results database: the
+previous release's runs on the same device and model (results.analysis.history.baseline). Its
+verdicts are the U test's (`test="u"`: results.analysis.noise.u_differs, docs/decisions/history.md):
+Mann-Whitney U two-sided p < 0.05 on the per-run values and the median ratio past the same noise
+threshold; each change carries its p-value.
 """
 
 from __future__ import annotations
@@ -27,7 +33,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from results.analysis.noise import NOISE_CV_FACTOR, NOISE_DEFAULT, NOISE_MIN, cv, differs, typical_noise
+from results.analysis.noise import (
+    NOISE_CV_FACTOR,
+    NOISE_DEFAULT,
+    NOISE_MIN,
+    U_ALPHA,
+    cv,
+    differs,
+    typical_noise,
+    u_differs,
+)
 from results.errors import ResultsError
 from results.read.run_keys import CELL_KEYS, budget_label, cell_key
 from results.read.table import build_table
@@ -36,6 +51,7 @@ from store.versioned import json_safe
 
 FORMAT = "bmoe-fleet.compare"
 FORMAT_VERSION = 1
+NOISE_TEST, U_TEST = "noise", "u"     # the verdict's rule: ranges apart and past noise / the U test and past noise
 FAIL_EXIT_STATUS = 4     # compare --fail-on-regression: 1 is an error, 2 a usage error, 3 run/sweep's "incomplete"
 # metric column, label, +1 when higher is better / -1 when lower is
 METRICS = (("tok_s", "tok/s", 1), ("cache_hit_pct", "hit %", 1), ("read_mib_per_tok", "flash MiB/token", -1))
@@ -49,6 +65,7 @@ class MetricChange:
     ratio: float
     threshold: float
     verdict: str             # "regression" | "improvement" | "same"
+    p_value: float = math.nan  # the U test's (test "u" only)
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,7 @@ class Comparison:
     b: str
     cells: tuple[CellComparison, ...]
     threshold_pct: float = 0.0
+    test: str = NOISE_TEST
 
     @property
     def regressions(self) -> list[CellComparison]:
@@ -99,14 +117,22 @@ class Comparison:
         return [c for c in self.cells if c.status == "newly_failing"]
 
     def to_dict(self) -> dict[str, Any]:
+        cells = [dict(asdict(c), key=dict(zip(CELL_KEYS, c.key))) for c in self.cells]
+        extra: dict[str, Any] = {}
+        if self.test == U_TEST:
+            extra["test"] = {"name": "mann-whitney-u", "sides": 2, "alpha": U_ALPHA}
+        else:                                    # the two-campaign document as it always was
+            for c in cells:
+                for m in c["changes"]:
+                    m.pop("p_value")
         return json_safe({"format": FORMAT, "version": FORMAT_VERSION, "a": self.a, "b": self.b,
                           "noise": {"min": NOISE_MIN, "cv_factor": NOISE_CV_FACTOR, "default": NOISE_DEFAULT},
-                          "threshold_pct": self.threshold_pct,
+                          **extra, "threshold_pct": self.threshold_pct,
                           "summary": {"cells": len(self.cells), "regressions": len(self.regressions),
                                       "improvements": len(self.improvements), "newly_failing": len(self.newly_failing),
                                       "only_a": sum(c.status == "only_a" for c in self.cells),
                                       "only_b": sum(c.status == "only_b" for c in self.cells)},
-                          "cells": [dict(asdict(c), key=dict(zip(CELL_KEYS, c.key))) for c in self.cells]}, 4)
+                          "cells": cells}, 4)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
@@ -116,13 +142,16 @@ class Comparison:
                  f"{len(self.cells)} cells: {len(self.regressions)} regressed, {len(self.improvements)} improved, "
                  f"{len(self.newly_failing)} newly failing"
                  + (f" (threshold {self.threshold_pct:g} % over noise)" if self.threshold_pct else "")]
+        if self.test == U_TEST:
+            lines.append(f"test: Mann-Whitney U, two-sided p < {U_ALPHA:g}, and the median ratio past noise")
         for c in self.cells:
             if c.status == "newly_failing":
                 lines.append(f"  NEWLY FAILING  {c.label}: ok in A ({c.a_ok}/{c.a_runs}), {c.b_ok}/{c.b_runs} ok in B")
             for m in c.changes:
                 if m.verdict != "same":
                     lines.append(f"  {m.verdict.upper():<13}  {c.label}: {m.metric} {m.a_median:.4g} -> {m.b_median:.4g} "
-                                 f"({m.ratio:.2f}x, noise {m.threshold:.0%})")
+                                 f"({m.ratio:.2f}x, noise {m.threshold:.0%}"
+                                 + (f", p {m.p_value:.2g})" if self.test == U_TEST else ")"))
             if c.status in ("only_a", "only_b"):
                 lines.append(f"  {c.status.replace('_', ' ')}  {c.label}")
         return "\n".join(lines)
@@ -159,15 +188,20 @@ def _fallback(frames: Sequence[pd.DataFrame]) -> float:
 
 
 def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: float,
-            threshold_pct: float = 0.0) -> MetricChange | None:
+            threshold_pct: float = 0.0, test: str = NOISE_TEST) -> MetricChange | None:
     if not a or not b:
         return None
     ma, mb = float(np.median(a)), float(np.median(b))
+    p = math.nan
     if ma == 0 and mb == 0:
-        return MetricChange(metric, ma, mb, 1.0, max(NOISE_MIN, threshold_pct / 100), "same")
-    moved, ratio, threshold = differs(a, b, fallback)
+        return MetricChange(metric, ma, mb, 1.0, max(NOISE_MIN, threshold_pct / 100), "same",
+                            1.0 if test == U_TEST else math.nan)
+    if test == U_TEST:
+        moved, ratio, threshold, p = u_differs(a, b, fallback)
+    else:
+        moved, ratio, threshold = differs(a, b, fallback)
     if ma == 0:                                  # from nothing to something: the ratio is undefined
-        ratio, moved = math.inf, max(a) < min(b)
+        ratio, moved = math.inf, (max(a) < min(b)) if test == NOISE_TEST else bool(p < U_ALPHA)
     elif moved and threshold_pct > 0:
         # past the noise, and past the threshold asked for (measured the way the noise rule is)
         moved = max(ratio, 1 / ratio) - 1 > threshold_pct / 100 if ratio > 0 else moved
@@ -176,12 +210,13 @@ def _change(metric: str, sign: int, a: list[float], b: list[float], fallback: fl
     if moved:
         better = (ratio > 1) == (sign > 0)
         verdict = "improvement" if better else "regression"
-    return MetricChange(metric, ma, mb, ratio, threshold, verdict)
+    return MetricChange(metric, ma, mb, ratio, threshold, verdict, p)
 
 
 def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label: str = "B",
-                   threshold_pct: float = 0.0) -> Comparison:
-    """Match cells of two run tables and judge every metric's change against its noise."""
+                   threshold_pct: float = 0.0, test: str = NOISE_TEST) -> Comparison:
+    """Match cells of two run tables and judge every metric's change against its noise (`test`:
+    NOISE_TEST, or U_TEST for the U test as well: module doc)."""
     frames = []
     for t in (a, b):
         t = t[t["outcome"].isin(RESULTS)]
@@ -207,12 +242,13 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
         changes = []
         if len(oka) and len(okb):
             for column, name, sign in METRICS:
-                change = _change(name, sign, _values(oka, column), _values(okb, column), fallback, threshold_pct)
+                change = _change(name, sign, _values(oka, column), _values(okb, column), fallback, threshold_pct,
+                                 test)
                 if change is not None:
                     changes.append(change)
         cells.append(CellComparison(_label(row), key, len(ra), len(rb), len(oka), len(okb), status, tuple(changes),
                                     tuple(ra["run_id"]), tuple(rb["run_id"])))
-    return Comparison(a_label, b_label, tuple(cells), threshold_pct)
+    return Comparison(a_label, b_label, tuple(cells), threshold_pct, test)
 
 
 def compare(a: str | Path, b: str | Path, engine_a: str | None = None, engine_b: str | None = None,

@@ -5,6 +5,8 @@ order), so every output made from it is byte for byte the one made from the file
 Labels (`campaign`, and so `run_id`) are worked out for the campaigns asked, as
 `read_campaigns` works them out (two of one name get their folder); the configuration columns
 come from each row's `config` object, as `run_row` makes them (results/read/columns.py).
+`stored_table` reads every campaign the database holds (of one device and model, when asked),
+without any campaign folder: `history` and `compare --db`'s baseline (results.analysis.history).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def run_table(dirs: Sequence[str | Path], db: str | None) -> pd.DataFrame:
     if not dirs:
         raise ResultsError("give at least one campaign directory")
     engine = schema.connect(db, create=False)
-    c, r = schema.campaigns, schema.runs
+    c = schema.campaigns
     try:
         with engine.connect() as conn:
             found = {row.dir: row for row in conn.execute(select(c))}
@@ -92,18 +94,62 @@ def run_table(dirs: Sequence[str | Path], db: str | None) -> pd.DataFrame:
                     raise ResultsError(f"{d}: not in the database {schema.shown(str(engine.url))} (bmoe-fleet db "
                                        f"ingest {d} --db URL)")
                 wanted.append(found[key])
-            labels = campaign_labels([w.name for w in wanted], [w.dir for w in wanted])
-            rows: list[dict[str, Any]] = []
-            for camp, label in zip(wanted, labels):
-                got = sorted(conn.execute(select(r).where(r.c.campaign_id == camp.id)),
-                             key=lambda x: (x.cell_id, x.attempt))
-                rows += [_row(x, label) for x in got]
+            rows = _rows_of(conn, wanted)
     except SQLAlchemyError as e:
         raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
         engine.dispose()
     if not rows:
         raise ResultsError("no runs in " + ", ".join(str(w.dir) for w in wanted))
+    return _framed(rows)
+
+
+def stored_table(db: str | None, device: str | None = None, model: str | None = None) -> pd.DataFrame:
+    """The run table of every campaign the database holds (labelled as `run_table` labels them
+    all at once), only the runs of `device` and `model` when given: no campaign folder is read. An
+    empty database, or a device or model it has no run of, is one clear error naming what it has."""
+    engine = schema.connect(db, create=False)
+    c, r = schema.campaigns, schema.runs
+    where = schema.shown(str(engine.url))
+    try:
+        with engine.connect() as conn:
+            pairs = sorted({(x.device, x.model) for x in conn.execute(select(r.c.device, r.c.model).distinct())})
+            if not pairs:
+                raise ResultsError(f"{where}: no runs in the database (bmoe-fleet db ingest DIR… --db URL fills it)")
+            for name, asked, have in (("device", device, {d for d, _ in pairs}),
+                                      ("model", model, {m for d, m in pairs if device is None or d == device})):
+                if asked is not None and asked not in have:
+                    raise ResultsError(f"{name} {asked!r}: no runs of it in {where}"
+                                       + (f" on {device!r}" if name == "model" and device is not None else "")
+                                       + f" ({name}s there: {', '.join(sorted(have))})")
+            camps = list(conn.execute(select(c).order_by(c.c.id)))
+            rows = _rows_of(conn, camps, device, model)
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{where}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return _framed(rows)
+
+
+def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: str | None = None) \
+        -> list[dict[str, Any]]:
+    """The run-table rows of these `campaigns` rows, each labelled among them all."""
+    r = schema.runs
+    labels = campaign_labels([w.name for w in camps], [w.dir for w in camps])
+    rows: list[dict[str, Any]] = []
+    for camp, label in zip(camps, labels):
+        q = select(r).where(r.c.campaign_id == camp.id)
+        if device is not None:
+            q = q.where(r.c.device == device)
+        if model is not None:
+            q = q.where(r.c.model == model)
+        got = sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))
+        rows += [_row(x, label) for x in got]
+    return rows
+
+
+def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as `build_table` frames them, with their quality columns."""
     # each run against a lossless run of the same question, from the outputs the database kept (as
     # results.read.table.build_table does from the run folders)
     outputs = {str(r["run_id"]): RunOutput.from_json(r.pop(_OUTPUT)) for r in rows}

@@ -419,3 +419,32 @@ def quality_figure(title: str, points: Sequence[Mapping[str, Any]], x_title: str
                      height=420)
     return json_safe({"data": data, "layout": layout})
 
+
+
+def history_figure(device: str, model: str, series: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """The recommended ceiling (top) and the tok/s at the recommended fixed budget (bottom, median
+    with the runs' count in the hover) against the engine release, in release order, one line per
+    top-k and load of other apps (`series`: its name → results.analysis.history.ReleaseRow in order).
+    A release whose recommendation is --cache-mb 0 draws its ceiling at 0, marked so."""
+    data: list[dict[str, Any]] = []
+    for i, (name, rows) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        x = [r.engine.replace(" (", "<br>(") for r in rows]      # a claim on a line of its own under the axis
+        ceiling_text = [f"{r.engine}<br>" + ("cache off: --cache-mb 0" if r.cache_off else
+                                             f"--cache-ceil-mb {r.ceiling_mib}") for r in rows]
+        data.append({"type": "scatter", "mode": "markers+lines", "name": f"ceiling MiB ({name})", "x": x,
+                     "y": [0 if r.cache_off else r.ceiling_mib for r in rows], "text": ceiling_text,
+                     "marker": {"color": color, "size": 10, "symbol": ["x" if r.cache_off else "circle" for r in rows]},
+                     "line": {"color": color, "width": 1}, "xaxis": "x", "yaxis": "y"})
+        data.append({"type": "scatter", "mode": "markers+lines", "name": f"tok/s ({name})", "x": x,
+                     "y": [r.tok_s for r in rows],
+                     "text": [f"{r.engine}<br>median of {r.tok_s_runs} run(s) at "
+                              + (f"--cache-mb {r.fixed_mib}" if r.fixed_mib is not None else "no fixed budget")
+                              for r in rows],
+                     "marker": {"color": color, "size": 10}, "line": {"color": color, "width": 1, "dash": "dot"},
+                     "xaxis": "x", "yaxis": "y2"})
+    layout = _layout(f"{model} on {device}: the recommendation across engine releases",
+                     xaxis={"title": {"text": "engine release (in release order)"}, "type": "category", "anchor": "y2"},
+                     yaxis={"title": {"text": "ceiling MiB"}, "domain": [0.55, 1.0], "rangemode": "tozero"},
+                     yaxis2={"title": {"text": "tok/s"}, "domain": [0.0, 0.45], "rangemode": "tozero"}, height=520)
+    return json_safe({"data": data, "layout": layout})

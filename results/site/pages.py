@@ -81,6 +81,7 @@ class IndexPage:
     tells: tuple[Link, ...]          # contamination tells, linking to a run
     runs: int
     needs_plotly: bool = False       # the index draws nothing
+    histories: tuple[Link, ...] = ()   # a device and model across engine releases (a site from a results database)
 
 
 @dataclass(frozen=True)
@@ -240,3 +241,34 @@ class RunPage:
     @property
     def needs_plotly(self) -> bool:
         return bool(self.charts)
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One engine release of a device and model (results.analysis.history.ReleaseRow, as text)."""
+
+    series: str                      # "top-k 2, with no other apps"
+    engine: str
+    release: str
+    date: str
+    campaigns: str
+    runs: str
+    ceiling: str                     # "39 MiB" or "cache off"
+    fixed: str                       # the recommended fixed budget
+    tok_s: str                       # "12.3 (median of 4)"
+    hit: str
+    app: str                         # the app rung and the app's verdict, or "—"
+    confidence: str
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """A device and model across engine releases, from the results database (results.site.history_view)."""
+
+    title: str
+    root: str
+    device: Link
+    model: Link
+    chart: Chart
+    rows: tuple[HistoryRow, ...]
+    needs_plotly: bool = True

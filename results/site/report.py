@@ -6,7 +6,8 @@ budget with the cycle, the LMK boundary, the kills and the replayed LRU curve; p
 setting measured, tok/s against quality loss: results.site.quality_view), SITE/models/*.html
 (shape, cycle per top-k, the same quality charts per device), SITE/runs/<campaign>/<cell>-<attempt>.html (per-token wall/io/compute/
 mgmt and hit %, memory over time, entry and exit state, evidence, the exact argv), plus
-recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
+SITE/history/*.html (built from a results database: a device and model across engine releases,
+results.site.history_view), recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
 site works offline from file://).
 
 The jinja Environment is built in one place, make_environment(), with autoescape on: device
@@ -24,7 +25,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from results.analysis.analyze import Analysis, analyze
+from results.analysis.history import History
 from results.analysis.quality import quality_front
 from results.analysis.recommend import recommendations_for
 from results.analysis.recommend_records import Recommendations
@@ -40,7 +42,9 @@ from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.rundir import CampaignData, read_campaigns
 from results.read.table import build_table
+from results.site.history_view import history_pages
 from results.site.page_views import Ids, device_page, index_page, model_page, run_page
+from results.site.pages import Link
 from results.site.site_format import Urls, fmt_mib, fmt_num
 from store import names
 
@@ -122,10 +126,12 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 
 def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None,
-               recommendations: Recommendations | None = None, table: pd.DataFrame | None = None) -> SiteReport:
+               recommendations: Recommendations | None = None, table: pd.DataFrame | None = None,
+               history: History | None = None) -> SiteReport:
     """Render the site for these campaign directories into `out` (with `recommendations` made of
     the same directories, e.g. verified ones, instead of computing them again; with `table`, their
-    run table as the results database gave it)."""
+    run table as the results database gave it; with `history`, the database's releases of the
+    site's devices and models: a history page for each with more than one)."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files) if table is None else table
     analysis = analyze(table)
@@ -133,7 +139,7 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
     try:
-        pages = _render(tmp, camps, analysis, recs)
+        pages = _render(tmp, camps, analysis, recs, history)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,7 +165,8 @@ def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
     return out
 
 
-def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations) -> int:
+def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations,
+            history: History | None = None) -> int:
     env = make_environment()
     table = analysis.table
     redactor = Redactor(camps)
@@ -189,7 +196,13 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
             _write(site / Urls.run(run.run_id),
                    _page(env, "run.html", run_page(run, rows[run.run_id], analysis, ids, redactor)))
             pages += 1
-    _write(site / "index.html", _page(env, "index.html", index_page(analysis, recs)))
+    histories = []
+    for path, hp in history_pages(history, ids) if history is not None else []:
+        _write(site / path, _page(env, "history.html", hp))
+        histories.append(Link(f"{hp.model.text} on {hp.device.text}", path, f"{len(hp.rows)} release rows"))
+        pages += 1
+    _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
+                                                                     histories=tuple(histories))))
     return pages + 1
 
 

@@ -148,8 +148,10 @@ _WRAPPER = '''#!{python}
 import ctypes, os, sys, threading, time
 sys.path.insert(0, {project!r})
 argv = sys.argv[1:]
+if {claim!r}:
+    os.environ["BMOE_PY_RELEASE"] = {claim!r}
 if argv == ["--version"]:
-    print("bmoe-py 0.1.0 ({label})")
+    print("bmoe-py 0.1.0 ({version})")
     sys.exit(0)
 counter = {counter!r}
 with open(counter, "a") as f:
@@ -224,13 +226,18 @@ main()
 
 
 def write_engine(folder: Path, label: str, slow_when: str = "never", slow_ms: float = 0.0,
-                 squeeze_when: str = "never", fail_when: str = "never", kill_when: str = "never") -> dict:
-    """A wrapper engine script and the campaign `engine` table that runs it as native bmoe-cli."""
+                 squeeze_when: str = "never", fail_when: str = "never", kill_when: str = "never",
+                 claim: str = "") -> dict:
+    """A wrapper engine script and the campaign `engine` table that runs it as native bmoe-cli; with
+    a `claim`, the bmoe-py inside claims that release (BMOE_PY_RELEASE) and `--version` says so as
+    bmoe-py does (`bmoe-py 0.1.0 (bmoe-cli 0.24.0)`) instead of naming LABEL."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bmoe-cli-{label}"
     counter = folder / f"calls-{label}"
     counter.write_text("")
-    path.write_text(_WRAPPER.format(python=sys.executable, project=str(PROJECT), label=label, counter=str(counter),
+    version = f"bmoe-cli {claim}" if claim else label
+    path.write_text(_WRAPPER.format(python=sys.executable, project=str(PROJECT), version=version, claim=claim,
+                                    counter=str(counter),
                                     slow_when=slow_when, slow_ms=slow_ms, squeeze_when=squeeze_when,
                                     fail_when=fail_when, kill_when=kill_when))
     path.chmod(0o755)
