@@ -189,7 +189,7 @@ def history(db: str | None, device: str | None = None, model: str | None = None,
     """`bmoe-fleet history`: from the database alone (no campaign folder is read)."""
     h = history_of(stored_table(db, device, model), progress)
     if not h.rows:
-        raise ResultsError("no recommendation can be made from these runs (no streamed run finished or was killed)")
+        raise ResultsError("no recommendation can be made from these runs (none of the streamed runs finished or was killed)")
     return h
 
 
