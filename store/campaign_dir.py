@@ -155,10 +155,11 @@ class CampaignDir:
                         repaired += 1
         return repaired
 
-    def attempt_folders(self) -> list[tuple[Path, dict[str, Any]]]:
-        """Every committed attempt (a folder with its run.json), by cell then attempt number."""
+    def attempt_paths(self) -> list[tuple[str, int, Path]]:
+        """Every committed attempt folder (one holding its run.json) as (cell id, attempt, folder), by
+        cell then attempt number; nothing is read."""
         runs = self.root / names.RUNS_DIR
-        out: list[tuple[Path, dict[str, Any]]] = []
+        out: list[tuple[str, int, Path]] = []
         if not runs.is_dir():
             return out
         for cell_dir in sorted(runs.iterdir()):
@@ -166,8 +167,12 @@ class CampaignDir:
                 continue
             for sub in sorted((p for p in cell_dir.iterdir() if is_digits(p.name)), key=lambda p: int(p.name)):
                 if (sub / names.RUN_JSON).is_file():
-                    out.append((sub, versioned.read_json(sub / names.RUN_JSON, versioned.RUN.name)))
+                    out.append((cell_dir.name, int(sub.name), sub))
         return out
+
+    def attempt_folders(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Every committed attempt (a folder with its run.json) with its record, by cell then attempt number."""
+        return [(sub, versioned.read_json(sub / names.RUN_JSON, versioned.RUN.name)) for _, _, sub in self.attempt_paths()]
 
     def device_records(self) -> list[tuple[Path, dict[str, Any]]]:
         """The campaign's root/devices/*.json, sorted by file name."""

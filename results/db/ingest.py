@@ -29,7 +29,6 @@ from sqlalchemy import and_, bindparam, delete, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from engine.units import is_digits
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
@@ -37,6 +36,7 @@ from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
 from store import names, outcomes, versioned
+from store.campaign_dir import CampaignDir
 from store.errors import StoreError
 
 Progress = Callable[[str], None]
@@ -70,21 +70,12 @@ def _fingerprint(camp: CampaignData) -> str:
 
 
 def _attempts(root: Path) -> dict[tuple[str, int], tuple[Path, str]]:
-    """{(cell, attempt): (folder, its files' fingerprint)} of the committed attempt folders."""
+    """{(cell, attempt): (folder, its files' fingerprint)} of the committed attempt folders
+    (store.campaign_dir.CampaignDir.attempt_paths), none of their files read."""
     out: dict[tuple[str, int], tuple[Path, str]] = {}
-    runs = root / names.RUNS_DIR
-    if not runs.is_dir():
-        return out
-    for cell in sorted(os.scandir(runs), key=lambda e: e.name):
-        if not cell.is_dir():
-            continue
-        for sub in os.scandir(cell.path):
-            if not is_digits(sub.name) or not sub.is_dir():
-                continue
-            files = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(sub.path)
-                           if e.is_file())
-            if any(name == names.RUN_JSON for name, _, _ in files):
-                out[(cell.name, int(sub.name))] = (Path(sub.path), json.dumps(files))
+    for cell, attempt, folder in CampaignDir(root).attempt_paths():
+        files = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(folder) if e.is_file())
+        out[(cell, attempt)] = (folder, json.dumps(files))
     return out
 
 

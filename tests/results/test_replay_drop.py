@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine.gguf.model import load_model_shape
-from engine.gguf.synth import synth_options, write_model
+from engine.gguf.synth import write_model
 from harness.cli.main import _Group
 from harness.cli.replay import replay
 from results.errors import ReplayError
@@ -38,10 +38,10 @@ from results.replay.drop_replay import (
 )
 from results.replay.lru_replay import access_sequence, lru_curve, mib_to_bytes
 from results.site.charts import _drop_lever, drop_replay_traces
+from tests.engine.test_differential_drop import SYNTH
 from tests.results.test_replay import GPTOSS, TINY
 
-MODEL = synth_options("qwen3moe", layers=4, experts=8, top_k=2, hidden=128, expert_ffn=256, vocab=300, quant="F32",
-                      seed=1, router_skew=3.0)
+MODEL = SYNTH           # the drop differential's skewed-router model (tests/engine/test_differential_drop.py)
 PROMPT = "The keeper lit the lamp before the boats came home"
 BUDGET_MIB = 4          # the token cycle is 3 MiB, the working set 12
 
