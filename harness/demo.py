@@ -247,12 +247,11 @@ def run_into(campaign: Campaign, campaign_dir: Path, echo: Echo = print) -> Camp
 def _drop_text(drop_dir: Path) -> str:
     """What the app's default dropping costs and buys on each device (results.analysis.app_drop)."""
     from results.analysis.app_drop import APP_NAME, app_costs
-    from results.analysis.quality import quality_front
     from results.read.rundir import read_campaigns
     from results.read.table import build_table
 
     table = build_table(read_campaigns([drop_dir]))
-    costs = app_costs(quality_front(table), table)
+    costs = app_costs(table)
     lines = [f"{APP_NAME} on each device, beside the same budget without it (upstream's app sends it whenever "
              "its cache is on):"]
     lines += [f"  {c.device}: {c.text}" for c in costs] or ["  not measured: no run of it finished"]

@@ -21,8 +21,9 @@ from engine.interface.flags import FLAGS
 from results.analysis.analyze import speeds
 from results.analysis.android_app import APP_DROP_COLD
 from results.analysis.noise import differs
+from results.analysis.quality import quality_front
 from results.numbers import to_float
-from results.read.quality import question_flags
+from results.read.quality import LOSSY_LEVERS, question_flags
 from store.outcomes import OK
 
 # the setting the app ships, as results.read.quality words its levers, and the drop's own switches (the
@@ -115,9 +116,12 @@ def app_cost(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
                        int(s["identical"]), int(s["compared"]), ppl, f"{APP_NAME} at {s['budget']}: " + ", ".join(parts))
 
 
-def app_costs(front: pd.DataFrame, table: pd.DataFrame) -> list[AppDropCost]:
-    """Every measured app-default setting's cost, by device, model, load and budget (front: the
-    analysis' quality_front; table: the run table)."""
+def app_costs(table: pd.DataFrame) -> list[AppDropCost]:
+    """Every measured app-default setting's cost in a run table, by device, model, load and budget
+    (the settings of quality_front; none worked out when no run pulled the app's lever)."""
+    if LOSSY_LEVERS not in table.columns or not (table[LOSSY_LEVERS] == APP_LEVERS).any():
+        return []
+    front = quality_front(table)
     if front.empty:
         return []
     rows = {str(r["run_id"]): r for r in table.to_dict("records")}

@@ -44,7 +44,7 @@ from results.analysis.android_app import app_rung
 from results.analysis.app_drop import app_costs
 from results.analysis.fleet_rules import device_default, fleet_rules, identity_of
 from results.analysis.noise import differs
-from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative, quality_front
+from results.analysis.quality import LossyAlternative, QualityBound, candidates, lossy_alternative
 from results.analysis.recommend_argv import argv_of_runs
 from results.analysis.recommend_records import (
     HIGH_SPREAD_PCT,
@@ -413,7 +413,7 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
     names a lossy alternative within it where one was measured faster (recommend_group)."""
     rows = {r["run_id"]: r for r in analysis.table.to_dict("records")}
     # what the app's default dropping costs where it was measured (the app preset runs it: results.analysis.app_drop)
-    costs = app_costs(quality_front(analysis.table), analysis.table)
+    costs = app_costs(analysis.table)
     by_device: dict[str, list[Recommendation]] = {}
     ram: dict[str, float] = {}
     kinds: dict[str, str] = {}
