@@ -95,7 +95,7 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
 
 
 @click.command("recommend")
-@_DIRS
+@click.argument("dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @_out("the recommendations")
 @_format()
 @click.option("--json", "as_json", is_flag=True, help="Print recommendations.json (version 2), as --format json.")
@@ -112,17 +112,27 @@ def table_command(dirs: tuple[str, ...], out: str, fmt: str | None, model_files:
 def recommend_command(dirs: tuple[str, ...], out: str, fmt: str | None, as_json: bool, verify: bool,
                       max_quality_loss, model_files: tuple[str, ...], db: str | None) -> None:
     """Recommend --cache-mb, --cache-mb auto --cache-ceil-mb N and --dense-weights per device and model,
-    as the command lines that were measured; a per-phone default, and a rule for phones never measured."""
+    as the command lines that were measured; a per-phone default, and a rule for phones never measured.
+
+    With --db, that rule is drawn from every device the database holds, each point with the campaigns
+    and engine release it came from; with --db and no DIRS, the rule alone."""
     from harness.run.verify import verifier
     from results import formats
     from results.analysis.recommend import recommend
     from results.analysis.recommend_records import render
     from results.read.table import parse_model_files
 
+    if not dirs and db is None:
+        raise click.UsageError("give campaign directories DIRS, or --db URL for the fleet rule alone")
     fmt = formats.choose_format("json" if as_json else fmt, out)
-    recs = recommend(list(dirs), parse_model_files(model_files),
-                     verifier(lambda line: click.echo(line, err=True)) if verify else None, max_quality_loss,
-                     _db_table(db, list(dirs), model_files))
+    check = verifier(lambda line: click.echo(line, err=True)) if verify else None
+    if db is not None:
+        from results.analysis.fleet_db import recommend_with_db
+
+        recs = recommend_with_db(list(dirs), db, check, max_quality_loss,
+                                 _db_table(db, list(dirs), model_files) if dirs or model_files else None)
+    else:
+        recs = recommend(list(dirs), parse_model_files(model_files), check, max_quality_loss)
     _write(render(recs, fmt), out, "the recommendations")
 
 

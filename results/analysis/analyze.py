@@ -681,7 +681,8 @@ def _text_of(rows: pd.DataFrame, column: str) -> str:
 
 
 def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell],
-           probes: pd.DataFrame | None = None, apps: str = "", planner: pd.DataFrame | None = None) -> GroupAnalysis:
+           probes: pd.DataFrame | None = None, apps: str = "", planner: pd.DataFrame | None = None,
+           predictions_made: bool = True) -> GroupAnalysis:
     results = rows[rows["outcome"].isin(RESULTS)]
     cycles = numbers_of(results, "cache_cycle_mb")
     cycle = float(np.nanmax(cycles)) if np.isfinite(cycles).any() else math.nan
@@ -694,7 +695,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         cycle, sources = cycle_price_mib(replay.cycle_mib * MIB), ["route-trace"]
     varying = [k for k in SERIES_KEYS if k in results.columns and results[k].astype(str).nunique() > 1]
     points, baselines = _points(results, varying, cycle)
-    predictions = _predictions(results, probes)
+    predictions = _predictions(results, probes) if predictions_made else {}
     points = _predicted(points, results, predictions)
     boundary = _boundary(points, results)
     # runs of the engine as the app answer the app's verdict (the boundary has them), not a budget
@@ -721,8 +722,10 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
 
 
-def analyze(table: pd.DataFrame) -> Analysis:
-    """Group a run table by (device, model, top-k) and analyse each group."""
+def analyze(table: pd.DataFrame, predictions_made: bool = True) -> Analysis:
+    """Group a run table by (device, model, top-k) and analyse each group. Without
+    `predictions_made`, no group's speed is predicted (results.replay.predict reads every run's
+    per-token file): what bounds a ceiling does not use it (results.analysis.fleet_db)."""
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
     is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
@@ -742,7 +745,8 @@ def analyze(table: pd.DataFrame) -> Analysis:
             for load in sorted(set(loads)):
                 these = runs[loads == load]
                 if len(these[these["outcome"].isin(RESULTS)]):
-                    groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load]))
+                    groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load],
+                                         predictions_made))
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

@@ -123,7 +123,21 @@ def _min_ram_for(knots: Sequence[Sequence[float]], slope_after: float, ceiling_m
     return last_m + (ceiling_mib - last_c) / slope_after if slope_after > 0 else math.inf
 
 
-def fleet_rules(devices: Sequence[DeviceRecommendations], floors: Sequence[float] = ()) -> dict[str, Any]:
+def not_a_point(kind: str, mem_total_kb: float | None) -> str | None:
+    """Why a device can give the rule no point whatever its runs say (None: it can): a point is a
+    phone an app runs on, placed by its MemTotal."""
+    why = [] if kind in PHONE_KINDS else [f"not a phone an app runs on (kind {kind or 'unknown'})"]
+    if not mem_total_kb or (isinstance(mem_total_kb, float) and math.isnan(mem_total_kb)):
+        why.append("its record has no MemTotal, which places a point")
+    return "; ".join(why) or None
+
+
+NO_CEILING = "its default is --cache-mb 0 (no safe ceiling): it sets the models' minimum RAM only"
+
+
+def fleet_rules(devices: Sequence[DeviceRecommendations], floors: Sequence[float] = (),
+                provenance: Mapping[str, Mapping[str, Any]] | None = None,
+                left_out: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The rule an app applies on a phone never measured, from the phones that were.
 
     Each measured phone gives a point (MemTotal, its default ceiling). The ceiling for a MemTotal
@@ -133,15 +147,26 @@ def fleet_rules(devices: Sequence[DeviceRecommendations], floors: Sequence[float
     only where that ceiling reaches C in whole MiB — and never at or under the RAM of a measured
     phone that wanted `--cache-mb 0` for it. Under the smallest such RAM of the fleet's models the
     default is `--cache-mb 0`.
+
+    With `provenance` (by device: where its runs came from; results.analysis.fleet_db), each point
+    carries its own, and `left_out` lists every device that gave no point, with why: those given,
+    then the devices here that are none.
     """
-    points = []
+    points: list[dict[str, Any]] = []
+    out_devices = list(left_out)
     for d in devices:
-        mem = d.identity.get("mem_total_kb")
-        if d.kind not in PHONE_KINDS or not mem or d.default.cache_ceil_mb is None:
+        mem, ceiling = d.identity.get("mem_total_kb"), d.default.cache_ceil_mb
+        why = not_a_point(d.kind, mem) or (NO_CEILING if ceiling is None else None)
+        if why is not None or not mem or ceiling is None:
+            out_devices.append({"device": d.device, "reason": why,
+                                "provenance": dict((provenance or {}).get(d.device) or {})})
             continue
         killed = any(r.lmk.get("smallest_killed_mib") is not None for r in d.recommendations)
         points.append({"device": d.device, "model": d.identity.get("model"), "mem_total_mib": mem / 1024,
-                       "ceiling_mib": float(d.default.cache_ceil_mb), "kill_observed": killed})
+                       "ceiling_mib": float(ceiling), "kill_observed": killed})
+        if provenance is not None:
+            points[-1]["provenance"] = dict(provenance.get(d.device) or {})
+    drawn = {"left_out": out_devices} if provenance is not None else {}
     models: dict[tuple[str, int | None], dict[str, Any]] = {}
     for d in devices:
         if d.kind not in PHONE_KINDS:
@@ -161,7 +186,7 @@ def fleet_rules(devices: Sequence[DeviceRecommendations], floors: Sequence[float
     if not points:
         return {"unmeasured": {"knots_mib": [], "slope_after": None, "min_ram_mib": None, "cache_floor_mb": floor,
                                "rests_on": [], "points": [], "models": [],
-                               "why": "no phone with a known MemTotal and a safe ceiling was measured"}}
+                               "why": "no phone with a known MemTotal and a safe ceiling was measured", **drawn}}
     hull = lower_hull([(0.0, 0.0)] + [(p["mem_total_mib"], p["ceiling_mib"]) for p in points])
     knots = [[round(m, 3), c] for m, c in hull]
     if len(knots) > 1:
@@ -188,7 +213,7 @@ def fleet_rules(devices: Sequence[DeviceRecommendations], floors: Sequence[float
                    "MemTotal; past the last knot: last ceiling + slope_after x the MiB past it); --cache-mb 0 when "
                    "mem_total_mib < min_ram_mib (per model and top-k: models[].min_ram_mib)",
         "why": "the lower convex hull of the measured phones' default ceilings against their MemTotal (and the "
-               "origin): at or under every phone measured"}}
+               "origin): at or under every phone measured", **drawn}}
 
 
 def rule_ceiling(rules: Mapping[str, Any], mem_total_kb: float, model: str | None = None,

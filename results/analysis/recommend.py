@@ -434,11 +434,17 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
         if ident["mem_total_kb"] is None and not math.isnan(ram[d]):
             ident["mem_total_kb"] = int(ram[d])
         devices.append(DeviceRecommendations(d, ident, ram[d], device_default(recs), tuple(recs)))
-    floors = [float(v) for v in (rows[r].get("cache_floor_mb") for d in devices for rec in d.recommendations
-                                 if rec.auto is not None for r in rec.auto.run_ids if r in rows) if _text(v)]
     return Recommendations(tuple(devices), tuple(campaigns if campaigns is not None else
                                                  campaign_summaries(analysis.table)),
-                           fleet_rules(devices, floors))
+                           fleet_rules(devices, rule_floors(devices, rows)))
+
+
+def rule_floors(devices: Sequence[DeviceRecommendations], rows: Mapping[str, Mapping[str, Any]]) -> list[float]:
+    """The --cache-floor-mb of the runs the devices' auto lines carry (the rule's cache_floor_mb is
+    the smallest); `rows`: the run table's rows by run id."""
+    return [float(v) for v in (rows[r].get("cache_floor_mb") for d in devices for rec in d.recommendations
+                               if rec.auto is not None for r in rec.auto.run_ids if r in rows)
+            if v is not None and _text(v)]
 
 
 def recommend(dirs: Sequence[str | Path], model_files: Mapping[str, str] | None = None,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.safetext import printable
 from results import formats
 from results.analysis.quality import LossyAlternative
 from results.read.run_keys import load_text
@@ -287,7 +288,28 @@ class Recommendations:
                          f"+{rule['slope_after']:.3f} per MiB past it"
                          + (f"; --cache-mb 0 under {rule['min_ram_mib']:,} MiB of RAM"
                             if rule.get("min_ram_mib") is not None else ""))
+        if rule and "left_out" in rule:       # drawn from the results database (results.analysis.fleet_db)
+            drawn = rule.get("drawn_from") or {}
+            lines.append(f"the rule is drawn from the results database: {drawn.get('devices', '?')} device(s) of "
+                         f"{drawn.get('campaigns', '?')} campaign(s)" + ("" if rule.get("knots_mib") else
+                                                                         f"; no rule: {rule['why']}"))
+            for p in rule["points"]:
+                lines.append(printable(f"  point {p['device']}: MemTotal {p['mem_total_mib']:,.0f} MiB, ceiling "
+                                       f"{p['ceiling_mib']:,.0f} MiB — ") + provenance_text(p.get("provenance")))
+            for o in rule["left_out"]:
+                lines.append(printable(f"  left out {o['device']}: {o['reason']} — ") + provenance_text(o["provenance"]))
         return "\n".join(lines)
+
+
+def provenance_text(p: Mapping[str, Any] | None) -> str:
+    """Where a device of the rule came from (results.analysis.fleet_db.provenance), in one line."""
+    if not p:
+        return "provenance unknown"
+    reports = list(p.get("reports") or [])
+    shown = reports[:2] + ([f"{len(reports) - 2} more"] if len(reports) > 2 else [])
+    return printable(f"{p['runs']} run(s) of campaign {', '.join(p['campaigns'])}; {', '.join(p['engines'])}"
+                     + (f" (release {', '.join(p['releases'])})" if p["releases"] else "")
+                     + (f"; report {', '.join(shown)}" if shown else ""))
 
 
 def _mib(x: float) -> str:

@@ -7,6 +7,9 @@ Labels (`campaign`, and so `run_id`) are worked out for the campaigns asked, as
 come from each row's `config` object, as `run_row` makes them (results/read/columns.py).
 `stored_table` reads every campaign the database holds (of one device and model, when asked),
 without any campaign folder: `history` and `compare --db`'s baseline (results.analysis.history).
+`run_groups` and `runs_of` read the database in two steps for the fleet rule
+(results.analysis.fleet_db): a few columns of every run, grouped, then whole rows only of the
+groups chosen from them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from results.db import schema
@@ -134,18 +137,79 @@ def stored_table(db: str | None, device: str | None = None, model: str | None = 
 def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: str | None = None) \
         -> list[dict[str, Any]]:
     """The run-table rows of these `campaigns` rows, each labelled among them all."""
-    r = schema.runs
     labels = campaign_labels([w.name for w in camps], [w.dir for w in camps])
     rows: list[dict[str, Any]] = []
     for camp, label in zip(camps, labels):
-        q = select(r).where(r.c.campaign_id == camp.id)
-        if device is not None:
-            q = q.where(r.c.device == device)
-        if model is not None:
-            q = q.where(r.c.model == model)
-        got = sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))
-        rows += [_row(x, label) for x in got]
+        rows += _selected(conn, camp.id, label, device=device, model=model)
     return rows
+
+
+def _selected(conn: Any, campaign_id: int, label: str, **where: str | None) -> list[dict[str, Any]]:
+    """The rows of one campaign whose columns equal `where` (a None value: any), as `run_row` made them."""
+    r = schema.runs
+    q = select(r).where(r.c.campaign_id == campaign_id)
+    for name, value in where.items():
+        if value == "":                  # a text column reads back NULL as "" (_text)
+            q = q.where(or_(r.c[name] == value, r.c[name].is_(None)))
+        elif value is not None:
+            q = q.where(r.c[name] == value)
+    return [_row(x, label) for x in sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))]
+
+
+# what run_groups reads of every run: the keys of a group and what tells its device and provenance
+GROUP_COLUMNS = ("device", "model", "engine", "engine_release", "device_kind", "device_manufacturer", "device_model",
+                 "device_soc", "android_release", "ram_total_kb", "source")
+
+
+def run_groups(db: str | None) -> pd.DataFrame:
+    """One row per campaign and distinct GROUP_COLUMNS in the database: those columns, `campaign_id`,
+    `campaign` (labelled as `stored_table` labels it), `imported`, `runs` and `started_at` (the
+    first run's). Only these columns are read; no run row is built."""
+    engine = schema.connect(db, create=False)
+    c, r = schema.campaigns, schema.runs
+    keys = [r.c[name] for name in GROUP_COLUMNS]
+    try:
+        with engine.connect() as conn:
+            camps = list(conn.execute(select(c).order_by(c.c.id)))
+            labels = dict(zip([w.id for w in camps], campaign_labels([w.name for w in camps], [w.dir for w in camps])))
+            imported = {w.id: bool(w.imported) for w in camps}
+            got = list(conn.execute(select(r.c.campaign_id, *keys, func.count().label("runs"),
+                                           func.min(r.c.started_at).label("started_at"))
+                                    .group_by(r.c.campaign_id, *keys)))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    out = pd.DataFrame([dict(x._mapping) for x in got],
+                       columns=["campaign_id", *GROUP_COLUMNS, "runs", "started_at"])
+    out["campaign"] = [labels[i] for i in out["campaign_id"]]
+    out["imported"] = [imported[i] for i in out["campaign_id"]]
+    out["ram_total_kb"] = [_float(v) for v in out["ram_total_kb"]]
+    out["started_at"] = [_float(v) for v in out["started_at"]]
+    for name in GROUP_COLUMNS:
+        if name != "ram_total_kb":
+            out[name] = [_text(v) for v in out[name]]
+    return out.sort_values(["campaign_id", *GROUP_COLUMNS], kind="stable").reset_index(drop=True)
+
+
+def runs_of(db: str | None, groups: pd.DataFrame) -> pd.DataFrame:
+    """The run table of these `run_groups` rows (their campaign, device, model and engine), framed as
+    `build_table` frames it; an empty frame when no group is given."""
+    if not len(groups):
+        return pd.DataFrame()
+    engine = schema.connect(db, create=False)
+    try:
+        with engine.connect() as conn:
+            rows: list[dict[str, Any]] = []
+            wanted = groups[["campaign_id", "campaign", "device", "model", "engine"]].drop_duplicates()
+            for g in wanted.itertuples(index=False):
+                rows += _selected(conn, int(g.campaign_id), str(g.campaign), device=g.device, model=g.model,
+                                  engine=g.engine)
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return _framed(rows)
 
 
 def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:

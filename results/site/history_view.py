@@ -34,12 +34,21 @@ def _row(r: ReleaseRow) -> HistoryRow:
         hit=fmt_num(r.hit_pct), app=r.app_verdict or "—", confidence=r.confidence)
 
 
+def paged(h: History) -> list[tuple[str, str]]:
+    """The (device, model) pairs that get a history page: those with more than one release."""
+    return [(device, model) for device, model in h.pairs() if len(h.releases(device, model)) >= 2]
+
+
+def history_links(h: History, device: str) -> tuple[Link, ...]:
+    """A device page's links to its history pages (the device page sits one folder down)."""
+    return tuple(Link(f"{model} across engine releases", "../" + history_url(d, model))
+                 for d, model in paged(h) if d == device)
+
+
 def history_pages(h: History, ids: Ids) -> list[tuple[str, HistoryPage]]:
     """(path, page) for each device and model with more than one release."""
     out = []
-    for device, model in h.pairs():
-        if len(h.releases(device, model)) < 2:
-            continue
+    for device, model in paged(h):
         rows = h.of(device, model)
         series: dict[str, list[ReleaseRow]] = {}
         for r in rows:

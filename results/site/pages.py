@@ -187,6 +187,7 @@ class DevicePage:
     groups: tuple[GroupView, ...]
     recommendations: tuple[RecRow, ...]
     quality: tuple[QualityView, ...] = ()      # per model with a lossy setting measured; () none
+    histories: tuple[Link, ...] = ()            # its history pages (a site built from a results database)
 
     @property
     def needs_plotly(self) -> bool:

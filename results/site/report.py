@@ -42,7 +42,7 @@ from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.rundir import CampaignData, read_campaigns
 from results.read.table import build_table
-from results.site.history_view import history_pages
+from results.site.history_view import history_links, history_pages
 from results.site.page_views import Ids, device_page, index_page, model_page, run_page
 from results.site.pages import Link
 from results.site.site_format import Urls, fmt_mib, fmt_num
@@ -184,6 +184,8 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     front = quality_front(table)           # the quality charts' settings, for every device and model page
     for device in sorted(set(table["device"])):
         page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor, front)
+        if history is not None:
+            page = replace(page, histories=history_links(history, device))
         _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
     for model in sorted(set(table["model"])):

@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from results.db.ingest import ingest
 from results.read.table import build_table
 from results.site.history_view import history_pages, history_url
 from results.site.page_views import Ids
+from results.site.site_format import Urls
 from tests.conftest import copied_once
 from tests.results import pg
 from tests.results.conftest import local_campaign_data, run_local, write_engine
@@ -210,6 +212,11 @@ def test_the_history_page_opens_in_chromium(releases, dbs, tmp_path, browser):
     assert [r[1] for r in p.rows if len(r) > 1 and r[1] in (OLD, NEW)] == [OLD, NEW]
     assert OLD in " ".join(p.text) and "small on local across engine releases" in " ".join(p.text)
     assert history_url("local", "small") in (site / "index.html").read_text()
+    # the device page links its history page, and the history page links back to it
+    device = site / Urls.device("local")
+    assert f'<a href="../{history_url("local", "small")}">small across engine releases</a>' in device.read_text()
+    back = re.search(r'device <a href="([^"]+)"', path.read_text())
+    assert back is not None and (path.parent / back[1]).resolve() == device.resolve()
     info, errors = browser.visit(path.as_uri())
     assert errors == [] and info["charts"] == info["drawn"] == 1 and info["traces"] >= 2
     out = PROJECT / "docs" / "history-page.png" if os.environ.get("BMOE_UPDATE_SCREENSHOT") else tmp_path / "h.png"
