@@ -86,6 +86,8 @@ def _db_value(column: cols.Column, value: Any, pg: bool, run_id: str) -> Any:
     t = column.type
     if t == "value":
         return json.dumps(value)
+    if t in cols.OBJECT_TYPES:
+        return cols.as_text(column, value)          # the config and argv as JSON text
     if column.config_key:
         # a configuration column: the value as run.json has it, when it fits the declared type
         # (the `config` column keeps every key whatever its type)

@@ -481,8 +481,8 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "o_direct": to_float(rec.o_direct),
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
         "probe": bool(rec.probe or config.probe),   # a knee probe: its trace, not a sweep point
-        "argv": json.dumps(list(rec.argv)),
-        "config": json.dumps(config.to_dict()),       # the typed config a recommendation builds its argv from
+        "argv": rec.argv,                             # a tuple of str (JSON text where written: columns.as_text)
+        "config": config,                             # the typed config a recommendation builds its argv from
         "csv_problem": parse_problem or "",
         # summary
         "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),
@@ -699,7 +699,9 @@ def table_what(frame: pd.DataFrame) -> str:
 def render_table(frame: pd.DataFrame, fmt: str) -> str | bytes:
     """The run table as text, csv, json, jsonl, md or parquet (bytes); the CLI writes it."""
     from results import formats
+    from results.read.columns import written_frame
 
+    frame = written_frame(frame)       # the config and argv objects as the JSON text files hold
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
