@@ -25,8 +25,12 @@ def test_the_fixtures_cover_the_writers():
     and phones (other apps, lmkd's collateral and verdicts, reclaim)."""
     readme = (FIXTURES / "README.md").read_text()
     assert len(FILES) >= 10 and all(f"`{p.name}`" in readme for p in FILES)
-    keys = {k for p in FILES for k in json.loads(p.read_text())}
-    assert {"pass", "attempted", "reclaim", "cpu", "oom_score_adj", "imported_from", "notes"} <= keys
+    docs = [json.loads(p.read_text()) for p in FILES]
+    keys = {k for d in docs for k in d}
+    assert {"pass", "attempted", "reclaim", "cpu", "oom_score_adj", "imported_from", "notes", "turns", "provenance",
+            "apps", "collateral", "lmkd_setting", "app_verdicts"} <= keys
+    assert {outcomes.OK, outcomes.KILLED, outcomes.CONFIG_ERROR, outcomes.ENGINE_ERROR} <= {d["outcome"] for d in docs}
+    assert any("attempted" not in d for d in docs) and any(d.get("attempted") is False for d in docs)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -42,6 +46,8 @@ def test_every_stored_run_json_reads_into_the_record_and_writes_back_byte_for_by
     # a key the file predates reads as its empty value
     assert thawed(record.reclaim) == raw.get("reclaim") and thawed(record.cpu) == raw.get("cpu")
     assert thawed(record.apps) == (raw.get("apps") or []) and thawed(record.quality) == raw.get("quality")
+    assert thawed(record.collateral) == (raw.get("collateral") or []) and thawed(record.turns) == (raw.get("turns") or [])
+    assert thawed(record.app_verdicts) == (raw.get("app_verdicts") or []) and record.notes == tuple(raw.get("notes") or ())
     assert was_attempted(record) is (raw.get("attempted", True) is not False)
     assert thawed(record.engine) == raw["engine"] and thawed(record.summary) == raw["summary"]
     assert record.to_dict() == raw and list(record.to_dict()) == list(raw)
