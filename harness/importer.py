@@ -73,6 +73,7 @@ from store.cells import CellConfig
 from store.ledger import latest_by_cell
 from store.locks import dir_lock, holding
 from store.names import device_id, safe_id
+from store.run_record import RunRecord
 
 IMPORT_ENGINE = "native"
 _RENAME = reader_aliases()          # another reader's name -> the preamble key (engine.interface.outputs)
@@ -125,7 +126,7 @@ class ImportReport:
 @dataclass(frozen=True)
 class Imported:
     cell: Cell
-    record: dict[str, Any]
+    record: RunRecord
     files: dict[str, Path | bytes]               # run-folder file name (store.names) -> source file or content
 
 
@@ -179,7 +180,7 @@ def commit_imported(root: Path, old_plan: Plan | None, found: Sequence[Imported]
     with holding([dir_lock(fleet_home(), root)], 0.0, owner):
         root.mkdir(parents=True, exist_ok=True)
         cdir.reconcile()
-        latest = latest_by_cell(cdir.ledger.read())
+        done = set(latest_by_cell(cdir.ledger.read()))     # the cells already there
         known = {c.cell_id for c in old_plan.cells} if old_plan else set()
         new_cells = [imp.cell for imp in found if imp.cell.cell_id not in known]
         base_cells = tuple(old_plan.cells) if old_plan else ()
@@ -199,18 +200,18 @@ def commit_imported(root: Path, old_plan: Plan | None, found: Sequence[Imported]
         counts: Counter[str] = Counter()
         orders = {c.cell_id: c.order for c in new_cells}
         for imp in found:
-            counts[imp.record["outcome"]] += 1
+            counts[imp.record.outcome] += 1
             cid = imp.cell.cell_id
-            if cid in latest:
+            if cid in done:
                 continue
             _write_model(cdir, imp.record)
-            record = dict(imp.record, order=orders.get(cid, imp.record["order"]))
+            record = imp.record.with_(order=orders.get(cid, imp.record.order))
             tmp = cdir.start_attempt(cid, 1)
             for name, content in imp.files.items():
                 CampaignDir.put(tmp, name, content)
             cdir.commit_attempt(tmp, record)
-            latest[cid] = record
-            notes += record["notes"]
+            done.add(cid)
+            notes += record.notes
             added += 1
     return added, notes, counts
 
@@ -237,13 +238,13 @@ def check_out_dir(root: Path) -> Plan | None:
     return plan
 
 
-def _write_model(cdir: CampaignDir, record: Mapping[str, Any]) -> None:
+def _write_model(cdir: CampaignDir, record: RunRecord) -> None:
     """models/<id>.json of an imported model: only what the files told."""
-    if cdir.read_model(record["model_id"]) is not None:
+    if cdir.read_model(record.model_id) is not None:
         return
-    c = record["config"]
-    cdir.write_model(record["model_id"], {**versioned.MODEL.stamp(), "name": record["model"], "imported": True,
-                                          **{k: c[k] for k in ("arch", "n_layer", "n_expert") if k in c}})
+    c = record.config.to_dict()
+    cdir.write_model(record.model_id, {**versioned.MODEL.stamp(), "name": record.model, "imported": True,
+                                       **{k: c[k] for k in ("arch", "n_layer", "n_expert") if k in c}})
 
 
 # ── one group ──────────────────────────────────────────────────────────────────────────────────
@@ -309,8 +310,9 @@ def run_record(cid: str, device: str, model: str, cell_config: CellConfig, index
             evidence: Sequence[str], when: float, notes: list[str], where: str, *, engine_version: str = "",
             entry_state: dict | None = None, exit_state: dict | None = None, pressure: dict | None = None,
             o_direct: Any = None, summary: dict | None = None, result: dict[str, Any],
-            imported_from: dict[str, Any], **more: Any) -> dict[str, Any]:
-    """One imported run's run.json (docs/campaign-dir.md "Imported runs"), checked to be strict JSON."""
+            imported_from: dict[str, Any], **more: Any) -> RunRecord:
+    """One imported run's run.json (docs/campaign-dir.md "Imported runs"), checked to be strict JSON
+    and to be a run record (store.run_record)."""
     record: dict[str, Any] = {
         **versioned.RUN.stamp(), "cell_id": cid, "attempt": 1, "device": device,
         "device_id": device_id(device), "model": model, "model_id": safe_id(model),
@@ -326,7 +328,7 @@ def run_record(cid: str, device: str, model: str, cell_config: CellConfig, index
         json.dumps(record, allow_nan=False)
     except ValueError as e:  # the parsers' range checks should make this unreachable: refuse, never write NaN
         raise CampaignError(f"import: {where}: a value is not strict JSON ({e})") from None
-    return record
+    return RunRecord.from_dict(record, f"import: {where}")
 
 
 # ── one session capture ─────────────────────────────────────────────────────────────────────────

@@ -21,6 +21,7 @@ from engine.units import is_digits
 from store import names, versioned
 from store.errors import StoreError
 from store.ledger import Ledger, ledger_line
+from store.run_record import RunRecord
 
 
 class CampaignDir:
@@ -123,12 +124,12 @@ class CampaignDir:
             else:
                 (tmp / name).write_bytes(data.encode() if isinstance(data, str) else data)
 
-    def commit_attempt(self, tmp: Path, record: Mapping[str, Any]) -> None:
-        """run.json last, the folder renamed whole, then the ledger line: a crash between the
-        rename and the append is repaired by reconcile()."""
-        final = self.run_dir(record["cell_id"], record["attempt"])
+    def commit_attempt(self, tmp: Path, record: RunRecord) -> None:
+        """run.json last (a RunRecord: nothing unchecked is committed), the folder renamed whole, then
+        the ledger line: a crash between the rename and the append is repaired by reconcile()."""
+        final = self.run_dir(record.cell_id, record.attempt)
         try:
-            versioned.write_json(tmp / names.RUN_JSON, record)
+            versioned.write_json(tmp / names.RUN_JSON, record.to_dict())
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)   # never a run folder without its run.json
@@ -151,7 +152,7 @@ class CampaignDir:
                 elif is_digits(sub.name) and (cell_dir.name, int(sub.name)) not in known:
                     run_json = sub / names.RUN_JSON
                     if run_json.is_file():
-                        self.ledger.append(ledger_line(versioned.read_json(run_json, versioned.RUN.name)))
+                        self.ledger.append(ledger_line(RunRecord.read(run_json)))
                         repaired += 1
         return repaired
 
@@ -170,9 +171,14 @@ class CampaignDir:
                     out.append((cell_dir.name, int(sub.name), sub))
         return out
 
-    def attempt_folders(self) -> list[tuple[Path, dict[str, Any]]]:
+    def attempt_folders(self) -> list[tuple[Path, RunRecord]]:
         """Every committed attempt (a folder with its run.json) with its record, by cell then attempt number."""
-        return [(sub, versioned.read_json(sub / names.RUN_JSON, versioned.RUN.name)) for _, _, sub in self.attempt_paths()]
+        return [(sub, RunRecord.read(sub / names.RUN_JSON)) for _, _, sub in self.attempt_paths()]
+
+    def read_run(self, cell_id: str, attempt: int) -> RunRecord:
+        """One committed attempt's run.json (a StoreError naming the file when it is missing or does
+        not read as a run record)."""
+        return RunRecord.read(self.run_dir(cell_id, attempt) / names.RUN_JSON)
 
     def device_records(self) -> list[tuple[Path, dict[str, Any]]]:
         """The campaign's root/devices/*.json, sorted by file name."""

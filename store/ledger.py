@@ -20,6 +20,7 @@ from engine.fsutil import naming
 from engine.units import MIB
 from store import names, versioned
 from store.errors import StoreError
+from store.run_record import RunRecord
 
 
 class Ledger:
@@ -77,20 +78,22 @@ class Ledger:
 ATTEMPTED_DEFAULT = True
 
 
-def was_attempted(record: Mapping[str, Any]) -> bool:
+def was_attempted(record: Mapping[str, Any] | RunRecord) -> bool:
     """Whether a ledger line or a run record (run.json) ran the engine: true unless its `attempted`
     is false; a record without the key did (ATTEMPTED_DEFAULT), and so does one whose value is not a
     boolean (null, 0: not what the harness writes, and only false says "not run"). Every reader
     (spent, status, the run table, the benchmarks) counts attempts through this one test."""
+    if isinstance(record, RunRecord):
+        return record.attempted is not False       # RunRecord.attempted: None when the key is absent
     return record.get("attempted", ATTEMPTED_DEFAULT) is not False
 
 
-def ledger_line(record: Mapping[str, Any]) -> dict[str, Any]:
+def ledger_line(record: RunRecord) -> dict[str, Any]:
     """The ledger line of a run record (run.json)."""
-    return {**versioned.LEDGER.stamp(), "cell_id": record["cell_id"], "attempt": record["attempt"],
-            "run_dir": names.run_dir_rel(record["cell_id"], record["attempt"]), "outcome": record["outcome"],
-            "started_at": record["started_at"], "ended_at": record["ended_at"],
-            "host": record.get("host", socket.gethostname()), "attempted": was_attempted(record)}
+    return {**versioned.LEDGER.stamp(), "cell_id": record.cell_id, "attempt": record.attempt,
+            "run_dir": names.run_dir_rel(record.cell_id, record.attempt), "outcome": record.outcome,
+            "started_at": record.started_at, "ended_at": record.ended_at,
+            "host": record.host if record.has("host") else socket.gethostname(), "attempted": was_attempted(record)}
 
 
 def latest_by_cell(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:

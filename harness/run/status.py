@@ -168,10 +168,10 @@ def _latest_lost(cdir: CampaignDir, records: list[dict], ids: set[str]) -> str |
         return None
     latest = max(lost, key=lambda r: float(r.get("ended_at") or 0))
     try:
-        run = json.loads((cdir.run_dir(latest["cell_id"], int(latest["attempt"])) / "run.json").read_text())
-        return one_line("; ".join(str(e) for e in run.get("evidence") or ()), 400) or None
-    except (OSError, ValueError, AttributeError):
-        return None
+        run = cdir.read_run(latest["cell_id"], int(latest["attempt"]))
+    except StoreError:
+        return None           # its folder gone or unreadable: status still answers
+    return one_line("; ".join(run.evidence), 400) or None
 
 
 def campaign_status(out_dir: str | os.PathLike) -> CampaignStatus:

@@ -66,6 +66,7 @@ from store import names, outcomes, versioned
 from store.campaign_dir import CampaignDir
 from store.ledger import latest_by_cell, ledger_line
 from store.names import safe_id
+from store.run_record import RunRecord
 
 EVIDENCE_WAIT_S = 3.0
 SERVICES_FRESH_S = 5.0     # a previous exit state's dumpsys battery/thermalservice serve the next gate this long
@@ -164,21 +165,21 @@ class Worker(threading.Thread):
                 cell = knee_cell or cell
             if record is None:
                 record = self._attempt_with_retries(cell)
-            if record is not None and record["outcome"] in outcomes.INFRA:
+            if record is not None and record.outcome in outcomes.INFRA:
                 self.ctx.progress.abandon_cell(self.ref.spec)
-            if record is not None and record["outcome"] == outcomes.DEVICE_LOST:
+            if record is not None and record.outcome == outcomes.DEVICE_LOST:
                 rest = self.cells[[c.cell_id for c in self.cells].index(cell.cell_id) + 1:]
                 for later in rest:
                     if self.ctx.stop.is_set():
                         return
                     self._record_without_run(
                         later, outcomes.DEVICE_LOST, f"not attempted: {self.ref.spec} was lost at cell "
-                        f"{cell.label()} ({record['evidence'][-1] if record['evidence'] else 'no evidence'})")
+                        f"{cell.label()} ({record.evidence[-1] if record.evidence else 'no evidence'})")
                 self.ctx.progress.finish_device(self.ref.spec, f"device lost; {len(rest)} more cells not run")
                 return
         self.ctx.progress.finish_device(self.ref.spec, "done")
 
-    def _attempt_with_retries(self, cell: Cell) -> dict | None:
+    def _attempt_with_retries(self, cell: Cell) -> RunRecord | None:
         """Attempts of one cell until a result; infrastructure failures are retried with backoff.
         None when interrupted."""
         c = self.ctx.campaign
@@ -186,45 +187,47 @@ class Worker(threading.Thread):
         while True:
             self.final = False
             record = self._attempt(cell)
-            if record is None or record["outcome"] not in outcomes.INFRA or self.final:
+            if record is None or record.outcome not in outcomes.INFRA or self.final:
                 return record
             tries += 1
             if tries > c.run.retries or self.ctx.stop.is_set():
                 return record
             delay = c.run.retry_backoff_s * 2 ** (tries - 1)
-            self.ctx.progress.note(self.ref.spec, f"{record['outcome']}; retry {tries}/{c.run.retries} in {delay:g} s")
+            self.ctx.progress.note(self.ref.spec, f"{record.outcome}; retry {tries}/{c.run.retries} in {delay:g} s")
             if self.ctx.stop.wait(delay):
                 return None
             self.device = None                    # reopen: the connection may be new
-            if record["outcome"] == outcomes.DEVICE_LOST:
+            if record.outcome == outcomes.DEVICE_LOST:
                 self.stager.forget()
 
-    def _with_knee(self, cell: Cell) -> tuple[Cell | None, dict | None]:
+    def _with_knee(self, cell: Cell) -> tuple[Cell | None, RunRecord | None]:
         """A "knee*F" cell with its budget from this device's probe (run first if it has no
         finished attempt), or the cell's record when there is no knee to be had; (None, None) when
         interrupted."""
         probe = self.ctx.plan.probe_for(cell)
         if probe.cell_id not in self.knees:
-            rec = latest_by_cell(self.records).get(probe.cell_id)
-            if rec is None or rec["outcome"] != outcomes.OK:
+            line = latest_by_cell(self.records).get(probe.cell_id)     # its ledger line
+            ended, attempt = (str(line["outcome"]), int(line["attempt"])) if line is not None else (None, 0)
+            if ended != outcomes.OK:
                 self.ctx.progress.note(self.ref.spec, f"route-trace probe for {cell.model} "
                                                       f"(k={cell.config.n_expert_used})")
                 rec = self._attempt_with_retries(probe)
                 if rec is None:
                     return None, None
-            if rec["outcome"] != outcomes.OK:
-                outcome = rec["outcome"] if rec["outcome"] in outcomes.INFRA else outcomes.ENGINE_ERROR
+                ended, attempt = rec.outcome, rec.attempt
+            if ended != outcomes.OK:
+                outcome = ended if ended in outcomes.INFRA else outcomes.ENGINE_ERROR
                 return cell, self._record_without_run(
-                    cell, outcome, f"no knee: the route-trace probe {probe.cell_id} attempt {rec['attempt']} ended "
-                                   f"{rec['outcome']}", attempted=outcome in outcomes.INFRA)
-            trace = self.ctx.cdir.run_dir(probe.cell_id, int(rec["attempt"])) / names.ROUTE_CSV
+                    cell, outcome, f"no knee: the route-trace probe {probe.cell_id} attempt {attempt} ended "
+                                   f"{ended}", attempted=outcome in outcomes.INFRA)
+            trace = self.ctx.cdir.run_dir(probe.cell_id, attempt) / names.ROUTE_CSV
             try:
                 self.knees[probe.cell_id] = knee_of_trace(trace)
             except ProbeError as e:
                 return cell, self._record_without_run(cell, outcomes.ENGINE_ERROR, f"no knee: {e}")
         return resolve_knee(self.ctx.campaign, cell, self.knees[probe.cell_id].knee_mib, probe.cell_id), None
 
-    def _record_without_run(self, cell: Cell, outcome: str, reason: str, attempted: bool = False) -> dict:
+    def _record_without_run(self, cell: Cell, outcome: str, reason: str, attempted: bool = False) -> RunRecord:
         """A cell's outcome when it could not be run (a lost device's later cells, a knee cell
         whose probe failed): committed like any attempt, with `attempted: false` and the reason as
         evidence, so the directory says why the cell has no result. INFRA outcomes rerun."""
@@ -234,10 +237,11 @@ class Worker(threading.Thread):
             cell = resolve_threads(self.ctx.campaign, cell, self.cpu_seen.cores)
         record = self._new_record(cell, attempt, time.time())
         record.update(outcome=outcome, evidence=[reason], attempted=attempted, ended_at=record["started_at"])
-        self.ctx.cdir.commit_attempt(tmp, record)
-        self.records.append(ledger_line(record))
+        run = RunRecord.from_dict(record, tmp / names.RUN_JSON)
+        self.ctx.cdir.commit_attempt(tmp, run)
+        self.records.append(ledger_line(run))
         self.ctx.progress.end_cell(self.ref.spec, cell.label(), outcome, 0.0, final=outcome not in outcomes.INFRA)
-        return record
+        return run
 
     def _new_record(self, cell: Cell, attempt: int, started: float) -> dict[str, Any]:
         c = self.ctx.campaign
@@ -253,7 +257,7 @@ class Worker(threading.Thread):
             "probe": bool(cell.config.probe), "cpu": None, "oom_score_adj": c.run.oom_score_adj,
         }
 
-    def _attempt(self, cell: Cell) -> dict | None:
+    def _attempt(self, cell: Cell) -> RunRecord | None:
         ctx = self.ctx
         attempt = ctx.cdir.next_attempt(cell.cell_id, self.records)
         label = cell.label()
@@ -278,12 +282,14 @@ class Worker(threading.Thread):
             evidence = (*evidence, *self._server_back())
         record["outcome"], record["evidence"] = outcome_name, list(evidence)
         record["ended_at"] = time.time()
-        ctx.cdir.commit_attempt(tmp, record)
-        self.records.append(ledger_line(record))
+        # the record as the run assembled it, checked before anything is committed
+        run = RunRecord.from_dict(record, tmp / names.RUN_JSON)
+        ctx.cdir.commit_attempt(tmp, run)
+        self.records.append(ledger_line(run))
         probe = bool(cell.config.probe)
         ctx.progress.end_cell(self.ref.spec, label, f"probe {outcome_name}" if probe else outcome_name,
                               record["ended_at"] - started, final=outcome_name not in outcomes.INFRA and not probe)
-        return record
+        return run
 
     def _server_back(self) -> tuple[str, ...]:
         """A lost device's adb server, if it is the one that went: restarted when bmoe-fleet

@@ -12,7 +12,6 @@ their table columns (rebuilt_config), written by the same function.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -133,9 +132,9 @@ def rebuilt_config(row: Mapping[str, Any]) -> CellConfig:
 
 
 def config_of(row: Mapping[str, Any]) -> CellConfig | None:
-    """The typed configuration a run ran with (the run table's `config`: run.json's, as JSON)."""
-    text = row.get("config")
-    return CellConfig.from_dict(json.loads(text)) if isinstance(text, str) and text else None
+    """The typed configuration a run ran with (the run table's `config`: run.json's)."""
+    config = row.get("config")
+    return config if isinstance(config, CellConfig) else None
 
 
 def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], prefer_ok: bool = True) -> Measured:
@@ -145,7 +144,7 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
     if prefer_ok and any(r.get("outcome") == OK for r in recs):
         recs = [r for r in recs if r.get("outcome") == OK]
     measured = [(r["run_id"], config) for r in recs
-                if json.loads(r.get("argv") or "[]") and (config := config_of(r)) is not None]
+                if r.get("argv") and (config := config_of(r)) is not None]
     if measured:
         settings = {rid: tuple(settings_argv(c)) for rid, c in measured}
         common, _ = Counter(settings.values()).most_common(1)[0]

@@ -22,7 +22,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, select, update
@@ -35,9 +34,10 @@ from results.read import columns as cols
 from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
-from store import names, outcomes, versioned
+from store import names, outcomes
 from store.campaign_dir import CampaignDir
 from store.errors import StoreError
+from store.run_record import RunRecord
 
 Progress = Callable[[str], None]
 _KEY = ("cell_id", "attempt")
@@ -86,6 +86,8 @@ def _db_value(column: cols.Column, value: Any, pg: bool, run_id: str) -> Any:
     t = column.type
     if t == "value":
         return json.dumps(value)
+    if t in cols.OBJECT_TYPES:
+        return cols.as_text(column, value)          # the config and argv as JSON text
     if column.config_key:
         # a configuration column: the value as run.json has it, when it fits the declared type
         # (the `config` column keeps every key whatever its type)
@@ -109,9 +111,9 @@ def db_row(row: Mapping[str, Any], campaign_id: int, files: str, pg: bool, outpu
     return out
 
 
-def _read_run(path: Path) -> dict[str, Any] | None:
+def _read_run(path: Path) -> RunRecord | None:
     try:
-        return versioned.read_json(path / names.RUN_JSON, versioned.RUN.name)
+        return RunRecord.read(path / names.RUN_JSON)
     except StoreError:
         return None
 
@@ -141,9 +143,9 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
     for i, key in enumerate(todo, 1):
         path = on_disk[key][0]
         rec = _read_run(path)
-        if rec is None or str(rec.get("cell_id")) != key[0] or int(rec.get("attempt", -1)) != key[1]:
+        if rec is None or rec.cell_id != key[0] or rec.attempt != key[1]:
             raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}")
-        run = RunFolder(head.label, head.root, path, MappingProxyType(rec), key[1] == latest[key[0]])
+        run = RunFolder(head.label, head.root, path, rec, key[1] == latest[key[0]])
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
         built.append((key, row, read_output(run).to_json() if row.get("outcome") == outcomes.OK else None))

@@ -53,6 +53,8 @@ def _text(v: Any) -> str:
 
 
 def _decoder(c: cols.Column) -> Callable[[Any], Any]:
+    if c.type in cols.OBJECT_TYPES:
+        return lambda text: cols.from_text(c, text)      # the config and argv objects the table holds
     if c.type == "float":
         return _float
     if c.type == "bool":
@@ -74,7 +76,7 @@ def _row(db: Any, label: str) -> dict[str, Any]:
     row[_OUTPUT] = m["output"]
     row["campaign"] = label
     row["run_id"] = f"{label}/{row['cell_id']}/{row['attempt']}"
-    for key, value in sorted(json.loads(row["config"] or "{}").items()):
+    for key, value in sorted(row["config"].to_dict().items()):
         row[cols.config_column(key, row)] = json.dumps(value) if isinstance(value, (list, dict)) else value
     for name, decode in _AFTER:
         row[name] = decode(m[name])

@@ -48,7 +48,8 @@ from results.read import columns as cols
 
 DB_FILE = "results.sqlite"
 FORMAT = 1                       # the layout of the three tables (not the run table's columns)
-_TYPES = {"int": BigInteger, "float": Float, "bool": Boolean, "text": Text, "json": Text, "value": Text}
+_TYPES = {"int": BigInteger, "float": Float, "bool": Boolean, "text": Text, "json": Text, "value": Text, "config": Text,
+          "args": Text}
 
 metadata = MetaData()
 campaigns = Table(

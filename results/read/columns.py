@@ -37,8 +37,11 @@ from typing import Any
 
 from engine.interface import outputs as out_table
 from results.read import quality as q
+from store.cells import CellConfig
 
-TYPES = ("int", "float", "bool", "text", "json", "value")
+# config: a store.cells.CellConfig; args: a command line, a tuple of str. Both are objects in the
+# table and JSON text where it is written (written_frame, the results database)
+TYPES = ("int", "float", "bool", "text", "json", "value", "config", "args")
 RELEASE = "0.1.0"              # bmoe-fleet's release the columns below appeared in (pyproject's version)
 ENGINE = "<engine>"            # meaning and unit: the engine output's own (engine/interface/outputs.py)
 
@@ -159,9 +162,9 @@ _FIXED: tuple[Column, ...] = (
     _c("o_direct", "float", "", "run", "run.json's o_direct: 1 expert reads bypassed the page cache (`o_direct_basis`)"),
     _c("has_route_trace", "bool", "", "run", "the run left a route trace (route.csv)"),
     _c("probe", "bool", "", "run", "a knee probe's route-trace run, not a sweep point"),
-    _c("argv", "json", "", "run", "the command line as a JSON list"),
-    _c("config", "json", "", "run", "run.json's typed configuration as a JSON object (a recommendation's argv is built "
-       "from it)"),
+    _c("argv", "args", "", "run", "the command line (a tuple of str; a JSON list where written)"),
+    _c("config", "config", "", "run", "run.json's typed configuration (a CellConfig; a JSON object where written): a "
+       "recommendation's argv is built from it"),
     _c("csv_problem", "text", "", "run", "why the metrics CSV did not read, or empty"),
     # summary (the trailer's keys, engine/interface/outputs.py)
     _c("s_per_tok", "float", "s/token", "summary", "decode seconds per token: the summary's s/tok, else 1 / tok_s"),
@@ -450,10 +453,49 @@ def type_problem(column: Column, value: Any) -> str | None:
         "text": isinstance(value, str),
         "json": isinstance(value, str) and _is_json_document(value, column.config_key == ""),
         "value": value is None or isinstance(value, (str, int, float, bool)),
+        "config": isinstance(value, CellConfig),
+        "args": isinstance(value, tuple) and all(isinstance(a, str) for a in value),
     }[t]
     if ok:
         return None
     return f"{column.name}: {type(value).__name__} {value!r} is not {t}"
+
+
+def as_text(column: Column, value: Any) -> Any:
+    """A table value as files and the results database hold it: a config as its JSON object's text,
+    a command line as a JSON list's text (what the table held before it kept the objects); any
+    other value as it is."""
+    if column.type == "config" and isinstance(value, CellConfig):
+        return json.dumps(value.to_dict())
+    if column.type == "args" and isinstance(value, tuple):
+        return json.dumps(list(value))
+    return value
+
+
+def from_text(column: Column, text: Any) -> Any:
+    """as_text's text back as the table's object (an empty or absent text: an empty one)."""
+    if column.type == "config":
+        doc = json.loads(text) if isinstance(text, str) and text else {}
+        return CellConfig.from_dict(doc if isinstance(doc, dict) else {})
+    if column.type == "args":
+        doc = json.loads(text) if isinstance(text, str) and text else []
+        return tuple(str(a) for a in doc) if isinstance(doc, list) else ()
+    return text
+
+
+OBJECT_TYPES = ("config", "args")
+
+
+def written_frame(frame: Any) -> Any:
+    """The run table (a DataFrame) as its written formats carry it: its object columns as text
+    (as_text); the frame itself is left as it is."""
+    objects = [c for c in frame.columns if c in BY_NAME and BY_NAME[c].type in OBJECT_TYPES]
+    if not objects:
+        return frame
+    out = frame.copy()
+    for name in objects:
+        out[name] = [as_text(BY_NAME[name], v) for v in frame[name]]
+    return out
 
 
 def _is_json_document(text: str, empty_ok: bool) -> bool:

@@ -130,13 +130,9 @@ def read_ppl(run: RunFolder) -> dict[str, Any]:
 
 
 def _config(row: Mapping[str, Any]) -> dict[str, Any]:
-    """run.json's typed configuration as the run table keeps it (`config`, JSON); {} when unreadable."""
-    text = row.get("config")
-    try:
-        doc = json.loads(text) if isinstance(text, str) and text else {}
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    """run.json's typed configuration as the run table keeps it (`config`, a CellConfig); {} without one."""
+    config = row.get("config")
+    return config.to_dict() if isinstance(config, CellConfig) else {}
 
 
 def _takes_value(spelling: str) -> bool:

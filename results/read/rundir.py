@@ -16,6 +16,7 @@ from typing import Any
 
 from results.errors import ResultsError
 from store.campaign_dir import CampaignDir
+from store.run_record import RunRecord
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,13 +26,13 @@ class RunFolder:
     campaign: str                      # the campaign's label (unique among the directories read)
     root: Path                         # the campaign directory
     path: Path                         # runs/<cell>/<attempt>
-    record: Mapping[str, Any]          # run.json
+    record: RunRecord                  # run.json
     latest: bool                       # the cell's latest attempt
 
     @property
     def run_id(self) -> str:
         """campaign/cell/attempt: unique over the directories read."""
-        return f"{self.campaign}/{self.record['cell_id']}/{self.record['attempt']}"
+        return f"{self.campaign}/{self.record.cell_id}/{self.record.attempt}"
 
     def file(self, name: str) -> Path | None:
         """One file of the attempt's folder (a store.names name), None when the run left none."""
@@ -74,10 +75,8 @@ def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
     folders = cdir.attempt_folders()
     latest: dict[str, int] = {}
     for _, rec in folders:
-        cid, attempt = str(rec["cell_id"]), int(rec["attempt"])
-        latest[cid] = max(attempt, latest.get(cid, 0))
-    runs = tuple(RunFolder(head.label, head.root, path, MappingProxyType(rec),
-                           int(rec["attempt"]) == latest[str(rec["cell_id"])]) for path, rec in folders)
+        latest[rec.cell_id] = max(rec.attempt, latest.get(rec.cell_id, 0))
+    runs = tuple(RunFolder(head.label, head.root, path, rec, rec.attempt == latest[rec.cell_id]) for path, rec in folders)
     return replace(head, runs=runs)
 
 

@@ -46,6 +46,7 @@ from results.read.turns import turn_columns
 from store import names, outcomes
 from store.cells import CellConfig
 from store.ledger import was_attempted
+from store.run_record import thawed
 
 # columns every table has, first, in this order (docs/results.md lists them all)
 KEY_COLUMNS = ("device", "model", "engine", "cache_mb", "cache_auto", "cache_ceil_mb", "dense_weights",
@@ -345,18 +346,17 @@ def _derived(row: dict[str, Any], pre: Mapping[str, str]) -> None:
 def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str, Any]:
     """One table row for one attempt."""
     rec = run.record
-    config = CellConfig.from_dict(rec.get("config") or {})
-    device = str(rec.get("device", ""))
-    model = str(rec.get("model", ""))
+    config = rec.config
+    device, model = rec.device, rec.model
     identity = camp.devices.get(device) or {}
     model_rec = camp.models.get(model)
     metrics, parse_problem = _read_metrics(run)
     pre = dict(metrics.preamble) if metrics is not None else {}
-    summary = dict(rec.get("summary") or (metrics.summary if metrics is not None and metrics.summary else {}) or {})
-    result = dict(rec.get("result") or {})
+    summary = dict(rec.summary or (metrics.summary if metrics is not None and metrics.summary else {}) or {})
+    result = dict(rec.result or {})
     shape = shapes.for_model(model, model_rec)
     k = _top_k(config, pre, model_rec, shape)
-    engine = dict(rec.get("engine") or {})
+    engine = dict(rec.engine)
     engine_version = str(engine.get("version") or pre.get("engine") or "")
     releases = _release_columns(engine_version)
     cycle, cycle_source = _cycle(pre, summary, config, model_rec, shape, k, release_range(engine_version))
@@ -395,7 +395,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     tokens = _first(summary.get("tokens"), result.get("tokens"), stats.tokens if stats else None)
     tok_s = _first(stats.mean_tok_s if stats else None, summary.get("tok/s"), result.get("tok_per_s"))
 
-    pressure = dict(rec.get("pressure") or {})
+    pressure = dict(rec.pressure)
     samples = _samples(run)
     sample_floor = sample_hwm = math.nan
     if samples is not None:
@@ -405,7 +405,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
             sample_hwm = to_float(samples["vm_hwm_kb"].max())
     csv_floor_kb = stats.mem_available_min_mib * 1024 if stats else math.nan
     csv_rss_kb = stats.rss_max_mib * 1024 if stats else math.nan
-    outcome = str(rec.get("outcome") or "")
+    outcome = rec.outcome
     under = bool(stream is not False and not math.isnan(budget) and budget > 0 and not math.isnan(cycle)
                  and budget < cycle)
 
@@ -419,7 +419,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
                                   else pre.get("cache_ceil_mb")),
         "dense_weights": str(config.dense_weights or pre.get("dense_weights") or ""),
         "n_expert_used": k,
-        "repeat": int(rec.get("repeat", 0) or 0),
+        "repeat": rec.repeat,
         "outcome": outcome,
         "tokens": tokens,
         "tok_s": tok_s,
@@ -433,11 +433,11 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "campaign_dir": str(camp.root),
         "run_id": run.run_id,
         "run_dir": str(run.path),
-        "cell_id": str(rec.get("cell_id", "")),
-        "attempt": int(rec.get("attempt", 1)),
+        "cell_id": rec.cell_id,
+        "attempt": rec.attempt,
         "latest": run.latest,
         "imported": camp.imported,
-        "device_id": str(rec.get("device_id", "")),
+        "device_id": rec.device_id,
         "device_kind": str(identity.get("kind") or ""),
         "device_model": str(identity.get("model") or ""),
         "device_manufacturer": str(identity.get("manufacturer") or ""),
@@ -467,29 +467,29 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "budget_label": _budget_label(stream, auto, budget, config, planner),
         "planner": planner,
         # run
-        "pass": int(rec.get("pass", 0) or 0),
-        "order": int(rec.get("order", 0) or 0),
-        "evidence": " | ".join(str(e) for e in rec.get("evidence") or ()),
-        "exit_status": to_float(rec.get("exit_status")),
-        "timed_out": bool(rec.get("timed_out")),
-        "wall_s": to_float(rec.get("wall_s")),
+        "pass": rec.pass_no,
+        "order": rec.order,
+        "evidence": " | ".join(rec.evidence),
+        "exit_status": to_float(rec.exit_status),
+        "timed_out": rec.timed_out,
+        "wall_s": to_float(rec.wall_s),
         "killed": outcome in outcomes.KILLS,
         "infra": outcome in outcomes.INFRA,
-        "started_at": to_float(rec.get("started_at")),
-        "ended_at": to_float(rec.get("ended_at")),
+        "started_at": to_float(rec.started_at),
+        "ended_at": to_float(rec.ended_at),
         "attempted": was_attempted(rec),                          # False: recorded without running
-        "o_direct": to_float(rec.get("o_direct")),
+        "o_direct": to_float(rec.o_direct),
         "has_route_trace": run.file(names.ROUTE_CSV) is not None,
-        "probe": bool(rec.get("probe") or config.probe),   # a knee probe: its trace, not a sweep point
-        "argv": json.dumps(list(rec.get("argv") or ())),
-        "config": json.dumps(config.to_dict()),       # the typed config a recommendation builds its argv from
+        "probe": bool(rec.probe or config.probe),   # a knee probe: its trace, not a sweep point
+        "argv": rec.argv,                             # a tuple of str (JSON text where written: columns.as_text)
+        "config": config,                             # the typed config a recommendation builds its argv from
         "csv_problem": parse_problem or "",
         # summary
         "s_per_tok": math.nan, "tok_s_summary": _first(summary.get("tok/s"), result.get("tok_per_s")),
     }
     for key, column in _SUMMARY.items():
         row[column] = to_float(summary.get(key))
-    last_done = next((t.get("bmoe_done") for t in reversed(rec.get("turns") or ()) if t.get("bmoe_done")), None)
+    last_done = next((t.get("bmoe_done") for t in reversed(rec.turns) if t.get("bmoe_done")), None)
     for key, column in _DONE.items():
         if last_done and math.isnan(row[column]):
             row[column] = to_float(last_done.get(key))
@@ -508,7 +508,7 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     row["s_per_tok"] = _first(summary.get("s/tok"), 1 / tok_s if tok_s and not math.isnan(tok_s) else None)
     if math.isnan(row["majflt_per_tok"]) and stats is not None:
         row["majflt_per_tok"] = stats.majflt_per_tok
-    row.update(_reclaim_columns(dict(rec.get("reclaim") or {}), tokens))
+    row.update(_reclaim_columns(dict(rec.reclaim or {}), tokens))
     if math.isnan(row["majflt_per_tok"]):
         row["majflt_per_tok"] = row.pop("sampled_majflt_per_tok")
     else:
@@ -530,9 +530,9 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
         "batt_temp_max_dc": to_float(pressure.get("batt_temp_max_dC")),
     })
     _derived(row, pre)
-    row.update(_entry(rec.get("entry_state"), rec.get("gate")))
+    row.update(_entry(thawed(rec.entry_state), thawed(rec.gate)))
     # a session run's turns and the idle gaps between them (results/read/turns.py)
-    row.update(turn_columns(rec.get("turns")))
+    row.update(turn_columns(rec.turns))
     # every configuration key (those with a column of their own under another name are renamed)
     for key, value in sorted(config.to_dict().items()):
         column = _CONFIG_RENAMES.get(key, key)
@@ -546,15 +546,15 @@ def run_row(camp: CampaignData, run: RunFolder, shapes: ShapeCache) -> dict[str,
     row["engine_args"] = shlex.join(str(a) for a in config.engine_args)
     # the other apps open beside it (axes.apps), and those lmkd took while the engine ran
     row["apps"] = config.apps
-    row["apps_lmk_killed"] = ",".join(a["name"] for a in rec.get("apps") or () if a.get("lmk_killed"))
+    row["apps_lmk_killed"] = ",".join(a["name"] for a in rec.apps if a.get("lmk_killed"))
     # any other process lmkd killed past its soft level (perceptible or in front) while it ran
-    row["others_hard_killed"] = ",".join(rec.get("others_hard_killed") or ())
+    row["others_hard_killed"] = ",".join(rec.others_hard_killed)
     # over adb: the registered apps lmkd killed while the engine ran (it never considers the engine),
     # and in the app: lmkd's decision replayed with the engine registered (harness/run/app_verdict.py)
     row["collateral"] = ",".join(f"{c.get('name')} (oom_score_adj {c.get('oom_score_adj')})"
-                                 for c in rec.get("collateral") or ())
-    row.update(_app_columns(rec.get("app_verdicts")))
-    row.update(_cpu(rec.get("cpu")))
+                                 for c in rec.collateral)
+    row.update(_app_columns(rec.app_verdicts))
+    row.update(_cpu(rec.cpu))
     row["flags"] = ",".join(_flags(row))
     return row
 
@@ -672,7 +672,7 @@ def build_table(dirs: Sequence[str | Path] | Sequence[CampaignData],
         raise ResultsError("no runs in " + ", ".join(str(c.root) for c in camps))
     frame = pd.DataFrame(rows)
     # each run against a lossless run of the same question (results.read.quality)
-    frame = quality_columns(frame, outputs_of([(r, str(r.record.get("outcome") or "")) for c in camps for r in c.runs]))
+    frame = quality_columns(frame, outputs_of([(r, r.record.outcome) for c in camps for r in c.runs]))
     rest = [c for c in frame.columns if c not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
@@ -699,7 +699,9 @@ def table_what(frame: pd.DataFrame) -> str:
 def render_table(frame: pd.DataFrame, fmt: str) -> str | bytes:
     """The run table as text, csv, json, jsonl, md or parquet (bytes); the CLI writes it."""
     from results import formats
+    from results.read.columns import written_frame
 
+    frame = written_frame(frame)       # the config and argv objects as the JSON text files hold
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401

@@ -45,6 +45,7 @@ from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from store import names
 from store.outcomes import OK
+from store.run_record import thawed
 
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
 
@@ -230,12 +231,12 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     fig = charts.memory_figure(samples, rows)
     if fig:
         chart_list.append(Chart(ids.next(), fig, "MemAvailable and RSS while the engine ran"))
-    turns = [t for t in rec.get("turns") or () if isinstance(t, Mapping)]
+    turns: list[dict[str, Any]] = thawed(rec.turns)
     fig = charts.session_figure(samples, turns)
     if fig:
         chart_list.append(Chart(ids.next(), fig, "the engine's VmRSS, VmSwap and RssFile through the turns and gaps"))
     redactor = redactor or Redactor()
-    argv = redactor.argv(list(rec.get("argv") or ()), row.get("device_kind") == "local")
+    argv = redactor.argv(list(rec.argv), row.get("device_kind") == "local")
     distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
         ("tokens", "tokens"), ("mean_tok_s", "mean tok/s (tokens / Σ wall)"), ("median_tok_s", "median tok/s"),
         ("p5_tok_s", "p5 tok/s"), ("p95_tok_s", "p95 tok/s"), ("min_tok_s", "min tok/s (slowest token)"),
@@ -250,17 +251,17 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
         title=f"run {row['run_id']}", root=root, run_id=row["run_id"],
         device=Link(row["device"], root + Urls.device(row["device"])),
         model=Link(row["model"], root + Urls.model(row["model"])), outcome=row["outcome"],
-        evidence=tuple(redactor.text(str(e)) for e in rec.get("evidence") or ()),
+        evidence=tuple(redactor.text(e) for e in rec.evidence),
         argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
         flags=tuple(f for f in str(row.get("flags") or "").split(",") if f),
         tells=tuple(t.message for t in analysis.tells_of(row["run_id"])),
-        summary=_kv(rec.get("summary"), redactor=redactor), distribution=distribution,
-        config=_kv(rec.get("config"), redactor=redactor),
-        entry_state=_kv(rec.get("entry_state"), redactor=redactor, human=True),
-        exit_state=_kv(rec.get("exit_state"), redactor=redactor, human=True),
-        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.get("gate"), redactor=redactor, human=True)),
+        summary=_kv(thawed(rec.summary), redactor=redactor), distribution=distribution,
+        config=_kv(rec.config.to_dict(), redactor=redactor),
+        entry_state=_kv(thawed(rec.entry_state), redactor=redactor, human=True),
+        exit_state=_kv(thawed(rec.exit_state), redactor=redactor, human=True),
+        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(thawed(rec.gate), redactor=redactor, human=True)),
         charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
-        cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")),
+        cpu=_cpu_rows(thawed(rec.cpu), row), when=fmt_time(rec.started_at),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
 
 

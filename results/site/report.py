@@ -40,6 +40,7 @@ from results.analysis.recommend import recommendations_for
 from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
+from results.read.columns import written_frame
 from results.read.rundir import CampaignData, read_campaigns
 from results.read.table import build_table
 from results.site.history_view import history_links, history_pages
@@ -155,7 +156,7 @@ def _write(path: Path, text: str) -> None:
 def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
     """The run table as the site publishes it: no host folders, host paths in its text replaced,
     and this host's command lines with file names only."""
-    out = table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
+    out = written_frame(table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns]))   # as JSON text
     local = out["device_kind"] == "local" if "device_kind" in out.columns else pd.Series(False, index=out.index)
     out["argv"] = [json.dumps(redactor.argv(json.loads(a or "[]"), bool(is_local)))
                    for a, is_local in zip(out["argv"], local)]

@@ -83,7 +83,7 @@ def test_session_cells_record_their_turns_and_gaps(request, tmp_path, adb_server
 def _check(name: str, out: Path) -> None:
     (camp,) = read_campaigns([out])
     (run,) = camp.runs
-    rec = run.record
+    rec = run.record.to_dict()
     assert rec["outcome"] == "ok", (name, rec["evidence"])
     assert "--session" in rec["argv"] and rec["config"]["turns"] == TURNS and rec["config"]["idle_s"] == IDLE_S
     turns = rec["turns"]

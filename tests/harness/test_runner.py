@@ -271,6 +271,15 @@ def test_a_crash_between_folder_and_ledger_line_is_repaired_not_rerun(tmp_path, 
     assert status.complete and status.attempts == 2 and len(repaired) == 2
     assert [json.loads(x) for x in repaired] == [json.loads(x) for x in lines]  # restored from run.json
     assert len(list(out.glob("runs/*/*/run.json"))) == 2 and not list(out.glob("runs/*/.tmp-*"))
+    # a later device_lost attempt: status says why from its run.json, read through the store
+    cdir = CampaignDir(out)
+    first = cdir.read_run(json.loads(lines[0])["cell_id"], 1)
+    lost = first.with_(attempt=3, outcome="device_lost", evidence=["adb: device 'x' not found", "restarted it"],
+                       ended_at=first.ended_at + 1)
+    cdir.commit_attempt(cdir.start_attempt(lost.cell_id, 3), lost)
+    assert campaign_status(out).devices[0].lost == "adb: device 'x' not found; restarted it"
+    (cdir.run_dir(lost.cell_id, 3) / "run.json").write_text('{"format": "bmoe-fleet.run", "outcome": 3}')
+    assert campaign_status(out).devices[0].lost is None            # unreadable: status still answers
 
 
 def test_a_different_campaign_is_refused_in_a_used_directory(tmp_path, tiny_model):

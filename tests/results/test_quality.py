@@ -172,7 +172,7 @@ def test_recommend_with_a_bound_names_a_lossy_setting_only_within_it(quality_cam
         assert alt.agreement >= parsed.agreement and alt.speedup > 1
         assert all(r["lossy_levers"] == alt.levers for r in mine)
         # the argv is one that was measured: the chosen runs' own
-        assert alt.argv in {settings_of(json.loads(r["argv"])) for r in mine}
+        assert alt.argv in {settings_of(list(r["argv"])) for r in mine}
         assert f"{alt.identical} of {alt.compared} outputs identical" in alt.text
         # the fastest setting within the bound, by its runs' median tok/s (a setting's speed)
         within: dict[str, list[float]] = {}

@@ -146,7 +146,7 @@ def test_every_runs_stored_argv_is_its_typed_config_and_recommendations_are_buil
         rows = {r["run_id"]: r for r in build_table([camp]).to_dict("records")}
         assert rows
         for r in rows.values():
-            assert settings_of(json.loads(r["argv"])) == tuple(settings_argv(config_of(r))), r["run_id"]
+            assert settings_of(list(r["argv"])) == tuple(settings_argv(config_of(r))), r["run_id"]
         for device in recommend([camp]).devices:
             for rec in device.recommendations:
                 m = argv_of_runs(rec.fixed.run_ids, rows)

@@ -35,7 +35,7 @@ def validate(doc: dict) -> None:
 def run_argvs(campaign_dir: Path) -> dict[str, tuple[str, ...]]:
     """Every run's settings as its run.json recorded the command line, by run id."""
     (camp,) = read_campaigns([campaign_dir])
-    return {r.run_id: settings_of(r.record["argv"]) for r in camp.runs}
+    return {r.run_id: settings_of(list(r.record.argv)) for r in camp.runs}
 
 
 def assert_measured(rec, measured: dict[str, tuple[str, ...]]) -> None:

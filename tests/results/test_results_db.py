@@ -68,7 +68,7 @@ def test_the_run_table_has_exactly_the_declared_columns_in_order_and_types(which
     folder = request.getfixturevalue(which)
     table = build_table([folder])
     camp = read_campaign(folder)
-    keys = [list((r.record.get("config") or {}).keys()) for r in camp.runs]
+    keys = [list(r.record.config.keys) for r in camp.runs]
     assert list(table.columns) == cols.expected_columns(keys)
     undeclared = [c for c in table.columns if c not in cols.BY_NAME]
     assert not undeclared, f"run_row makes columns results/read/columns.py does not declare: {undeclared}"

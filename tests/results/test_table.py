@@ -3,6 +3,7 @@ them, the token cycle from the best source there is, per-token distributions, pr
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -12,7 +13,10 @@ import pandas as pd
 from click.testing import CliRunner
 
 from results.read.parse import read_metrics_csv
-from results.read.table import KEY_COLUMNS, build_table
+from results.read.table import KEY_COLUMNS, build_table, render_table
+from store import versioned
+from store.cells import CellConfig
+from store.run_record import RunRecord
 from tests.results.conftest import UPSTREAM
 
 
@@ -59,8 +63,37 @@ def test_the_table_command_writes_one_row_per_run_with_the_engine_numbers(local_
                                                 m.rows["mem_available_mib"].min() * 1024)
         hit = m.summary["cache_hit_pct"]
         assert (math.isnan(row["cache_hit_pct"]) if hit == -1 else row["cache_hit_pct"] == hit)
-        assert row["has_route_trace"] and json.loads(row["argv"]) == rec["argv"]
+        assert row["has_route_trace"] and json.loads(row["argv"]) == rec["argv"]   # the csv: JSON text
+        assert json.loads(row["config"]) == rec["config"]
         assert row["budget_spec"] == rec["config"]["budget_spec"] and row["cache_mb_config"] == rec["config"]["cache_mb"]
+
+
+def test_the_table_holds_config_and_argv_as_objects_and_writes_them_as_json_text(local_campaign, tmp_path):
+    """In the frame `config` is the CellConfig and `argv` a tuple; csv and json write the JSON text
+    run.json has (json.dumps of its config object and argv list, as the table always wrote)."""
+    frame = build_table([local_campaign])
+    records = {(r["cell_id"], r["attempt"]): r for r in run_records(local_campaign)}
+    for row in frame.to_dict("records"):
+        rec = records[row["cell_id"], row["attempt"]]
+        assert isinstance(row["config"], CellConfig) and row["config"].to_dict() == rec["config"]
+        assert isinstance(row["argv"], tuple) and list(row["argv"]) == rec["argv"]
+    texts = pd.read_csv(io.StringIO(str(render_table(frame, "csv"))), dtype=str, keep_default_na=False)
+    doc = json.loads(render_table(frame, "json"))
+    for i, row in enumerate(frame.to_dict("records")):
+        rec = records[row["cell_id"], row["attempt"]]
+        for written in (texts.iloc[i], doc["runs"][i]):
+            assert written["config"] == json.dumps(rec["config"]) and written["argv"] == json.dumps(rec["argv"])
+    assert isinstance(frame["config"].iloc[0], CellConfig)        # the frame itself is not changed by writing
+
+
+def test_a_run_json_written_through_the_record_is_byte_identical(local_campaign, tmp_path):
+    """The suite's campaign's run.json read into a RunRecord and written back: the same bytes."""
+    paths = sorted(local_campaign.glob("runs/*/*/run.json"))
+    assert paths
+    for path in paths:
+        record = RunRecord.read(path)
+        versioned.write_json(tmp_path / "run.json", record.to_dict())
+        assert (tmp_path / "run.json").read_bytes() == path.read_bytes(), path
 
 
 def test_parquet_needs_pyarrow_and_says_so(local_campaign, cli, tmp_path, monkeypatch):

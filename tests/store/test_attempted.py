@@ -8,7 +8,9 @@ import ast
 
 import pytest
 
+from store import versioned
 from store.ledger import ATTEMPTED_DEFAULT, ledger_line, spent_of, was_attempted
+from store.run_record import RunRecord
 from tests.source_scan import ROOT, assert_none_outside
 
 HOME = ROOT / "store" / "ledger.py"
@@ -25,12 +27,20 @@ def test_only_an_explicit_false_is_not_an_attempt(record, ran):
     assert ATTEMPTED_DEFAULT is True and was_attempted(record) is ran
 
 
+@pytest.mark.parametrize(("extra", "ran"), [({}, True), ({"attempted": True}, True), ({"attempted": False}, False),
+                                            ({"attempted": None}, True)])
+def test_a_run_record_counts_as_its_dict_does(extra, ran):
+    doc = {**versioned.RUN.stamp(), "cell_id": "c-1", "attempt": 1, "outcome": "ok", **extra}
+    assert was_attempted(RunRecord.from_dict(doc, "run.json")) is ran is was_attempted(doc)
+
+
 def test_spent_and_the_ledger_line_count_as_the_one_test_does():
     base = {"outcome": "ok", "attempt": 1, "started_at": 10.0, "ended_at": 15.0, "host": "h"}
     records = [{**base, "cell_id": f"c-{i}", **extra} for i, extra in
                enumerate(({}, {"attempted": True}, {"attempted": False}, {"attempted": None}))]
     assert spent_of(records).cells == 3 and spent_of(records).device_s == 15.0
-    assert [ledger_line(r)["attempted"] for r in records] == [True, True, False, True]
+    runs = [RunRecord.from_dict({**versioned.RUN.stamp(), **r}, "run.json") for r in records]
+    assert [ledger_line(r)["attempted"] for r in runs] == [True, True, False, True]
 
 
 def _reads_attempted(node: ast.AST) -> bool:
