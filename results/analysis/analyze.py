@@ -21,6 +21,7 @@ module of their own, taking FILLED_FRACTION with them, and are the split to make
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,7 @@ from results.analysis.noise import differs, median
 from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
+from results.read.frames import row_views
 from results.read.parse_text import NumberError, ParseError
 from results.read.quality import LOSSY_LEVERS, lossy_levers
 from results.read.run_keys import (
@@ -366,7 +368,16 @@ class Analysis:
 
     def tells_of(self, run_id: str) -> list[Tell]:
         """The tells that name a run."""
-        return [t for t in self.tells if run_id in t.run_ids]
+        return list(self._tells_by_run.get(run_id, ()))
+
+    @functools.cached_property
+    def _tells_by_run(self) -> dict[str, list[Tell]]:
+        """Each run's tells in order, worked out once (a site asks for every run's)."""
+        out: dict[str, list[Tell]] = {}
+        for t in self.tells:
+            for run_id in dict.fromkeys(t.run_ids):
+                out.setdefault(run_id, []).append(t)
+        return out
 
 
 # ── building ─────────────────────────────────────────────────────────────────────────────────
@@ -408,7 +419,7 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
                                               for x in str(v).split(",") if x)),
         gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"),
-        lossy=next((x for r in rows.to_dict("records") if (x := lossy_levers(r, top_k=False))), ""),
+        lossy=next((x for r in row_views(rows) if (x := lossy_levers(r, top_k=False))), ""),
         **_app_verdicts(rows))
 
 
@@ -477,8 +488,8 @@ def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
 
 def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[list[BudgetPoint], list[BudgetPoint]]:
     streamed, baselines = [], []
-    rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")],
-                       _asked=[budget_asked(r) for r in rows.to_dict("records")])
+    rows = rows.assign(_series=[series_label(r, varying) for r in row_views(rows)],
+                       _asked=[budget_asked(r) for r in row_views(rows)])
     for (series, asked), sub in rows.groupby(["_series", "_asked"], sort=False):
         if asked in (MMAP, RESIDENT):
             baselines.append(_point(sub, series, math.nan, cycle, False, budget_label(asked)))
@@ -591,7 +602,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     if LOSSY_LEVERS in candidates.columns:   # a lossy run's trace routes as its drops made it: not the LRU curve's
         candidates = candidates[candidates[LOSSY_LEVERS] == ""]
     candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
-    for rec in candidates.to_dict("records"):
+    for rec in row_views(candidates):
         path = Path(rec["run_dir"]) / names.ROUTE_CSV
         try:
             trace = read_route_trace(path)
@@ -656,9 +667,9 @@ def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoun
         return ()
     # the planner chooses the lanes itself (a planner cell writes no --io-threads): not its series
     varying = [k for k in varying if k != "io_threads"]
-    rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")])
-    cache0 = measured[[budget_asked(r) == "0" for r in measured.to_dict("records")]] if len(measured) else measured
-    cache0 = cache0.assign(_series=[series_label(r, varying) for r in cache0.to_dict("records")])
+    rows = rows.assign(_series=[series_label(r, varying) for r in row_views(rows)])
+    cache0 = measured[[budget_asked(r) == "0" for r in row_views(measured)]] if len(measured) else measured
+    cache0 = cache0.assign(_series=[series_label(r, varying) for r in row_views(cache0)])
     zero = {str(s): _point(sub, str(s), 0.0, cycle, False, budget_label(0)) for s, sub in cache0.groupby("_series", sort=True)}
     picks = []
     for series, sub in rows.groupby("_series", sort=True):

@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read import series as run_series
 from results.read.quality import RunOutput, quality_columns
 from results.read.rundir import campaign_labels
+from results.read.series import RunSeries
 from results.read.table import KEY_COLUMNS
 
 
@@ -158,3 +160,42 @@ def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:
     rest = [col for col in frame.columns if col not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
+
+
+class _Decoded(Mapping[str, RunSeries]):
+    """Run folder → its series, each decoded when first asked for."""
+
+    def __init__(self, raw: dict[str, bytes]) -> None:
+        self._raw = raw
+        self._done: dict[str, RunSeries] = {}
+
+    def __getitem__(self, key: str) -> RunSeries:
+        if key not in self._done:
+            self._done[key] = run_series.decode(self._raw[key])
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def stored_series(db: str | None, pairs: Iterable[tuple[str, str]]) -> Mapping[str, RunSeries]:
+    """What the database keeps of the metrics CSV and samples (results.read.series) of every run
+    of these (device, model) pairs, by run folder: results.read.series.provided answers from it."""
+    engine = schema.connect(db, create=False)
+    r, s = schema.runs, schema.series
+    raw: dict[str, bytes] = {}
+    try:
+        with engine.connect() as conn:
+            for device, model in sorted(set(pairs)):
+                q = select(r.c.run_dir, s.c.data).join(s, and_(
+                    s.c.campaign_id == r.c.campaign_id, s.c.cell_id == r.c.cell_id, s.c.attempt == r.c.attempt)) \
+                    .where(r.c.device == device, r.c.model == model)
+                raw.update((str(row.run_dir), bytes(row.data)) for row in conn.execute(q))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return _Decoded(raw)

@@ -21,9 +21,10 @@ from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, Repla
 from results.analysis.recommend_records import Recommendation, Recommendations
 from results.numbers import is_missing
 from results.publish import Redactor
-from results.read.parse import ParseError, read_metrics_csv
+from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.rundir import CampaignData, RunFolder
+from results.read.series import run_series
 from results.read.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from results.read.turns import demand_hit_pct, gap_rereads, gap_taken
 from results.site import charts
@@ -43,7 +44,6 @@ from results.site.pages import (
 )
 from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
-from store import names
 from store.outcomes import OK
 
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
@@ -211,18 +211,9 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     """One run's page: its outcome and evidence, argv, distribution, per-token and memory charts."""
     rec = run.record
     root = "../../"
-    rows = None
-    if (metrics := run.file(names.METRICS_CSV)) is not None:
-        try:
-            rows = read_metrics_csv(metrics).rows
-        except ParseError:
-            rows = None
-    samples = None
-    if (sampled := run.file(names.SAMPLES_CSV)) is not None:
-        try:
-            samples = pd.read_csv(sampled)
-        except (ValueError, OSError):
-            samples = None
+    found = run_series(run.path)            # from the results database when it provides them (report --db)
+    rows = found.metrics.rows if found.metrics is not None else None
+    samples = found.samples
     chart_list = []
     fig = charts.token_figure(rows, row.get("steady_from_step"))
     if fig:
@@ -358,7 +349,7 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
     devices = tuple(Link(d, root + Urls.device(d), f"{(mine['device'] == d).sum()} runs")
                     for d in sorted(set(mine["device"])))
     runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
-                 for r in mine.to_dict("records"))
+                 for r in row_views(mine))
     figures = [(g, charts.budget_figure(g, (recs or {}).get(g.key))) for g in analysis.groups
                if g.model == name and g.points]
     budget_charts = tuple(

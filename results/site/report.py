@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -40,7 +40,9 @@ from results.analysis.recommend import recommendations_for
 from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
+from results.read.frames import row_views
 from results.read.rundir import CampaignData, read_campaigns
+from results.read.series import provided
 from results.read.table import build_table
 from results.site.history_view import history_pages
 from results.site.page_views import Ids, device_page, index_page, model_page, run_page
@@ -147,6 +149,19 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique())
 
 
+def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | None,
+                       progress: Callable[[str], None] | None = None) -> SiteReport:
+    """`report --db`: the site of these campaign directories with their run table, the history of
+    their devices and models, and what the run pages and predictions read of each run's metrics
+    CSV and samples, all from the results database (results.read.series: no CSV is read)."""
+    from results.analysis.history import site_history
+    from results.db.load import run_table, stored_series
+
+    table = run_table(dirs, db)
+    with provided(stored_series(db, zip(table["device"], table["model"]))):
+        return build_site(dirs, out, table=table, history=site_history(db, table, progress))
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
@@ -190,7 +205,7 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         _write(site / Urls.model(model),
                _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor, front)))
         pages += 1
-    rows = {r["run_id"]: r for r in table.to_dict("records")}
+    rows = {r["run_id"]: r for r in row_views(table)}
     for camp in camps:
         for run in camp.runs:
             _write(site / Urls.run(run.run_id),
