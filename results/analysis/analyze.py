@@ -21,10 +21,12 @@ module of their own, taking FILLED_FRACTION with them, and are the split to make
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -732,8 +734,35 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
 
 
+_shared: ContextVar[list[tuple[pd.DataFrame, tuple[GroupAnalysis, ...], tuple[Tell, ...]]] | None] = \
+    ContextVar("shared_analyses", default=None)
+
+
+@contextlib.contextmanager
+def shared_analyses() -> Iterator[None]:
+    """Inside, `analyze` of a table equal to one it analysed already (same columns, dtypes, index and
+    values: DataFrame.equals) reuses that one's groups and tells: `report --db` analyses the site's
+    runs once for the history of their release and once for the site (results.site.report)."""
+    token = _shared.set([])
+    try:
+        yield
+    finally:
+        _shared.reset(token)
+
+
 def analyze(table: pd.DataFrame) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group."""
+    shared = _shared.get()
+    for seen, groups, tells in shared or ():
+        if seen.shape == table.shape and list(seen.columns) == list(table.columns) and seen.equals(table):
+            return _analysis(table, groups, tells)
+    groups, tells = _groups(table)
+    if shared is not None:
+        shared.append((table, groups, tells))
+    return _analysis(table, groups, tells)
+
+
+def _groups(table: pd.DataFrame) -> tuple[tuple[GroupAnalysis, ...], tuple[Tell, ...]]:
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
     is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
@@ -754,6 +783,11 @@ def analyze(table: pd.DataFrame) -> Analysis:
                 these = runs[loads == load]
                 if len(these[these["outcome"].isin(RESULTS)]):
                     groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load]))
+    return tuple(groups), tuple(tells)
+
+
+def _analysis(table: pd.DataFrame, groups: Sequence[GroupAnalysis], tells: Sequence[Tell]) -> Analysis:
+    """The analysis of `table`: its groups and tells, and the table with each run's tells and prediction."""
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

@@ -63,6 +63,7 @@ def _decoder(c: cols.Column) -> Callable[[Any], Any]:
 
 _FIXED = [(c.name, _decoder(c)) for c in cols.FIXED]
 _AFTER = [(c.name, _decoder(c)) for c in cols.AFTER_CONFIG]
+_IDS_AT_ONCE = 900               # campaign ids per query (SQLite's oldest limit on parameters is 999)
 _OUTPUT = " output"              # a run's output while its row is read (no column of the table)
 
 
@@ -138,15 +139,19 @@ def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: 
     """The run-table rows of these `campaigns` rows, each labelled among them all."""
     r = schema.runs
     labels = campaign_labels([w.name for w in camps], [w.dir for w in camps])
-    rows: list[dict[str, Any]] = []
-    for camp, label in zip(camps, labels):
-        q = select(r).where(r.c.campaign_id == camp.id)
+    found: dict[int, list[Any]] = {int(c.id): [] for c in camps}
+    ids = list(found)
+    for at in range(0, len(ids), _IDS_AT_ONCE):       # one query for many campaigns, not one each
+        q = select(r).where(r.c.campaign_id.in_(ids[at:at + _IDS_AT_ONCE]))
         if device is not None:
             q = q.where(r.c.device == device)
         if model is not None:
             q = q.where(r.c.model == model)
-        got = sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))
-        rows += [_row(x, label) for x in got]
+        for x in conn.execute(q):
+            found[int(x.campaign_id)].append(x)
+    rows: list[dict[str, Any]] = []
+    for camp, label in zip(camps, labels):
+        rows += [_row(x, label) for x in sorted(found[int(camp.id)], key=lambda x: (x.cell_id, x.attempt))]
     return rows
 
 
@@ -173,6 +178,11 @@ class _Decoded(Mapping[str, RunSeries]):
         if key not in self._done:
             self._done[key] = run_series.decode(self._raw[key])
         return self._done[key]
+
+    def raw(self, key: str) -> bytes | None:
+        """The stored bytes of a run folder's series (results.read.series.fingerprint), None when
+        the database holds none."""
+        return self._raw.get(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._raw)

@@ -13,6 +13,7 @@ the scalars `to_dict` boxes; object columns through pandas' own `maybe_box_nativ
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -75,3 +76,13 @@ def row_views(frame: pd.DataFrame) -> list[Row]:
     """The frame's rows in order (module doc): `to_dict("records")` for readers of a few keys."""
     columns = _Columns(frame)
     return [Row(columns, i) for i in range(len(frame))]
+
+
+def row_texts(frame: pd.DataFrame) -> list[str]:
+    """Each row's column names and values as one JSON text (a value JSON cannot hold as its str):
+    equal texts, equal rows (results.site.report's digest of a run page's inputs)."""
+    columns = _Columns(frame)
+    names = json.dumps([str(n) for n in columns.names], ensure_ascii=False)
+    lists = [columns.column(n) for n in columns.names]
+    return [names + json.dumps(values, ensure_ascii=False, default=str) for values in zip(*lists, strict=True)] \
+        if lists else [names] * len(frame)

@@ -15,6 +15,7 @@ needs no new ingest format.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import struct
 import zlib
@@ -144,6 +145,15 @@ def token_rows(path: str | Path) -> TokenRows | None:
     if found.metrics_error:
         raise ParseError(found.metrics_error)
     raise FileNotFoundError(f"{path}: no such file")
+
+
+def fingerprint(folder: str | Path) -> str:
+    """A digest of a run folder's series, equal for equal series whether the provided store or
+    the files give them (a store keeps `encode`'s bytes: results.db.load)."""
+    store = _provided.get()
+    raw = getattr(store, "raw", None)
+    data = raw(str(folder)) if raw is not None else None
+    return hashlib.sha256(data if data is not None else encode(run_series(folder))).hexdigest()
 
 
 # ── bytes for the database ───────────────────────────────────────────────────────────────────

@@ -24,6 +24,7 @@ from results.publish import Redactor
 from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.rundir import CampaignData, RunFolder
+from results.read.series import fingerprint as series_fingerprint
 from results.read.series import run_series
 from results.read.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from results.read.turns import demand_hit_pct, gap_rereads, gap_taken
@@ -253,6 +254,17 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
         charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
         cpu=_cpu_rows(rec.get("cpu"), row), when=fmt_time(rec.get("started_at")),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
+
+
+def run_page_inputs(run: RunFolder, row_text: str, analysis: Analysis, redactor_digest: str) -> str:
+    """Everything run_page reads, as one text: a run page made again from equal inputs (and the
+    same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
+    the run table (`row_text`: results.read.frames.row_texts), its tells, its metrics CSV and
+    samples (results.read.series.fingerprint), its files' names and the redactor (its digest)."""
+    record = json.dumps(dict(run.record), ensure_ascii=False, sort_keys=True, default=str)
+    return json.dumps([record, row_text, [(t.kind, t.message) for t in analysis.tells_of(run.run_id)],
+                       series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
+                       redactor_digest], ensure_ascii=False)
 
 
 def _turn_rows(turns: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[TurnRow, ...]:

@@ -23,6 +23,7 @@ from results.read import series as run_series
 from results.read.parse import ParseError
 from results.read.rundir import read_campaign
 from results.read.table import ShapeCache, build_table, render_table, run_row
+from results.site.site_format import Urls
 from tests.results import pg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,9 +134,12 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     sites = {}
     for name, extra in (("files", []), ("db", ["--db", db])):
         if name == "db":
-            # report --db reads no per-token CSV or samples: the database kept them at ingest
+            # report --db reads no per-token CSV or samples: the database kept them at ingest (the files
+            # are spoilt with their size and mtime kept, so ingest would not see them change either)
             for path in [*Path(camp).glob("runs/*/*/metrics.csv"), *Path(camp).glob("runs/*/*/samples.csv")]:
-                path.write_text("not what was ingested\n")
+                st = path.stat()
+                path.write_bytes(b"#" * st.st_size)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / name), *extra])
         assert out.exit_code == 0, out.output
         sites[name] = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*")
@@ -144,6 +148,27 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     # every run has its page, and its charts drew from the kept rows
     run_pages = [p for p in sites["db"] if p.parts[0] == "runs"]
     assert len(run_pages) == 20 and all(b"per-token decode time split" in sites["db"][p] for p in run_pages)
+
+    def build(name: str) -> tuple[dict, dict]:
+        out = runner.invoke(cli, ["report", camp, "--db", db, "-o", str(tmp_path / name), "--json"])
+        assert out.exit_code == 0, out.output
+        files = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*") if p.is_file()}
+        return json.loads(out.stdout), files
+
+    # built again over itself: every run page's inputs are unchanged, so each is kept, and the bytes are the same
+    summary, again = build("db")
+    assert summary["kept"] == 20 and again == sites["db"]
+    # one run's files changed and ingested again (its spoilt CSV now read: no tokens, and the runs set
+    # against it change too): the pages whose inputs changed are made again, the rest kept, and
+    # the site is the one a fresh build makes
+    changed = next(Path(camp).glob("runs/*/*/metrics.csv"))
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    assert runner.invoke(cli, ["db", "ingest", camp, "--db", db]).exit_code == 0
+    summary, again = build("db")
+    fresh = build("db-fresh")[1]
+    page = Path(Urls.run(f"local-sweep/{changed.parent.parent.name}/{changed.parent.name}"))
+    assert again == fresh and again[page] != sites["db"][page] and 0 < summary["kept"] < 20
+    assert summary["kept"] <= sum(again[p] == sites["db"][p] for p in run_pages)      # kept: unchanged
 
 
 @pytest.mark.parametrize("which", ["local_campaign", "imported"])
