@@ -19,10 +19,13 @@ measured reads over its own replay (exact without drops: docs/replay.md). The 'p
 the replay on each lossy trace at its own budget, as the probe ran (traced: it drops from its first
 decode): exact, so what is left elsewhere is routing. The verdict is on the mean over the seeds;
 'median err %' is the per-seed errors' median, which one run whose sampled text turned read-heavy
-does not move (eight seeds: with four, one such run decided the verdict).
+does not move. 64 seeds by default: with four, eight or 32, one such run decided the verdict
+(docs/lab-notes/2026-12-06-drop-replay.md); '95 % interval' is a
+bootstrap interval of the pooled error over the seeds, so a cell whose interval straddles the 5 %
+line is undecided by this many seeds, not a miss or a pass.
 
     BMOE_CLI=… .venv/bin/python benchmarks/bench_replay_drop.py [--tokens 192] [--fracs 0.75,0.5]
-        [--sample-seeds 7,11,13,17,19,23,29,31] [--probe-budgets MiB,MiB]
+        [--sample-seeds 1,2,…] [--probe-budgets MiB,MiB]
 """
 
 from __future__ import annotations
@@ -90,6 +93,16 @@ class Cell:
     drop_measured: float = 0.0
     drop_replayed: float = 0.0
     errors: list[float] = field(default_factory=list)
+    per_seed: list[tuple[float, float]] = field(default_factory=list)   # (measured, replayed) MiB/token
+
+    def interval(self, draws: int = 4000, level: float = 0.95) -> tuple[float, float]:
+        """A bootstrap interval of the pooled error (Σ replayed / Σ measured), resampling the seeds."""
+        pairs = np.array(self.per_seed)
+        rng = np.random.default_rng(0)
+        picks = rng.integers(0, len(pairs), size=(draws, len(pairs)))
+        errs = 100.0 * (pairs[picks, 1].sum(axis=1) / pairs[picks, 0].sum(axis=1) - 1.0)
+        tail = (1.0 - level) / 2 * 100
+        return float(np.percentile(errs, tail)), float(np.percentile(errs, 100 - tail))
 
 
 def pct(got: float, want: float) -> float:
@@ -105,7 +118,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="the synthetic model's seed")
     ap.add_argument("--skew", type=float, default=3.0, help="the synthetic router's skew")
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--sample-seeds", default="7,11,13,17,19,23,29,31",
+    ap.add_argument("--sample-seeds", default=",".join(str(s) for s in range(1, 65)),
                     help="the sampler's seeds: each gives its own traces and runs, and the table pools them")
     ap.add_argument("--probe-budgets", default=None,
                     help="MiB of the traced drop runs (the lossy traces), comma separated; default the second and "
@@ -170,6 +183,7 @@ def main() -> None:
                     c.drop_measured += drop_m
                     c.drop_replayed += lossy.drop_pct
                     c.errors.append(pct(replayed, measured))
+                    c.per_seed.append((measured, replayed))
         n = len(seeds)
         print(f"engine  {name}; model qwen3moe F32, 6 layers x {args.experts} experts, top-{args.top_k}, router skew "
               f"{args.skew}, seed {args.seed}; {args.tokens} tokens at temp {args.temp}, sampler seeds {args.sample_seeds}")
@@ -183,11 +197,12 @@ def main() -> None:
         print()
         probe_heads = "".join(f"{'from ' + str(pb):>8}" for pb in probes)
         probe_units = "".join(f"{'err %':>8}" for _ in probes)
-        print(f"{'F':>5} {'budget':>7} {'measured':>9} {'replayed':>9} {'err %':>7} {'per seed':>15} {'median':>6}{probe_heads} "
+        print(f"{'F':>5} {'budget':>7} {'measured':>9} {'replayed':>9} {'err %':>7} {'95 % interval':>15} {'per seed':>15} {'median':>6}{probe_heads} "
               f"{'lossless':>9} {'drop% m':>8} {'drop% r':>8}")
-        print(f"{'':>5} {'MiB':>7} {'MiB/tok':>9} {'MiB/tok':>9} {'':>7} {'err %':>15} {'err %':>6}{probe_units} "
+        print(f"{'':>5} {'MiB':>7} {'MiB/tok':>9} {'MiB/tok':>9} {'':>7} {'err %':>15} {'err %':>15} {'err %':>6}{probe_units} "
               f"{'err %':>9} {'':>8} {'':>8}")
         worst = worst_lossless = 0.0
+        inside = outside = above = 0          # cells above the cycle whose interval lies within / outside the target
         worst_one = dict.fromkeys(probes, 0.0)
         for (frac, budget), c in cells.items():
             err, err_lossless = pct(c.lossy, c.measured), pct(c.lossless, c.measured)
@@ -197,8 +212,13 @@ def main() -> None:
                 for pb, e in by_probe.items():
                     worst_one[pb] = max(worst_one[pb], abs(e))
             spread = f"{min(c.errors):+.1f}..{max(c.errors):+.1f}"
+            lo, hi = c.interval()
+            if budget > cycle:
+                above += 1
+                inside += lo >= -TOLERANCE_PCT and hi <= TOLERANCE_PCT
+                outside += hi < -TOLERANCE_PCT or lo > TOLERANCE_PCT
             median = float(np.median(c.errors))
-            print(f"{frac:>5.2f} {budget:>7d} {c.measured / n:>9.3f} {c.lossy / n:>9.3f} {err:>+7.1f} {spread:>15} {median:>+6.1f}"
+            print(f"{frac:>5.2f} {budget:>7d} {c.measured / n:>9.3f} {c.lossy / n:>9.3f} {err:>+7.1f} {f'{lo:+.1f}..{hi:+.1f}':>15} {spread:>15} {median:>+6.1f}"
                   f"{''.join(f'{e:>+8.1f}' for e in by_probe.values())} {err_lossless:>+9.1f} "
                   f"{c.drop_measured / n:>8.1f} {c.drop_replayed / n:>8.1f}")
         print()
@@ -206,6 +226,8 @@ def main() -> None:
         print(f"every budget above the cycle within {TOLERANCE_PCT:g} % (mean over seeds), from the nearest lossy "
               f"trace: {'yes' if worst <= TOLERANCE_PCT else 'no'} (worst {worst:.1f} %; {alone}; from the lossless "
               f"trace {worst_lossless:.1f} %); {time.monotonic() - t_start:.0f} s")
+        print(f"95 % bootstrap intervals over the {n} seeds, of the {above} cells above the cycle: {inside} lie within "
+              f"±{TOLERANCE_PCT:g} %, {outside} outside it, {above - inside - outside} straddle it (more seeds or tokens decide those)")
 
 
 if __name__ == "__main__":
