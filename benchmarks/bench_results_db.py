@@ -4,12 +4,19 @@ files for a slice; and one more campaign ingested into the full database, agains
 campaign into an empty one (its cost must follow its own runs, not the database's size).
 
     .venv/bin/python benchmarks/bench_results_db.py --campaign DIR [--runs 10000] [--db URL] [--work /var/tmp/x]
+        [--baseline-root CHECKOUT] [--profile]
 
 DIR is any campaign directory (one `bmoe-fleet sweep --device local` made with bmoe-py on a
 tiny model, or the test suite's local campaign); each copy gets its own campaign name. `--db`
-defaults to an SQLite file in the work folder; give postgresql://… for PostgreSQL. With
-`--profile`, `report --db` runs under cProfile and the top functions by cumulative time are
-printed (where a report's time goes beyond the run table). Prints a table of timings and ratios.
+defaults to an SQLite file in the work folder; give postgresql://… for PostgreSQL. `report --db`
+is timed twice into the same site folder: the first build writes every page, the repeated one
+keeps the run pages whose inputs did not change (results.site.report). With `--baseline-root`, an
+older bmoe-fleet checkout (e.g. a `git worktree` of the commit before a change) ingests the same
+campaigns into a database of its own and its `report --db` is timed in the same run: the ratio
+against it is the change's, on the same host at the same time. With `--profile`, `report --db`
+runs under cProfile and the top functions by cumulative time are printed. Every command runs in
+a child process (this checkout's code, or the baseline's); each line gives its wall seconds and
+the child's CPU seconds (user + system: on a loaded host, wall time is mostly waiting for a core).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,10 +55,19 @@ def copies(src: Path, work: Path, n: int, prefix: str) -> list[Path]:
     return out
 
 
-def cli(*args: str) -> float:
+def cli(*args: str, root: Path = ROOT) -> tuple[float, float, str]:
+    """`bmoe-fleet ARGS` with the code of checkout `root`: (wall seconds, the child's CPU seconds,
+    what it printed)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run([str(ROOT / ".venv" / "bin" / "bmoe-fleet"), *args], check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    done = subprocess.run([sys.executable, "-c", "from harness.cli.main import main; main()", *args],
+                          capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    if done.returncode != 0:
+        sys.exit(f"bmoe-fleet {args[0]} ({root}) failed:\n{done.stderr}")
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
 
 
 def main() -> None:
@@ -59,6 +77,7 @@ def main() -> None:
     ap.add_argument("--db")
     ap.add_argument("--work", type=Path)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--baseline-root", type=Path, help="an older bmoe-fleet checkout to time report --db against")
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="bench-results-db-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -68,40 +87,56 @@ def main() -> None:
     extra = copies(a.campaign, work, 1, "extra")[0]
     db = a.db or str(work / "results.sqlite")
     empty = str(work / "empty.sqlite")
-    rows: list[tuple[str, float, str]] = []
+    rows: list[tuple[str, float, float, str]] = []       # (step, wall s, CPU s, note)
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     ingest(dirs, db)
-    rows.append((f"ingest {n} campaigns, {n * per} runs", time.perf_counter() - t, ""))
-    t = time.perf_counter()
+    rows.append((f"ingest {n} campaigns, {n * per} runs", time.perf_counter() - t, time.process_time() - c, ""))
+    t, c = time.perf_counter(), time.process_time()
     again = ingest(dirs, db)
-    rows.append(("ingest again (nothing new)", time.perf_counter() - t, f"{sum(d.unchanged for d in again)} unchanged"))
+    rows.append(("ingest again (nothing new)", time.perf_counter() - t, time.process_time() - c,
+                 f"{sum(d.unchanged for d in again)} unchanged"))
     strs = [str(d) for d in dirs]
-    t_table = cli("table", *strs, "--db", db, "--format", "csv", "-o", str(work / "table.csv"))
-    rows.append((f"table --db ({n * per} runs)", t_table, "target 15 s"))
-    t_report = cli("report", *strs, "--db", db, "-o", str(work / "site"))
-    rows.append((f"report --db ({n * per} runs)", t_report, "target 15 s"))
+    t_table, c_table, _ = cli("table", *strs, "--db", db, "--format", "csv", "-o", str(work / "table.csv"))
+    rows.append((f"table --db ({n * per} runs)", t_table, c_table, "target 15 s"))
+    site = work / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    t_report, c_report, _ = cli("report", *strs, "--db", db, "-o", str(site))
+    rows.append((f"report --db ({n * per} runs), first build", t_report, c_report, "target 15 s"))
+    t_again, c_again, said = cli("report", *strs, "--db", db, "-o", str(site), "--json")
+    rows.append((f"report --db again, same folder ({json.loads(said)['kept']} run pages kept)", t_again, c_again,
+                 "target 15 s"))
+    if a.baseline_root is not None:
+        base_db = str(work / "baseline.sqlite")
+        t_bi, c_bi, _ = cli("db", "ingest", *strs, "--db", base_db, root=a.baseline_root.resolve())
+        rows.append(("baseline: ingest", t_bi, c_bi, str(a.baseline_root)))
+        t_base, c_base, _ = cli("report", *strs, "--db", base_db, "-o", str(work / "site-baseline"),
+                             root=a.baseline_root.resolve())
+        rows.append((f"baseline: report --db ({n * per} runs)", t_base, c_base,
+                     f"first build x{t_base / t_report:.1f} wall, x{c_base / c_report:.1f} CPU; "
+                     f"repeated x{t_base / t_again:.1f} wall, x{c_base / c_again:.1f} CPU"))
     k = max(1, min(n, 500 // per))
-    t_files = cli("table", *strs[:k], "--format", "csv", "-o", str(work / "table-files.csv"))
-    rows.append((f"table from files ({k * per} runs)", t_files,
+    t_files, c_files, _ = cli("table", *strs[:k], "--format", "csv", "-o", str(work / "table-files.csv"))
+    rows.append((f"table from files ({k * per} runs)", t_files, c_files,
                  f"{t_files / (k * per) * 1000:.1f} ms/run; x{n // k} = {t_files * n / k:.0f} s"))
-    t_rfiles = cli("report", *strs[:k], "-o", str(work / "site-files"))
-    rows.append((f"report from files ({k * per} runs)", t_rfiles,
+    t_rfiles, c_rfiles, _ = cli("report", *strs[:k], "-o", str(work / "site-files"))
+    rows.append((f"report from files ({k * per} runs)", t_rfiles, c_rfiles,
                  f"{t_rfiles / (k * per) * 1000:.1f} ms/run; x{n // k} = {t_rfiles * n / k:.0f} s"))
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     ingest([extra], empty)
-    t_empty = time.perf_counter() - t
-    t = time.perf_counter()
+    t_empty, c_empty = time.perf_counter() - t, time.process_time() - c
+    t, c = time.perf_counter(), time.process_time()
     ingest([extra], db)
-    t_full = time.perf_counter() - t
-    rows.append((f"ingest one more campaign ({per} runs) into an empty db", t_empty, ""))
-    rows.append((f"… into the db of {n * per} runs", t_full, f"ratio {t_full / t_empty:.2f}"))
+    t_full, c_full = time.perf_counter() - t, time.process_time() - c
+    rows.append((f"ingest one more campaign ({per} runs) into an empty db", t_empty, c_empty, ""))
+    rows.append((f"… into the db of {n * per} runs", t_full, c_full, f"ratio {t_full / t_empty:.2f}"))
     width = max(len(r[0]) for r in rows)
-    print(f"{'step':{width}}  {'seconds':>8}  note")
-    for name, secs, note in rows:
-        print(f"{name:{width}}  {secs:8.2f}  {note}")
+    print(f"{'step':{width}}  {'wall s':>8}  {'CPU s':>8}  note")
+    for name, secs, cpu, note in rows:
+        print(f"{name:{width}}  {secs:8.2f}  {cpu:8.2f}  {note}")
     print(f"table --db against the files' projection: x{t_files * n / k / t_table:.1f}; "
-          f"report --db against the files': x{t_rfiles * n / k / t_report:.1f}")
+          f"report --db against the files': x{t_rfiles * n / k / t_report:.1f} (first build), "
+          f"x{t_rfiles * n / k / t_again:.1f} (repeated)")
     if a.profile:
         from harness.cli.main import main as fleet
 

@@ -18,6 +18,7 @@ elements are paths.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,6 +80,11 @@ class Redactor:
                 arg = os.path.basename(arg)
             out.append(self.text(arg))
         return out
+
+    def fingerprint(self) -> str:
+        """A digest of what this redactor replaces: equal digests redact every text alike
+        (results.site.report keeps a run page whose inputs, this among them, did not change)."""
+        return hashlib.sha256(repr((self._pairs, self._home)).encode()).hexdigest()
 
     def value(self, value: Any) -> Any:
         """Any JSON-like value with every string in it redacted."""

@@ -27,12 +27,16 @@ _DB = click.option(
          "path, sqlite:///PATH or postgresql://…) instead of rebuilding it from the files.")
 
 
+def _no_model_files(model_files: tuple[str, ...]) -> None:
+    if model_files:
+        raise click.UsageError("--model-file prices rows as they are built; with --db they were built at ingest")
+
+
 def _db_table(db: str | None, dirs: list[str], model_files: tuple[str, ...]):
     """The run table of DIRS from the results database, or None without --db."""
     if db is None:
         return None
-    if model_files:
-        raise click.UsageError("--model-file prices rows as they are built; with --db they were built at ingest")
+    _no_model_files(model_files)
     from results.db.load import run_table
 
     return run_table(dirs, db)
@@ -166,13 +170,13 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
 
     if not out:
         raise click.UsageError("report --format site needs -o SITE_FOLDER")
-    table = _db_table(db, list(dirs), model_files)
-    history = None
-    if db is not None and table is not None:
-        from results.analysis.history import site_history
+    if db is not None:
+        from results.site.report import build_site_from_db
 
-        history = site_history(db, table, lambda line: click.echo(line, err=True))
-    site = build_site(list(dirs), out, parse_model_files(model_files), table=table, history=history)
+        _no_model_files(model_files)
+        site = build_site_from_db(list(dirs), out, db, lambda line: click.echo(line, err=True))
+    else:
+        site = build_site(list(dirs), out, parse_model_files(model_files))
     click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
 
 
@@ -213,8 +217,7 @@ def compare_command(a: str | None, b: str | None, engine_a: str | None, engine_b
             raise click.UsageError("compare needs A and B, or --db URL with one campaign (or --device and --model)")
         if b is not None:
             raise click.UsageError("--device and --model go with one campaign or none, not two")
-        if model_files:
-            raise click.UsageError("--model-file prices rows as they are built; with --db they were built at ingest")
+        _no_model_files(model_files)
         from results.analysis.history import compare_release
 
         result = compare_release(db, a, device, model, engine_b, engine_a, threshold_pct)

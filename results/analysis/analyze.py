@@ -21,9 +21,12 @@ module of their own, taking FILLED_FRACTION with them, and are the split to make
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from results.analysis.noise import differs, median
 from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
+from results.read.frames import row_views
 from results.read.parse_text import NumberError, ParseError
 from results.read.quality import LOSSY_LEVERS, lossy_levers
 from results.read.run_keys import (
@@ -366,7 +370,16 @@ class Analysis:
 
     def tells_of(self, run_id: str) -> list[Tell]:
         """The tells that name a run."""
-        return [t for t in self.tells if run_id in t.run_ids]
+        return list(self._tells_by_run.get(run_id, ()))
+
+    @functools.cached_property
+    def _tells_by_run(self) -> dict[str, list[Tell]]:
+        """Each run's tells in order, worked out once (a site asks for every run's)."""
+        out: dict[str, list[Tell]] = {}
+        for t in self.tells:
+            for run_id in dict.fromkeys(t.run_ids):
+                out.setdefault(run_id, []).append(t)
+        return out
 
 
 # ── building ─────────────────────────────────────────────────────────────────────────────────
@@ -408,7 +421,7 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
         others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
                                               for x in str(v).split(",") if x)),
         gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"),
-        lossy=next((x for r in rows.to_dict("records") if (x := lossy_levers(r, top_k=False))), ""),
+        lossy=next((x for r in row_views(rows) if (x := lossy_levers(r, top_k=False))), ""),
         **_app_verdicts(rows))
 
 
@@ -477,8 +490,8 @@ def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
 
 def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[list[BudgetPoint], list[BudgetPoint]]:
     streamed, baselines = [], []
-    rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")],
-                       _asked=[budget_asked(r) for r in rows.to_dict("records")])
+    rows = rows.assign(_series=[series_label(r, varying) for r in row_views(rows)],
+                       _asked=[budget_asked(r) for r in row_views(rows)])
     for (series, asked), sub in rows.groupby(["_series", "_asked"], sort=False):
         if asked in (MMAP, RESIDENT):
             baselines.append(_point(sub, series, math.nan, cycle, False, budget_label(asked)))
@@ -591,7 +604,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
     if LOSSY_LEVERS in candidates.columns:   # a lossy run's trace routes as its drops made it: not the LRU curve's
         candidates = candidates[candidates[LOSSY_LEVERS] == ""]
     candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
-    for rec in candidates.to_dict("records"):
+    for rec in row_views(candidates):
         path = Path(rec["run_dir"]) / names.ROUTE_CSV
         try:
             trace = read_route_trace(path)
@@ -656,9 +669,9 @@ def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoun
         return ()
     # the planner chooses the lanes itself (a planner cell writes no --io-threads): not its series
     varying = [k for k in varying if k != "io_threads"]
-    rows = rows.assign(_series=[series_label(r, varying) for r in rows.to_dict("records")])
-    cache0 = measured[[budget_asked(r) == "0" for r in measured.to_dict("records")]] if len(measured) else measured
-    cache0 = cache0.assign(_series=[series_label(r, varying) for r in cache0.to_dict("records")])
+    rows = rows.assign(_series=[series_label(r, varying) for r in row_views(rows)])
+    cache0 = measured[[budget_asked(r) == "0" for r in row_views(measured)]] if len(measured) else measured
+    cache0 = cache0.assign(_series=[series_label(r, varying) for r in row_views(cache0)])
     zero = {str(s): _point(sub, str(s), 0.0, cycle, False, budget_label(0)) for s, sub in cache0.groupby("_series", sort=True)}
     picks = []
     for series, sub in rows.groupby("_series", sort=True):
@@ -722,10 +735,39 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
 # ── entry point ──────────────────────────────────────────────────────────────────────────────
 
 
+_shared: ContextVar[list[tuple[pd.DataFrame, bool, tuple[GroupAnalysis, ...], tuple[Tell, ...]]] | None] = \
+    ContextVar("shared_analyses", default=None)
+
+
+@contextlib.contextmanager
+def shared_analyses() -> Iterator[None]:
+    """Inside, `analyze` of a table equal to one it analysed already (same columns, dtypes, index and
+    values: DataFrame.equals), with predictions made alike, reuses that one's groups and tells:
+    `report --db` analyses the site's runs once for the history of their release and once for the
+    site (results.site.report)."""
+    token = _shared.set([])
+    try:
+        yield
+    finally:
+        _shared.reset(token)
+
+
 def analyze(table: pd.DataFrame, predictions_made: bool = True) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group. Without
     `predictions_made`, no group's speed is predicted (results.replay.predict reads every run's
-    per-token file): what bounds a ceiling does not use it (results.analysis.fleet_db)."""
+    per-token data): what bounds a ceiling does not use it (results.analysis.fleet_db)."""
+    shared = _shared.get()
+    for seen, made, groups, tells in shared or ():
+        if made == predictions_made and seen.shape == table.shape and list(seen.columns) == list(table.columns) \
+                and seen.equals(table):
+            return _analysis(table, groups, tells)
+    groups, tells = _groups(table, predictions_made)
+    if shared is not None:
+        shared.append((table, predictions_made, groups, tells))
+    return _analysis(table, groups, tells)
+
+
+def _groups(table: pd.DataFrame, predictions_made: bool) -> tuple[tuple[GroupAnalysis, ...], tuple[Tell, ...]]:
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
     is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
@@ -747,6 +789,11 @@ def analyze(table: pd.DataFrame, predictions_made: bool = True) -> Analysis:
                 if len(these[these["outcome"].isin(RESULTS)]):
                     groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load],
                                          predictions_made))
+    return tuple(groups), tuple(tells)
+
+
+def _analysis(table: pd.DataFrame, groups: Sequence[GroupAnalysis], tells: Sequence[Tell]) -> Analysis:
+    """The analysis of `table`: its groups and tells, and the table with each run's tells and prediction."""
     run_tells: dict[str, list[str]] = {}
     for t in tells:
         for rid in t.run_ids:

@@ -23,6 +23,7 @@ from results.analysis.android_app import APP_DROP_COLD
 from results.analysis.noise import differs
 from results.analysis.quality import quality_front
 from results.numbers import to_float
+from results.read.frames import row_views
 from results.read.quality import LOSSY_LEVERS, question_flags
 from store.outcomes import OK
 
@@ -124,7 +125,7 @@ def app_costs(table: pd.DataFrame) -> list[AppDropCost]:
     front = quality_front(table)
     if front.empty:
         return []
-    rows = {str(r["run_id"]): r for r in table.to_dict("records")}
+    rows = {str(r["run_id"]): r for r in row_views(table)}
     out = []
     for _, group in front.groupby(["device", "model", "apps"], sort=True):
         settings = group.to_dict("records")

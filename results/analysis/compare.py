@@ -44,6 +44,7 @@ from results.analysis.noise import (
     u_differs,
 )
 from results.errors import ResultsError
+from results.read.frames import row_views
 from results.read.run_keys import CELL_KEYS, budget_label, cell_key
 from results.read.table import build_table
 from store.outcomes import OK, RESULTS
@@ -220,7 +221,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     frames = []
     for t in (a, b):
         t = t[t["outcome"].isin(RESULTS)]
-        frames.append(t.assign(_cell=[cell_key(r) for r in t.to_dict("records")]))
+        frames.append(t.assign(_cell=[cell_key(r) for r in row_views(t)]))
     a, b = frames
     fallback = _fallback(frames)
     keys = list(dict.fromkeys(list(a["_cell"]) + list(b["_cell"])))

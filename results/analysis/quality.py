@@ -32,6 +32,7 @@ from results.analysis.recommend_argv import argv_of_runs
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.read import quality as q
+from results.read.frames import row_views
 from results.read.run_keys import budget_asked, budget_label, cell_key, numbers_of, text_of
 from store.outcomes import OK
 
@@ -167,7 +168,7 @@ def quality_front(table: pd.DataFrame) -> pd.DataFrame:
     """One row per setting (a cell key: budget, top-k, flags …) with its speed, quality and memory,
     and `on_front` per (device, model, other apps, budget). A setting with no quality measured
     (no reference) or no finished run is never on the front."""
-    records = table.to_dict("records")
+    records = row_views(table)
     by_setting: dict[tuple[str, ...], list[int]] = {}
     for i, r in enumerate(records):
         by_setting.setdefault(cell_key(r), []).append(i)

@@ -60,6 +60,7 @@ from results.analysis.recommend_records import (
     campaign_summaries,
 )
 from results.publish import Redactor
+from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.run_keys import text_of as _text
 from results.read.rundir import CampaignData, read_campaigns
@@ -411,7 +412,7 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
     """Every group's recommendation, per device with its default, and the fleet's rule for phones
     never measured (`identities`: what each device reports, by name); with a quality `bound`, each
     names a lossy alternative within it where one was measured faster (recommend_group)."""
-    rows = {r["run_id"]: r for r in analysis.table.to_dict("records")}
+    rows = {r["run_id"]: r for r in row_views(analysis.table)}
     # what the app's default dropping costs where it was measured (the app preset runs it: results.analysis.app_drop)
     costs = app_costs(analysis.table)
     by_device: dict[str, list[Recommendation]] = {}

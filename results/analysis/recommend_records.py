@@ -12,6 +12,7 @@ import json
 import math
 import shlex
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from engine.safetext import printable
 from results import formats
 from results.analysis.quality import LossyAlternative
+from results.numbers import is_missing
+from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.tokens import PUBLISHED_MIN_TOKENS
 from store.ledger import spent_of
@@ -361,15 +364,20 @@ def render(recs: Recommendations, fmt: str) -> str:
 def campaign_summaries(table) -> list[dict[str, Any]]:
     """Per campaign: its label, engines, dates, outcomes and what it spent (the cells run and their
     device time, store.ledger.spent_of over its attempts; no folder: labels only)."""
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for r in row_views(table):         # one pass over the table's rows, not a frame per campaign
+        by_label.setdefault(r["campaign"], []).append(r)
     out = []
-    for label, mine in table.groupby("campaign", sort=True):
-        starts = [x for x in mine["started_at"] if isinstance(x, (int, float)) and not math.isnan(x)]
-        spent = spent_of(mine.to_dict("records"))
-        out.append({"label": str(label), "imported": bool(mine["imported"].any()),
-                    "engines": sorted({str(e) for e in mine["engine"] if e}), "runs": len(mine),
+    for label in sorted(by_label):
+        mine = by_label[label]
+        starts = [x for r in mine if isinstance(x := r["started_at"], (int, float)) and not math.isnan(x)]
+        spent = spent_of(mine)
+        outcomes = Counter(r["outcome"] for r in mine if not is_missing(r["outcome"]))
+        out.append({"label": str(label), "imported": any(bool(r["imported"]) for r in mine),
+                    "engines": sorted({str(e) for r in mine if (e := r["engine"])}), "runs": len(mine),
                     "first_run": _iso(min(starts)) if starts else None,
                     "last_run": _iso(max(starts)) if starts else None,
-                    "outcomes": {str(k): int(v) for k, v in sorted(mine["outcome"].value_counts().items())},
+                    "outcomes": {str(k): int(v) for k, v in sorted(outcomes.items())},
                     "spent": spent.to_dict()})
     return out
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from results.analysis.noise import cv, differs, median, typical_noise
+from results.read.frames import row_views
 from results.read.run_keys import CELL_KEYS, cell_key, column_of, numbers_of, text_of
 from store.outcomes import OK
 
@@ -37,7 +38,7 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
     out: list[Tell] = []
     if not len(ok):
         return out
-    records = ok.to_dict("records")
+    records = row_views(ok)
     keys = [cell_key(r) for r in records]
     ok["_cell"] = keys
 
@@ -76,12 +77,12 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
                                 f"{len(others)} run(s): something else took the page cache"))
 
     # a gate that gave up (the device was not cool or not free when the run started)
-    for rec in table[table["gate_gave_up"] == True].to_dict("records"):  # noqa: E712
+    for rec in row_views(table[table["gate_gave_up"] == True]):  # noqa: E712
         out.append(Tell("gate_gave_up", (rec["run_id"],),
                         f"the cooling gate gave up before this run ({rec.get('gate_reason') or 'no reason recorded'})"))
 
     # engines sharing the cores ran more compute threads than there were cores (harness.run.cpushare)
-    for rec in table[column_of(table, "oversubscribed") == True].to_dict("records"):  # noqa: E712
+    for rec in row_views(table[column_of(table, "oversubscribed") == True]):  # noqa: E712
         sharing = rec.get("cpu_engines") or ""
         out.append(Tell("oversubscribed", (rec["run_id"],),
                         f"{text_of(rec.get('threads_sum'))} compute threads on {text_of(rec.get('cores'))} cores (this "

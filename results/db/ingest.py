@@ -6,7 +6,9 @@ the attempts the ledger recorded and the run table reads; a folder the runner ne
 is not one) and builds rows (results.read.table.run_row) only for attempts it has not seen, or
 whose files changed since (their names, sizes and mtimes: a re-reconciled attempt is built again
 and replaces its row), or all of a campaign's when its name or device and model records changed.
-Its cost is its own campaign's attempts, never the database's size. Attempts whose folder is gone
+Its cost is its own campaign's attempts, never the database's size. Beside each row it keeps what
+the report reads of the attempt's metrics CSV and samples (results.read.series), so `report --db`
+reads no CSV. Attempts whose folder is gone
 are deleted, and `latest` is set again for the campaign's cells.
 
 Each campaign is written in one transaction, after its rows are built: a crash or Ctrl-C leaves
@@ -31,6 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read import series as run_series
 from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
@@ -139,7 +142,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
     gone = [k for k in seen if k not in on_disk]
     flips = [k for k in on_disk if k in seen and k not in todo and seen[k][1] != (k[1] == latest[k[0]])]
     shapes = ShapeCache()
-    built: list[tuple[tuple[str, int], dict[str, Any], str | None]] = []
+    built: list[tuple[tuple[str, int], dict[str, Any], str | None, bytes]] = []
     for i, key in enumerate(todo, 1):
         path = on_disk[key][0]
         rec = _read_run(path)
@@ -148,21 +151,25 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
         run = RunFolder(head.label, head.root, path, rec, key[1] == latest[key[0]])
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
-        built.append((key, row, read_output(run).to_json() if row.get("outcome") == outcomes.OK else None))
+        built.append((key, row, read_output(run).to_json() if row.get("outcome") == outcomes.OK else None,
+                      run_series.encode(run_series.read_series(path))))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
     try:
         with engine.begin() as conn:
             campaign_id = _campaign_id(conn, head, fingerprint, camp_row)
             stale = [k for k in todo if k in seen] + gone
-            if stale:
-                conn.execute(delete(schema.runs).where(and_(
-                    schema.runs.c.campaign_id == campaign_id, schema.runs.c.cell_id == bindparam("k_cell"),
-                    schema.runs.c.attempt == bindparam("k_attempt"))),
+            for table in (schema.runs, schema.series) if stale else ():
+                conn.execute(delete(table).where(and_(
+                    table.c.campaign_id == campaign_id, table.c.cell_id == bindparam("k_cell"),
+                    table.c.attempt == bindparam("k_attempt"))),
                     [{"k_cell": c, "k_attempt": a} for c, a in stale])
             if built:
                 conn.execute(schema.runs.insert(),
-                             [db_row(row, campaign_id, on_disk[key][1], pg, output) for key, row, output in built])
+                             [db_row(row, campaign_id, on_disk[key][1], pg, output) for key, row, output, _ in built])
+                conn.execute(schema.series.insert(),
+                             [{"campaign_id": campaign_id, "cell_id": key[0], "attempt": key[1], "data": data}
+                              for key, _, _, data in built])
             if flips:
                 conn.execute(update(schema.runs).where(and_(
                     schema.runs.c.campaign_id == campaign_id, schema.runs.c.cell_id == bindparam("k_cell"),

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read import series as run_series
 from results.read.quality import RunOutput, quality_columns
 from results.read.rundir import campaign_labels
+from results.read.series import RunSeries
 from results.read.table import KEY_COLUMNS
 
 
@@ -66,6 +68,7 @@ def _decoder(c: cols.Column) -> Callable[[Any], Any]:
 
 _FIXED = [(c.name, _decoder(c)) for c in cols.FIXED]
 _AFTER = [(c.name, _decoder(c)) for c in cols.AFTER_CONFIG]
+_IDS_AT_ONCE = 900               # campaign ids per query (SQLite's oldest limit on parameters is 999)
 _OUTPUT = " output"              # a run's output while its row is read (no column of the table)
 
 
@@ -140,22 +143,35 @@ def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: 
         -> list[dict[str, Any]]:
     """The run-table rows of these `campaigns` rows, each labelled among them all."""
     labels = campaign_labels([w.name for w in camps], [w.dir for w in camps])
+    r = schema.runs
+    found: dict[int, list[Any]] = {int(c.id): [] for c in camps}
+    ids = list(found)
+    for at in range(0, len(ids), _IDS_AT_ONCE):       # one query for many campaigns, not one each
+        q = _where(select(r).where(r.c.campaign_id.in_(ids[at:at + _IDS_AT_ONCE])), device=device, model=model)
+        for x in conn.execute(q):
+            found[int(x.campaign_id)].append(x)
     rows: list[dict[str, Any]] = []
     for camp, label in zip(camps, labels):
-        rows += _selected(conn, camp.id, label, device=device, model=model)
+        rows += [_row(x, label) for x in sorted(found[int(camp.id)], key=lambda x: (x.cell_id, x.attempt))]
     return rows
 
 
 def _selected(conn: Any, campaign_id: int, label: str, **where: str | None) -> list[dict[str, Any]]:
     """The rows of one campaign whose columns equal `where` (a None value: any), as `run_row` made them."""
     r = schema.runs
-    q = select(r).where(r.c.campaign_id == campaign_id)
+    q = _where(select(r).where(r.c.campaign_id == campaign_id), **where)
+    return [_row(x, label) for x in sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))]
+
+
+def _where(q: Any, **where: str | None) -> Any:
+    """`q` narrowed to the runs whose columns equal `where` (a None value: any)."""
+    r = schema.runs
     for name, value in where.items():
         if value == "":                  # a text column reads back NULL as "" (_text)
             q = q.where(or_(r.c[name] == value, r.c[name].is_(None)))
         elif value is not None:
             q = q.where(r.c[name] == value)
-    return [_row(x, label) for x in sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))]
+    return q
 
 
 # what run_groups reads of every run: the keys of a group and what tells its device and provenance
@@ -224,3 +240,47 @@ def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:
     rest = [col for col in frame.columns if col not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
     return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
+
+
+class _Decoded(Mapping[str, RunSeries]):
+    """Run folder → its series, each decoded when first asked for."""
+
+    def __init__(self, raw: dict[str, bytes]) -> None:
+        self._raw = raw
+        self._done: dict[str, RunSeries] = {}
+
+    def __getitem__(self, key: str) -> RunSeries:
+        if key not in self._done:
+            self._done[key] = run_series.decode(self._raw[key])
+        return self._done[key]
+
+    def raw(self, key: str) -> bytes | None:
+        """The stored bytes of a run folder's series (results.read.series.fingerprint), None when
+        the database holds none."""
+        return self._raw.get(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def stored_series(db: str | None, pairs: Iterable[tuple[str, str]]) -> Mapping[str, RunSeries]:
+    """What the database keeps of the metrics CSV and samples (results.read.series) of every run
+    of these (device, model) pairs, by run folder: results.read.series.provided answers from it."""
+    engine = schema.connect(db, create=False)
+    r, s = schema.runs, schema.series
+    raw: dict[str, bytes] = {}
+    try:
+        with engine.connect() as conn:
+            for device, model in sorted(set(pairs)):
+                q = select(r.c.run_dir, s.c.data).join(s, and_(
+                    s.c.campaign_id == r.c.campaign_id, s.c.cell_id == r.c.cell_id, s.c.attempt == r.c.attempt)) \
+                    .where(r.c.device == device, r.c.model == model)
+                raw.update((str(row.run_dir), bytes(row.data)) for row in conn.execute(q))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return _Decoded(raw)

@@ -1,6 +1,6 @@
 """The results database's tables, made from the declared run table (results/read/columns.py).
 
-Three tables, through SQLAlchemy Core (docs/decisions/results-db.md):
+Four tables, through SQLAlchemy Core (docs/decisions/results-db.md):
 
 - `campaigns`: one row per campaign directory ingested (its resolved path is its identity), its
   name, whether it was imported, and a fingerprint of the records its rows read (name, device and
@@ -10,6 +10,9 @@ Three tables, through SQLAlchemy Core (docs/decisions/results-db.md):
   the attempt folder's file names, sizes and mtimes (a changed attempt is built again), and
   `output`, what an ok run generated (results.read.quality.RunOutput.to_json), from which the quality
   columns, which set a run against another of the table, are worked out when the table is read.
+- `series`: one row per `runs` row, what the report reads of the attempt's per-token metrics CSV
+  and pressure samples (results.read.series.encode: every column, exact), so `report --db` reads no
+  CSV (docs/decisions/report-speed.md).
 - `meta`: the schema's fingerprint; a database made for another run-table schema is refused until
   `bmoe-fleet db rebuild`.
 
@@ -31,6 +34,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Table,
     Text,
@@ -45,9 +49,10 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from engine.fsutil import fleet_home
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read.series import FORMAT as SERIES_FORMAT
 
 DB_FILE = "results.sqlite"
-FORMAT = 1                       # the layout of the three tables (not the run table's columns)
+FORMAT = 2                       # the layout of the four tables (not the run table's columns)
 _TYPES = {"int": BigInteger, "float": Float, "bool": Boolean, "text": Text, "json": Text, "value": Text, "config": Text,
           "args": Text}
 
@@ -60,16 +65,26 @@ campaigns = Table(
     Column("imported", Boolean, nullable=False),
     Column("fingerprint", Text, nullable=False),
 )
+
+
+def _attempt_key() -> tuple[Column, ...]:
+    """An attempt's primary key: its campaign, cell id and attempt number."""
+    return (Column("campaign_id", Integer, ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True),
+            Column("cell_id", Text, primary_key=True),
+            Column("attempt", BigInteger, primary_key=True, autoincrement=False))
+
+
 runs = Table(
-    "runs", metadata,
-    Column("campaign_id", Integer, ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True),
-    Column("cell_id", Text, primary_key=True),
-    Column("attempt", BigInteger, primary_key=True, autoincrement=False),
+    "runs", metadata, *_attempt_key(),
     Column("files", Text, nullable=False),
     Column("output", Text),
     *(Column(c.name, _TYPES[c.type]()) for c in cols.STORED if c.name not in ("cell_id", "attempt")),
 )
 Index("runs_device_model", runs.c.device, runs.c.model)
+series = Table(
+    "series", metadata, *_attempt_key(),
+    Column("data", LargeBinary, nullable=False),
+)
 meta = Table(
     "meta", metadata,
     Column("key", Text, primary_key=True),
@@ -79,7 +94,7 @@ meta = Table(
 
 def schema_fingerprint() -> str:
     """What the tables were made for: the layout and every declared column's name and type."""
-    doc = [FORMAT, [(c.name, c.type) for c in cols.COLUMNS]]
+    doc = [FORMAT, SERIES_FORMAT, [(c.name, c.type) for c in cols.COLUMNS]]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
 

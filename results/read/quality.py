@@ -35,6 +35,7 @@ import pandas as pd
 from engine.contract.flags import flags_text
 from engine.interface.flags import flag as flag_of
 from results.numbers import to_float
+from results.read.frames import row_views
 from results.read.run_keys import text_of
 from results.read.rundir import RunFolder
 from store import names, outcomes
@@ -235,7 +236,7 @@ def _ppl(row: Mapping[str, Any]) -> float:
 def quality_columns(frame: pd.DataFrame, outputs: Mapping[str, RunOutput]) -> pd.DataFrame:
     """The run table with the quality columns (COLUMNS), each run set against its reference;
     `outputs` are the ok runs' outputs by run id (read_output)."""
-    rows = frame.to_dict("records")
+    rows = row_views(frame)
     levers = [lossy_levers(r) for r in rows]
     keys = [reference_key(r) for r in rows]
     candidates: dict[tuple[str, ...], list[int]] = {}
@@ -274,14 +275,14 @@ def quality_columns(frame: pd.DataFrame, outputs: Mapping[str, RunOutput]) -> pd
                 cols[c].append(math.nan)
             cols[AGREE_IDENTICAL].append(None)
             continue
-        ref = rows[ref_i]
-        tokens, frac, identical = agreement(out, outputs[str(ref["run_id"])])
-        cols[QUALITY_REF_CELL].append(str(ref.get("cell_id") or ""))
-        cols[QUALITY_REF_RUN].append(str(ref["run_id"]))
+        ref_row = rows[ref_i]
+        tokens, frac, identical = agreement(out, outputs[str(ref_row["run_id"])])
+        cols[QUALITY_REF_CELL].append(str(ref_row.get("cell_id") or ""))
+        cols[QUALITY_REF_RUN].append(str(ref_row["run_id"]))
         cols[AGREE_TOKENS].append(tokens)
         cols[AGREE_FRAC].append(frac)
         cols[AGREE_IDENTICAL].append(identical)
-        mine, theirs = _ppl(r), _ppl(ref)
+        mine, theirs = _ppl(r), _ppl(ref_row)
         cols[PPL_LOSS_PCT].append(100.0 * (mine / theirs - 1) if not math.isnan(mine) and not math.isnan(theirs)
                                   else math.nan)
     return frame.assign(**cols)

@@ -55,6 +55,7 @@ from results.errors import ResultsError
 from results.read.parse_csv import read_metrics_csv
 from results.read.route_trace import PHASE_DECODE, RouteTrace, read_route_trace
 from results.read.run_keys import SERIES_KEYS
+from results.read.series import Columns, TokenRows, token_rows
 from results.read.table import build_table
 from results.replay.lru_replay import (
     AccessSequence,
@@ -261,18 +262,25 @@ class CellError:
 # ── inputs ───────────────────────────────────────────────────────────────────────────────────
 
 
-def _column_sum(rows: pd.DataFrame, column: str) -> float:
-    return float(rows[column].sum()) if column in rows.columns else 0.0
+def _column_sum(rows: pd.DataFrame | Columns, column: str) -> float:
+    """pandas' sum of a column (NaN left out), 0 without the column."""
+    return float(pd.Series(rows[column]).sum()) if column in rows.columns else 0.0
 
 
 @functools.lru_cache(maxsize=512)
-def _parsed(path: str, mtime_ns: int, size: int):
+def _parsed(path: str, mtime_ns: int, size: int) -> TokenRows:
     """One metrics CSV, parsed once per version of the file (an analysis predicts each group, and a
     caller analyses one campaign many times: every run of the cache-0 and anchor cells is read)."""
-    return read_metrics_csv(path)
+    m = read_metrics_csv(path)
+    return TokenRows(Columns.of(m.rows), m.preamble)
 
 
-def _metrics_file(path: str | Path):
+def _metrics_file(path: str | Path) -> TokenRows:
+    """A metrics CSV's rows: the results database's when it provides them (results.read.series),
+    else the file's."""
+    kept = token_rows(path)
+    if kept is not None:
+        return kept
     st = os.stat(path)
     return _parsed(str(path), st.st_mtime_ns, st.st_size)
 
@@ -281,11 +289,15 @@ def _pooled_rows(metrics_paths: Sequence[str | Path]) -> tuple[pd.DataFrame, Map
     """The token rows of one or more runs of one cell, as one table, and the first run's preamble."""
     files = [_metrics_file(path) for path in metrics_paths]
     for path, m in zip(metrics_paths, files, strict=True):
-        if m.rows is None or not len(m.rows):
+        if not len(m.rows):
             raise PredictionError(f"{path}: the run has no token rows")
-    return pd.concat([m.rows for m in files], ignore_index=True), files[0].preamble
-
-
+    names_of = {(m.rows.columns, tuple(m.rows[c].dtype for c in m.rows.columns)) for m in files}
+    if len(names_of) == 1:          # one layout: pd.concat's columns, without a frame per run
+        columns = files[0].rows.columns
+        pooled = pd.DataFrame({c: np.concatenate([m.rows[c] for m in files]) for c in columns})
+    else:
+        pooled = pd.concat([m.rows.frame() for m in files], ignore_index=True)
+    return pooled, files[0].preamble
 def run_rates(metrics_paths: str | Path | Sequence[str | Path], run_ids: Sequence[str]) -> RunRates:
     """One cell's per-token means over all its runs' CSV rows (the summary's are rounded to 1 ms):
     every repeat counts, so one run's disk does not stand for the device's."""
@@ -308,7 +320,7 @@ def run_rates(metrics_paths: str | Path | Sequence[str | Path], run_ids: Sequenc
 def measured_s_per_tok(metrics_path: str | Path) -> float:
     """Mean wall s per generated token from the CSV rows (the same mean the prediction models)."""
     rows = _metrics_file(metrics_path).rows
-    return _column_sum(rows, "wall_ms") / 1000 / len(rows) if rows is not None and len(rows) else math.nan
+    return _column_sum(rows, "wall_ms") / 1000 / len(rows) if len(rows) else math.nan
 
 
 def _decode_tokens(trace: RouteTrace) -> int:
@@ -536,7 +548,8 @@ def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, s
         b = p.at(float(r["cache_mb"]))
         path = Path(r["run_dir"]) / names.METRICS_CSV
         rows = _metrics_file(path).rows
-        anon = float(rows["rss_anon_mib"].max()) if "rss_anon_mib" in rows.columns and len(rows) else math.nan
+        anon = float(pd.Series(rows["rss_anon_mib"]).max()) if "rss_anon_mib" in rows.columns and len(rows) \
+            else math.nan
         hit = float(r["cache_hit_pct"]) if not pd.isna(r["cache_hit_pct"]) else 0.0
         out.append(CellError(
             run_id=str(r["run_id"]), budget_mib=b.budget_mib, under_cycle=b.under_cycle,

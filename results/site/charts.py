@@ -12,10 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from results.analysis.analyze import GroupAnalysis
 from results.read.run_keys import load_text
+from results.read.series import Columns
 from store.versioned import json_safe
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
@@ -257,8 +259,9 @@ def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
     return out
 
 
-def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any] | None:
-    """Per-token wall / io / compute / mgmt ms, and the cumulative hit %."""
+def token_figure(rows: Columns | None, steady_from: float | None) -> dict[str, Any] | None:
+    """Per-token wall / io / compute / mgmt ms, and the cumulative hit % (`rows`: the metrics CSV's,
+    results.read.series)."""
     if rows is None or not len(rows) or "wall_ms" not in rows.columns:
         return None
     x = list(rows["step"]) if "step" in rows.columns else list(range(1, len(rows) + 1))
@@ -271,8 +274,10 @@ def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any
                          "marker": {"size": 4}, "yaxis": "y"})
     if "cache_hit_pct" in rows.columns:
         hit = rows["cache_hit_pct"].astype(float)
+        with np.errstate(invalid="ignore"):
+            shown = np.where(hit >= 0, hit, np.nan)
         data.append({"type": "scatter", "mode": "lines", "name": "hit % (cumulative)", "x": x,
-                     "y": list(hit.where(hit >= 0)), "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
+                     "y": list(shown), "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
     shapes, notes = [], []
     if steady_from is not None and not math.isnan(steady_from):
         s, n = _vline(steady_from, "#7f7f7f", "dot", "steady state from here")
@@ -287,7 +292,7 @@ def token_figure(rows: pd.DataFrame, steady_from: float | None) -> dict[str, Any
     return json_safe({"data": data, "layout": layout})
 
 
-def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> dict[str, Any] | None:
+def memory_figure(samples: Columns | None, rows: Columns | None) -> dict[str, Any] | None:
     """MemAvailable and RSS over the run: the ~1 Hz pressure samples (seconds) and the engine's own
     per-token columns (decode steps)."""
     data = []
@@ -318,7 +323,7 @@ def memory_figure(samples: pd.DataFrame | None, rows: pd.DataFrame | None) -> di
     return json_safe({"data": data, "layout": layout})
 
 
-def session_figure(samples: pd.DataFrame | None, turns: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+def session_figure(samples: Columns | None, turns: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
     """A session run's memory through its turns and gaps: the engine's VmRSS, VmSwap and RssFile
     from the ~1 Hz samples (seconds), each idle gap shaded and each turn's answer marked, so what
     the gap took (RSS down, swap up) sits beside the turn that paid for it."""
@@ -329,7 +334,7 @@ def session_figure(samples: pd.DataFrame | None, turns: Sequence[Mapping[str, An
              "line": {"color": color}}
             for column, name, color in (("vm_rss_kb", "VmRSS", "#d62728"), ("vm_swap_kb", "VmSwap", FOUGHT),
                                         ("rss_file_kb", "RssFile", "#1f77b4"))
-            if column in samples.columns and samples[column].notna().any()]
+            if column in samples.columns and pd.notna(samples[column]).any()]
     if not data:
         return None
     shapes, notes = [], []

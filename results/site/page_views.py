@@ -21,9 +21,11 @@ from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, Repla
 from results.analysis.recommend_records import Recommendation, Recommendations
 from results.numbers import is_missing
 from results.publish import Redactor
-from results.read.parse import ParseError, read_metrics_csv
+from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.rundir import CampaignData, RunFolder
+from results.read.series import fingerprint as series_fingerprint
+from results.read.series import run_series
 from results.read.tokens import PUBLISH_MIN_REPEATS, PUBLISHED_MIN_TOKENS
 from results.read.turns import demand_hit_pct, gap_rereads, gap_taken
 from results.site import charts
@@ -43,7 +45,6 @@ from results.site.pages import (
 )
 from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
-from store import names
 from store.outcomes import OK
 from store.run_record import thawed
 
@@ -212,18 +213,9 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     """One run's page: its outcome and evidence, argv, distribution, per-token and memory charts."""
     rec = run.record
     root = "../../"
-    rows = None
-    if (metrics := run.file(names.METRICS_CSV)) is not None:
-        try:
-            rows = read_metrics_csv(metrics).rows
-        except ParseError:
-            rows = None
-    samples = None
-    if (sampled := run.file(names.SAMPLES_CSV)) is not None:
-        try:
-            samples = pd.read_csv(sampled)
-        except (ValueError, OSError):
-            samples = None
+    found = run_series(run.path)            # from the results database when it provides them (report --db)
+    rows = found.metrics.rows if found.metrics is not None else None
+    samples = found.samples
     chart_list = []
     fig = charts.token_figure(rows, row.get("steady_from_step"))
     if fig:
@@ -263,6 +255,17 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
         charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
         cpu=_cpu_rows(thawed(rec.cpu), row), when=fmt_time(rec.started_at),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
+
+
+def run_page_inputs(run: RunFolder, row_text: str, analysis: Analysis, redactor_digest: str) -> str:
+    """Everything run_page reads, as one text: a run page made again from equal inputs (and the
+    same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
+    the run table (`row_text`: results.read.frames.row_texts), its tells, its metrics CSV and
+    samples (results.read.series.fingerprint), its files' names and the redactor (its digest)."""
+    record = json.dumps(run.record.to_dict(), ensure_ascii=False, sort_keys=True, default=str)
+    return json.dumps([record, row_text, [(t.kind, t.message) for t in analysis.tells_of(run.run_id)],
+                       series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
+                       redactor_digest], ensure_ascii=False)
 
 
 def _turn_rows(turns: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[TurnRow, ...]:
@@ -359,7 +362,7 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
     devices = tuple(Link(d, root + Urls.device(d), f"{(mine['device'] == d).sum()} runs")
                     for d in sorted(set(mine["device"])))
     runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
-                 for r in mine.to_dict("records"))
+                 for r in row_views(mine))
     figures = [(g, charts.budget_figure(g, (recs or {}).get(g.key))) for g in analysis.groups
                if g.model == name and g.points]
     budget_charts = tuple(

@@ -21,6 +21,7 @@ from results.analysis.app_drop import APP_NAME, app_cost, is_app_default
 from results.analysis.quality import AGREEMENT, PPL
 from results.analysis.recommend_records import Recommendation
 from results.numbers import to_float
+from results.read.frames import row_views
 from results.read.quality import question_flags
 from results.read.run_keys import budget_label, load_text
 from results.site import charts
@@ -61,7 +62,7 @@ def quality_views(front: pd.DataFrame, table: pd.DataFrame, recs: Sequence[Recom
     has a lossy setting with a quality value; () when none has."""
     if front.empty:
         return ()
-    rows = {str(r["run_id"]): r for r in table.to_dict("records")}
+    rows = {str(r["run_id"]): r for r in row_views(table)}
     mine = front
     if device is not None:
         mine = mine[mine["device"] == device]

@@ -21,19 +21,21 @@ as it was, as every `-o` treats a link (docs/decisions/output-formats.md).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from results.analysis.analyze import Analysis, analyze
+from results.analysis.analyze import Analysis, analyze, shared_analyses
 from results.analysis.history import History
 from results.analysis.quality import quality_front
 from results.analysis.recommend import recommendations_for
@@ -41,18 +43,22 @@ from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import written_frame
-from results.read.rundir import CampaignData, read_campaigns
+from results.read.frames import row_texts, row_views
+from results.read.rundir import CampaignData, RunFolder, read_campaigns
+from results.read.series import provided
 from results.read.table import build_table
 from results.site.history_view import history_links, history_pages
-from results.site.page_views import Ids, device_page, index_page, model_page, run_page
+from results.site.page_views import Ids, device_page, index_page, model_page, run_page, run_page_inputs
 from results.site.pages import Link
 from results.site.site_format import Urls, fmt_mib, fmt_num
 from store import names
+from store.versioned import write_json
 
 # run-table columns a published runs.csv leaves out: where the campaign lived on this host
 HOST_COLUMNS = ("run_dir", "campaign_dir")
 
 SITE_MARKER = ".bmoe-fleet-site"
+PAGES_MANIFEST = ".bmoe-fleet-site-pages.json"     # the run pages' inputs, for the next build (_Kept)
 
 
 # ── the one Environment ──────────────────────────────────────────────────────────────────────
@@ -84,16 +90,18 @@ class SiteReport:
     runs: int
     devices: int
     models: int
+    kept: int = 0            # run pages whose inputs had not changed, taken from the previous build
 
     def text(self) -> str:
         """One line for the terminal."""
         return (f"wrote {self.pages} pages ({self.devices} devices, {self.models} models, {self.runs} runs) to "
-                f"{self.out_dir}/index.html")
+                f"{self.out_dir}/index.html" + (f"; {self.kept} run pages kept from the last build" if self.kept
+                                                else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as `report --json` prints it."""
         return {"format": "bmoe-fleet.site", "version": 1, "dir": self.out_dir, "pages": self.pages,
-                "runs": self.runs, "devices": self.devices, "models": self.models}
+                "runs": self.runs, "devices": self.devices, "models": self.models, "kept": self.kept}
 
 
 def _plotly_js() -> Path:
@@ -139,13 +147,28 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
+    kept = _Kept(out if out.is_dir() and not out.is_symlink() and (out / SITE_MARKER).is_file() else None)
     try:
-        pages = _render(tmp, camps, analysis, recs, history)
+        pages = _render(tmp, camps, analysis, recs, history, kept)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique())
+    return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique(), kept.kept)
+
+
+def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | None,
+                       progress: Callable[[str], None] | None = None) -> SiteReport:
+    """`report --db`: the site of these campaign directories with their run table, the history of
+    their devices and models, and what the run pages and predictions read of each run's metrics
+    CSV and samples, all from the results database (results.read.series: no CSV is read). Where the
+    history's runs of a release are the site's runs, their analysis is made once (shared_analyses)."""
+    from results.analysis.history import site_history
+    from results.db.load import run_table, stored_series
+
+    table = run_table(dirs, db)
+    with provided(stored_series(db, zip(table["device"], table["model"]))), shared_analyses():
+        return build_site(dirs, out, table=table, history=site_history(db, table, progress))
 
 
 def _write(path: Path, text: str) -> None:
@@ -166,8 +189,76 @@ def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
     return out
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """What makes the pages besides their inputs: this bmoe-fleet's version, the templates and the
+    results package's code; a site built by another keeps none of its pages."""
+    digest = hashlib.sha256()
+    try:
+        digest.update(metadata.version("bmoe-fleet").encode())
+    except metadata.PackageNotFoundError:
+        digest.update(b"unknown")
+    for base in (templates_dir(), Path(__file__).resolve().parents[1]):
+        for path in sorted(base.rglob("*")):
+            if path.suffix in (".py", ".html", ".css", ".js", ".json") and path.is_file():
+                digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+class _Kept:
+    """The run pages (and runs.csv) of the previous build (the site folder being replaced) whose
+    inputs are unchanged (results.site.page_views.run_page_inputs, and the first chart id: ids count
+    across the site; runs.csv: every row and the redactor): each is taken as it is (a hard link,
+    else a copy) instead of made again. PAGES_MANIFEST, written into the new site before it is
+    swapped in whole, holds each one's digest and how many chart ids it took; one of another
+    code_fingerprint keeps nothing."""
+
+    def __init__(self, previous: Path | None) -> None:
+        self.previous = previous
+        self.before: dict[str, Any] = {}
+        self.now: dict[str, dict[str, Any]] = {}
+        self.kept = 0                                  # run pages taken
+        try:
+            doc = json.loads((previous / PAGES_MANIFEST).read_text()) if previous is not None else {}
+        except (OSError, ValueError):
+            doc = {}
+        if isinstance(doc, dict) and doc.get("format") == 1 and doc.get("code") == code_fingerprint() \
+                and isinstance(doc.get("pages"), dict):
+            self.before = doc["pages"]
+
+    def page(self, site: Path, rel: str, inputs: str, ids: Ids, render: Callable[[], str]) -> bool:
+        """Write file `rel` of `site`: taken from the previous build (True) when its inputs are unchanged."""
+        start = ids.n
+        digest = hashlib.sha256(f"{start}\n{inputs}".encode()).hexdigest()
+        was = self.before.get(rel)
+        took = was.get("ids") if isinstance(was, dict) and was.get("inputs") == digest else None
+        taken = isinstance(took, int) and self._take(rel, site)
+        if taken:
+            ids.n += int(took or 0)
+        else:
+            _write(site / rel, render())
+        self.now[rel] = {"inputs": digest, "ids": ids.n - start}
+        return taken
+
+    def _take(self, rel: str, site: Path) -> bool:
+        assert self.previous is not None
+        src, dst = self.previous / rel, site / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            try:
+                shutil.copyfile(src, dst)
+            except OSError:
+                return False
+        return True
+
+    def write(self, site: Path) -> None:
+        write_json(site / PAGES_MANIFEST, {"format": 1, "code": code_fingerprint(), "pages": self.now})
+
+
 def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations,
-            history: History | None = None) -> int:
+            history: History | None = None, kept: _Kept | None = None) -> int:
     env = make_environment()
     table = analysis.table
     redactor = Redactor(camps)
@@ -178,7 +269,12 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         shutil.copyfile(templates_dir() / name, site / "assets" / name)
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
-    published_runs(table, redactor).to_csv(site / names.SITE_RUNS_CSV, index=False)
+    texts = dict(zip(table["run_id"], row_texts(table), strict=True))
+    kept, digest = kept or _Kept(None), redactor.fingerprint()
+    # runs.csv: the whole table's rows and the redactor are its inputs
+    table_digest = hashlib.sha256("\n".join([digest, *texts.values()]).encode()).hexdigest()
+    kept.page(site, names.SITE_RUNS_CSV, table_digest, ids,
+              lambda: published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
     pages = 0
     # pages in this order: a chart's id (fig-N) counts up across the whole site
     rec_by_key = {r.key: r for r in recs.all()}
@@ -193,12 +289,14 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         _write(site / Urls.model(model),
                _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor, front)))
         pages += 1
-    rows = {r["run_id"]: r for r in table.to_dict("records")}
+    rows = {r["run_id"]: r for r in row_views(table)}
     for camp in camps:
         for run in camp.runs:
-            _write(site / Urls.run(run.run_id),
-                   _page(env, "run.html", run_page(run, rows[run.run_id], analysis, ids, redactor)))
+            row = rows[run.run_id]
+            kept.kept += kept.page(site, Urls.run(run.run_id), run_page_inputs(run, texts[run.run_id], analysis, digest),
+                                   ids, functools.partial(_run_html, env, run, row, analysis, ids, redactor))
             pages += 1
+    kept.write(site)
     histories = []
     for path, hp in history_pages(history, ids) if history is not None else []:
         _write(site / path, _page(env, "history.html", hp))
@@ -207,6 +305,11 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
                                                                      histories=tuple(histories))))
     return pages + 1
+
+
+def _run_html(env: Environment, run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Ids,
+              redactor: Redactor) -> str:
+    return _page(env, "run.html", run_page(run, row, analysis, ids, redactor))
 
 
 def _page(env: Environment, template: str, page: Any) -> str:

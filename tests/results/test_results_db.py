@@ -19,8 +19,11 @@ from results.db import ingest as ingest_mod
 from results.db import schema
 from results.db.load import run_table
 from results.read import columns as cols
+from results.read import series as run_series
+from results.read.parse import ParseError
 from results.read.rundir import read_campaign
 from results.read.table import ShapeCache, build_table, render_table, run_row
+from results.site.site_format import Urls
 from tests.results import pg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,8 +124,8 @@ def test_the_run_table_from_the_database_is_the_files_table(local_campaign, impo
 def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_campaign, cli, tmp_path):
     runner = CliRunner()
     db = str(tmp_path / "r.sqlite")
-    assert runner.invoke(cli, ["db", "ingest", str(local_campaign), "--db", db]).exit_code == 0
-    camp = str(local_campaign)
+    camp = str(_copy(local_campaign, tmp_path / "camp"))
+    assert runner.invoke(cli, ["db", "ingest", camp, "--db", db]).exit_code == 0
     for args in (["table", camp, "--format", "csv"], ["recommend", camp, "--json"],
                  ["compare", camp, camp, "--json"], ["report", camp, "--format", "community", "--json"]):
         files, from_db = runner.invoke(cli, args), runner.invoke(cli, [*args, "--db", db])
@@ -138,11 +141,67 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
         assert from_db.stdout == files.stdout and len(files.stdout) > 100, args
     sites = {}
     for name, extra in (("files", []), ("db", ["--db", db])):
+        if name == "db":
+            # report --db reads no per-token CSV or samples: the database kept them at ingest (the files
+            # are spoilt with their size and mtime kept, so ingest would not see them change either)
+            for path in [*Path(camp).glob("runs/*/*/metrics.csv"), *Path(camp).glob("runs/*/*/samples.csv")]:
+                st = path.stat()
+                path.write_bytes(b"#" * st.st_size)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / name), *extra])
         assert out.exit_code == 0, out.output
         sites[name] = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*")
                        if p.is_file()}
     assert len(sites["files"]) > 20 and sites["db"] == sites["files"]
+    # every run has its page, and its charts drew from the kept rows
+    run_pages = [p for p in sites["db"] if p.parts[0] == "runs"]
+    assert len(run_pages) == 20 and all(b"per-token decode time split" in sites["db"][p] for p in run_pages)
+
+    def build(name: str) -> tuple[dict, dict]:
+        out = runner.invoke(cli, ["report", camp, "--db", db, "-o", str(tmp_path / name), "--json"])
+        assert out.exit_code == 0, out.output
+        files = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*") if p.is_file()}
+        return json.loads(out.stdout), files
+
+    # built again over itself: every run page's inputs are unchanged, so each is kept, and the bytes are the same
+    summary, again = build("db")
+    assert summary["kept"] == 20 and again == sites["db"]
+    # one run's files changed and ingested again (its spoilt CSV now read: no tokens, and the runs set
+    # against it change too): the pages whose inputs changed are made again, the rest kept, and
+    # the site is the one a fresh build makes
+    changed = next(Path(camp).glob("runs/*/*/metrics.csv"))
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    assert runner.invoke(cli, ["db", "ingest", camp, "--db", db]).exit_code == 0
+    summary, again = build("db")
+    fresh = build("db-fresh")[1]
+    page = Path(Urls.run(f"local-sweep/{changed.parent.parent.name}/{changed.parent.name}"))
+    assert again == fresh and again[page] != sites["db"][page] and 0 < summary["kept"] < 20
+    assert summary["kept"] <= sum(again[p] == sites["db"][p] for p in run_pages)      # kept: unchanged
+
+
+@pytest.mark.parametrize("which", ["local_campaign", "imported"])
+def test_the_kept_series_are_the_files_read_again(which, request, tmp_path):
+    """What ingest keeps of each run's metrics CSV and samples reads back as reading the files gives
+    it (every column's dtype and values), and a CSV that did not parse keeps the parser's message."""
+    camp = read_campaign(request.getfixturevalue(which))
+    for run in camp.runs:
+        want = run_series.read_series(run.path)
+        got = run_series.decode(run_series.encode(want))
+        assert (got.metrics is None) == (want.metrics is None) and got.metrics_error == want.metrics_error
+        for a, b in ((got.metrics and got.metrics.rows, want.metrics and want.metrics.rows), (got.samples, want.samples)):
+            if b is None:
+                assert a is None
+                continue
+            assert a is not None and len(a) == len(b)
+            pd.testing.assert_frame_equal(a.frame(), b.frame(), check_exact=True)
+        if want.metrics is not None:
+            assert dict(got.metrics.preamble) == dict(want.metrics.preamble)
+    broken = _copy(Path(camp.runs[0].path), tmp_path / "run")
+    (broken / "metrics.csv").write_text("step,wall_ms\n1,2\n")
+    kept = run_series.decode(run_series.encode(run_series.read_series(broken)))
+    assert kept.metrics is None and "header lacks" in kept.metrics_error
+    with run_series.provided({str(broken): kept}), pytest.raises(ParseError, match="header lacks"):
+        run_series.token_rows(broken / "metrics.csv")
 
 
 def test_ingest_adds_new_attempts_updates_changed_ones_and_drops_removed_ones(local_campaign, db_url, tmp_path):

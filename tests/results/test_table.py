@@ -10,8 +10,10 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
+from results.read.frames import row_views
 from results.read.parse import read_metrics_csv
 from results.read.table import KEY_COLUMNS, build_table, render_table
 from store import versioned
@@ -158,3 +160,25 @@ def test_imported_runs_take_the_cycle_from_the_best_source_there_is(imported, tm
     assert traced["entry_freq_capped"] is True and "freq_capped" in traced["flags"]
     assert traced["entry_cpu_temp_mc"] == 99600 and traced["has_route_trace"]
     assert np.isnan(table[table["outcome"] == "config_error"]["tok_s"]).all()
+
+
+def test_row_views_give_what_to_dict_records_gives(local_campaign, imported):
+    """results.read.frames.row_views: the values and their types of `to_dict("records")`, key order
+    kept, read-only, a missing key a KeyError."""
+    table = build_table([local_campaign, imported])
+    for frame in (table, table[table["outcome"] == "ok"], table.iloc[:0], table.iloc[:, :3]):
+        want = frame.to_dict("records")
+        got = row_views(frame)
+        assert len(got) == len(want)
+        for w, g in zip(want, got, strict=True):
+            assert list(g) == list(w) and len(g) == len(w)
+            for key, value in w.items():
+                mine = g[key]
+                assert type(mine) is type(value), key
+                assert mine == value or (isinstance(value, float) and math.isnan(value) and math.isnan(mine)), key
+    row = row_views(table)[0]
+    assert row.get("no such column", "x") == "x" and "run_id" in row
+    with pytest.raises(KeyError):
+        row["no such column"]
+    with pytest.raises(TypeError):
+        row["run_id"] = "changed"  # type: ignore[index]
