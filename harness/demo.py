@@ -33,6 +33,7 @@ from engine.errors import BmoeError
 from engine.gguf.inspect import inspect_model
 from engine.gguf.synth import synth_options, write_model
 from engine.units import GIB, MIB
+from results.read.columns import C
 from store.campaign_dir import CampaignDir
 
 if TYPE_CHECKING:
@@ -266,7 +267,7 @@ def _turns_text(turns_dir: Path) -> str:
     table = build_table(read_campaigns([turns_dir]))
     lines = [f"session cells ({TURNS} turns, {IDLE_S:g} s idle, {GAP_APP} allocating in each gap):"]
     for row in table.to_dict("records"):
-        lines.append(f"  {row['device']} {row['outcome']}: hit % by turn {row.get('turn_demand_hit_pct')}, MiB read "
-                     f"{row.get('turn_read_mib')}, re-read after the gap {row.get('gap_reread_mib')} MiB"
-                     + (f", taken in the gap ({row.get('gap_taken')})" if row.get("gap_taken") else ""))
+        lines.append(f"  {row[C.device]} {row[C.outcome]}: hit % by turn {row.get(C.turn_demand_hit_pct)}, MiB read "
+                     f"{row.get(C.turn_read_mib)}, re-read after the gap {row.get(C.gap_reread_mib)} MiB"
+                     + (f", taken in the gap ({row.get(C.gap_taken)})" if row.get(C.gap_taken) else ""))
     return "\n".join(lines)
