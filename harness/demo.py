@@ -33,7 +33,6 @@ from engine.errors import BmoeError
 from engine.gguf.inspect import inspect_model
 from engine.gguf.synth import synth_options, write_model
 from engine.units import GIB, MIB
-from results.read.columns import C
 from store.campaign_dir import CampaignDir
 
 if TYPE_CHECKING:
@@ -261,6 +260,7 @@ def _drop_text(drop_dir: Path) -> str:
 
 def _turns_text(turns_dir: Path) -> str:
     """Each phone's session cell, turn by turn (the run table's turn columns)."""
+    from results.read.columns import C
     from results.read.rundir import read_campaigns
     from results.read.table import build_table
 
