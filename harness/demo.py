@@ -260,13 +260,14 @@ def _drop_text(drop_dir: Path) -> str:
 
 def _turns_text(turns_dir: Path) -> str:
     """Each phone's session cell, turn by turn (the run table's turn columns)."""
+    from results.read.columns import C
     from results.read.rundir import read_campaigns
     from results.read.table import build_table
 
     table = build_table(read_campaigns([turns_dir]))
     lines = [f"session cells ({TURNS} turns, {IDLE_S:g} s idle, {GAP_APP} allocating in each gap):"]
     for row in table.to_dict("records"):
-        lines.append(f"  {row['device']} {row['outcome']}: hit % by turn {row.get('turn_demand_hit_pct')}, MiB read "
-                     f"{row.get('turn_read_mib')}, re-read after the gap {row.get('gap_reread_mib')} MiB"
-                     + (f", taken in the gap ({row.get('gap_taken')})" if row.get("gap_taken") else ""))
+        lines.append(f"  {row[C.device]} {row[C.outcome]}: hit % by turn {row.get(C.turn_demand_hit_pct)}, MiB read "
+                     f"{row.get(C.turn_read_mib)}, re-read after the gap {row.get(C.gap_reread_mib)} MiB"
+                     + (f", taken in the gap ({row.get(C.gap_taken)})" if row.get(C.gap_taken) else ""))
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from results.analysis.noise import differs, median
 from results.analysis.planner_check import PlannerPick
 from results.analysis.tells import Tell, find_tells
 from results.numbers import is_missing, to_float
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.parse_text import NumberError, ParseError
 from results.read.quality import LOSSY_LEVERS, lossy_levers
@@ -388,9 +389,9 @@ class Analysis:
 def speeds(rows: pd.DataFrame) -> list[float]:
     """Each run's tok/s as a user waits for it: a speculative run's effective rate (decode plus
     drafting, its `mtp:`/`ngram:` line), which the reported tok/s leaves out; else tok/s."""
-    spec = column_of(rows, "spec_source").fillna("").astype(str)
+    spec = column_of(rows, C.spec_source).fillna("").astype(str)
     out = []
-    for reported, effective, source in zip(numbers_of(rows, "tok_s"), numbers_of(rows, "effective_tok_s"), spec):
+    for reported, effective, source in zip(numbers_of(rows, C.tok_s), numbers_of(rows, C.effective_tok_s), spec):
         value = effective if source and not math.isnan(effective) else reported
         if not math.isnan(value):
             out.append(float(value))
@@ -398,29 +399,29 @@ def speeds(rows: pd.DataFrame) -> list[float]:
 
 
 def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: bool, label: str) -> BudgetPoint:
-    ok = rows[rows["outcome"] == outcomes.OK]
-    killed = rows[rows["killed"]]
+    ok = rows[rows[C.outcome] == outcomes.OK]
+    killed = rows[rows[C.killed]]
     tok = speeds(ok)
     med = median(tok)
     under = bool(not math.isnan(budget) and budget > 0 and not math.isnan(cycle) and budget < cycle)
     return BudgetPoint(
         series=series, budget_mib=budget, label=label, auto=auto, runs=len(rows), ok=len(ok), killed=len(killed),
-        run_ids=tuple(rows["run_id"]), killed_run_ids=tuple(killed["run_id"]),
-        hit_pct=median(numbers_of(ok, "cache_hit_pct")), tok_s=med,
+        run_ids=tuple(rows[C.run_id]), killed_run_ids=tuple(killed[C.run_id]),
+        hit_pct=median(numbers_of(ok, C.cache_hit_pct)), tok_s=med,
         tok_s_min=min(tok) if tok else math.nan, tok_s_max=max(tok) if tok else math.nan,
         tok_s_values=tuple(tok), spread_pct=100 * (max(tok) - min(tok)) / med if len(tok) > 1 and med else 0.0,
         under_cycle=under, advice=UNDER_CYCLE_ADVICE if under else "",
         # the floor of the runs that finished: a killed run's last sample is not the floor it hit
-        mem_avail_floor_kb=_least(numbers_of(ok, "mem_avail_floor_kb")),
-        majflt_per_tok=median(numbers_of(ok, "majflt_per_tok")),
-        compute_s_per_tok=median(numbers_of(ok, "compute_s_per_tok")), flags=_flags_of(rows),
-        held_mib=_least(numbers_of(ok, "cache_resident_mib")), bank_mib=_least(numbers_of(rows, "expert_bank_mib")),
-        entry_mib=_least(numbers_of(rows, "expert_entry_mib")),
-        swap_in_mib_per_tok=median(numbers_of(ok, "swap_in_mib_per_tok")),
-        vm_swap_max_mib=_most(numbers_of(ok, "vm_swap_max_mib")),
-        others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, "others_hard_killed").dropna()
+        mem_avail_floor_kb=_least(numbers_of(ok, C.mem_avail_floor_kb)),
+        majflt_per_tok=median(numbers_of(ok, C.majflt_per_tok)),
+        compute_s_per_tok=median(numbers_of(ok, C.compute_s_per_tok)), flags=_flags_of(rows),
+        held_mib=_least(numbers_of(ok, C.cache_resident_mib)), bank_mib=_least(numbers_of(rows, C.expert_bank_mib)),
+        entry_mib=_least(numbers_of(rows, C.expert_entry_mib)),
+        swap_in_mib_per_tok=median(numbers_of(ok, C.swap_in_mib_per_tok)),
+        vm_swap_max_mib=_most(numbers_of(ok, C.vm_swap_max_mib)),
+        others_killed=", ".join(dict.fromkeys(x for v in column_of(ok, C.others_hard_killed).dropna()
                                               for x in str(v).split(",") if x)),
-        gap_taken=_text_of(ok, "gap_taken"), run_as=_text_of(rows, "run_as"),
+        gap_taken=_text_of(ok, C.gap_taken), run_as=_text_of(rows, C.run_as),
         lossy=next((x for r in row_views(rows) if (x := lossy_levers(r, top_k=False))), ""),
         **_app_verdicts(rows))
 
@@ -428,8 +429,8 @@ def _point(rows: pd.DataFrame, series: str, budget: float, cycle: float, auto: b
 def _app_verdicts(rows: pd.DataFrame) -> dict[str, Any]:
     """BudgetPoint's app_* fields from the runs' replayed verdicts (the foreground service's, adj 200:
     upstream's app runs the engine in RunService; on top, at adj 0, lmkd takes it no sooner)."""
-    verdict = column_of(rows, "app_service").fillna("").astype(str)
-    reasons = column_of(rows, "app_service_reason").fillna("").astype(str)
+    verdict = column_of(rows, C.app_service).fillna("").astype(str)
+    reasons = column_of(rows, C.app_service_reason).fillna("").astype(str)
     killed = [r for v, r in zip(verdict, reasons) if v == "kill"]
     return {"app_killed": len(killed), "app_replayed": int((verdict != "").sum()), "app_reason": killed[0] if killed else ""}
 
@@ -484,7 +485,7 @@ def _least(values: np.ndarray) -> float:
 
 def _flags_of(rows: pd.DataFrame) -> tuple[str, ...]:
     """The engine flags every run of a point had (none when they differ, e.g. pooled series)."""
-    settings = set(column_of(rows, "engine_flags").fillna("").astype(str))
+    settings = set(column_of(rows, C.engine_flags).fillna("").astype(str))
     return tuple(shlex.split(settings.pop())) if len(settings) == 1 else ()
 
 
@@ -498,13 +499,13 @@ def _points(rows: pd.DataFrame, varying: Sequence[str], cycle: float) -> tuple[l
             continue
         if asked == AUTO_BUDGET:
             # auto is sized per run: a point per sized budget (a killed run may not know its own)
-            for budget, part in sub.groupby(numbers_of(sub, "cache_mb"), dropna=False, sort=True):
+            for budget, part in sub.groupby(numbers_of(sub, C.cache_mb), dropna=False, sort=True):
                 b = float(budget)
-                ceil = to_float(part["cache_ceil_mb"].iloc[0])
+                ceil = to_float(part[C.cache_ceil_mb].iloc[0])
                 streamed.append(_point(part, series, b, cycle, True, budget_label(asked, ceil_mb=ceil, chose=b)))
             continue
         b = to_float(asked)
-        budgets = numbers_of(sub, "cache_mb")
+        budgets = numbers_of(sub, C.cache_mb)
         if np.isfinite(budgets).any():
             b = float(np.nanmedian(budgets))
         streamed.append(_point(sub, series, b, cycle, False, budget_label(b)))
@@ -539,11 +540,11 @@ def _boundary(points: Sequence[BudgetPoint], rows: pd.DataFrame) -> LmkBoundary:
         floors = [p.mem_avail_floor_kb for p in ps if not math.isnan(p.mem_avail_floor_kb)]
         floor = min(floors) if floors else None
     killed_ids = tuple(i for p in cached if p.killed for i in p.killed_run_ids)
-    evidence = tuple(dict.fromkeys(e for e in rows[rows["run_id"].isin(killed_ids)]["evidence"] if e))
+    evidence = tuple(dict.fromkeys(e for e in rows[rows[C.run_id].isin(killed_ids)][C.evidence] if e))
     killed_by = ""
     if smallest is not None:
-        at = rows[rows["run_id"].isin([i for p in by_budget[smallest] for i in p.killed_run_ids])]
-        killed_by = "lmkd" if (column_of(at, "outcome") == outcomes.LMK_KILLED).any() else \
+        at = rows[rows[C.run_id].isin([i for p in by_budget[smallest] for i in p.killed_run_ids])]
+        killed_by = "lmkd" if (column_of(at, C.outcome) == outcomes.LMK_KILLED).any() else \
             "the kernel (SIGKILL with no lmkd line)"
     app_reason = next((p.app_reason for p in by_budget.get(first_app, ()) if p.app_reason), "") \
         if first_app is not None else ""
@@ -561,25 +562,25 @@ def _observed_in_app(points: Sequence[BudgetPoint]) -> tuple[float | None, float
 
 
 def _dense(rows: pd.DataFrame) -> DenseComparison:
-    rows = rows[(rows["moe_stream"] != False) & (rows["dense_weights"] != "")]  # noqa: E712
-    modes = list(dict.fromkeys(rows["dense_weights"]))
+    rows = rows[(rows[C.moe_stream] != False) & (rows[C.dense_weights] != "")]  # noqa: E712
+    modes = list(dict.fromkeys(rows[C.dense_weights]))
     if not modes:
         return DenseComparison((), "", None, False)
-    ok = rows[rows["outcome"] == outcomes.OK]
+    ok = rows[rows[C.outcome] == outcomes.OK]
     asked = ok.apply(budget_asked, axis=1) if len(ok) else pd.Series(dtype=object)
     common = None
     for m in modes:
-        have = set(asked[ok["dense_weights"] == m]) if len(ok) else set()
+        have = set(asked[ok[C.dense_weights] == m]) if len(ok) else set()
         common = have if common is None else common & have
     use = ok[asked.isin(common)] if common and len(modes) > 1 else ok
     where = ("budgets " + ", ".join(sorted(common, key=lambda s: (not is_digits(s.replace('.', '')), s)))
              if common and len(modes) > 1 else "all runs")
     out = []
     for m in modes:
-        mine = use[use["dense_weights"] == m]
+        mine = use[use[C.dense_weights] == m]
         tok = tuple(speeds(mine))
-        out.append(DenseMode(m, int((rows["dense_weights"] == m).sum()), len(mine), median(tok),
-                             median(numbers_of(mine, "majflt_per_tok")), tok))
+        out.append(DenseMode(m, int((rows[C.dense_weights] == m).sum()), len(mine), median(tok),
+                             median(numbers_of(mine, C.majflt_per_tok)), tok))
     ranked = sorted((m for m in out if not math.isnan(m.tok_s)), key=lambda m: -m.tok_s)
     best = ranked[0].mode if ranked else None
     beyond = False
@@ -600,12 +601,12 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
         stack_distances,
     )
 
-    candidates = rows[(rows["has_route_trace"]) & (rows["outcome"] == outcomes.OK)]
+    candidates = rows[(rows[C.has_route_trace]) & (rows[C.outcome] == outcomes.OK)]
     if LOSSY_LEVERS in candidates.columns:   # a lossy run's trace routes as its drops made it: not the LRU curve's
         candidates = candidates[candidates[LOSSY_LEVERS] == ""]
-    candidates = candidates.sort_values(["tokens", "run_id"], ascending=[False, True])
+    candidates = candidates.sort_values([C.tokens, C.run_id], ascending=[False, True])
     for rec in row_views(candidates):
-        path = Path(rec["run_dir"]) / names.ROUTE_CSV
+        path = Path(rec[C.run_dir]) / names.ROUTE_CSV
         try:
             trace = read_route_trace(path)
         except (TraceError, OSError):
@@ -626,7 +627,7 @@ def _replay(rows: pd.DataFrame, cycle: float, top_k: int | None, extra_budgets: 
                          {round(top * i / 40, 3) for i in range(41)})
         points = lru_curve(seq, budgets, trace.cycle_bytes, distance)
         hits = [p.hit_pct_cum for p in points]
-        return Replay(str(path), rec["run_id"], cycle_mib, first_decode_hit_mib(seq, distance), tuple(budgets),
+        return Replay(str(path), rec[C.run_id], cycle_mib, first_decode_hit_mib(seq, distance), tuple(budgets),
                       tuple(hits), tuple(p.hit_pct_decode for p in points), knee_mib(seq, distance), seq, distance,
                       trace.cycle_bytes)
     return None
@@ -647,7 +648,7 @@ def _predicted(points: list[BudgetPoint], rows: pd.DataFrame, predictions: Mappi
     """Each point with its dense mode's prediction at its budget, where there is one."""
     if not predictions:
         return points
-    dense = dict(zip(rows["run_id"], rows["dense_weights"].astype(str)))
+    dense = dict(zip(rows[C.run_id], rows[C.dense_weights].astype(str)))
     out = []
     for p in points:
         modes = {dense.get(r, "") for r in p.run_ids}
@@ -675,16 +676,16 @@ def _planner_picks(rows: pd.DataFrame, measured: pd.DataFrame, boundary: LmkBoun
     zero = {str(s): _point(sub, str(s), 0.0, cycle, False, budget_label(0)) for s, sub in cache0.groupby("_series", sort=True)}
     picks = []
     for series, sub in rows.groupby("_series", sort=True):
-        budgets = numbers_of(sub, "cache_mb")
+        budgets = numbers_of(sub, C.cache_mb)
         budget = float(np.nanmedian(budgets)) if np.isfinite(budgets).any() else math.nan
         point = _point(sub, str(series), budget, cycle, False, budget_label(PLANNER_BUDGET))
         point = replace(point, fought=fought_reason(point, zero.get(str(series))))
-        predicted = median(numbers_of(sub, "plan_predicted_s_per_tok"))
+        predicted = median(numbers_of(sub, C.plan_predicted_s_per_tok))
         if math.isnan(predicted):
-            predicted = median(numbers_of(sub, "plan_cost_ms_per_tok")) / 1000
+            predicted = median(numbers_of(sub, C.plan_cost_ms_per_tok)) / 1000
         picks.append(planner_check.pick(
-            point, boundary.largest_safe_mib, _text_of(sub, "plan_regime"), _text_of(sub, "plan_declined"), _text_of(sub, "plan_flags"),
-            predicted, refused=bool(len(sub)) and bool((sub["outcome"] == CONFIG_ERROR).all())))
+            point, boundary.largest_safe_mib, _text_of(sub, C.plan_regime), _text_of(sub, C.plan_declined), _text_of(sub, C.plan_flags),
+            predicted, refused=bool(len(sub)) and bool((sub[C.outcome] == CONFIG_ERROR).all())))
     return tuple(picks)
 
 
@@ -696,11 +697,11 @@ def _text_of(rows: pd.DataFrame, column: str) -> str:
 def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells: Sequence[Tell],
            probes: pd.DataFrame | None = None, apps: str = "", planner: pd.DataFrame | None = None,
            predictions_made: bool = True) -> GroupAnalysis:
-    results = rows[rows["outcome"].isin(RESULTS)]
-    cycles = numbers_of(results, "cache_cycle_mb")
+    results = rows[rows[C.outcome].isin(RESULTS)]
+    cycles = numbers_of(results, C.cache_cycle_mb)
     cycle = float(np.nanmax(cycles)) if np.isfinite(cycles).any() else math.nan
-    sources = [s for s in results["cycle_source"] if s]
-    budgets = numbers_of(results, "cache_mb")
+    sources = [s for s in results[C.cycle_source] if s]
+    budgets = numbers_of(results, C.cache_mb)
     traced = results if probes is None or not len(probes) else pd.concat([results, probes])
     replay = _replay(traced, cycle, top_k, [float(b) for b in budgets if np.isfinite(b)])
     if math.isnan(cycle) and replay is not None:
@@ -714,10 +715,10 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
     # runs of the engine as the app answer the app's verdict (the boundary has them), not a budget
     # of the phone's own: no point, fixed budget or auto line of the group is made of them
     points = [p for p in points if not p.as_app]
-    ids = set(results["run_id"])
-    ram = numbers_of(rows, "ram_total_kb")
-    before = numbers_of(rows, "mem_avail_before_kb")
-    tokens = numbers_of(results[results["outcome"] == outcomes.OK], "tokens")
+    ids = set(results[C.run_id])
+    ram = numbers_of(rows, C.ram_total_kb)
+    before = numbers_of(rows, C.mem_avail_before_kb)
+    tokens = numbers_of(results[results[C.outcome] == outcomes.OK], C.tokens)
     return GroupAnalysis(
         device=device, model=model, top_k=top_k, cycle_mib=cycle,
         cycle_source=max(set(sources), key=sources.count) if sources else "",
@@ -727,7 +728,7 @@ def _group(rows: pd.DataFrame, device: str, model: str, top_k: int | None, tells
         ram_total_kb=float(np.nanmax(ram)) if np.isfinite(ram).any() else math.nan,
         mem_avail_before_kb=float(np.nanmax(before)) if np.isfinite(before).any() else math.nan,
         tokens_min=_least(tokens),
-        engines=tuple(sorted(set(results["engine"]))), campaigns=tuple(sorted(set(results["campaign"]))), apps=apps,
+        engines=tuple(sorted(set(results[C.engine]))), campaigns=tuple(sorted(set(results[C.campaign]))), apps=apps,
         planner=_planner_picks(planner, results, boundary, varying, cycle) if planner is not None else (),
         predictions=tuple(predictions[m] for m in sorted(predictions)))
 
@@ -770,23 +771,23 @@ def analyze(table: pd.DataFrame, predictions_made: bool = True) -> Analysis:
 def _groups(table: pd.DataFrame, predictions_made: bool) -> tuple[tuple[GroupAnalysis, ...], tuple[Tell, ...]]:
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
-    is_probe = table["probe"].astype(bool) if "probe" in table.columns else pd.Series(False, index=table.index)
-    is_planner = column_of(table, "planner").map(lambda v: str(v).lower() == "true").astype(bool)
+    is_probe = table[C.probe].astype(bool) if C.probe in table.columns else pd.Series(False, index=table.index)
+    is_planner = column_of(table, C.planner).map(lambda v: str(v).lower() == "true").astype(bool)
     tells = find_tells(table[~is_probe & ~is_planner])
     groups = []
-    keys = table.assign(_k=[top_k_key(v) for v in table["n_expert_used"]], _probe=is_probe, _planner=is_planner)
-    for (device, model), sub in keys.groupby(["device", "model"], sort=True):
+    keys = table.assign(_k=[top_k_key(v) for v in table[C.n_expert_used]], _probe=is_probe, _planner=is_planner)
+    for (device, model), sub in keys.groupby([C.device, C.model], sort=True):
         ks = {None if is_missing(k) else int(k) for k in sub["_k"]}
         for k in sorted(ks, key=lambda v: (v is None, v or 0)):
             part = sub[sub["_k"].isna()] if k is None else sub[sub["_k"] == k]
             runs = part[~part["_probe"] & ~part["_planner"]]
             probes, picked = part[part["_probe"]], part[part["_planner"]]
             # each load of other apps is a phone of its own: its own boundary and recommendation
-            loads = column_of(runs, "apps").fillna("").astype(str)
-            picked_loads = column_of(picked, "apps").fillna("").astype(str)
+            loads = column_of(runs, C.apps).fillna("").astype(str)
+            picked_loads = column_of(picked, C.apps).fillna("").astype(str)
             for load in sorted(set(loads)):
                 these = runs[loads == load]
-                if len(these[these["outcome"].isin(RESULTS)]):
+                if len(these[these[C.outcome].isin(RESULTS)]):
                     groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load],
                                          predictions_made))
     return tuple(groups), tuple(tells)
@@ -798,7 +799,7 @@ def _analysis(table: pd.DataFrame, groups: Sequence[GroupAnalysis], tells: Seque
     for t in tells:
         for rid in t.run_ids:
             run_tells.setdefault(rid, []).append(t.kind)
-    table = table.assign(tells=[",".join(dict.fromkeys(run_tells.get(r, []))) for r in table["run_id"]])
+    table = table.assign(tells=[",".join(dict.fromkeys(run_tells.get(r, []))) for r in table[C.run_id]])
     return Analysis(tuple(groups), tuple(tells), _with_predictions(table, groups))
 
 
@@ -806,11 +807,11 @@ def _with_predictions(table: pd.DataFrame, groups: Sequence[GroupAnalysis]) -> p
     """The table with each measured run's prediction at its budget, and the error against its own
     s/token (docs/prediction.md): NaN where its group has no prediction."""
     at = {rid: p for g in groups for p in g.points for rid in p.run_ids if not math.isnan(p.predicted_s_per_tok)}
-    measured = numbers_of(table, "s_per_tok")
-    predicted = [at[r].predicted_s_per_tok if r in at else math.nan for r in table["run_id"]]
+    measured = numbers_of(table, C.s_per_tok)
+    predicted = [at[r].predicted_s_per_tok if r in at else math.nan for r in table[C.run_id]]
     return table.assign(
         predicted_s_per_tok=predicted,
-        predicted_hit_pct=[at[r].predicted_hit_pct if r in at else math.nan for r in table["run_id"]],
-        predicted_anon_mib=[at[r].predicted_anon_mib if r in at else math.nan for r in table["run_id"]],
+        predicted_hit_pct=[at[r].predicted_hit_pct if r in at else math.nan for r in table[C.run_id]],
+        predicted_anon_mib=[at[r].predicted_anon_mib if r in at else math.nan for r in table[C.run_id]],
         prediction_error_pct=[100.0 * (p - m) / m if not math.isnan(p) and m > 0 else math.nan
                               for p, m in zip(predicted, measured)])

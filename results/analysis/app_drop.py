@@ -23,6 +23,7 @@ from results.analysis.android_app import APP_DROP_COLD
 from results.analysis.noise import differs
 from results.analysis.quality import quality_front
 from results.numbers import to_float
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.quality import LOSSY_LEVERS, question_flags
 from store.outcomes import OK
@@ -63,8 +64,8 @@ class AppDropCost:
 def is_app_default(s: Mapping[str, Any]) -> bool:
     """The app's default setting (a quality_front row): the drop at APP_DROP_COLD alone (the model's
     own top-k, no other lever), without the drop's switches."""
-    words = set(shlex.split(str(s["engine_flags"]))) | set(shlex.split(str(s["engine_args"])))
-    return s["lossy_levers"] == APP_LEVERS and not words & _DROP_SWITCHES
+    words = set(shlex.split(str(s[C.engine_flags]))) | set(shlex.split(str(s[C.engine_args])))
+    return s[C.lossy_levers] == APP_LEVERS and not words & _DROP_SWITCHES
 
 
 def _baseline(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
@@ -73,16 +74,16 @@ def _baseline(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
     setting's speed-up is measured against."""
     def question(t: Mapping[str, Any]) -> tuple[Any, ...]:
         first = next((rows[r] for r in t["run_ids"] if r in rows), {})
-        return t["budget"], t["dense_weights"], question_flags(first) if first else ""
-    return next((t for t in settings if not t["lossy_levers"] and question(t) == question(s)), None)
+        return t["budget"], t[C.dense_weights], question_flags(first) if first else ""
+    return next((t for t in settings if not t[C.lossy_levers] and question(t) == question(s)), None)
 
 
 def _ok(s: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [rows[r] for r in s["run_ids"] if r in rows and rows[r].get("outcome") == OK]
+    return [rows[r] for r in s["run_ids"] if r in rows and rows[r].get(C.outcome) == OK]
 
 
 def _reads(s: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> float:
-    values = [x for r in _ok(s, rows) if not math.isnan(x := to_float(r.get("read_mib_per_tok")))]
+    values = [x for r in _ok(s, rows) if not math.isnan(x := to_float(r.get(C.read_mib_per_tok)))]
     return statistics.median(values) if values else math.nan
 
 
@@ -94,7 +95,7 @@ def app_cost(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
     reads = _reads(s, rows)
     ratio, beyond, threshold, base_reads = math.nan, False, math.nan, math.nan
     if base is None:
-        speed = f"{float(s['tok_s']):.3g} tok/s (no lossless setting at this budget to compare with)"
+        speed = f"{float(s[C.tok_s]):.3g} tok/s (no lossless setting at this budget to compare with)"
     else:
         ok, base_ok = _ok(s, rows), _ok(base, rows)
         beyond, ratio, threshold = differs(speeds(pd.DataFrame(base_ok)) if base_ok else [],
@@ -108,10 +109,10 @@ def app_cost(s: Mapping[str, Any], settings: Sequence[Mapping[str, Any]],
     parts.append(f"agreement {agreement:.2f}" if not math.isnan(agreement) else "agreement unknown (no --progress lines)")
     if s["compared"]:
         parts.append(f"{s['identical']} of {s['compared']} outputs identical")
-    ppl = float(s["ppl_loss_pct"])
+    ppl = float(s[C.ppl_loss_pct])
     if not math.isnan(ppl):
         parts.append(f"ppl {ppl:+.2f}%")
-    return AppDropCost(str(s["device"]), str(s["model"]), str(s["apps"]), float(s["top_k"]), str(s["budget"]),
+    return AppDropCost(str(s[C.device]), str(s[C.model]), str(s[C.apps]), float(s["top_k"]), str(s["budget"]),
                        ratio, bool(beyond),
                        100 * threshold if not math.isnan(threshold) else math.nan, reads, base_reads, agreement,
                        int(s["identical"]), int(s["compared"]), ppl, f"{APP_NAME} at {s['budget']}: " + ", ".join(parts))
@@ -125,9 +126,9 @@ def app_costs(table: pd.DataFrame) -> list[AppDropCost]:
     front = quality_front(table)
     if front.empty:
         return []
-    rows = {str(r["run_id"]): r for r in row_views(table)}
+    rows = {str(r[C.run_id]): r for r in row_views(table)}
     out = []
-    for _, group in front.groupby(["device", "model", "apps"], sort=True):
+    for _, group in front.groupby([C.device, C.model, C.apps], sort=True):
         settings = group.to_dict("records")
         out += [app_cost(s, settings, rows) for s in settings
                 if is_app_default(s) and not math.isnan(float(s["quality_loss"]))]

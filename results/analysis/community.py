@@ -40,6 +40,7 @@ from results import formats
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.publish import Redactor
+from results.read.columns import C
 from results.read.parse_console import streamed
 from results.read.run_keys import AUTO_BUDGET, MMAP, budget_label
 from results.read.rundir import read_campaigns
@@ -182,7 +183,7 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
     their run table as the results database gave it)."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files) if table is None else table
-    table = table[(table["latest"]) & (~table["probe"].astype(bool))]
+    table = table[(table[C.latest]) & (~table[C.probe].astype(bool))]
     storage: dict[str, dict[str, Any]] = {}
     protocol_notes: list[str] = []
     identities: dict[str, Mapping[str, Any]] = {}
@@ -198,77 +199,77 @@ def community_rows(dirs: Sequence[str | Path], by: str = "bmoe-fleet",
             with contextlib.suppress(OSError, ValueError):
                 protocol_notes += list(json.loads(meta.read_text(encoding="utf-8")).get("notes") or ())
     rows = []
-    keys = table.assign(_k=[to_float(k) for k in table["n_expert_used"]])
-    for (device, model, k), runs in keys.groupby(["device", "model", "_k"], sort=True, dropna=False):
-        runs = runs.sort_values(["pass", "repeat", "order"])
-        done = runs[runs["outcome"] == OK]
+    keys = table.assign(_k=[to_float(k) for k in table[C.n_expert_used]])
+    for (device, model, k), runs in keys.groupby([C.device, C.model, "_k"], sort=True, dropna=False):
+        runs = runs.sort_values([C.pass_, C.repeat, C.order])
+        done = runs[runs[C.outcome] == OK]
         pick = done.iloc[1] if len(done) > 1 else (done.iloc[0] if len(done) else runs.iloc[-1])
         notes = list(dict.fromkeys(protocol_notes))
         if len(done) < 2:
             notes.append(f"{len(done)} finished run(s), not the protocol's two: this row is "
-                         + ("its only run" if len(done) == 1 else f"a {pick['outcome']} run"))
+                         + ("its only run" if len(done) == 1 else f"a {pick[C.outcome]} run"))
         elif len(done) >= 2:
-            a, b = to_float(done.iloc[0]["tok_s_summary"]), to_float(done.iloc[1]["tok_s_summary"])
+            a, b = to_float(done.iloc[0][C.tok_s_summary]), to_float(done.iloc[1][C.tok_s_summary])
             if a and b and not math.isnan(a) and not math.isnan(b) and abs(b / a - 1) * 100 > DIFFER_PCT:
                 notes.append(f"the two runs differ by {abs(b / a - 1) * 100:.0f}% in decode tok/s "
                              f"({a:.1f} then {b:.1f}): the device was not in the same state")
-        if pick["outcome"] != OK:
-            notes.append(f"the reported run ended {pick['outcome']}")
-        streamed = _streamed(pick["run_dir"])
-        stream_flag = pick["moe_stream"]
+        if pick[C.outcome] != OK:
+            notes.append(f"the reported run ended {pick[C.outcome]}")
+        streamed = _streamed(pick[C.run_dir])
+        stream_flag = pick[C.moe_stream]
         mode_mmap = (stream_flag is not None and stream_flag == stream_flag and not bool(stream_flag)) \
             or streamed is False
-        if to_float(pick["o_direct"]) != 1 and not mode_mmap:
+        if to_float(pick[C.o_direct]) != 1 and not mode_mmap:
             notes.append("o_direct is not 1: the expert reads went through the page cache, not comparable")
-        tokens = to_float(pick["tokens"])
+        tokens = to_float(pick[C.tokens])
         if not math.isnan(tokens) and tokens < COMMUNITY_TOKENS:
             notes.append(f"{tokens:.0f} tokens, under the protocol's {COMMUNITY_TOKENS}")
-        if not pick["cache_auto"] and not mode_mmap:
+        if not pick[C.cache_auto] and not mode_mmap:
             notes.append("a fixed cache budget, not the protocol's --cache-mb auto")
-        if str(pick["dense_weights"]) not in ("anon", ""):
-            notes.append(f"--dense-weights {pick['dense_weights']}, not the protocol's anon")
+        if str(pick[C.dense_weights]) not in ("anon", ""):
+            notes.append(f"--dense-weights {pick[C.dense_weights]}, not the protocol's anon")
         io = to_float(pick.get("io_threads"))
         if not math.isnan(io) and io and io != COMMUNITY_LANES and not mode_mmap:
             notes.append(f"{io:.0f} read lanes, not the protocol's {COMMUNITY_LANES}")
-        basis = str(pick.get("stall_basis") or "")
+        basis = str(pick.get(C.stall_basis) or "")
         if basis != STALL_UNION and not mode_mmap:
             # upstream's table holds 0.22+ rows, whose stall is a union of stalled intervals (CHANGELOG 0.22.0)
             notes.append(f"stall is {'a per-thread mean (before 0.22)' if basis else 'of an unknown basis'}, "
                          "not comparable with the union of stalled intervals 0.22 and later report")
-        budget = to_float(pick["cache_mb"])
-        asked = MMAP if mode_mmap else AUTO_BUDGET if pick["cache_auto"] else budget
-        cache = budget_label(asked, ceil_mb=pick["cache_ceil_mb"], chose=budget, upstream=True)
+        budget = to_float(pick[C.cache_mb])
+        asked = MMAP if mode_mmap else AUTO_BUDGET if pick[C.cache_auto] else budget
+        cache = budget_label(asked, ceil_mb=pick[C.cache_ceil_mb], chose=budget, upstream=True)
         probe = storage.get(str(device)) or {}
         rate = probe.get("mib_per_s")
         store = f"~{rate:,.0f} MiB/s" if rate else "n/a"
         if not rate and probe.get("note"):
             notes.append(f"storage probe {probe['note']}")
-        prefill_s = to_float(pick["prefill_s"])
-        prefill = to_float(pick["n_prompt"]) / prefill_s if prefill_s > 0 else math.nan
-        flash = to_float(pick["read_mib_per_tok"])
+        prefill_s = to_float(pick[C.prefill_s])
+        prefill = to_float(pick[C.n_prompt]) / prefill_s if prefill_s > 0 else math.nan
+        flash = to_float(pick[C.read_mib_per_tok])
         model_rec = models.get(str(model))
         quant = _quant(model_rec)
-        hit = to_float(pick["cache_hit_pct"])
-        engine = str(pick["engine"] or "")
+        hit = to_float(pick[C.cache_hit_pct])
+        engine = str(pick[C.engine] or "")
         cells = {
-            "Hardware": hardware_class({**dict(identities.get(str(device)) or {}), "kind": pick["device_kind"]},
-                                       to_float(pick.get("cores"))),
+            "Hardware": hardware_class({**dict(identities.get(str(device)) or {}), "kind": pick[C.device_kind]},
+                                       to_float(pick.get(C.cores))),
             "Storage (512 KiB rate)": store,
             "Model, quant": f"{model} {quant}".strip(),
             "k": "n/a" if math.isnan(to_float(k)) else f"{to_float(k):.0f}",
             "Cache": cache,
-            "Decode tok/s": _num(pick["tok_s_summary"] if not math.isnan(to_float(pick["tok_s_summary"]))
-                                 else pick["tok_s"], ".1f"),
+            "Decode tok/s": _num(pick[C.tok_s_summary] if not math.isnan(to_float(pick[C.tok_s_summary]))
+                                 else pick[C.tok_s], ".1f"),
             "Prefill tok/s": _num(prefill, ".1f"),
-            "Stall s/tok": _num(pick["stall_s_per_tok"], ".3f"),
+            "Stall s/tok": _num(pick[C.stall_s_per_tok], ".3f"),
             "Flash/token": "n/a" if math.isnan(flash) else (f"{flash:.0f} MiB" if flash >= 10 else f"{flash:.2f} MiB"),
             "Cache hit": "n/a" if math.isnan(hit) else f"{hit:.0f}%",
             "Engine": engine.removeprefix("bmoe-cli ") or "n/a",
             "By": by,
         }
-        identity = {**dict(identities.get(str(device)) or {}), "kind": pick["device_kind"]}
-        rows.append(CommunityRow(str(device), cells, str(pick["run_id"]), tuple(dict.fromkeys(notes)),
-                                 machine_cells(identity, probe, to_float(pick.get("cores")), pick.get("cpu_threads"))))
+        identity = {**dict(identities.get(str(device)) or {}), "kind": pick[C.device_kind]}
+        rows.append(CommunityRow(str(device), cells, str(pick[C.run_id]), tuple(dict.fromkeys(notes)),
+                                 machine_cells(identity, probe, to_float(pick.get(C.cores)), pick.get(C.cpu_threads))))
     if not rows:
         raise ResultsError("no runs to report")
     return rows

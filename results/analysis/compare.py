@@ -44,6 +44,7 @@ from results.analysis.noise import (
     u_differs,
 )
 from results.errors import ResultsError
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import CELL_KEYS, budget_label, cell_key
 from results.read.table import build_table
@@ -55,7 +56,7 @@ FORMAT_VERSION = 1
 NOISE_TEST, U_TEST = "noise", "u"     # the verdict's rule: ranges apart and past noise / the U test and past noise
 FAIL_EXIT_STATUS = 4     # compare --fail-on-regression: 1 is an error, 2 a usage error, 3 run/sweep's "incomplete"
 # metric column, label, +1 when higher is better / -1 when lower is
-METRICS = (("tok_s", "tok/s", 1), ("cache_hit_pct", "hit %", 1), ("read_mib_per_tok", "flash MiB/token", -1))
+METRICS = ((C.tok_s, "tok/s", 1), (C.cache_hit_pct, "hit %", 1), (C.read_mib_per_tok, "flash MiB/token", -1))
 
 
 @dataclass(frozen=True)
@@ -162,14 +163,14 @@ def _label(row: Mapping[str, Any]) -> str:
     from results.read.run_keys import budget_asked
     from results.read.run_keys import text_of as _text
 
-    k = row.get("n_expert_used")
+    k = row.get(C.n_expert_used)
     k = f"k={int(k)}" if isinstance(k, float) and not math.isnan(k) else "k=?"
     asked = budget_asked(row)
     budget = budget_label(asked)
-    extra = "".join(f" {name}={_text(row.get(key))}" for key, name in (("dense_weights", "dense"), ("io_threads", "io"),
+    extra = "".join(f" {name}={_text(row.get(key))}" for key, name in ((C.dense_weights, "dense"), ("io_threads", "io"),
                                                                       ("threads", "t")) if _text(row.get(key)))
-    flags = " ".join(str(row.get(key) or "") for key in ("engine_args", "engine_flags")).strip()
-    return f"{row['device']} {row['model']} {k} {budget}{extra}" + (f" [{flags}]" if flags else "")
+    flags = " ".join(str(row.get(key) or "") for key in (C.engine_args, C.engine_flags)).strip()
+    return f"{row[C.device]} {row[C.model]} {k} {budget}{extra}" + (f" [{flags}]" if flags else "")
 
 
 def _values(frame: pd.DataFrame, column: str) -> list[float]:
@@ -179,10 +180,10 @@ def _values(frame: pd.DataFrame, column: str) -> list[float]:
 def _fallback(frames: Sequence[pd.DataFrame]) -> float:
     cvs = []
     for f in frames:
-        ok = f[f["outcome"] == OK]
+        ok = f[f[C.outcome] == OK]
         for _, sub in ok.groupby("_cell", sort=False):
             if len(sub) > 1:
-                c = cv(_values(sub, "tok_s"))
+                c = cv(_values(sub, C.tok_s))
                 if not math.isnan(c):
                     cvs.append(c)
     return typical_noise(cvs)
@@ -220,7 +221,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     NOISE_TEST, or U_TEST for the U test as well: module doc)."""
     frames = []
     for t in (a, b):
-        t = t[t["outcome"].isin(RESULTS)]
+        t = t[t[C.outcome].isin(RESULTS)]
         frames.append(t.assign(_cell=[cell_key(r) for r in row_views(t)]))
     a, b = frames
     fallback = _fallback(frames)
@@ -229,7 +230,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     for key in keys:
         ra, rb = a[a["_cell"] == key], b[b["_cell"] == key]
         row = (ra if len(ra) else rb).iloc[0].to_dict()
-        oka, okb = ra[ra["outcome"] == OK], rb[rb["outcome"] == OK]
+        oka, okb = ra[ra[C.outcome] == OK], rb[rb[C.outcome] == OK]
         if not len(ra) or not len(rb):
             status = "only_a" if len(ra) else "only_b"
         elif len(oka) == len(ra) and len(okb) < len(rb):
@@ -248,7 +249,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
                 if change is not None:
                     changes.append(change)
         cells.append(CellComparison(_label(row), key, len(ra), len(rb), len(oka), len(okb), status, tuple(changes),
-                                    tuple(ra["run_id"]), tuple(rb["run_id"])))
+                                    tuple(ra[C.run_id]), tuple(rb[C.run_id])))
     return Comparison(a_label, b_label, tuple(cells), threshold_pct, test)
 
 
@@ -262,13 +263,13 @@ def compare(a: str | Path, b: str | Path, engine_a: str | None = None, engine_b:
         raise ResultsError(f"--threshold {threshold_pct:g}: give a percentage of 0 or more")
     ta, tb = tables if tables is not None else (build_table([a], model_files), build_table([b], model_files))
     for side, t, engine in (("A", ta, engine_a), ("B", tb, engine_b)):
-        if engine is not None and not (t["engine"] == engine).any():
-            have = ", ".join(sorted(set(t["engine"])))
+        if engine is not None and not (t[C.engine] == engine).any():
+            have = ", ".join(sorted(set(t[C.engine])))
             raise ResultsError(f"{side}: no runs of engine {engine!r} (engines there: {have})")
     if engine_a is not None:
-        ta = ta[ta["engine"] == engine_a]
+        ta = ta[ta[C.engine] == engine_a]
     if engine_b is not None:
-        tb = tb[tb["engine"] == engine_b]
+        tb = tb[tb[C.engine] == engine_b]
     label_a = f"{a}" + (f" (engine {engine_a})" if engine_a else "")
     label_b = f"{b}" + (f" (engine {engine_b})" if engine_b else "")
     return compare_tables(ta, tb, label_a, label_b, threshold_pct)
@@ -289,10 +290,10 @@ def comparison_rows(c: Comparison) -> list[dict[str, Any]]:
     for cell in c.cells:
         key = dict(zip(CELL_KEYS, cell.key))
         budget = key["budget_asked"]
-        base = {"device": key["device"], "model": key["model"], "top_k": key["n_expert_used"],
+        base = {"device": key[C.device], "model": key[C.model], "top_k": key[C.n_expert_used],
                 "budget": budget_label(budget), "settings": " ".join(x for x in (
-                    f"dense={key['dense_weights']}" if key["dense_weights"] else "", key["engine_args"],
-                    key["engine_flags"]) if x),
+                    f"dense={key[C.dense_weights]}" if key[C.dense_weights] else "", key[C.engine_args],
+                    key[C.engine_flags]) if x),
                 "status": "newly failing" if cell.status == "newly_failing" else cell.status.replace("_", " ")}
         if not cell.changes:
             rows.append({**base, "metric": "", "a": f"{cell.a_ok}/{cell.a_runs} ok", "b": f"{cell.b_ok}/{cell.b_runs} ok",

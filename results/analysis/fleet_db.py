@@ -35,8 +35,9 @@ from results.analysis.recommend import Verify, recommend, recommendations_from, 
 from results.analysis.recommend_records import Recommendations
 from results.db.load import run_groups, runs_of
 from results.errors import ResultsError
+from results.read.columns import C
 
-_KEY = ("device", "device_kind", "ram_total_kb")
+_KEY = (C.device, C.device_kind, C.ram_total_kb)
 NO_RUN = "no streamed run finished or was killed in its newest release: nothing to size from"
 
 
@@ -58,8 +59,8 @@ def _labels(groups: pd.DataFrame) -> dict[tuple[Any, ...], str]:
 
 
 def _key(row: Any) -> tuple[Any, ...]:
-    ram = row["ram_total_kb"]
-    return (row["device"], row["device_kind"], math.nan if ram is None else float(ram))
+    ram = row[C.ram_total_kb]
+    return (row[C.device], row[C.device_kind], math.nan if ram is None else float(ram))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -75,11 +76,11 @@ def provenance(groups: pd.DataFrame) -> dict[str, Any]:
     """Where a device's counted runs came from: the campaigns (their labels), the engines and the
     bmoe-cli releases they are, how many runs, and the sources of the imported ones (a community
     report's issue or text hash, an upstream file)."""
-    engines = sorted(set(groups["engine"]))
+    engines = sorted(set(groups[C.engine]))
     releases = sorted({str(r) for r in map(engine_release, engines) if r is not None})
-    return {"campaigns": sorted(set(groups["campaign"])), "engines": engines, "releases": releases,
+    return {"campaigns": sorted(set(groups[C.campaign])), "engines": engines, "releases": releases,
             "runs": int(groups["runs"].sum()),
-            "reports": sorted({s for s, imp in zip(groups["source"], groups["imported"]) if imp and s})}
+            "reports": sorted({s for s, imp in zip(groups["source"], groups[C.imported]) if imp and s})}
 
 
 def database_rules(db: str | None) -> dict[str, Any]:
@@ -98,21 +99,21 @@ def database_rules(db: str | None) -> dict[str, Any]:
         if why is not None:
             left_out.append({"device": label, "reason": why, "provenance": provenance(mine)})
             continue
-        newest = [mine[(mine["model"] == m) & (mine["engine"] == release_order(sub)[-1])]
-                  for m, sub in mine.groupby("model", sort=True)]
+        newest = [mine[(mine[C.model] == m) & (mine[C.engine] == release_order(sub)[-1])]
+                  for m, sub in mine.groupby(C.model, sort=True)]
         chosen += newest
         counted[label] = provenance(pd.concat(newest))
     table = runs_of(db, pd.concat(chosen) if chosen else groups.iloc[:0])
     devices = []
     if len(table):
-        table["device"] = [labels[_key(r)] for r in table[list(_KEY)].to_dict("records")]
-        identities = {str(r["device"]): {"kind": r["device_kind"], "manufacturer": r["device_manufacturer"],
-                                         "model": r["device_model"], "soc": r["device_soc"],
-                                         "android_release": r["android_release"], "ram_total_kb": r["ram_total_kb"]}
-                      for r in table.drop_duplicates("device").to_dict("records")}
+        table[C.device] = [labels[_key(r)] for r in table[list(_KEY)].to_dict("records")]
+        identities = {str(r[C.device]): {"kind": r[C.device_kind], "manufacturer": r[C.device_manufacturer],
+                                         "model": r[C.device_model], "soc": r[C.device_soc],
+                                         "android_release": r[C.android_release], "ram_total_kb": r[C.ram_total_kb]}
+                      for r in table.drop_duplicates(C.device).to_dict("records")}
         analysis = analyze(table, predictions_made=False)
         devices = list(recommendations_from(analysis, (), identities).devices)
-        floors = rule_floors(devices, {r["run_id"]: r for r in analysis.table.to_dict("records")})
+        floors = rule_floors(devices, {r[C.run_id]: r for r in analysis.table.to_dict("records")})
     else:
         floors = []
     sized = {d.device for d in devices}

@@ -33,6 +33,7 @@ from results.analysis.compare import U_TEST, Comparison, compare_tables
 from results.analysis.recommend import recommendations_from
 from results.db.load import stored_table
 from results.errors import ResultsError
+from results.read.columns import C
 from results.read.run_keys import budget_label, load_text
 from results.read.table import release_range
 from store.versioned import json_safe
@@ -52,14 +53,14 @@ def engine_release(engine: str) -> Release | None:
 
 
 def _first_run(rows: pd.DataFrame) -> float:
-    starts = pd.to_numeric(rows["started_at"], errors="coerce").dropna()
+    starts = pd.to_numeric(rows[C.started_at], errors="coerce").dropna()
     return float(starts.min()) if len(starts) else math.inf
 
 
 def release_order(table: pd.DataFrame) -> list[str]:
     """The engines of a run table in release order (module doc)."""
     keys = []
-    for engine, rows in table.groupby("engine", sort=True):
+    for engine, rows in table.groupby(C.engine, sort=True):
         release = engine_release(str(engine))
         keys.append(((release is None, release or Release(0, 0), _first_run(rows), str(engine)), str(engine)))
     return [engine for _, engine in sorted(keys)]
@@ -159,10 +160,10 @@ def _app_verdict(rung: int | None, reason: str, app_text: str) -> str:
 def history_of(table: pd.DataFrame, progress: Progress | None = None) -> History:
     """Every device and model of a run table, one row per release and recommendation (module doc)."""
     rows: list[ReleaseRow] = []
-    steps = [(d, m, e) for (d, m), sub in table.groupby(["device", "model"], sort=True) for e in release_order(sub)]
+    steps = [(d, m, e) for (d, m), sub in table.groupby([C.device, C.model], sort=True) for e in release_order(sub)]
     started = time.monotonic()
     for i, (device, model, engine) in enumerate(steps, 1):
-        mine = table[(table["device"] == device) & (table["model"] == model) & (table["engine"] == engine)]
+        mine = table[(table[C.device] == device) & (table[C.model] == model) & (table[C.engine] == engine)]
         if progress is not None and time.monotonic() - started > 1.0:
             progress(f"history: [{i}/{len(steps)}] {device} {model} {engine}")
         release = engine_release(engine)
@@ -172,7 +173,7 @@ def history_of(table: pd.DataFrame, progress: Progress | None = None) -> History
                 rows.append(ReleaseRow(
                     device=rec.device, model=rec.model, top_k=rec.top_k, apps=rec.apps, engine=engine,
                     release=str(release) if release is not None else "", date=_date(_first_run(mine)),
-                    campaigns=tuple(sorted(set(mine["campaign"]))), runs=int(rec.evidence.get("runs", len(mine))),
+                    campaigns=tuple(sorted(set(mine[C.campaign]))), runs=int(rec.evidence.get("runs", len(mine))),
                     ceiling_mib=rec.auto.cache_ceil_mb if rec.auto is not None else None, cache_off=rec.cache_off,
                     fixed_mib=fixed.cache_mb if fixed is not None else None,
                     tok_s=fixed.tok_s if fixed is not None else math.nan,
@@ -196,7 +197,7 @@ def history(db: str | None, device: str | None = None, model: str | None = None,
 def site_history(db: str | None, table: pd.DataFrame, progress: Progress | None = None) -> History:
     """The history of the devices and models a site shows (its run `table`), from every campaign the
     database holds of them."""
-    pairs = set(zip(table["device"], table["model"]))
+    pairs = set(zip(table[C.device], table[C.model]))
     parts = [stored_table(db, d, m) for d, m in sorted(pairs)]
     return history_of(pd.concat(parts, ignore_index=True), progress) if parts else History(())
 
@@ -221,15 +222,15 @@ def baseline(db: str | None, campaign: str | Path | None = None, device: str | N
     table = stored_table(db, device, model)
     if campaign is not None:
         where = str(Path(campaign).resolve())
-        b = table[table["campaign_dir"] == where]
+        b = table[table[C.campaign_dir] == where]
         if not len(b):
             raise ResultsError(f"{campaign}: not in the database (bmoe-fleet db ingest {campaign} --db URL)"
                                + (" or no runs of that device and model" if device or model else ""))
-        if engine_b is not None and not (b["engine"] == engine_b).any():
+        if engine_b is not None and not (b[C.engine] == engine_b).any():
             raise ResultsError(f"{campaign}: no runs of engine {engine_b!r} (engines there: "
-                               f"{', '.join(sorted(set(b['engine'])))})")
-        engine = engine_b or _only(list(b["engine"]), str(campaign), "--engine-b")
-        b = b[b["engine"] == engine]
+                               f"{', '.join(sorted(set(b[C.engine])))})")
+        engine = engine_b or _only(list(b[C.engine]), str(campaign), "--engine-b")
+        b = b[b[C.engine] == engine]
         label_b = f"{campaign} ({engine})"
     else:
         if device is None or model is None:
@@ -238,11 +239,11 @@ def baseline(db: str | None, campaign: str | Path | None = None, device: str | N
         engine = engine_b or order[-1]
         if engine not in order:
             raise ResultsError(f"--engine-b {engine!r}: no runs of it on {device} {model} (engines: {', '.join(order)})")
-        b = table[table["engine"] == engine]
+        b = table[table[C.engine] == engine]
         label_b = f"{device} {model}: {engine}"
     parts, engines_a = [], []
-    for (d, m), _ in b.groupby(["device", "model"], sort=True):
-        there = table[(table["device"] == d) & (table["model"] == m)]
+    for (d, m), _ in b.groupby([C.device, C.model], sort=True):
+        there = table[(table[C.device] == d) & (table[C.model] == m)]
         order = release_order(there)
         if engine_a is not None:
             if engine_a not in order:
@@ -254,11 +255,11 @@ def baseline(db: str | None, campaign: str | Path | None = None, device: str | N
                 raise ResultsError(f"{d} {m}: no release before {engine} in the database (engines there: "
                                    f"{', '.join(order)}): nothing to compare with")
             before = order[at - 1]
-        parts.append(there[there["engine"] == before])
+        parts.append(there[there[C.engine] == before])
         engines_a.append(before)
     a = pd.concat(parts, ignore_index=True)
     label_a = (f"the previous release ({', '.join(dict.fromkeys(engines_a))}: "
-               f"{', '.join(sorted(set(a['campaign'])))})")
+               f"{', '.join(sorted(set(a[C.campaign])))})")
     return a, b, label_a, label_b
 
 

@@ -32,6 +32,7 @@ from results.analysis.recommend_argv import argv_of_runs
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.read import quality as q
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import budget_asked, budget_label, cell_key, numbers_of, text_of
 from store.outcomes import OK
@@ -130,7 +131,7 @@ class SettingQuality:
 
 def setting_quality(rows: pd.DataFrame) -> SettingQuality:
     """The quality of one setting's runs (run-table rows)."""
-    ok = rows[rows["outcome"] == OK] if "outcome" in rows.columns else rows
+    ok = rows[rows[C.outcome] == OK] if C.outcome in rows.columns else rows
     compared = ok[[bool(text_of(v)) for v in ok.get(q.QUALITY_REF_RUN, pd.Series([""] * len(ok), index=ok.index))]]
     identical = [v for v in compared.get(q.AGREE_IDENTICAL, pd.Series([], dtype=object)) if v is not None]
     fracs = numbers_of(compared, q.AGREE_FRAC)
@@ -148,19 +149,19 @@ def setting_quality(rows: pd.DataFrame) -> SettingQuality:
 
 # ── the front ────────────────────────────────────────────────────────────────────────────────
 
-FRONT_KEYS = ("device", "model", "apps", "budget")
+FRONT_KEYS = (C.device, C.model, C.apps, "budget")
 
 
 def _speed(rows: pd.DataFrame) -> list[float]:
-    return speeds(rows[rows["outcome"] == OK])
+    return speeds(rows[rows[C.outcome] == OK])
 
 
 def _dominates(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """a is at least as fast, as good and as small as b, and better in one."""
-    if any(math.isnan(a[k]) or math.isnan(b[k]) for k in ("tok_s", "quality_loss", "peak_rss_mib")):
+    if any(math.isnan(a[k]) or math.isnan(b[k]) for k in (C.tok_s, "quality_loss", "peak_rss_mib")):
         return False
-    ge = a["tok_s"] >= b["tok_s"] and a["quality_loss"] <= b["quality_loss"] and a["peak_rss_mib"] <= b["peak_rss_mib"]
-    gt = a["tok_s"] > b["tok_s"] or a["quality_loss"] < b["quality_loss"] or a["peak_rss_mib"] < b["peak_rss_mib"]
+    ge = a[C.tok_s] >= b[C.tok_s] and a["quality_loss"] <= b["quality_loss"] and a["peak_rss_mib"] <= b["peak_rss_mib"]
+    gt = a[C.tok_s] > b[C.tok_s] or a["quality_loss"] < b["quality_loss"] or a["peak_rss_mib"] < b["peak_rss_mib"]
     return ge and gt
 
 
@@ -178,23 +179,23 @@ def quality_front(table: pd.DataFrame) -> pd.DataFrame:
         first = records[idx[0]]
         sq = setting_quality(rows)
         tok = _speed(rows)
-        rss = numbers_of(rows[rows["outcome"] == OK], "peak_rss_kb") / 1024
+        rss = numbers_of(rows[rows[C.outcome] == OK], C.peak_rss_kb) / 1024
         out.append({
-            "device": str(first.get("device") or ""), "model": str(first.get("model") or ""),
-            "apps": text_of(first.get("apps")), "budget": budget_label(budget_asked(first)),
-            "top_k": to_float(first.get("n_expert_used")), "engine_flags": text_of(first.get("engine_flags")),
-            "engine_args": text_of(first.get("engine_args")), "dense_weights": text_of(first.get("dense_weights")),
-            "lossy_levers": sq.levers, "runs": len(rows), "ok": sq.runs, "tok_s": median(tok),
+            C.device: str(first.get(C.device) or ""), C.model: str(first.get(C.model) or ""),
+            C.apps: text_of(first.get(C.apps)), "budget": budget_label(budget_asked(first)),
+            "top_k": to_float(first.get(C.n_expert_used)), C.engine_flags: text_of(first.get(C.engine_flags)),
+            C.engine_args: text_of(first.get(C.engine_args)), C.dense_weights: text_of(first.get(C.dense_weights)),
+            C.lossy_levers: sq.levers, "runs": len(rows), "ok": sq.runs, C.tok_s: median(tok),
             "peak_rss_mib": median(rss), "quality_loss": sq.loss, "quality_basis": sq.basis,
             "agreement": sq.agreement, "identical": sq.identical, "compared": sq.compared,
-            "ppl_loss_pct": sq.ppl_loss_pct, "run_ids": tuple(str(records[i]["run_id"]) for i in idx)})
+            C.ppl_loss_pct: sq.ppl_loss_pct, "run_ids": tuple(str(records[i][C.run_id]) for i in idx)})
     front = pd.DataFrame(out)
     if front.empty:
         return front
     on = []
     for i, a in enumerate(out):
         mine = [b for j, b in enumerate(out) if j != i and all(b[k] == a[k] for k in FRONT_KEYS)]
-        known = not any(math.isnan(float(a[k])) for k in ("tok_s", "quality_loss", "peak_rss_mib"))
+        known = not any(math.isnan(float(a[k])) for k in (C.tok_s, "quality_loss", "peak_rss_mib"))
         on.append(known and not any(_dominates(b, a) for b in mine))
     return front.assign(on_front=on)
 

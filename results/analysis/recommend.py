@@ -60,6 +60,7 @@ from results.analysis.recommend_records import (
     campaign_summaries,
 )
 from results.publish import Redactor
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.run_keys import text_of as _text
@@ -412,7 +413,7 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
     """Every group's recommendation, per device with its default, and the fleet's rule for phones
     never measured (`identities`: what each device reports, by name); with a quality `bound`, each
     names a lossy alternative within it where one was measured faster (recommend_group)."""
-    rows = {r["run_id"]: r for r in row_views(analysis.table)}
+    rows = {r[C.run_id]: r for r in row_views(analysis.table)}
     # what the app's default dropping costs where it was measured (the app preset runs it: results.analysis.app_drop)
     costs = app_costs(analysis.table)
     by_device: dict[str, list[Recommendation]] = {}
@@ -428,7 +429,7 @@ def recommendations_from(analysis: Analysis, campaigns: Sequence[dict] | None = 
         by_device.setdefault(g.device, []).append(replace(rec, app_drop=drop) if drop else rec)
         ram[g.device] = g.ram_total_kb
     for r in rows.values():
-        kinds.setdefault(r["device"], str(r.get("device_kind") or ""))
+        kinds.setdefault(r[C.device], str(r.get(C.device_kind) or ""))
     devices = []
     for d, recs in sorted(by_device.items()):
         ident = identity_of((identities or {}).get(d) or {"kind": kinds.get(d), "ram_total_kb": ram[d]})

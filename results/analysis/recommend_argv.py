@@ -30,6 +30,7 @@ from engine.interface.flags import (
 )
 from engine.interface.flags import with_role as _with_role
 from engine.units import is_digits
+from results.read.columns import C
 from results.read.run_keys import text_of as _text
 from store.cells import CellConfig
 from store.engine_argv import settings_argv
@@ -114,26 +115,26 @@ def _whole(value: Any) -> int | None:
 def rebuilt_config(row: Mapping[str, Any]) -> CellConfig:
     """The typed configuration of a run that kept no argv (imported upstream files), from its table
     columns; store.engine_argv writes its settings as it writes every measured run's."""
-    stream = row.get("moe_stream") is not False
-    auto = bool(row.get("cache_auto")) and stream
-    budget = _whole(row.get("cache_mb_config")) if _text(row.get("cache_mb_config")) else _whole(row.get("cache_mb"))
-    extras = tuple(a for key in ("engine_args", "engine_flags") if row.get(key) for a in shlex.split(str(row[key])))
+    stream = row.get(C.moe_stream) is not False
+    auto = bool(row.get(C.cache_auto)) and stream
+    budget = _whole(row.get("cache_mb_config")) if _text(row.get("cache_mb_config")) else _whole(row.get(C.cache_mb))
+    extras = tuple(a for key in (C.engine_args, C.engine_flags) if row.get(key) for a in shlex.split(str(row[key])))
     io = _whole(row.get("io_threads"))
     threads = _text(row.get("threads"))
     return CellConfig.from_dict({
         "moe_stream": stream, "cache_auto": auto, "cache_mb": None if auto or not stream else budget,
         "cache_floor_mb": _whole(row.get("cache_floor_mb")) if auto else None,
-        "cache_ceil_mb": _whole(row.get("cache_ceil_mb")) if auto else None,
+        "cache_ceil_mb": _whole(row.get(C.cache_ceil_mb)) if auto else None,
         "force_cache": bool(stream and not auto and budget is not None and needs_force(budget)),
         "io_threads": io if stream and io else None,
         "threads": (int(float(threads)) if is_digits(threads.replace(".", "", 1)) else threads) or None,
-        "n_expert_used": _whole(row.get("n_expert_used")), "dense_weights": str(row.get("dense_weights") or ""),
+        "n_expert_used": _whole(row.get(C.n_expert_used)), "dense_weights": str(row.get(C.dense_weights) or ""),
         "engine_args": list(extras)})
 
 
 def config_of(row: Mapping[str, Any]) -> CellConfig | None:
     """The typed configuration a run ran with (the run table's `config`: run.json's)."""
-    config = row.get("config")
+    config = row.get(C.config)
     return config if isinstance(config, CellConfig) else None
 
 
@@ -141,10 +142,10 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
     """The settings most of these runs ran with, from their typed configuration (runs the harness
     made), or rebuilt from their columns (imported runs, which kept no argv)."""
     recs = [rows[r] for r in run_ids if r in rows]
-    if prefer_ok and any(r.get("outcome") == OK for r in recs):
-        recs = [r for r in recs if r.get("outcome") == OK]
-    measured = [(r["run_id"], config) for r in recs
-                if r.get("argv") and (config := config_of(r)) is not None]
+    if prefer_ok and any(r.get(C.outcome) == OK for r in recs):
+        recs = [r for r in recs if r.get(C.outcome) == OK]
+    measured = [(r[C.run_id], config) for r in recs
+                if r.get(C.argv) and (config := config_of(r)) is not None]
     if measured:
         settings = {rid: tuple(settings_argv(c)) for rid, c in measured}
         common, _ = Counter(settings.values()).most_common(1)[0]
@@ -152,7 +153,7 @@ def argv_of_runs(run_ids: Sequence[str], rows: Mapping[str, Mapping[str, Any]], 
         return Measured(common, "measured", tuple(rid for rid, _ in measured if settings[rid] == common), config)
     if recs:
         config = rebuilt_config(recs[0])
-        return Measured(tuple(settings_argv(config)), "rebuilt", tuple(r["run_id"] for r in recs), config)
+        return Measured(tuple(settings_argv(config)), "rebuilt", tuple(r[C.run_id] for r in recs), config)
     return Measured((), "rebuilt", (), CellConfig.from_dict({}))    # no run: the budget flags alone
 
 

@@ -21,6 +21,7 @@ from engine.safetext import printable
 from results import formats
 from results.analysis.quality import LossyAlternative
 from results.numbers import is_missing
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.tokens import PUBLISHED_MIN_TOKENS
@@ -366,15 +367,15 @@ def campaign_summaries(table) -> list[dict[str, Any]]:
     device time, store.ledger.spent_of over its attempts; no folder: labels only)."""
     by_label: dict[str, list[Mapping[str, Any]]] = {}
     for r in row_views(table):         # one pass over the table's rows, not a frame per campaign
-        by_label.setdefault(r["campaign"], []).append(r)
+        by_label.setdefault(r[C.campaign], []).append(r)
     out = []
     for label in sorted(by_label):
         mine = by_label[label]
-        starts = [x for r in mine if isinstance(x := r["started_at"], (int, float)) and not math.isnan(x)]
+        starts = [x for r in mine if isinstance(x := r[C.started_at], (int, float)) and not math.isnan(x)]
         spent = spent_of(mine)
-        outcomes = Counter(r["outcome"] for r in mine if not is_missing(r["outcome"]))
-        out.append({"label": str(label), "imported": any(bool(r["imported"]) for r in mine),
-                    "engines": sorted({str(e) for r in mine if (e := r["engine"])}), "runs": len(mine),
+        outcomes = Counter(r[C.outcome] for r in mine if not is_missing(r[C.outcome]))
+        out.append({"label": str(label), "imported": any(bool(r[C.imported]) for r in mine),
+                    "engines": sorted({str(e) for r in mine if (e := r[C.engine])}), "runs": len(mine),
                     "first_run": _iso(min(starts)) if starts else None,
                     "last_run": _iso(max(starts)) if starts else None,
                     "outcomes": {str(k): int(v) for k, v in sorted(outcomes.items())},

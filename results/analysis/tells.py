@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from results.analysis.noise import cv, differs, median, typical_noise
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import CELL_KEYS, cell_key, column_of, numbers_of, text_of
 from store.outcomes import OK
@@ -34,7 +35,7 @@ class Tell:
 
 def find_tells(table: pd.DataFrame) -> list[Tell]:
     """Every tell of a run table (its knee probes left out by the caller)."""
-    ok = table[table["outcome"] == OK].copy()
+    ok = table[table[C.outcome] == OK].copy()
     out: list[Tell] = []
     if not len(ok):
         return out
@@ -43,14 +44,14 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
     ok["_cell"] = keys
 
     # compute s/token that rises as top-k falls (same device, model, budget, dense, knobs)
-    k_index = CELL_KEYS.index("n_expert_used")
+    k_index = CELL_KEYS.index(C.n_expert_used)
     ok["_nok"] = [key[:k_index] + key[k_index + 1:] for key in keys]
     for _, sub in ok.groupby("_nok", sort=False):
         per_k = {}
-        for k, part in sub.groupby(numbers_of(sub, "n_expert_used"), sort=True):
-            c = median(numbers_of(part, "compute_s_per_tok"))
+        for k, part in sub.groupby(numbers_of(sub, C.n_expert_used), sort=True):
+            c = median(numbers_of(part, C.compute_s_per_tok))
             if not math.isnan(k) and not math.isnan(c):
-                per_k[float(k)] = (c, tuple(part["run_id"]))
+                per_k[float(k)] = (c, tuple(part[C.run_id]))
         ks = sorted(per_k)
         for lo, hi in itertools.pairwise(ks):
             c_lo, ids_lo = per_k[lo]
@@ -64,8 +65,8 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
     for _, sub in ok.groupby("_cell", sort=False):
         if len(sub) < 2:
             continue
-        faults = numbers_of(sub, "majflt_per_tok")
-        for i, rid in enumerate(sub["run_id"]):
+        faults = numbers_of(sub, C.majflt_per_tok)
+        for i, rid in enumerate(sub[C.run_id]):
             others = np.delete(faults, i)
             others = others[np.isfinite(others)]
             if not len(others) or math.isnan(faults[i]):
@@ -77,31 +78,31 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
                                 f"{len(others)} run(s): something else took the page cache"))
 
     # a gate that gave up (the device was not cool or not free when the run started)
-    for rec in row_views(table[table["gate_gave_up"] == True]):  # noqa: E712
-        out.append(Tell("gate_gave_up", (rec["run_id"],),
-                        f"the cooling gate gave up before this run ({rec.get('gate_reason') or 'no reason recorded'})"))
+    for rec in row_views(table[table[C.gate_gave_up] == True]):  # noqa: E712
+        out.append(Tell("gate_gave_up", (rec[C.run_id],),
+                        f"the cooling gate gave up before this run ({rec.get(C.gate_reason) or 'no reason recorded'})"))
 
     # engines sharing the cores ran more compute threads than there were cores (harness.run.cpushare)
-    for rec in row_views(table[column_of(table, "oversubscribed") == True]):  # noqa: E712
-        sharing = rec.get("cpu_engines") or ""
-        out.append(Tell("oversubscribed", (rec["run_id"],),
-                        f"{text_of(rec.get('threads_sum'))} compute threads on {text_of(rec.get('cores'))} cores (this "
-                        f"run {text_of(rec.get('cpu_threads')) or '?'}" + (f"; with {sharing}" if sharing else ", alone")
+    for rec in row_views(table[column_of(table, C.oversubscribed) == True]):  # noqa: E712
+        sharing = rec.get(C.cpu_engines) or ""
+        out.append(Tell("oversubscribed", (rec[C.run_id],),
+                        f"{text_of(rec.get(C.threads_sum))} compute threads on {text_of(rec.get(C.cores))} cores (this "
+                        f"run {text_of(rec.get(C.cpu_threads)) or '?'}" + (f"; with {sharing}" if sharing else ", alone")
                         + "): threads waited for cores (ggml's pool spins), so its speed measured the contention, not "
                         "its configuration"))
 
     # a result that moves with run order between the passes
     fallback = _fallback_noise(ok)
     for _, sub in ok.groupby("_cell", sort=False):
-        passes = sorted(set(sub["pass"]))
+        passes = sorted(set(sub[C.pass_]))
         if len(passes) < 2:
             continue
-        first = sub[sub["pass"] == passes[0]]
+        first = sub[sub[C.pass_] == passes[0]]
         for p in passes[1:]:
-            later = sub[sub["pass"] == p]
-            moved, ratio, threshold = differs(list(numbers_of(first, "tok_s")), list(numbers_of(later, "tok_s")), fallback)
+            later = sub[sub[C.pass_] == p]
+            moved, ratio, threshold = differs(list(numbers_of(first, C.tok_s)), list(numbers_of(later, C.tok_s)), fallback)
             if moved:
-                out.append(Tell("moves_with_order", tuple(first["run_id"]) + tuple(later["run_id"]),
+                out.append(Tell("moves_with_order", tuple(first[C.run_id]) + tuple(later[C.run_id]),
                                 f"tok/s in pass {p} is {ratio:.2f}x pass {passes[0]} (noise {threshold:.0%}): the "
                                 "result depends on when it ran, not only on its config"))
     return out
@@ -109,5 +110,5 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
 
 def _fallback_noise(ok: pd.DataFrame) -> float:
     """The typical repeat-to-repeat variation of this table's cells, for cells without repeats."""
-    return typical_noise([cv(list(numbers_of(sub, "tok_s"))) for _, sub in ok.groupby("_cell", sort=False)
+    return typical_noise([cv(list(numbers_of(sub, C.tok_s))) for _, sub in ok.groupby("_cell", sort=False)
                           if len(sub) > 1])

@@ -34,6 +34,7 @@ from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
 from results.read import series as run_series
+from results.read.columns import C
 from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
@@ -43,7 +44,7 @@ from store.errors import StoreError
 from store.run_record import RunRecord
 
 Progress = Callable[[str], None]
-_KEY = ("cell_id", "attempt")
+_KEY = (C.cell_id, C.attempt)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _db_value(column: cols.Column, value: Any, pg: bool, run_id: str) -> Any:
 def db_row(row: Mapping[str, Any], campaign_id: int, files: str, pg: bool, output: str | None = None) -> dict[str, Any]:
     """A run-table row as a `runs` row; `output`: what the run generated (an ok run's; JSON text)."""
     out: dict[str, Any] = {"campaign_id": campaign_id, "files": files, "output": output}
-    run_id = str(row.get("run_id"))
+    run_id = str(row.get(C.run_id))
     for c in cols.STORED:
         out[c.name] = _db_value(c, row.get(c.name), pg, run_id)
     return out
@@ -151,7 +152,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
         run = RunFolder(head.label, head.root, path, rec, key[1] == latest[key[0]])
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
-        built.append((key, row, read_output(run).to_json() if row.get("outcome") == outcomes.OK else None,
+        built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,
                       run_series.encode(run_series.read_series(path))))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
@@ -168,7 +169,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
                 conn.execute(schema.runs.insert(),
                              [db_row(row, campaign_id, on_disk[key][1], pg, output) for key, row, output, _ in built])
                 conn.execute(schema.series.insert(),
-                             [{"campaign_id": campaign_id, "cell_id": key[0], "attempt": key[1], "data": data}
+                             [{"campaign_id": campaign_id, C.cell_id: key[0], C.attempt: key[1], "data": data}
                               for key, _, _, data in built])
             if flips:
                 conn.execute(update(schema.runs).where(and_(

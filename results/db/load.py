@@ -28,6 +28,7 @@ from results.db import schema
 from results.errors import ResultsError
 from results.read import columns as cols
 from results.read import series as run_series
+from results.read.columns import C
 from results.read.quality import RunOutput, quality_columns
 from results.read.rundir import campaign_labels
 from results.read.series import RunSeries
@@ -77,9 +78,9 @@ def _row(db: Any, label: str) -> dict[str, Any]:
     m = db._mapping
     row: dict[str, Any] = {name: decode(m[name]) for name, decode in _FIXED}
     row[_OUTPUT] = m["output"]
-    row["campaign"] = label
-    row["run_id"] = f"{label}/{row['cell_id']}/{row['attempt']}"
-    for key, value in sorted(row["config"].to_dict().items()):
+    row[C.campaign] = label
+    row[C.run_id] = f"{label}/{row[C.cell_id]}/{row[C.attempt]}"
+    for key, value in sorted(row[C.config].to_dict().items()):
         row[cols.config_column(key, row)] = json.dumps(value) if isinstance(value, (list, dict)) else value
     for name, decode in _AFTER:
         row[name] = decode(m[name])
@@ -175,8 +176,8 @@ def _where(q: Any, **where: str | None) -> Any:
 
 
 # what run_groups reads of every run: the keys of a group and what tells its device and provenance
-GROUP_COLUMNS = ("device", "model", "engine", "engine_release", "device_kind", "device_manufacturer", "device_model",
-                 "device_soc", "android_release", "ram_total_kb", "source")
+GROUP_COLUMNS = (C.device, C.model, C.engine, C.engine_release, C.device_kind, C.device_manufacturer, C.device_model,
+                 C.device_soc, C.android_release, C.ram_total_kb, "source")
 
 
 def run_groups(db: str | None) -> pd.DataFrame:
@@ -192,20 +193,20 @@ def run_groups(db: str | None) -> pd.DataFrame:
             labels = dict(zip([w.id for w in camps], campaign_labels([w.name for w in camps], [w.dir for w in camps])))
             imported = {w.id: bool(w.imported) for w in camps}
             got = list(conn.execute(select(r.c.campaign_id, *keys, func.count().label("runs"),
-                                           func.min(r.c.started_at).label("started_at"))
+                                           func.min(r.c.started_at).label(C.started_at))
                                     .group_by(r.c.campaign_id, *keys)))
     except SQLAlchemyError as e:
         raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
         engine.dispose()
     out = pd.DataFrame([dict(x._mapping) for x in got],
-                       columns=["campaign_id", *GROUP_COLUMNS, "runs", "started_at"])
-    out["campaign"] = [labels[i] for i in out["campaign_id"]]
-    out["imported"] = [imported[i] for i in out["campaign_id"]]
-    out["ram_total_kb"] = [_float(v) for v in out["ram_total_kb"]]
-    out["started_at"] = [_float(v) for v in out["started_at"]]
+                       columns=["campaign_id", *GROUP_COLUMNS, "runs", C.started_at])
+    out[C.campaign] = [labels[i] for i in out["campaign_id"]]
+    out[C.imported] = [imported[i] for i in out["campaign_id"]]
+    out[C.ram_total_kb] = [_float(v) for v in out[C.ram_total_kb]]
+    out[C.started_at] = [_float(v) for v in out[C.started_at]]
     for name in GROUP_COLUMNS:
-        if name != "ram_total_kb":
+        if name != C.ram_total_kb:
             out[name] = [_text(v) for v in out[name]]
     return out.sort_values(["campaign_id", *GROUP_COLUMNS], kind="stable").reset_index(drop=True)
 
@@ -219,7 +220,7 @@ def runs_of(db: str | None, groups: pd.DataFrame) -> pd.DataFrame:
     try:
         with engine.connect() as conn:
             rows: list[dict[str, Any]] = []
-            wanted = groups[["campaign_id", "campaign", "device", "model", "engine"]].drop_duplicates()
+            wanted = groups[["campaign_id", C.campaign, C.device, C.model, C.engine]].drop_duplicates()
             for g in wanted.itertuples(index=False):
                 rows += _selected(conn, int(g.campaign_id), str(g.campaign), device=g.device, model=g.model,
                                   engine=g.engine)
@@ -234,12 +235,12 @@ def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows as `build_table` frames them, with their quality columns."""
     # each run against a lossless run of the same question, from the outputs the database kept (as
     # results.read.table.build_table does from the run folders)
-    outputs = {str(r["run_id"]): RunOutput.from_json(r.pop(_OUTPUT)) for r in rows}
+    outputs = {str(r[C.run_id]): RunOutput.from_json(r.pop(_OUTPUT)) for r in rows}
     frame = pd.DataFrame(rows)          # as results.read.table.build_table frames its rows
     frame = quality_columns(frame, {k: v for k, v in outputs.items() if v.known})
     rest = [col for col in frame.columns if col not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]
-    return frame.sort_values(["campaign", "device", "model", "order", "attempt"], kind="stable").reset_index(drop=True)
+    return frame.sort_values([C.campaign, C.device, C.model, C.order, C.attempt], kind="stable").reset_index(drop=True)
 
 
 class _Decoded(Mapping[str, RunSeries]):

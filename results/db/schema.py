@@ -49,6 +49,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from engine.fsutil import fleet_home
 from results.errors import ResultsError
 from results.read import columns as cols
+from results.read.columns import C
 from results.read.series import FORMAT as SERIES_FORMAT
 
 DB_FILE = "results.sqlite"
@@ -70,15 +71,15 @@ campaigns = Table(
 def _attempt_key() -> tuple[Column, ...]:
     """An attempt's primary key: its campaign, cell id and attempt number."""
     return (Column("campaign_id", Integer, ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True),
-            Column("cell_id", Text, primary_key=True),
-            Column("attempt", BigInteger, primary_key=True, autoincrement=False))
+            Column(C.cell_id, Text, primary_key=True),
+            Column(C.attempt, BigInteger, primary_key=True, autoincrement=False))
 
 
 runs = Table(
     "runs", metadata, *_attempt_key(),
     Column("files", Text, nullable=False),
     Column("output", Text),
-    *(Column(c.name, _TYPES[c.type]()) for c in cols.STORED if c.name not in ("cell_id", "attempt")),
+    *(Column(c.name, _TYPES[c.type]()) for c in cols.STORED if c.name not in (C.cell_id, C.attempt)),
 )
 Index("runs_device_model", runs.c.device, runs.c.model)
 series = Table(

@@ -5,8 +5,11 @@ The run table (results.read.table `run_row`, `build_table`) is what `table`, `re
 declares it, as llama-bench's `get_fields` / `get_field_type` declare its table: one `Column` per
 column, in the order `build_table` gives them. `docs/results.md`'s column list is generated from
 it (`bmoe-fleet db columns --md`), and a test holds `build_table` on the suite's campaigns to it
-(names, order, each value's type). `run_row` is not built from it (yet): a column added there is
-declared here too, or that test fails naming it.
+(names, order, each value's type). `run_row` is built from it: one function per group of `GROUPS`
+gives that group's columns, and `run_row` lays them out in the order declared here (a group that
+gives other columns than this module declares for it fails the row). Code names a column through
+`C` (`C.tok_s`), never as a string literal: tests/results/test_column_literals.py holds the reader
+packages to that (docs/decisions/column-names.md).
 
 Two kinds of column:
 
@@ -30,6 +33,7 @@ Long because: it is a declaration of some 240 columns, one line or two each.
 from __future__ import annotations
 
 import json
+import keyword
 import math
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -411,6 +415,29 @@ QUALITY: tuple[Column, ...] = tuple(
 COLUMNS: tuple[Column, ...] = FIXED + CONFIG + AFTER_CONFIG + QUALITY
 STORED: tuple[Column, ...] = FIXED + CONFIG + AFTER_CONFIG
 BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}
+
+
+GROUP_NAMES: Mapping[str, tuple[str, ...]] = {
+    g: tuple(c.name for c in FIXED + AFTER_CONFIG if c.group == g) for g in GROUPS}
+"""Each group's fixed columns (not the configuration keys' nor the quality columns), in table order."""
+
+
+class Names:
+    """The run table's columns by name, for code: `C.tok_s` is "tok_s" for every declared column
+    (a Python keyword with `_` after it: `C.pass_` is "pass"); any other name is an AttributeError.
+    mypy types every attribute as str; tests/results/test_column_literals.py reads every `C.<name>`
+    of the tree and fails on an undeclared one, so a misspelt column fails in CI, not on a rare path."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> str:
+        column = name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+        if column in BY_NAME:
+            return column
+        raise AttributeError(f"{name!r} is no column of the run table (results/read/columns.py)")
+
+
+C = Names()
 
 
 def get_fields() -> list[str]:

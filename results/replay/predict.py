@@ -52,6 +52,7 @@ import pandas as pd
 
 from engine.units import MIB
 from results.errors import ResultsError
+from results.read.columns import C
 from results.read.parse_csv import read_metrics_csv
 from results.read.route_trace import PHASE_DECODE, RouteTrace, read_route_trace
 from results.read.run_keys import SERIES_KEYS
@@ -432,15 +433,15 @@ def predict_from_runs(trace: RouteTrace, rates: RunRates, budgets_mib: Sequence[
 
 # ── from a run table ─────────────────────────────────────────────────────────────────────────
 
-GROUP_KEYS = ("device", "model", "n_expert_used", "dense_weights")
+GROUP_KEYS = (C.device, C.model, C.n_expert_used, C.dense_weights)
 # runs pooled into one input must differ in nothing else that sets their speed: the analysis' series
 # keys, and what it keeps apart in other ways (the engine build, the apps open, the planner, --no-mmap)
-MATCH_KEYS = SERIES_KEYS + ("engine", "apps", "planner", "no_mmap")
+MATCH_KEYS = SERIES_KEYS + (C.engine, C.apps, C.planner, "no_mmap")
 
 
 def _usable(table: pd.DataFrame) -> pd.DataFrame:
-    ok = table[(table["outcome"] == OK) & (table["moe_stream"] != False)]  # noqa: E712 (None: unknown, streamed)
-    return ok[ok["cache_mb"].notna()]
+    ok = table[(table[C.outcome] == OK) & (table[C.moe_stream] != False)]  # noqa: E712 (None: unknown, streamed)
+    return ok[ok[C.cache_mb].notna()]
 
 
 def _same_series(rows: pd.DataFrame, ref: Mapping[str, Any], keys: Sequence[str] = MATCH_KEYS) -> pd.DataFrame:
@@ -464,12 +465,12 @@ def _twin(group: pd.DataFrame, ref: Mapping[str, Any]) -> pd.DataFrame:
     and nothing else changed."""
     if str(ref.get("config_o_direct")) == "False":
         return group.iloc[:0]
-    zero = _buffered(group[(group["cache_mb"] == 0) & ~group["probe"]], True)
+    zero = _buffered(group[(group[C.cache_mb] == 0) & ~group[C.probe]], True)
     return _same_series(zero, ref, [k for k in MATCH_KEYS if k != "config_o_direct"])
 
 
 def _metrics(rows: pd.DataFrame) -> list[Path]:
-    return [Path(d) / names.METRICS_CSV for d in rows["run_dir"]]
+    return [Path(d) / names.METRICS_CSV for d in rows[C.run_dir]]
 
 
 def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, PhoneRam] | None = None,
@@ -491,19 +492,19 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
         probe, zero = inputs
         series = _same_series(group, zero.iloc[0].to_dict())
         zero = _same_series(zero, zero.iloc[0].to_dict())
-        trace = read_route_trace(Path(probe["run_dir"]) / names.ROUTE_CSV)
-        rates = run_rates(_metrics(zero), [str(r) for r in zero["run_id"]])
+        trace = read_route_trace(Path(probe[C.run_dir]) / names.ROUTE_CSV)
+        rates = run_rates(_metrics(zero), [str(r) for r in zero[C.run_id]])
         twin = _twin(group, zero.iloc[0].to_dict())
-        buffered = run_rates(_metrics(twin), [str(r) for r in twin["run_id"]]) if len(twin) else None
-        cached = [CachedRuns(float(b), tuple(_metrics(runs)), tuple(str(r) for r in runs["run_id"]))
-                  for b, runs in series[(series["cache_mb"] > 0) & ~series["probe"]].groupby("cache_mb", sort=True)]
-        measured = [float(b) for b in group["cache_mb"]]
+        buffered = run_rates(_metrics(twin), [str(r) for r in twin[C.run_id]]) if len(twin) else None
+        cached = [CachedRuns(float(b), tuple(_metrics(runs)), tuple(str(r) for r in runs[C.run_id]))
+                  for b, runs in series[(series[C.cache_mb] > 0) & ~series[C.probe]].groupby(C.cache_mb, sort=True)]
+        measured = [float(b) for b in group[C.cache_mb]]
         budgets = measured + default_budgets_mib(trace.cycle_bytes / MIB) + list(extra_budgets_mib)
         budgets.append(math.ceil(_working_set_bytes(access_sequence(trace)) / MIB))   # where anon goes flat
         device, model, k, dense = key
         out[(str(device), str(model), int(k), str(dense))] = predict_from_runs(
             trace, rates, budgets, device=str(device), model=str(model), dense_weights=str(dense),
-            probe_run_id=str(probe["run_id"]), phone=(phones or {}).get(str(device)), cached=cached,
+            probe_run_id=str(probe[C.run_id]), phone=(phones or {}).get(str(device)), cached=cached,
             buffered=buffered)
     return out
 
@@ -511,16 +512,16 @@ def predict(table: pd.DataFrame | Sequence[str | Path], phones: Mapping[str, Pho
 def _inputs(group: pd.DataFrame) -> tuple[Mapping[str, Any], pd.DataFrame] | str:
     """The probe and the cache-0 runs (sweep runs; the knee probe, itself a cache-0 run, when
     there are none), or why not."""
-    traced = group[group["has_route_trace"]]
+    traced = group[group[C.has_route_trace]]
     if not len(traced):
         return "no route-traced run"
-    probes = traced[traced["probe"]]
+    probes = traced[traced[C.probe]]
     probe = (probes if len(probes) else traced).iloc[0]
-    zero = group[(group["cache_mb"] == 0) & ~group["probe"]]
+    zero = group[(group[C.cache_mb] == 0) & ~group[C.probe]]
     if len(_buffered(zero, False)):
         zero = _buffered(zero, False)               # a buffered twin is no cache-0 input of its own
     if not len(zero):
-        zero = group[group["cache_mb"] == 0]        # the knee probe is a cache-0 run too
+        zero = group[group[C.cache_mb] == 0]        # the knee probe is a cache-0 run too
     if not len(zero):
         return "no cache-0 run"
     return probe.to_dict(), zero
@@ -542,21 +543,21 @@ def cell_errors(table: pd.DataFrame, predictions: Mapping[tuple[str, str, int, s
     out = []
     for row in _usable(table).itertuples(index=False):
         r = row._asdict()
-        p = predictions.get((str(r["device"]), str(r["model"]), int(r["n_expert_used"]), str(r["dense_weights"])))
-        if p is None or r["probe"] or not p.predicts([str(r["run_id"])]):
+        p = predictions.get((str(r[C.device]), str(r[C.model]), int(r[C.n_expert_used]), str(r[C.dense_weights])))
+        if p is None or r[C.probe] or not p.predicts([str(r[C.run_id])]):
             continue
-        b = p.at(float(r["cache_mb"]))
-        path = Path(r["run_dir"]) / names.METRICS_CSV
+        b = p.at(float(r[C.cache_mb]))
+        path = Path(r[C.run_dir]) / names.METRICS_CSV
         rows = _metrics_file(path).rows
         anon = float(pd.Series(rows["rss_anon_mib"]).max()) if "rss_anon_mib" in rows.columns and len(rows) \
             else math.nan
-        hit = float(r["cache_hit_pct"]) if not pd.isna(r["cache_hit_pct"]) else 0.0
+        hit = float(r[C.cache_hit_pct]) if not pd.isna(r[C.cache_hit_pct]) else 0.0
         out.append(CellError(
-            run_id=str(r["run_id"]), budget_mib=b.budget_mib, under_cycle=b.under_cycle,
+            run_id=str(r[C.run_id]), budget_mib=b.budget_mib, under_cycle=b.under_cycle,
             measured_s_per_tok=measured_s_per_tok(path), predicted_s_per_tok=b.s_per_tok,
             measured_hit_pct=hit, predicted_hit_pct=b.hit_pct_cum, measured_anon_mib=anon,
             predicted_anon_mib=b.anon_mib,
-            anchor=p.anchor is not None and str(r["run_id"]) in p.anchor.run_ids))
+            anchor=p.anchor is not None and str(r[C.run_id]) in p.anchor.run_ids))
     return out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from results.analysis.analyze import GroupAnalysis
+from results.read.columns import C
 from results.read.run_keys import load_text
 from results.read.series import Columns
 from store.versioned import json_safe
@@ -272,8 +273,8 @@ def token_figure(rows: Columns | None, steady_from: float | None) -> dict[str, A
             data.append({"type": "scatter", "mode": "lines+markers", "name": column.replace("_ms", " ms"),
                          "x": x, "y": list(rows[column]), "line": {"color": color, "width": 1.5},
                          "marker": {"size": 4}, "yaxis": "y"})
-    if "cache_hit_pct" in rows.columns:
-        hit = rows["cache_hit_pct"].astype(float)
+    if C.cache_hit_pct in rows.columns:
+        hit = rows[C.cache_hit_pct].astype(float)
         with np.errstate(invalid="ignore"):
             shown = np.where(hit >= 0, hit, np.nan)
         data.append({"type": "scatter", "mode": "lines", "name": "hit % (cumulative)", "x": x,

@@ -21,6 +21,7 @@ from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, Repla
 from results.analysis.recommend_records import Recommendation, Recommendations
 from results.numbers import is_missing
 from results.publish import Redactor
+from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.rundir import CampaignData, RunFolder
@@ -97,17 +98,17 @@ def _rec_row(r: Recommendation, root: str) -> RecRow:
 def publish_shortfall(run_ids: Sequence[str], table: pd.DataFrame) -> str:
     """Why the runs of one budget point fall short of `sweep --preset publish` (docs/method.md rules 5
     and 8: >= 256 tokens, >= 3 repeats, a reverse pass), or "" when they meet it."""
-    mine = table[table["run_id"].isin(list(run_ids))]
+    mine = table[table[C.run_id].isin(list(run_ids))]
     if not len(mine):
         return ""
     missing = []
-    tokens = pd.to_numeric(mine["tokens"], errors="coerce")
-    ok_tokens = tokens[mine["outcome"] == OK]
+    tokens = pd.to_numeric(mine[C.tokens], errors="coerce")
+    ok_tokens = tokens[mine[C.outcome] == OK]
     if len(ok_tokens) and ok_tokens.min() < PUBLISHED_MIN_TOKENS:
         missing.append(f"{ok_tokens.min():.0f} tokens < {PUBLISHED_MIN_TOKENS}")
     if len(mine) < PUBLISH_MIN_REPEATS:
         missing.append(f"{len(mine)} run{'s' if len(mine) != 1 else ''} < {PUBLISH_MIN_REPEATS}")
-    if "pass" in mine.columns and mine["pass"].nunique() < 2:
+    if C.pass_ in mine.columns and mine[C.pass_].nunique() < 2:
         missing.append("no reverse pass")
     return ("below the publish bar: " + ", ".join(missing)) if missing else ""
 
@@ -116,7 +117,7 @@ def _point_row(p: BudgetPoint, root: str, table: pd.DataFrame) -> PointRow:
     runs = f"{p.ok}/{p.runs} ok" + (f", {p.killed} killed" if p.killed else "")
     tok = "—" if is_missing(p.tok_s) else (f"{fmt_num(p.tok_s)} ({fmt_num(p.tok_s_min)}–{fmt_num(p.tok_s_max)})"
                                      if p.ok > 1 else fmt_num(p.tok_s))
-    outcome = dict(zip(table["run_id"], table["outcome"]))
+    outcome = dict(zip(table[C.run_id], table[C.outcome]))
     links = tuple(Link(f"r{i + 1}", root + Urls.run(rid), f"{rid}: {outcome.get(rid, '')}")
                   for i, rid in enumerate(p.run_ids))
     return PointRow(p.series, p.label, runs, fmt_pct(p.hit_pct), tok, fmt_num(p.s_per_token), fmt_kb(p.mem_avail_floor_kb),
@@ -185,9 +186,9 @@ def _identity(name: str, camps: Sequence[CampaignData], table: pd.DataFrame) -> 
         rows.append(("RAM", f"{rec['ram_total_kb'] / 1024:,.0f} MiB ({rec['ram_total_kb'] / 1024 / 1024:.2f} GiB)"))
     if rec.get("swap_total_kb") is not None:
         rows.append(("swap", fmt_kb(rec.get("swap_total_kb"))))
-    mine = table[table["device"] == name]
-    rows.append(("runs", f"{len(mine)} in {mine['campaign'].nunique()} campaign(s)"))
-    rows.append(("engines", ", ".join(sorted(set(mine["engine"])))))
+    mine = table[table[C.device] == name]
+    rows.append(("runs", f"{len(mine)} in {mine[C.campaign].nunique()} campaign(s)"))
+    rows.append(("engines", ", ".join(sorted(set(mine[C.engine])))))
     return tuple(rows)
 
 
@@ -217,7 +218,7 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     rows = found.metrics.rows if found.metrics is not None else None
     samples = found.samples
     chart_list = []
-    fig = charts.token_figure(rows, row.get("steady_from_step"))
+    fig = charts.token_figure(rows, row.get(C.steady_from_step))
     if fig:
         chart_list.append(Chart(ids.next(), fig, "per-token decode time split and cumulative hit %"))
     fig = charts.memory_figure(samples, rows)
@@ -228,25 +229,25 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
     if fig:
         chart_list.append(Chart(ids.next(), fig, "the engine's VmRSS, VmSwap and RssFile through the turns and gaps"))
     redactor = redactor or Redactor()
-    argv = redactor.argv(list(rec.argv), row.get("device_kind") == "local")
+    argv = redactor.argv(list(rec.argv), row.get(C.device_kind) == "local")
     distribution = tuple((label, fmt_num(row.get(key))) for key, label in (
-        ("tokens", "tokens"), ("mean_tok_s", "mean tok/s (tokens / Σ wall)"), ("median_tok_s", "median tok/s"),
-        ("p5_tok_s", "p5 tok/s"), ("p95_tok_s", "p95 tok/s"), ("min_tok_s", "min tok/s (slowest token)"),
-        ("max_tok_s", "max tok/s (fastest token)"), ("steady_from_step", "steady state from step"),
-        ("steady_mean_tok_s", "steady-state mean tok/s")))
+        (C.tokens, "tokens"), (C.mean_tok_s, "mean tok/s (tokens / Σ wall)"), (C.median_tok_s, "median tok/s"),
+        (C.p5_tok_s, "p5 tok/s"), (C.p95_tok_s, "p95 tok/s"), (C.min_tok_s, "min tok/s (slowest token)"),
+        (C.max_tok_s, "max tok/s (fastest token)"), (C.steady_from_step, "steady state from step"),
+        (C.steady_mean_tok_s, "steady-state mean tok/s")))
     pressure = tuple((label, fn(row.get(key))) for key, label, fn in (
-        ("peak_rss_kb", "peak RSS", fmt_kb), ("mem_avail_before_kb", "MemAvailable before", fmt_kb),
-        ("mem_avail_floor_kb", "MemAvailable floor", fmt_kb), ("mem_avail_after_kb", "MemAvailable after", fmt_kb),
-        ("cpu_temp_max_mc", "CPU temperature max", lambda x: fmt_celsius(x, 1000)),
-        ("batt_temp_max_dc", "battery temperature max", lambda x: fmt_celsius(x, 10))))
+        (C.peak_rss_kb, "peak RSS", fmt_kb), (C.mem_avail_before_kb, "MemAvailable before", fmt_kb),
+        (C.mem_avail_floor_kb, "MemAvailable floor", fmt_kb), (C.mem_avail_after_kb, "MemAvailable after", fmt_kb),
+        (C.cpu_temp_max_mc, "CPU temperature max", lambda x: fmt_celsius(x, 1000)),
+        (C.batt_temp_max_dc, "battery temperature max", lambda x: fmt_celsius(x, 10))))
     return RunPage(
-        title=f"run {row['run_id']}", root=root, run_id=row["run_id"],
-        device=Link(row["device"], root + Urls.device(row["device"])),
-        model=Link(row["model"], root + Urls.model(row["model"])), outcome=row["outcome"],
+        title=f"run {row[C.run_id]}", root=root, run_id=row[C.run_id],
+        device=Link(row[C.device], root + Urls.device(row[C.device])),
+        model=Link(row[C.model], root + Urls.model(row[C.model])), outcome=row[C.outcome],
         evidence=tuple(redactor.text(e) for e in rec.evidence),
         argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
-        flags=tuple(f for f in str(row.get("flags") or "").split(",") if f),
-        tells=tuple(t.message for t in analysis.tells_of(row["run_id"])),
+        flags=tuple(f for f in str(row.get(C.flags) or "").split(",") if f),
+        tells=tuple(t.message for t in analysis.tells_of(row[C.run_id])),
         summary=_kv(thawed(rec.summary), redactor=redactor), distribution=distribution,
         config=_kv(rec.config.to_dict(), redactor=redactor),
         entry_state=_kv(thawed(rec.entry_state), redactor=redactor, human=True),
@@ -300,7 +301,7 @@ def _cpu_rows(cpu: Mapping[str, Any] | None, row: Mapping[str, Any]) -> tuple[tu
             ("cores online / usable", f"{fmt_num(cpu.get('cores_online'))} / {fmt_num(cpu.get('cores_usable'))}"),
             ("this engine's compute threads", fmt_num(cpu.get("threads"))),
             ("threads at once on these cores", fmt_num(cpu.get("threads_sum"))),
-            ("other engines on these cores", row.get("cpu_engines") or "none"),
+            ("other engines on these cores", row.get(C.cpu_engines) or "none"),
             ("kernel boot id", str(cpu.get("boot_id") or "unknown")
              + (" (this host's)" if cpu.get("shares_host") else "")),
             ("oversubscribed", verdict.get(cpu.get("oversubscribed"), "unknown")))
@@ -330,9 +331,9 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
     per device with a lossy setting measured its quality against speed (`front`, as device_page's)."""
     root = "../"
     rec: Mapping[str, Any] = next((c.models[name] for c in camps if name in c.models), {})
-    mine = table[table["model"] == name]
+    mine = table[table[C.model] == name]
     shape = [("model", name)]
-    for key, label in (("arch", "architecture"), ("n_layer", "layers"), ("n_expert", "experts per layer"),
+    for key, label in ((C.arch, "architecture"), (C.n_layer, "layers"), (C.n_expert, "experts per layer"),
                        ("top_k", "top-k (own)")):
         v = rec.get(key)
         if v in (None, "") and key in mine.columns:
@@ -353,15 +354,15 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
         if g.model == name and g.top_k is not None and not is_missing(g.cycle_mib) and g.cycle_source != "token_demand":
             prices.setdefault(g.top_k, g.cycle_mib)
     measured: dict[int, float] = {}
-    for k, demand in zip(mine["n_expert_used"], mine["token_demand_mib"]):
+    for k, demand in zip(mine[C.n_expert_used], mine[C.token_demand_mib]):
         if not is_missing(k) and not is_missing(demand):
             measured[int(k)] = float(demand)
     ks = sorted(set(prices) | set(measured))
     cycles = tuple((str(k), fmt_mib(prices.get(k)), fmt_mib(measured.get(k))) for k in ks)
     fig = charts.cycle_figure(name, sorted(prices.items()), sorted(measured.items()))
-    devices = tuple(Link(d, root + Urls.device(d), f"{(mine['device'] == d).sum()} runs")
-                    for d in sorted(set(mine["device"])))
-    runs = tuple(Link(r["run_id"], root + Urls.run(r["run_id"]), f"{r['device']} · {r['budget_label']} · {r['outcome']}")
+    devices = tuple(Link(d, root + Urls.device(d), f"{(mine[C.device] == d).sum()} runs")
+                    for d in sorted(set(mine[C.device])))
+    runs = tuple(Link(r[C.run_id], root + Urls.run(r[C.run_id]), f"{r[C.device]} · {r[C.budget_label]} · {r[C.outcome]}")
                  for r in row_views(mine))
     figures = [(g, charts.budget_figure(g, (recs or {}).get(g.key))) for g in analysis.groups
                if g.model == name and g.points]
@@ -379,16 +380,16 @@ def model_page(name: str, camps: Sequence[CampaignData], table: pd.DataFrame, an
 def index_page(analysis: Analysis, recs: Recommendations) -> IndexPage:
     """The site's front page: campaigns, devices, models, each device's recommendations, the rule."""
     table = analysis.table
-    devices = sorted(set(table["device"]))
-    models = sorted(set(table["model"]))
+    devices = sorted(set(table[C.device]))
+    models = sorted(set(table[C.model]))
     return IndexPage(
         title="Expert-cache benchmarks", root="", campaigns=tuple(_campaign_rows(recs)),
         devices=tuple(Link(d, Urls.device(d), _device_note(d, table)) for d in devices),
-        models=tuple(Link(m, Urls.model(m), f"{(table['model'] == m).sum()} runs") for m in models),
+        models=tuple(Link(m, Urls.model(m), f"{(table[C.model] == m).sum()} runs") for m in models),
         cards=tuple(DeviceCard(Link(d.device, Urls.device(d.device)), _identity_line(d.identity),
                                shlex.join(d.default.argv), d.default.notes,
                                tuple(_rec_row(r, "") for r in d.recommendations)) for d in recs.devices),
-        rule=_rule_text(recs.rules), engines=", ".join(sorted({str(e) for e in table["engine"] if e})),
+        rule=_rule_text(recs.rules), engines=", ".join(sorted({str(e) for e in table[C.engine] if e})),
         tells=tuple(Link(t.run_ids[0], Urls.run(t.run_ids[0]), f"{t.kind}: {t.message}") for t in analysis.tells),
         runs=len(table))
 
@@ -436,9 +437,9 @@ def _rule_text(rules: Mapping[str, Any]) -> str:
 
 
 def _device_note(device: str, table: pd.DataFrame) -> str:
-    mine = table[table["device"] == device]
-    kinds = sorted({k for k in mine["device_kind"] if k})
-    ram = mine["ram_total_kb"].max()
+    mine = table[table[C.device] == device]
+    kinds = sorted({k for k in mine[C.device_kind] if k})
+    ram = mine[C.ram_total_kb].max()
     parts = [", ".join(kinds)] if kinds else []
     if not is_missing(ram):
         parts.append(f"{ram / 1024:,.0f} MiB RAM")

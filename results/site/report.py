@@ -42,7 +42,7 @@ from results.analysis.recommend import recommendations_for
 from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
-from results.read.columns import written_frame
+from results.read.columns import C, written_frame
 from results.read.frames import row_texts, row_views
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.series import provided
@@ -55,7 +55,7 @@ from store import names
 from store.versioned import write_json
 
 # run-table columns a published runs.csv leaves out: where the campaign lived on this host
-HOST_COLUMNS = ("run_dir", "campaign_dir")
+HOST_COLUMNS = (C.run_dir, C.campaign_dir)
 
 SITE_MARKER = ".bmoe-fleet-site"
 PAGES_MANIFEST = ".bmoe-fleet-site-pages.json"     # the run pages' inputs, for the next build (_Kept)
@@ -154,7 +154,7 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SiteReport(str(out), pages, len(table), table["device"].nunique(), table["model"].nunique(), kept.kept)
+    return SiteReport(str(out), pages, len(table), table[C.device].nunique(), table[C.model].nunique(), kept.kept)
 
 
 def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | None,
@@ -167,7 +167,7 @@ def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | No
     from results.db.load import run_table, stored_series
 
     table = run_table(dirs, db)
-    with provided(stored_series(db, zip(table["device"], table["model"]))), shared_analyses():
+    with provided(stored_series(db, zip(table[C.device], table[C.model]))), shared_analyses():
         return build_site(dirs, out, table=table, history=site_history(db, table, progress))
 
 
@@ -180,11 +180,11 @@ def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
     """The run table as the site publishes it: no host folders, host paths in its text replaced,
     and this host's command lines with file names only."""
     out = written_frame(table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns]))   # as JSON text
-    local = out["device_kind"] == "local" if "device_kind" in out.columns else pd.Series(False, index=out.index)
-    out["argv"] = [json.dumps(redactor.argv(json.loads(a or "[]"), bool(is_local)))
-                   for a, is_local in zip(out["argv"], local)]
+    local = out[C.device_kind] == "local" if C.device_kind in out.columns else pd.Series(False, index=out.index)
+    out[C.argv] = [json.dumps(redactor.argv(json.loads(a or "[]"), bool(is_local)))
+                   for a, is_local in zip(out[C.argv], local)]
     for column in out.columns:
-        if out[column].dtype == object and column != "argv":
+        if out[column].dtype == object and column != C.argv:
             out[column] = [redactor.text(v) if isinstance(v, str) else v for v in out[column]]
     return out
 
@@ -269,7 +269,7 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         shutil.copyfile(templates_dir() / name, site / "assets" / name)
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
-    texts = dict(zip(table["run_id"], row_texts(table), strict=True))
+    texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
     kept, digest = kept or _Kept(None), redactor.fingerprint()
     # runs.csv: the whole table's rows and the redactor are its inputs
     table_digest = hashlib.sha256("\n".join([digest, *texts.values()]).encode()).hexdigest()
@@ -279,17 +279,17 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     # pages in this order: a chart's id (fig-N) counts up across the whole site
     rec_by_key = {r.key: r for r in recs.all()}
     front = quality_front(table)           # the quality charts' settings, for every device and model page
-    for device in sorted(set(table["device"])):
+    for device in sorted(set(table[C.device])):
         page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor, front)
         if history is not None:
             page = replace(page, histories=history_links(history, device))
         _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
-    for model in sorted(set(table["model"])):
+    for model in sorted(set(table[C.model])):
         _write(site / Urls.model(model),
                _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor, front)))
         pages += 1
-    rows = {r["run_id"]: r for r in row_views(table)}
+    rows = {r[C.run_id]: r for r in row_views(table)}
     for camp in camps:
         for run in camp.runs:
             row = rows[run.run_id]

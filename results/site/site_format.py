@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from results.numbers import is_missing
+from results.read.columns import C
 
 
 def fmt_num(x: Any, digits: int = 3) -> str:
@@ -60,7 +61,7 @@ def fmt_celsius(x: Any, per_degree: int) -> str:
 _UNITS = (("_mc", lambda x: fmt_celsius(x, 1000)), ("_mC", lambda x: fmt_celsius(x, 1000)),
           ("_dc", lambda x: fmt_celsius(x, 10)), ("_dC", lambda x: fmt_celsius(x, 10)), ("_kb", lambda x: fmt_kb(x)),
           ("_khz", lambda x: _ghz(x)))
-_TIMES = ("taken_at_s", "started_at", "ended_at", "first_seen_at", "since")
+_TIMES = ("taken_at_s", C.started_at, C.ended_at, "first_seen_at", "since")
 
 
 def human_text(key: str, value: Any) -> tuple[str, str]:

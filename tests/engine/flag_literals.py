@@ -39,6 +39,12 @@ def _click_options(tree: ast.AST) -> set[int]:
     return ids
 
 
+def string_constants(tree: ast.AST, names: set[str], skip: set[int]) -> set[str]:
+    """The names the tree holds as whole string constants, but the nodes whose ids are in `skip`."""
+    return {n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip and n.value in names}
+
+
 def literal_flags(root: Path, names: set[str]) -> dict[str, set[str]]:
     """{file: the long flag names it holds as whole string literals} (docstrings and click
     option names aside)."""
@@ -50,10 +56,7 @@ def literal_flags(root: Path, names: set[str]) -> dict[str, set[str]]:
             if rel.startswith(EXEMPT):
                 continue
             tree = ast.parse(path.read_text(encoding="utf-8"))
-            skip = _docstrings(tree) | _click_options(tree)
-            hits = {n.value for n in ast.walk(tree)
-                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
-                    and n.value in names}
+            hits = string_constants(tree, names, _docstrings(tree) | _click_options(tree))
             if hits:
                 out[rel] = hits
     return out
