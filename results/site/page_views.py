@@ -7,6 +7,7 @@ that could hold a host path goes through the Redactor (results.publish).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from results.site.pages import (
 )
 from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
+from store import names
 from store.outcomes import OK
 from store.run_record import thawed
 
@@ -262,8 +264,10 @@ def run_page_inputs(run: RunFolder, row_text: str, analysis: Analysis, redactor_
     """Everything run_page reads, as one text: a run page made again from equal inputs (and the
     same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
     the run table (`row_text`: results.read.frames.row_texts), its tells, its metrics CSV and
-    samples (results.read.series.fingerprint), its files' names and the redactor (its digest)."""
-    record = json.dumps(run.record.to_dict(), ensure_ascii=False, sort_keys=True, default=str)
+    samples (results.read.series.fingerprint), its files' names and the redactor (its digest). The
+    record is its run.json's bytes, hashed (what the record was read from: another bmoe-fleet, which
+    may read it otherwise, starts a new list of pages)."""
+    record = hashlib.sha256((run.path / names.RUN_JSON).read_bytes()).hexdigest()
     return json.dumps([record, row_text, [(t.kind, t.message) for t in analysis.tells_of(run.run_id)],
                        series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
                        redactor_digest], ensure_ascii=False)
