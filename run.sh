@@ -93,7 +93,12 @@ case "${1:-}" in
         # built_once) goes to one folder for this run, removed afterwards, pass or fail.
         BMOE_TEST_SHARED="$(mktemp -d "${TMPDIR:-/tmp}/bmoe-test-shared.XXXXXX")"
         export BMOE_TEST_SHARED
-        trap 'rm -rf "$BMOE_TEST_SHARED"' EXIT
+        # pytest's own temporary folders (pytest-of-USER) and what the tests' programs leave in
+        # $TMPDIR (adb.UID.log, the log of an adb server a test or the harness starts: GetLogFilePath
+        # in AOSP's adb) go to a folder of this run as well, removed with it (a short name: the
+        # phones' unix sockets live under it)
+        suite_tmp="$(mktemp -d "${TMPDIR:-/tmp}/bmoe-t.XXXXXX")"
+        trap 'rm -rf "$BMOE_TEST_SHARED" "$suite_tmp"' EXIT
         # two runs of pytest: first, alone, the tests that measure the host's memory, swap or speed
         # (marked serial: tests/conftest.py), then the rest on three workers (most of them wait on
         # phones and adb: a third keeps both cores busy). Serial first: what both
@@ -106,7 +111,7 @@ case "${1:-}" in
             echo "run.sh: pytest -m '$part$quick' ${workers[*]}" >&2
             code=0 started=$SECONDS
             # each part names its ten slowest tests (the suite's budget: docs/decisions/test-suite.md)
-            "$VENV/bin/python" -m pytest -q --durations=10 -m "$part$quick" "${workers[@]}" "$@" || code=$?
+            TMPDIR="$suite_tmp" "$VENV/bin/python" -m pytest -q --durations=10 -m "$part$quick" "${workers[@]}" "$@" || code=$?
             timings+=("pytest '$part' $((SECONDS - started)) s")
             if [ "$code" -eq 5 ]; then continue; fi
             ran=1

@@ -179,7 +179,9 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
     model = _model(out, echo)
     home = out / "phones"
     port = _free_port()
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0")
+    # the private server's log (adb.UID.log in $TMPDIR: GetLogFilePath in AOSP's adb) stays in the
+    # demo's folder, not in the host's /tmp
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", TMPDIR=str(out))
     devices = ["local"]
     phones: list[str] = []
     try:
