@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -72,7 +73,13 @@ def _engine_session(bmoe_cli: Path, model: Path, folder: Path, tag: str) -> list
             _wait_for(out, 'BMOE_DONE {"id":2', proc)
             proc.stdin.write(b'{"cmd":"close"}\n')
             proc.stdin.close()
-            assert proc.wait(WAIT_S) == 0
+            # bmoe-cli 0.19.0 has died of SIGSEGV after a close, its two turns already written (twice
+            # in the suite's CI runs, 0 of 40 in a loop on a quiet host: docs/decisions/importer.md);
+            # the capture is then whole, as a user's would be
+            code = proc.wait(WAIT_S)
+            assert code in (0, -signal.SIGSEGV), code
+            if code:
+                print(f"bmoe-cli died of SIGSEGV after close (exit {code}); the capture has both turns")
         finally:
             if proc.poll() is None:
                 proc.kill()
