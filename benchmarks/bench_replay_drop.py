@@ -86,14 +86,23 @@ def run(argv: list[str], model: Path, out: Path, budget: int, tokens: int, top_k
 class Cell:
     """One (F, budget), summed over the sampler seeds."""
 
-    measured: float = 0.0
-    lossy: float = 0.0
+    per_seed: list[tuple[float, float]] = field(default_factory=list)   # (measured, replayed) MiB/token
     lossless: float = 0.0
     by_probe: dict[int, float] = field(default_factory=dict)
     drop_measured: float = 0.0
     drop_replayed: float = 0.0
-    errors: list[float] = field(default_factory=list)
-    per_seed: list[tuple[float, float]] = field(default_factory=list)   # (measured, replayed) MiB/token
+
+    @property
+    def measured(self) -> float:
+        return sum(m for m, _ in self.per_seed)
+
+    @property
+    def lossy(self) -> float:
+        return sum(r for _, r in self.per_seed)
+
+    @property
+    def errors(self) -> list[float]:
+        return [pct(r, m) for m, r in self.per_seed]
 
     def interval(self, draws: int = 4000, level: float = 0.95) -> tuple[float, float]:
         """A bootstrap interval of the pooled error (Σ replayed / Σ measured), resampling the seeds."""
@@ -175,14 +184,11 @@ def main() -> None:
                     measured, drop_m = run(argv, model, root / f"s{seed}-f{frac}-b{budget}", budget, args.tokens,
                                            args.top_k, *flags)
                     replayed = lossy.decode_read_mib_per_token * alignment
-                    c.measured += measured
-                    c.lossy += replayed
                     c.lossless += lossless.decode_read_mib_per_token * alignment
                     for pb, curve in alone.items():
                         c.by_probe[int(pb)] = c.by_probe.get(int(pb), 0.0) + curve[i].decode_read_mib_per_token * alignment
                     c.drop_measured += drop_m
                     c.drop_replayed += lossy.drop_pct
-                    c.errors.append(pct(replayed, measured))
                     c.per_seed.append((measured, replayed))
         n = len(seeds)
         print(f"engine  {name}; model qwen3moe F32, 6 layers x {args.experts} experts, top-{args.top_k}, router skew "
