@@ -41,9 +41,10 @@ _KEY = (C.device, C.device_kind, C.ram_total_kb)
 NO_RUN = "no streamed run finished or was killed in its newest release: nothing to size from"
 
 
-def _labels(groups: pd.DataFrame) -> dict[tuple[Any, ...], str]:
-    """Each device key's label: its name, with its kind and MemTotal where two keys share the name."""
-    keys = list(dict.fromkeys(_key(r) for r in groups.to_dict("records")))
+def _labels(row_keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], str]:
+    """Each device key's label (`row_keys`: each group row's key): its name, with its kind and
+    MemTotal where two keys share the name."""
+    keys = list(dict.fromkeys(row_keys))
     out: dict[tuple[Any, ...], str] = {}
     for key in keys:
         name, kind, ram = key
@@ -67,9 +68,8 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def _mine(groups: pd.DataFrame, key: tuple[Any, ...]) -> pd.DataFrame:
-    mask = [all(_same(r[c], k) for c, k in zip(_KEY, key)) for r in groups.to_dict("records")]
-    return groups[mask]
+def _mine(groups: pd.DataFrame, row_keys: Sequence[tuple[Any, ...]], key: tuple[Any, ...]) -> pd.DataFrame:
+    return groups[[all(_same(a, b) for a, b in zip(k, key)) for k in row_keys]]
 
 
 def provenance(groups: pd.DataFrame) -> dict[str, Any]:
@@ -89,12 +89,13 @@ def database_rules(db: str | None) -> dict[str, Any]:
     groups = run_groups(db)
     if not len(groups):
         raise ResultsError("no runs in the database (bmoe-fleet db ingest DIR… --db URL fills it)")
-    labels = _labels(groups)
+    row_keys = [_key(r) for r in groups.to_dict("records")]
+    labels = _labels(row_keys)
     left_out: list[dict[str, Any]] = []
     chosen: list[pd.DataFrame] = []
     counted: dict[str, dict[str, Any]] = {}
     for key, label in labels.items():
-        mine = _mine(groups, key)
+        mine = _mine(groups, row_keys, key)
         why = not_a_point(key[1], key[2])
         if why is not None:
             left_out.append({"device": label, "reason": why, "provenance": provenance(mine)})
