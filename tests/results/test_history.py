@@ -6,10 +6,12 @@ Real campaigns of one plan on this host (`local`), the small model: bmoe-py at i
 (0.19.0) and bmoe-py claiming 0.24.0 (engine.claim, i.e. BMOE_PY_RELEASE), two campaigns of two
 repeats each, run in the order old, new, new, old, so that a host whose load drifts (the suite runs
 beside them) slows both releases alike and a same-speed pair stays one; then a wrapper engine
-claiming 0.24.0 that makes every decode step five times as long (conftest write_engine), four
-repeats. Four runs a cell a side: the fewest with which a two-sided U test can reach p < 0.05.
+claiming 0.24.0 that makes every decode step five times as long and 30 ms longer still (conftest
+write_engine), six repeats. Four runs a cell a side are the fewest with which a two-sided U test can
+reach p < 0.05 (2/70); the slow side's six keep p under it (4/210) when the loaded host slows one
+old run past a slow one, as a CI run once did (p 2/35 with four).
 The two releases go into one database (a same-speed pair), the old one and the slow one into
-another (a real 5x slowdown).
+another (a real slowdown of more than 5x).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def releases(tmp_path_factory, small_model) -> Path:
         for name in ("old-a", "new-a", "new-b", "old-b"):          # drift cancels: module doc
             engine = {"claim": "0.24.0"} if name.startswith("new") else None
             run_local(root / name, local_campaign_data("hist", small_model, AXES, RUN, engine=engine))
-        run_local(root / "slow", local_campaign_data("hist", small_model, AXES, {**RUN, "repeats": 4},
-                                                     engine=write_engine(root / "engines", "slowed", "always",
+        run_local(root / "slow", local_campaign_data("hist", small_model, AXES, {**RUN, "repeats": 6},
+                                                     engine=write_engine(root / "engines", "slowed", "always", 30,
                                                                          claim="0.24.0")))
 
     return copied_once(tmp_path_factory, "history", build)
