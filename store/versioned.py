@@ -23,6 +23,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from engine import fsutil
 from engine.gguf.model import SHAPE_FORMAT, SHAPE_VERSION
 from store.errors import StoreError
@@ -109,8 +111,21 @@ def json_safe(value: Any, digits: int | None = None) -> Any:
     """A copy strict JSON can hold: NaN and infinities become null, numpy scalars plain Python,
     arrays, Series and tuples lists, mapping keys strings; `digits` rounds every float (for reading;
     None keeps them exact)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            return None
+        return value if digits is None else round(value, digits)
     if isinstance(value, (str, bytes)):
         return value
+    if isinstance(getattr(value, "dtype", None), np.dtype) and value.ndim == 1 and value.dtype.kind in "fiub":
+        # a numeric numpy array or Series: its plain values at once, not one call each (the site's charts)
+        values = value.tolist()
+        if value.dtype.kind != "f":
+            return values
+        return [None if not math.isfinite(v) else v if digits is None else round(v, digits) for v in values]
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) >= 1:   # numpy arrays, pandas Series
         return [json_safe(v, digits) for v in value]
     if hasattr(value, "item"):                                               # numpy scalars

@@ -176,7 +176,8 @@ def report_command(dirs: tuple[str, ...], out: str | None, fmt: str, by: str, as
         _no_model_files(model_files)
         site = build_site_from_db(list(dirs), out, db, lambda line: click.echo(line, err=True))
     else:
-        site = build_site(list(dirs), out, parse_model_files(model_files))
+        site = build_site(list(dirs), out, parse_model_files(model_files),
+                          progress=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(site.to_dict(), indent=2) if as_json else site.text())
 
 

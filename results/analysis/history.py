@@ -31,7 +31,7 @@ from results import formats
 from results.analysis.analyze import analyze
 from results.analysis.compare import U_TEST, Comparison, compare_tables
 from results.analysis.recommend import recommendations_from
-from results.db.load import stored_table
+from results.db.load import stored_engines, stored_table
 from results.errors import ResultsError
 from results.read.columns import C
 from results.read.run_keys import budget_label, load_text
@@ -196,8 +196,10 @@ def history(db: str | None, device: str | None = None, model: str | None = None,
 
 def site_history(db: str | None, table: pd.DataFrame, progress: Progress | None = None) -> History:
     """The history of the devices and models a site shows (its run `table`), from every campaign the
-    database holds of them."""
-    pairs = set(zip(table[C.device], table[C.model]))
+    database holds of them: only of those it holds more than one engine of, as only they get a
+    history page (results.site.history_view.paged); the others' releases are not analysed."""
+    engines = stored_engines(db)
+    pairs = {p for p in zip(table[C.device], table[C.model]) if len(engines.get(p, ())) > 1}
     parts = [stored_table(db, d, m) for d, m in sorted(pairs)]
     return history_of(pd.concat(parts, ignore_index=True), progress) if parts else History(())
 

@@ -149,7 +149,8 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
         rec = _read_run(path)
         if rec is None or rec.cell_id != key[0] or rec.attempt != key[1]:
             raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}")
-        run = RunFolder(head.label, head.root, path, rec, key[1] == latest[key[0]])
+        run = RunFolder(head.label, head.root, path, key[0], key[1], key[1] == latest[key[0]])
+        run.__dict__["record"] = rec                  # read and checked above (RunFolder.record's cache)
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
         built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,

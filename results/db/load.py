@@ -6,7 +6,8 @@ Labels (`campaign`, and so `run_id`) are worked out for the campaigns asked, as
 `read_campaigns` works them out (two of one name get their folder); the configuration columns
 come from each row's `config` object, as `run_row` makes them (results/read/columns.py).
 `stored_table` reads every campaign the database holds (of one device and model, when asked),
-without any campaign folder: `history` and `compare --db`'s baseline (results.analysis.history).
+without any campaign folder: `history` and `compare --db`'s baseline (results.analysis.history);
+`stored_engines` only which engines it holds of each device and model.
 `run_groups` and `runs_of` read the database in two steps for the fleet rule
 (results.analysis.fleet_db): a few columns of every run, grouped, then whole rows only of the
 groups chosen from them.
@@ -138,6 +139,22 @@ def stored_table(db: str | None, device: str | None = None, model: str | None = 
     finally:
         engine.dispose()
     return _framed(rows)
+
+
+def stored_engines(db: str | None) -> dict[tuple[str, str], set[str]]:
+    """The engines the database holds runs of, per (device, model): one query, no run row built."""
+    engine = schema.connect(db, create=False)
+    r = schema.runs
+    out: dict[tuple[str, str], set[str]] = {}
+    try:
+        with engine.connect() as conn:
+            for x in conn.execute(select(r.c.device, r.c.model, r.c.engine).distinct()):
+                out.setdefault((_text(x.device), _text(x.model)), set()).add(_text(x.engine))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return out
 
 
 def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: str | None = None) \

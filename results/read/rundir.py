@@ -8,6 +8,7 @@ attempt interrupted before its commit) is skipped, as the runner itself would di
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,24 +16,37 @@ from types import MappingProxyType
 from typing import Any
 
 from results.errors import ResultsError
+from store import names
 from store.campaign_dir import CampaignDir
 from store.run_record import RunRecord
 
 
 @dataclass(frozen=True, eq=False)
 class RunFolder:
-    """One attempt of one cell: its run.json and the files next to it."""
+    """One attempt of one cell: its run.json and the files next to it. The record is read when it
+    is first asked for (a site rebuilt from a results database reads no run.json of a page it
+    keeps: results.site.report), and must name the cell and attempt of its folder."""
 
     campaign: str                      # the campaign's label (unique among the directories read)
     root: Path                         # the campaign directory
     path: Path                         # runs/<cell>/<attempt>
-    record: RunRecord                  # run.json
+    cell_id: str                       # the folder's names, which its run.json repeats
+    attempt: int
     latest: bool                       # the cell's latest attempt
+
+    @functools.cached_property
+    def record(self) -> RunRecord:
+        """run.json (a StoreError naming it when it does not read; a ResultsError when it is another
+        attempt's)."""
+        rec = RunRecord.read(self.path / names.RUN_JSON)
+        if (rec.cell_id, rec.attempt) != (self.cell_id, self.attempt):
+            raise ResultsError(f"{self.path}: its run.json does not read as attempt {self.attempt} of {self.cell_id}")
+        return rec
 
     @property
     def run_id(self) -> str:
         """campaign/cell/attempt: unique over the directories read."""
-        return f"{self.campaign}/{self.record.cell_id}/{self.record.attempt}"
+        return f"{self.campaign}/{self.cell_id}/{self.attempt}"
 
     def file(self, name: str) -> Path | None:
         """One file of the attempt's folder (a store.names name), None when the run left none."""
@@ -71,12 +85,12 @@ def _campaign_name(cdir: CampaignDir) -> tuple[str, bool, int]:
 def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
     """Read one campaign directory (plan, devices, models and every committed attempt)."""
     head = campaign_head(root, label)
-    cdir = CampaignDir(head.root)
-    folders = cdir.attempt_folders()
+    folders = CampaignDir(head.root).attempt_paths()
     latest: dict[str, int] = {}
-    for _, rec in folders:
-        latest[rec.cell_id] = max(rec.attempt, latest.get(rec.cell_id, 0))
-    runs = tuple(RunFolder(head.label, head.root, path, rec, rec.attempt == latest[rec.cell_id]) for path, rec in folders)
+    for cell, attempt, _ in folders:
+        latest[cell] = max(attempt, latest.get(cell, 0))
+    runs = tuple(RunFolder(head.label, head.root, path, cell, attempt, attempt == latest[cell])
+                 for cell, attempt, path in folders)
     return replace(head, runs=runs)
 
 
@@ -116,5 +130,5 @@ def read_campaigns(roots: Sequence[str | Path]) -> list[CampaignData]:
     """Several campaign directories; two campaigns of the same name get their folder in the label."""
     if not roots:
         raise ResultsError("give at least one campaign directory")
-    names = [_campaign_name(CampaignDir(Path(r).resolve()))[0] if Path(r).is_dir() else str(r) for r in roots]
-    return [read_campaign(root, label) for root, label in zip(roots, campaign_labels(names, roots))]
+    named = [_campaign_name(CampaignDir(Path(r).resolve()))[0] if Path(r).is_dir() else str(r) for r in roots]
+    return [read_campaign(root, label) for root, label in zip(roots, campaign_labels(named, roots))]

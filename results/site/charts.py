@@ -265,20 +265,20 @@ def token_figure(rows: Columns | None, steady_from: float | None) -> dict[str, A
     results.read.series)."""
     if rows is None or not len(rows) or "wall_ms" not in rows.columns:
         return None
-    x = list(rows["step"]) if "step" in rows.columns else list(range(1, len(rows) + 1))
+    x = rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1))
     data = []
     for column, color in (("wall_ms", "#222222"), ("io_ms", "#1f77b4"), ("compute_ms", "#2ca02c"),
                           ("mgmt_ms", "#9467bd")):
         if column in rows.columns:
             data.append({"type": "scatter", "mode": "lines+markers", "name": column.replace("_ms", " ms"),
-                         "x": x, "y": list(rows[column]), "line": {"color": color, "width": 1.5},
+                         "x": x, "y": rows[column], "line": {"color": color, "width": 1.5},
                          "marker": {"size": 4}, "yaxis": "y"})
     if C.cache_hit_pct in rows.columns:
         hit = rows[C.cache_hit_pct].astype(float)
         with np.errstate(invalid="ignore"):
             shown = np.where(hit >= 0, hit, np.nan)
         data.append({"type": "scatter", "mode": "lines", "name": "hit % (cumulative)", "x": x,
-                     "y": list(shown), "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
+                     "y": shown, "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
     shapes, notes = [], []
     if steady_from is not None and not math.isnan(steady_from):
         s, n = _vline(steady_from, "#7f7f7f", "dot", "steady state from here")
@@ -298,21 +298,21 @@ def memory_figure(samples: Columns | None, rows: Columns | None) -> dict[str, An
     per-token columns (decode steps)."""
     data = []
     if samples is not None and len(samples):
-        t = list(samples["t_s"])
+        t = samples["t_s"]
         for column, name, color in (("mem_available_kb", "MemAvailable (samples)", "#1f77b4"),
                                     ("vm_rss_kb", "RSS (samples)", "#d62728"), ("vm_hwm_kb", "peak RSS (samples)",
                                                                                "#ff9896")):
             if column in samples.columns:
                 data.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": t,
-                             "y": list(samples[column] / 1024), "line": {"color": color}, "xaxis": "x", "yaxis": "y"})
+                             "y": samples[column] / 1024, "line": {"color": color}, "xaxis": "x", "yaxis": "y"})
     if rows is not None and len(rows):
-        x = list(rows["step"]) if "step" in rows.columns else list(range(1, len(rows) + 1))
+        x = rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1))
         for column, name, color in (("mem_available_mib", "MemAvailable (per token)", "#1f77b4"),
                                     ("rss_mib", "RSS (per token)", "#d62728"),
                                     ("rss_anon_mib", "anon RSS (per token)", "#9467bd"),
                                     ("cache_budget_mib", "cache budget", CYCLE)):
             if column in rows.columns:
-                data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": list(rows[column]),
+                data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": rows[column],
                              "line": {"color": color, "dash": "dot"}, "xaxis": "x2", "yaxis": "y2"})
     if not data:
         return None
@@ -330,8 +330,8 @@ def session_figure(samples: Columns | None, turns: Sequence[Mapping[str, Any]] |
     the gap took (RSS down, swap up) sits beside the turn that paid for it."""
     if not turns or samples is None or not len(samples):
         return None
-    t = list(samples["t_s"])
-    data = [{"type": "scatter", "mode": "lines+markers", "name": name, "x": t, "y": list(samples[column] / 1024),
+    t = samples["t_s"]
+    data = [{"type": "scatter", "mode": "lines+markers", "name": name, "x": t, "y": samples[column] / 1024,
              "line": {"color": color}}
             for column, name, color in (("vm_rss_kb", "VmRSS", "#d62728"), ("vm_swap_kb", "VmSwap", FOUGHT),
                                         ("rss_file_kb", "RssFile", "#1f77b4"))

@@ -45,15 +45,15 @@ def history_links(h: History, device: str) -> tuple[Link, ...]:
                  for d, model in paged(h) if d == device)
 
 
-def history_pages(h: History, ids: Ids) -> list[tuple[str, HistoryPage]]:
-    """(path, page) for each device and model with more than one release."""
+def history_pages(h: History) -> list[tuple[str, HistoryPage]]:
+    """(path, page) for each device and model with more than one release (chart ids its own)."""
     out = []
     for device, model in paged(h):
         rows = h.of(device, model)
         series: dict[str, list[ReleaseRow]] = {}
         for r in rows:
             series.setdefault(_series(r), []).append(r)
-        chart = Chart(ids.next(), history_figure(device, model, series),
+        chart = Chart(Ids().next(), history_figure(device, model, series),
                       "the recommended ceiling and the tok/s at the recommended fixed budget, per engine release")
         page = HistoryPage(f"{model} on {device} across engine releases", "../",
                            Link(device, "../" + Urls.device(device)), Link(model, "../" + Urls.model(model)), chart,

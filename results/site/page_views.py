@@ -55,7 +55,7 @@ RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (de
 
 
 class Ids:
-    """Chart ids, unique across the site."""
+    """Chart ids, unique within a page (each page has its own: a page depends on no other)."""
 
     def __init__(self) -> None:
         self.n = 0

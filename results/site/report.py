@@ -47,6 +47,7 @@ from results.read.frames import row_texts, row_views
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
+from results.site import fanout
 from results.site.history_view import history_links, history_pages
 from results.site.page_views import Ids, device_page, index_page, model_page, run_page, run_page_inputs
 from results.site.pages import Link
@@ -136,11 +137,12 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None = None,
                recommendations: Recommendations | None = None, table: pd.DataFrame | None = None,
-               history: History | None = None) -> SiteReport:
+               history: History | None = None, progress: Callable[[str], None] | None = None) -> SiteReport:
     """Render the site for these campaign directories into `out` (with `recommendations` made of
     the same directories, e.g. verified ones, instead of computing them again; with `table`, their
     run table as the results database gave it; with `history`, the database's releases of the
-    site's devices and models: a history page for each with more than one)."""
+    site's devices and models: a history page for each with more than one); `progress` hears how
+    many run pages are made, on long builds."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files) if table is None else table
     analysis = analyze(table)
@@ -149,7 +151,7 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     tmp = _prepare_out(out)
     kept = _Kept(out if out.is_dir() and not out.is_symlink() and (out / SITE_MARKER).is_file() else None)
     try:
-        pages = _render(tmp, camps, analysis, recs, history, kept)
+        pages = _render(tmp, camps, analysis, recs, history, kept, progress)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -168,7 +170,7 @@ def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | No
 
     table = run_table(dirs, db)
     with provided(stored_series(db, zip(table[C.device], table[C.model]))), shared_analyses():
-        return build_site(dirs, out, table=table, history=site_history(db, table, progress))
+        return build_site(dirs, out, table=table, history=site_history(db, table, progress), progress=progress)
 
 
 def _write(path: Path, text: str) -> None:
@@ -207,38 +209,34 @@ def code_fingerprint() -> str:
 
 class _Kept:
     """The run pages (and runs.csv) of the previous build (the site folder being replaced) whose
-    inputs are unchanged (results.site.page_views.run_page_inputs, and the first chart id: ids count
-    across the site; runs.csv: every row and the redactor): each is taken as it is (a hard link,
-    else a copy) instead of made again. PAGES_MANIFEST, written into the new site before it is
-    swapped in whole, holds each one's digest and how many chart ids it took; one of another
-    code_fingerprint keeps nothing."""
+    inputs are unchanged (results.site.page_views.run_page_inputs; runs.csv: every row and the
+    redactor): each is taken as it is (a hard link, else a copy) instead of made again.
+    PAGES_MANIFEST, written into the new site before it is swapped in whole, holds each one's
+    digest; one of another code_fingerprint keeps nothing. A page's chart ids are its own (Ids), so
+    a page depends on no other."""
 
     def __init__(self, previous: Path | None) -> None:
         self.previous = previous
         self.before: dict[str, Any] = {}
-        self.now: dict[str, dict[str, Any]] = {}
+        self.now: dict[str, str] = {}
         self.kept = 0                                  # run pages taken
         try:
             doc = json.loads((previous / PAGES_MANIFEST).read_text()) if previous is not None else {}
         except (OSError, ValueError):
             doc = {}
-        if isinstance(doc, dict) and doc.get("format") == 1 and doc.get("code") == code_fingerprint() \
+        if isinstance(doc, dict) and doc.get("format") == 2 and doc.get("code") == code_fingerprint() \
                 and isinstance(doc.get("pages"), dict):
             self.before = doc["pages"]
 
-    def page(self, site: Path, rel: str, inputs: str, ids: Ids, render: Callable[[], str]) -> bool:
-        """Write file `rel` of `site`: taken from the previous build (True) when its inputs are unchanged."""
-        start = ids.n
-        digest = hashlib.sha256(f"{start}\n{inputs}".encode()).hexdigest()
-        was = self.before.get(rel)
-        took = was.get("ids") if isinstance(was, dict) and was.get("inputs") == digest else None
-        taken = isinstance(took, int) and self._take(rel, site)
-        if taken:
-            ids.n += int(took or 0)
-        else:
-            _write(site / rel, render())
-        self.now[rel] = {"inputs": digest, "ids": ids.n - start}
-        return taken
+    @staticmethod
+    def digest(inputs: str) -> str:
+        """What the manifest keeps of a page's inputs."""
+        return hashlib.sha256(inputs.encode()).hexdigest()
+
+    def taken(self, site: Path, rel: str, digest: str) -> bool:
+        """File `rel` of `site` taken from the previous build when the digest of its inputs is
+        unchanged (True); False: the caller makes it. The caller puts the digest in `now`."""
+        return self.before.get(rel) == digest and self._take(rel, site)
 
     def _take(self, rel: str, site: Path) -> bool:
         assert self.previous is not None
@@ -254,15 +252,15 @@ class _Kept:
         return True
 
     def write(self, site: Path) -> None:
-        write_json(site / PAGES_MANIFEST, {"format": 1, "code": code_fingerprint(), "pages": self.now})
+        write_json(site / PAGES_MANIFEST, {"format": 2, "code": code_fingerprint(), "pages": self.now})
 
 
 def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations,
-            history: History | None = None, kept: _Kept | None = None) -> int:
+            history: History | None = None, kept: _Kept | None = None,
+            progress: Callable[[str], None] | None = None) -> int:
     env = make_environment()
     table = analysis.table
     redactor = Redactor(camps)
-    ids = Ids()
     (site / "assets").mkdir()
     shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
     for name in ("site.css", "site.js"):
@@ -270,46 +268,50 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
     texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
-    kept, digest = kept or _Kept(None), redactor.fingerprint()
+    kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
     # runs.csv: the whole table's rows and the redactor are its inputs
-    table_digest = hashlib.sha256("\n".join([digest, *texts.values()]).encode()).hexdigest()
-    kept.page(site, names.SITE_RUNS_CSV, table_digest, ids,
-              lambda: published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
+    table_digest = kept.digest("\n".join([digest_redactor, *texts.values()]))
+    kept.now[names.SITE_RUNS_CSV] = table_digest
+    if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
+        _write(site / names.SITE_RUNS_CSV, published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
     pages = 0
-    # pages in this order: a chart's id (fig-N) counts up across the whole site
     rec_by_key = {r.key: r for r in recs.all()}
     front = quality_front(table)           # the quality charts' settings, for every device and model page
     for device in sorted(set(table[C.device])):
-        page = device_page(device, camps, analysis, recs, rec_by_key, ids, redactor, front)
+        page = device_page(device, camps, analysis, recs, rec_by_key, Ids(), redactor, front)
         if history is not None:
             page = replace(page, histories=history_links(history, device))
         _write(site / Urls.device(device), _page(env, "device.html", page))
         pages += 1
     for model in sorted(set(table[C.model])):
         _write(site / Urls.model(model),
-               _page(env, "model.html", model_page(model, camps, table, analysis, ids, rec_by_key, redactor, front)))
+               _page(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor, front)))
         pages += 1
     rows = {r[C.run_id]: r for r in row_views(table)}
-    for camp in camps:
-        for run in camp.runs:
-            row = rows[run.run_id]
-            kept.kept += kept.page(site, Urls.run(run.run_id), run_page_inputs(run, texts[run.run_id], analysis, digest),
-                                   ids, functools.partial(_run_html, env, run, row, analysis, ids, redactor))
-            pages += 1
+
+    def one(run: RunFolder) -> tuple[str, str, bool]:
+        # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
+        rel = Urls.run(run.run_id)
+        digest = kept.digest(run_page_inputs(run, texts[run.run_id], analysis, digest_redactor))
+        taken = kept.taken(site, rel, digest)
+        if not taken:
+            _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], analysis, Ids(), redactor)))
+        return rel, digest, taken
+
+    said = None if progress is None else lambda done, of: progress(f"report: run pages {done}/{of}")
+    for rel, page_digest, taken in fanout.each([run for camp in camps for run in camp.runs], one, said).results:
+        kept.now[rel] = page_digest
+        kept.kept += taken
+        pages += 1
     kept.write(site)
     histories = []
-    for path, hp in history_pages(history, ids) if history is not None else []:
+    for path, hp in history_pages(history) if history is not None else []:
         _write(site / path, _page(env, "history.html", hp))
         histories.append(Link(f"{hp.model.text} on {hp.device.text}", path, f"{len(hp.rows)} release rows"))
         pages += 1
     _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
                                                                      histories=tuple(histories))))
     return pages + 1
-
-
-def _run_html(env: Environment, run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Ids,
-              redactor: Redactor) -> str:
-    return _page(env, "run.html", run_page(run, row, analysis, ids, redactor))
 
 
 def _page(env: Environment, template: str, page: Any) -> str:

@@ -35,7 +35,6 @@ from results.db import schema
 from results.db.ingest import ingest
 from results.read.table import build_table
 from results.site.history_view import history_pages, history_url
-from results.site.page_views import Ids
 from results.site.site_format import Urls
 from tests.conftest import copied_once
 from tests.results import pg
@@ -226,4 +225,4 @@ def test_the_history_page_opens_in_chromium(releases, dbs, tmp_path, browser):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one release of a device and model: no page
     only = History(tuple(r for r in h.rows if r.engine == OLD))
-    assert history_pages(only, Ids()) == [] and len(history_pages(h, Ids())) == 1
+    assert history_pages(only) == [] and len(history_pages(h)) == 1

@@ -41,3 +41,20 @@ def test_json_safe_gives_strict_json():
 def test_json_safe_rounds_only_when_asked():
     assert json_safe([1 / 3, 2], 3) == [0.333, 2]
     assert json_safe([1 / 3]) == [1 / 3]
+
+
+def test_json_safe_gives_arrays_and_series_as_plain_lists_as_it_gives_their_values_one_by_one():
+    import numpy as np
+    import pandas as pd
+
+    from store.versioned import json_safe
+
+    floats = np.array([1.5, np.nan, np.inf, -np.inf, 2.0 / 3.0])
+    for digits in (None, 2):
+        for value in (floats, pd.Series(floats), np.arange(4), pd.Series([True, False]), np.array([3], dtype=np.uint8)):
+            got = json_safe(value, digits)
+            assert got == [json_safe(v, digits) for v in list(value)]
+            assert all(v is None or type(v) in (int, float, bool) for v in got), got
+    assert json_safe(floats, 2) == [1.5, None, None, None, 0.67] and json_safe(floats)[4] == 2.0 / 3.0
+    assert json_safe(np.array(["a", None], dtype=object)) == ["a", None]
+    assert json_safe({"x": np.zeros((2, 2))}) == {"x": [[0.0, 0.0], [0.0, 0.0]]}

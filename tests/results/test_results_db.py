@@ -23,6 +23,7 @@ from results.read import series as run_series
 from results.read.parse import ParseError
 from results.read.rundir import read_campaign
 from results.read.table import ShapeCache, build_table, render_table, run_row
+from results.site import fanout
 from results.site.site_format import Urls
 from tests.results import pg
 
@@ -156,6 +157,19 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     # every run has its page, and its charts drew from the kept rows
     run_pages = [p for p in sites["db"] if p.parts[0] == "runs"]
     assert len(run_pages) == 20 and all(b"per-token decode time split" in sites["db"][p] for p in run_pages)
+    # the run pages made by forked processes (results.site.fanout, as a long build makes them) are the same bytes
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fanout, "PROCESSES_FROM", 1)
+        mp.setattr(fanout, "CHUNK", 3)
+        made = fanout.each
+        workers: list[set[int]] = []
+        mp.setattr(fanout, "each", lambda *a, **k: workers.append((d := made(*a, **k)).pids) or d)
+        out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", db])
+    assert out.exit_code == 0, out.output
+    assert {p.relative_to(tmp_path / "forked"): p.read_bytes()
+            for p in (tmp_path / "forked").rglob("*") if p.is_file()} == sites["db"]
+    (pids,) = workers
+    assert os.getpid() not in pids or fanout.cores() == 1, pids        # one core: no fork (fanout's doc)
 
     def build(name: str) -> tuple[dict, dict]:
         out = runner.invoke(cli, ["report", camp, "--db", db, "-o", str(tmp_path / name), "--json"])

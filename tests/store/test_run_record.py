@@ -108,3 +108,24 @@ def test_commit_takes_a_record_and_read_run_gives_it_back(tmp_path):
     assert line["outcome"] == record.outcome and line["attempted"] is True
     with pytest.raises(StoreError, match=r"/2/run\.json: cannot read"):
         cdir.read_run(record.cell_id, 2)
+
+
+def test_a_campaign_read_for_its_runs_reads_each_record_when_asked_and_checks_its_folder(tmp_path):
+    from results.errors import ResultsError
+    from results.read.rundir import read_campaign
+
+    cdir = CampaignDir(tmp_path)
+    record = RunRecord.read(FIXTURES / "653e80b-local-ok.json")
+    for attempt in (1, 2):
+        cdir.commit_attempt(cdir.start_attempt(record.cell_id, attempt), record.with_(attempt=attempt))
+    folder = tmp_path / "runs" / record.cell_id
+    (folder / "2" / "run.json").write_text((folder / "1" / "run.json").read_text())   # attempt 1's record, moved
+    first, second = read_campaign(tmp_path).runs                   # listed from the folders: nothing read yet
+    assert (first.run_id.split("/")[1:], second.run_id.split("/")[1:]) == ([record.cell_id, "1"], [record.cell_id, "2"])
+    assert (first.latest, second.latest) == (False, True) and "record" not in vars(first)
+    assert first.record.attempt == 1 and "record" in vars(first)
+    with pytest.raises(ResultsError, match=r"/2: its run\.json does not read as attempt 2 of "):
+        _ = second.record
+    (folder / "1" / "run.json").write_text("{")
+    with pytest.raises(StoreError, match=r"/1/run\.json: cannot read"):
+        _ = read_campaign(tmp_path).runs[0].record
