@@ -82,11 +82,13 @@ def main() -> None:
     work = a.work or Path(tempfile.mkdtemp(prefix="bench-results-db-"))
     work.mkdir(parents=True, exist_ok=True)
     per = sum(1 for p in (a.campaign / "runs").glob("*/*/run.json"))
-    n = max(1, a.runs // per)
+    n = max(1, -(-a.runs // per))         # at least --runs runs
     dirs = copies(a.campaign, work, n, "c")
-    extra = copies(a.campaign, work, 1, "extra")[0]
+    # one more campaign, never ingested before (a reused --work keeps its database), into a fresh empty one too
+    extra = copies(a.campaign, work, 1, f"extra{time.time_ns()}-")[0]
     db = a.db or str(work / "results.sqlite")
     empty = str(work / "empty.sqlite")
+    Path(empty).unlink(missing_ok=True)
     rows: list[tuple[str, float, float, str]] = []       # (step, wall s, CPU s, note)
 
     t, c = time.perf_counter(), time.process_time()
