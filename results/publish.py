@@ -60,10 +60,11 @@ class Redactor:
         pattern = "|".join(re.escape(k) for k, _ in self._pairs)
         self._re = re.compile(f"(?:{pattern})(?=/|\\b|$)") if pattern else None
         self._names = dict(self._pairs)
+        self._all_have_slash = all("/" in k for k in [*self._names, *([self._home] if self._home else [])])
 
     def text(self, value: str) -> str:
         """A string with every known host path replaced."""
-        if not value:
+        if not value or (self._all_have_slash and "/" not in value):     # no path in it: nothing to replace
             return value
         out = self._re.sub(lambda m: self._names[m[0]], value) if self._re is not None else value
         if self._home and self._home in out:

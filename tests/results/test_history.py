@@ -141,9 +141,12 @@ def test_compare_takes_the_previous_release_and_the_u_test_flags_only_the_real_s
         assert {r.split("/")[0] for r in c["a_run_ids"]} == {"hist@old-a", "hist@old-b"} and len(c["a_run_ids"]) == 4
         assert len(c["b_run_ids"]) == 2
         assert {r.split("/")[0] for r in c["b_run_ids"]} == {"hist@new-b"}
-    # the newest release (both its campaigns) against the one before: the same speed, no verdict either way
+    # the newest release (both its campaigns) against the one before: the same speed, no verdict either way.
+    # Past 30 % only: the two new campaigns run one after the other, and a burst of load from the
+    # tests beside them (a forked report, say) can slow both alike by more than their noise, which
+    # the U test then rightly calls a difference of this host's; the real slowdown below is 5x.
     same = _cli("compare", "--db", dbs["same"], "--device", "local", "--model", "small", "--json",
-                "--fail-on-regression")
+                "--fail-on-regression", "--threshold", "30")
     assert same.exit_code == 0, same.output
     for c in json.loads(same.stdout)["cells"]:
         assert len(c["a_run_ids"]) == len(c["b_run_ids"]) == 4
