@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb.server import adb_binary
+from devices.adb.server import adb_binary, free_server_port
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
 from engine.units import MIB
@@ -142,7 +142,7 @@ def main() -> None:
     else:
         model, phones, grid = demo._model(out, print), demo.PHONES, GRID_MB
     home = out / "phones"
-    port = demo._free_port()
+    port = free_server_port()
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0")
     print(f"engine {args.engine}, {args.tokens} tokens, -t 1, resolution {args.resolution_mb} MiB, "
           f"max error {args.max_error_pct:g} %; load {os.getloadavg()[0]:.2f}")

@@ -23,7 +23,6 @@ import functools
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.phone import AdbPhone
-from devices.adb.server import AdbServer, adb_binary, ensure_server
+from devices.adb.server import AdbServer, adb_binary, ensure_server, free_server_port
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
 from engine.units import MIB
@@ -45,12 +44,6 @@ from store.outcomes import OK
 
 PHONE = "cellbench"
 CALLS = ("shell", "shell_in_run", "reads", "state", "push", "pull", "lmk_events", "stop_strays", "remote_sha256", "run", "identity")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Tally:
@@ -113,7 +106,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
     cli = os.environ.get("BMOE_CLI", "")
-    server = AdbServer("127.0.0.1", free_port())
+    server = AdbServer("127.0.0.1", free_server_port())
     port = server.port
     ensure_server(server)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -22,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.adb.server import adb_binary  # noqa: E402
+from devices.adb.server import adb_binary, free_server_port  # noqa: E402
 from devices.virtual import manager  # noqa: E402
 from engine.units import GIB  # noqa: E402
 from harness.campaign.file import parse_campaign  # noqa: E402
@@ -44,12 +43,6 @@ PEER = ROOT.parent / "shared"
 DEFAULT_CLI = PEER / "peer/bmoe-cli-0.19.0-linux-x86_64/bmoe-cli"
 DEFAULT_MODEL = PEER / "upstream-data/host-v2-0.19.0/tiny-qwen3moe.gguf"
 PHONE = "nativebench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s_per_token(csv_path: Path) -> float:
@@ -84,7 +77,7 @@ def host_run(cli: Path, model: Path, phone_argv: list[str], csv_path: Path) -> f
 @contextlib.contextmanager
 def private_phone(tmp_path: Path, name: str):
     """A private adb server on a free port with one 1 GiB virtual phone; (port, phones' home)."""
-    port = free_port()
+    port = free_server_port()
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0")
     adb = [adb_binary(), "-P", str(port)]
     subprocess.run(adb + ["start-server"], check=True, env=env, capture_output=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devices.adb.phone import AdbPhone
-from devices.adb.server import AdbServer, adb_binary
+from devices.adb.server import AdbServer, adb_binary, free_server_port
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
 from engine.units import GIB, MIB, parse_bytes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -48,7 +41,7 @@ def main() -> None:
     ap.add_argument("--sparse", action="store_true", help="a sparse file of zeros instead of a synthetic model")
     ap.add_argument("--no-cli", action="store_true", help="skip the `adb push` CLI comparison")
     args = ap.parse_args()
-    port = free_port()
+    port = free_server_port()
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0")
     adb = [adb_binary(), "-P", str(port)]
     subprocess.run(adb + ["start-server"], check=True, env=env, capture_output=True)

@@ -22,7 +22,6 @@ import io
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,19 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb.server import AdbServer, adb_binary, ensure_server
+from devices.adb.server import AdbServer, adb_binary, ensure_server, free_server_port
 from devices.virtual import manager
 from engine.gguf.synth import synth_options, write_model
 from engine.units import GIB, MIB
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 PROBE = """
 import mmap, os, sys, time
@@ -100,7 +92,7 @@ def main() -> int:
         for label, opts in MODELS.items():
             models[label] = work / f"{len(models)}.gguf"
             write_model(models[label], synth_options("qwen3moe", seed=1, router_skew=0, **opts))
-        server = AdbServer("127.0.0.1", free_port())
+        server = AdbServer("127.0.0.1", free_server_port())
         port = server.port
         ensure_server(server)
         home = work / "phones"

@@ -39,7 +39,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb.server import AdbServer, adb_binary, ensure_server
+from devices.adb.server import AdbServer, adb_binary, ensure_server, free_server_port
 from devices.virtual import cgroup as cgroups
 from devices.virtual import manager
 from devices.virtual.swapwatch import SwapWatch
@@ -58,12 +57,6 @@ from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
 
 APP_LZ4_RATIO = 2.9   # what zram keeps of an app's :compressible memory (apps.py, measured)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pswpout(port: int, serial: str) -> int:
@@ -158,7 +151,7 @@ def main() -> int:
         options = model_options(model_bytes, ram * args.dense_pct // 100)
         write_model(model, options)
         dense_mib = dense_bytes_of(options) // MIB
-        server = AdbServer("127.0.0.1", free_port())
+        server = AdbServer("127.0.0.1", free_server_port())
         ensure_server(server)
         home = work / "phones"
         try:

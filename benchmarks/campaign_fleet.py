@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,19 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices.adb.server import adb_binary
+from devices.adb.server import adb_binary, free_server_port
 from results.read.run_keys import budget_label
 from store.ledger import was_attempted
 from store.outcomes import KILLS
 
 BIN = Path(sys.executable).parent
 PHONES = {"p2g": ("2GiB", "Moto G 2GB"), "p3g": ("3GiB", "Galaxy A 3GB"), "p4g": ("4GiB", "Pixel 4GB")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fleet(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
@@ -87,7 +80,7 @@ def main() -> None:
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    port = free_port()
+    port = free_server_port()
     home = root / "phones"
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", BMOE_FLEET_HOME=str(root / "fleet-home"))
     subprocess.run([adb_binary(), "-P", str(port), "start-server"], env=env, check=True, capture_output=True)

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devices.adb.server import free_server_port
 from engine.errors import BmoeError
 from engine.gguf.inspect import inspect_model
 from engine.gguf.synth import synth_options, write_model
@@ -67,12 +67,6 @@ class DemoResult:
     campaign_dir: str
     index_html: str
     devices: tuple[str, ...]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model(out: Path, echo: Echo) -> Path:
@@ -178,7 +172,7 @@ def run_demo(out_dir: str, echo: Echo = print, use_phones: bool = True) -> DemoR
     out.mkdir(parents=True, exist_ok=True)
     model = _model(out, echo)
     home = out / "phones"
-    port = _free_port()
+    port = free_server_port()
     # the private server's log (adb.UID.log in $TMPDIR: GetLogFilePath in AOSP's adb) stays in the
     # demo's folder, not in the host's /tmp
     env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port), ADB_MDNS="0", TMPDIR=str(out))

@@ -234,15 +234,16 @@ def in_cgroup(cgroup: str, argv: list[str]) -> list[str]:
 
 
 # ---- the real adb server (the binary in the adbutils wheel) -------------------------------------
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time as _time  # noqa: E402
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for an adb server a test starts (devices.adb.server.free_server_port: below the
+    ephemeral range, where a client cannot connect to itself)."""
+    from devices.adb.server import free_server_port
+
+    return free_server_port()
 
 
 def adb_server_pids(port: int) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -189,6 +190,34 @@ class _Client(AdbClient):
         if timeout or self._timeout_s:
             conn.conn.settimeout(timeout or self._timeout_s)
         return conn
+
+
+_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_SERVER_PORTS_FROM = 10000
+
+
+def free_server_port(host: str = DEFAULT_ADB_HOST) -> int:
+    """A port free on `host` now, for an adb server to be started on: below the kernel's ephemeral
+    range (where 5037 is too). A port inside it can be handed to a client as its own source port
+    while the client tries to connect to it with nothing listening yet: Linux then connects the
+    socket to itself (TCP simultaneous open), and adb's client reads its own request back, saying
+    "protocol fault (status 30 30 30 63?!)" ("000c", the length of host:version), as a test run
+    here once did. Random within the range, so concurrent callers rarely pick alike; a port some
+    other process binds between this check and the server's start still fails that start."""
+    try:
+        low = int(_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(_SERVER_PORTS_FROM, max(low, _SERVER_PORTS_FROM + 1))
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise DeviceError(f"no free port for an adb server on {host} below {low}")
 
 
 def adb_binary() -> str:

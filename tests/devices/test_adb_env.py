@@ -112,3 +112,17 @@ def test_android_serial_is_the_device_of_a_sweep_or_file_naming_none(clean_env, 
     clean_env.setenv("ANDROID_SERIAL", "two words")
     with pytest.raises(CampaignError, match='ANDROID_SERIAL: "two words" is not a device'):
         parse_campaign(no_devices)
+
+
+def test_a_port_for_an_adb_server_is_free_and_below_the_kernels_ephemeral_range():
+    import socket
+    from pathlib import Path
+
+    from devices.adb.server import free_server_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_server_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports) and len(ports) > 1, ports      # random: concurrent callers differ
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))          # free
