@@ -38,10 +38,9 @@ from results.read.columns import C
 from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
-from store import names, outcomes
+from store import outcomes
 from store.campaign_dir import CampaignDir
 from store.errors import StoreError
-from store.run_record import RunRecord
 
 Progress = Callable[[str], None]
 _KEY = (C.cell_id, C.attempt)
@@ -115,13 +114,6 @@ def db_row(row: Mapping[str, Any], campaign_id: int, files: str, pg: bool, outpu
     return out
 
 
-def _read_run(path: Path) -> RunRecord | None:
-    try:
-        return RunRecord.read(path / names.RUN_JSON)
-    except StoreError:
-        return None
-
-
 def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = None) -> Ingested:
     """One campaign directory into the database (module doc)."""
     head = campaign_head(root)
@@ -146,11 +138,11 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
     built: list[tuple[tuple[str, int], dict[str, Any], str | None, bytes]] = []
     for i, key in enumerate(todo, 1):
         path = on_disk[key][0]
-        rec = _read_run(path)
-        if rec is None or rec.cell_id != key[0] or rec.attempt != key[1]:
-            raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}")
         run = RunFolder(head.label, head.root, path, key[0], key[1], key[1] == latest[key[0]])
-        run.__dict__["record"] = rec                  # read and checked above (RunFolder.record's cache)
+        try:
+            _ = run.record                # read once, and checked against its folder (RunFolder.record)
+        except StoreError:
+            raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}") from None
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
         built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,
