@@ -107,6 +107,13 @@ def read_json(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
     return upgrade(data, fmt, path)
 
 
+def _float(value: float, digits: int | None) -> float | None:
+    """A float as strict JSON holds it: null when not finite, rounded to `digits` when asked."""
+    if not math.isfinite(value):
+        return None
+    return value if digits is None else round(value, digits)
+
+
 def json_safe(value: Any, digits: int | None = None) -> Any:
     """A copy strict JSON can hold: NaN and infinities become null, numpy scalars plain Python,
     arrays, Series and tuples lists, mapping keys strings; `digits` rounds every float (for reading;
@@ -115,9 +122,7 @@ def json_safe(value: Any, digits: int | None = None) -> Any:
     if kind is str or kind is int or kind is bool or value is None:
         return value
     if kind is float:
-        if not math.isfinite(value):
-            return None
-        return value if digits is None else round(value, digits)
+        return _float(value, digits)
     if isinstance(value, (str, bytes)):
         return value
     if isinstance(getattr(value, "dtype", None), np.dtype) and value.ndim == 1 and value.dtype.kind in "fiub":
@@ -125,16 +130,14 @@ def json_safe(value: Any, digits: int | None = None) -> Any:
         values = value.tolist()
         if value.dtype.kind != "f":
             return values
-        return [None if not math.isfinite(v) else v if digits is None else round(v, digits) for v in values]
+        return [_float(v, digits) for v in values]
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) >= 1:   # numpy arrays, pandas Series
         return [json_safe(v, digits) for v in value]
     if hasattr(value, "item"):                                               # numpy scalars
         with contextlib.suppress(TypeError, ValueError):
             value = value.item()
     if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        return value if digits is None else round(value, digits)
+        return _float(value, digits)
     if isinstance(value, Mapping):
         return {str(k): json_safe(v, digits) for k, v in value.items()}
     return value
