@@ -171,10 +171,6 @@ class CampaignDir:
                     out.append((cell_dir.name, int(sub.name), sub))
         return out
 
-    def attempt_folders(self) -> list[tuple[Path, RunRecord]]:
-        """Every committed attempt (a folder with its run.json) with its record, by cell then attempt number."""
-        return [(sub, RunRecord.read(sub / names.RUN_JSON)) for _, _, sub in self.attempt_paths()]
-
     def read_run(self, cell_id: str, attempt: int) -> RunRecord:
         """One committed attempt's run.json (a StoreError naming the file when it is missing or does
         not read as a run record)."""

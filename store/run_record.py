@@ -2,7 +2,7 @@
 
 The worker (harness.run.worker) and the importers (harness.importer, harness.community_import)
 build one, `CampaignDir.commit_attempt` writes it, and status and the results side read it
-(`CampaignDir.attempt_folders`, `CampaignDir.read_run`). It is checked when built: a key of the
+(`CampaignDir.read_run`, `results.read.rundir.RunFolder.record`). It is checked when built: a key of the
 wrong type, or an outcome that is not one of store.outcomes' names, is one line naming the file
 and the key (StoreError).
 

@@ -103,7 +103,7 @@ def test_commit_takes_a_record_and_read_run_gives_it_back(tmp_path):
     tmp = cdir.start_attempt(record.cell_id, record.attempt)
     cdir.commit_attempt(tmp, record)
     assert cdir.read_run(record.cell_id, record.attempt) == record
-    assert [(p.name, r.cell_id) for p, r in cdir.attempt_folders()] == [("1", record.cell_id)]
+    assert [(cell, attempt) for cell, attempt, _ in cdir.attempt_paths()] == [(record.cell_id, 1)]
     (line,) = cdir.ledger.read()
     assert line["outcome"] == record.outcome and line["attempted"] is True
     with pytest.raises(StoreError, match=r"/2/run\.json: cannot read"):
