@@ -118,6 +118,9 @@ def test_two_phones_and_this_host_run_in_parallel(tmp_path, phones, adb_port, ph
 
 
 def test_the_gate_on_a_phone_reads_its_cpu_sensor_and_may_give_up(tmp_path, phones, adb_port, phone_home, mid_model):
+    # a campaign before it leaves engine and model on the phone (whichever tests ran there before)
+    run_campaign(vcampaign("before", ["virtual:roomy"], mid_model, adb_port, phone_home, {"cache_mb": [0]}),
+                 tmp_path / "before", progress_stream=io.StringIO())
     c = vcampaign("hot", ["virtual:roomy"], mid_model, adb_port, phone_home, {"cache_mb": [0]},
                   gate={"cpu_temp_max_c": 5.0, "max_wait_s": 0.5, "poll_s": 0.2})
     run_campaign(c, tmp_path / "out", progress_stream=io.StringIO())
