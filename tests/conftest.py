@@ -15,7 +15,8 @@ UPSTREAM_HOST = FIXTURES / "upstream" / "host-v2-0.19.0"
 
 
 # The tests that measure this host's memory, swap, page cache or speed (marked `serial`): `run.sh test`
-# runs them alone, before the rest runs on two workers (pytest-xdist). Beside another test they fail
+# runs them first, with no other test at normal priority beside them (only tests at nice 19 that start
+# no phone and make no cgroup: docs/decisions/test-suite.md). Beside another test they fail
 # as a phone beside another phone would not: swap areas are the kernel's, so another phone's pages
 # fill this one's zram device (its counters stay its own: devices/virtual/cgroup.py SwapTraffic),
 # the host's free memory and page cache are shared, and two decodes share two cores. A file, or one
@@ -43,7 +44,21 @@ SERIAL = (
 # cgroup) carries it (a decorator, a module's pytestmark), and tests/test_markers.py checks that it does.
 # tests/*/conftest.py's: the phones they start, and phone_home, the folder a test starts its own in
 PHONE_FIXTURES = ("phones", "make_phone", "phone_home", "vphone_campaign")
-MARKED_BY_FIXTURE = {"phone": PHONE_FIXTURES, "browser": ("browser",), "bmoe_cli": ("bmoe_cli",)}
+MARKED_BY_FIXTURE = {"phone": PHONE_FIXTURES, "browser": ("browser",), "bmoe_cli": ("bmoe_cli",),
+                     "after_serial": ("local_campaign", "compare_pair", "failing_twin", "quality_campaign",
+                                      "native_campaign")}
+# `after_serial`: run.sh runs most non-serial tests at nice 19 beside the serial part, where a burst
+# of the serial tests' decodes can stop them for seconds; these run after it instead, at normal
+# priority (docs/decisions/test-suite.md). A test that reads local_campaign, which the serial part
+# builds alone, first (docs/decisions/test-shared-builds.md: built beside other tests, a run
+# sampled no file pages), and the tests whose assertions rest on decode rates measured here by the
+# campaigns they run or read (a recommendation, a comparison, a history, a knee, a run marked as
+# oversubscribed; the shared campaigns of tests/results/conftest.py whose rates are compared):
+# starved for a moment, a run beside the serial part was slower than cache 0.
+AFTER_SERIAL = (
+    "harness/test_knee.py", "harness/test_threads_flags.py",
+    "results/test_compare.py", "results/test_history.py", "results/test_quality.py", "results/test_recommend_v2.py",
+)
 # Virtual phones need root: without it their memory cgroup, mount and network namespaces fall back
 # to weaker stand-ins (devices/virtual/run.py says so on stderr), so they would not fail where a
 # phone fails. The other root tests say what they need in their marker: pytest.mark.root("why").
@@ -66,6 +81,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         node = item.nodeid.removeprefix("tests/")
         if any(node == s or node.startswith(s + "::") for s in SERIAL):
             item.add_marker(pytest.mark.serial)
+        if any(node == s or node.startswith(s + "::") for s in AFTER_SERIAL):
+            item.add_marker(pytest.mark.after_serial)
         used = set(getattr(item, "fixturenames", ()))
         for marker, fixtures in MARKED_BY_FIXTURE.items():
             if used.intersection(fixtures) and item.get_closest_marker(marker) is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PHONE_FIXTURES
+from tests.conftest import AFTER_SERIAL, PHONE_FIXTURES, SERIAL
 
 TESTS = Path(__file__).resolve().parent
 MARKS = ("phone", "root")
@@ -99,3 +99,15 @@ def test_as_another_user_root_and_phone_tests_skip_saying_why_and_the_rest_run(t
     assert re.search(r"SKIPPED \[\d+\] tests/devices/test_vphone_confinement.py(?::\d+)?: needs root \(this is uid "
                      r"65534\): a virtual phone's memory cgroup", out), out[-3000:]
     assert re.search(r"\b\d+ passed", out) and " failed" not in out, out[-3000:]
+
+
+def test_the_lists_that_place_tests_in_run_sh_parts_name_tests_that_exist():
+    """SERIAL and AFTER_SERIAL name a file, or one test in it: a name that matches nothing would
+    leave its tests at nice 19 beside the serial part (run.sh), unnoticed."""
+    missing = []
+    for entry in SERIAL + AFTER_SERIAL:
+        file, _, name = entry.partition("::")
+        path = TESTS / file
+        if not path.is_file() or (name and f"def {name}(" not in path.read_text(encoding="utf-8")):
+            missing.append(entry)
+    assert not missing, missing
