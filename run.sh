@@ -149,11 +149,12 @@ case "${1:-}" in
         trap 'stop_niced; rm -rf "$BMOE_TEST_SHARED" "$suite_tmp"' EXIT
         trap 'exit 130' INT TERM
         # each part names its ten slowest tests (the suite's budget: docs/decisions/test-suite.md)
+        part_options=(-q --durations=10)
         pytest_part() {    # $1 marker expression, then the workers; pytest's arguments follow "--"
             local expr="$1"; shift
             local workers=(); while [ "$1" != -- ]; do workers+=("$1"); shift; done; shift
             echo "run.sh: pytest -m '$expr' ${workers[*]}" >&2
-            TMPDIR="$suite_tmp" "$VENV/bin/python" -m pytest -q --durations=10 -m "$expr" "${workers[@]}" "$@"
+            TMPDIR="$suite_tmp" "$VENV/bin/python" -m pytest "${part_options[@]}" -m "$expr" "${workers[@]}" "$@"
         }
         if [ "$mode" = quick ]; then
             code=0 started=$SECONDS
@@ -179,7 +180,7 @@ case "${1:-}" in
             # mq-deadline serves it after the others), its temporary folders apart from the others'
             ( TMPDIR="$suite_tmp/niced" exec ionice -c 3 nice -n 19 "$VENV/bin/python" -c \
                 'import os, signal, sys; os.setpgid(0, 0); signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, "-m", "pytest", *sys.argv[1:]])' \
-                -q --durations=10 -m "$niced_expr" -n 2 "$@" >"$niced_log" 2>&1 ) &
+                "${part_options[@]}" -m "$niced_expr" -n 2 "$@" >"$niced_log" 2>&1 ) &
             niced_pid=$!
             echo "run.sh: pytest -m '$niced_expr' -n 2, at nice 19 beside the serial part (its output when it ends)" >&2
             code=0 started=$SECONDS

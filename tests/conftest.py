@@ -79,10 +79,9 @@ def needs_root_reason(item) -> str | None:
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         node = item.nodeid.removeprefix("tests/")
-        if any(node == s or node.startswith(s + "::") for s in SERIAL):
-            item.add_marker(pytest.mark.serial)
-        if any(node == s or node.startswith(s + "::") for s in AFTER_SERIAL):
-            item.add_marker(pytest.mark.after_serial)
+        for marker, listed in (("serial", SERIAL), ("after_serial", AFTER_SERIAL)):
+            if any(node == s or node.startswith(s + "::") for s in listed):
+                item.add_marker(getattr(pytest.mark, marker))
         used = set(getattr(item, "fixturenames", ()))
         for marker, fixtures in MARKED_BY_FIXTURE.items():
             if used.intersection(fixtures) and item.get_closest_marker(marker) is None:
