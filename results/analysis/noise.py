@@ -8,7 +8,10 @@ NOISE_DEFAULT when neither side has repeats.
 `compare` against a release from the results database (results.analysis.history) judges with
 `u_differs` instead: the Mann-Whitney U test (two-sided, exact without ties for up to U_EXACT_MAX
 runs in all, else the normal approximation with the tie correction) must give p < U_ALPHA, and
-the median ratio must still clear noise_threshold() (docs/decisions/history.md).
+the median ratio must still clear robust_threshold(): noise_threshold's rule with each side's
+spread taken as 1.4826 x its median absolute deviation over its median, so that one run unlike
+its repeats (which the ranks already discount) cannot raise the bar past a real change
+(docs/decisions/history.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ NOISE_MIN = 0.10
 NOISE_CV_FACTOR = 3.0
 NOISE_DEFAULT = 0.15
 U_ALPHA = 0.05               # the U test's two-sided level: 4 runs a side whose ranges part give p = 0.029
+MAD_SCALE = 1.4826           # the MAD of normal values times this is their standard deviation
 U_EXACT_MAX = 40             # runs in all up to which, without ties, p is the exact distribution's
 
 
@@ -43,6 +47,25 @@ def cv(xs: Sequence[float]) -> float:
 def noise_threshold(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) -> float:
     """The relative change under which two samples of one metric are the same (see the module doc)."""
     cvs = [c for c in (cv(a), cv(b)) if not math.isnan(c)]
+    if not cvs:
+        return max(NOISE_MIN, fallback)
+    return max(NOISE_MIN, NOISE_CV_FACTOR * max(cvs))
+
+
+def robust_cv(xs: Sequence[float]) -> float:
+    """The coefficient of variation as the median absolute deviation sees it: MAD_SCALE x the MAD
+    over |median| (the sample std over the mean for normal values; one outlier moves it little) of
+    two or more values, else NaN."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if len(xs) < 2:
+        return math.nan
+    mid = float(np.median(xs))
+    return MAD_SCALE * float(np.median(np.abs(np.array(xs) - mid))) / abs(mid) if mid else math.nan
+
+
+def robust_threshold(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) -> float:
+    """noise_threshold() with robust_cv() for each side's spread."""
+    cvs = [c for c in (robust_cv(a), robust_cv(b)) if not math.isnan(c)]
     if not cvs:
         return max(NOISE_MIN, fallback)
     return max(NOISE_MIN, NOISE_CV_FACTOR * max(cvs))
@@ -129,12 +152,14 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float], exact_max: int = U_EX
 def u_differs(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) \
         -> tuple[bool, float, float, float]:
     """(b differs from a, median ratio b/a, the noise threshold, the U test's p): the U test gives
-    p < U_ALPHA and the ratio clears the noise threshold as in `differs` (module doc)."""
+    p < U_ALPHA and the ratio clears robust_threshold() (module doc)."""
     a = [x for x in a if not math.isnan(x)]
     b = [x for x in b if not math.isnan(x)]
     if not a or not b:
         return False, math.nan, math.nan, math.nan
-    _, ratio, threshold = differs(a, b, fallback)
+    ma, mb = float(np.median(a)), float(np.median(b))
+    ratio = mb / ma if ma else math.nan
+    threshold = robust_threshold(a, b, fallback)
     p = mann_whitney_p(a, b)
     change = max(ratio, 1 / ratio) - 1 if ratio and not math.isnan(ratio) else math.nan
     return bool(p < U_ALPHA and not math.isnan(change) and change > threshold), ratio, threshold, p

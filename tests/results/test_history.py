@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from results.analysis.analyze import analyze
 from results.analysis.history import History, compare_release, engine_release, history
-from results.analysis.noise import U_ALPHA, mann_whitney_p
+from results.analysis.noise import NOISE_MIN, U_ALPHA, differs, mann_whitney_p, robust_cv, u_differs
 from results.analysis.recommend import recommendations_from
 from results.db import schema
 from results.db.ingest import ingest
@@ -200,6 +200,24 @@ def test_the_u_test_is_the_exact_distribution_and_its_normal_approximation():
         assert mann_whitney_p(a, b, exact_max=0) == pytest.approx(exact, abs=0.005)
         assert exact == pytest.approx(mann_whitney_p(b, a))
     assert math.isnan(mann_whitney_p([], [1.0])) and mann_whitney_p([2.0, 2.0], [2.0, 2.0]) == 1.0
+
+
+def test_one_outlying_run_neither_hides_a_real_slowdown_nor_makes_one():
+    # four runs of the old release, one of them six times as fast as the others; six of the new one,
+    # 3.2x slower: a CI run's shape (ranges apart, p = 2/210; the CV rule's bar at 330 % called it the same)
+    old, slow = [46.2, 46.4, 46.6, 280.0], [14.3, 14.4, 14.5, 14.55, 14.6, 14.45]
+    moved, ratio, threshold, p = u_differs(old, slow)
+    assert moved and ratio == pytest.approx(14.475 / 46.5) and p == pytest.approx(2 / 210) and threshold < 0.5
+    assert differs(old, slow)[2] > 1 / ratio - 1           # the CV's bar is past the change itself
+    # the same runs with no real change: the U test and the robust bar both say the same
+    moved, ratio, threshold, p = u_differs(old, [46.1, 46.3, 46.5, 46.7, 46.4, 46.2])
+    assert not moved and ratio == pytest.approx(46.35 / 46.5)
+    # a small shift the U test finds is still under the floor; tied values have no spread
+    assert not u_differs([10.0, 10.1, 10.2, 10.3], [10.6, 10.7, 10.8, 10.9])[0]
+    assert u_differs([10.0, 10.1, 10.2, 10.3], [10.6, 10.7, 10.8, 10.9])[3] < U_ALPHA
+    assert robust_cv([33.3, 33.3, 33.3]) == 0.0 and math.isnan(robust_cv([1.0]))
+    assert robust_cv([9.0, 10.0, 11.0, 10.0, 1000.0]) == pytest.approx(1.4826 * 1.0 / 10.0)
+    assert NOISE_MIN == 0.10
 
 
 def test_the_history_page_opens_in_chromium(releases, dbs, tmp_path, browser):
