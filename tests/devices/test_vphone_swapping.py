@@ -97,7 +97,9 @@ WAR_RAM = 256 * MIB
 WAR_ZRAM = WAR_RAM          # upstream's phone: 12 GB of zram for 11.4 GB of RAM (docs/decisions/reclaim-war.md)
 WAR_APP = f"foreground:{WAR_RAM * 20 // 100 // MIB}MiB:compressible:active"
 WAR_CACHE_MB = WAR_RAM * 59 // 100 // MIB       # 151 MiB: 2.3 cycles, ~100 MiB past what the phone holds
-WAR_TOKENS = 32
+# enough for the cache to fill (resident past 0.9 of it) and the war to show: at 16 tokens 77 % hits,
+# 0.14-0.17x cache 0's rate with either engine, as at 32 (which took twice the decode: 3 tok/s)
+WAR_TOKENS = 16
 
 
 @needs_zram
@@ -109,7 +111,7 @@ def test_a_cache_the_phone_cannot_hold_is_fought_over_and_decodes_slower_than_ca
     cache takes 59 % more; zram is as large as the RAM, as on the phone upstream measured the war on. Nothing is killed (swap stays free, so lmkd is silent); reclaim takes
     the engine's cold cache entries into zram and drops its dense pages, which every token faults
     back from flash. The run ends, swapped (VmSwap and pswpout recorded in its run.json), with more
-    major faults per token than cache 0 and a slower decode, although its cache hits ~59 %."""
+    major faults per token than cache 0 and a slower decode, although most of its lookups hit."""
     phone = make_phone("war", WAR_RAM, zram_bytes=WAR_ZRAM, apps=(WAR_APP,), lmk=LMK)
     base = run_one(tmp_path, adb_server, phone_home, phone, war_model, engine, 0, "warm", WAR_TOKENS)
     assert base["outcome"] == "ok", brief(base)

@@ -25,9 +25,10 @@ from devices.virtual import manager
 from harness.campaign.file import load_campaign
 from tests.harness import faults
 
-# each kind of fault at two random moments (3 took 49 s of the suite); the sweep's SIGKILL once:
-# tests/harness/test_adaptive_kills.py kills a sweep 20 times
-EPISODES = {"phone-sigterm": 2, "phone-sigkill": 2, "sweep-sigkill": 1, "sweep-sigint": 2}
+# each kind of fault at two random moments (3 took 49 s of the suite; an episode 19 s on a loaded
+# CI host); once the sweep's SIGKILL (tests/harness/test_adaptive_kills.py kills a sweep 20 times)
+# and the phone's SIGTERM (test_an_adbd_stopped_with_sigterm_mid_run… below stops it mid-decode)
+EPISODES = {"phone-sigterm": 1, "phone-sigkill": 2, "sweep-sigkill": 1, "sweep-sigint": 2}
 
 
 def test_faults_at_random_moments_lose_duplicate_and_tear_nothing(adb_port, phone_home, tiny_model, tmp_path):
