@@ -30,11 +30,18 @@ from store.campaign_dir import CampaignDir
 from store.ledger import was_attempted
 from tests.harness.faults import _CLI, stop_phone_when
 
+# On this host one decode thread: this module's tests run in run.sh's serial part, beside tests at nice
+# 19 on both cores (two hyperthreads here, it seems: SCHED_IDLE neighbours slow it as much), where a
+# second thread waits on its sibling (the grid test took 6.4 s alone, 11.7 s beside two busy loops,
+# 7.4 s so with one thread). A phone's runs keep its own count (one thread made the bisection's twice as long).
+LOCAL_RUN = {"threads": 1}
+
 
 def adaptive_campaign(model: Path, devices, cache_mb, plan=None, run=None, fleet=None, name="adapt", axes=None):
+    local = LOCAL_RUN if list(devices) == ["local"] else {}
     return parse_campaign({"version": 1, "name": name, "fleet": {"devices": list(devices), **(fleet or {})},
                            "models": {"mid": str(model)}, "axes": {"cache_mb": cache_mb, **(axes or {})},
-                           "run": {"n_predict": 8, **(run or {})}, "gate": {"max_wait_s": 2},
+                           "run": {"n_predict": 8, **local, **(run or {})}, "gate": {"max_wait_s": 2},
                            "plan": {"adaptive": True, **(plan or {})}}, source=f"{name}.toml")
 
 
@@ -209,7 +216,7 @@ def test_sweep_adaptive_interrupted_then_rerun_completes_the_same_plan(tmp_path,
     out = tmp_path / "sweep"
     args = [sys.executable, "-c", _CLI, "sweep", "--device", "local", "--model", str(mid_model),
             "--cache-mb", "0,cycle*1.2,40", "--adaptive", "--resolution-mb", "4", "--max-error-pct", "1000",
-            "-n", "8", "-o", str(out)]
+            "-n", "8", "-t", str(LOCAL_RUN["threads"]), "-o", str(out)]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -95,7 +95,7 @@ def test_the_session_is_the_users_to_shape_but_stays_a_session(cli, tiny_model, 
 
 @pytest.fixture(scope="module")
 def app_sweep(tmp_path_factory):
-    """The preset on one 384 MiB virtual phone (no zram) through the real adb server: bmoe-py, 32 tokens a
+    """The preset on one 384 MiB virtual phone (no zram) through the real adb server: bmoe-py, 16 tokens a
     turn, two turns 0.2 s apart, then `recommend` of the directory as JSON. The model's 3.2 MiB cycle
     keeps any ceiling in whole MiB (a sub-MiB one would round to 0)."""
     from devices.virtual import manager
@@ -111,7 +111,7 @@ def app_sweep(tmp_path_factory):
         try:
             manager.up("appphone", 384 << 20, model="Pixel 8", adb_host="127.0.0.1", adb_port=port)
             swept = CliRunner().invoke(cli, ["sweep", "--preset", "app", "--device", "virtual:appphone",
-                                             "--model", str(model), "-t", "1", "-n", "32", "--idle-s", "0.2",
+                                             "--model", str(model), "-t", "1", "-n", "16", "--idle-s", "0.2",
                                              "--adb", f"127.0.0.1:{port}", "-o", str(out), "--json"],
                                        catch_exceptions=False)
         finally:
