@@ -90,12 +90,12 @@ verdict() {
 case "${1:-}" in
     demo) setup demo; shift; exec "$VENV/bin/bmoe-fleet" demo "$@" ;;
     test)
-        # --quick: the tests marked none of serial, root, phone, phone_campaign, browser, bmoe_cli, qemu
+        # --quick: the tests marked none of serial, root, phone, browser, bmoe_cli, qemu
         # (pyproject.toml's markers, set in tests/conftest.py), which any user can run in about two
         # minutes; the serial part is left out with the rest (it wants a quiet host)
         quick="" mode=test
         if [ "${2:-}" = --quick ]; then
-            quick=" and not (root or phone or phone_campaign or browser or bmoe_cli or qemu)" mode=quick
+            quick=" and not (root or phone or browser or bmoe_cli or qemu)" mode=quick
             set -- "$1" "${@:3}"
         fi
         setup "$mode"; shift
@@ -116,13 +116,12 @@ case "${1:-}" in
         suite_tmp="$(mktemp -d "${TMPDIR:-/tmp}/bmoe-t.XXXXXX")"
         # pytest in parts (docs/decisions/test-suite.md):
         # 1. the serial tests (marked serial: tests/conftest.py, they measure the host's memory, swap
-        #    or speed) that read a campaign the later parts share (marked shared_build), alone at
+        #    or speed) that read a campaign the later parts share (marked after_serial), alone at
         #    normal priority, so that it is built alone; lint beside them at nice 19;
         # 2. the other serial tests, and beside them at nice 19, on two workers, the tests that start
-        #    no phone, make no cgroup and are not marked after_serial (those reading the shared
-        #    campaigns among them, as built): the serial tests wait on phones and engines and leave
-        #    most of a core idle, which the niced ones take and give back as soon as a serial test
-        #    wants it;
+        #    no phone, make no cgroup and are not marked after_serial: the serial tests wait on
+        #    phones and engines and leave most of a core idle, which the niced ones take and give
+        #    back as soon as a serial test wants it;
         # 3. the after_serial tests that start no phone and make no cgroup (campaigns on this host
         #    whose rates their assertions rest on), on three workers, with no phone beside them;
         # 4. the phone and root tests on three workers (most wait on phones and adb: a third keeps
@@ -166,8 +165,8 @@ case "${1:-}" in
             ( lint ionice -c 3 nice -n 19 >"$suite_tmp/lint.log" 2>&1; printf '%s\n' "${failed[@]}" >"$suite_tmp/lint.failed" ) &
             lint_pid=$!
             code=0 started=$SECONDS
-            pytest_part "serial and shared_build" -- "$@" || code=$?
-            part_done "serial and shared_build" "$code" $((SECONDS - started))
+            pytest_part "serial and after_serial" -- "$@" || code=$?
+            part_done "serial and after_serial" "$code" $((SECONDS - started))
             wait "$lint_pid" || true
             lint_pid=""
             cat "$suite_tmp/lint.log" >&2
@@ -185,8 +184,8 @@ case "${1:-}" in
             niced_pid=$!
             echo "run.sh: pytest -m '$niced_expr' -n 2, at nice 19 beside the serial part (its output when it ends)" >&2
             code=0 started=$SECONDS
-            pytest_part "serial and not shared_build" -- "$@" || code=$?
-            part_done "serial and not shared_build" "$code" $((SECONDS - started))
+            pytest_part "serial and not after_serial" -- "$@" || code=$?
+            part_done "serial and not after_serial" "$code" $((SECONDS - started))
             for expr in "not serial and after_serial and not (phone or root)" "not serial and (phone or root)"; do
                 code=0 started=$SECONDS
                 pytest_part "$expr" -n 3 -- "$@" || code=$?

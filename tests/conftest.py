@@ -43,25 +43,18 @@ SERIAL = (
 # it; a test that needs a marker without such a fixture (it starts phones itself, makes a memory
 # cgroup) carries it (a decorator, a module's pytestmark), and tests/test_markers.py checks that it does.
 # tests/*/conftest.py's: the phones they start, and phone_home, the folder a test starts its own in
-PHONE_FIXTURES = ("phones", "make_phone", "phone_home")
-# The campaign tests/results/conftest.py runs on a virtual phone: a test that reads it needs root as a
-# phone test does (building it starts a phone), but starts none itself once it is built (run.sh
-# builds it in its first part: `shared_build`), so it is not a phone test
-PHONE_CAMPAIGN_FIXTURES = ("vphone_campaign",)
-# The campaigns run.sh builds first, alone, in the serial tests that read them (docs/decisions/
-# test-shared-builds.md: their runs sample this host's memory; built beside other tests, a run
-# sampled no file pages); every later part reads them as built. A SERIAL test takes each of them
-# (tests/test_markers.py checks it).
-SHARED_BUILDS = ("local_campaign", "vphone_campaign")
-MARKED_BY_FIXTURE = {"phone": PHONE_FIXTURES, "phone_campaign": PHONE_CAMPAIGN_FIXTURES, "browser": ("browser",),
-                     "bmoe_cli": ("bmoe_cli",), "shared_build": SHARED_BUILDS,
-                     "after_serial": ("compare_pair", "failing_twin", "quality_campaign", "native_campaign")}
+PHONE_FIXTURES = ("phones", "make_phone", "phone_home", "vphone_campaign")
+MARKED_BY_FIXTURE = {"phone": PHONE_FIXTURES, "browser": ("browser",), "bmoe_cli": ("bmoe_cli",),
+                     "after_serial": ("local_campaign", "compare_pair", "failing_twin", "quality_campaign",
+                                      "native_campaign")}
 # `after_serial`: run.sh runs most non-serial tests at nice 19 beside the serial part, where a burst
 # of the serial tests' decodes can stop them for seconds; these run after it instead, at normal
-# priority (docs/decisions/test-suite.md): the tests whose assertions rest on decode rates measured
-# here by the campaigns they run or read (a recommendation, a comparison, a history, a knee, a run
-# marked as oversubscribed; the shared campaigns of tests/results/conftest.py whose rates are
-# compared): starved for a moment, a run beside the serial part was slower than cache 0.
+# priority (docs/decisions/test-suite.md). A test that reads local_campaign, which the serial part
+# builds alone, first (docs/decisions/test-shared-builds.md: built beside other tests, a run
+# sampled no file pages), and the tests whose assertions rest on decode rates measured here by the
+# campaigns they run or read (a recommendation, a comparison, a history, a knee, a run marked as
+# oversubscribed; the shared campaigns of tests/results/conftest.py whose rates are compared):
+# starved for a moment, a run beside the serial part was slower than cache 0.
 AFTER_SERIAL = (
     "harness/test_knee.py", "harness/test_threads_flags.py",
     "results/test_compare.py", "results/test_history.py", "results/test_quality.py", "results/test_recommend_v2.py",
@@ -77,7 +70,7 @@ def needs_root_reason(item) -> str | None:
     if os.geteuid() == 0:
         return None
     marker = item.get_closest_marker("root")
-    if marker is None and item.get_closest_marker("phone") is None and item.get_closest_marker("phone_campaign") is None:
+    if marker is None and item.get_closest_marker("phone") is None:
         return None
     why = marker.args[0] if marker is not None and marker.args else PHONE_NEEDS
     return f"needs root (this is uid {os.geteuid()}): {why}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AFTER_SERIAL, PHONE_FIXTURES, SERIAL, SHARED_BUILDS
+from tests.conftest import AFTER_SERIAL, PHONE_FIXTURES, SERIAL
 
 TESTS = Path(__file__).resolve().parent
 MARKS = ("phone", "root")
@@ -111,16 +111,3 @@ def test_the_lists_that_place_tests_in_run_sh_parts_name_tests_that_exist():
         if not path.is_file() or (name and f"def {name}(" not in path.read_text(encoding="utf-8")):
             missing.append(entry)
     assert not missing, missing
-
-
-def test_a_serial_test_takes_each_shared_build_so_run_sh_builds_it_first_and_alone():
-    """run.sh's first part is `serial and shared_build`: the campaigns of SHARED_BUILDS are built
-    there, alone, and the niced tests that read them only read them. A shared build no SERIAL test
-    takes would be built by whichever part reads it first (at nice 19, or beside a phone)."""
-    taken: set[str] = set()
-    for entry in SERIAL:
-        file, _, name = entry.partition("::")
-        for fn in ast.walk(ast.parse((TESTS / file).read_text(encoding="utf-8"))):
-            if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test") and (not name or fn.name == name):
-                taken |= {a.arg for a in fn.args.args} & set(SHARED_BUILDS)
-    assert taken == set(SHARED_BUILDS), set(SHARED_BUILDS) - taken
