@@ -126,6 +126,7 @@ case "${1:-}" in
         #    whose rates their assertions rest on), on three workers, with no phone beside them;
         # 4. the phone and root tests on three workers (most wait on phones and adb: a third keeps
         #    both cores busy).
+        # The serial parts collect only the modules SERIAL names (BMOE_TEST_SERIAL_ONLY: tests/conftest.py).
         # A part that selects nothing (exit 5: the arguments name tests of other parts only) is not
         # a failure. What runs niced writes to a log, printed when it ends; an interrupt reaches the
         # niced tests (their own process group: the terminal's Ctrl-C does not) and run.sh waits
@@ -165,7 +166,7 @@ case "${1:-}" in
             ( lint ionice -c 3 nice -n 19 >"$suite_tmp/lint.log" 2>&1; printf '%s\n' "${failed[@]}" >"$suite_tmp/lint.failed" ) &
             lint_pid=$!
             code=0 started=$SECONDS
-            pytest_part "serial and after_serial" -- "$@" || code=$?
+            BMOE_TEST_SERIAL_ONLY=1 pytest_part "serial and after_serial" -- "$@" || code=$?
             part_done "serial and after_serial" "$code" $((SECONDS - started))
             wait "$lint_pid" || true
             lint_pid=""
@@ -184,7 +185,7 @@ case "${1:-}" in
             niced_pid=$!
             echo "run.sh: pytest -m '$niced_expr' -n 2, at nice 19 beside the serial part (its output when it ends)" >&2
             code=0 started=$SECONDS
-            pytest_part "serial and not after_serial" -- "$@" || code=$?
+            BMOE_TEST_SERIAL_ONLY=1 pytest_part "serial and not after_serial" -- "$@" || code=$?
             part_done "serial and not after_serial" "$code" $((SECONDS - started))
             for expr in "not serial and after_serial and not (phone or root)" "not serial and (phone or root)"; do
                 code=0 started=$SECONDS

@@ -76,6 +76,19 @@ def needs_root_reason(item) -> str | None:
     return f"needs root (this is uid {os.geteuid()}): {why}"
 
 
+# run.sh's serial parts set this: they collect only the modules SERIAL names (the rest would be
+# collected to be deselected, their imports and items several seconds of each part)
+SERIAL_ONLY = "BMOE_TEST_SERIAL_ONLY"
+
+
+def pytest_ignore_collect(collection_path, config) -> bool | None:
+    if not os.environ.get(SERIAL_ONLY) or collection_path.suffix != ".py" \
+            or not collection_path.name.startswith("test_"):
+        return None
+    rel = collection_path.resolve().relative_to(Path(__file__).resolve().parent).as_posix()
+    return True if not any(entry.partition("::")[0] == rel for entry in SERIAL) else None
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         node = item.nodeid.removeprefix("tests/")

@@ -111,3 +111,18 @@ def test_the_lists_that_place_tests_in_run_sh_parts_name_tests_that_exist():
         if not path.is_file() or (name and f"def {name}(" not in path.read_text(encoding="utf-8")):
             missing.append(entry)
     assert not missing, missing
+
+
+def test_the_serial_parts_collect_the_modules_serial_names_and_no_other(monkeypatch):
+    """run.sh's serial parts set BMOE_TEST_SERIAL_ONLY: a module SERIAL names (whole or one test of
+    it) is collected, any other test module is not; without the variable, every one is."""
+    from tests import conftest
+
+    named = {TESTS / entry.partition("::")[0] for entry in SERIAL}
+    others = sorted(set(TESTS.rglob("test_*.py")) - named)
+    assert named and others
+    for env, ignored in (("", None), ("1", True)):
+        monkeypatch.setenv(conftest.SERIAL_ONLY, env)
+        assert {conftest.pytest_ignore_collect(path, None) for path in named} == {None}
+        assert {conftest.pytest_ignore_collect(path, None) for path in others} == {ignored}
+        assert conftest.pytest_ignore_collect(TESTS / "results" / "conftest.py", None) is None
