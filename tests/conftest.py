@@ -96,6 +96,10 @@ def pytest_collection_modifyitems(config, items) -> None:
             if any(node == s or node.startswith(s + "::") for s in listed):
                 item.add_marker(getattr(pytest.mark, marker))
         used = set(getattr(item, "fixturenames", ()))
+        # a fixture a parametrized test takes by name (request.getfixturevalue(which)) marks it too
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:
+            used |= {v for v in callspec.params.values() if isinstance(v, str)}
         for marker, fixtures in MARKED_BY_FIXTURE.items():
             if used.intersection(fixtures) and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)

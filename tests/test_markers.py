@@ -126,3 +126,25 @@ def test_the_serial_parts_collect_the_modules_serial_names_and_no_other(monkeypa
         assert {conftest.pytest_ignore_collect(path, None) for path in named} == {None}
         assert {conftest.pytest_ignore_collect(path, None) for path in others} == {ignored}
         assert conftest.pytest_ignore_collect(TESTS / "results" / "conftest.py", None) is None
+
+
+def test_a_fixture_a_parametrized_test_takes_by_name_marks_it():
+    """`request.getfixturevalue(which)` with `which` a parameter: the fixture it names marks the test as
+    taking it would (a quality campaign built at nice 19 beside the serial part had its rates starved)."""
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    class Item(SimpleNamespace):
+        def add_marker(self, marker):
+            self.marks.append(marker.name if hasattr(marker, "name") else marker)
+
+        def get_closest_marker(self, name):
+            return name if name in self.marks else None
+
+    by_name = Item(nodeid="tests/results/test_x.py::test_y[quality_campaign]", fixturenames=["which", "request"],
+                   callspec=SimpleNamespace(params={"which": "quality_campaign"}), marks=[])
+    plain = Item(nodeid="tests/results/test_x.py::test_y[imported]", fixturenames=["which", "request"],
+                 callspec=SimpleNamespace(params={"which": "imported"}), marks=[])
+    conftest.pytest_collection_modifyitems(None, [by_name, plain])
+    assert "after_serial" in by_name.marks and "after_serial" not in plain.marks
