@@ -138,9 +138,11 @@ def test_with_zram_exhausted_lmkd_kills_it_on_low_swap(tmp_path, adb_server, mak
     assert rec["outcome"] == "lmk_killed", brief(rec)
     lines = [e for e in rec["evidence"] if "lowmemorykiller: Kill 'io.bigmoeonedge.example'" in e]
     # one of lmkd's memory reasons: low swap, or, with the mapped model's pages the phone's, its
-    # refaults can make it thrashing ("... and thrashing (N%)") before the swap's
+    # refaults can make it thrashing ("... and thrashing (N%)") before the swap's, at the min or, with
+    # the victim at the perceptible adj lmkd's thrashing rule takes, the low watermark (mp_event_psi:
+    # "%s watermark is breached and thrashing", min or low; two CI runs of three gave "low ... (107%)")
     assert lines and "oom_score_adj 200" in lines[0], rec["evidence"]
-    assert re.search(r"reason: (min watermark is breached and (swap is low|thrashing) \(|device is low on swap \()",
+    assert re.search(r"reason: ((min|low) watermark is breached and (swap is low|thrashing) \(|device is low on swap \()",
                      lines[0]), lines[0]
 
 
