@@ -79,6 +79,7 @@ def needs_root_reason(item) -> str | None:
 # run.sh's serial parts set this: they collect only the modules SERIAL names (the rest would be
 # collected to be deselected, their imports and items several seconds of each part)
 SERIAL_ONLY = "BMOE_TEST_SERIAL_ONLY"
+SERIAL_FILES = frozenset(entry.partition("::")[0] for entry in SERIAL)
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:
@@ -86,7 +87,7 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
             or not collection_path.name.startswith("test_"):
         return None
     rel = collection_path.resolve().relative_to(Path(__file__).resolve().parent).as_posix()
-    return True if not any(entry.partition("::")[0] == rel for entry in SERIAL) else None
+    return True if rel not in SERIAL_FILES else None
 
 
 def pytest_collection_modifyitems(config, items) -> None:

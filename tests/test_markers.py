@@ -118,7 +118,7 @@ def test_the_serial_parts_collect_the_modules_serial_names_and_no_other(monkeypa
     it) is collected, any other test module is not; without the variable, every one is."""
     from tests import conftest
 
-    named = {TESTS / entry.partition("::")[0] for entry in SERIAL}
+    named = {TESTS / file for file in conftest.SERIAL_FILES}
     others = sorted(set(TESTS.rglob("test_*.py")) - named)
     assert named and others
     for env, ignored in (("", None), ("1", True)):

@@ -17,7 +17,7 @@ its repeats (which the ranks already discount) cannot raise the bar past a real 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -44,9 +44,11 @@ def cv(xs: Sequence[float]) -> float:
     return float(np.std(xs, ddof=1)) / abs(mean) if mean else math.nan
 
 
-def noise_threshold(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) -> float:
-    """The relative change under which two samples of one metric are the same (see the module doc)."""
-    cvs = [c for c in (cv(a), cv(b)) if not math.isnan(c)]
+def noise_threshold(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT,
+                    spread: Callable[[Sequence[float]], float] = cv) -> float:
+    """The relative change under which two samples of one metric are the same (see the module doc);
+    `spread` measures each side's variation (cv, the default, or robust_cv)."""
+    cvs = [c for c in (spread(a), spread(b)) if not math.isnan(c)]
     if not cvs:
         return max(NOISE_MIN, fallback)
     return max(NOISE_MIN, NOISE_CV_FACTOR * max(cvs))
@@ -65,10 +67,7 @@ def robust_cv(xs: Sequence[float]) -> float:
 
 def robust_threshold(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) -> float:
     """noise_threshold() with robust_cv() for each side's spread."""
-    cvs = [c for c in (robust_cv(a), robust_cv(b)) if not math.isnan(c)]
-    if not cvs:
-        return max(NOISE_MIN, fallback)
-    return max(NOISE_MIN, NOISE_CV_FACTOR * max(cvs))
+    return noise_threshold(a, b, fallback, robust_cv)
 
 
 def differs(a: Sequence[float], b: Sequence[float], fallback: float = NOISE_DEFAULT) -> tuple[bool, float, float]:
