@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -47,10 +48,17 @@ def test_silent_while_swap_is_free_then_killed_with_the_low_swap_reason(adb_serv
     engine = phone.root / "data/local/tmp/eng"
     engine.write_text(f"#!{sys.executable}\n{ALLOC}")
     engine.chmod(0o755)
-    # 256 MiB of RAM plus a third of the zram: the phone swaps and nobody is killed
-    r = adb_server.run("-s", phone.serial, "shell", "am run-as-app --adj 0 -- /data/local/tmp/eng 264 236")
-    assert r.returncode == 0 and b"survived" in r.stdout, (r.returncode, r.stderr, logcat(adb_server, phone)[-5:])
-    assert not [ln for ln in logcat(adb_server, phone) if "lowmemorykiller" in ln]
+    # 250 MiB and the interpreters: the phone's cgroup (its daemon's ~20 MiB RSS included) peaks at
+    # 271 MiB of RAM and swap, about 15 MiB in zram, half of it and well clear of lmkd's low-swap
+    # line at 90 % (264 MiB here put the peak at 28.8 MiB, on that line, and lmkd sometimes caught it)
+    r = adb_server.run("-s", phone.serial, "shell", "am run-as-app --adj 0 -- /data/local/tmp/eng 250 236")
+    kills = [ln for ln in logcat(adb_server, phone) if "lowmemorykiller" in ln or "killinfo" in ln]
+    assert r.returncode == 0 and b"survived" in r.stdout and not kills, (r.returncode, r.stderr, kills,
+                                                                        swap_line(adb_server, phone))
+    cgroup = Path(phone.cgroup_path)
+    swapped = int((cgroup / "memory.memsw.max_usage_in_bytes").read_text()) - int(
+        (cgroup / "memory.max_usage_in_bytes").read_text())
+    assert 4 * MIB < swapped < 24 * MIB, swapped / MIB    # it swapped, and stayed clear of the low-swap line
     # more than RAM and zram together: lmkd kills the engine's app (the foreground app, adj 0) when
     # SwapFree falls under 10 % of SwapTotal with the min watermark breached
     r = adb_server.run("-s", phone.serial, "shell", "am run-as-app --adj 0 -- /data/local/tmp/eng 512 236")
