@@ -13,8 +13,9 @@ Two kinds, told apart in run.json (`registered`, `ballast`):
 
 The ballast is devices/coapp.c, built here for the phone's ABI (this host's C compiler for a phone
 of this host's architecture, as a virtual phone is; the Android NDK's clang, from
-$ANDROID_NDK_HOME, for an arm64 phone), pushed beside the engine and started each on an adb shell
-connection held open while it runs: the shell says its pid, writes the state's oom_score_adj
+$ANDROID_NDK_HOME, for an arm64 phone; else zig's clang) as a static binary of that one file with
+no libc (its own entry point and system calls), pushed beside the engine and started each on an adb
+shell connection held open while it runs: the shell says its pid, writes the state's oom_score_adj
 (devices.android.STATES: cached 900 and up, previous 700, perceptible 200, foreground 0) and execs
 the allocator, so adbd is its parent. Each names itself (`co.cached1`, `co.perceptible1` …), fills
 its memory and says "ready" on its connection; `start` returns once all have (or have died). `stop`
@@ -50,11 +51,17 @@ NAME_PREFIX = "co."          # a co-tenant: "co.perceptible1" fits the 15 bytes 
 # an app fills its memory from /dev/urandom: this long per GiB, at least, before it is given up on
 FILL_S_PER_GIB = 30.0
 FILL_MIN_S = 20.0
-CFLAGS = ("-O2", "-static", "-std=c11")
+# one file, no libc: its own _start and system calls (coapp.c), so nothing to link (-nostdlib) and
+# nothing the compiler may assume of a libc (-ffreestanding -fno-builtin) or call into one
+# (-fno-stack-protector: __stack_chk_fail; no unwind tables: 32-bit ARM's name __aeabi_unwind_cpp_pr0);
+# -static: no program interpreter, only the kernel
+CFLAGS = ("-O2", "-static", "-nostdlib", "-ffreestanding", "-fno-builtin", "-fno-stack-protector",
+          "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-std=c11")
 # Android ABIs (ro.product.cpu.abi) and the clang target of the NDK that builds for them
 NDK_TARGETS = {"arm64-v8a": "aarch64-linux-android26", "x86_64": "x86_64-linux-android26"}
-# ... and, without an NDK, zig's clang (the ziglang wheel: `pip install 'bmoe-fleet[phone]'`), which
-# links musl statically: a static binary needs nothing of Android's libc, only its kernel
+# ... and, without an NDK, zig's clang (the ziglang wheel: `pip install 'bmoe-fleet[phone]'`) for these
+# targets; with -nostdlib it builds no musl (nor compiler-rt), whose name in a triple only picks the
+# ABI: the binary needs only the kernel, and its build takes a second
 ZIG_TARGETS = {"arm64-v8a": "aarch64-linux-musl", "armeabi-v7a": "arm-linux-musleabihf",
                "x86_64": "x86_64-linux-musl", "x86": "x86-linux-musl"}
 

@@ -38,11 +38,27 @@ def test_the_app_holds_its_memory_under_its_name(tmp_path):
             assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
             st = status_of(proc.pid)
             assert st["Name"] == "co.cached1" and int(st["VmRSS"].split()[0]) >= 24 * 1024, st
+            held = _held(proc.pid, 24 * MIB)
+            pages = [held[i:i + 4096] for i in range(0, len(held), 4096)]
+            if compressible:       # each page: 1365 random bytes, then zeros
+                assert all(page[1365:] == bytes(4096 - 1365) and page[:1365].count(0) < 50 for page in pages)
+            else:                  # random bytes throughout: a zero in 256
+                assert held.count(0) < len(held) // 100
         finally:
             proc.kill()
             proc.communicate()
     bad = subprocess.run([str(binary), "x", "0", "0", "0", "4", "100"], capture_output=True, text=True)
     assert bad.returncode == 2 and "bad size" in bad.stderr
+
+
+def _held(pid: int, size: int) -> bytes:
+    """The app's memory: its one anonymous mapping of `size` bytes, read through /proc (its parent may)."""
+    with open(f"/proc/{pid}/maps") as f:
+        spans = [[int(x, 16) for x in line.split()[0].split("-")] for line in f if len(line.split()) == 5]
+    (start, _), = [(a, b) for a, b in spans if b - a == size]
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(start)
+        return mem.read(size)
 
 
 def test_loads_parse_as_apps():
@@ -158,41 +174,54 @@ def _build_or_error(abi, cache):
         return e
 
 
-QEMU_AARCH64 = "/usr/bin/qemu-aarch64-static"
-
-
 def _elf(path: Path) -> tuple[int, bool]:
-    """(e_machine, has a PT_INTERP header) of a 64-bit little-endian ELF."""
+    """(e_machine, has a PT_INTERP header) of a little-endian ELF, 32- or 64-bit."""
     data = path.read_bytes()
-    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, data[:8]
+    assert data[:4] == b"\x7fELF" and data[4] in (1, 2) and data[5] == 1, data[:8]
+    word = 4 * data[4]                      # ELFCLASS32 1, ELFCLASS64 2
     machine = int.from_bytes(data[18:20], "little")
-    phoff, phentsize, phnum = (int.from_bytes(data[32:40], "little"), int.from_bytes(data[54:56], "little"),
-                               int.from_bytes(data[56:58], "little"))
+    phoff = int.from_bytes(data[24 + word:24 + 2 * word], "little")
+    phentsize, phnum = (int.from_bytes(data[30 + 3 * word:32 + 3 * word], "little"),
+                        int.from_bytes(data[32 + 3 * word:34 + 3 * word], "little"))
     types = [int.from_bytes(data[phoff + i * phentsize:phoff + i * phentsize + 4], "little") for i in range(phnum)]
     return machine, 3 in types
 
 
+# a phone's ABI, the ELF machine of its binary (EM_AARCH64, EM_ARM, EM_386) and the qemu that runs it here
+ZIG_BUILDS = [("arm64-v8a", 183, "/usr/bin/qemu-aarch64-static"), ("armeabi-v7a", 40, "/usr/bin/qemu-arm-static"),
+              ("x86", 3, "/usr/bin/qemu-i386-static")]
+
+
 @pytest.mark.qemu
-def test_an_arm64_phone_gets_a_static_aarch64_app_without_an_ndk(tmp_path, monkeypatch):
-    """A real phone is arm64: with no NDK the app is built by zig's clang (the ziglang wheel) as a
-    static musl binary, which Android's kernel runs with nothing of its libc. It is run here under
-    qemu's aarch64 user emulation: it fills its memory and says ready, as on a phone."""
-    if not os.path.exists(QEMU_AARCH64):
-        pytest.skip(f"{QEMU_AARCH64} is missing (Debian's qemu-user-static; run.sh test installs it)")
+@pytest.mark.parametrize("abi, machine, qemu", ZIG_BUILDS, ids=[b[0] for b in ZIG_BUILDS])
+def test_a_phone_without_an_ndk_gets_a_static_app_from_zig(abi, machine, qemu, tmp_path, monkeypatch):
+    """A real phone is arm64 (older ones 32-bit ARM, some x86): with no NDK the app is built by
+    zig's clang (the ziglang wheel) as a static binary of devices/coapp.c alone, with no libc (its
+    own entry point and system calls), which Android's kernel runs with nothing of its libc. So zig
+    builds no musl and no compiler-rt into its cache: the build is one file's. It is run here under
+    qemu's user emulation: it names itself, fills its memory and says ready, as on a phone."""
+    if not os.path.exists(qemu):
+        pytest.skip(f"{qemu} is missing (Debian's qemu-user-static; run.sh test installs it)")
     monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
     monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
-    binary = coapps.build("arm64-v8a", tmp_path)
-    machine, dynamic = _elf(binary)
-    assert machine == 183 and not dynamic                   # EM_AARCH64, no program interpreter: static
+    if HOST_ABI.get(platform.machine()) == abi:
+        pytest.skip(f"{abi} is this host's ABI: built by its cc, not zig")
+    binary = coapps.build(abi, tmp_path)
+    assert _elf(binary) == (machine, False)                 # no program interpreter: static
     assert (tmp_path / "zig-cache").is_dir() and not (Path.home() / ".cache" / "zig").exists()   # its cache is ours
-    with subprocess.Popen([QEMU_AARCH64, str(binary), "co.arm1", str(4 << 20), "0", "1", "4", "100"],
+    built = [p.name for p in (tmp_path / "zig-cache").rglob("*") if p.suffix in (".a", ".o")]
+    assert built == ["coapp.o"], built                      # no libc.a, crt1.o, libcompiler_rt.a
+    with subprocess.Popen([qemu, str(binary), "co.zig1", str(4 << 20), "0", "1", "4", "100"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         try:
             line = proc.stdout.readline()
             assert line == b"ready\n", line
             assert proc.poll() is None                      # it holds its memory until killed
+            assert status_of(proc.pid)["Name"] == "co.zig1"  # qemu passes its prctl on
         finally:
             proc.kill()
+    bad = subprocess.run([qemu, str(binary), "co.zig1", "4096", "0", "1", "0", "100"], capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr) == (2, "bmoe-coapp: bad activity 0% every 100 ms\n")
     # a build no toolchain can make is refused in one line naming both ways to get one
     with pytest.raises(coapps.CoAppError, match=r"ANDROID_NDK_HOME .* or pip install ziglang"):
         coapps.build("mips", tmp_path)
