@@ -417,6 +417,34 @@ def _diff(a: list[str], b: list[str], limit: int = 12) -> str:
     return "\n".join(lines[:limit]) + ("\n…" if len(lines) > limit else "")
 
 
+def _close(case: Case, a: float, b: float) -> bool:
+    """Two routing weights equal within the case's tolerance (absolute on the tiny model, else relative)."""
+    return abs(a - b) <= case.weight_rel * (1.0 if case.model == "tiny" else max(abs(a), 1e-9))
+
+
+def _near_ties_in_order(case: Case, rows: list[list[str]]) -> list[list[str]]:
+    """A route trace's rows with each run of consecutive slots of one (turn, phase, step, layer)
+    whose weights are equal within the tolerance put in expert order, the slot numbers kept
+    (docs/decisions/bmoe-py-differences.md). The router sorts by weight; where two experts' weights
+    differ by less than the engines' last-digit differences, either order is the same routing: the
+    same experts, each with its weight, summed in another order. Slot 0 is never moved: the top
+    expert is what a dropped slot is repointed to."""
+    out = [list(r) for r in rows]
+    i = 0
+    while i < len(out):
+        j = i + 1
+        while j < len(out) and out[j][:4] == out[i][:4] and out[j][4] != "0" and out[i][4] != "0" \
+                and _close(case, float(out[j - 1][6]), float(out[j][6])):
+            j += 1
+        if j - i > 1:
+            slots = [r[4] for r in out[i:j]]
+            out[i:j] = sorted(out[i:j], key=lambda r: int(r[5]))
+            for r, slot in zip(out[i:j], slots):
+                r[4] = slot
+        i = j
+    return out
+
+
 def compare(case: Case, cli: Run, py: Run) -> list[str]:
     """Every difference between the two runs that docs/decisions/bmoe-py-differences.md does not record."""
     bad: list[str] = []
@@ -476,13 +504,14 @@ def compare(case: Case, cli: Run, py: Run) -> list[str]:
         want(chead == phead, f"trace header {chead} vs {phead}")
         if case.full:
             want(len(crows) == len(prows), f"trace rows {len(crows)} vs {len(prows)}")
+            crows, prows = crows[:len(prows)], prows[:len(crows)]
+            crows, prows = _near_ties_in_order(case, crows), _near_ties_in_order(case, prows)
             cols = [0, 1, 2, 3, 4, 5] + ([] if case.racy else [7, 8, 9])
             for cr, pr in zip(crows, prows):
                 same = [cr[i] for i in cols] == [pr[i] for i in cols]
                 cw, pw = float(cr[6]), float(pr[6])
-                close = abs(cw - pw) <= case.weight_rel * (1.0 if case.model == "tiny" else max(abs(cw), 1e-9))
                 fmt = pr[6] == f"{pw:.6g}"
-                if not (same and close and fmt):
+                if not (same and _close(case, cw, pw) and fmt):
                     want(False, f"trace row {cr} vs {pr}")
                     break
         else:  # prefill routing of layer 0, before any expert has been applied
@@ -594,3 +623,20 @@ def test_o_direct_on_tmpfs_is_the_documented_difference(bmoe_cli, tmp_path):
     csum, psum = parse_csv(cli.csv)[3], parse_csv(py.csv)[3]
     assert csum["cache_hit_pct"] == psum["cache_hit_pct"] and csum["evictions"] == psum["evictions"]
     assert float(csum["read_MiB"]) > float(psum["read_MiB"])  # aligned windows vs exact slices
+
+
+def test_a_near_tie_may_come_in_either_order_but_nothing_else_may():
+    """The trace comparison's one leniency (_near_ties_in_order): two slots after the first whose
+    weights are within the tolerance compare in expert order; the top slot and weights further
+    apart keep their order, so a real difference in either still fails."""
+    case = Case("synth-tie", "synth", (), weight_rel=2e-3)
+    row = lambda step, slot, expert, w: ["0", "1", str(step), "2", str(slot), str(expert), w, "1", "0", "0"]  # noqa: E731
+    cli = [row(27, 0, 3, "0.423762"), row(27, 1, 1, "0.288126"), row(27, 2, 5, "0.288113"), row(28, 0, 1, "0.5")]
+    py = [row(27, 0, 3, "0.423752"), row(27, 1, 5, "0.288129"), row(27, 2, 1, "0.288119"), row(28, 0, 1, "0.5")]
+    unweighted = lambda rows: [r[:6] + r[7:] for r in _near_ties_in_order(case, rows)]  # noqa: E731
+    assert unweighted(cli) == unweighted(py) != [r[:6] + r[7:] for r in py]      # py had 5 before 1
+    assert [r[4] for r in _near_ties_in_order(case, py)] == ["0", "1", "2", "0"]
+    apart = [row(27, 0, 3, "0.42"), row(27, 1, 5, "0.30"), row(27, 2, 1, "0.28")]
+    assert _near_ties_in_order(case, apart) == apart
+    top = [row(27, 0, 5, "0.288129"), row(27, 1, 1, "0.288119")]
+    assert _near_ties_in_order(case, top) == top
