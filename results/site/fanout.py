@@ -10,9 +10,6 @@ it was raised; a child that dies (killed, out of memory) is a ResultsError, neve
 (concurrent.futures notices a dead worker, where multiprocessing.Pool would wait for it). Ctrl-C is
 the parent's alone (the children ignore SIGINT); leaving `each` early, by an error or Ctrl-C,
 cancels the chunks not started and waits for the children to finish theirs (a chunk is short).
-
-While the children work, the parent runs `meanwhile` (the report's device, model and index pages),
-so that what it does alone overlaps the pages.
 """
 
 from __future__ import annotations
@@ -64,17 +61,12 @@ def _run(span: tuple[int, int]) -> tuple[int, list[Any], int]:
     return span[0], [work(job) for job in jobs[span[0]:span[1]]], os.getpid()
 
 
-def each(jobs: Sequence[T], work: Callable[[T], R], progress: Callable[[int, int], None] | None = None,
-         meanwhile: Callable[[], None] | None = None) -> Done[R]:
-    """[work(job) for job in jobs] (module doc); `progress(done, of)` at most once a second;
-    `meanwhile()` run in this process once, while the children work (before the jobs when there are
-    no children). Jobs and `meanwhile` must not depend on each other."""
+def each(jobs: Sequence[T], work: Callable[[T], R], progress: Callable[[int, int], None] | None = None) -> Done[R]:
+    """[work(job) for job in jobs] (module doc); `progress(done, of)` at most once a second."""
     global _work
     n = cores()
     shown = time.monotonic()
     if len(jobs) < PROCESSES_FROM or n < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        if meanwhile is not None:
-            meanwhile()
         out = []
         for job in jobs:
             out.append(work(job))
@@ -88,8 +80,6 @@ def each(jobs: Sequence[T], work: Callable[[T], R], progress: Callable[[int, int
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
     try:
         futures = [pool.submit(_run, (at, min(at + CHUNK, len(jobs)))) for at in range(0, len(jobs), CHUNK)]
-        if meanwhile is not None:
-            meanwhile()
         done = 0
         for future in as_completed(futures):
             at, values, pid = future.result()

@@ -269,8 +269,25 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
     texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
     kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
-    rows = {r[C.run_id]: r for r in row_views(table)}
+    # runs.csv: the whole table's rows and the redactor are its inputs
+    table_digest = kept.digest("\n".join([digest_redactor, *texts.values()]))
+    kept.now[names.SITE_RUNS_CSV] = table_digest
+    if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
+        _write(site / names.SITE_RUNS_CSV, published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
     pages = 0
+    rec_by_key = {r.key: r for r in recs.all()}
+    front = quality_front(table)           # the quality charts' settings, for every device and model page
+    for device in sorted(set(table[C.device])):
+        page = device_page(device, camps, analysis, recs, rec_by_key, Ids(), redactor, front)
+        if history is not None:
+            page = replace(page, histories=history_links(history, device))
+        _write(site / Urls.device(device), _page(env, "device.html", page))
+        pages += 1
+    for model in sorted(set(table[C.model])):
+        _write(site / Urls.model(model),
+               _page(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor, front)))
+        pages += 1
+    rows = {r[C.run_id]: r for r in row_views(table)}
 
     def one(run: RunFolder) -> tuple[str, str, bool]:
         # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
@@ -281,45 +298,20 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
             _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], analysis, Ids(), redactor)))
         return rel, digest, taken
 
-    def the_rest() -> None:
-        # runs.csv and the device, model, history and index pages: made here while children make run pages
-        nonlocal pages
-        # runs.csv: the whole table's rows and the redactor are its inputs
-        table_digest = kept.digest("\n".join([digest_redactor, *texts.values()]))
-        kept.now[names.SITE_RUNS_CSV] = table_digest
-        if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
-            _write(site / names.SITE_RUNS_CSV,
-                   published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
-        rec_by_key = {r.key: r for r in recs.all()}
-        front = quality_front(table)           # the quality charts' settings, for every device and model page
-        for device in sorted(set(table[C.device])):
-            page = device_page(device, camps, analysis, recs, rec_by_key, Ids(), redactor, front)
-            if history is not None:
-                page = replace(page, histories=history_links(history, device))
-            _write(site / Urls.device(device), _page(env, "device.html", page))
-            pages += 1
-        for model in sorted(set(table[C.model])):
-            _write(site / Urls.model(model),
-                   _page(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor,
-                                                       front)))
-            pages += 1
-        histories = []
-        for path, hp in history_pages(history) if history is not None else []:
-            _write(site / path, _page(env, "history.html", hp))
-            histories.append(Link(f"{hp.model.text} on {hp.device.text}", path, f"{len(hp.rows)} release rows"))
-            pages += 1
-        _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
-                                                                         histories=tuple(histories))))
-        pages += 1
-
     said = None if progress is None else lambda done, of: progress(f"report: run pages {done}/{of}")
-    runs = [run for camp in camps for run in camp.runs]
-    for rel, page_digest, taken in fanout.each(runs, one, said, meanwhile=the_rest).results:
+    for rel, page_digest, taken in fanout.each([run for camp in camps for run in camp.runs], one, said).results:
         kept.now[rel] = page_digest
         kept.kept += taken
         pages += 1
     kept.write(site)
-    return pages
+    histories = []
+    for path, hp in history_pages(history) if history is not None else []:
+        _write(site / path, _page(env, "history.html", hp))
+        histories.append(Link(f"{hp.model.text} on {hp.device.text}", path, f"{len(hp.rows)} release rows"))
+        pages += 1
+    _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
+                                                                     histories=tuple(histories))))
+    return pages + 1
 
 
 def _page(env: Environment, template: str, page: Any) -> str:

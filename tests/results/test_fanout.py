@@ -40,34 +40,6 @@ def test_forked_jobs_give_what_one_process_gives_in_the_jobs_order():
     assert slow.results == JOBS and heard and all(of == len(JOBS) and 0 < d <= of for d, of in heard)
 
 
-def test_meanwhile_runs_once_in_this_process_while_the_children_work(tmp_path):
-    _needs_cores()
-    ran = tmp_path / "meanwhile ran"
-    last = JOBS[-1]
-
-    def job(x: int) -> int | bool:
-        if x != last:
-            return x
-        # the last job waits for the parent's meanwhile: it must come while jobs are still being worked
-        deadline = time.monotonic() + 30
-        while not ran.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return ran.exists()
-
-    calls: list[int] = []
-
-    def meanwhile() -> None:
-        calls.append(os.getpid())
-        ran.touch()
-
-    done = fanout.each(JOBS, job, meanwhile=meanwhile)
-    assert done.results == [*JOBS[:-1], True] and calls == [os.getpid()] and os.getpid() not in done.pids
-    few = JOBS[:fanout.PROCESSES_FROM - 1]          # no children: meanwhile first, then the jobs here
-    order: list[str] = []
-    assert fanout.each(few, lambda x: order.append("job") or x, meanwhile=lambda: order.append("meanwhile")).results == few
-    assert order == ["meanwhile"] + ["job"] * len(few)
-
-
 def test_a_jobs_error_reaches_the_caller_and_a_killed_child_is_an_error_not_a_hang():
     _needs_cores()
 
