@@ -147,7 +147,12 @@ case "${1:-}" in
                 tail -n 20 "$niced_log" >&2 || true
             fi
         }
-        trap 'stop_niced; rm -rf "$BMOE_TEST_SHARED" "$suite_tmp"' EXIT
+        # a process that outlives its part by a moment (a pytest worker's exit, which writes in
+        # pytest-of-USER) can refill a folder as rm empties it: a second try after it has gone
+        remove_run_folders() {
+            rm -rf "$BMOE_TEST_SHARED" "$suite_tmp" 2>/dev/null || { sleep 2; rm -rf "$BMOE_TEST_SHARED" "$suite_tmp"; }
+        }
+        trap 'stop_niced; remove_run_folders' EXIT
         trap 'exit 130' INT TERM
         # each part names its ten slowest tests (the suite's budget: docs/decisions/test-suite.md)
         part_options=(-q --durations=10)

@@ -27,10 +27,11 @@ from typing import TypeGuard
 
 from devices.android import parse_apps
 from devices.virtual import cgroup as cgroups
-from devices.virtual import cpuinfo, dataquota, zram
+from devices.virtual import cpuinfo, dataquota, pacedfs, zram
 from devices.virtual.checks import VirtualPhoneError, check_args
 from devices.virtual.phone import (
     INTERNAL,
+    STACKS_SIGNAL,
     NotLinux,
     PhoneSpec,
     UserlandMissing,
@@ -43,6 +44,9 @@ from engine.procfs import read_kb_fields
 from engine.units import KIB, MIB
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# How long a daemon has to serve: about 2 s on an idle 2-core host, zram and all; far longer on a
+# loaded one is still a start, and one stuck is reported with where it is (_wait_for_state)
+START_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class PhoneInfo:
@@ -157,7 +161,7 @@ def _server_listening(adb_host: str | None, adb_port: int | None) -> bool:
 def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", android: int = 14,
        port: int | None = None, *, manufacturer: str = "bmoe", abi: str = "arm64-v8a",
        home: os.PathLike | str | None = None, adb_host: str | None = None,
-       adb_port: int | None = None, timeout_s: float = 20.0, isolated: bool = True,
+       adb_port: int | None = None, timeout_s: float = START_TIMEOUT_S, isolated: bool = True,
        record_commands: bool = False, apps: str | builtins.list[str] | tuple[str, ...] = (),
        zram_bytes: int = 0, zram_algorithm: str = "lz4", swappiness: int = 100, cpus: int = 0,
        storage_mbps: int = 0, profile: str = "", lmk: dict | None = None, build: str = "user",
@@ -290,18 +294,55 @@ def recorded_commands(name: str, home: os.PathLike | str | None = None) -> built
 
 
 def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:
+    """The state the daemon `pid` writes once it serves. One that exits first, or has not written
+    it in `timeout_s`, raises with its log's end; one still running is asked for its threads'
+    stacks (STACKS_SIGNAL, to its log), killed, and what it made is removed."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = _read_json(internal / "state.json")
         if state and state.get("pid") == pid:
             return state
         if not _is_daemon(pid):
-            break
+            raise VirtualPhoneError("virtual phone daemon exited before it served: " + _log_tail(internal, 5))
         time.sleep(0.05)
-    if _is_daemon(pid):
+    where = _where(pid)
+    with contextlib.suppress(OSError):
+        os.kill(pid, STACKS_SIGNAL)
+        time.sleep(0.5)
+    with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
-    tail = (internal / "daemon.log").read_text(errors="replace").strip().splitlines()[-5:]
-    raise VirtualPhoneError("virtual phone daemon did not start: " + (" | ".join(tail) or "no output"))
+    gone = time.monotonic() + 10.0
+    while _is_daemon(pid) and time.monotonic() < gone:
+        time.sleep(0.05)
+    # what a daemon killed in its setup made, as its next start would (run.py setup)
+    zram.reclaim(internal)
+    zram.reclaim_orphans()
+    cgroups.reclaim_orphans()
+    pacedfs.reclaim(internal)
+    raise VirtualPhoneError(f"virtual phone daemon did not serve in {timeout_s:g} s ({where}); killed. "
+                            "Its log ends: " + _log_tail(internal, 16))
+
+
+def _where(pid: int) -> str:
+    """Where a process is: its state and the kernel function it waits in (/proc/PID/stat, wchan)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat[stat.rindex(")") + 2:].split()[0]
+    except (OSError, ValueError, IndexError):
+        return "gone"
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except OSError:
+        wchan = "?"
+    return f"state {state}, waiting in {wchan}"
+
+
+def _log_tail(internal: Path, lines: int) -> str:
+    try:
+        tail = (internal / "daemon.log").read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        tail = []
+    return " | ".join(line.strip() for line in tail) or "no output"
 
 
 def _connect(serial: str, adb_host: str | None, adb_port: int | None, timeout_s: float) -> None:

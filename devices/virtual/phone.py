@@ -32,6 +32,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +62,7 @@ from engine.units import is_digits
 
 SDK_FOR_RELEASE = {9: 28, 10: 29, 11: 30, 12: 31, 13: 33, 14: 34, 15: 35, 16: 36}
 INTERNAL = ".vphone"
+STACKS_SIGNAL = signal.SIGUSR1   # a daemon sent it writes every thread's Python stack to its log
 # Android's PATH as `adb shell` gets it (bionic libc/include/paths.h `_PATH_DEFPATH`); a phone keeps the folders it has.
 ANDROID_PATH = ("/product/bin:/apex/com.android.runtime/bin:/apex/com.android.art/bin:/system_ext/bin:"
                 "/system/bin:/system/xbin:/odm/bin:/vendor/bin:/vendor/xbin")

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from devices.virtual.lmkd import Lmkd
 from devices.virtual.phone import (
     SHELL_GID,
     SHELL_UID,
+    STACKS_SIGNAL,
     Layout,
     PhoneSpec,
     UserlandMissing,
@@ -415,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # the manager asks a daemon that has not written its state in time where it is (manager.py
+    # _wait_for_state): every thread's Python stack, to the log
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+    log.info("daemon %d starting", os.getpid())
     root = Path(args.root).resolve()
     spec = PhoneSpec.from_json(json.loads(Path(root, ".vphone/spec.json").read_text()))
     try:
@@ -423,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vphone: {e}", file=sys.stderr)
         return 1
     warnings: list[str] = []
+    log.info("setting up its cgroups, zram, namespaces and flash")
     try:
         cgroup, ns_fd, z, flash = setup(spec, layout, warnings)
     except SetupError as e:
@@ -445,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         # the sync service's threads (syncsvc.EXECUTOR), started while this thread may still start them
         executor = started_executor(EXECUTOR_THREADS)
         pid_ns = pid_namespace(ns_fd, warnings)      # last: every fork from here on is the phone's
+        log.info("set up; starting its services")
         try:
             asyncio.run(serve(spec, layout, cgroup, ns_fd, args.port, warnings, net_fd, z, ballast, pid_ns,
                               executor, uid_offset))

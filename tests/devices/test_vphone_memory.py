@@ -6,17 +6,20 @@
   The swapping cases (a budget past the RAM left running on while swapping, zram exhausted, no
   zram) are tests/devices/test_vphone_swapping.py.
 - After `down --all`, and after a daemon is SIGKILLed and the phone comes up again: no zram device,
-  swap or cgroup of the phone is left.
+  swap or cgroup of the phone is left; nor after a start that timed out, whose error says where
+  the daemon was. A running daemon asked for its stacks writes them and serves on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,6 +168,68 @@ def test_a_killed_daemon_whose_folder_is_gone_leaves_nothing_once_any_phone_come
     finally:
         manager.down("after", home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port)
     assert _phone_cgroups(cgroups.leaf_name("after", phone_home / "after")) == []
+
+
+@needs_zram
+def test_a_daemon_that_does_not_serve_in_time_says_where_it_is_is_killed_and_leaves_nothing(adb_server,
+                                                                                             phone_home):
+    """A start that times out (a host too loaded, a daemon stuck in the kernel): the error says the
+    daemon's state, it is killed, and the zram device and cgroups it had made are removed at once,
+    not at some later start. Stuck here means stopped (SIGSTOP) once its zram is made."""
+    root, leaf = phone_home / "stuck", cgroups.leaf_name("stuck", phone_home / "stuck")
+    internal = root / ".vphone"
+    (internal / "zram.json").unlink(missing_ok=True)
+    stopped: list[int] = []
+
+    def stop_it_once_its_zram_is_made():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stopped:
+            if (internal / "zram.json").exists():
+                for pid in _daemons_of(root):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            time.sleep(0.01)
+
+    stopper = threading.Thread(target=stop_it_once_its_zram_is_made)
+    stopper.start()
+    try:
+        with pytest.raises(manager.VirtualPhoneError) as raised:
+            manager.up("stuck", 64 * MIB, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port,
+                       zram_bytes=16 * MIB, timeout_s=8)
+    finally:
+        stopper.join()
+    assert stopped, "the daemon never made its zram device"
+    message = str(raised.value)
+    assert "did not serve in 8 s (state T, " in message and "killed" in message, message
+    assert "starting" in message, message           # its log's end
+    assert not any(_alive(pid) for pid in stopped)
+    assert _owned(root) == set() and _phone_cgroups(leaf) == [] and not (cgroups.REGISTRY / leaf).exists()
+    assert not (internal / "zram.json").exists()
+
+
+def test_a_running_daemon_asked_for_its_stacks_writes_them_to_its_log_and_serves_on(adb_server, make_phone):
+    phone = make_phone("stacks", 64 * MIB)
+    state = json.loads((Path(phone.root) / ".vphone/state.json").read_text())
+    log = Path(phone.root) / ".vphone/daemon.log"
+    before = log.stat().st_size
+    os.kill(state["pid"], manager.STACKS_SIGNAL)
+    deadline = time.monotonic() + 10
+    while "(most recent call first)" not in log.read_text(errors="replace")[before:] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dump = log.read_text(errors="replace")[before:]
+    assert "(most recent call first)" in dump and 'File "' in dump and "devices/virtual/run.py" in dump, dump
+    assert shell(adb_server, phone, "echo still-serving").strip() == "still-serving"
+
+
+def _daemons_of(root: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes()
+                if b"devices.virtual.run" in cmdline and str(root).encode() + b"\0" in cmdline:
+                    found.append(int(proc.name))
+    return found
 
 
 def _alive(pid: int, wait_s: float = 10.0) -> bool:
