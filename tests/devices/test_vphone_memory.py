@@ -195,12 +195,12 @@ def test_a_daemon_that_does_not_serve_in_time_says_where_it_is_is_killed_and_lea
     try:
         with pytest.raises(manager.VirtualPhoneError) as raised:
             manager.up("stuck", 64 * MIB, home=phone_home, adb_host="127.0.0.1", adb_port=adb_server.port,
-                       zram_bytes=16 * MIB, timeout_s=8)
+                       zram_bytes=16 * MIB, timeout_s=4)
     finally:
         stopper.join()
     assert stopped, "the daemon never made its zram device"
     message = str(raised.value)
-    assert "did not serve in 8 s (state T, " in message and "killed" in message, message
+    assert "did not serve in 4 s (state T, " in message and "killed" in message, message
     assert "starting" in message, message           # its log's end
     assert not any(_alive(pid) for pid in stopped)
     assert _owned(root) == set() and _phone_cgroups(leaf) == [] and not (cgroups.REGISTRY / leaf).exists()
