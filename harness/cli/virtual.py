@@ -94,14 +94,17 @@ def up(name: str, ram_text: str | None, model: str | None, manufacturer: str | N
 
 @virtual.command("down")
 @click.argument("name", required=False)
+@click.option("--name", "named", help="The phone's name, as `up` takes it (the same as NAME).")
 @click.option("--all", "all_phones", is_flag=True, help="Stop every virtual phone.")
 @click.option("--purge", is_flag=True, help="Also delete the phone's folder (its /data, logcat buffers).")
 @click.option("--home", type=click.Path(file_okay=False), help="Folder of phones (default ~/.bmoe-fleet/virtual).")
-def down(name: str | None, all_phones: bool, purge: bool, home: str | None) -> None:
-    """Disconnect and stop NAME (or --all); its folder is kept unless --purge."""
+def down(name: str | None, named: str | None, all_phones: bool, purge: bool, home: str | None) -> None:
+    """Disconnect and stop NAME (or --name NAME, or --all); its folder is kept unless --purge."""
     from devices.virtual.manager import down as stop
 
-    for stopped in stop(name, all_phones=all_phones, purge=purge, home=home):
+    if name is not None and named is not None and name != named:
+        raise click.UsageError(f"two names given ({name!r} and --name {named!r}): give one")
+    for stopped in stop(name or named, all_phones=all_phones, purge=purge, home=home):
         click.echo(f"stopped {stopped}")
 
 

@@ -594,7 +594,10 @@ def test_cli_up_list_down(adb_server, phone_home):
         assert again.exit_code == 1 and isinstance(again.exception, BmoeError)
     finally:
         cgroup_path = manager.info(name, phone_home).cgroup_path
-        down = runner.invoke(virtual, ["down", name, "--home", str(phone_home)])
+        twice = runner.invoke(virtual, ["down", name, "--name", "other", "--home", str(phone_home)])
+        # as `up` takes it: --name NAME, the same as NAME
+        down = runner.invoke(virtual, ["down", "--name", name, "--home", str(phone_home)])
+    assert twice.exit_code == 2 and "two names given" in twice.output, twice.output
     assert down.exit_code == 0 and down.output == f"stopped {name}\n"
     assert cgroup_path is None or not Path(cgroup_path).exists()
     assert serial not in adb_server.run("devices").stdout.decode()
