@@ -3,8 +3,8 @@ results/analysis/quality.py, docs/decisions/quality-measure.md), on a campaign r
 
 The campaign (conftest `quality_campaign`): bmoe-py (through a wrapper engine) with --progress on a
 skewed-router synthetic model, one budget, top-k 2 (the model's own) and 1, `--drop-cold-experts` 0 and
-0.75 (the app's default), two repeats. The wrapper makes every run without a drop five times as slow
-(conftest `without:` condition), so the drop runs are faster beyond noise whatever this host's load:
+0.75 (the app's default), two repeats. The wrapper makes every run without a drop five times as slow and
+40 ms a token slower (conftest `without:` condition), so the drop runs are faster beyond noise whatever this host's load:
 without the lossless rule the default would be a drop setting.
 """
 
