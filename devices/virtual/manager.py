@@ -27,16 +27,18 @@ from typing import TypeGuard
 
 from devices.android import parse_apps
 from devices.virtual import cgroup as cgroups
-from devices.virtual import cpuinfo, dataquota, pacedfs, zram
+from devices.virtual import cpuinfo, dataquota, zram
 from devices.virtual.checks import VirtualPhoneError, check_args
 from devices.virtual.phone import (
     INTERNAL,
     STACKS_SIGNAL,
+    Layout,
     NotLinux,
     PhoneSpec,
     UserlandMissing,
     default_home,
     host_userland,
+    reclaim_left,
     require_linux,
 )
 from engine.errors import BmoeError
@@ -218,7 +220,7 @@ def up(name: str, ram_bytes: int, model: str = "vphone", soc: str = "sm8550", an
     argv = [sys.executable, "-m", "devices.virtual.run", "--root", str(root), "--port", str(port or 0)]
     # Started through a shell's background job so the daemon is nobody's child here: it outlives
     # this process and never lingers as its zombie.
-    script = (" ".join(shlex.quote(a) for a in argv) + f" </dev/null >>{shlex.quote(str(internal / 'daemon.log'))}"
+    script = (" ".join(shlex.quote(a) for a in argv) + f" </dev/null >>{shlex.quote(str(Layout(root).daemon_log))}"
               " 2>&1 & echo $!")
     launched = subprocess.run(["/bin/sh", "-c", script], cwd=str(PROJECT_ROOT), env=env, capture_output=True,
                               text=True, start_new_session=True)
@@ -314,11 +316,7 @@ def _wait_for_state(internal: Path, pid: int, timeout_s: float) -> dict:
     gone = time.monotonic() + 10.0
     while _is_daemon(pid) and time.monotonic() < gone:
         time.sleep(0.05)
-    # what a daemon killed in its setup made, as its next start would (run.py setup)
-    zram.reclaim(internal)
-    zram.reclaim_orphans()
-    cgroups.reclaim_orphans()
-    pacedfs.reclaim(internal)
+    reclaim_left(internal)        # what it made in its setup, as its next start would remove it
     raise VirtualPhoneError(f"virtual phone daemon did not serve in {timeout_s:g} s ({where}); killed. "
                             "Its log ends: " + _log_tail(internal, 16))
 
@@ -339,7 +337,7 @@ def _where(pid: int) -> str:
 
 def _log_tail(internal: Path, lines: int) -> str:
     try:
-        tail = (internal / "daemon.log").read_text(errors="replace").strip().splitlines()[-lines:]
+        tail = Layout(internal.parent).daemon_log.read_text(errors="replace").strip().splitlines()[-lines:]
     except OSError:
         tail = []
     return " | ".join(line.strip() for line in tail) or "no output"

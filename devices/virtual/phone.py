@@ -42,8 +42,9 @@ from pathlib import Path
 
 from devices.android import HOST_ABI
 from devices.lmkd_policy import LmkProps
-from devices.virtual import cpuinfo, logbuf, namespace, thermal
+from devices.virtual import cpuinfo, logbuf, namespace, pacedfs, thermal, zram
 from devices.virtual.cgroup import MemoryCgroup, MemStat, SwapTraffic
+from devices.virtual.cgroup import reclaim_orphans as reclaim_orphan_cgroups
 from devices.virtual.meminfo import (
     MEMINFO_PATH,
     VMSTAT_PATH,
@@ -297,6 +298,16 @@ def _userland(layout: Layout) -> None:
     (layout.system_etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\n")
     for name, target in (("bin", "system/bin"), ("etc", "system/etc")):
         _link(layout.root / name, target)
+
+
+def reclaim_left(internal: Path) -> None:
+    """What a daemon of this phone (its `.vphone` folder: `internal`) killed before its stop left,
+    and any phone's orphaned zram device and cgroups: a start's first step (run.py setup), and what
+    up() does for a daemon it killed (manager.py)."""
+    zram.reclaim(internal)
+    zram.reclaim_orphans()
+    reclaim_orphan_cgroups()
+    pacedfs.reclaim(internal)
 
 
 def prepare(spec: PhoneSpec, root: Path) -> Layout:

@@ -32,7 +32,6 @@ from devices.virtual import cpuinfo, dataquota, logbuf, namespace, pacedfs, shel
 from devices.virtual.adbd import Banner, Connection, Daemon, Service, Stream
 from devices.virtual.am import ActivityManager
 from devices.virtual.cgroup import CgroupUnavailable, MemoryCgroup, leaf_name
-from devices.virtual.cgroup import reclaim_orphans as reclaim_orphan_cgroups
 from devices.virtual.lmkd import Lmkd
 from devices.virtual.phone import (
     SHELL_GID,
@@ -44,6 +43,7 @@ from devices.virtual.phone import (
     VirtualPhone,
     install_tools,
     prepare,
+    reclaim_left,
 )
 from devices.virtual.zram_charge import Ballast
 from engine.fsutil import atomic_write
@@ -132,12 +132,7 @@ def setup(spec: PhoneSpec, layout: Layout, warnings: list[str]) -> tuple[MemoryC
     None where unavailable (said once on stderr).
     What the phone asked for explicitly (zram, cores, a read rate) raises SetupError instead."""
     cgroup = None
-    # what a daemon of this phone killed before its stop left, and any phone's orphaned zram device
-    # and cgroups
-    zram.reclaim(layout.internal)
-    zram.reclaim_orphans()
-    reclaim_orphan_cgroups()
-    pacedfs.reclaim(layout.internal)
+    reclaim_left(layout.internal)
     if not spec.isolated:
         if spec.zram_bytes or spec.cpus or spec.storage_mbps or spec.data_quota_bytes:
             raise SetupError("zram, --cpus, --storage-mbps and --data-quota need isolation (cgroups)")
