@@ -222,14 +222,18 @@ def test_a_running_daemon_asked_for_its_stacks_writes_them_to_its_log_and_serves
 
 
 def _daemons_of(root: Path) -> list[int]:
-    found = []
+    """The daemons serving `root`, not their forks (its zram ballast, its pid namespace's init), which
+    share its command line: a stopped fork is no stopped daemon, and the ballast stopped before it
+    joins the phone's cgroups is a process no kill of the phone's reaches."""
+    parents = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError, StopIteration):
                 cmdline = (proc / "cmdline").read_bytes()
                 if b"devices.virtual.run" in cmdline and str(root).encode() + b"\0" in cmdline:
-                    found.append(int(proc.name))
-    return found
+                    status = (proc / "status").read_text().splitlines()
+                    parents[int(proc.name)] = int(next(s for s in status if s.startswith("PPid:")).split()[1])
+    return [pid for pid, parent in parents.items() if parent not in parents]
 
 
 def _alive(pid: int, wait_s: float = 10.0) -> bool:
