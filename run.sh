@@ -50,15 +50,15 @@ setup() {
     if [ "${1:-}" != demo ]; then extras="[test]"; stamp="$VENV/.installed-test"; fi
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-        # uv installs what pip would, several times as fast (docs/decisions/setup-installer.md): its
-        # cache (and its temporary files) stay in the virtualenv, on its file system (the files
-        # are hard links to the cache's, so it costs little room), and go with it. pip when uv
-        # cannot be had.
+        # uv installs what pip would, several times as fast, and compiles the bytecode pip would
+        # (docs/decisions/setup-installer.md): its cache (and its temporary files) stay in the
+        # virtualenv, on its file system (the files are hard links to the cache's, so it costs
+        # little room), and go with it. pip when uv cannot be had.
         local cache="$VENV/.uv-cache"
         mkdir -p "$cache/tmp"
         if ! { "$VENV/bin/pip" install --quiet --disable-pip-version-check "uv>=0.5" >/dev/null 2>&1 \
                 && UV_CACHE_DIR="$cache" TMPDIR="$cache/tmp" "$VENV/bin/uv" pip install --quiet \
-                    --link-mode=hardlink --python "$VENV/bin/python" -e ".$extras"; }; then
+                    --link-mode=hardlink --compile-bytecode --python "$VENV/bin/python" -e ".$extras"; }; then
             echo "run.sh: uv could not install; pip instead" >&2
             "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".$extras"
         fi
