@@ -112,6 +112,7 @@ def main() -> None:
         base_db = str(work / "baseline.sqlite")
         t_bi, c_bi, _ = cli("db", "ingest", *strs, "--db", base_db, root=a.baseline_root.resolve())
         rows.append(("baseline: ingest", t_bi, c_bi, str(a.baseline_root)))
+        shutil.rmtree(work / "site-baseline", ignore_errors=True)       # a first build, as this checkout's
         t_base, c_base, _ = cli("report", *strs, "--db", base_db, "-o", str(work / "site-baseline"),
                              root=a.baseline_root.resolve())
         rows.append((f"baseline: report --db ({n * per} runs)", t_base, c_base,

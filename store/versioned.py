@@ -123,6 +123,10 @@ def json_safe(value: Any, digits: int | None = None) -> Any:
         return value
     if kind is float:
         return _float(value, digits)
+    if kind is dict:                  # the plain containers first: a chart's figure is mostly these
+        return {str(k): json_safe(v, digits) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [json_safe(v, digits) for v in value]
     if isinstance(value, (str, bytes)):
         return value
     if isinstance(getattr(value, "dtype", None), np.dtype) and value.ndim == 1 and value.dtype.kind in "fiub":

@@ -376,11 +376,7 @@ class Analysis:
     @functools.cached_property
     def _tells_by_run(self) -> dict[str, list[Tell]]:
         """Each run's tells in order, worked out once (a site asks for every run's)."""
-        out: dict[str, list[Tell]] = {}
-        for t in self.tells:
-            for run_id in dict.fromkeys(t.run_ids):
-                out.setdefault(run_id, []).append(t)
-        return out
+        return tells_by_run(self.tells)
 
 
 # ── building ─────────────────────────────────────────────────────────────────────────────────
@@ -753,27 +749,28 @@ def shared_analyses() -> Iterator[None]:
         _shared.reset(token)
 
 
-def analyze(table: pd.DataFrame, predictions_made: bool = True) -> Analysis:
+def analyze(table: pd.DataFrame, predictions_made: bool = True, tells: Sequence[Tell] | None = None) -> Analysis:
     """Group a run table by (device, model, top-k) and analyse each group. Without
     `predictions_made`, no group's speed is predicted (results.replay.predict reads every run's
-    per-token data): what bounds a ceiling does not use it (results.analysis.fleet_db)."""
+    per-token data): what bounds a ceiling does not use it (results.analysis.fleet_db). `tells`: the
+    table's `measured_tells`, when the caller has them already."""
     shared = _shared.get()
-    for seen, made, groups, tells in shared or ():
+    for seen, made, seen_groups, seen_tells in shared or ():
         if made == predictions_made and seen.shape == table.shape and list(seen.columns) == list(table.columns) \
                 and seen.equals(table):
-            return _analysis(table, groups, tells)
-    groups, tells = _groups(table, predictions_made)
+            return _analysis(table, seen_groups, seen_tells)
+    groups, found = _groups(table, predictions_made, tells)
     if shared is not None:
-        shared.append((table, predictions_made, groups, tells))
-    return _analysis(table, groups, tells)
+        shared.append((table, predictions_made, groups, found))
+    return _analysis(table, groups, found)
 
 
-def _groups(table: pd.DataFrame, predictions_made: bool) -> tuple[tuple[GroupAnalysis, ...], tuple[Tell, ...]]:
+def _groups(table: pd.DataFrame, predictions_made: bool,
+            tells: Sequence[Tell] | None = None) -> tuple[tuple[GroupAnalysis, ...], tuple[Tell, ...]]:
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
-    is_probe = table[C.probe].astype(bool) if C.probe in table.columns else pd.Series(False, index=table.index)
-    is_planner = column_of(table, C.planner).map(lambda v: str(v).lower() == "true").astype(bool)
-    tells = find_tells(table[~is_probe & ~is_planner])
+    is_probe, is_planner = _is_probe(table), _is_planner_pick(table)
+    tells = find_tells(table[~is_probe & ~is_planner]) if tells is None else list(tells)
     groups = []
     keys = table.assign(_k=[top_k_key(v) for v in table[C.n_expert_used]], _probe=is_probe, _planner=is_planner)
     for (device, model), sub in keys.groupby([C.device, C.model], sort=True):
@@ -791,6 +788,30 @@ def _groups(table: pd.DataFrame, predictions_made: bool) -> tuple[tuple[GroupAna
                     groups.append(_group(these, device, model, k, tells, probes, load, picked[picked_loads == load],
                                          predictions_made))
     return tuple(groups), tuple(tells)
+
+
+def _is_probe(table: pd.DataFrame) -> pd.Series:
+    return table[C.probe].astype(bool) if C.probe in table.columns else pd.Series(False, index=table.index)
+
+
+def _is_planner_pick(table: pd.DataFrame) -> pd.Series:
+    return column_of(table, C.planner).map(lambda v: str(v).lower() == "true").astype(bool)
+
+
+def measured_tells(table: pd.DataFrame) -> list[Tell]:
+    """The tells of a run table's measured runs (its knee probes and the planner's picks left out):
+    `analyze(table).tells`, without the groups' analysis (the report's run pages start before it;
+    it hands them to `analyze`)."""
+    return find_tells(table[~_is_probe(table) & ~_is_planner_pick(table)])
+
+
+def tells_by_run(tells: Sequence[Tell]) -> dict[str, list[Tell]]:
+    """Each run's tells, in order: what `Analysis.tells_of` gives."""
+    out: dict[str, list[Tell]] = {}
+    for t in tells:
+        for run_id in dict.fromkeys(t.run_ids):
+            out.setdefault(run_id, []).append(t)
+    return out
 
 
 def _analysis(table: pd.DataFrame, groups: Sequence[GroupAnalysis], tells: Sequence[Tell]) -> Analysis:

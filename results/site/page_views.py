@@ -20,6 +20,7 @@ import pandas as pd
 from engine.units import MIB
 from results.analysis.analyze import Analysis, BudgetPoint, GroupAnalysis, Replay
 from results.analysis.recommend_records import Recommendation, Recommendations
+from results.analysis.tells import Tell
 from results.numbers import is_missing
 from results.publish import Redactor
 from results.read.columns import C
@@ -211,9 +212,10 @@ def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = (), redactor: R
     return tuple(out)
 
 
-def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Ids,
+def run_page(run: RunFolder, row: Mapping[str, Any], tells: Sequence[Tell], ids: Ids,
              redactor: Redactor | None = None) -> RunPage:
-    """One run's page: its outcome and evidence, argv, distribution, per-token and memory charts."""
+    """One run's page: its outcome and evidence, argv, distribution, per-token and memory charts
+    (`tells`: the run's, results.analysis.analyze.tells_by_run)."""
     rec = run.record
     root = "../../"
     found = run_series(run.path)            # from the results database when it provides them (report --db)
@@ -249,18 +251,18 @@ def run_page(run: RunFolder, row: Mapping[str, Any], analysis: Analysis, ids: Id
         evidence=tuple(redactor.text(e) for e in rec.evidence),
         argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
         flags=tuple(f for f in str(row.get(C.flags) or "").split(",") if f),
-        tells=tuple(t.message for t in analysis.tells_of(row[C.run_id])),
+        tells=tuple(t.message for t in tells),
         summary=_kv(thawed(rec.summary), redactor=redactor), distribution=distribution,
         config=_kv(rec.config.to_dict(), redactor=redactor),
         entry_state=_kv(thawed(rec.entry_state), redactor=redactor, human=True),
         exit_state=_kv(thawed(rec.exit_state), redactor=redactor, human=True),
         pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(thawed(rec.gate), redactor=redactor, human=True)),
-        charts=tuple(chart_list), files=tuple(sorted(p.name for p in run.path.iterdir() if p.is_file())),
+        charts=tuple(chart_list), files=tuple(sorted(e.name for e in os.scandir(run.path) if e.is_file())),
         cpu=_cpu_rows(thawed(rec.cpu), row), when=fmt_time(rec.started_at),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
 
 
-def run_page_inputs(run: RunFolder, row_text: str, analysis: Analysis, redactor_digest: str) -> str:
+def run_page_inputs(run: RunFolder, row_text: str, tells: Sequence[Tell], redactor_digest: str) -> str:
     """Everything run_page reads, as one text: a run page made again from equal inputs (and the
     same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
     the run table (`row_text`: results.read.frames.row_texts), its tells, its metrics CSV and
@@ -268,7 +270,7 @@ def run_page_inputs(run: RunFolder, row_text: str, analysis: Analysis, redactor_
     record is its run.json's bytes, hashed (what the record was read from: another bmoe-fleet, which
     may read it otherwise, starts a new list of pages)."""
     record = hashlib.sha256((run.path / names.RUN_JSON).read_bytes()).hexdigest()
-    return json.dumps([record, row_text, [(t.kind, t.message) for t in analysis.tells_of(run.run_id)],
+    return json.dumps([record, row_text, [(t.kind, t.message) for t in tells],
                        series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
                        redactor_digest], ensure_ascii=False)
 

@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from results.analysis.analyze import Analysis, analyze, shared_analyses
+from results.analysis.analyze import Analysis, analyze, measured_tells, shared_analyses, tells_by_run
 from results.analysis.history import History
 from results.analysis.quality import quality_front
 from results.analysis.recommend import recommendations_for
@@ -47,7 +47,7 @@ from results.read.frames import row_texts, row_views
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
-from results.site import fanout
+from results.site import fanout, kv_table
 from results.site.history_view import history_links, history_pages
 from results.site.page_views import Ids, device_page, index_page, model_page, run_page, run_page_inputs
 from results.site.pages import Link
@@ -71,11 +71,13 @@ def templates_dir() -> Path:
 
 
 def make_environment() -> Environment:
-    """The site's only jinja Environment: autoescaped, strict about missing fields; filters next."""
+    """The site's only jinja Environment: autoescaped, strict about missing fields; its filters and
+    the key-value tables (results.site.kv_table) next."""
     env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["mib"] = fmt_mib
     env.filters["num"] = fmt_num
+    env.globals["kv"] = kv_table.kv
     return env
 
 
@@ -145,13 +147,11 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     many run pages are made, on long builds."""
     camps = read_campaigns(list(dirs))
     table = build_table(camps, model_files) if table is None else table
-    analysis = analyze(table)
-    recs = recommendations if recommendations is not None else recommendations_for(camps, analysis)
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
     kept = _Kept(out if out.is_dir() and not out.is_symlink() and (out / SITE_MARKER).is_file() else None)
     try:
-        pages = _render(tmp, camps, analysis, recs, history, kept, progress)
+        pages = _render(tmp, camps, table, recommendations, history, kept, progress)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -255,22 +255,57 @@ class _Kept:
         write_json(site / PAGES_MANIFEST, {"format": 2, "code": code_fingerprint(), "pages": self.now})
 
 
-def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs: Recommendations,
+def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs: Recommendations | None,
             history: History | None = None, kept: _Kept | None = None,
             progress: Callable[[str], None] | None = None) -> int:
+    """The site's pages into `site`: the run pages are begun first (on every core, results.site.fanout),
+    and this process analyses the table and makes the other pages while they are made."""
     env = make_environment()
-    table = analysis.table
     redactor = Redactor(camps)
+    kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
+    # a run page reads its row of the run table as read (the analysis adds no column it shows) and its tells
+    texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
+    rows = {r[C.run_id]: r for r in row_views(table)}
+    found = measured_tells(table)
+    tells = tells_by_run(found)
+
+    def one(run: RunFolder) -> tuple[str, str, bool]:
+        # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
+        rel = Urls.run(run.run_id)
+        mine = tells.get(run.run_id, [])
+        digest = kept.digest(run_page_inputs(run, texts[run.run_id], mine, digest_redactor))
+        taken = kept.taken(site, rel, digest)
+        if not taken:
+            _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], mine, Ids(), redactor)))
+        return rel, digest, taken
+
+    with fanout.started([run for camp in camps for run in camp.runs], one) as run_pages:
+        analysis = analyze(table, tells=found)
+        pages = _other_pages(site, env, camps, analysis, recs if recs is not None else recommendations_for(
+            camps, analysis), history, kept, redactor, digest_redactor)
+        said = None if progress is None else lambda done, of: progress(f"report: run pages {done}/{of}")
+        for rel, page_digest, taken in run_pages.results(said).results:
+            kept.now[rel] = page_digest
+            kept.kept += taken
+            pages += 1
+    kept.write(site)
+    return pages
+
+
+def _other_pages(site: Path, env: Environment, camps: Sequence[CampaignData], analysis: Analysis,
+                 recs: Recommendations, history: History | None, kept: _Kept, redactor: Redactor,
+                 digest_redactor: str) -> int:
+    """Everything but the run pages: assets, recommendations.json, runs.csv, the device, model and
+    history pages, the index. Returns how many pages."""
+    table = analysis.table
     (site / "assets").mkdir()
     shutil.copyfile(_plotly_js(), site / "assets" / "plotly.min.js")
     for name in ("site.css", "site.js"):
         shutil.copyfile(templates_dir() / name, site / "assets" / name)
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
-    texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
-    kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
-    # runs.csv: the whole table's rows and the redactor are its inputs
-    table_digest = kept.digest("\n".join([digest_redactor, *texts.values()]))
+    # runs.csv: the whole analysed table's rows and the redactor are its inputs
+    table_digest = kept.digest("\n".join([digest_redactor, *row_texts(table)]))
     kept.now[names.SITE_RUNS_CSV] = table_digest
     if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
         _write(site / names.SITE_RUNS_CSV, published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
@@ -287,23 +322,6 @@ def _render(site: Path, camps: Sequence[CampaignData], analysis: Analysis, recs:
         _write(site / Urls.model(model),
                _page(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor, front)))
         pages += 1
-    rows = {r[C.run_id]: r for r in row_views(table)}
-
-    def one(run: RunFolder) -> tuple[str, str, bool]:
-        # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
-        rel = Urls.run(run.run_id)
-        digest = kept.digest(run_page_inputs(run, texts[run.run_id], analysis, digest_redactor))
-        taken = kept.taken(site, rel, digest)
-        if not taken:
-            _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], analysis, Ids(), redactor)))
-        return rel, digest, taken
-
-    said = None if progress is None else lambda done, of: progress(f"report: run pages {done}/{of}")
-    for rel, page_digest, taken in fanout.each([run for camp in camps for run in camp.runs], one, said).results:
-        kept.now[rel] = page_digest
-        kept.kept += taken
-        pages += 1
-    kept.write(site)
     histories = []
     for path, hp in history_pages(history) if history is not None else []:
         _write(site / path, _page(env, "history.html", hp))

@@ -40,6 +40,22 @@ def test_forked_jobs_give_what_one_process_gives_in_the_jobs_order():
     assert slow.results == JOBS and heard and all(of == len(JOBS) and 0 < d <= of for d, of in heard)
 
 
+def test_started_jobs_are_worked_out_while_this_process_does_its_own_work(tmp_path):
+    _needs_cores()
+
+    def job(x: int) -> int:
+        (tmp_path / str(x)).touch()
+        return x
+
+    with fanout.started(JOBS, job) as running:
+        deadline = time.monotonic() + 30           # this process's own work: waiting for theirs
+        while len(list(tmp_path.iterdir())) < len(JOBS) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        made_before_asked = len(list(tmp_path.iterdir()))
+        done = running.results()
+    assert made_before_asked == len(JOBS) and done.results == JOBS and os.getpid() not in done.pids
+
+
 def test_a_jobs_error_reaches_the_caller_and_a_killed_child_is_an_error_not_a_hang():
     _needs_cores()
 

@@ -161,9 +161,9 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fanout, "PROCESSES_FROM", 1)
         mp.setattr(fanout, "CHUNK", 3)
-        made = fanout.each
+        made = fanout.Started.results
         workers: list[set[int]] = []
-        mp.setattr(fanout, "each", lambda *a, **k: workers.append((d := made(*a, **k)).pids) or d)
+        mp.setattr(fanout.Started, "results", lambda self, *a, **k: workers.append((d := made(self, *a, **k)).pids) or d)
         out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", db])
     assert out.exit_code == 0, out.output
     assert {p.relative_to(tmp_path / "forked"): p.read_bytes()
