@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.virtual import host_records
 from engine.fsutil import atomic_write
 from engine.units import is_digits
 
@@ -297,8 +298,8 @@ class MemoryCgroup:
 
     def record(self) -> None:
         """Write this group's registry entry (REGISTRY): this process owns it, and these are its folders."""
-        REGISTRY.mkdir(mode=0o700, exist_ok=True)
-        atomic_write(REGISTRY / self.path.name, "\n".join([str(os.getpid()), *map(str, self.folders())]) + "\n")
+        host_records.write_entry(REGISTRY, self.path.name, lambda entry: atomic_write(
+            entry, "\n".join([str(os.getpid()), *map(str, self.folders())]) + "\n"))
 
     def remove(self) -> None:
         """Kill what is left and remove the group's folders (retrying while the kernel still holds them)."""
@@ -313,7 +314,7 @@ class MemoryCgroup:
                 except OSError:
                     time.sleep(0.05)
         if not any(p.exists() for p in self.folders()):
-            (REGISTRY / self.path.name).unlink(missing_ok=True)
+            host_records.remove_entry(REGISTRY, self.path.name)
 
 
 def daemon_alive(pid: int) -> bool:
@@ -340,7 +341,7 @@ def reclaim_orphans() -> list[str]:
             cg = MemoryCgroup(1, Path(folders[0]), None)
             cg.extra = [Path(p) for p in folders[1:]]
             cg.remove()
-            entry.unlink(missing_ok=True)
+            host_records.remove_entry(REGISTRY, entry.name)
             removed.append(entry.name)
     return removed
 

@@ -16,7 +16,8 @@ swapped pages take in RAM is their share of every zram swap area's pool (`ram_fo
 What a phone made is recorded in its `.vphone/zram.json` (the device number) and reclaimed at the
 next start when a daemon died without its stop (`reclaim`). Every device this module makes is
 also named by a file in /run/bmoe-vphone-zram/ (the phone's folder and its daemon's pid), so
-orphans whose daemon is gone are found even when their folder is not (`reclaim_orphans`).
+orphans whose daemon is gone are found even when their folder is not (`reclaim_orphans`); the
+folder goes with its last file (host_records.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.virtual import host_records
 from devices.virtual.cgroup import daemon_alive
 from engine.fsutil import atomic_write
 from engine.units import is_digits
@@ -90,8 +92,7 @@ class Zram:
         except (OSError, ValueError) as e:
             raise ZramUnavailable(f"zram-control/hot_add failed: {e}") from None
         z = cls(num)
-        REGISTRY.mkdir(mode=0o700, exist_ok=True)
-        (REGISTRY / f"zram{num}").write_text(f"{owner}\n{os.getpid()}\n")
+        host_records.write_entry(REGISTRY, f"zram{num}", lambda entry: entry.write_text(f"{owner}\n{os.getpid()}\n"))
         try:
             _write(z.sys / "comp_algorithm", algorithm)
             _write(z.sys / "disksize", str(size_bytes))
@@ -147,7 +148,7 @@ class Zram:
                           file=sys.stderr, flush=True)
                     return
                 time.sleep(0.05)
-        (REGISTRY / f"zram{self.num}").unlink(missing_ok=True)
+        host_records.remove_entry(REGISTRY, f"zram{self.num}")
 
 
 def swap_areas() -> list[str]:
