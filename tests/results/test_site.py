@@ -390,3 +390,23 @@ def test_no_tells_is_not_shown_as_an_alarm(browser, tmp_path):
     browser.visit((tmp_path / "index.html").as_uri())
     color = browser.evaluate("getComputedStyle(document.querySelector('p.none')).color")
     assert color == "rgb(46, 125, 50)"                        # green, not the red of a tell
+
+
+def test_a_build_runs_without_the_cyclic_collector_and_leaves_it_as_it_was(killed_auto_campaign, tmp_path,
+                                                                           monkeypatch):
+    import gc
+
+    from results.site import report
+
+    during: list[bool] = []
+    analyze = report.analyze
+    monkeypatch.setattr(report, "analyze", lambda *a, **k: during.append(gc.isenabled()) or analyze(*a, **k))
+    assert gc.isenabled()
+    report.build_site([killed_auto_campaign], tmp_path / "on")
+    assert during == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        report.build_site([killed_auto_campaign], tmp_path / "off")
+        assert during == [False, False] and not gc.isenabled()        # a caller's own choice is kept
+    finally:
+        gc.enable()
