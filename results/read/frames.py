@@ -81,8 +81,20 @@ def row_views(frame: pd.DataFrame) -> list[Row]:
 def row_texts(frame: pd.DataFrame) -> list[str]:
     """Each row's column names and values as one JSON text (a value JSON cannot hold as its str):
     equal texts, equal rows (results.site.report's digest of a run page's inputs)."""
-    columns = _Columns(frame)
-    names = json.dumps([str(n) for n in columns.names], ensure_ascii=False)
-    lists = [columns.column(n) for n in columns.names]
-    return [names + json.dumps(values, ensure_ascii=False, default=str) for values in zip(*lists, strict=True)] \
-        if lists else [names] * len(frame)
+    texts = RowTexts(frame)
+    return [texts[i] for i in range(len(frame))]
+
+
+class RowTexts:
+    """row_texts, each made when asked for by its row's position: the report's forked children
+    make their own runs' (results.site.report)."""
+
+    __slots__ = ("lists", "names")
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        columns = _Columns(frame)
+        self.names = json.dumps([str(n) for n in columns.names], ensure_ascii=False)
+        self.lists = [columns.column(n) for n in columns.names]
+
+    def __getitem__(self, i: int) -> str:
+        return self.names + json.dumps([values[i] for values in self.lists], ensure_ascii=False, default=str)

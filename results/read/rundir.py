@@ -82,9 +82,10 @@ def _campaign_name(cdir: CampaignDir) -> tuple[str, bool, int]:
     return name, imported, cells
 
 
-def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
+def read_campaign(root: str | Path, label: str | None = None,
+                  named: tuple[str, bool, int] | None = None) -> CampaignData:
     """Read one campaign directory (plan, devices, models and every committed attempt)."""
-    head = campaign_head(root, label)
+    head = campaign_head(root, label, named)
     folders = CampaignDir(head.root).attempt_paths()
     latest: dict[str, int] = {}
     for cell, attempt, _ in folders:
@@ -94,16 +95,17 @@ def read_campaign(root: str | Path, label: str | None = None) -> CampaignData:
     return replace(head, runs=runs)
 
 
-def campaign_head(root: str | Path, label: str | None = None) -> CampaignData:
+def campaign_head(root: str | Path, label: str | None = None,
+                  named: tuple[str, bool, int] | None = None) -> CampaignData:
     """One campaign directory without its runs: its name, plan size, device and model records (the
-    results database reads the attempts it lacks itself)."""
+    results database reads the attempts it lacks itself); `named`: its _campaign_name, when read."""
     root = Path(root).resolve()
     if not root.is_dir():
         raise ResultsError(f"{root}: not a folder")
     cdir = CampaignDir(root)
     if not cdir.has_plan() and not cdir.has_runs():
         raise ResultsError(f"{root}: not a campaign directory (no plan.json, no runs/)")
-    name, imported, cells = _campaign_name(cdir)
+    name, imported, cells = named or _campaign_name(cdir)
     devices: dict[str, Mapping[str, Any]] = {}
     for p, d in cdir.device_records():
         devices[str(d.get("device") or p.stem)] = MappingProxyType(d)
@@ -130,5 +132,6 @@ def read_campaigns(roots: Sequence[str | Path]) -> list[CampaignData]:
     """Several campaign directories; two campaigns of the same name get their folder in the label."""
     if not roots:
         raise ResultsError("give at least one campaign directory")
-    named = [_campaign_name(CampaignDir(Path(r).resolve()))[0] if Path(r).is_dir() else str(r) for r in roots]
-    return [read_campaign(root, label) for root, label in zip(roots, campaign_labels(named, roots))]
+    named = [_campaign_name(CampaignDir(Path(r).resolve())) if Path(r).is_dir() else None for r in roots]
+    labels = campaign_labels([n[0] if n else str(r) for n, r in zip(named, roots)], roots)
+    return [read_campaign(root, label, n) for root, label, n in zip(roots, labels, named)]

@@ -45,7 +45,7 @@ from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import C, written_frame
-from results.read.frames import row_texts, row_views
+from results.read.frames import RowTexts, row_texts, row_views
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
@@ -289,7 +289,7 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
     redactor = Redactor(camps)
     kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
     # a run page reads its row of the run table as read (the analysis adds no column it shows) and its tells
-    texts = dict(zip(table[C.run_id], row_texts(table), strict=True))
+    texts, at = RowTexts(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
     rows = {r[C.run_id]: r for r in row_views(table)}
     found = measured_tells(table)
     tells = tells_by_run(found)
@@ -298,7 +298,7 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
         # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
         rel = Urls.run(run.run_id)
         mine = tells.get(run.run_id, [])
-        digest = kept.digest(run_page_inputs(run, texts[run.run_id], mine, digest_redactor))
+        digest = kept.digest(run_page_inputs(run, texts[at[run.run_id]], mine, digest_redactor))
         taken = kept.taken(site, rel, digest)
         if not taken:
             _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], mine, Ids(), redactor)))
