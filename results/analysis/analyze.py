@@ -770,7 +770,7 @@ def _groups(table: pd.DataFrame, predictions_made: bool,
     # knee probes (harness.plan.probe) lend their route traces to the replay, never a sweep point; the
     # planner's own picks are set beside the boundary (results.analysis.planner_check), never on the curve
     is_probe, is_planner = _is_probe(table), _is_planner_pick(table)
-    tells = find_tells(table[~is_probe & ~is_planner]) if tells is None else list(tells)
+    tells = measured_tells(table) if tells is None else list(tells)
     groups = []
     keys = table.assign(_k=[top_k_key(v) for v in table[C.n_expert_used]], _probe=is_probe, _planner=is_planner)
     for (device, model), sub in keys.groupby([C.device, C.model], sort=True):
