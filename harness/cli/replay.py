@@ -12,13 +12,15 @@ import click
 
 from engine.errors import BmoeError
 from engine.units import ascii_float
-from harness.campaign.model import INT_MAX, number_text
-from results.replay.drop_replay import DropLever
-from results.replay.lru_replay import POLICIES
-from results.replay.replay import PHASES, replay_traces
+from results.replay.choices import PHASES, POLICIES
+
+# the replay itself (numpy, pandas, the campaign model) is imported when the command runs: every
+# other command starts without it
 
 
 def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:
+    from harness.campaign.model import INT_MAX, number_text
+
     if value is None or not value.strip():
         return None
     try:
@@ -33,6 +35,8 @@ def _budgets(ctx: click.Context, param: click.Parameter, value: str | None) -> l
 
 
 def _drop_traces(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[tuple[float, str]]:
+    from harness.campaign.model import INT_MAX
+
     out = []
     for item in value:
         budget, sep, path = item.partition(":")
@@ -82,6 +86,9 @@ def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[
     Prints each trace's token cycle T and the hit rate and flash reads at each budget, global LRU
     exactly as the engine runs it.
     """
+    from results.replay.drop_replay import DropLever
+    from results.replay.replay import replay_traces
+
     if drop_frac is None and (drop_in_prefill or drop_traced):
         raise BmoeError("replay: --drop-in-prefill and --drop-traced describe --drop-cold-experts F: give F too")
     drop = DropLever(drop_frac, drop_in_prefill, drop_traced) if drop_frac is not None else None

@@ -34,8 +34,8 @@ import numpy as np
 
 from engine.units import MIB
 from results.read.route_trace import PHASE_DECODE, RouteTrace
+from results.replay.choices import POLICIES
 
-POLICIES = ("lru", "layer-lru", "lfu", "belady")
 COLD = np.iinfo(np.int64).max  # stack distance of a first-ever lookup: misses at every budget
 # Byte sums over a whole trace stay under this, so int64 never overflows (read_route_trace bounds
 # entry sizes; this bounds entries x lookups). A budget above it hits like an unbounded cache.

@@ -17,7 +17,8 @@ from itertools import pairwise
 import numpy as np
 
 from results.errors import ReplayError
-from results.replay.lru_replay import POLICIES, AccessSequence, CurvePoint, curve_point, mib_to_bytes, previous_access
+from results.replay.choices import POLICIES
+from results.replay.lru_replay import AccessSequence, CurvePoint, curve_point, mib_to_bytes, previous_access
 
 
 def simulate(seq: AccessSequence, policy: str, budget_bytes: int) -> np.ndarray:

@@ -22,10 +22,10 @@ from engine.safetext import printable
 from engine.units import MIB
 from results.errors import ReplayError
 from results.read.route_trace import RouteTrace, read_route_trace
+from results.replay.choices import PHASES, POLICIES
 from results.replay.drop_replay import DropLever, DropPoint, LossyTrace, check_lossy, drop_curve_from
 from results.replay.lru_replay import (
     MAX_TRACE_BYTES,
-    POLICIES,
     CurvePoint,
     access_sequence,
     default_budgets_mib,
@@ -37,7 +37,6 @@ from results.replay.lru_replay import (
 )
 from results.replay.policy_replay import simulated_point
 
-PHASES = ("decode", "all")
 FORMAT = "bmoe-fleet.replay"
 FORMAT_VERSION = 1
 CSV_HEADER = "budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"
