@@ -163,12 +163,16 @@ class CampaignDir:
         out: list[tuple[str, int, Path]] = []
         if not runs.is_dir():
             return out
-        for cell_dir in sorted(runs.iterdir()):
-            if not cell_dir.is_dir():
-                continue
-            for sub in sorted((p for p in cell_dir.iterdir() if is_digits(p.name)), key=lambda p: int(p.name)):
-                if (sub / names.RUN_JSON).is_file():
-                    out.append((cell_dir.name, int(sub.name), sub))
+        with os.scandir(runs) as found:
+            cells = sorted(e.name for e in found if e.is_dir())
+        for cell in cells:
+            cell_dir = os.path.join(runs, cell)
+            with os.scandir(cell_dir) as found:
+                attempts = sorted((e.name for e in found if is_digits(e.name)), key=int)
+            for attempt in attempts:
+                sub = os.path.join(cell_dir, attempt)
+                if os.path.isfile(os.path.join(sub, names.RUN_JSON)):
+                    out.append((cell, int(attempt), Path(sub)))
         return out
 
     def read_run(self, cell_id: str, attempt: int) -> RunRecord:

@@ -15,12 +15,14 @@ groups chosen from them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,56 +38,83 @@ from results.read.series import RunSeries
 from results.read.table import KEY_COLUMNS
 
 
+def _floats(values: Sequence[Any]) -> list[float]:
+    return np.array(values, dtype=float).tolist()          # None as NaN (numpy's conversion)
+
+
+def _bools(values: Sequence[Any]) -> list[bool]:
+    return [bool(v) for v in values]
+
+
+def _maybe_bools(values: Sequence[Any]) -> list[bool | None]:
+    return [None if v is None else bool(v) for v in values]
+
+
+def _ints(values: Sequence[Any]) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _texts(values: Sequence[Any]) -> list[str]:
+    return ["" if v is None else str(v) for v in values]
+
+
 def _float(v: Any) -> float:
     return math.nan if v is None else float(v)
-
-
-def _bool(v: Any) -> bool:
-    return bool(v)
-
-
-def _maybe_bool(v: Any) -> bool | None:
-    return None if v is None else bool(v)
-
-
-def _int(v: Any) -> int:
-    return int(v)
 
 
 def _text(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def _decoder(c: cols.Column) -> Callable[[Any], Any]:
+def _decoder(c: cols.Column) -> Callable[[Sequence[Any]], list[Any]]:
+    """A column's stored values (one per run) as run_row made them."""
     if c.type in cols.OBJECT_TYPES:
-        return lambda text: cols.from_text(c, text)      # the config and argv objects the table holds
+        return functools.partial(_objects, c)          # the config and argv objects the table holds
     if c.type == "float":
-        return _float
+        return _floats
     if c.type == "bool":
-        return _maybe_bool if c.nullable else _bool
+        return _maybe_bools if c.nullable else _bools
     if c.type == "int":
-        return _int
-    return _text
+        return _ints
+    return _texts
+
+
+def _objects(c: cols.Column, texts: Sequence[Any]) -> list[Any]:
+    made: dict[Any, Any] = {}                          # runs of one configuration hold one (immutable) object
+    out = []
+    for text in texts:
+        value = made.get(text, made)
+        if value is made:
+            value = made[text] = cols.from_text(c, text)
+        out.append(value)
+    return out
 
 
 _FIXED = [(c.name, _decoder(c)) for c in cols.FIXED]
 _AFTER = [(c.name, _decoder(c)) for c in cols.AFTER_CONFIG]
+_AFTER_NAMES = [name for name, _ in _AFTER]
+_BEFORE_CONFIG = [*(c.name for c in cols.FIXED), C.campaign, C.run_id]    # a row's keys before its config's
 _IDS_AT_ONCE = 900               # campaign ids per query (SQLite's oldest limit on parameters is 999)
-_OUTPUT = " output"              # a run's output while its row is read (no column of the table)
 
 
-def _row(db: Any, label: str) -> dict[str, Any]:
-    """A `runs` row as `run_row` made it."""
-    m = db._mapping
-    row: dict[str, Any] = {name: decode(m[name]) for name, decode in _FIXED}
-    row[_OUTPUT] = m["output"]
-    row[C.campaign] = label
-    row[C.run_id] = f"{label}/{row[C.cell_id]}/{row[C.attempt]}"
-    for key, value in sorted(row[C.config].to_dict().items()):
-        row[cols.config_column(key, row)] = json.dumps(value) if isinstance(value, (list, dict)) else value
-    for name, decode in _AFTER:
-        row[name] = decode(m[name])
-    return row
+@functools.cache
+def _config_columns(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns of a config's keys (sorted), as run_row names them after the fixed ones."""
+    taken = set(_BEFORE_CONFIG)
+    out = []
+    for key in keys:
+        column = cols.config_column(key, taken)
+        taken.add(column)
+        out.append(column)
+    return tuple(out)
+
+
+def _config_items(config: Any) -> tuple[tuple[str, Any], ...]:
+    """A config's columns and values, as run_row puts them in its row."""
+    items = sorted(config.to_dict().items())
+    names = _config_columns(tuple(k for k, _ in items))
+    return tuple((name, json.dumps(value) if isinstance(value, (list, dict)) else value)
+                 for name, (_, value) in zip(names, items))
 
 
 def run_table(dirs: Sequence[str | Path], db: str | None) -> pd.DataFrame:
@@ -158,8 +187,8 @@ def stored_engines(db: str | None) -> dict[tuple[str, str], set[str]]:
 
 
 def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: str | None = None) \
-        -> list[dict[str, Any]]:
-    """The run-table rows of these `campaigns` rows, each labelled among them all."""
+        -> list[tuple[Any, str]]:
+    """The `runs` rows of these `campaigns` rows, each with its campaign's label among them all."""
     labels = campaign_labels([w.name for w in camps], [w.dir for w in camps])
     r = schema.runs
     found: dict[int, list[Any]] = {int(c.id): [] for c in camps}
@@ -168,17 +197,17 @@ def _rows_of(conn: Any, camps: Sequence[Any], device: str | None = None, model: 
         q = _where(select(r).where(r.c.campaign_id.in_(ids[at:at + _IDS_AT_ONCE])), device=device, model=model)
         for x in conn.execute(q):
             found[int(x.campaign_id)].append(x)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, str]] = []
     for camp, label in zip(camps, labels):
-        rows += [_row(x, label) for x in sorted(found[int(camp.id)], key=lambda x: (x.cell_id, x.attempt))]
+        rows += [(x, label) for x in sorted(found[int(camp.id)], key=lambda x: (x.cell_id, x.attempt))]
     return rows
 
 
-def _selected(conn: Any, campaign_id: int, label: str, **where: str | None) -> list[dict[str, Any]]:
-    """The rows of one campaign whose columns equal `where` (a None value: any), as `run_row` made them."""
+def _selected(conn: Any, campaign_id: int, label: str, **where: str | None) -> list[tuple[Any, str]]:
+    """The `runs` rows of one campaign whose columns equal `where` (a None value: any), with its label."""
     r = schema.runs
     q = _where(select(r).where(r.c.campaign_id == campaign_id), **where)
-    return [_row(x, label) for x in sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))]
+    return [(x, label) for x in sorted(conn.execute(q), key=lambda x: (x.cell_id, x.attempt))]
 
 
 def _where(q: Any, **where: str | None) -> Any:
@@ -236,7 +265,7 @@ def runs_of(db: str | None, groups: pd.DataFrame) -> pd.DataFrame:
     engine = schema.connect(db, create=False)
     try:
         with engine.connect() as conn:
-            rows: list[dict[str, Any]] = []
+            rows: list[tuple[Any, str]] = []
             wanted = groups[["campaign_id", C.campaign, C.device, C.model, C.engine]].drop_duplicates()
             for g in wanted.itertuples(index=False):
                 rows += _selected(conn, int(g.campaign_id), str(g.campaign), device=g.device, model=g.model,
@@ -248,12 +277,42 @@ def runs_of(db: str | None, groups: pd.DataFrame) -> pd.DataFrame:
     return _framed(rows)
 
 
-def _framed(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows as `build_table` frames them, with their quality columns."""
+def _framed(got: Sequence[tuple[Any, str]]) -> pd.DataFrame:
+    """`runs` rows (with their campaigns' labels) as `build_table` frames them, with their quality
+    columns. Decoded a column at a time, then framed as build_table frames its `run_row` dicts:
+    the same values in the same columns (a config's columns after the fixed ones, a column first
+    met in a later run at the end, a run without it NaN), so pandas makes the same dtypes."""
+    if not got:
+        return _with_quality(pd.DataFrame([]), {})
+    fields = list(got[0][0]._fields)
+    stored = dict(zip(fields, zip(*(x for x, _ in got))))
+    labels = [label for _, label in got]
+    data: dict[str, list[Any]] = {name: decode(stored[name]) for name, decode in (*_FIXED, *_AFTER)}
+    data[C.campaign] = labels
+    data[C.run_id] = [f"{label}/{cell}/{attempt}" for label, cell, attempt in zip(labels, data[C.cell_id],
+                                                                                  data[C.attempt])]
+    made: dict[int, tuple[tuple[str, Any], ...]] = {}               # one config object: one set of items
+    items = [made.get(id(config)) or made.setdefault(id(config), _config_items(config)) for config in data[C.config]]
+    order = dict.fromkeys(_BEFORE_CONFIG)
+    for config_names in dict.fromkeys(tuple(name for name, _ in i) for i in items):
+        order.update(dict.fromkeys([*config_names, *_AFTER_NAMES]))     # pandas' order: first met, run by run
+    config = [name for name in order if name not in data]          # (an after-config column's value wins)
+    at = {name: i for i, name in enumerate(config)}
+    values = [[math.nan] * len(got) for _ in config]
+    for i, row_items in enumerate(items):
+        for name, value in row_items:
+            if name in at:
+                values[at[name]][i] = value
+    data.update(zip(config, values))
+    names = list(order)
+    frame = pd.DataFrame(list(zip(*(data[name] for name in names))), columns=names)
     # each run against a lossless run of the same question, from the outputs the database kept (as
     # results.read.table.build_table does from the run folders)
-    outputs = {str(r[C.run_id]): RunOutput.from_json(r.pop(_OUTPUT)) for r in rows}
-    frame = pd.DataFrame(rows)          # as results.read.table.build_table frames its rows
+    outputs = {run_id: RunOutput.from_json(text) for run_id, text in zip(data[C.run_id], stored["output"])}
+    return _with_quality(frame, outputs)
+
+
+def _with_quality(frame: pd.DataFrame, outputs: Mapping[str, RunOutput]) -> pd.DataFrame:
     frame = quality_columns(frame, {k: v for k, v in outputs.items() if v.known})
     rest = [col for col in frame.columns if col not in KEY_COLUMNS]
     frame = frame[list(KEY_COLUMNS) + rest]

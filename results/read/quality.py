@@ -143,11 +143,17 @@ def _takes_value(spelling: str) -> bool:
         return False
 
 
+def _typed(row: Mapping[str, Any]) -> CellConfig:
+    """The run's CellConfig (the table's `config`); without one, the config of no keys."""
+    config = row.get("config")
+    return config if isinstance(config, CellConfig) else CellConfig.from_dict({})
+
+
 def _flag_values(row: Mapping[str, Any]) -> dict[str, Any]:
     """The flags a run's config passed (axes.flags values and engine_args), by spelling."""
-    doc = _config(row)
-    out: dict[str, Any] = {str(k): v for k, v in (doc.get("engine_flags") or {}).items() if v is not False}
-    args = [str(a) for a in doc.get("engine_args") or ()]
+    config = _typed(row)
+    out: dict[str, Any] = {str(k): v for k, v in config.engine_flags.items() if v is not False}
+    args = [str(a) for a in config.engine_args]
     for i, a in enumerate(args):
         if a.startswith("-"):
             out[a] = args[i + 1] if _takes_value(a) and i + 1 < len(args) else True
@@ -176,10 +182,7 @@ def lossy_levers(row: Mapping[str, Any], top_k: bool = True) -> str:
 def question_flags(row: Mapping[str, Any]) -> str:
     """A run's flags ([axes.flags] and engine_args) without the levers, in words: the same for a run
     and its reference (store.quality.flags_without_levers, args_without_levers)."""
-    try:
-        config = CellConfig.from_dict(_config(row))
-    except (TypeError, ValueError):
-        return ""
+    config = _typed(row)
     return f"{flags_text(flags_without_levers(config.engine_flags))} | {shlex.join(args_without_levers(config.engine_args))}"
 
 
@@ -188,7 +191,7 @@ def reference_key(row: Mapping[str, Any]) -> tuple[str, ...]:
     shares with lossy ones (store.quality.quality_group: prompt, n_predict, turns, other apps and the
     flags that are no lever)."""
     try:
-        group = quality_group(CellConfig.from_dict(_config(row)))
+        group = quality_group(_typed(row))
     except (TypeError, ValueError):
         group = json.dumps(_config(row), sort_keys=True, default=str)
     return tuple(text_of(row.get(c)) for c in ("device", "model", "engine")) + (group,)
