@@ -132,7 +132,7 @@ def json_safe(value: Any, digits: int | None = None) -> Any:
     if isinstance(getattr(value, "dtype", None), np.dtype) and value.ndim == 1 and value.dtype.kind in "fiub":
         # a numeric numpy array or Series: its plain values at once, not one call each (the site's charts)
         values = value.tolist()
-        if value.dtype.kind != "f":
+        if value.dtype.kind != "f" or (digits is None and np.isfinite(value).all()):
             return values
         return [_float(v, digits) for v in values]
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) >= 1:   # numpy arrays, pandas Series

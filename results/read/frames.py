@@ -89,12 +89,20 @@ class RowTexts:
     """row_texts, each made when asked for by its row's position: the report's forked children
     make their own runs' (results.site.report)."""
 
-    __slots__ = ("lists", "names")
+    __slots__ = ("lists", "names", "shown")
 
     def __init__(self, frame: pd.DataFrame) -> None:
         columns = _Columns(frame)
         self.names = json.dumps([str(n) for n in columns.names], ensure_ascii=False)
         self.lists = [columns.column(n) for n in columns.names]
+        self.shown: dict[int, str] = {}        # id → str of a value JSON cannot hold (the lists keep it alive)
 
     def __getitem__(self, i: int) -> str:
-        return self.names + json.dumps([values[i] for values in self.lists], ensure_ascii=False, default=str)
+        return self.names + json.dumps([values[i] for values in self.lists], ensure_ascii=False, default=self._str)
+
+    def _str(self, value: Any) -> str:
+        # runs of one configuration share its (immutable) CellConfig: its str is made once (results.db.load)
+        text = self.shown.get(id(value))
+        if text is None:
+            text = self.shown[id(value)] = str(value)
+        return text

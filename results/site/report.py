@@ -75,8 +75,9 @@ def templates_dir() -> Path:
 def make_environment() -> Environment:
     """The site's only jinja Environment: autoescaped, strict about missing fields; its filters and
     the key-value tables (results.site.kv_table) next."""
+    # auto_reload off: a template is read once per build, not looked at again (its file stat'd) for every page
     env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, auto_reload=False)
     env.filters["mib"] = fmt_mib
     env.filters["num"] = fmt_num
     env.globals["kv"] = kv_table.kv
@@ -294,6 +295,9 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
     found = measured_tells(table)
     tells = tells_by_run(found)
 
+    run_template = env.get_template("run.html")
+    made: set[Path] = set()                   # the campaigns' run folders this process made
+
     def one(run: RunFolder) -> tuple[str, str, bool]:
         # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
         rel = Urls.run(run.run_id)
@@ -301,7 +305,12 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
         digest = kept.digest(run_page_inputs(run, texts[at[run.run_id]], mine, digest_redactor))
         taken = kept.taken(site, rel, digest)
         if not taken:
-            _write(site / rel, _page(env, "run.html", run_page(run, rows[run.run_id], mine, Ids(), redactor)))
+            path = site / rel
+            if path.parent not in made:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                made.add(path.parent)
+            path.write_text(run_template.render(page=run_page(run, rows[run.run_id], mine, Ids(), redactor)),
+                            encoding="utf-8")
         return rel, digest, taken
 
     with fanout.started([run for camp in camps for run in camp.runs], one) as run_pages:

@@ -7,11 +7,12 @@ chose) go through slug(): safe characters only, plus a hash of the whole string.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,30 +69,40 @@ def human_text(key: str, value: Any) -> tuple[str, str]:
     """A recorded key and value as a person reads them: m°C and d°C as °C, kB as MiB, epoch
     seconds as local time, kHz as GHz, per-zone temperatures one phrase each; the unit leaves
     the key's name once the value carries it."""
-    k = key
-    if k == "cpufreq" and isinstance(value, list):
+    zones, unit, when, seconds, plain = _key_forms(key)
+    if key == "cpufreq" and isinstance(value, list):
         return "CPU frequency cap", ", ".join(
             f"{v.get('name')} {_ghz(v.get('scaling_max_khz'))} of {_ghz(v.get('cpuinfo_max_khz'))}"
             + (" (capped)" if v.get("capped") else "") for v in value if isinstance(v, Mapping)) or "none reported"
-    if isinstance(value, Mapping) and (k.endswith("_mc") or k.endswith("_c")):
-        scale = 1000 if k.endswith("_mc") else 1
-        return k.removesuffix("_mc").removesuffix("_c").replace("_", " "), ", ".join(
-            f"{zone} {fmt_celsius(v, scale)}" for zone, v in value.items()) or "none"
-    for suffix, fn in _UNITS:
-        if k.endswith(suffix):
-            label = k[: -len(suffix)].replace("_", " ")
-            return label, fn(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
-    if k in _TIMES or k.endswith("_at"):
-        return k.removesuffix("_s").replace("_", " "), fmt_time(value)
+    if zones is not None and isinstance(value, Mapping):
+        scale = 1000 if key.endswith("_mc") else 1
+        return zones, ", ".join(f"{zone} {fmt_celsius(v, scale)}" for zone, v in value.items()) or "none"
+    if unit is not None:
+        label, fn = unit
+        return label, fn(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
+    if when is not None:
+        return when, fmt_time(value)
     if isinstance(value, bool) or value is None:
-        return k.replace("_", " "), "—" if value is None else ("yes" if value else "no")
+        return plain, "—" if value is None else ("yes" if value else "no")
     if isinstance(value, (int, float)):
-        if k.endswith("_s"):
-            return k[:-2].replace("_", " "), f"{fmt_num(float(value))} s"
-        return k.replace("_", " "), fmt_num(value) if isinstance(value, float) else str(value)
+        if seconds is not None:
+            return seconds, f"{fmt_num(float(value))} s"
+        return plain, fmt_num(value) if isinstance(value, float) else str(value)
     if isinstance(value, (dict, list)):
-        return k.replace("_", " "), json.dumps(value, ensure_ascii=False)
-    return k.replace("_", " "), str(value)
+        return plain, json.dumps(value, ensure_ascii=False)
+    return plain, str(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_forms(k: str) -> tuple[str | None, tuple[str, Callable[[Any], str]] | None, str | None, str | None, str]:
+    """What human_text makes of a key's name, worked out once per name (a run page shows some 150):
+    the label of per-zone temperatures, of a unit's value (with its formatter), of a time, of
+    seconds, and the plain one."""
+    zones = k.removesuffix("_mc").removesuffix("_c").replace("_", " ") if k.endswith(("_mc", "_c")) else None
+    unit = next(((k[: -len(suffix)].replace("_", " "), fn) for suffix, fn in _UNITS if k.endswith(suffix)), None)
+    when = k.removesuffix("_s").replace("_", " ") if k in _TIMES or k.endswith("_at") else None
+    seconds = k[:-2].replace("_", " ") if k.endswith("_s") else None
+    return zones, unit, when, seconds, k.replace("_", " ")
 
 
 def _ghz(khz: Any) -> str:
