@@ -8,15 +8,18 @@ the rows of the table and its slices hundreds of times, mostly to read a few key
 docs/lab-notes/2026-12-06-report-speed.md). `row_views` gives read-only mappings over the frame's
 columns, each column turned into Python values once, when a row first asks for it (`tolist`:
 the scalars `to_dict` boxes; object columns through pandas' own `maybe_box_native`, as
-`to_dict` does). tests/results/test_table.py holds them to `to_dict("records")`.
+`to_dict` does). tests/results/test_table.py holds them to `to_dict("records")`. `row_digests`
+gives each row's digest, for a page that shows it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pandas.core.dtypes.cast import maybe_box_native
 
@@ -78,31 +81,31 @@ def row_views(frame: pd.DataFrame) -> list[Row]:
     return [Row(columns, i) for i in range(len(frame))]
 
 
-def row_texts(frame: pd.DataFrame) -> list[str]:
-    """Each row's column names and values as one JSON text (a value JSON cannot hold as its str):
-    equal texts, equal rows (results.site.report's digest of a run page's inputs)."""
-    texts = RowTexts(frame)
-    return [texts[i] for i in range(len(frame))]
-
-
-class RowTexts:
-    """row_texts, each made when asked for by its row's position: the report's forked children
-    make their own runs' (results.site.report)."""
-
-    __slots__ = ("lists", "names", "shown")
-
-    def __init__(self, frame: pd.DataFrame) -> None:
-        columns = _Columns(frame)
-        self.names = json.dumps([str(n) for n in columns.names], ensure_ascii=False)
-        self.lists = [columns.column(n) for n in columns.names]
-        self.shown: dict[int, str] = {}        # id → str of a value JSON cannot hold (the lists keep it alive)
-
-    def __getitem__(self, i: int) -> str:
-        return self.names + json.dumps([values[i] for values in self.lists], ensure_ascii=False, default=self._str)
-
-    def _str(self, value: Any) -> str:
-        # runs of one configuration share its (immutable) CellConfig: its str is made once (results.db.load)
-        text = self.shown.get(id(value))
-        if text is None:
-            text = self.shown[id(value)] = str(value)
-        return text
+def row_digests(frame: pd.DataFrame) -> list[str]:
+    """Each row's digest (hex text): equal digests, equal rows, for results.site.report's digest of a
+    page's inputs. The column names and dtypes, then every value, hashed a column at a time
+    (pandas' `hash_pandas_object`, 64 bits a row: a changed row keeps its digest by chance once in
+    2**64; 0.0 and -0.0 hash alike); an object column's values by their JSON text (a value JSON
+    cannot hold by its str, made once per object: runs of one configuration share its CellConfig,
+    results.db.load). Over the 10,028 runs of the report's benchmark a fifth of the CPU of a JSON
+    text of every row (docs/decisions/report-speed.md)."""
+    head = hashlib.sha256(json.dumps([[str(name), str(dtype)] for name, dtype in frame.dtypes.items()],
+                                     ensure_ascii=False).encode()).hexdigest()[:16]
+    if not len(frame.columns):
+        return [head] * len(frame)
+    columns: dict[int, Any] = {}
+    for i, dtype in enumerate(frame.dtypes):
+        column = frame.iloc[:, i]
+        if isinstance(dtype, np.dtype) and dtype.kind == "O":       # (not pandas' str: hashed as it is)
+            shown: dict[int, str] = {}         # id → text (the column keeps each object alive meanwhile)
+            texts = []
+            for value in column.to_numpy():
+                text = shown.get(id(value))
+                if text is None:
+                    text = shown[id(value)] = json.dumps(maybe_box_native(value), ensure_ascii=False, default=str)
+                texts.append(text)
+            columns[i] = texts
+        else:
+            columns[i] = column.array
+    hashed = pd.util.hash_pandas_object(pd.DataFrame(columns), index=False)
+    return [f"{head}{h:016x}" for h in hashed.tolist()]

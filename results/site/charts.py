@@ -265,20 +265,21 @@ def token_figure(rows: Columns | None, steady_from: float | None) -> dict[str, A
     results.read.series)."""
     if rows is None or not len(rows) or "wall_ms" not in rows.columns:
         return None
-    x = rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1))
+    # the traces hold only JSON's own values: their columns made so once each (json_safe), not the figure walked whole
+    x = json_safe(rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1)))
     data = []
     for column, color in (("wall_ms", "#222222"), ("io_ms", "#1f77b4"), ("compute_ms", "#2ca02c"),
                           ("mgmt_ms", "#9467bd")):
         if column in rows.columns:
             data.append({"type": "scatter", "mode": "lines+markers", "name": column.replace("_ms", " ms"),
-                         "x": x, "y": rows[column], "line": {"color": color, "width": 1.5},
+                         "x": x, "y": json_safe(rows[column]), "line": {"color": color, "width": 1.5},
                          "marker": {"size": 4}, "yaxis": "y"})
     if C.cache_hit_pct in rows.columns:
         hit = rows[C.cache_hit_pct].astype(float)
         with np.errstate(invalid="ignore"):
             shown = np.where(hit >= 0, hit, np.nan)
         data.append({"type": "scatter", "mode": "lines", "name": "hit % (cumulative)", "x": x,
-                     "y": shown, "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
+                     "y": json_safe(shown), "line": {"color": CYCLE, "width": 2}, "yaxis": "y2"})
     shapes, notes = [], []
     if steady_from is not None and not math.isnan(steady_from):
         s, n = _vline(steady_from, "#7f7f7f", "dot", "steady state from here")
@@ -290,7 +291,7 @@ def token_figure(rows: Columns | None, steady_from: float | None) -> dict[str, A
                      yaxis2={"title": {"text": "hit %"}, "overlaying": "y", "side": "right", "range": [0, 100]},
                      shapes=shapes, annotations=notes, height=380,
                      margin={"l": 60, "r": 60, "t": 50, "b": 50})
-    return json_safe({"data": data, "layout": layout})
+    return {"data": data, "layout": json_safe(layout)}
 
 
 def memory_figure(samples: Columns | None, rows: Columns | None) -> dict[str, Any] | None:
@@ -298,21 +299,22 @@ def memory_figure(samples: Columns | None, rows: Columns | None) -> dict[str, An
     per-token columns (decode steps)."""
     data = []
     if samples is not None and len(samples):
-        t = samples["t_s"]
+        t = json_safe(samples["t_s"])         # (as token_figure's traces)
         for column, name, color in (("mem_available_kb", "MemAvailable (samples)", "#1f77b4"),
                                     ("vm_rss_kb", "RSS (samples)", "#d62728"), ("vm_hwm_kb", "peak RSS (samples)",
                                                                                "#ff9896")):
             if column in samples.columns:
                 data.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": t,
-                             "y": samples[column] / 1024, "line": {"color": color}, "xaxis": "x", "yaxis": "y"})
+                             "y": json_safe(samples[column] / 1024), "line": {"color": color}, "xaxis": "x",
+                             "yaxis": "y"})
     if rows is not None and len(rows):
-        x = rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1))
+        x = json_safe(rows["step"] if "step" in rows.columns else list(range(1, len(rows) + 1)))
         for column, name, color in (("mem_available_mib", "MemAvailable (per token)", "#1f77b4"),
                                     ("rss_mib", "RSS (per token)", "#d62728"),
                                     ("rss_anon_mib", "anon RSS (per token)", "#9467bd"),
                                     ("cache_budget_mib", "cache budget", CYCLE)):
             if column in rows.columns:
-                data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": rows[column],
+                data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": json_safe(rows[column]),
                              "line": {"color": color, "dash": "dot"}, "xaxis": "x2", "yaxis": "y2"})
     if not data:
         return None
@@ -321,7 +323,7 @@ def memory_figure(samples: Columns | None, rows: Columns | None) -> dict[str, An
                      xaxis2={"title": {"text": "decode step (engine)"}, "domain": [0.53, 1.0], "anchor": "y2"},
                      yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
                      yaxis2={"anchor": "x2", "rangemode": "tozero"}, height=360)
-    return json_safe({"data": data, "layout": layout})
+    return {"data": data, "layout": json_safe(layout)}
 
 
 def session_figure(samples: Columns | None, turns: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:

@@ -262,15 +262,15 @@ def run_page(run: RunFolder, row: Mapping[str, Any], tells: Sequence[Tell], ids:
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
 
 
-def run_page_inputs(run: RunFolder, row_text: str, tells: Sequence[Tell], redactor_digest: str) -> str:
+def run_page_inputs(run: RunFolder, row_digest: str, tells: Sequence[Tell], redactor_digest: str) -> str:
     """Everything run_page reads, as one text: a run page made again from equal inputs (and the
     same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
-    the run table (`row_text`: results.read.frames.row_texts), its tells, its metrics CSV and
+    the run table (`row_digest`: results.read.frames.row_digests), its tells, its metrics CSV and
     samples (results.read.series.fingerprint), its files' names and the redactor (its digest). The
     record is its run.json's bytes, hashed (what the record was read from: another bmoe-fleet, which
     may read it otherwise, starts a new list of pages)."""
     record = hashlib.sha256((run.path / names.RUN_JSON).read_bytes()).hexdigest()
-    return json.dumps([record, row_text, [(t.kind, t.message) for t in tells],
+    return json.dumps([record, row_digest, [(t.kind, t.message) for t in tells],
                        series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
                        redactor_digest], ensure_ascii=False)
 

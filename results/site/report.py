@@ -45,7 +45,7 @@ from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import C, written_frame
-from results.read.frames import RowTexts, row_texts, row_views
+from results.read.frames import row_digests, row_views
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
@@ -290,7 +290,7 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
     redactor = Redactor(camps)
     kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
     # a run page reads its row of the run table as read (the analysis adds no column it shows) and its tells
-    texts, at = RowTexts(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
+    digests, at = row_digests(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
     rows = {r[C.run_id]: r for r in row_views(table)}
     found = measured_tells(table)
     tells = tells_by_run(found)
@@ -302,7 +302,7 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
         # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
         rel = Urls.run(run.run_id)
         mine = tells.get(run.run_id, [])
-        digest = kept.digest(run_page_inputs(run, texts[at[run.run_id]], mine, digest_redactor))
+        digest = kept.digest(run_page_inputs(run, digests[at[run.run_id]], mine, digest_redactor))
         taken = kept.taken(site, rel, digest)
         if not taken:
             path = site / rel
@@ -339,7 +339,7 @@ def _other_pages(site: Path, env: Environment, camps: Sequence[CampaignData], an
     (site / SITE_MARKER).write_text("written by bmoe-fleet report; safe to replace\n")
     _write(site / names.SITE_RECOMMENDATIONS_JSON, recs.to_json())
     # runs.csv: the whole analysed table's rows and the redactor are its inputs
-    table_digest = kept.digest("\n".join([digest_redactor, *row_texts(table)]))
+    table_digest = kept.digest("\n".join([digest_redactor, *row_digests(table)]))
     kept.now[names.SITE_RUNS_CSV] = table_digest
     if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
         _write(site / names.SITE_RUNS_CSV, published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
