@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from results.read.frames import row_views
+from results.read.frames import row_digests, row_views
 from results.read.parse import read_metrics_csv
 from results.read.table import KEY_COLUMNS, build_table, render_table
 from store import versioned
@@ -182,3 +182,21 @@ def test_row_views_give_what_to_dict_records_gives(local_campaign, imported):
         row["no such column"]
     with pytest.raises(TypeError):
         row["run_id"] = "changed"  # type: ignore[index]
+
+
+def test_row_digests_are_equal_for_equal_rows_and_differ_when_a_value_name_or_dtype_does(local_campaign, imported):
+    """results.read.frames.row_digests (a run page's digest of its row): one per row, the same for the
+    same rows made again, different where a value, a column's name or its dtype differs."""
+    table = build_table([local_campaign, imported])
+    digests = row_digests(table)
+    assert len(digests) == len(table) and len(set(digests)) == len(table)      # every run differs (run_id)
+    assert row_digests(build_table([local_campaign, imported])) == digests
+    assert row_digests(table.iloc[:0]) == [] and len(set(row_digests(table.iloc[:, :0]))) == 1
+    for column, value in (("mean_tok_s", 1e-9), ("device", "another phone"), ("tokens", math.nan),
+                          ("config", CellConfig.from_dict({"cache_mb": 7}))):
+        changed = table.copy()
+        changed.at[3, column] = value
+        got = row_digests(changed)
+        assert got[3] != digests[3] and got[:3] == digests[:3] and got[4:] == digests[4:], column
+    assert row_digests(table.rename(columns={"device": "phone"}))[0] != digests[0]
+    assert row_digests(table.astype({"attempt": float}))[0] != digests[0]
