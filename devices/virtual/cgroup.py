@@ -327,7 +327,8 @@ def daemon_alive(pid: int) -> bool:
 
 def reclaim_orphans() -> list[str]:
     """Remove every group made here whose daemon is gone (killed before its stop), with what is left
-    in it: the names of the groups removed."""
+    in it: the names of the groups removed. A group whose folders the kernel will not let go of yet
+    keeps its registry entry (`remove`), so a later start removes it."""
     removed: list[str] = []
     if not REGISTRY.is_dir():
         return removed
@@ -341,8 +342,8 @@ def reclaim_orphans() -> list[str]:
             cg = MemoryCgroup(1, Path(folders[0]), None)
             cg.extra = [Path(p) for p in folders[1:]]
             cg.remove()
-            host_records.remove_entry(REGISTRY, entry.name)
-            removed.append(entry.name)
+            if not any(p.exists() for p in cg.folders()):
+                removed.append(entry.name)
     return removed
 
 
