@@ -54,16 +54,12 @@ def _ints(values: Sequence[Any]) -> list[int]:
     return [int(v) for v in values]
 
 
-def _texts(values: Sequence[Any]) -> list[str]:
-    return ["" if v is None else str(v) for v in values]
-
-
-def _float(v: Any) -> float:
-    return math.nan if v is None else float(v)
-
-
 def _text(v: Any) -> str:
     return "" if v is None else str(v)
+
+
+def _texts(values: Sequence[Any]) -> list[str]:
+    return [_text(v) for v in values]
 
 
 def _decoder(c: cols.Column) -> Callable[[Sequence[Any]], list[Any]]:
@@ -249,11 +245,11 @@ def run_groups(db: str | None) -> pd.DataFrame:
                        columns=["campaign_id", *GROUP_COLUMNS, "runs", C.started_at])
     out[C.campaign] = [labels[i] for i in out["campaign_id"]]
     out[C.imported] = [imported[i] for i in out["campaign_id"]]
-    out[C.ram_total_kb] = [_float(v) for v in out[C.ram_total_kb]]
-    out[C.started_at] = [_float(v) for v in out[C.started_at]]
+    out[C.ram_total_kb] = _floats(out[C.ram_total_kb])
+    out[C.started_at] = _floats(out[C.started_at])
     for name in GROUP_COLUMNS:
         if name != C.ram_total_kb:
-            out[name] = [_text(v) for v in out[name]]
+            out[name] = _texts(out[name])
     return out.sort_values(["campaign_id", *GROUP_COLUMNS], kind="stable").reset_index(drop=True)
 
 

@@ -290,13 +290,9 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
     redactor = Redactor(camps)
     kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
     # a run page reads its row of the run table as read (the analysis adds no column it shows) and its tells
-    digests, at = row_digests(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
-    rows = {r[C.run_id]: r for r in row_views(table)}
+    digests, views, at = row_digests(table), row_views(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
     found = measured_tells(table)
     tells = tells_by_run(found)
-
-    run_template = env.get_template("run.html")
-    made: set[Path] = set()                   # the campaigns' run folders this process made
 
     def one(run: RunFolder) -> tuple[str, str, bool]:
         # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
@@ -305,12 +301,7 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
         digest = kept.digest(run_page_inputs(run, digests[at[run.run_id]], mine, digest_redactor))
         taken = kept.taken(site, rel, digest)
         if not taken:
-            path = site / rel
-            if path.parent not in made:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                made.add(path.parent)
-            path.write_text(run_template.render(page=run_page(run, rows[run.run_id], mine, Ids(), redactor)),
-                            encoding="utf-8")
+            _write(site / rel, _page(env, "run.html", run_page(run, views[at[run.run_id]], mine, Ids(), redactor)))
         return rel, digest, taken
 
     with fanout.started([run for camp in camps for run in camp.runs], one) as run_pages:
