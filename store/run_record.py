@@ -167,6 +167,11 @@ class RunRecord:
         """One run.json file."""
         return cls.from_dict(versioned.read_json(path, versioned.RUN.name), path)
 
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str | os.PathLike) -> RunRecord:
+        """run.json's bytes (as the results database keeps them); `where`: the file they are of."""
+        return cls.from_dict(versioned.parse_json(data, versioned.RUN.name, where), where)
+
     def to_dict(self) -> dict[str, Any]:
         """run.json as written: its keys, in their order (the format and version as read, upgraded)."""
         out: dict[str, Any] = {}

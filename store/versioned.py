@@ -101,10 +101,20 @@ def upgrade(doc: Any, fmt: str, where: str | os.PathLike) -> dict[str, Any]:
 def read_json(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
     """One JSON file of format `fmt`, at the current version (see upgrade)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        data = Path(path).read_bytes()
+    except OSError as e:
         raise StoreError(f"{path}: cannot read: {e}") from None
-    return upgrade(data, fmt, path)
+    return parse_json(data, fmt, path)
+
+
+def parse_json(data: bytes, fmt: str, where: str | os.PathLike) -> dict[str, Any]:
+    """A JSON file's bytes (UTF-8) of format `fmt`, at the current version; `where`: the file they
+    are of, for messages."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError as e:
+        raise StoreError(f"{where}: cannot read: {e}") from None
+    return upgrade(doc, fmt, where)
 
 
 def _float(value: float, digits: int | None) -> float | None:

@@ -7,8 +7,8 @@ is not one) and builds rows (results.read.table.run_row) only for attempts it ha
 whose files changed since (their names, sizes and mtimes: a re-reconciled attempt is built again
 and replaces its row), or all of a campaign's when its name or device and model records changed.
 Its cost is its own campaign's attempts, never the database's size. Beside each row it keeps what
-the report reads of the attempt's metrics CSV and samples (results.read.series), so `report --db`
-reads no CSV. Attempts whose folder is gone
+the report reads of the attempt's folder: its metrics CSV and samples (results.read.series) and its
+run.json's bytes, so `report --db` reads no run folder. Attempts whose folder is gone
 are deleted, and `latest` is set again for the campaign's cells.
 
 Each campaign is written in one transaction, after its rows are built: a crash or Ctrl-C leaves
@@ -135,7 +135,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
     gone = [k for k in seen if k not in on_disk]
     flips = [k for k in on_disk if k in seen and k not in todo and seen[k][1] != (k[1] == latest[k[0]])]
     shapes = ShapeCache()
-    built: list[tuple[tuple[str, int], dict[str, Any], str | None, bytes]] = []
+    built: list[tuple[tuple[str, int], dict[str, Any], str | None, dict[str, bytes]]] = []
     for i, key in enumerate(todo, 1):
         path = on_disk[key][0]
         run = RunFolder(head.label, head.root, path, key[0], key[1], key[1] == latest[key[0]])
@@ -146,14 +146,15 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
         camp = replace(head, runs=(run,))
         row = run_row(camp, run, shapes)
         built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,
-                      run_series.encode(run_series.read_series(path))))
+                      {"series": run_series.encode(run_series.read_series(path)),
+                       "record": schema.packed_record(run.record_bytes())}))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
     try:
         with engine.begin() as conn:
             campaign_id = _campaign_id(conn, head, fingerprint, camp_row)
             stale = [k for k in todo if k in seen] + gone
-            for table in (schema.runs, schema.series) if stale else ():
+            for table in (schema.runs, schema.folders) if stale else ():
                 conn.execute(delete(table).where(and_(
                     table.c.campaign_id == campaign_id, table.c.cell_id == bindparam("k_cell"),
                     table.c.attempt == bindparam("k_attempt"))),
@@ -161,9 +162,9 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
             if built:
                 conn.execute(schema.runs.insert(),
                              [db_row(row, campaign_id, on_disk[key][1], pg, output) for key, row, output, _ in built])
-                conn.execute(schema.series.insert(),
-                             [{"campaign_id": campaign_id, C.cell_id: key[0], C.attempt: key[1], "data": data}
-                              for key, _, _, data in built])
+                conn.execute(schema.folders.insert(),
+                             [{"campaign_id": campaign_id, C.cell_id: key[0], C.attempt: key[1], **folder}
+                              for key, _, _, folder in built])
             if flips:
                 conn.execute(update(schema.runs).where(and_(
                     schema.runs.c.campaign_id == campaign_id, schema.runs.c.cell_id == bindparam("k_cell"),

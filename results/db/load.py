@@ -8,6 +8,9 @@ come from each row's `config` object, as `run_row` makes them (results/read/colu
 `stored_table` reads every campaign the database holds (of one device and model, when asked),
 without any campaign folder: `history` and `compare --db`'s baseline (results.analysis.history);
 `stored_engines` only which engines it holds of each device and model.
+`stored_folders` gives what the run pages read of each run folder (its series, run.json and file
+names) and `stored_campaigns` the campaigns with the table's runs, so `report --db` lists and reads
+no run folder (results.site.report.build_site_from_db).
 `run_groups` and `runs_of` read the database in two steps for the fleet rule
 (results.analysis.fleet_db): a few columns of every run, grouped, then whole rows only of the
 groups chosen from them.
@@ -19,6 +22,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from results.read import columns as cols
 from results.read import series as run_series
 from results.read.columns import C
 from results.read.quality import RunOutput, quality_columns
-from results.read.rundir import campaign_labels
+from results.read.rundir import CampaignData, RunFolder, StoredFolder, campaign_heads, campaign_labels
 from results.read.series import RunSeries
 from results.read.table import KEY_COLUMNS
 
@@ -339,21 +343,70 @@ class _Decoded(Mapping[str, RunSeries]):
         return len(self._raw)
 
 
-def stored_series(db: str | None, pairs: Iterable[tuple[str, str]]) -> Mapping[str, RunSeries]:
-    """What the database keeps of the metrics CSV and samples (results.read.series) of every run
-    of these (device, model) pairs, by run folder: results.read.series.provided answers from it."""
+class _Folders(Mapping[str, StoredFolder]):
+    """Run folder → its run.json's bytes and its files' names, unpacked each time they are asked for
+    (a page asks twice, and keeping them unpacked held every run's record in each process)."""
+
+    def __init__(self, raw: dict[str, tuple[bytes, str]]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, key: str) -> StoredFolder:
+        record, files = self._raw[key]
+        return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]]) \
+        -> tuple[Mapping[str, RunSeries], Mapping[str, StoredFolder]]:
+    """What the database keeps of every run folder of these (device, model) pairs, by run folder:
+    its metrics CSV and samples (results.read.series.provided answers from them) and its run.json
+    and file names (results.read.rundir.provided_folders answers from them)."""
     engine = schema.connect(db, create=False)
-    r, s = schema.runs, schema.series
-    raw: dict[str, bytes] = {}
+    r, f = schema.runs, schema.folders
+    series: dict[str, bytes] = {}
+    folders: dict[str, tuple[bytes, str]] = {}
     try:
         with engine.connect() as conn:
             for device, model in sorted(set(pairs)):
-                q = select(r.c.run_dir, s.c.data).join(s, and_(
-                    s.c.campaign_id == r.c.campaign_id, s.c.cell_id == r.c.cell_id, s.c.attempt == r.c.attempt)) \
+                q = select(r.c.run_dir, r.c.files, f.c.series, f.c.record).join(f, and_(
+                    f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
                     .where(r.c.device == device, r.c.model == model)
-                raw.update((str(row.run_dir), bytes(row.data)) for row in conn.execute(q))
+                for row in conn.execute(q):
+                    series[str(row.run_dir)] = bytes(row.series)
+                    folders[str(row.run_dir)] = (bytes(row.record), row.files)
     except SQLAlchemyError as e:
         raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
         engine.dispose()
-    return _Decoded(raw)
+    return _Decoded(series), _Folders(folders)
+
+
+def stored_campaigns(dirs: Sequence[str | Path], table: pd.DataFrame) -> list[CampaignData]:
+    """The campaigns of `run_table(dirs, db)`: each directory's name and device and model records
+    read from it (results.read.rundir.campaign_heads), its runs the table's (the database's: an
+    attempt folder is runs/<cell>/<attempt> of its campaign's directory), so no run folder is
+    listed. A directory whose label is not its runs' (renamed since it was ingested) is one clear
+    error."""
+    heads = campaign_heads(dirs)
+    found: dict[Path, list[RunFolder]] = {h.root: [] for h in heads}
+    labels: dict[Path, set[str]] = {h.root: set() for h in heads}
+    for label, run_dir, cell, attempt, latest in zip(table[C.campaign], table[C.run_dir], table[C.cell_id],
+                                                    table[C.attempt], table[C.latest]):
+        path = Path(run_dir)
+        root = path.parents[2]
+        if root in found:
+            found[root].append(RunFolder(str(label), root, path, str(cell), int(attempt), bool(latest)))
+            labels[root].add(str(label))
+    out = []
+    for head, d in zip(heads, dirs):
+        if labels[head.root] - {head.label}:
+            raise ResultsError(f"{d}: labelled {head.label!r} now, not {sorted(labels[head.root])[0]!r} as the "
+                               f"results database has it (renamed since it was ingested: bmoe-fleet db ingest {d} "
+                               f"--db URL)")
+        out.append(replace(head, runs=tuple(sorted(found[head.root], key=lambda r: (r.cell_id, r.attempt)))))
+    return out

@@ -10,9 +10,10 @@ Four tables, through SQLAlchemy Core (docs/decisions/results-db.md):
   the attempt folder's file names, sizes and mtimes (a changed attempt is built again), and
   `output`, what an ok run generated (results.read.quality.RunOutput.to_json), from which the quality
   columns, which set a run against another of the table, are worked out when the table is read.
-- `series`: one row per `runs` row, what the report reads of the attempt's per-token metrics CSV
-  and pressure samples (results.read.series.encode: every column, exact), so `report --db` reads no
-  CSV (docs/decisions/report-speed.md).
+- `folders`: one row per `runs` row, what the report reads of the attempt's folder: its per-token
+  metrics CSV and pressure samples (`series`: results.read.series.encode, every column, exact) and
+  its run.json's bytes (`record`, zlib-compressed), so `report --db` reads no run folder
+  (docs/decisions/report-speed.md); the names of its files are `runs.files`'.
 - `meta`: the schema's fingerprint; a database made for another run-table schema is refused until
   `bmoe-fleet db rebuild`.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 
 from sqlalchemy import (
@@ -53,7 +55,7 @@ from results.read.columns import C
 from results.read.series import FORMAT as SERIES_FORMAT
 
 DB_FILE = "results.sqlite"
-FORMAT = 2                       # the layout of the four tables (not the run table's columns)
+FORMAT = 3                       # the layout of the four tables (not the run table's columns)
 _TYPES = {"int": BigInteger, "float": Float, "bool": Boolean, "text": Text, "json": Text, "value": Text, "config": Text,
           "args": Text}
 
@@ -82,15 +84,26 @@ runs = Table(
     *(Column(c.name, _TYPES[c.type]()) for c in cols.STORED if c.name not in (C.cell_id, C.attempt)),
 )
 Index("runs_device_model", runs.c.device, runs.c.model)
-series = Table(
-    "series", metadata, *_attempt_key(),
-    Column("data", LargeBinary, nullable=False),
+folders = Table(
+    "folders", metadata, *_attempt_key(),
+    Column("series", LargeBinary, nullable=False),
+    Column("record", LargeBinary, nullable=False),
 )
 meta = Table(
     "meta", metadata,
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+
+def packed_record(raw: bytes) -> bytes:
+    """run.json's bytes as `folders.record` holds them."""
+    return zlib.compress(raw, 1)
+
+
+def unpacked_record(data: bytes) -> bytes:
+    """`folders.record` as run.json's bytes."""
+    return zlib.decompress(data)
 
 
 def schema_fingerprint() -> str:

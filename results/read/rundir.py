@@ -4,12 +4,19 @@ Everything in results/ is recomputed from these plain files alone, never from a 
 the device and model records, and every attempt's run folder. Files of a newer format version
 are refused by name, older ones upgraded (store.versioned); a run folder without its run.json (an
 attempt interrupted before its commit) is skipped, as the runner itself would discard it.
+
+`report --db` reads no run folder: inside `provided_folders(store)`, a run folder the store holds
+gives its run.json's bytes and its files' names from the store (what the results database kept
+when it ingested the folder: results.db.load), as results.read.series answers its series.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +25,35 @@ from typing import Any
 from results.errors import ResultsError
 from store import names
 from store.campaign_dir import CampaignDir
+from store.errors import StoreError
 from store.run_record import RunRecord
+
+
+@dataclass(frozen=True)
+class StoredFolder:
+    """What a store keeps of a run folder for its page: its run.json's bytes and its files' names
+    (sorted)."""
+
+    record: bytes
+    files: tuple[str, ...]
+
+
+_provided: ContextVar[Mapping[str, StoredFolder] | None] = ContextVar("provided_folders", default=None)
+
+
+@contextlib.contextmanager
+def provided_folders(store: Mapping[str, StoredFolder]) -> Iterator[None]:
+    """Answer the run folders of `store` (its keys: str(folder)) from it, while inside."""
+    token = _provided.set(store)
+    try:
+        yield
+    finally:
+        _provided.reset(token)
+
+
+def _stored(folder: Path) -> StoredFolder | None:
+    store = _provided.get()
+    return None if store is None else store.get(str(folder))
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,10 +73,28 @@ class RunFolder:
     def record(self) -> RunRecord:
         """run.json (a StoreError naming it when it does not read; a ResultsError when it is another
         attempt's)."""
-        rec = RunRecord.read(self.path / names.RUN_JSON)
+        rec = RunRecord.from_bytes(self.record_bytes(), self.path / names.RUN_JSON)
         if (rec.cell_id, rec.attempt) != (self.cell_id, self.attempt):
             raise ResultsError(f"{self.path}: its run.json does not read as attempt {self.attempt} of {self.cell_id}")
         return rec
+
+    def record_bytes(self) -> bytes:
+        """run.json's bytes, from the provided store when it holds this folder (not kept: a table
+        of many runs keeps their records, not their bytes)."""
+        found = _stored(self.path)
+        if found is not None:
+            return found.record
+        try:
+            return (self.path / names.RUN_JSON).read_bytes()
+        except OSError as e:
+            raise StoreError(f"{self.path / names.RUN_JSON}: cannot read: {e}") from None
+
+    def file_names(self) -> tuple[str, ...]:
+        """The names of the folder's files, sorted, from the provided store when it holds it."""
+        found = _stored(self.path)
+        if found is not None:
+            return found.files
+        return tuple(sorted(e.name for e in os.scandir(self.path) if e.is_file()))
 
     @property
     def run_id(self) -> str:
@@ -130,8 +183,18 @@ def campaign_labels(names: Sequence[str], roots: Sequence[str | Path]) -> list[s
 
 def read_campaigns(roots: Sequence[str | Path]) -> list[CampaignData]:
     """Several campaign directories; two campaigns of the same name get their folder in the label."""
+    return [read_campaign(root, label, n) for root, label, n in _labelled(roots)]
+
+
+def campaign_heads(roots: Sequence[str | Path]) -> list[CampaignData]:
+    """Several campaign directories without their runs (no run folder listed), labelled as
+    read_campaigns labels them."""
+    return [campaign_head(root, label, n) for root, label, n in _labelled(roots)]
+
+
+def _labelled(roots: Sequence[str | Path]) -> list[tuple[str | Path, str, tuple[str, bool, int] | None]]:
     if not roots:
         raise ResultsError("give at least one campaign directory")
     named = [_campaign_name(CampaignDir(Path(r).resolve())) if Path(r).is_dir() else None for r in roots]
     labels = campaign_labels([n[0] if n else str(r) for n, r in zip(named, roots)], roots)
-    return [read_campaign(root, label, n) for root, label, n in zip(roots, labels, named)]
+    return list(zip(roots, labels, named))

@@ -48,7 +48,6 @@ from results.site.pages import (
 )
 from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
-from store import names
 from store.outcomes import OK
 from store.run_record import thawed
 
@@ -257,7 +256,7 @@ def run_page(run: RunFolder, row: Mapping[str, Any], tells: Sequence[Tell], ids:
         entry_state=_kv(thawed(rec.entry_state), redactor=redactor, human=True),
         exit_state=_kv(thawed(rec.exit_state), redactor=redactor, human=True),
         pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(thawed(rec.gate), redactor=redactor, human=True)),
-        charts=tuple(chart_list), files=tuple(sorted(e.name for e in os.scandir(run.path) if e.is_file())),
+        charts=tuple(chart_list), files=run.file_names(),
         cpu=_cpu_rows(thawed(rec.cpu), row), when=fmt_time(rec.started_at),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
 
@@ -269,9 +268,9 @@ def run_page_inputs(run: RunFolder, row_digest: str, tells: Sequence[Tell], reda
     samples (results.read.series.fingerprint), its files' names and the redactor (its digest). The
     record is its run.json's bytes, hashed (what the record was read from: another bmoe-fleet, which
     may read it otherwise, starts a new list of pages)."""
-    record = hashlib.sha256((run.path / names.RUN_JSON).read_bytes()).hexdigest()
+    record = hashlib.sha256(run.record_bytes()).hexdigest()
     return json.dumps([record, row_digest, [(t.kind, t.message) for t in tells],
-                       series_fingerprint(run.path), sorted(e.name for e in os.scandir(run.path) if e.is_file()),
+                       series_fingerprint(run.path), list(run.file_names()),
                        redactor_digest], ensure_ascii=False)
 
 

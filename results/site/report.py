@@ -46,7 +46,7 @@ from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import C, written_frame
 from results.read.frames import row_digests, row_views
-from results.read.rundir import CampaignData, RunFolder, read_campaigns
+from results.read.rundir import CampaignData, RunFolder, provided_folders, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
 from results.site import fanout, kv_table
@@ -149,13 +149,12 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
     site's devices and models: a history page for each with more than one); `progress` hears how
     many run pages are made, on long builds."""
     with _uncollected():
-        return _build_site(dirs, out, model_files, recommendations, table, history, progress)
+        return _site(read_campaigns(list(dirs)), out, model_files, recommendations, table, history, progress)
 
 
-def _build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping[str, str] | None,
-                recommendations: Recommendations | None, table: pd.DataFrame | None, history: History | None,
-                progress: Callable[[str], None] | None) -> SiteReport:
-    camps = read_campaigns(list(dirs))
+def _site(camps: Sequence[CampaignData], out: str | Path, model_files: Mapping[str, str] | None,
+          recommendations: Recommendations | None, table: pd.DataFrame | None, history: History | None,
+          progress: Callable[[str], None] | None) -> SiteReport:
     table = build_table(camps, model_files) if table is None else table
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
@@ -171,17 +170,21 @@ def _build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mappin
 
 def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | None,
                        progress: Callable[[str], None] | None = None) -> SiteReport:
-    """`report --db`: the site of these campaign directories with their run table, the history of
-    their devices and models, and what the run pages and predictions read of each run's metrics
-    CSV and samples, all from the results database (results.read.series: no CSV is read). Where the
-    history's runs of a release are the site's runs, their analysis is made once (shared_analyses)."""
+    """`report --db`: the site of these campaign directories with their runs and run table, the
+    history of their devices and models, and what the run pages and predictions read of each run's
+    folder (its run.json, its files' names, its metrics CSV and samples), all from the results
+    database: no run folder is listed or read (results.db.load.stored_folders), only each
+    directory's name and device and model records. Where the history's runs of a release are the
+    site's runs, their analysis is made once (shared_analyses)."""
     from results.analysis.history import site_history
-    from results.db.load import run_table, stored_series
+    from results.db.load import run_table, stored_campaigns, stored_folders
 
     with _uncollected():
         table = run_table(dirs, db)
-        with provided(stored_series(db, zip(table[C.device], table[C.model]))), shared_analyses():
-            return build_site(dirs, out, table=table, history=site_history(db, table, progress), progress=progress)
+        series, folders = stored_folders(db, zip(table[C.device], table[C.model]))
+        with provided(series), provided_folders(folders), shared_analyses():
+            return _site(stored_campaigns(dirs, table), out, None, None, table, site_history(db, table, progress),
+                         progress)
 
 
 @contextlib.contextmanager

@@ -4,10 +4,12 @@ SQLite and PostgreSQL answering alike (PostgreSQL: tests/results/pg.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -149,7 +151,8 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
                 st = path.stat()
                 path.write_bytes(b"#" * st.st_size)
                 os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-        out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / name), *extra])
+        with _runs_hidden(camp) if name == "db" else contextlib.nullcontext():
+            out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / name), *extra])
         assert out.exit_code == 0, out.output
         sites[name] = {p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*")
                        if p.is_file()}
@@ -164,7 +167,8 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
         made = fanout.Started.results
         workers: list[set[int]] = []
         mp.setattr(fanout.Started, "results", lambda self, *a, **k: workers.append((d := made(self, *a, **k)).pids) or d)
-        out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", db])
+        with _runs_hidden(camp):
+            out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", db])
     assert out.exit_code == 0, out.output
     assert {p.relative_to(tmp_path / "forked"): p.read_bytes()
             for p in (tmp_path / "forked").rglob("*") if p.is_file()} == sites["db"]
@@ -191,6 +195,24 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     page = Path(Urls.run(f"local-sweep/{changed.parent.parent.name}/{changed.parent.name}"))
     assert again == fresh and again[page] != sites["db"][page] and 0 < summary["kept"] < 20
     assert summary["kept"] <= sum(again[p] == sites["db"][p] for p in run_pages)      # kept: unchanged
+
+
+@contextlib.contextmanager
+def _runs_hidden(camp: str) -> Iterator[None]:
+    """The campaign's run folders replaced, while inside, by folders holding only their route
+    traces: `report --db` reads no run.json, CSV or samples and lists no run folder (a page listing
+    one would name only route.csv), only the route traces the replay chooses, which stay in their
+    folders (docs/decisions/report-speed.md)."""
+    runs, away = Path(camp) / "runs", Path(camp) / "runs.away"
+    runs.rename(away)
+    try:
+        for trace in away.glob("*/*/route.csv"):
+            (runs / trace.relative_to(away)).parent.mkdir(parents=True)
+            os.link(trace, runs / trace.relative_to(away))
+        yield
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+        away.rename(runs)
 
 
 @pytest.mark.parametrize("which", ["local_campaign", "imported"])
@@ -315,3 +337,14 @@ def test_bad_input_is_one_line_and_changes_nothing(local_campaign, cli, tmp_path
     rebuilt = runner.invoke(cli, ["db", "rebuild", "--db", str(db)])
     assert rebuilt.exit_code == 0 and "20 added" in rebuilt.stdout
     assert runner.invoke(cli, ["table", str(local_campaign), "--db", str(db)]).exit_code == 0
+    # a campaign renamed since it was ingested: report --db names it and says to ingest it again
+    camp = _copy(local_campaign, tmp_path / "renamed")
+    assert runner.invoke(cli, ["db", "ingest", str(camp), "--db", str(db)]).exit_code == 0
+    plan = json.loads((camp / "plan.json").read_text())
+    plan["campaign"] = "another-name"
+    (camp / "plan.json").write_text(json.dumps(plan))
+    stale = runner.invoke(cli, ["report", str(camp), "--db", str(db), "-o", str(tmp_path / "site")])
+    assert stale.exit_code == 1 and "renamed since it was ingested" in stale.output, stale.output
+    assert len(stale.output.splitlines()) == 1 and not (tmp_path / "site").exists()
+    assert runner.invoke(cli, ["db", "ingest", str(camp), "--db", str(db)]).exit_code == 0
+    assert runner.invoke(cli, ["report", str(camp), "--db", str(db), "-o", str(tmp_path / "site")]).exit_code == 0
