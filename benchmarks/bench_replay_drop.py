@@ -10,8 +10,8 @@ $BMOE_CLI at -t 1 if set, else bmoe-py) per sampler seed:
 - per (F, budget), the drop run measured, untraced as a sweep runs it.
 
 It prints per (F, budget) the measured decode flash MiB/token (the CSV's read_bytes) and the replay
-(results.replay.drop_replay.drop_curve_from): each budget from the lossy trace taken at the budget
-nearest in ratio, residency and drops re-simulated from its routing (the probe's residency and
+(results.replay.drop_replay.drop_curve_from): every budget from the lossy trace taken at the
+lowest probe budget, residency and drops re-simulated from its routing (the probe's residency and
 dropped columns are not used); its error, the error of each lossy trace alone ("from N MiB"), of
 the lossless trace, and the drop % measured and replayed. The replay counts entry bytes; O_DIRECT
 reads whole 4 KiB windows, so every replay is scaled by one alignment factor, the lossless run's
@@ -196,8 +196,8 @@ def main() -> None:
         print(f"cycle   T = {cycle:.2f} MiB; working set {working:.1f} MiB; lossless traces at {lossless_budget} MiB, "
               f"lossy traces (traced drop runs) at {', '.join(map(str, probes))} MiB; alignment factor "
               f"{min(alignments):.4f}-{max(alignments):.4f}")
-        print("means over the seeds; 'replayed' = from the lossy trace of the same F taken nearest (ratio) to the "
-              "budget; 'from N' = from the one at N MiB alone")
+        print("means over the seeds; 'replayed' = from the lossy trace of the same F taken at the lowest budget; "
+              "'from N' = from the one at N MiB alone")
         print("probe   each lossy trace replayed at its own budget, traced: "
               + ", ".join(f"F {f:g} at {pb} {pct(r, m):+.2f} %" for (f, pb), (m, r) in probe_own.items()))
         print()
@@ -229,7 +229,7 @@ def main() -> None:
                   f"{c.drop_measured / n:>8.1f} {c.drop_replayed / n:>8.1f}")
         print()
         alone = ", ".join(f"from {pb} MiB alone {worst_one[pb]:.1f} %" for pb in probes)
-        print(f"every budget above the cycle within {TOLERANCE_PCT:g} % (mean over seeds), from the nearest lossy "
+        print(f"every budget above the cycle within {TOLERANCE_PCT:g} % (mean over seeds), from the lowest lossy "
               f"trace: {'yes' if worst <= TOLERANCE_PCT else 'no'} (worst {worst:.1f} %; {alone}; from the lossless "
               f"trace {worst_lossless:.1f} %); {time.monotonic() - t_start:.0f} s")
         print(f"95 % bootstrap intervals over the {n} seeds, of the {above} cells above the cycle: {inside} lie within "

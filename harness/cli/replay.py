@@ -75,7 +75,8 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str) -> list[st
               help="With --drop-cold-experts: the run writes a route trace, so its first decode drops too.")
 @click.option("--drop-trace", "drop_traces", multiple=True, metavar="MIB:PATH", callback=_drop_traces,
               help="With --drop-cold-experts: the route trace of a run with that F at MIB (repeatable). The drop "
-                   "table replays each budget from the one taken nearest, a lossy run's routing; without it, "
+                   "table replays every budget from the one taken at the lowest budget, a lossy run's routing; "
+                   "without it, "
                    "from the TRACES themselves (a lossless trace gives a lower bound on reads).")
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON record instead of text.")
 def replay(traces: tuple[str, ...], budgets: list[float] | None, policies: list[str], phase: str,

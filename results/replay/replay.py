@@ -103,8 +103,8 @@ def replay_trace(trace: RouteTrace, budgets_mib: Sequence[float] | None = None,
                  policies: Sequence[str] = ("lru",), drop: DropLever | None = None,
                  lossy: Sequence[LossyTrace] = ()) -> TraceReplay:
     """Curve points for one parsed trace: `lru` from stack distances, the others simulated; with
-    `drop`, the engine's LRU under --drop-cold-experts at the same budgets (drop_replay), each
-    budget from the nearest of `lossy` (drop runs' traces of that F) where given."""
+    `drop`, the engine's LRU under --drop-cold-experts at the same budgets (drop_replay), every
+    budget from the lowest of `lossy` (drop runs' traces of that F) where given."""
     _check_options(budgets_mib, policies)
     seq = access_sequence(trace)
     if len(seq) == 0:
@@ -217,8 +217,8 @@ def _drop_routing_text(t: TraceReplay) -> str:
     lossy = {(p.routing_path, p.routing_budget_mib) for p in t.drop_points if p.routing_path}
     if lossy:
         where = ", ".join(f"{path} at {budget:g} MiB" for path, budget in sorted(lossy, key=lambda x: x[1]))
-        return (f"(each budget from the drop run's trace taken nearest to it: {where}; a lossy run's routing, "
-                f"so a prediction)")
+        return (f"(every budget from the drop run's trace taken at the lowest budget: {where}; a lossy run's "
+                f"routing, so a prediction)")
     if t.dropped_rows:
         return (f"(this trace is a drop run's, {t.dropped_rows} routings dropped: exact at its run's budget, a "
                 f"prediction at the others; say which with --drop-trace MIB:PATH)")
@@ -247,7 +247,7 @@ def replay_traces(paths: Iterable[str | Path], budgets_mib: Sequence[float] | No
                   lossy_paths: Sequence[tuple[float, str | Path]] = ()) -> ReplayReport:
     """`bmoe-fleet replay`: parse each trace, replay it, optionally write the curve CSV. `lossy_paths`
     are (budget MiB, route trace) of drop runs of `drop`'s F: the drop table replays each budget from
-    the one taken nearest to it (drop_replay.drop_curve_from)."""
+    the one taken at the lowest budget (drop_replay.drop_curve_from)."""
     paths = [str(p) for p in paths]
     if not paths:
         raise ReplayError("no route trace given")

@@ -173,9 +173,10 @@ def _drop_lever(flags: Sequence[str]) -> Any:
 
 
 def _lossy_traces(g: GroupAnalysis, lever: Any, points: Sequence[Any], like: Any) -> list[Any]:
-    """The route traces the group's drop runs of this lever wrote (a traced drop run), each with its
-    budget: runs of the replay trace's own campaign directory (run ids are campaign/cell/attempt),
-    held to the lever by check_lossy; one per point."""
+    """The route trace a drop run of this lever wrote (a traced drop run), with its budget: of the
+    lowest budget that has one (drop_replay.drop_curve_from replays every budget from it), among
+    the runs of the replay trace's own campaign directory (run ids are campaign/cell/attempt), held
+    to the lever by check_lossy; [] when none has one."""
     from results.errors import ReplayError
     from results.read.route_trace import TraceError, read_route_trace
     from results.replay.drop_replay import LossyTrace, check_lossy
@@ -186,8 +187,7 @@ def _lossy_traces(g: GroupAnalysis, lever: Any, points: Sequence[Any], like: Any
     if len(replay_path.parents) < 4:
         return []
     root, campaign = replay_path.parents[3], str(g.replay.run_id).split("/", 1)[0]
-    out = []
-    for p in points:
+    for p in sorted(points, key=lambda p: p.budget_mib):
         for run_id in p.run_ids:
             label, _, rest = str(run_id).partition("/")
             cell, _, attempt = rest.rpartition("/")
@@ -199,9 +199,8 @@ def _lossy_traces(g: GroupAnalysis, lever: Any, points: Sequence[Any], like: Any
                 check_lossy(lossy, lever, like=like)
             except (TraceError, OSError, ReplayError):
                 continue
-            out.append(lossy)
-            break
-    return out
+            return [lossy]
+    return []
 
 
 def _drop_predicted(c: Any) -> str:
@@ -214,8 +213,8 @@ def _drop_predicted(c: Any) -> str:
 def drop_replay_traces(g: GroupAnalysis) -> list[dict[str, Any]]:
     """The replayed LRU under each --drop-cold-experts F the group's series ran (results.replay.drop_replay),
     as predicted hit % lines on the hit panel beside the measured drop points, which carry the
-    predicted flash MiB/token and drop % in their hover. Each budget is replayed from the route
-    trace of the group's drop run of that F taken nearest to it (a traced drop run: a lossy run's
+    predicted flash MiB/token and drop % in their hover. Every budget is replayed from the route
+    trace of the group's drop run of that F at the lowest budget that has one (a traced drop run: a lossy run's
     routing, docs/replay.md "Under dropping"), from the group's lossless trace where it has none
     (then the reads are a lower bound, and the hover says so). No line without a replay or
     without drop runs; a trace that no longer reads is left out, as the page's other parts do."""

@@ -11,6 +11,7 @@ routing for the lossless comparisons too.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -180,27 +181,31 @@ def test_the_budget_chart_draws_the_drop_curve_beside_the_measured_drop_points(r
     assert _drop_lever(("--drop-cold-experts", "0")) is None and _drop_lever(("--drop-cold-experts", "2")) is None
 
 
-def test_each_budget_is_replayed_from_the_drop_trace_taken_nearest_to_it(runs):
-    """drop_curve_from: a budget takes the lossy trace nearest in ratio and re-simulates residency and
-    drops there (not the trace's own columns); budget 0 (cache off, lossless) and no lossy trace
-    take the trace asked of; the lossless column stays that trace's."""
+def test_every_budget_is_replayed_from_the_drop_trace_taken_at_the_lowest_budget(runs):
+    """drop_curve_from: every budget above 0 takes the lossy trace of the lowest budget, wherever it
+    stands among those given, and re-simulates residency and drops there (not the trace's own
+    columns); budget 0 (cache off, lossless) and no lossy trace take the trace asked of; the
+    lossless column stays that trace's; of two at the lowest budget, the first given."""
     base, f1 = read_route_trace(runs["f05-prefill"][1]), read_route_trace(runs["f1"][1])
     lever = DropLever(1.0, traced=True)
     budgets = [0.0, 2.0, 4.0, 5.5, 6.0, 12.0]
-    lossy = [LossyTrace(f1, 4.0), LossyTrace(base, 8.0)]
-    points = drop_curve_from(base, lever, budgets, lossy)
+    points = drop_curve_from(base, lever, budgets, [LossyTrace(base, 8.0), LossyTrace(f1, 4.0)])
     from_f1, from_base = drop_curve(f1, lever, budgets), drop_curve(base, lever, budgets)
-    for i, (budget, want, routing) in enumerate(zip(budgets, [from_base, from_f1, from_f1, from_f1, from_base,
-                                                              from_base], ["", *[runs["f1"][1]] * 3, *[runs["f05-prefill"][1]] * 2])):
+    for i, budget in enumerate(budgets):
+        want, routing = (from_base, "") if budget == 0 else (from_f1, str(runs["f1"][1]))
         p = points[i]
         assert (p.decode_read_mib_per_token, p.dropped, p.hit_pct_cum) == (
             want[i].decode_read_mib_per_token, want[i].dropped, want[i].hit_pct_cum), budget
         assert p.lossless_decode_read_mib_per_token == from_base[i].lossless_decode_read_mib_per_token
-        assert p.routing_path == str(routing) and (p.to_dict().get("routing") is None) == (routing == "")
-    assert points[1].routing_budget_mib == 4.0 and points[5].routing_budget_mib == 8.0
-    # at 2 MiB the f1 run's own residency (4 MiB) would be wrong: the walk re-simulated it
+        assert p.routing_path == routing and (p.to_dict().get("routing") is None) == (routing == "")
+        assert p.routing_budget_mib == 4.0 or (budget == 0 and math.isnan(p.routing_budget_mib))
+    # at 12 MiB the replay is not the one from the trace taken at 8 MiB (the nearest), and at 2 MiB
+    # the f1 run's own residency (4 MiB) would be wrong: the walk re-simulated it
+    assert points[5].decode_read_mib_per_token != from_base[5].decode_read_mib_per_token
     assert points[1].decode_read_mib_per_token != from_f1[2].decode_read_mib_per_token
     assert drop_curve_from(base, lever, budgets) == from_base
+    (tie,) = drop_curve_from(base, lever, [2.0], [LossyTrace(base, 4.0), LossyTrace(f1, 4.0)])
+    assert tie.routing_path == str(runs["f05-prefill"][1])
 
 
 def test_a_lossy_trace_must_be_a_drop_run_of_no_larger_f(runs):
@@ -241,18 +246,20 @@ def test_the_cli_replays_from_a_drop_runs_trace_and_says_which(runs):
 
 def test_the_chart_takes_the_groups_traced_drop_run(runs, tmp_path):
     """A traced drop run of the group's F in the replay trace's campaign directory is the routing the
-    chart replays (its hover says so); without its trace the chart falls back to the lossless one."""
-    for cell, name in (("lossless", "f05-prefill"), ("drop", "f1")):
+    chart replays (its hover says so), the one at the lowest budget that has one when several do;
+    without its trace the chart falls back to the lossless one."""
+    for cell, name in (("lossless", "f05-prefill"), ("drop", "f1"), ("drop-high", "f05-prefill")):
         (tmp_path / "runs" / cell / "1").mkdir(parents=True)
         shutil.copy(runs[name][1], tmp_path / "runs" / cell / "1" / "route.csv")
     measured = SimpleNamespace(flags=("--drop-cold-experts", "1.0"), ok=1, budget_mib=float(BUDGET_MIB), hit_pct=60.0,
                                label="4 MiB", run_ids=("c/drop/1",))
+    higher = SimpleNamespace(**{**vars(measured), "budget_mib": 6.0, "label": "6 MiB", "run_ids": ("c/drop-high/1",)})
     replayed = SimpleNamespace(trace_path=str(tmp_path / "runs" / "lossless" / "1" / "route.csv"),
                                budgets_mib=(2.0, 6.0), run_id="c/lossless/1")
-    line, marks = drop_replay_traces(SimpleNamespace(replay=replayed, points=(measured,)))
+    line, marks = drop_replay_traces(SimpleNamespace(replay=replayed, points=(higher, measured)))
     want = drop_curve(read_route_trace(runs["f1"][1]), DropLever(1.0), [2.0, 4.0, 6.0])
     assert line["y"] == [p.hit_pct_cum for p in want]
-    assert "from the drop run's trace at 4 MiB" in marks["text"][0]
+    assert all("from the drop run's trace at 4 MiB" in text for text in marks["text"])
     other = SimpleNamespace(**{**vars(measured), "run_ids": ("elsewhere/drop/1",)})   # another campaign's run
     _, marks = drop_replay_traces(SimpleNamespace(replay=replayed, points=(other,)))
     assert "lower bound" in marks["text"][0]
