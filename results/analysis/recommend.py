@@ -64,7 +64,7 @@ from results.read.columns import C
 from results.read.frames import row_views
 from results.read.run_keys import load_text
 from results.read.run_keys import text_of as _text
-from results.read.rundir import CampaignData, read_campaigns
+from results.read.rundir import CampaignData, campaign_heads, read_campaigns
 from results.read.table import build_table
 from results.read.tokens import PUBLISHED_MIN_TOKENS
 
@@ -455,8 +455,9 @@ def recommend(dirs: Sequence[str | Path], model_files: Mapping[str, str] | None 
     """`bmoe-fleet recommend`: campaign directories in, recommendations out; `verify` (harness.run.verify's
     `recommend --verify`) then gets them with the campaigns they came from; `max_quality_loss`
     (results.analysis.quality.parse_bound) lets each name a lossy alternative within it. `table`: their
-    run table as the results database gave it."""
-    camps = read_campaigns(list(dirs))
+    run table as the results database gave it (then no run folder is listed: the campaigns' own
+    records are what the recommendations read of them)."""
+    camps = read_campaigns(list(dirs)) if table is None else campaign_heads(list(dirs))
     table = build_table(camps, model_files) if table is None else table
     recs = recommendations_for(camps, analyze(table), max_quality_loss)
     return verify(recs, camps) if verify is not None else recs
