@@ -13,7 +13,7 @@ Four tables, through SQLAlchemy Core (docs/decisions/results-db.md):
 - `folders`: one row per `runs` row, what the report reads of the attempt's folder: its per-token
   metrics CSV and pressure samples (`series`: results.read.series.encode, every column, exact) and
   its run.json's bytes (`record`, zlib-compressed), so `report --db` reads no run folder
-  (docs/decisions/report-speed.md); the names of its files are `runs.files`'.
+  (docs/decisions/report-speed.md); the names of its files are in `runs.files`.
 - `meta`: the schema's fingerprint; a database made for another run-table schema is refused until
   `bmoe-fleet db rebuild`.
 
