@@ -100,11 +100,15 @@ def upgrade(doc: Any, fmt: str, where: str | os.PathLike) -> dict[str, Any]:
 
 def read_json(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
     """One JSON file of format `fmt`, at the current version (see upgrade)."""
+    return parse_json(file_bytes(path), fmt, path)
+
+
+def file_bytes(path: str | os.PathLike) -> bytes:
+    """A file's bytes (a StoreError naming it when it cannot be read)."""
     try:
-        data = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except OSError as e:
         raise StoreError(f"{path}: cannot read: {e}") from None
-    return parse_json(data, fmt, path)
 
 
 def parse_json(data: bytes, fmt: str, where: str | os.PathLike) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -319,21 +319,30 @@ def _with_quality(frame: pd.DataFrame, outputs: Mapping[str, RunOutput]) -> pd.D
     return frame.sort_values([C.campaign, C.device, C.model, C.order, C.attempt], kind="stable").reset_index(drop=True)
 
 
-class _Decoded(Mapping[str, RunSeries]):
-    """Run folder → its series, each decoded when first asked for."""
+R = TypeVar("R")
+V = TypeVar("V")
 
-    def __init__(self, raw: dict[str, bytes]) -> None:
-        self._raw = raw
-        self._done: dict[str, RunSeries] = {}
 
-    def __getitem__(self, key: str) -> RunSeries:
-        if key not in self._done:
-            self._done[key] = run_series.decode(self._raw[key])
-        return self._done[key]
+class _Stored(Mapping[str, V], Generic[R, V]):
+    """Run folder → what the database keeps of it, unpacked when asked for; kept unpacked when
+    `keep` (the series: a prediction reads some again), else unpacked each time (the records: a
+    page asks twice, and keeping them held every run's record in each process)."""
 
-    def raw(self, key: str) -> bytes | None:
-        """The stored bytes of a run folder's series (results.read.series.fingerprint), None when
-        the database holds none."""
+    def __init__(self, raw: dict[str, R], unpack: Callable[[R], V], keep: bool) -> None:
+        self._raw, self._unpack, self._keep = raw, unpack, keep
+        self._done: dict[str, V] = {}
+
+    def __getitem__(self, key: str) -> V:
+        if key in self._done:
+            return self._done[key]
+        value = self._unpack(self._raw[key])
+        if self._keep:
+            self._done[key] = value
+        return value
+
+    def raw(self, key: str) -> R | None:
+        """What the database holds of a run folder as it holds it (the series' bytes:
+        results.read.series.fingerprint), None when it holds nothing of it."""
         return self._raw.get(key)
 
     def __iter__(self) -> Iterator[str]:
@@ -343,22 +352,9 @@ class _Decoded(Mapping[str, RunSeries]):
         return len(self._raw)
 
 
-class _Folders(Mapping[str, StoredFolder]):
-    """Run folder → its run.json's bytes and its files' names, unpacked each time they are asked for
-    (a page asks twice, and keeping them unpacked held every run's record in each process)."""
-
-    def __init__(self, raw: dict[str, tuple[bytes, str]]) -> None:
-        self._raw = raw
-
-    def __getitem__(self, key: str) -> StoredFolder:
-        record, files = self._raw[key]
-        return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._raw)
-
-    def __len__(self) -> int:
-        return len(self._raw)
+def _folder(stored: tuple[bytes, str]) -> StoredFolder:
+    record, files = stored
+    return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
 
 
 def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]]) \
@@ -383,7 +379,7 @@ def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]]) \
         raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
         engine.dispose()
-    return _Decoded(series), _Folders(folders)
+    return _Stored(series, run_series.decode, keep=True), _Stored(folders, _folder, keep=False)
 
 
 def stored_campaigns(dirs: Sequence[str | Path], table: pd.DataFrame) -> list[CampaignData]:
@@ -394,18 +390,17 @@ def stored_campaigns(dirs: Sequence[str | Path], table: pd.DataFrame) -> list[Ca
     error."""
     heads = campaign_heads(dirs)
     found: dict[Path, list[RunFolder]] = {h.root: [] for h in heads}
-    labels: dict[Path, set[str]] = {h.root: set() for h in heads}
     for label, run_dir, cell, attempt, latest in zip(table[C.campaign], table[C.run_dir], table[C.cell_id],
                                                     table[C.attempt], table[C.latest]):
         path = Path(run_dir)
         root = path.parents[2]
         if root in found:
             found[root].append(RunFolder(str(label), root, path, str(cell), int(attempt), bool(latest)))
-            labels[root].add(str(label))
     out = []
     for head, d in zip(heads, dirs):
-        if labels[head.root] - {head.label}:
-            raise ResultsError(f"{d}: labelled {head.label!r} now, not {sorted(labels[head.root])[0]!r} as the "
+        stale = sorted({r.campaign for r in found[head.root]} - {head.label})
+        if stale:
+            raise ResultsError(f"{d}: labelled {head.label!r} now, not {stale[0]!r} as the "
                                f"results database has it (renamed since it was ingested: bmoe-fleet db ingest {d} "
                                f"--db URL)")
         out.append(replace(head, runs=tuple(sorted(found[head.root], key=lambda r: (r.cell_id, r.attempt)))))

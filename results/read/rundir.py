@@ -15,17 +15,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from results.errors import ResultsError
-from store import names
+from results.read.provided import Provided
+from store import names, versioned
 from store.campaign_dir import CampaignDir
-from store.errors import StoreError
 from store.run_record import RunRecord
 
 
@@ -38,22 +37,12 @@ class StoredFolder:
     files: tuple[str, ...]
 
 
-_provided: ContextVar[Mapping[str, StoredFolder] | None] = ContextVar("provided_folders", default=None)
+_provided: Provided[StoredFolder] = Provided("provided_folders")
 
 
-@contextlib.contextmanager
-def provided_folders(store: Mapping[str, StoredFolder]) -> Iterator[None]:
+def provided_folders(store: Mapping[str, StoredFolder]) -> contextlib.AbstractContextManager[None]:
     """Answer the run folders of `store` (its keys: str(folder)) from it, while inside."""
-    token = _provided.set(store)
-    try:
-        yield
-    finally:
-        _provided.reset(token)
-
-
-def _stored(folder: Path) -> StoredFolder | None:
-    store = _provided.get()
-    return None if store is None else store.get(str(folder))
+    return _provided.providing(store)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,17 +70,14 @@ class RunFolder:
     def record_bytes(self) -> bytes:
         """run.json's bytes, from the provided store when it holds this folder (not kept: a table
         of many runs keeps their records, not their bytes)."""
-        found = _stored(self.path)
+        found = _provided.of(self.path)
         if found is not None:
             return found.record
-        try:
-            return (self.path / names.RUN_JSON).read_bytes()
-        except OSError as e:
-            raise StoreError(f"{self.path / names.RUN_JSON}: cannot read: {e}") from None
+        return versioned.file_bytes(self.path / names.RUN_JSON)
 
     def file_names(self) -> tuple[str, ...]:
         """The names of the folder's files, sorted, from the provided store when it holds it."""
-        found = _stored(self.path)
+        found = _provided.of(self.path)
         if found is not None:
             return found.files
         return tuple(sorted(e.name for e in os.scandir(self.path) if e.is_file()))

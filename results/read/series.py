@@ -20,7 +20,6 @@ import json
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from results.read.parse_text import ParseError
+from results.read.provided import Provided
 from store import names
 
 FORMAT = 1                    # the layout `encode` writes
@@ -108,23 +108,17 @@ def read_series(folder: str | Path) -> RunSeries:
 
 # ── the store a caller provides ──────────────────────────────────────────────────────────────
 
-_provided: ContextVar[Mapping[str, RunSeries] | None] = ContextVar("provided_series", default=None)
+_provided: Provided[RunSeries] = Provided("provided_series")
 
 
-@contextlib.contextmanager
-def provided(store: Mapping[str, RunSeries]) -> Iterator[None]:
+def provided(store: Mapping[str, RunSeries]) -> contextlib.AbstractContextManager[None]:
     """Answer the run folders of `store` (its keys: str(folder)) from it, while inside."""
-    token = _provided.set(store)
-    try:
-        yield
-    finally:
-        _provided.reset(token)
+    return _provided.providing(store)
 
 
 def stored(folder: str | Path) -> RunSeries | None:
     """The provided series of a run folder, or None when no store holds it."""
-    store = _provided.get()
-    return None if store is None else store.get(str(folder))
+    return _provided.of(folder)
 
 
 def run_series(folder: str | Path) -> RunSeries:
@@ -150,8 +144,7 @@ def token_rows(path: str | Path) -> TokenRows | None:
 def fingerprint(folder: str | Path) -> str:
     """A digest of a run folder's series, equal for equal series whether the provided store or
     the files give them (a store keeps `encode`'s bytes: results.db.load)."""
-    store = _provided.get()
-    raw = getattr(store, "raw", None)
+    raw = getattr(_provided.store(), "raw", None)
     data = raw(str(folder)) if raw is not None else None
     return hashlib.sha256(data if data is not None else encode(run_series(folder))).hexdigest()
 

@@ -453,7 +453,7 @@ def drop_curve_from(trace: RouteTrace, lever: DropLever, budgets_mib: Sequence[f
     budgets = [float(b) for b in budgets_mib]
     points = drop_curve(trace, lever, budgets)
     source = lowest_lossy(lossy)
-    at = [i for i, b in enumerate(budgets) if b > 0] if source is not None else []
+    at = [i for i, b in enumerate(budgets) if b > 0]
     if source is not None and at:
         for i, p in zip(at, drop_curve(source.trace, lever, [budgets[i] for i in at])):
             points[i] = replace(p, lossless_decode_read_mib_per_token=points[i].lossless_decode_read_mib_per_token,
