@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
 from devices.base import DeviceIdentity
 from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError
@@ -72,8 +74,11 @@ def test_a_push_the_phone_refuses_for_good_is_not_retried(tmp_path, phone, adb_p
     have made it three more), the second cell without asking the phone again."""
     model = Path(shutil.copy(tiny_model, tmp_path / "refused.gguf"))
     blocker = phone.root / WORK / "refused.gguf.partial"
-    blocker.mkdir(parents=True, exist_ok=True)
-    (blocker / "keep").write_text("x")
+    # made by the phone's shell user, as a push's folders are: a folder this host's root made on the
+    # way would refuse the campaign's own mkdir (EACCES) before any push, in whichever worker runs
+    # this test first on its phone
+    shell = AdbPhone(phone.serial, AdbServer("127.0.0.1", adb_port)).shell
+    assert shell(f"mkdir -p /{WORK}/refused.gguf.partial && echo x > /{WORK}/refused.gguf.partial/keep")[0] == 0
     try:
         c = campaign("refused", model, adb_port, phone_home, run={"retries": 2, "retry_backoff_s": 0.1},
                      cache_mb=(0, 8))
