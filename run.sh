@@ -123,7 +123,9 @@ case "${1:-}" in
         #    phones and engines and leave most of a core idle, which the niced ones take and give
         #    back as soon as a serial test wants it;
         # 3. the after_serial tests that start no phone and make no cgroup (campaigns on this host
-        #    whose rates their assertions rest on), on three workers, with no phone beside them;
+        #    whose rates their assertions rest on), on three workers, with no phone beside them; a
+        #    campaign they share is built with none of them beside it (BMOE_TEST_BUILDS_ALONE:
+        #    tests/conftest.py BuildsAlone);
         # 4. the phone and root tests on three workers (most wait on phones and adb: a third keeps
         #    both cores busy).
         # The serial parts collect only the modules SERIAL names (BMOE_TEST_SERIAL_ONLY: tests/conftest.py).
@@ -192,9 +194,14 @@ case "${1:-}" in
             code=0 started=$SECONDS
             BMOE_TEST_SERIAL_ONLY=1 pytest_part "serial and not after_serial" -- "$@" || code=$?
             part_done "serial and not after_serial" "$code" $((SECONDS - started))
-            for expr in "not serial and after_serial and not (phone or root)" "not serial and (phone or root)"; do
+            rate_expr="not serial and after_serial and not (phone or root)"
+            for expr in "$rate_expr" "not serial and (phone or root)"; do
                 code=0 started=$SECONDS
-                pytest_part "$expr" -n 3 -- "$@" || code=$?
+                if [ "$expr" = "$rate_expr" ]; then
+                    BMOE_TEST_BUILDS_ALONE="$BMOE_TEST_SHARED/builds-alone.lock" pytest_part "$expr" -n 3 -- "$@" || code=$?
+                else
+                    pytest_part "$expr" -n 3 -- "$@" || code=$?
+                fi
                 part_done "$expr" "$code" $((SECONDS - started))
             done
             code=0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -158,15 +159,104 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     from filelock import FileLock
 
     folder = Path(shared) / f"{name}-{tree_key()}"
-    with FileLock(f"{folder}.lock"):
+    with builds_alone.paused(), FileLock(f"{folder}.lock"):
         if not (folder / _BUILT).exists():
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
-            build(folder)
+            with builds_alone.exclusive():
+                build(folder)
             (folder / _BUILT).touch()
     return folder
+
+
+class BuildsAlone:
+    """The cores of run.sh's rate part (BUILDS_ALONE_ENV names the lock file it makes): a shared
+    build runs with no test of the part beside it, and every test of the part runs beside no build.
+    A readers-writer lock over the part's processes, on flock(2): each test holds the file shared
+    while it runs; a build holds it exclusive. A turnstile (a second file, taken exclusive by both
+    on the way in) keeps tests that keep starting on the other workers from starving a waiting build
+    (flock grants a shared lock beside shared holders however long an exclusive one has waited).
+    Without the variable (plain pytest, the other parts) it does nothing."""
+
+    def __init__(self) -> None:
+        self._shared_fd: int | None = None         # this process's shared hold (a test running)
+        self._exclusive = False                    # this process builds (a build within a build)
+
+    @staticmethod
+    def _path() -> str | None:
+        return os.environ.get(BUILDS_ALONE_ENV) or None
+
+    @staticmethod
+    def _take(path: str, how: int) -> int:
+        import fcntl
+
+        turnstile = os.open(f"{path}.turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(fd, how)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            os.close(turnstile)                     # closing it unlocks it
+        return fd
+
+    def test_begins(self) -> None:
+        path = self._path()
+        if path and self._shared_fd is None and not self._exclusive:
+            import fcntl
+
+            self._shared_fd = self._take(path, fcntl.LOCK_SH)
+
+    def test_ends(self) -> None:
+        if self._shared_fd is not None:
+            os.close(self._shared_fd)
+            self._shared_fd = None
+
+    @contextlib.contextmanager
+    def paused(self):
+        """This process's test lets its shared hold go (while it waits on another process's build
+        of a folder it needs, or builds it) and takes it back after."""
+        was_testing = self._shared_fd is not None
+        self.test_ends()
+        try:
+            yield
+        finally:
+            if was_testing:
+                self.test_begins()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """The cores to this build alone (within paused())."""
+        path = self._path()
+        if not path or self._exclusive:
+            yield
+            return
+        import fcntl
+
+        fd = self._take(path, fcntl.LOCK_EX)
+        self._exclusive = True
+        try:
+            yield
+        finally:
+            self._exclusive = False
+            os.close(fd)
+
+
+# run.sh's part whose tests compare rates their builds measured (tests/conftest.py AFTER_SERIAL)
+BUILDS_ALONE_ENV = "BMOE_TEST_BUILDS_ALONE"
+builds_alone = BuildsAlone()
+
+
+@pytest.fixture(autouse=True)
+def _beside_no_build():
+    """Each test of the rate part holds its cores shared while it runs (BuildsAlone)."""
+    builds_alone.test_begins()
+    yield
+    builds_alone.test_ends()
 
 
 def copied_once(tmp_path_factory, name: str, build) -> Path:
@@ -226,7 +316,6 @@ def small_gptoss(models_dir) -> Path:
 
 
 # ---- memory cgroups (root only; CI runs as root) -------------------------------------------------
-import contextlib  # noqa: E402
 import signal  # noqa: E402
 import uuid  # noqa: E402
 

@@ -1,15 +1,18 @@
 """tests/conftest.py's built_once and copied_once: what `run.sh test` builds once for both pytest parts
-and both workers (docs/decisions/test-shared-builds.md)."""
+and both workers (docs/decisions/test-shared-builds.md); and BuildsAlone, which gives a build of the
+rate part its cores alone. Each BuildsAlone below stands for one pytest process: flock(2) locks
+belong to an open file, so two of them in one process exclude each other as two processes would."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_ENV, built_once, copied_once, tree_key
+from tests.conftest import BUILDS_ALONE_ENV, SHARED_ENV, BuildsAlone, built_once, copied_once, tree_key
 
 ROOT = Path(__file__).resolve().parents[1]
 # another process asking for the same folder (as the other worker, or the other part, does)
@@ -82,3 +85,64 @@ def test_without_the_run_folder_it_builds_in_this_processs_temp_folder(tmp_path_
     a = built_once(tmp_path_factory, "alone", builds.append)
     b = built_once(tmp_path_factory, "alone", builds.append)
     assert a != b and builds == [a, b] and a.parent == b.parent == tmp_path_factory.getbasetemp()
+
+
+def _in_thread(step) -> threading.Event:
+    """`step` run in a thread of its own; the event is set once it has returned."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (step(), done.set()), daemon=True).start()
+    return done
+
+
+def _build_in_thread(who: BuildsAlone) -> tuple[threading.Event, threading.Event]:
+    """A build by `who` in a thread: (set once it runs, set to end it)."""
+    building, release = threading.Event(), threading.Event()
+
+    def build() -> None:
+        with who.paused(), who.exclusive():
+            building.set()
+            release.wait(30)
+
+    threading.Thread(target=build, daemon=True).start()
+    return building, release
+
+
+def test_a_build_waits_for_the_running_tests_and_tests_wait_for_a_waiting_build(tmp_path, monkeypatch):
+    monkeypatch.setenv(BUILDS_ALONE_ENV, str(tmp_path / "cores.lock"))
+    testing, builder, late = BuildsAlone(), BuildsAlone(), BuildsAlone()
+    testing.test_begins()
+    building, release = _build_in_thread(builder)
+    assert not building.wait(0.5)                 # a test runs: the build waits
+    started = _in_thread(late.test_begins)        # a test starting now waits behind the build
+    assert not started.wait(0.5)
+    testing.test_ends()
+    assert building.wait(10) and not started.is_set()
+    release.set()
+    assert started.wait(10)                       # the build done, the test runs
+    late.test_ends()
+
+
+def test_a_test_that_builds_lets_its_own_hold_go_and_takes_it_back(tmp_path, monkeypatch):
+    monkeypatch.setenv(BUILDS_ALONE_ENV, str(tmp_path / "cores.lock"))
+    me, other = BuildsAlone(), BuildsAlone()
+    me.test_begins()
+    with me.paused(), me.exclusive(), me.paused(), me.exclusive():    # a build within a build
+        waiting = _in_thread(other.test_begins)
+        assert not waiting.wait(0.5)              # no test of another process beside it
+    assert waiting.wait(10)                       # the build over: tests run beside each other
+    other.test_ends()
+    building, release = _build_in_thread(other)
+    assert not building.wait(0.5), "my test holds its cores shared again"
+    me.test_ends()
+    assert building.wait(10)
+    release.set()
+
+
+def test_without_the_variable_nothing_waits(tmp_path, monkeypatch):
+    monkeypatch.delenv(BUILDS_ALONE_ENV, raising=False)
+    a, b = BuildsAlone(), BuildsAlone()
+    a.test_begins()
+    building, release = _build_in_thread(b)
+    assert building.wait(10)
+    release.set()
+    a.test_ends()
