@@ -325,8 +325,9 @@ V = TypeVar("V")
 
 class _Stored(Mapping[str, V], Generic[R, V]):
     """Run folder → what the database keeps of it, unpacked when asked for; kept unpacked when
-    `keep` (the series: a prediction reads some again), else unpacked each time (the records: a
-    page asks twice, and keeping them held every run's record in each process)."""
+    `keep` (the series: a prediction reads some again), else only the last one asked for (the
+    records: a page asks for its record and its files' names twice each, one after the other, and
+    keeping them all held every run's record in each process)."""
 
     def __init__(self, raw: dict[str, R], unpack: Callable[[R], V], keep: bool) -> None:
         self._raw, self._unpack, self._keep = raw, unpack, keep
@@ -336,8 +337,9 @@ class _Stored(Mapping[str, V], Generic[R, V]):
         if key in self._done:
             return self._done[key]
         value = self._unpack(self._raw[key])
-        if self._keep:
-            self._done[key] = value
+        if not self._keep:
+            self._done.clear()
+        self._done[key] = value
         return value
 
     def raw(self, key: str) -> R | None:
