@@ -46,6 +46,7 @@ from engine.units import MIB
 from results.errors import ResultsError
 from results.numbers import to_float
 from results.read.columns import AFTER_CONFIG, FIXED, GROUP_NAMES, C, config_column
+from results.read.frames import frame_csv
 from results.read.quality import outputs_of, quality_columns, read_ppl
 from results.read.run_keys import MMAP, budget_asked, budget_label
 from results.read.rundir import CampaignData, RunFolder, read_campaigns
@@ -831,10 +832,10 @@ def render_table(frame: pd.DataFrame, fmt: str) -> str | bytes:
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False)
         return buf.getvalue()
-    records = frame.to_dict("records")
     if fmt == "csv":
-        data = frame.to_csv(index=False)
-    elif fmt == "json":
+        return frame_csv(frame)
+    records = frame.to_dict("records")
+    if fmt == "json":
         data = formats.to_json({"format": TABLE_FORMAT, "version": 1, "columns": list(frame.columns),
                                 "runs": records})
     elif fmt == "jsonl":

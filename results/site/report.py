@@ -45,7 +45,7 @@ from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import C, written_frame
-from results.read.frames import row_digests, row_views
+from results.read.frames import frame_csv, row_digests, row_views
 from results.read.rundir import CampaignData, RunFolder, provided_folders, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
@@ -336,7 +336,7 @@ def _other_pages(site: Path, env: Environment, camps: Sequence[CampaignData], an
     table_digest = kept.digest("\n".join([digest_redactor, *row_digests(table)]))
     kept.now[names.SITE_RUNS_CSV] = table_digest
     if not kept.taken(site, names.SITE_RUNS_CSV, table_digest):
-        _write(site / names.SITE_RUNS_CSV, published_runs(table, redactor).to_csv(index=False, lineterminator="\n"))
+        _write(site / names.SITE_RUNS_CSV, frame_csv(published_runs(table, redactor)))
     pages = 0
     rec_by_key = {r.key: r for r in recs.all()}
     front = quality_front(table)           # the quality charts' settings, for every device and model page

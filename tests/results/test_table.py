@@ -200,3 +200,31 @@ def test_row_digests_are_equal_for_equal_rows_and_differ_when_a_value_name_or_dt
         assert got[3] != digests[3] and got[:3] == digests[:3] and got[4:] == digests[4:], column
     assert row_digests(table.rename(columns={"device": "phone"}))[0] != digests[0]
     assert row_digests(table.astype({"attempt": float}))[0] != digests[0]
+
+
+def test_frame_csv_is_pandas_to_csv_on_every_kind_of_column(local_campaign, imported):
+    """results.read.frames.frame_csv: the bytes of `to_csv(index=False, lineterminator="\\n")`, on the
+    written run table of real campaigns and on the edge values of each dtype the table holds."""
+    from results.read.columns import written_frame
+    from results.read.frames import frame_csv
+
+    def pandas(frame: pd.DataFrame) -> str:
+        return frame.to_csv(index=False, lineterminator="\n")
+
+    table = written_frame(build_table([local_campaign, imported]))
+    assert frame_csv(table) == pandas(table)
+    floats = [0.1, 1e-05, 1e16, 1.2345678901234568e+17, -0.0, math.inf, -math.inf, math.nan, 5e-324, 2.0, 123456.789]
+    n = len(floats)
+    edges = pd.DataFrame({
+        "float": floats,
+        "int": np.array([0, -1, 2**62, -(2**62), 7, 8, 9, 10, 11, 12, 13], dtype=np.int64)[:n],
+        "bool": [True, False] * (n // 2) + [True],
+        "text": ["plain", "a,b", 'q"uote', "two\nlines", "é ü 中", "", None, math.nan, " lead", "trail ", "\r"][:n],
+        "mixed": [None, math.nan, True, 1.5, np.float64(0.1), 3, "x,y", pd.NA, 1e16, -0.0, "[1, 2]"][:n],
+        "nullable": pd.array([1, None, 3, -4, 5, None, 7, 8, 9, 10, 11], dtype="Int64")[:n],
+        "string": pd.array(["a", None, "b,c", "d", "e", "f", "g", "h", "i", "j", "k"], dtype="string")[:n],
+        "with, comma": ["x"] * n,
+    })
+    assert frame_csv(edges) == pandas(edges)
+    for part in (edges.iloc[:0], edges.iloc[:, :1], table.iloc[:3]):
+        assert frame_csv(part) == pandas(part)
