@@ -33,9 +33,10 @@ from results.analysis.history import engine_release, release_order
 from results.analysis.quality import QualityBound
 from results.analysis.recommend import Verify, recommend, recommendations_from, rule_floors
 from results.analysis.recommend_records import Recommendations
-from results.db.load import run_groups, runs_of
+from results.db.load import run_groups, runs_of, stored_folders
 from results.errors import ResultsError
 from results.read.columns import C
+from results.read.series import provided
 
 _KEY = (C.device, C.device_kind, C.ram_total_kb)
 NO_RUN = "no streamed run finished or was killed in its newest release: nothing to size from"
@@ -129,11 +130,14 @@ def recommend_with_db(dirs: Sequence[str | Path], db: str, verify: Verify | None
                       max_quality_loss: QualityBound | None = None,
                       table: pd.DataFrame | None = None) -> Recommendations:
     """`recommend --db URL [DIRS…]`: the recommendations of DIRS (their run `table` from the
-    database), the rule for phones never measured from every device the database holds; no DIRS:
-    the rule alone."""
+    database, and the per-token series their predictions read, as `report --db` takes them: no
+    run folder is read but the route traces the replay chooses), the rule for phones never
+    measured from every device the database holds; no DIRS: the rule alone."""
     rules = database_rules(db)
     if not dirs:
         return Recommendations((), (), rules)
-    recs = recommend(dirs, None, verify, max_quality_loss, table)
+    series = stored_folders(db, zip(table[C.device], table[C.model]))[0] if table is not None else {}
+    with provided(series):
+        recs = recommend(dirs, None, verify, max_quality_loss, table)
     return replace(recs, rules=rules)
 

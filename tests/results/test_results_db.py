@@ -132,8 +132,8 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     for args in (["table", camp, "--format", "csv"], ["recommend", camp, "--json"],
                  ["compare", camp, camp, "--json"], ["report", camp, "--format", "community", "--json"]):
         files = runner.invoke(cli, args)
-        with _runs_hidden(camp) if args[0] == "table" else contextlib.nullcontext():
-            from_db = runner.invoke(cli, [*args, "--db", db])          # (table --db reads no run folder)
+        with _runs_hidden(camp) if args[0] in ("table", "recommend") else contextlib.nullcontext():
+            from_db = runner.invoke(cli, [*args, "--db", db])  # (table and recommend --db read no run folder)
         assert files.exit_code == from_db.exit_code == 0, from_db.output
         if args[0] == "recommend":      # the same, but the rule is the database's: this host is left out of it,
             doc, plain = json.loads(from_db.stdout), json.loads(files.stdout)   # floor and all
