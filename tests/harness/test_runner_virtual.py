@@ -9,7 +9,7 @@ import hashlib
 import io
 import json
 import os
-import shutil
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -18,6 +18,8 @@ import psutil
 import pytest
 
 from devices.adb.link import WORK_DIR
+from devices.adb.phone import AdbPhone
+from devices.adb.server import AdbServer
 from harness.campaign.device_resolution import resolve_devices
 from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError, fleet_home
@@ -133,9 +135,13 @@ def test_the_gate_on_a_phone_reads_its_cpu_sensor_and_may_give_up(tmp_path, phon
 
 def test_push_failures_are_retried_with_backoff_and_every_attempt_is_kept(tmp_path, phones, adb_port, phone_home,
                                                                           mid_model):
-    staged_out = phones["roomy"].root / "data/local/tmp/bmoe/out"
-    shutil.rmtree(staged_out)
-    staged_out.write_text("a file where the phone's output folder should be\n")
+    staged_out = phones["roomy"].root / WORK_DIR.lstrip("/") / "out"
+    # made by the phone's shell user (whichever tests ran on this phone before, if any): the folders
+    # above it as a campaign's own would be, then a file where the output folder goes
+    shell = AdbPhone(phones["roomy"].serial, AdbServer("127.0.0.1", adb_port)).shell
+    out_dir = shlex.quote(f"{WORK_DIR}/out")
+    assert shell(f"mkdir -p {shlex.quote(WORK_DIR)} && rm -rf {out_dir} && "
+                 f"echo 'a file where the output folder should be' > {out_dir}")[0] == 0
     c = vcampaign("push", ["virtual:roomy"], mid_model, adb_port, phone_home, {"cache_mb": [0]},
                   run={"retries": 2, "retry_backoff_s": 0.05})
     out = tmp_path / "out"
