@@ -158,6 +158,8 @@ def _group_view(g: GroupAnalysis, rec: Recommendation | None, ids: Ids, table: p
     k = f"top-k {g.top_k}" if g.top_k is not None else "default top-k"
     replay = _replay_text(g.replay) if g.replay is not None else ""
     figure = charts.budget_figure(g, rec)
+    # the group's runs: each point looks up its own among them, not among the whole table's
+    table = table[table[C.run_id].isin({rid for p in (*g.points, *g.baselines) for rid in p.run_ids})]
     return GroupView(
         heading=f"{g.model} · {k}" + (f" · {load_text(g.apps)}" if g.apps else ""),
         model=Link(g.model, root + Urls.model(g.model)),
