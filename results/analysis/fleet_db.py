@@ -136,7 +136,7 @@ def recommend_with_db(dirs: Sequence[str | Path], db: str, verify: Verify | None
     rules = database_rules(db)
     if not dirs:
         return Recommendations((), (), rules)
-    series = stored_folders(db, zip(table[C.device], table[C.model]))[0] if table is not None else {}
+    series = stored_folders(db, zip(table[C.device], table[C.model]), records=False)[0] if table is not None else {}
     with provided(series):
         recs = recommend(dirs, None, verify, max_quality_loss, table)
     return replace(recs, rules=rules)

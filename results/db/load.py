@@ -359,24 +359,27 @@ def _folder(stored: tuple[bytes, str]) -> StoredFolder:
     return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
 
 
-def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]]) \
+def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bool = True) \
         -> tuple[Mapping[str, RunSeries], Mapping[str, StoredFolder]]:
     """What the database keeps of every run folder of these (device, model) pairs, by run folder:
     its metrics CSV and samples (results.read.series.provided answers from them) and its run.json
-    and file names (results.read.rundir.provided_folders answers from them)."""
+    and file names (results.read.rundir.provided_folders answers from them); without `records`,
+    the series alone (the second store empty: `recommend --db` reads no run.json)."""
     engine = schema.connect(db, create=False)
     r, f = schema.runs, schema.folders
     series: dict[str, bytes] = {}
     folders: dict[str, tuple[bytes, str]] = {}
+    columns = [r.c.run_dir, f.c.series, *((r.c.files, f.c.record) if records else ())]
     try:
         with engine.connect() as conn:
             for device, model in sorted(set(pairs)):
-                q = select(r.c.run_dir, r.c.files, f.c.series, f.c.record).join(f, and_(
+                q = select(*columns).join(f, and_(
                     f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
                     .where(r.c.device == device, r.c.model == model)
                 for row in conn.execute(q):
                     series[str(row.run_dir)] = bytes(row.series)
-                    folders[str(row.run_dir)] = (bytes(row.record), row.files)
+                    if records:
+                        folders[str(row.run_dir)] = (bytes(row.record), row.files)
     except SQLAlchemyError as e:
         raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
