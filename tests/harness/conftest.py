@@ -55,6 +55,14 @@ def phone_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("harness-vphones")
 
 
+def the_phone(adb_port: int, info):
+    """A virtual phone (its `manager.info`) as bmoe-fleet's AdbPhone sees it through the test's adb server."""
+    from devices.adb.phone import AdbPhone
+    from devices.adb.server import AdbServer
+
+    return AdbPhone(info.serial, AdbServer("127.0.0.1", adb_port))
+
+
 @contextlib.contextmanager
 def one_phone(name: str, ram_bytes: int, adb_port: int, phone_home: Path, **kw):
     """A virtual phone up for a module's tests: its info, then down, its cgroup gone."""

@@ -36,7 +36,7 @@ from harness.campaign.model import CampaignError, ModelSpec
 from harness.run.errors import RunnerError
 from harness.run.runner import prepare, run_campaign
 from tests.conftest import TINY_MODEL
-from tests.harness.conftest import one_phone
+from tests.harness.conftest import one_phone, the_phone
 
 PHONE = "nsmall"
 PHONE_RAM = 84 << 20
@@ -78,10 +78,6 @@ def records(out: Path) -> list[dict]:
 
 def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def the_phone(adb_port, phone) -> AdbPhone:
-    return AdbPhone(phone.serial, AdbServer("127.0.0.1", adb_port))
 
 
 def test_native_campaign_on_a_virtual_phone(tmp_path, phone, adb_port, phone_home, bmoe_cli, uniform_model):

@@ -30,7 +30,7 @@ from devices.adb.phone import AdbPhone
 from devices.adb.server import AdbServer
 from harness.campaign.file import parse_campaign
 from harness.run.runner import run_campaign
-from tests.harness.conftest import one_phone
+from tests.harness.conftest import one_phone, the_phone
 
 PHONE = "cmdrec"
 REPLAY_S = 8
@@ -93,7 +93,7 @@ def test_every_command_a_bmoe_py_campaign_sends_works_under_mksh_and_toybox(tmp_
     from devices.virtual import manager
 
     start = len(manager.recorded_commands(PHONE, phone_home))
-    device = AdbPhone(phone.serial, AdbServer("127.0.0.1", adb_port))
+    device = the_phone(adb_port, phone)
     device.push(str(tiny_model), f"{MODELS_DIR}/ondevice.gguf")           # a copy already on the phone
     models = {"tiny": str(tiny_model), "ondevice": f"device:{MODELS_DIR}/ondevice.gguf"}
     c = campaign("cmds", models, adb_port, phone_home, {"cache_mb": [0, "cycle*1.2"]})

@@ -18,8 +18,6 @@ import psutil
 import pytest
 
 from devices.adb.link import WORK_DIR
-from devices.adb.phone import AdbPhone
-from devices.adb.server import AdbServer
 from harness.campaign.device_resolution import resolve_devices
 from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError, fleet_home
@@ -28,6 +26,7 @@ from harness.run.runner import run_campaign
 from harness.run.status import campaign_status
 from store.errors import LockBusy
 from store.locks import device_lock
+from tests.harness.conftest import the_phone
 from tests.harness.faults import stop_phone_when
 
 
@@ -138,7 +137,7 @@ def test_push_failures_are_retried_with_backoff_and_every_attempt_is_kept(tmp_pa
     staged_out = phones["roomy"].root / WORK_DIR.lstrip("/") / "out"
     # made by the phone's shell user (whichever tests ran on this phone before, if any): the folders
     # above it as a campaign's own would be, then a file where the output folder goes
-    shell = AdbPhone(phones["roomy"].serial, AdbServer("127.0.0.1", adb_port)).shell
+    shell = the_phone(adb_port, phones["roomy"]).shell
     out_dir = shlex.quote(f"{WORK_DIR}/out")
     assert shell(f"mkdir -p {shlex.quote(WORK_DIR)} && rm -rf {out_dir} && "
                  f"echo 'a file where the output folder should be' > {out_dir}")[0] == 0

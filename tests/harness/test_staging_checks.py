@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from devices.adb.phone import AdbPhone
-from devices.adb.server import AdbServer
 from devices.base import DeviceIdentity
 from harness.campaign.file import parse_campaign
 from harness.campaign.model import CampaignError
 from harness.campaign.options import campaign_from_options, sweep_engines
 from harness.run.errors import RunnerError
 from harness.run.runner import run_campaign
-from tests.harness.conftest import one_phone
+from tests.harness.conftest import one_phone, the_phone
 
 PHONE = "stagechk"
 WORK = "data/local/tmp/bmoe"
@@ -77,7 +75,7 @@ def test_a_push_the_phone_refuses_for_good_is_not_retried(tmp_path, phone, adb_p
     # made by the phone's shell user, as a push's folders are: a folder this host's root made on the
     # way would refuse the campaign's own mkdir (EACCES) before any push, in whichever worker runs
     # this test first on its phone
-    shell = AdbPhone(phone.serial, AdbServer("127.0.0.1", adb_port)).shell
+    shell = the_phone(adb_port, phone).shell
     assert shell(f"mkdir -p /{WORK}/refused.gguf.partial && echo x > /{WORK}/refused.gguf.partial/keep")[0] == 0
     try:
         c = campaign("refused", model, adb_port, phone_home, run={"retries": 2, "retry_backoff_s": 0.1},
