@@ -5,12 +5,13 @@ A run page holds seven of them, about 150 rows. As a jinja macro each cell cost 
 macro's loop and one markupsafe `escape` (a Markup object each): an eighth to a fifth of a run
 page's CPU, sampled (docs/decisions/report-speed.md). Here a table's cells are escaped by one `escape` of their text
 joined by NUL, which HTML escaping leaves alone and recorded text does not hold (a table with a NUL
-in a cell escapes each cell alone). Every cell is escaped as jinja's autoescape escapes `{{ x }}`:
+in a cell, or a cell that is not a plain str, escapes each cell alone). Every cell is escaped as jinja's autoescape escapes `{{ x }}`:
 markupsafe's escape of the value (an object's `__html__` taken as it gives itself).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,15 +23,19 @@ _SEP = "\0"
 def kv(rows: Iterable[tuple[Any, Any]], caption: str = "") -> Markup:
     """A `<table class="kv">`: one row per (key, value), the caption when given, "none recorded"
     when there are no rows."""
-    cells = [x for key, value in rows for x in (key, value)]
+    rows = list(rows)
+    if rows and set(map(len, rows)) != {2}:
+        raise ValueError("a key-value table's rows are (key, value) pairs")
+    cells = list(itertools.chain.from_iterable(rows))
     head = '<table class="kv">\n' + (f"<caption>{escape(caption)}</caption>" if caption else "")
     if not cells:
         return Markup(head + "<tr><td>none recorded</td></tr></table>")
-    texts = [str(x) for x in cells]
-    joined = _SEP.join(texts)
-    if joined.count(_SEP) == len(texts) - 1 and not any(hasattr(x, "__html__") for x in cells):
-        escaped = str(escape(joined)).split(_SEP)
-    else:
+    escaped: list[str] | None = None
+    if set(map(type, cells)) == {str}:      # plain text (no __html__ of its own): the run pages' tables
+        joined = _SEP.join(cells)
+        if joined.count(_SEP) == len(cells) - 1:
+            escaped = str(escape(joined)).split(_SEP)
+    if escaped is None:
         escaped = [str(escape(x)) for x in cells]
-    return Markup("".join([head, *(f'<tr><th scope="row">{escaped[i]}</th><td>{escaped[i + 1]}</td></tr>\n'
-                                   for i in range(0, len(escaped), 2)), "</table>"]))
+    return Markup("".join([head, *(f'<tr><th scope="row">{k}</th><td>{v}</td></tr>\n'
+                                   for k, v in zip(escaped[::2], escaped[1::2])), "</table>"]))

@@ -51,6 +51,7 @@ from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num
 from store.outcomes import OK
 from store.run_record import thawed
 
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
 
 
@@ -201,9 +202,11 @@ def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = (), redactor: R
     if not mapping:
         return ()
     out = []
-    for k, v in mapping.items():
+    for k, v in mapping.items():         # (a record's read-only mapping: only its nested values thawed)
         if k in skip:
             continue
+        if type(v) not in _JSON_SCALARS:
+            v = thawed(v)
         if human:
             key, text = human_text(str(k), v)
         else:
@@ -253,11 +256,11 @@ def run_page(run: RunFolder, row: Mapping[str, Any], tells: Sequence[Tell], ids:
         argv=shlex.join(argv) if argv else "(not recorded: imported from upstream files)",
         flags=tuple(f for f in str(row.get(C.flags) or "").split(",") if f),
         tells=tuple(t.message for t in tells),
-        summary=_kv(thawed(rec.summary), redactor=redactor), distribution=distribution,
+        summary=_kv(rec.summary, redactor=redactor), distribution=distribution,
         config=_kv(rec.config.to_dict(), redactor=redactor),
-        entry_state=_kv(thawed(rec.entry_state), redactor=redactor, human=True),
-        exit_state=_kv(thawed(rec.exit_state), redactor=redactor, human=True),
-        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(thawed(rec.gate), redactor=redactor, human=True)),
+        entry_state=_kv(rec.entry_state, redactor=redactor, human=True),
+        exit_state=_kv(rec.exit_state, redactor=redactor, human=True),
+        pressure=pressure + tuple((f"gate {k}", v) for k, v in _kv(rec.gate, redactor=redactor, human=True)),
         charts=tuple(chart_list), files=run.file_names(),
         cpu=_cpu_rows(thawed(rec.cpu), row), when=fmt_time(rec.started_at),
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")

@@ -34,6 +34,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -78,10 +79,19 @@ def make_environment() -> Environment:
     # auto_reload off: a template is read once per build, not looked at again (its file stat'd) for every page
     env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, auto_reload=False)
+    # tojson through orjson: the same JSON values, compact and in a tenth of json's time (a run
+    # page's two charts cost 90 µs a page in json.dumps); keys sorted, as jinja's own default
+    env.policies["json.dumps_function"] = _json_text
     env.filters["mib"] = fmt_mib
     env.filters["num"] = fmt_num
     env.globals["kv"] = kv_table.kv
     return env
+
+
+def _json_text(value: Any, sort_keys: bool = False) -> str:
+    """What the templates' `tojson` embeds: `value` as JSON text (jinja's htmlsafe_json_dumps then
+    escapes <, >, & and ' in it); NaN and infinities are null."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
 
 
 # ── writing ──────────────────────────────────────────────────────────────────────────────────
