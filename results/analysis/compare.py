@@ -45,8 +45,7 @@ from results.analysis.noise import (
 )
 from results.errors import ResultsError
 from results.read.columns import C
-from results.read.frames import row_views
-from results.read.run_keys import CELL_KEYS, budget_label, cell_key
+from results.read.run_keys import CELL_KEYS, budget_label, cell_keys
 from results.read.table import build_table
 from store.outcomes import OK, RESULTS
 from store.versioned import json_safe
@@ -222,7 +221,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_label: str = "A", b_label
     frames = []
     for t in (a, b):
         t = t[t[C.outcome].isin(RESULTS)]
-        frames.append(t.assign(_cell=[cell_key(r) for r in row_views(t)]))
+        frames.append(t.assign(_cell=cell_keys(t)))
     a, b = frames
     fallback = _fallback(frames)
     keys = list(dict.fromkeys(list(a["_cell"]) + list(b["_cell"])))

@@ -34,7 +34,7 @@ from results.numbers import to_float
 from results.read import quality as q
 from results.read.columns import C
 from results.read.frames import row_views
-from results.read.run_keys import budget_asked, budget_label, cell_key, numbers_of, text_of
+from results.read.run_keys import budget_asked, budget_label, cell_keys, numbers_of, text_of
 from store.outcomes import OK
 
 PPL, AGREEMENT = "ppl", "agreement"          # the two bases of a quality loss, and the bound's two terms
@@ -171,8 +171,8 @@ def quality_front(table: pd.DataFrame) -> pd.DataFrame:
     (no reference) or no finished run is never on the front."""
     records = row_views(table)
     by_setting: dict[tuple[str, ...], list[int]] = {}
-    for i, r in enumerate(records):
-        by_setting.setdefault(cell_key(r), []).append(i)
+    for i, key in enumerate(cell_keys(table)):
+        by_setting.setdefault(key, []).append(i)
     out: list[dict[str, Any]] = []
     for idx in by_setting.values():
         rows = table.iloc[idx]

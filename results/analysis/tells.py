@@ -16,7 +16,7 @@ import pandas as pd
 from results.analysis.noise import cv, differs, median, typical_noise
 from results.read.columns import C
 from results.read.frames import row_views
-from results.read.run_keys import CELL_KEYS, cell_key, column_of, numbers_of, text_of
+from results.read.run_keys import CELL_KEYS, cell_keys, column_of, numbers_of, text_of
 from store.outcomes import OK
 
 COMPUTE_RISE = 0.10
@@ -39,8 +39,7 @@ def find_tells(table: pd.DataFrame) -> list[Tell]:
     out: list[Tell] = []
     if not len(ok):
         return out
-    records = row_views(ok)
-    keys = [cell_key(r) for r in records]
+    keys = cell_keys(ok)
     ok["_cell"] = keys
 
     # compute s/token that rises as top-k falls (same device, model, budget, dense, knobs)

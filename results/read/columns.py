@@ -437,6 +437,11 @@ class Names:
         raise AttributeError(f"{name!r} is no column of the run table (results/read/columns.py)")
 
 
+# every declared column a class attribute, so `C.tok_s` is an ordinary attribute read (a run page
+# reads some 25, and 10,000 pages called __getattr__ half a million times); __getattr__ answers the rest
+for _column in COLUMNS:
+    setattr(Names, _column.name + "_" if keyword.iskeyword(_column.name) else _column.name, _column.name)
+del _column
 C = Names()
 
 

@@ -83,6 +83,13 @@ def row_views(frame: pd.DataFrame) -> list[Row]:
     return [Row(columns, i) for i in range(len(frame))]
 
 
+def column_values(frame: pd.DataFrame, name: Any) -> list[Any]:
+    """A column's values as the rows of `row_views` give them (None for each row when the frame has
+    no such column, as a row's `get` gives)."""
+    columns = _Columns(frame)
+    return columns.column(name) if name in columns.at else [None] * len(frame)
+
+
 def row_digests(frame: pd.DataFrame) -> list[str]:
     """Each row's digest (hex text): equal digests, equal rows, for results.site.report's digest of a
     page's inputs. The column names and dtypes, then every value, hashed a column at a time

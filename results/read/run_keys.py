@@ -18,6 +18,7 @@ import pandas as pd
 
 from engine.contract.flags import PLANNER_BUDGET
 from results.numbers import is_missing, to_float
+from results.read.frames import column_values, row_views
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
 SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args",
@@ -143,6 +144,33 @@ def cell_key(row: Mapping[str, Any]) -> tuple[str, ...]:
     for k in CELL_KEYS:
         out.append(budget_asked(row) if k == "budget_asked" else text_of(row.get(k)))
     return tuple(out)
+
+
+def cell_keys(frame: pd.DataFrame) -> list[tuple[str, ...]]:
+    """Each row's cell_key, in order, a key column at a time: a scalar's text made once per distinct
+    value (a table of 10,000 runs holds a few dozen of each; tells and the quality front key every run)."""
+    columns = []
+    for k in CELL_KEYS:
+        if k == "budget_asked":
+            columns.append([budget_asked(row) for row in row_views(frame)])
+            continue
+        made: dict[tuple[type, Any], str] = {}
+        texts = []
+        for value in column_values(frame, k):
+            kind = type(value)
+            if kind not in _MEMO_KINDS:
+                texts.append(text_of(value))
+                continue
+            text = made.get((kind, value))
+            if text is None:                   # (a NaN is never equal to itself: its text made again, "")
+                text = made[kind, value] = text_of(value)
+            texts.append(text)
+        columns.append(texts)
+    return list(zip(*columns))
+
+
+# scalars whose equal values (of one type) have one text: 0.0 and -0.0 are both "0"
+_MEMO_KINDS = frozenset({str, int, float, bool, type(None)})
 
 
 ALL_RUNS = "all runs"       # the series of a group in which no knob varies

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from results.read.frames import row_digests, row_views
 from results.read.parse import read_metrics_csv
+from results.read.run_keys import CELL_KEYS, cell_key, cell_keys
 from results.read.table import KEY_COLUMNS, build_table, render_table
 from store import versioned
 from store.cells import CellConfig
@@ -182,6 +183,23 @@ def test_row_views_give_what_to_dict_records_gives(local_campaign, imported):
         row["no such column"]
     with pytest.raises(TypeError):
         row["run_id"] = "changed"  # type: ignore[index]
+
+
+def test_cell_keys_are_each_rows_cell_key(local_campaign, imported):
+    """results.read.run_keys.cell_keys (a key column at a time, a text per distinct value) gives
+    cell_key of each row view: on real tables, their slices, and a column of values whose equal
+    ones differ in type or sign (1, 1.0, True, 0.0, -0.0), NaN, None, pd.NA (a row gives it as None) and a tuple."""
+    table = build_table([local_campaign, imported])
+    odd = table.iloc[:9].copy()
+    odd["threads"] = pd.Series([1, 1.0, True, 0.0, -0.0, math.nan, None, pd.NA, (0.0, -0.0)], index=odd.index,
+                               dtype=object)
+    odd["prompt"] = [math.nan] * len(odd)
+    for frame in (table, table[table["outcome"] == "ok"], table.iloc[:0], table.drop(columns=["apps", "device"]),
+                  odd):
+        want = [cell_key(r) for r in row_views(frame)]
+        assert cell_keys(frame) == want
+    assert [k[CELL_KEYS.index("threads")] for k in cell_keys(odd)] == \
+        ["1", "1", "True", "0", "0", "", "", "", "(0.0, -0.0)"]
 
 
 def test_row_digests_are_equal_for_equal_rows_and_differ_when_a_value_name_or_dtype_does(local_campaign, imported):
