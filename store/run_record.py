@@ -34,30 +34,30 @@ def _empty() -> Mapping[str, Any]:
 
 # JSON's scalars, taken as they are without a call each (run.json holds some 200 values a run, and
 # every command that reads a campaign freezes them all: benchmarks/bench_results_db.py)
-_SCALARS = frozenset({str, int, float, bool, type(None)})
+SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def frozen(value: Any) -> Any:
     """A JSON value made read-only: objects as read-only mappings, arrays as tuples (all the way down)."""
-    if type(value) in _SCALARS:
+    if type(value) in SCALARS:
         return value
     if isinstance(value, Mapping):
-        return MappingProxyType({k: v if type(v) in _SCALARS else frozen(v) for k, v in value.items()})
+        return MappingProxyType({k: v if type(v) in SCALARS else frozen(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return tuple(v if type(v) in _SCALARS else frozen(v) for v in value)
+        return tuple(v if type(v) in SCALARS else frozen(v) for v in value)
     return value
 
 
 def thawed(value: Any) -> Any:
     """A frozen value back as the JSON value it was read from (dicts and lists)."""
-    if type(value) in _SCALARS:
+    if type(value) in SCALARS:
         return value
     if isinstance(value, CellConfig):
         return value.to_dict()
     if isinstance(value, Mapping):
-        return {k: v if type(v) in _SCALARS else thawed(v) for k, v in value.items()}
+        return {k: v if type(v) in SCALARS else thawed(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return [v if type(v) in _SCALARS else thawed(v) for v in value]
+        return [v if type(v) in SCALARS else thawed(v) for v in value]
     return value
 
 

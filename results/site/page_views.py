@@ -49,9 +49,8 @@ from results.site.pages import (
 from results.site.quality_view import quality_views
 from results.site.site_format import Urls, fmt_celsius, fmt_kb, fmt_mib, fmt_num, fmt_pct, fmt_time, human_text
 from store.outcomes import OK
-from store.run_record import thawed
+from store.run_record import SCALARS, thawed
 
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 RecsByKey = Mapping[tuple[str, str, int | None, str], Recommendation]      # (device, model, top-k, apps)
 
 
@@ -205,7 +204,7 @@ def _kv(mapping: Mapping[str, Any] | None, skip: Sequence[str] = (), redactor: R
     for k, v in mapping.items():         # (a record's read-only mapping: only its nested values thawed)
         if k in skip:
             continue
-        if type(v) not in _JSON_SCALARS:
+        if type(v) not in SCALARS:
             v = thawed(v)
         if human:
             key, text = human_text(str(k), v)
