@@ -35,6 +35,7 @@ from results.errors import ResultsError
 from results.read import columns as cols
 from results.read import series as run_series
 from results.read.columns import C
+from results.read.parse_csv import parsed_once
 from results.read.quality import read_output
 from results.read.rundir import CampaignData, RunFolder, campaign_head
 from results.read.table import ShapeCache, run_row
@@ -144,10 +145,11 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
         except StoreError:
             raise ResultsError(f"{path}: its run.json does not read as attempt {key[1]} of {key[0]}") from None
         camp = replace(head, runs=(run,))
-        row = run_row(camp, run, shapes)
+        with parsed_once():              # its metrics CSV parsed once for the row and the kept series
+            row = run_row(camp, run, shapes)
+            series = run_series.read_series(path)
         built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,
-                      {"series": run_series.encode(run_series.read_series(path)),
-                       "record": schema.packed_record(run.record_bytes())}))
+                      {"series": run_series.encode(series), "record": schema.packed_record(run.record_bytes())}))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
     try:

@@ -18,12 +18,17 @@ key (a negative time, a hit rate over 100) are stored as missing, and `notes` sa
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -89,7 +94,58 @@ class MetricsFile:
         return values.where(values != NOT_MEASURED) if column in SENTINEL_COLUMNS else values
 
 
+T = TypeVar("T")
+_parsed: ContextVar[dict[tuple[str, str, int, int], Any] | None] = ContextVar("parsed_once", default=None)
+
+
+@contextlib.contextmanager
+def parsed_once() -> Iterator[None]:
+    """Inside, a metrics CSV or a samples CSV is parsed once: a later read_metrics_csv or
+    read_samples_csv of the same file (its path, size and modification time unchanged) gets a copy
+    of the first's result (a frame of its own), or the first's error again. results.db.ingest reads
+    each run's files for its row of the run table and again for the series it keeps: the parse was
+    half of an ingest's time."""
+    token = _parsed.set({})
+    try:
+        yield
+    finally:
+        _parsed.reset(token)
+
+
+def _once(kind: str, path: str | Path, parse: Callable[[], T], errors: tuple[type[Exception], ...],
+          copy: Callable[[T], T]) -> T:
+    """parse(), or inside parsed_once a copy of what it gave this file first (its error again)."""
+    seen = _parsed.get()
+    if seen is None:
+        return parse()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return parse()                          # (its own error, as the parser gives it)
+    key = (kind, os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in seen:
+        try:
+            seen[key] = parse()
+        except errors as e:
+            seen[key] = e
+    first = seen[key]
+    if isinstance(first, Exception):
+        raise type(first)(*first.args)
+    return copy(first)
+
+
 def read_metrics_csv(path: str | Path) -> MetricsFile:
+    """One metrics CSV (MetricsFile), or a ParseError naming the file and the line."""
+    return _once("metrics", path, lambda: _read_metrics_csv(path), (ParseError,),
+                 lambda m: dataclasses.replace(m, rows=m.rows.copy()))
+
+
+def read_samples_csv(path: str | Path) -> pd.DataFrame:
+    """A run's pressure samples CSV as pandas reads it (pandas' ValueError or OSError when it does not)."""
+    return _once("samples", path, lambda: pd.read_csv(path), (ValueError, OSError), pd.DataFrame.copy)
+
+
+def _read_metrics_csv(path: str | Path) -> MetricsFile:
     lines, ends_with_newline = read_lines(path)
     name = str(path)
     if not any(line.strip() for line in lines):

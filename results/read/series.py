@@ -87,7 +87,7 @@ class RunSeries:
 
 def read_series(folder: str | Path) -> RunSeries:
     """A run folder's series from its files."""
-    from results.read.parse_csv import read_metrics_csv
+    from results.read.parse_csv import read_metrics_csv, read_samples_csv
 
     folder = Path(folder)
     metrics, error = None, ""
@@ -100,7 +100,7 @@ def read_series(folder: str | Path) -> RunSeries:
     samples = None
     if (folder / names.SAMPLES_CSV).is_file():
         try:
-            samples = Columns.of(pd.read_csv(folder / names.SAMPLES_CSV))
+            samples = Columns.of(read_samples_csv(folder / names.SAMPLES_CSV))
         except (ValueError, OSError):
             samples = None
     return RunSeries(metrics, error, samples)

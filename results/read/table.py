@@ -143,11 +143,13 @@ def _read_metrics(run: RunFolder):
 
 
 def _samples(run: RunFolder) -> pd.DataFrame | None:
+    from results.read.parse_csv import read_samples_csv
+
     path = run.file(names.SAMPLES_CSV)
     if path is None:
         return None
     try:
-        frame = pd.read_csv(path)
+        frame = read_samples_csv(path)
     except (ValueError, OSError):
         return None
     return frame if len(frame) else None

@@ -945,3 +945,40 @@ def test_errors_escape_control_characters_and_quote_a_short_excerpt(tmp_path):
     with pytest.raises(ParseError) as exc:
         read_sidecar(sidecar)
     assert "\x1b" not in str(exc.value) and "\x00" not in str(exc.value) and len(str(exc.value)) < 300
+
+
+def test_parsed_once_parses_a_file_once_and_hands_out_copies(tmp_path, monkeypatch):
+    """results.read.parse_csv.parsed_once (results.db.ingest: a run's CSVs for its row and its kept
+    series): inside, a second read of an unchanged file is the first's result, its frame a copy of its
+    own, without parsing again; a changed file is parsed again; an error is raised again; outside,
+    every read parses."""
+    from results.read import parse_csv
+
+    path = copy("2026-07-12/qwen_c4000_l4.csv", tmp_path)
+    samples = write_bytes(tmp_path, "samples.csv", b"t_s,mem_available_kb\n0,100\n1,90\n")
+    bad = write_bytes(tmp_path, "x.csv", b"step,turn,phase,layer\n1,0,1,2\n")
+    empty = write_bytes(tmp_path, "empty.csv", b"")
+    calls: list[str] = []
+    real_metrics, real_pandas = parse_csv._read_metrics_csv, pd.read_csv
+    monkeypatch.setattr(parse_csv, "_read_metrics_csv", lambda p: calls.append(str(p)) or real_metrics(p))
+    # (the metrics parser hands pandas its text in memory: only files are counted)
+    monkeypatch.setattr(parse_csv.pd, "read_csv", lambda p, *a, **k: (calls.append(str(p)) if isinstance(p, Path) else None)
+                        or real_pandas(p, *a, **k))
+    with parse_csv.parsed_once():
+        first, second = read_metrics_csv(path), read_metrics_csv(path)
+        assert calls == [str(path)]
+        assert first.rows is not second.rows and first.rows.equals(second.rows) and first.summary == second.summary
+        second.rows.loc[0, "wall_ms"] = -5.0
+        assert read_metrics_csv(path).rows.equals(first.rows)          # a copy each: one changed, not the kept one
+        s1, s2 = parse_csv.read_samples_csv(samples), parse_csv.read_samples_csv(samples)
+        assert calls.count(str(samples)) == 1 and s1 is not s2 and s1.equals(s2)
+        for _ in range(2):
+            with pytest.raises(ParseError, match="header lacks steps, wall_ms"):
+                read_metrics_csv(bad)
+            with pytest.raises(ValueError, match="No columns to parse"):
+                parse_csv.read_samples_csv(empty)
+        assert calls.count(str(bad)) == 1 and calls.count(str(empty)) == 1
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))     # changed (its size): parsed again
+        assert len(read_metrics_csv(path).rows) == len(first.rows) and calls.count(str(path)) == 2
+    read_metrics_csv(path), read_metrics_csv(path)
+    assert calls.count(str(path)) == 4
