@@ -30,6 +30,12 @@ from engine.interface.flags import FLAGS, PATH
 
 # flags whose value is a file on the device the engine ran on (every PATH flag of the table)
 PATH_FLAGS = frozenset(s for f in FLAGS if f.value == PATH for s in f.spellings)
+# a path Redactor.fingerprint_in can look for: one a JSON text spells as it is (printable ASCII, no
+# quote or backslash) and that no text a run page redacts could make of two of the record's
+# strings (their glue, results.site.page_views, always holds a space or a quote); four characters
+# at least (its index's key)
+_PLAIN_KEY = re.compile(r'/[!#-\[\]-~]{3,}')
+_ASCII_ESCAPE = re.compile(r"\\u00[2-7][0-9A-Fa-f]")     # \u002f: a printable character JSON need not escape
 
 
 
@@ -61,6 +67,15 @@ class Redactor:
         self._re = re.compile(f"(?:{pattern})(?=/|\\b|$)") if pattern else None
         self._names = dict(self._pairs)
         self._all_have_slash = all("/" in k for k in [*self._names, *([self._home] if self._home else [])])
+        # fingerprint_in's index: every path's lengths by its first four characters; None when a path
+        # (or the home) is not one it can look for (_PLAIN_KEY)
+        by_start: dict[str, set[int]] | None = {} if not self._home or _PLAIN_KEY.fullmatch(self._home) else None
+        for k in self._names:
+            if by_start is None or not _PLAIN_KEY.fullmatch(k):
+                by_start = None
+                continue
+            by_start.setdefault(k[:4], set()).add(len(k))
+        self._by_start = None if by_start is None else {start: sorted(ns) for start, ns in by_start.items()}
 
     def text(self, value: str) -> str:
         """A string with every known host path replaced."""
@@ -86,6 +101,26 @@ class Redactor:
         """A digest of what this redactor replaces: equal digests redact every text alike
         (results.site.report keeps a run page whose inputs, this among them, did not change)."""
         return hashlib.sha256(repr((self._pairs, self._home)).encode()).hexdigest()
+
+    def fingerprint_in(self, document: str) -> str:
+        """A digest of what this redactor replaces in any string of `document`, a JSON text (a run's
+        run.json): the pairs whose path occurs in it, and the user's home if it does. Two redactors
+        with equal digests for a document redact each of its strings alike, whatever else they
+        replace (results.site.page_views.run_page_inputs: a run page made for one set of campaigns
+        serves another). A document whose escapes could hide a path (`\\/`, `\\u002f`), or a
+        redactor with a path that JSON could spell otherwise, gives fingerprint() itself."""
+        if self._by_start is None or "\\/" in document or _ASCII_ESCAPE.search(document):
+            return self.fingerprint()
+        found, at = set(), document.find("/")
+        while at >= 0:
+            for n in self._by_start.get(document[at:at + 4], ()):
+                if document[at:at + n] in self._names:
+                    found.add(document[at:at + n])
+            at = document.find("/", at + 1)
+        pairs = [(k, v) for k, v in self._pairs if k in found]      # in the order text() tries them
+        home = self._home if self._home and (self._home in document or any(self._home in v for _, v in pairs)) \
+            else None
+        return hashlib.sha256(repr((pairs, home)).encode()).hexdigest()
 
     def value(self, value: Any) -> Any:
         """Any JSON-like value with every string in it redacted."""
