@@ -8,9 +8,12 @@ campaign into an empty one (its cost must follow its own runs, not the database'
 
 DIR is any campaign directory (one `bmoe-fleet sweep --device local` made with bmoe-py on a
 tiny model, or the test suite's local campaign); each copy gets its own campaign name. `--db`
-defaults to an SQLite file in the work folder; give postgresql://… for PostgreSQL. `report --db`
-is timed twice into the same site folder: the first build writes every page, the repeated one
-keeps the run pages whose inputs did not change (results.site.report). With `--baseline-root`, an
+defaults to an SQLite file in the work folder; give postgresql://… for PostgreSQL. Ingest is
+timed as `db ingest` runs it, its rows and then the run pages it keeps (results.site.run_pages).
+`report --db` is timed twice into the same site folder: the first build writes every page (the run
+pages as the database keeps them), the repeated one keeps the run pages whose inputs did not
+change (results.site.report); with an SQLite file, a first build from a copy of it with its pages
+cleared is timed too (every page made). With `--baseline-root`, an
 older bmoe-fleet checkout (e.g. a `git worktree` of the commit before a change) ingests the same
 campaigns into a database of its own and its `report --db` is timed in the same run: the ratio
 against it is the change's, on the same host at the same time. With `--profile`, `report --db`
@@ -39,6 +42,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from results.db.ingest import ingest  # noqa: E402
+from results.site.run_pages import store_run_pages  # noqa: E402
+
+
+def timed(work, *args):
+    """work(*args), and its wall and CPU seconds (this process's and its children's: the run pages
+    are made in forked children)."""
+    before = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    t = time.perf_counter()
+    out = work(*args)
+    wall = time.perf_counter() - t
+    after = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(a.ru_utime - b.ru_utime + a.ru_stime - b.ru_stime for a, b in zip(after, before))
+    return out, wall, cpu
+
+
+def ingest_and_pages(dirs, db):
+    """What `db ingest` does (results.site.run_pages.ingest_with_pages), its two steps timed apart."""
+    done, t_rows, c_rows = timed(ingest, dirs, db)
+    made, t_pages, c_pages = timed(store_run_pages, db, [d.dir for d in done if d.changed])
+    return done, made, (t_rows, c_rows), (t_pages, c_pages)
 
 
 def copies(src: Path, work: Path, n: int, prefix: str) -> list[Path]:
@@ -63,7 +86,7 @@ def old_sites(work: Path) -> Path:
     (docs/lab-notes/2026-12-07-report-records.md)."""
     trash = work / f"old-sites-{time.time_ns()}"
     trash.mkdir()
-    for name in ("site", "site-baseline", "site-files", "site-prof"):
+    for name in ("site", "site-baseline", "site-files", "site-prof", "site-bare"):
         if (work / name).exists():
             (work / name).rename(trash / name)
     return trash
@@ -106,13 +129,12 @@ def main() -> None:
     rows: list[tuple[str, float, float, str]] = []       # (step, wall s, CPU s, note)
     trash = old_sites(work)
 
-    t, c = time.perf_counter(), time.process_time()
-    ingest(dirs, db)
-    rows.append((f"ingest {n} campaigns, {n * per} runs", time.perf_counter() - t, time.process_time() - c, ""))
-    t, c = time.perf_counter(), time.process_time()
-    again = ingest(dirs, db)
-    rows.append(("ingest again (nothing new)", time.perf_counter() - t, time.process_time() - c,
-                 f"{sum(d.unchanged for d in again)} unchanged"))
+    _, made, (t, c), (t_p, c_p) = ingest_and_pages(dirs, db)
+    rows.append((f"ingest {n} campaigns, {n * per} runs", t, c, ""))
+    rows.append(("… and their run pages (db ingest's last step)", t_p, c_p, f"{made} pages made"))
+    again, made, (t, c), (t_p, c_p) = ingest_and_pages(dirs, db)
+    rows.append(("ingest again (nothing new), with its run pages", t + t_p, c + c_p,
+                 f"{sum(d.unchanged for d in again)} unchanged, {made} pages made"))
     strs = [str(d) for d in dirs]
     t_table, c_table, _ = cli("table", *strs, "--db", db, "--format", "csv", "-o", str(work / "table.csv"))
     rows.append((f"table --db ({n * per} runs)", t_table, c_table, "target 15 s"))
@@ -125,8 +147,21 @@ def main() -> None:
         t_base, c_base, _ = cli("report", *strs, "--db", base_db, "-o", str(work / "site-baseline"),
                                 root=a.baseline_root.resolve())
     site = work / "site"
-    t_report, c_report, _ = cli("report", *strs, "--db", db, "-o", str(site))
-    rows.append((f"report --db ({n * per} runs), first build", t_report, c_report, "target 15 s"))
+    t_report, c_report, said = cli("report", *strs, "--db", db, "-o", str(site), "--json")
+    rows.append((f"report --db ({n * per} runs), first build", t_report, c_report,
+                 f"target 15 s; {json.loads(said)['stored']} run pages from the db"))
+    # the same first build with no page kept in the database (a copy of it, its pages cleared): every page made
+    if "://" not in db:                      # an SQLite file
+        import sqlite3
+
+        bare = work / "no-pages.sqlite"
+        shutil.copyfile(db, bare)
+        with sqlite3.connect(bare) as conn:
+            conn.execute("UPDATE folders SET page = NULL, page_digest = NULL")
+        t_bare, c_bare, _ = cli("report", *strs, "--db", str(bare), "-o", str(work / "site-bare"))
+        rows.append((f"report --db ({n * per} runs), first build, every page made", t_bare, c_bare,
+                     "the db's pages cleared"))
+        bare.unlink()
     t_again, c_again, said = cli("report", *strs, "--db", db, "-o", str(site), "--json")
     rows.append((f"report --db again, same folder ({json.loads(said)['kept']} run pages kept)", t_again, c_again,
                  "target 15 s"))
@@ -140,13 +175,11 @@ def main() -> None:
     t_rfiles, c_rfiles, _ = cli("report", *strs[:k], "-o", str(work / "site-files"))
     rows.append((f"report from files ({k * per} runs)", t_rfiles, c_rfiles,
                  f"{t_rfiles / (k * per) * 1000:.1f} ms/run; x{n // k} = {t_rfiles * n / k:.0f} s"))
-    t, c = time.perf_counter(), time.process_time()
-    ingest([extra], empty)
-    t_empty, c_empty = time.perf_counter() - t, time.process_time() - c
-    t, c = time.perf_counter(), time.process_time()
-    ingest([extra], db)
-    t_full, c_full = time.perf_counter() - t, time.process_time() - c
-    rows.append((f"ingest one more campaign ({per} runs) into an empty db", t_empty, c_empty, ""))
+    _, _, (t, c), (t_p, c_p) = ingest_and_pages([extra], empty)
+    t_empty, c_empty = t + t_p, c + c_p
+    _, _, (t, c), (t_p, c_p) = ingest_and_pages([extra], db)
+    t_full, c_full = t + t_p, c + c_p
+    rows.append((f"ingest one more campaign ({per} runs) with its pages into an empty db", t_empty, c_empty, ""))
     rows.append((f"… into the db of {n * per} runs", t_full, c_full, f"ratio {t_full / t_empty:.2f}"))
     width = max(len(r[0]) for r in rows)
     print(f"{'step':{width}}  {'wall s':>8}  {'CPU s':>8}  note")

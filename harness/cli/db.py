@@ -36,10 +36,11 @@ def db_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print what each campaign's ingest did as JSON.")
 def ingest_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None:
     """Load campaign directories DIRS into the database: only the attempts it has not seen, or whose
-    files changed; each campaign in one transaction. Progress goes to stderr."""
-    from results.db.ingest import ingest
+    files changed; each campaign in one transaction; then the run pages of the campaigns it
+    changed, kept for report --db. Progress goes to stderr."""
+    from results.site.run_pages import ingest_with_pages
 
-    _print(ingest(list(dirs), db, _progress), as_json)
+    _print(ingest_with_pages(list(dirs), db, _progress), as_json)
 
 
 @db_group.command("rebuild")
@@ -49,9 +50,9 @@ def ingest_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None
 def rebuild_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None:
     """Make the database again from the files: its tables (for this bmoe-fleet's columns), then DIRS
     (default: the campaign directories it holds)."""
-    from results.db.ingest import rebuild
+    from results.site.run_pages import ingest_with_pages
 
-    _print(rebuild(list(dirs), db, _progress), as_json)
+    _print(ingest_with_pages(list(dirs), db, _progress, rebuild=True), as_json)
 
 
 @db_group.command("columns")

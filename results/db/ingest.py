@@ -62,6 +62,12 @@ class Ingested:
         return {"dir": self.dir, "name": self.name, "added": self.added, "updated": self.updated,
                 "removed": self.removed, "unchanged": self.unchanged}
 
+    @property
+    def changed(self) -> bool:
+        """Whether it added, updated or removed a run and the campaign still has runs (whose pages
+        may have changed with them: results.site.run_pages.store_run_pages)."""
+        return bool(self.added or self.updated or self.removed) and self.added + self.updated + self.unchanged > 0
+
     def text(self) -> str:
         return (f"{self.name} ({self.dir}): {self.added} added, {self.updated} updated, {self.removed} removed, "
                 f"{self.unchanged} unchanged")
@@ -203,6 +209,30 @@ def ingest(dirs: Sequence[str | Path], db: str | None, progress: Progress | None
                 progress(f"db: [{i}/{len(dirs)}] {done.text()}")
             out.append(done)
         return out
+    finally:
+        engine.dispose()
+
+
+def store_pages(db: str | None, pages: Sequence[tuple[str, str, int, str, bytes]], code: str) -> None:
+    """Run pages into the database, beside their runs' folders, in one transaction: each (campaign
+    directory as ingested, cell id, attempt, the digest of its inputs, its HTML packed by
+    schema.packed_page), made by `code` (results.site.run_pages). A run the database no longer
+    holds is left out."""
+    if not pages:
+        return
+    engine = schema.connect(db, create=False)
+    f, c = schema.folders, schema.campaigns
+    try:
+        with engine.begin() as conn:
+            ids = {str(row.dir): int(row.id) for row in conn.execute(select(c.c.id, c.c.dir))}
+            conn.execute(update(f).where(and_(
+                f.c.campaign_id == bindparam("k_campaign"), f.c.cell_id == bindparam("k_cell"),
+                f.c.attempt == bindparam("k_attempt"))).values(
+                    page_digest=bindparam("k_digest"), page_code=bindparam("k_code"), page=bindparam("k_page")),
+                [{"k_campaign": ids[d], "k_cell": cell, "k_attempt": attempt, "k_digest": digest, "k_code": code,
+                  "k_page": page} for d, cell, attempt, digest, page in pages if d in ids])
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
     finally:
         engine.dispose()
 

@@ -387,6 +387,44 @@ def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bo
     return _Stored(series, run_series.decode, keep=True), _Stored(folders, _folder, keep=False)
 
 
+def stored_pages(db: str | None, pairs: Iterable[tuple[str, str]]) -> dict[str, tuple[str, bytes]]:
+    """The run pages the database keeps of every run of these (device, model) pairs, by run folder:
+    the digest of the inputs each was made from and its HTML, packed (schema.unpacked_page)."""
+    engine = schema.connect(db, create=False)
+    r, f = schema.runs, schema.folders
+    out: dict[str, tuple[str, bytes]] = {}
+    try:
+        with engine.connect() as conn:
+            for device, model in sorted(set(pairs)):
+                q = select(r.c.run_dir, f.c.page_digest, f.c.page).join(f, and_(
+                    f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
+                    .where(r.c.device == device, r.c.model == model, f.c.page.is_not(None))
+                for row in conn.execute(q):
+                    out[str(row.run_dir)] = (str(row.page_digest), bytes(row.page))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+    return out
+
+
+def unpaged_dirs(db: str | None, code: str) -> list[str]:
+    """The campaign directories the database holds a run of whose page it lacks, or keeps as
+    other code made it (`code`: results.site.environment.code_fingerprint), in the order they were
+    first ingested."""
+    engine = schema.connect(db, create=False)
+    c, f = schema.campaigns, schema.folders
+    try:
+        with engine.connect() as conn:
+            q = select(c.c.id, c.c.dir).where(c.c.id.in_(select(f.c.campaign_id).where(
+                or_(f.c.page.is_(None), f.c.page_code.is_(None), f.c.page_code != code)))).order_by(c.c.id)
+            return [str(row.dir) for row in conn.execute(q)]
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
+
+
 def stored_campaigns(dirs: Sequence[str | Path], table: pd.DataFrame) -> list[CampaignData]:
     """The campaigns of `run_table(dirs, db)`: each directory's name and device and model records
     read from it (results.read.rundir.campaign_heads), its runs the table's (the database's: an

@@ -13,7 +13,10 @@ Four tables, through SQLAlchemy Core (docs/decisions/results-db.md):
 - `folders`: one row per `runs` row, what the report reads of the attempt's folder: its per-token
   metrics CSV and pressure samples (`series`: results.read.series.encode, every column, exact) and
   its run.json's bytes (`record`, zlib-compressed), so `report --db` reads no run folder
-  (docs/decisions/report-speed.md); the names of its files are in `runs.files`.
+  (docs/decisions/report-speed.md); the names of its files are in `runs.files`. Beside them, the
+  run's page as `db ingest` made it (`page`, zlib-compressed), the digest of the inputs it was made
+  from (`page_digest`) and the code that made it (`page_code`): a report takes it when the page it
+  would make has the same digest (results.site.run_pages, docs/decisions/stored-run-pages.md).
 - `meta`: the schema's fingerprint; a database made for another run-table schema is refused until
   `bmoe-fleet db rebuild`.
 
@@ -55,7 +58,7 @@ from results.read.columns import C
 from results.read.series import FORMAT as SERIES_FORMAT
 
 DB_FILE = "results.sqlite"
-FORMAT = 3                       # the layout of the four tables (not the run table's columns)
+FORMAT = 4                       # the layout of the four tables (not the run table's columns)
 _TYPES = {"int": BigInteger, "float": Float, "bool": Boolean, "text": Text, "json": Text, "value": Text, "config": Text,
           "args": Text}
 
@@ -88,6 +91,9 @@ folders = Table(
     "folders", metadata, *_attempt_key(),
     Column("series", LargeBinary, nullable=False),
     Column("record", LargeBinary, nullable=False),
+    Column("page_digest", Text),       # the digest of the run page's inputs (results.site.run_pages); NULL: none kept
+    Column("page_code", Text),         # the code that made it (results.site.environment.code_fingerprint)
+    Column("page", LargeBinary),       # its HTML, packed (packed_page)
 )
 meta = Table(
     "meta", metadata,
@@ -103,6 +109,16 @@ def packed_record(raw: bytes) -> bytes:
 
 def unpacked_record(data: bytes) -> bytes:
     """`folders.record` as run.json's bytes."""
+    return zlib.decompress(data)
+
+
+def packed_page(html: str) -> bytes:
+    """A run page as `folders.page` holds it."""
+    return zlib.compress(html.encode("utf-8"), 1)
+
+
+def unpacked_page(data: bytes) -> bytes:
+    """`folders.page` as the page file's bytes."""
     return zlib.decompress(data)
 
 

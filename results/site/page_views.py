@@ -265,17 +265,18 @@ def run_page(run: RunFolder, row: Mapping[str, Any], tells: Sequence[Tell], ids:
         turns=_turn_rows(turns, redactor), gap_taken=gap_taken(turns) if turns else "")
 
 
-def run_page_inputs(run: RunFolder, row_digest: str, tells: Sequence[Tell], redactor_digest: str) -> str:
+def run_page_inputs(run: RunFolder, row_digest: str, tells: Sequence[Tell], redactor: Redactor) -> str:
     """Everything run_page reads, as one text: a run page made again from equal inputs (and the
-    same first chart id) is the same page (results.site.report reuses it). Its run.json, its row of
-    the run table (`row_digest`: results.read.frames.row_digests), its tells, its metrics CSV and
-    samples (results.read.series.fingerprint), its files' names and the redactor (its digest). The
-    record is its run.json's bytes, hashed (what the record was read from: another bmoe-fleet, which
-    may read it otherwise, starts a new list of pages)."""
-    record = hashlib.sha256(run.record_bytes()).hexdigest()
-    return json.dumps([record, row_digest, [(t.kind, t.message) for t in tells],
+    same first chart id) is the same page (results.site.run_pages reuses it). Its run.json, its row
+    of the run table (`row_digest`: results.read.frames.row_digests), its tells, its metrics CSV and
+    samples (results.read.series.fingerprint), its files' names, and what the redactor replaces in
+    its run.json (Redactor.fingerprint_in: the page a site of other campaigns made serves this one
+    when none of theirs is named in it). The record is its run.json's bytes, hashed (what the
+    record was read from: another bmoe-fleet, which may read it otherwise, starts a new list of pages)."""
+    raw = run.record_bytes()
+    return json.dumps([hashlib.sha256(raw).hexdigest(), row_digest, [(t.kind, t.message) for t in tells],
                        series_fingerprint(run.path), list(run.file_names()),
-                       redactor_digest], ensure_ascii=False)
+                       redactor.fingerprint_in(raw.decode("utf-8", "replace"))], ensure_ascii=False)
 
 
 def _turn_rows(turns: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[TurnRow, ...]:

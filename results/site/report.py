@@ -10,11 +10,10 @@ SITE/history/*.html (built from a results database: a device and model across en
 results.site.history_view), recommendations.json, runs.csv, and assets/ (plotly.min.js copied from the plotly package, so the
 site works offline from file://).
 
-The jinja Environment is built in one place, make_environment(), with autoescape on: device
-strings are data and always render as text (figures travel as `tojson` inside
-`<script type="application/json">`, which escapes `<`, `>`, `&` and `'`). File names derived from
-device and model strings go through slug(). The site is written into a temporary folder and
-swapped in whole, so a reader never sees half a site; an existing folder that is not a site is
+Pages are made through the one jinja Environment (results.site.environment), autoescaped; a run
+page whose inputs are unchanged is taken from the last build or the results database
+(results.site.run_pages). File names derived from device and model strings go through slug().
+The site is written into a temporary folder and swapped in whole, so a reader never sees half a site; an existing folder that is not a site is
 refused rather than overwritten. A symlink named by `-o` is replaced by the site, its target left
 as it was, as every `-o` treats a link (docs/decisions/output-formats.md).
 """
@@ -22,7 +21,6 @@ as it was, as every `-o` treats a link (docs/decisions/output-formats.md).
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import json
@@ -30,15 +28,13 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pandas as pd
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment
 
-from results.analysis.analyze import Analysis, analyze, measured_tells, shared_analyses, tells_by_run
+from results.analysis.analyze import Analysis, analyze, shared_analyses
 from results.analysis.history import History
 from results.analysis.quality import quality_front
 from results.analysis.recommend import recommendations_for
@@ -46,15 +42,17 @@ from results.analysis.recommend_records import Recommendations
 from results.errors import ResultsError
 from results.publish import Redactor
 from results.read.columns import C, written_frame
-from results.read.frames import frame_csv, row_digests, row_views
+from results.read.frames import frame_csv, row_digests
 from results.read.rundir import CampaignData, RunFolder, provided_folders, read_campaigns
 from results.read.series import provided
 from results.read.table import build_table
-from results.site import fanout, kv_table
+from results.site import fanout
+from results.site.environment import code_fingerprint, make_environment, render, templates_dir
 from results.site.history_view import history_links, history_pages
-from results.site.page_views import Ids, device_page, index_page, model_page, run_page, run_page_inputs
+from results.site.page_views import Ids, device_page, index_page, model_page
 from results.site.pages import Link
-from results.site.site_format import Urls, fmt_mib, fmt_num
+from results.site.run_pages import RunPages
+from results.site.site_format import Urls
 from store import names
 from store.versioned import write_json
 
@@ -63,35 +61,6 @@ HOST_COLUMNS = (C.run_dir, C.campaign_dir)
 
 SITE_MARKER = ".bmoe-fleet-site"
 PAGES_MANIFEST = ".bmoe-fleet-site-pages.json"     # the run pages' inputs, for the next build (_Kept)
-
-
-# ── the one Environment ──────────────────────────────────────────────────────────────────────
-
-
-def templates_dir() -> Path:
-    """The installed templates/ folder."""
-    return Path(str(resources.files("templates")))
-
-
-def make_environment() -> Environment:
-    """The site's only jinja Environment: autoescaped, strict about missing fields; its filters and
-    the key-value tables (results.site.kv_table) next."""
-    # auto_reload off: a template is read once per build, not looked at again (its file stat'd) for every page
-    env = Environment(loader=FileSystemLoader(str(templates_dir())), autoescape=True, undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, auto_reload=False)
-    # tojson through orjson: the same JSON values, compact and in a tenth of json's time (a run
-    # page's two charts cost 90 µs a page in json.dumps); keys sorted, as jinja's own default
-    env.policies["json.dumps_function"] = _json_text
-    env.filters["mib"] = fmt_mib
-    env.filters["num"] = fmt_num
-    env.globals["kv"] = kv_table.kv
-    return env
-
-
-def _json_text(value: Any, sort_keys: bool = False) -> str:
-    """What the templates' `tojson` embeds: `value` as JSON text (jinja's htmlsafe_json_dumps then
-    escapes <, >, & and ' in it); NaN and infinities are null."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
 
 
 # ── writing ──────────────────────────────────────────────────────────────────────────────────
@@ -107,17 +76,20 @@ class SiteReport:
     devices: int
     models: int
     kept: int = 0            # run pages whose inputs had not changed, taken from the previous build
+    stored: int = 0          # … taken from the results database (results.site.run_pages)
 
     def text(self) -> str:
         """One line for the terminal."""
         return (f"wrote {self.pages} pages ({self.devices} devices, {self.models} models, {self.runs} runs) to "
                 f"{self.out_dir}/index.html" + (f"; {self.kept} run pages kept from the last build" if self.kept
-                                                else ""))
+                                                else "")
+                + (f"; {self.stored} run pages from the results database" if self.stored else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as `report --json` prints it."""
         return {"format": "bmoe-fleet.site", "version": 1, "dir": self.out_dir, "pages": self.pages,
-                "runs": self.runs, "devices": self.devices, "models": self.models, "kept": self.kept}
+                "runs": self.runs, "devices": self.devices, "models": self.models, "kept": self.kept,
+                "stored": self.stored}
 
 
 def _plotly_js() -> Path:
@@ -164,18 +136,19 @@ def build_site(dirs: Sequence[str | Path], out: str | Path, model_files: Mapping
 
 def _site(camps: Sequence[CampaignData], out: str | Path, model_files: Mapping[str, str] | None,
           recommendations: Recommendations | None, table: pd.DataFrame | None, history: History | None,
-          progress: Callable[[str], None] | None) -> SiteReport:
+          progress: Callable[[str], None] | None, stored: Mapping[str, tuple[str, bytes]] | None = None) -> SiteReport:
     table = build_table(camps, model_files) if table is None else table
     out = Path(os.path.abspath(out))           # not resolved: a symlink named is replaced, not followed
     tmp = _prepare_out(out)
-    kept = _Kept(out if out.is_dir() and not out.is_symlink() and (out / SITE_MARKER).is_file() else None)
+    kept = _Kept(out if out.is_dir() and not out.is_symlink() and (out / SITE_MARKER).is_file() else None, stored)
     try:
         pages = _render(tmp, camps, table, recommendations, history, kept, progress)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SiteReport(str(out), pages, len(table), table[C.device].nunique(), table[C.model].nunique(), kept.kept)
+    return SiteReport(str(out), pages, len(table), table[C.device].nunique(), table[C.model].nunique(), kept.kept,
+                      kept.stored_taken)
 
 
 def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | None,
@@ -184,17 +157,19 @@ def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | No
     history of their devices and models, and what the run pages and predictions read of each run's
     folder (its run.json, its files' names, its metrics CSV and samples), all from the results
     database: no run folder is listed or read (results.db.load.stored_folders), only each
-    directory's name and device and model records. Where the history's runs of a release are the
-    site's runs, their analysis is made once (shared_analyses)."""
+    directory's name and device and model records; a run page the database keeps, made from the
+    inputs the page would be made from now, is taken as it is (results.site.run_pages). Where the
+    history's runs of a release are the site's runs, their analysis is made once (shared_analyses)."""
     from results.analysis.history import site_history
-    from results.db.load import run_table, stored_campaigns, stored_folders
+    from results.db.load import run_table, stored_campaigns, stored_folders, stored_pages
 
     with _uncollected():
         table = run_table(dirs, db)
-        series, folders = stored_folders(db, zip(table[C.device], table[C.model]))
+        pairs = list(zip(table[C.device], table[C.model]))
+        series, folders = stored_folders(db, pairs)
         with provided(series), provided_folders(folders), shared_analyses():
             return _site(stored_campaigns(dirs, table), out, None, None, table, site_history(db, table, progress),
-                         progress)
+                         progress, stored_pages(db, pairs))
 
 
 @contextlib.contextmanager
@@ -230,35 +205,22 @@ def published_runs(table: pd.DataFrame, redactor: Redactor) -> pd.DataFrame:
     return out
 
 
-@functools.cache
-def code_fingerprint() -> str:
-    """What makes the pages besides their inputs: this bmoe-fleet's version, the templates and the
-    results package's code; a site built by another keeps none of its pages."""
-    digest = hashlib.sha256()
-    try:
-        digest.update(metadata.version("bmoe-fleet").encode())
-    except metadata.PackageNotFoundError:
-        digest.update(b"unknown")
-    for base in (templates_dir(), Path(__file__).resolve().parents[1]):
-        for path in sorted(base.rglob("*")):
-            if path.suffix in (".py", ".html", ".css", ".js", ".json") and path.is_file():
-                digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 class _Kept:
     """The run pages (and runs.csv) of the previous build (the site folder being replaced) whose
-    inputs are unchanged (results.site.page_views.run_page_inputs; runs.csv: every row and the
-    redactor): each is taken as it is (a hard link, else a copy) instead of made again.
+    inputs are unchanged (results.site.run_pages.RunPages.digest; runs.csv: every row and the
+    redactor): each is taken as it is (a hard link, else a copy) instead of made again; else a run
+    page the results database keeps with the same digest (`stored`, by run folder: results.db.load.stored_pages).
     PAGES_MANIFEST, written into the new site before it is swapped in whole, holds each one's
     digest; one of another code_fingerprint keeps nothing. A page's chart ids are its own (Ids), so
     a page depends on no other."""
 
-    def __init__(self, previous: Path | None) -> None:
+    def __init__(self, previous: Path | None, stored: Mapping[str, tuple[str, bytes]] | None = None) -> None:
         self.previous = previous
+        self.stored = stored or {}
         self.before: dict[str, Any] = {}
         self.now: dict[str, str] = {}
-        self.kept = 0                                  # run pages taken
+        self.kept = 0                                  # run pages taken from the previous build
+        self.stored_taken = 0                          # … from the results database
         try:
             doc = json.loads((previous / PAGES_MANIFEST).read_text()) if previous is not None else {}
         except (OSError, ValueError):
@@ -276,6 +238,19 @@ class _Kept:
         """File `rel` of `site` taken from the previous build when the digest of its inputs is
         unchanged (True); False: the caller makes it. The caller puts the digest in `now`."""
         return self.before.get(rel) == digest and self._take(rel, site)
+
+    def taken_stored(self, site: Path, rel: str, digest: str, run: RunFolder) -> bool:
+        """Run page `rel` of `site` written as the results database keeps it when it was made from
+        inputs of this digest (True); False: the caller makes it."""
+        held = self.stored.get(str(run.path))
+        if held is None or held[0] != digest:
+            return False
+        from results.db.schema import unpacked_page  # (the database's modules only on a build from one)
+
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(unpacked_page(held[1]))
+        return True
 
     def _take(self, rel: str, site: Path) -> bool:
         assert self.previous is not None
@@ -303,28 +278,29 @@ def _render(site: Path, camps: Sequence[CampaignData], table: pd.DataFrame, recs
     redactor = Redactor(camps)
     kept, digest_redactor = kept or _Kept(None), redactor.fingerprint()
     # a run page reads its row of the run table as read (the analysis adds no column it shows) and its tells
-    digests, views, at = row_digests(table), row_views(table), {run_id: i for i, run_id in enumerate(table[C.run_id])}
-    found = measured_tells(table)
-    tells = tells_by_run(found)
+    made = RunPages(env, table, redactor)
 
-    def one(run: RunFolder) -> tuple[str, str, bool]:
-        # a run page: taken from the last build when its inputs are unchanged, else made (in a child, on a long build)
+    def one(run: RunFolder) -> tuple[str, str, str]:
+        # a run page: taken from the last build or the results database when its inputs are
+        # unchanged, else made (in a child, on a long build)
         rel = Urls.run(run.run_id)
-        mine = tells.get(run.run_id, [])
-        digest = kept.digest(run_page_inputs(run, digests[at[run.run_id]], mine, digest_redactor))
-        taken = kept.taken(site, rel, digest)
-        if not taken:
-            _write(site / rel, _page(env, "run.html", run_page(run, views[at[run.run_id]], mine, Ids(), redactor)))
-        return rel, digest, taken
+        digest = made.digest(run)
+        if kept.taken(site, rel, digest):
+            return rel, digest, "kept"
+        if kept.taken_stored(site, rel, digest, run):
+            return rel, digest, "stored"
+        _write(site / rel, made.html(run))
+        return rel, digest, ""
 
     with fanout.started([run for camp in camps for run in camp.runs], one) as run_pages:
-        analysis = analyze(table, tells=found)
+        analysis = analyze(table, tells=made.found)
         pages = _other_pages(site, env, camps, analysis, recs if recs is not None else recommendations_for(
             camps, analysis), history, kept, redactor, digest_redactor)
         said = None if progress is None else lambda done, of: progress(f"report: run pages {done}/{of}")
-        for rel, page_digest, taken in run_pages.results(said).results:
+        for rel, page_digest, source in run_pages.results(said).results:
             kept.now[rel] = page_digest
-            kept.kept += taken
+            kept.kept += source == "kept"
+            kept.stored_taken += source == "stored"
             pages += 1
     kept.write(site)
     return pages
@@ -354,21 +330,17 @@ def _other_pages(site: Path, env: Environment, camps: Sequence[CampaignData], an
         page = device_page(device, camps, analysis, recs, rec_by_key, Ids(), redactor, front)
         if history is not None:
             page = replace(page, histories=history_links(history, device))
-        _write(site / Urls.device(device), _page(env, "device.html", page))
+        _write(site / Urls.device(device), render(env, "device.html", page))
         pages += 1
     for model in sorted(set(table[C.model])):
         _write(site / Urls.model(model),
-               _page(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor, front)))
+               render(env, "model.html", model_page(model, camps, table, analysis, Ids(), rec_by_key, redactor, front)))
         pages += 1
     histories = []
     for path, hp in history_pages(history) if history is not None else []:
-        _write(site / path, _page(env, "history.html", hp))
+        _write(site / path, render(env, "history.html", hp))
         histories.append(Link(f"{hp.model.text} on {hp.device.text}", path, f"{len(hp.rows)} release rows"))
         pages += 1
-    _write(site / "index.html", _page(env, "index.html", replace(index_page(analysis, recs),
+    _write(site / "index.html", render(env, "index.html", replace(index_page(analysis, recs),
                                                                      histories=tuple(histories))))
     return pages + 1
-
-
-def _page(env: Environment, template: str, page: Any) -> str:
-    return env.get_template(template).render(page=page)

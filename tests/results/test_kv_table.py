@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from markupsafe import Markup
 
+from results.site.environment import make_environment
 from results.site.kv_table import kv
-from results.site.report import make_environment
 
 ENV = make_environment()
 CELL = ENV.from_string("{{ x }}")
@@ -56,7 +56,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64
 @settings(max_examples=300, deadline=None)
 @given(value=json_values)
 def test_tojson_gives_the_value_back_sorted_and_safe_inside_a_script_tag(value):
-    """The site's `tojson` (orjson, results.site.report._json_text): the same JSON value back, each
+    """The site's `tojson` (orjson, results.site.environment._json_text): the same JSON value back, each
     object's keys sorted (jinja's default), and no character that ends a script tag or a quoted
     attribute."""
     text = ENV.from_string("{{ x|tojson }}").render(x=value)

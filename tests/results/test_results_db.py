@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +20,15 @@ from sqlalchemy import func, select
 
 from results.db import ingest as ingest_mod
 from results.db import schema
-from results.db.load import run_table
+from results.db.load import run_table, stored_pages
 from results.read import columns as cols
 from results.read import series as run_series
+from results.read.columns import C
 from results.read.parse import ParseError
 from results.read.rundir import read_campaign
 from results.read.table import ShapeCache, build_table, render_table, run_row
 from results.site import fanout
+from results.site.run_pages import store_run_pages
 from results.site.site_format import Urls
 from tests.results import pg
 
@@ -162,7 +165,14 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
     # every run has its page, and its charts drew from the kept rows
     run_pages = [p for p in sites["db"] if p.parts[0] == "runs"]
     assert len(run_pages) == 20 and all(b"per-token decode time split" in sites["db"][p] for p in run_pages)
-    # the run pages made by forked processes (results.site.fanout, as a long build makes them) are the same bytes
+    # the run pages made by forked processes (results.site.fanout, as a long build makes them) are the
+    # same bytes (a copy of the database with no page kept: every page made)
+    bare = tmp_path / "bare.sqlite"
+    shutil.copyfile(db, bare)
+    engine = schema.connect(str(bare), create=False)
+    with engine.begin() as conn:
+        conn.execute(schema.folders.update().values(page=None, page_digest=None))
+    engine.dispose()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fanout, "PROCESSES_FROM", 1)
         mp.setattr(fanout, "CHUNK", 3)
@@ -170,8 +180,9 @@ def test_table_report_recommend_and_compare_with_db_write_the_same_bytes(local_c
         workers: list[set[int]] = []
         mp.setattr(fanout.Started, "results", lambda self, *a, **k: workers.append((d := made(self, *a, **k)).pids) or d)
         with _runs_hidden(camp):
-            out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", db])
+            out = runner.invoke(cli, ["report", camp, "-o", str(tmp_path / "forked"), "--db", str(bare), "--json"])
     assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["stored"] == 0 and json.loads(out.stdout)["kept"] == 0
     assert {p.relative_to(tmp_path / "forked"): p.read_bytes()
             for p in (tmp_path / "forked").rglob("*") if p.is_file()} == sites["db"]
     (pids,) = workers
@@ -309,9 +320,14 @@ def test_sqlite_and_postgresql_give_the_same_answers(local_campaign, pg_server, 
                 answers.append([[tuple(row) for row in conn.execute(q)] for q in queries])
             engine.dispose()
             answers.append(run_table([local_campaign], url))
-        lite_rows, lite_table, pg_rows, pg_table = answers
+            # the run pages ingest keeps (results.site.run_pages), the same in both
+            assert store_run_pages(url, [local_campaign]) == 20
+            kept = stored_pages(url, [(d, m) for d, m in zip(answers[-1][C.device], answers[-1][C.model])])
+            answers.append({run: (digest, schema.unpacked_page(page)) for run, (digest, page) in kept.items()})
+        lite_rows, lite_table, lite_pages, pg_rows, pg_table, pg_pages = answers
         assert lite_rows == pg_rows and len(lite_rows[1]) > 5 and lite_rows[2][0][0] > 0
         pd.testing.assert_frame_equal(lite_table, pg_table, check_exact=True)
+        assert lite_pages == pg_pages and len(lite_pages) == 20
 
 
 def test_bad_input_is_one_line_and_changes_nothing(local_campaign, cli, tmp_path):
@@ -350,3 +366,70 @@ def test_bad_input_is_one_line_and_changes_nothing(local_campaign, cli, tmp_path
     assert len(stale.output.splitlines()) == 1 and not (tmp_path / "site").exists()
     assert runner.invoke(cli, ["db", "ingest", str(camp), "--db", str(db)]).exit_code == 0
     assert runner.invoke(cli, ["report", str(camp), "--db", str(db), "-o", str(tmp_path / "site")]).exit_code == 0
+
+
+def _site_files(root: Path) -> dict[Path, bytes]:
+    return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_report_db_takes_the_run_pages_ingest_kept_and_they_are_the_pages_it_would_make(local_campaign, cli,
+                                                                                          tmp_path, monkeypatch):
+    """results.site.run_pages: db ingest makes the run pages of what it changed and keeps them; a
+    report --db takes each whose inputs are the ones it would make it from, for a site of more
+    campaigns too, and the site is byte for byte the one made from the files."""
+    runner = CliRunner()
+    db = str(tmp_path / "r.sqlite")
+    a = _copy(local_campaign, tmp_path / "a")
+    b = _copy(local_campaign, tmp_path / "b")
+    plan = json.loads((b / "plan.json").read_text())
+    (b / "plan.json").write_text(json.dumps({**plan, "campaign": "local-sweep-b"}))
+
+    def ingested(*dirs: Path) -> str:
+        out = runner.invoke(cli, ["db", "ingest", *map(str, dirs), "--db", db])
+        assert out.exit_code == 0, out.output
+        return out.stderr
+
+    def built(name: str, *dirs: Path, db_args: bool = True) -> tuple[dict, dict]:
+        args = ["report", *map(str, dirs), "-o", str(tmp_path / name), "--json", *(["--db", db] if db_args else [])]
+        out = runner.invoke(cli, args)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout), _site_files(tmp_path / name)
+
+    assert "db: 20 run pages made and kept" in ingested(a)
+    summary, site = built("a-db", a)
+    assert summary["stored"] == 20 and summary["kept"] == 0
+    assert site == built("a-files", a, db_args=False)[1]
+    # a second campaign: only its pages are made; a site of both takes a's pages as a's ingest made
+    # them (their redaction named nothing of b's), and is the site the files make
+    assert "db: 20 run pages made and kept" in ingested(b)
+    summary, both = built("ab-db", a, b)
+    _, from_files = built("ab-files", a, b, db_args=False)
+    assert both == from_files and summary["stored"] > 20, summary
+    # built in another time zone than ingest's (the pages show local times): no page kept serves it
+    try:
+        monkeypatch.setenv("TZ", "UTC" if time.localtime().tm_gmtoff else "Asia/Kolkata")
+        time.tzset()
+        summary, elsewhere = built("a-elsewhere", a)
+        assert summary["stored"] == 0 and elsewhere == built("a-elsewhere-files", a, db_args=False)[1] != site
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    # nothing changed: nothing made
+    assert "run pages made" not in ingested(a, b)
+    # pages lost with a crash after the rows were written (their own transaction): the next ingest makes them
+    c = _copy(b, tmp_path / "c")
+    (c / "plan.json").write_text(json.dumps({**plan, "campaign": "local-sweep-c"}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("results.db.ingest.store_pages", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        crashed = runner.invoke(cli, ["db", "ingest", str(c), "--db", db])
+    assert crashed.exit_code != 0 and len(run_table([c], db)) == 20
+    # ... but not while it is renamed since (its pages cannot be made as a report would make them):
+    # said, and the ingest asked for goes on
+    (c / "plan.json").write_text(json.dumps({**plan, "campaign": "local-sweep-c2"}))
+    said = ingested(a)
+    assert "run pages of 1 other campaign(s) left unmade" in said and "renamed since it was ingested" in said
+    (c / "plan.json").write_text(json.dumps({**plan, "campaign": "local-sweep-c"}))
+    assert "db: 20 run pages made and kept" in ingested(a, b)
+    # a bmoe-fleet of other code makes every page again
+    monkeypatch.setattr("results.site.run_pages.code_fingerprint", lambda: "other code")
+    assert "db: 60 run pages made and kept" in ingested(a)

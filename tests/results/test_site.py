@@ -378,8 +378,8 @@ def test_index_device_and_run_pages_fit_the_screen(site, browser, width):
 
 
 def test_no_tells_is_not_shown_as_an_alarm(browser, tmp_path):
+    from results.site.environment import make_environment, templates_dir
     from results.site.pages import IndexPage
-    from results.site.report import make_environment, templates_dir
 
     (tmp_path / "assets").mkdir()
     for name in ("site.css", "site.js"):
