@@ -359,12 +359,14 @@ def _folder(stored: tuple[bytes, str]) -> StoredFolder:
     return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
 
 
-def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bool = True) \
+def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bool = True,
+                   dirs: Sequence[str | Path] | None = None) \
         -> tuple[Mapping[str, RunSeries], Mapping[str, StoredFolder]]:
-    """What the database keeps of every run folder of these (device, model) pairs, by run folder:
-    its metrics CSV and samples (results.read.series.provided answers from them) and its run.json
-    and file names (results.read.rundir.provided_folders answers from them); without `records`,
-    the series alone (the second store empty: `recommend --db` reads no run.json)."""
+    """What the database keeps of every run folder of these (device, model) pairs (only of the
+    campaign directories `dirs`, when given), by run folder: its metrics CSV and samples
+    (results.read.series.provided answers from them) and its run.json and file names
+    (results.read.rundir.provided_folders answers from them); without `records`, the series alone
+    (the second store empty: `recommend --db` reads no run.json)."""
     engine = schema.connect(db, create=False)
     r, f = schema.runs, schema.folders
     series: dict[str, bytes] = {}
@@ -375,7 +377,7 @@ def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bo
             for device, model in sorted(set(pairs)):
                 q = select(*columns).join(f, and_(
                     f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
-                    .where(r.c.device == device, r.c.model == model)
+                    .where(r.c.device == device, r.c.model == model, *_of_dirs(dirs))
                 for row in conn.execute(q):
                     series[str(row.run_dir)] = bytes(row.series)
                     if records:
@@ -387,9 +389,19 @@ def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bo
     return _Stored(series, run_series.decode, keep=True), _Stored(folders, _folder, keep=False)
 
 
-def stored_pages(db: str | None, pairs: Iterable[tuple[str, str]]) -> dict[str, tuple[str, bytes]]:
-    """The run pages the database keeps of every run of these (device, model) pairs, by run folder:
-    the digest of the inputs each was made from and its HTML, packed (schema.unpacked_page)."""
+def _of_dirs(dirs: Sequence[str | Path] | None) -> list[Any]:
+    """A query's condition: its runs only those of these campaign directories (none: every run)."""
+    if dirs is None:
+        return []
+    c = schema.campaigns
+    return [schema.runs.c.campaign_id.in_(select(c.c.id).where(c.c.dir.in_([str(Path(d).resolve()) for d in dirs])))]
+
+
+def stored_pages(db: str | None, pairs: Iterable[tuple[str, str]],
+                 dirs: Sequence[str | Path] | None = None) -> dict[str, tuple[str, bytes]]:
+    """The run pages the database keeps of every run of these (device, model) pairs (only of the
+    campaign directories `dirs`, when given), by run folder: the digest of the inputs each was made
+    from and its HTML, packed (schema.unpacked_page)."""
     engine = schema.connect(db, create=False)
     r, f = schema.runs, schema.folders
     out: dict[str, tuple[str, bytes]] = {}
@@ -398,7 +410,7 @@ def stored_pages(db: str | None, pairs: Iterable[tuple[str, str]]) -> dict[str, 
             for device, model in sorted(set(pairs)):
                 q = select(r.c.run_dir, f.c.page_digest, f.c.page).join(f, and_(
                     f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
-                    .where(r.c.device == device, r.c.model == model, f.c.page.is_not(None))
+                    .where(r.c.device == device, r.c.model == model, f.c.page.is_not(None), *_of_dirs(dirs))
                 for row in conn.execute(q):
                     out[str(row.run_dir)] = (str(row.page_digest), bytes(row.page))
     except SQLAlchemyError as e:

@@ -169,7 +169,7 @@ def build_site_from_db(dirs: Sequence[str | Path], out: str | Path, db: str | No
         series, folders = stored_folders(db, pairs)
         with provided(series), provided_folders(folders), shared_analyses():
             return _site(stored_campaigns(dirs, table), out, None, None, table, site_history(db, table, progress),
-                         progress, stored_pages(db, pairs))
+                         progress, stored_pages(db, pairs, dirs))
 
 
 @contextlib.contextmanager

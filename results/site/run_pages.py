@@ -117,8 +117,9 @@ def _made_pages(db: str | None, dirs: Sequence[str], progress: Callable[[str], N
         return []
     table = run_table(dirs, db)
     pairs = list(zip(table[C.device], table[C.model]))
-    series, folders = stored_folders(db, pairs)
-    kept = stored_pages(db, pairs)
+    # only these campaigns' runs: an ingest's cost follows its own campaigns, not the database's size
+    series, folders = stored_folders(db, pairs, dirs=dirs)
+    kept = stored_pages(db, pairs, dirs)
     with provided(series), provided_folders(folders):
         camps = stored_campaigns(dirs, table)
         pages = RunPages(make_environment(), table, Redactor(camps))

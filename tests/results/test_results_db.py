@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 
 from results.db import ingest as ingest_mod
 from results.db import schema
-from results.db.load import run_table, stored_pages
+from results.db.load import run_table, stored_folders, stored_pages
 from results.read import columns as cols
 from results.read import series as run_series
 from results.read.columns import C
@@ -414,6 +414,10 @@ def test_report_db_takes_the_run_pages_ingest_kept_and_they_are_the_pages_it_wou
     finally:
         monkeypatch.undo()
         time.tzset()
+    # what the pages of one campaign read of the database is that campaign's (an ingest's cost follows its own runs)
+    pairs = list(zip(run_table([a, b], db)[C.device], run_table([a, b], db)[C.model]))
+    assert len(stored_pages(db, pairs)) == 40 and set(stored_pages(db, pairs, [a])) == \
+        {str(p.parent) for p in a.glob("runs/*/*/run.json")} == set(stored_folders(db, pairs, dirs=[a])[1])
     # nothing changed: nothing made
     assert "run pages made" not in ingested(a, b)
     # pages lost with a crash after the rows were written (their own transaction): the next ingest makes them
