@@ -17,11 +17,12 @@ def _progress(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _print(done: list, as_json: bool) -> None:
+def _print(done: tuple[list, int], as_json: bool) -> None:
+    campaigns, pages = done
     if as_json:
-        click.echo(json.dumps({"campaigns": [d.to_dict() for d in done]}, indent=2))
+        click.echo(json.dumps({"campaigns": [d.to_dict() for d in campaigns], "run_pages_made": pages}, indent=2))
     else:
-        for d in done:
+        for d in campaigns:
             click.echo(d.text())
 
 
@@ -33,7 +34,8 @@ def db_group() -> None:
 @db_group.command("ingest")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @_DB
-@click.option("--json", "as_json", is_flag=True, help="Print what each campaign's ingest did as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print what each campaign's ingest did, and how many run pages were made, as JSON.")
 def ingest_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None:
     """Load campaign directories DIRS into the database: only the attempts it has not seen, or whose
     files changed; each campaign in one transaction; then the run pages of the campaigns it
@@ -46,7 +48,8 @@ def ingest_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None
 @db_group.command("rebuild")
 @click.argument("dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @_DB
-@click.option("--json", "as_json", is_flag=True, help="Print what each campaign's ingest did as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print what each campaign's ingest did, and how many run pages were made, as JSON.")
 def rebuild_command(dirs: tuple[str, ...], db: str | None, as_json: bool) -> None:
     """Make the database again from the files: its tables (for this bmoe-fleet's columns), then DIRS
     (default: the campaign directories it holds)."""

@@ -68,16 +68,17 @@ class RunPages:
 
 
 def ingest_with_pages(dirs: Sequence[str | Path], db: str | None, progress: Callable[[str], None] | None = None,
-                      rebuild: bool = False) -> list[Ingested]:
+                      rebuild: bool = False) -> tuple[list[Ingested], int]:
     """`bmoe-fleet db ingest` (`db rebuild` when `rebuild`): the campaign directories into the
-    database (results.db.ingest), then the run pages of those it changed (store_run_pages)."""
+    database (results.db.ingest), then the run pages of those it changed (store_run_pages). Returns
+    what each campaign's ingest did and how many run pages were made."""
     from results.db import ingest
 
     done = (ingest.rebuild if rebuild else ingest.ingest)(dirs, db, progress)
     made = store_run_pages(db, [d.dir for d in done if d.changed], progress)
     if progress is not None and made:
         progress(f"db: {made} run pages made and kept")
-    return done
+    return done, made
 
 
 def store_run_pages(db: str | None, dirs: Sequence[str | Path] = (),

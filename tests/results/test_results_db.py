@@ -385,8 +385,10 @@ def test_report_db_takes_the_run_pages_ingest_kept_and_they_are_the_pages_it_wou
     (b / "plan.json").write_text(json.dumps({**plan, "campaign": "local-sweep-b"}))
 
     def ingested(*dirs: Path) -> str:
-        out = runner.invoke(cli, ["db", "ingest", *map(str, dirs), "--db", db])
+        out = runner.invoke(cli, ["db", "ingest", *map(str, dirs), "--db", db, "--json"])
         assert out.exit_code == 0, out.output
+        made = json.loads(out.stdout)["run_pages_made"]
+        assert (f"db: {made} run pages made and kept" in out.stderr) == (made > 0)
         return out.stderr
 
     def built(name: str, *dirs: Path, db_args: bool = True) -> tuple[dict, dict]:
