@@ -155,7 +155,7 @@ def ingest_one(engine: Engine, root: str | Path, progress: Progress | None = Non
             row = run_row(camp, run, shapes)
             series = run_series.read_series(path)
         built.append((key, row, read_output(run).to_json() if row.get(C.outcome) == outcomes.OK else None,
-                      {"series": run_series.encode(series), "record": schema.packed_record(run.record_bytes())}))
+                      {"series": run_series.encode(series), "record": schema.packed(run.record_bytes())}))
         if progress is not None and (i % 200 == 0 or i == len(todo)):
             progress(f"db: {head.name}: built {i}/{len(todo)} runs")
     try:
@@ -216,7 +216,7 @@ def ingest(dirs: Sequence[str | Path], db: str | None, progress: Progress | None
 def store_pages(db: str | None, pages: Sequence[tuple[str, str, int, str, bytes]], code: str) -> None:
     """Run pages into the database, beside their runs' folders, in one transaction: each (campaign
     directory as ingested, cell id, attempt, the digest of its inputs, its HTML packed by
-    schema.packed_page), made by `code` (results.site.run_pages). A run the database no longer
+    schema.packed), made by `code` (results.site.run_pages). A run the database no longer
     holds is left out."""
     if not pages:
         return

@@ -356,7 +356,27 @@ class _Stored(Mapping[str, V], Generic[R, V]):
 
 def _folder(stored: tuple[bytes, str]) -> StoredFolder:
     record, files = stored
-    return StoredFolder(schema.unpacked_record(record), tuple(f[0] for f in json.loads(files)))
+    return StoredFolder(schema.unpacked(record), tuple(f[0] for f in json.loads(files)))
+
+
+def _folder_rows(db: str | None, columns: Sequence[Any], pairs: Iterable[tuple[str, str]],
+                 dirs: Sequence[str | Path] | None, *where: Any) -> Iterator[Any]:
+    """`columns` of each run of these (device, model) pairs (only of the campaign directories
+    `dirs`, when given) joined with its `folders` row, where `where` holds."""
+    engine = schema.connect(db, create=False)
+    r, f = schema.runs, schema.folders
+    of_dirs = [] if dirs is None else [r.c.campaign_id.in_(select(schema.campaigns.c.id).where(
+        schema.campaigns.c.dir.in_([str(Path(d).resolve()) for d in dirs])))]
+    try:
+        with engine.connect() as conn:
+            for device, model in sorted(set(pairs)):
+                yield from conn.execute(select(*columns).join(f, and_(
+                    f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt))
+                    .where(r.c.device == device, r.c.model == model, *of_dirs, *where))
+    except SQLAlchemyError as e:
+        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
+    finally:
+        engine.dispose()
 
 
 def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bool = True,
@@ -367,57 +387,32 @@ def stored_folders(db: str | None, pairs: Iterable[tuple[str, str]], records: bo
     (results.read.series.provided answers from them) and its run.json and file names
     (results.read.rundir.provided_folders answers from them); without `records`, the series alone
     (the second store empty: `recommend --db` reads no run.json)."""
-    engine = schema.connect(db, create=False)
     r, f = schema.runs, schema.folders
     series: dict[str, bytes] = {}
     folders: dict[str, tuple[bytes, str]] = {}
-    columns = [r.c.run_dir, f.c.series, *((r.c.files, f.c.record) if records else ())]
-    try:
-        with engine.connect() as conn:
-            for device, model in sorted(set(pairs)):
-                q = select(*columns).join(f, and_(
-                    f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
-                    .where(r.c.device == device, r.c.model == model, *_of_dirs(dirs))
-                for row in conn.execute(q):
-                    series[str(row.run_dir)] = bytes(row.series)
-                    if records:
-                        folders[str(row.run_dir)] = (bytes(row.record), row.files)
-    except SQLAlchemyError as e:
-        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
-    finally:
-        engine.dispose()
+    for row in _folder_rows(db, [r.c.run_dir, f.c.series, *((r.c.files, f.c.record) if records else ())], pairs, dirs):
+        series[str(row.run_dir)] = bytes(row.series)
+        if records:
+            folders[str(row.run_dir)] = (bytes(row.record), row.files)
     return _Stored(series, run_series.decode, keep=True), _Stored(folders, _folder, keep=False)
-
-
-def _of_dirs(dirs: Sequence[str | Path] | None) -> list[Any]:
-    """A query's condition: its runs only those of these campaign directories (none: every run)."""
-    if dirs is None:
-        return []
-    c = schema.campaigns
-    return [schema.runs.c.campaign_id.in_(select(c.c.id).where(c.c.dir.in_([str(Path(d).resolve()) for d in dirs])))]
 
 
 def stored_pages(db: str | None, pairs: Iterable[tuple[str, str]],
                  dirs: Sequence[str | Path] | None = None) -> dict[str, tuple[str, bytes]]:
     """The run pages the database keeps of every run of these (device, model) pairs (only of the
     campaign directories `dirs`, when given), by run folder: the digest of the inputs each was made
-    from and its HTML, packed (schema.unpacked_page)."""
-    engine = schema.connect(db, create=False)
-    r, f = schema.runs, schema.folders
-    out: dict[str, tuple[str, bytes]] = {}
-    try:
-        with engine.connect() as conn:
-            for device, model in sorted(set(pairs)):
-                q = select(r.c.run_dir, f.c.page_digest, f.c.page).join(f, and_(
-                    f.c.campaign_id == r.c.campaign_id, f.c.cell_id == r.c.cell_id, f.c.attempt == r.c.attempt)) \
-                    .where(r.c.device == device, r.c.model == model, f.c.page.is_not(None), *_of_dirs(dirs))
-                for row in conn.execute(q):
-                    out[str(row.run_dir)] = (str(row.page_digest), bytes(row.page))
-    except SQLAlchemyError as e:
-        raise ResultsError(f"{schema.shown(str(engine.url))}: {schema._first_line(e)}") from None
-    finally:
-        engine.dispose()
-    return out
+    from and its HTML, packed (schema.unpacked)."""
+    f = schema.folders
+    return {str(row.run_dir): (str(row.page_digest), bytes(row.page)) for row in _folder_rows(
+        db, [schema.runs.c.run_dir, f.c.page_digest, f.c.page], pairs, dirs, f.c.page.is_not(None))}
+
+
+def page_digests(db: str | None, pairs: Iterable[tuple[str, str]],
+                 dirs: Sequence[str | Path] | None = None) -> dict[str, str]:
+    """stored_pages' digests alone, by run folder (what an ingest compares, without the pages)."""
+    f = schema.folders
+    return {str(row.run_dir): str(row.page_digest) for row in _folder_rows(
+        db, [schema.runs.c.run_dir, f.c.page_digest], pairs, dirs, f.c.page.is_not(None))}
 
 
 def unpaged_dirs(db: str | None, code: str) -> list[str]:

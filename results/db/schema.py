@@ -93,7 +93,7 @@ folders = Table(
     Column("record", LargeBinary, nullable=False),
     Column("page_digest", Text),       # the digest of the run page's inputs (results.site.run_pages); NULL: none kept
     Column("page_code", Text),         # the code that made it (results.site.environment.code_fingerprint)
-    Column("page", LargeBinary),       # its HTML, packed (packed_page)
+    Column("page", LargeBinary),       # its HTML, packed (packed)
 )
 meta = Table(
     "meta", metadata,
@@ -102,23 +102,13 @@ meta = Table(
 )
 
 
-def packed_record(raw: bytes) -> bytes:
-    """run.json's bytes as `folders.record` holds them."""
+def packed(raw: bytes) -> bytes:
+    """Bytes as `folders` holds them (`record`: run.json's; `page`: a run page's, UTF-8)."""
     return zlib.compress(raw, 1)
 
 
-def unpacked_record(data: bytes) -> bytes:
-    """`folders.record` as run.json's bytes."""
-    return zlib.decompress(data)
-
-
-def packed_page(html: str) -> bytes:
-    """A run page as `folders.page` holds it."""
-    return zlib.compress(html.encode("utf-8"), 1)
-
-
-def unpacked_page(data: bytes) -> bytes:
-    """`folders.page` as the page file's bytes."""
+def unpacked(data: bytes) -> bytes:
+    """A `folders` column's bytes as they were packed (packed)."""
     return zlib.decompress(data)
 
 

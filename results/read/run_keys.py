@@ -19,6 +19,7 @@ import pandas as pd
 from engine.contract.flags import PLANNER_BUDGET
 from results.numbers import is_missing, to_float
 from results.read.frames import column_values, row_views
+from store.run_record import SCALARS
 
 # the knobs that make two runs the same configuration besides the budget (and the budget's own)
 SERIES_KEYS = ("dense_weights", "io_threads", "overlap", "prefetch", "threads", "engine_flags", "engine_args",
@@ -158,7 +159,7 @@ def cell_keys(frame: pd.DataFrame) -> list[tuple[str, ...]]:
         texts = []
         for value in column_values(frame, k):
             kind = type(value)
-            if kind not in _MEMO_KINDS:
+            if kind not in SCALARS:    # JSON's scalars memoised: equal ones of one type have one text (0.0, -0.0: "0")
                 texts.append(text_of(value))
                 continue
             text = made.get((kind, value))
@@ -167,10 +168,6 @@ def cell_keys(frame: pd.DataFrame) -> list[tuple[str, ...]]:
             texts.append(text)
         columns.append(texts)
     return list(zip(*columns))
-
-
-# scalars whose equal values (of one type) have one text: 0.0 and -0.0 are both "0"
-_MEMO_KINDS = frozenset({str, int, float, bool, type(None)})
 
 
 ALL_RUNS = "all runs"       # the series of a group in which no knob varies

@@ -245,11 +245,11 @@ class _Kept:
         held = self.stored.get(str(run.path))
         if held is None or held[0] != digest:
             return False
-        from results.db.schema import unpacked_page  # (the database's modules only on a build from one)
+        from results.db.schema import unpacked  # (the database's modules only on a build from one)
 
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(unpacked_page(held[1]))
+        path.write_bytes(unpacked(held[1]))
         return True
 
     def _take(self, rel: str, site: Path) -> bool:

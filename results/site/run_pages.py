@@ -111,8 +111,8 @@ def _made_pages(db: str | None, dirs: Sequence[str], progress: Callable[[str], N
         -> list[tuple[str, str, int, str, bytes]]:
     """The pages of these campaigns' runs the database does not keep as they would be made now:
     (campaign directory, cell id, attempt, digest, the page packed)."""
-    from results.db.load import run_table, stored_campaigns, stored_folders, stored_pages
-    from results.db.schema import packed_page
+    from results.db.load import page_digests, run_table, stored_campaigns, stored_folders
+    from results.db.schema import packed
 
     if not dirs:
         return []
@@ -120,17 +120,16 @@ def _made_pages(db: str | None, dirs: Sequence[str], progress: Callable[[str], N
     pairs = list(zip(table[C.device], table[C.model]))
     # only these campaigns' runs: an ingest's cost follows its own campaigns, not the database's size
     series, folders = stored_folders(db, pairs, dirs=dirs)
-    kept = stored_pages(db, pairs, dirs)
+    kept = page_digests(db, pairs, dirs)
     with provided(series), provided_folders(folders):
         camps = stored_campaigns(dirs, table)
         pages = RunPages(make_environment(), table, Redactor(camps))
 
         def one(run: RunFolder) -> tuple[str, str, int, str, bytes] | None:
             digest = pages.digest(run)
-            held = kept.get(str(run.path))
-            if held is not None and held[0] == digest:
+            if kept.get(str(run.path)) == digest:
                 return None
-            return str(run.root), run.cell_id, run.attempt, digest, packed_page(pages.html(run))
+            return str(run.root), run.cell_id, run.attempt, digest, packed(pages.html(run).encode("utf-8"))
 
         said = None if progress is None else lambda done, of: progress(f"db: run pages {done}/{of}")
         return [m for m in fanout.each([run for camp in camps for run in camp.runs], one, said).results

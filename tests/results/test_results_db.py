@@ -325,7 +325,7 @@ def test_sqlite_and_postgresql_give_the_same_answers(local_campaign, pg_server, 
             # the run pages ingest keeps (results.site.run_pages), the same in both
             assert store_run_pages(url, [local_campaign]) == 20
             kept = stored_pages(url, [(d, m) for d, m in zip(answers[-1][C.device], answers[-1][C.model])])
-            answers.append({run: (digest, schema.unpacked_page(page)) for run, (digest, page) in kept.items()})
+            answers.append({run: (digest, schema.unpacked(page)) for run, (digest, page) in kept.items()})
         lite_rows, lite_table, lite_pages, pg_rows, pg_table, pg_pages = answers
         assert lite_rows == pg_rows and len(lite_rows[1]) > 5 and lite_rows[2][0][0] > 0
         pd.testing.assert_frame_equal(lite_table, pg_table, check_exact=True)
